@@ -1,0 +1,301 @@
+"""The functional JAX core of InstructionCraftax (gymnax style, vmappable, jittable).
+
+Two layers:
+
+* :func:`reset` / :func:`step` act on **one** environment and never auto-reset; ``jax.vmap``
+  them over a batch as with any gymnax environment.
+* :func:`batch_reset` / :func:`batch_step` act on a batch and auto-reset finished envs from a
+  pool of pre-generated worlds ("optimistic resets"): a step regenerates only
+  ``pool_refresh`` worlds, and only when some env finished, instead of one world per env.
+
+Instructions live in a device-side :class:`InstructionTable` (embeddings and their similarity
+to every caption event); an env state holds a row index. Resets draw a row uniformly among the
+rows marked ``sample_mask`` (the instruction buffer), unless the env has a pinned row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from oir_gym.captions import NUM_ACHIEVEMENTS, NUM_EVENTS
+from oir_gym.craftax_compat import CraftaxParams, CraftaxState, CraftaxStaticParams, craftax_step, generate_world
+from oir_gym.events import detect_events
+from oir_gym.observation import observe
+from oir_gym.reward import step_match, step_similarity
+
+
+@struct.dataclass
+class InstructionTable:
+    """Device-side instruction rows.
+
+    Attributes:
+        emb: ``[N, D]`` unit-norm instruction embeddings (the policy input).
+        event_sim: ``[N, E]`` max cosine between each instruction and each event's phrasings.
+        achievement: ``[N]`` ground-truth achievement index of the row, or -1 (evaluation and
+            the ``gt`` reward use it).
+        sample_mask: ``[N]`` bool, rows that resets may draw (the instruction buffer).
+    """
+
+    emb: jax.Array
+    event_sim: jax.Array
+    achievement: jax.Array
+    sample_mask: jax.Array
+
+
+@struct.dataclass
+class EnvParams:
+    """Parameters of InstructionCraftax (all traced: changing them does not recompile).
+
+    Attributes:
+        table: the instruction table.
+        delta: cosine threshold of the reward (strict ``>``).
+        max_steps: episode length limit; reaching it truncates.
+        terminate_on_success: end the episode at the first success (training); evaluation turns
+            it off and measures ground-truth achievements over a fixed horizon.
+        reward_mode: 0 = cosine reward (paper), 1 = ground-truth achievement reward of the row's
+            achievement (the PQN-GT baseline).
+        craftax: Craftax-Classic's own parameters.
+    """
+
+    table: InstructionTable
+    delta: float = 0.9
+    max_steps: int = 10_000
+    terminate_on_success: bool = True
+    reward_mode: int = 0
+    craftax: CraftaxParams = struct.field(default_factory=lambda: CraftaxParams(max_timesteps=2**30))
+
+
+@struct.dataclass
+class EnvState:
+    """State of one environment.
+
+    Attributes:
+        craftax: the Craftax-Classic state.
+        instr: row of the current instruction in the table.
+        pinned: row every reset of this env uses, or -1 to draw from the buffer.
+        steps: steps taken in the episode.
+        success: whether the instruction has been accomplished in this episode.
+        ep_return: return of the current episode.
+        achieved: ``[22]`` bool achievements unlocked in the episode (ground truth, for metrics).
+    """
+
+    craftax: CraftaxState
+    instr: jax.Array
+    pinned: jax.Array
+    steps: jax.Array
+    success: jax.Array
+    ep_return: jax.Array
+    achieved: jax.Array
+
+
+class StepInfo(NamedTuple):
+    """Per-step information returned by :func:`step` (arrays; batched under vmap)."""
+
+    events: jax.Array  # [E] bool
+    achievements: jax.Array  # [22] bool, achievements that happened in this step
+    similarity: jax.Array  # float, caption/instruction cosine of the step (max over events)
+    success: jax.Array  # bool, instruction accomplished at this step
+    instr: jax.Array  # row of the instruction the step was taken under
+    ep_return: jax.Array  # return of the episode so far (including this step)
+    ep_length: jax.Array  # steps of the episode so far
+    died: jax.Array  # bool, Craftax game over (death or lava)
+
+
+STATIC = CraftaxStaticParams()
+
+
+def make_table(emb, event_sim, achievement=None, sample_mask=None) -> InstructionTable:
+    """Build an :class:`InstructionTable` from numpy/JAX arrays."""
+    n = emb.shape[0]
+    if achievement is None:
+        achievement = jnp.full((n,), -1, jnp.int32)
+    if sample_mask is None:
+        sample_mask = jnp.ones((n,), bool)
+    return InstructionTable(
+        jnp.asarray(emb, jnp.float32), jnp.asarray(event_sim, jnp.float32),
+        jnp.asarray(achievement, jnp.int32), jnp.asarray(sample_mask, bool),
+    )
+
+
+def sample_instruction(key, params: EnvParams, pinned):
+    """A row drawn uniformly from the buffer rows, or the pinned row when ``pinned >= 0``."""
+    mask = params.table.sample_mask
+    logits = jnp.where(mask, 0.0, -jnp.inf)
+    drawn = jax.random.categorical(key, logits)
+    return jnp.where(pinned >= 0, pinned, drawn).astype(jnp.int32)
+
+
+def observation(state: EnvState, params: EnvParams, obs_mode: str = "paper") -> dict:
+    """``{"obs": [D_obs], "instruction": [D_emb]}`` of one env."""
+    return {"obs": observe(state.craftax, obs_mode), "instruction": params.table.emb[state.instr]}
+
+
+def _fresh_state(craftax_state, instr, pinned) -> EnvState:
+    return EnvState(
+        craftax=craftax_state,
+        instr=instr,
+        pinned=jnp.asarray(pinned, jnp.int32),
+        steps=jnp.zeros((), jnp.int32),
+        success=jnp.zeros((), bool),
+        ep_return=jnp.zeros((), jnp.float32),
+        achieved=jnp.zeros((NUM_ACHIEVEMENTS,), bool),
+    )
+
+
+def reset(key, params: EnvParams, pinned=-1, obs_mode: str = "paper"):
+    """Reset one env: generate a world and draw an instruction. Returns ``(obs, state)``."""
+    k_world, k_instr = jax.random.split(key)
+    world = _new_world(k_world, params)
+    pinned = jnp.asarray(pinned, jnp.int32)
+    state = _fresh_state(world, sample_instruction(k_instr, params, pinned), pinned)
+    return observation(state, params, obs_mode), state
+
+
+def step(key, state: EnvState, action, params: EnvParams, obs_mode: str = "paper"):
+    """Step one env (no auto-reset).
+
+    Returns:
+        ``(obs, state, reward, terminated, truncated, info: StepInfo)``. ``terminated`` is True
+        at the first success (when ``terminate_on_success``) or at Craftax's game over (death,
+        lava); ``truncated`` when ``max_steps`` is reached without termination.
+    """
+    prev = state.craftax
+    # Clear the achievement flags so that the flags after the step are this step's achievements.
+    stepped, _ = craftax_step(key, prev.replace(achievements=jnp.zeros_like(prev.achievements)),
+                              action, params.craftax, STATIC)
+    step_ach = stepped.achievements
+    nxt = stepped.replace(achievements=prev.achievements | step_ach)
+
+    events = detect_events(prev, action, nxt, step_ach)
+    sims = params.table.event_sim[state.instr]
+    cos_match = step_match(events, sims, params.delta)
+    ach_idx = params.table.achievement[state.instr]
+    gt_match = jnp.where(ach_idx >= 0, step_ach[jnp.maximum(ach_idx, 0)], False)
+    match = jnp.where(params.reward_mode == 1, gt_match, cos_match)
+    first = jnp.logical_and(match, jnp.logical_not(state.success))
+    reward = first.astype(jnp.float32)
+
+    died = jnp.logical_or(
+        nxt.player_health <= 0,
+        nxt.map[nxt.player_position[0], nxt.player_position[1]] == 14,  # BlockType.LAVA
+    )
+    steps = state.steps + 1
+    terminated = jnp.logical_or(died, jnp.logical_and(first, params.terminate_on_success))
+    truncated = jnp.logical_and(steps >= params.max_steps, jnp.logical_not(terminated))
+
+    new_state = state.replace(
+        craftax=nxt,
+        steps=steps,
+        success=state.success | match,
+        ep_return=state.ep_return + reward,
+        achieved=state.achieved | step_ach,
+    )
+    info = StepInfo(
+        events=events, achievements=step_ach, similarity=step_similarity(events, sims),
+        success=first, instr=state.instr, ep_return=new_state.ep_return, ep_length=steps, died=died,
+    )
+    return observation(new_state, params, obs_mode), new_state, reward, terminated, truncated, info
+
+
+# --------------------------------------------------------------------------- batched layer
+
+
+@struct.dataclass
+class BatchState:
+    """A batch of envs plus the pool of pre-generated worlds used to reset them."""
+
+    env: EnvState  # leaves [B, ...]
+    pool: CraftaxState  # leaves [P, ...]
+    cursor: jax.Array  # next pool slot to hand out / regenerate
+
+
+def _new_world(key, params: EnvParams):
+    world = generate_world(key, params.craftax, STATIC)
+    # Craftax's world generator returns some weakly typed leaves (player_direction) that the
+    # step makes strong: unify them, or the first step after a reset recompiles.
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), world)
+
+
+def _generate_worlds(key, params: EnvParams, n: int):
+    return jax.vmap(lambda k: _new_world(k, params))(jax.random.split(key, n))
+
+
+def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = None,
+                pinned=None, obs_mode: str = "paper"):
+    """Reset a batch; also fills the world pool. Returns ``(obs, BatchState)``."""
+    pool_size = pool_size or max(num_envs, 16)
+    k_env, k_pool, k_instr = jax.random.split(key, 3)
+    worlds = _generate_worlds(k_env, params, num_envs)
+    pool = _generate_worlds(k_pool, params, pool_size)
+    pinned = jnp.full((num_envs,), -1, jnp.int32) if pinned is None else jnp.asarray(pinned, jnp.int32)
+    instr = jax.vmap(sample_instruction, in_axes=(0, None, 0))(jax.random.split(k_instr, num_envs), params, pinned)
+    env = jax.vmap(_fresh_state)(worlds, instr, pinned)
+    obs = jax.vmap(observation, in_axes=(0, None, None))(env, params, obs_mode)
+    return obs, BatchState(env=env, pool=pool, cursor=jnp.zeros((), jnp.int32))
+
+
+def _tree_select(mask, a, b):
+    def sel(x, y):
+        m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
+        return jnp.where(m, x, y)
+
+    return jax.tree_util.tree_map(sel, a, b)
+
+
+def reset_done(key, bstate: BatchState, done, params: EnvParams, pool_refresh: int):
+    """Reset the envs where ``done`` from the pool; regenerate ``pool_refresh`` pool slots.
+
+    Finished envs take consecutive pool slots starting at the cursor; the first
+    ``pool_refresh`` slots from the cursor are then regenerated and the cursor advances by
+    ``pool_refresh``. A world is reused only when more than ``pool_refresh`` envs finish in
+    one step; it diverges at once since mobs and loot are random.
+    """
+    env = bstate.env
+    num_envs = done.shape[0]
+    pool_size = jax.tree_util.tree_leaves(bstate.pool)[0].shape[0]
+    k_instr, k_pool = jax.random.split(key)
+    rank = jnp.cumsum(done) - 1
+    slot = (bstate.cursor + rank) % pool_size
+    fresh_worlds = jax.tree_util.tree_map(lambda p: p[slot], bstate.pool)
+    instr = jax.vmap(sample_instruction, in_axes=(0, None, 0))(jax.random.split(k_instr, num_envs), params, env.pinned)
+    fresh = jax.vmap(_fresh_state)(fresh_worlds, instr, env.pinned)
+    env = _tree_select(done, fresh, env)
+
+    new = _generate_worlds(k_pool, params, pool_refresh)
+    idx = (bstate.cursor + jnp.arange(pool_refresh)) % pool_size
+    pool = jax.tree_util.tree_map(lambda p, n: p.at[idx].set(n), bstate.pool, new)
+    return BatchState(env=env, pool=pool, cursor=(bstate.cursor + pool_refresh) % pool_size)
+
+
+def batch_step(key, bstate: BatchState, actions, params: EnvParams, obs_mode: str = "paper",
+               pool_refresh: int = 4, autoreset: bool = True):
+    """Step a batch of envs; finished envs are reset in the same step (when ``autoreset``).
+
+    Returns ``(obs, bstate, reward, terminated, truncated, info)``. With autoreset, ``obs`` of
+    a finished env is the first observation of its next episode (same-step autoreset); the
+    final observation is ``info_final_obs`` = :func:`observation` of the pre-reset state,
+    returned as the 7th element.
+    """
+    num_envs = actions.shape[0]
+    k_step, k_reset = jax.random.split(key)
+    _, env, reward, term, trunc, info = jax.vmap(step, in_axes=(0, 0, 0, None, None))(
+        jax.random.split(k_step, num_envs), bstate.env, actions, params, obs_mode
+    )
+    bstate = bstate.replace(env=env)
+    final_obs = jax.vmap(observation, in_axes=(0, None, None))(env, params, obs_mode)
+    if autoreset:
+        done = jnp.logical_or(term, trunc)
+        bstate = jax.lax.cond(
+            jnp.any(done),
+            lambda b: reset_done(k_reset, b, done, params, pool_refresh),
+            lambda b: b,
+            bstate,
+        )
+        obs = jax.vmap(observation, in_axes=(0, None, None))(bstate.env, params, obs_mode)
+    else:
+        obs = final_obs
+    return obs, bstate, reward, term, trunc, info, final_obs

@@ -1,0 +1,53 @@
+"""LLM hindsight instruction relabeling (paper section 4.1, prompt of Appendix C).
+
+Typical use from any training loop::
+
+    from oir_gym.relabel import HindsightRelabeler
+
+    relabeler = HindsightRelabeler(backend="llama_cpp", k=4)   # offline Gemma 3 270M + rules
+    for res in relabeler(trajectories):                        # lock-step, like the paper
+        for cand in res.grounded:                              # cand.first_step pays reward 1
+            buffer.add(res.trajectory, cand.text, cand.first_step)
+    metrics.update(relabeler.stats())
+
+or off the critical path: ``relabeler.submit(trajs)`` then ``relabeler.collect()`` each iteration.
+"""
+
+from oir_gym.relabel.backends import (
+    BackendError,
+    BackendTimeout,
+    CompositeBackend,
+    LlamaCppBackend,
+    LLMBackend,
+    OpenAIBackend,
+    Proposal,
+    RuleBackend,
+    VLLMBackend,
+    default_gguf_path,
+    instruction_gbnf,
+    make_backend,
+)
+from oir_gym.relabel.cache import LRUCache
+from oir_gym.relabel.filters import FORBIDDEN_PATTERNS, CandidateFilter, near_duplicate_mask, normalise
+from oir_gym.relabel.parse import ParsedOutput, parse_candidates, parse_completion
+from oir_gym.relabel.prompts import (
+    PromptTemplate,
+    TokenCount,
+    count_tokens,
+    load_template,
+    output_schema,
+    timestep_lines,
+)
+from oir_gym.relabel.relabeler import HindsightRelabeler
+from oir_gym.relabel.results import Candidate, RelabelResult
+from oir_gym.relabel.segments import Segment, behaviour_key, segments, segments_text
+
+__all__ = [
+    "HindsightRelabeler", "Candidate", "RelabelResult",
+    "LLMBackend", "LlamaCppBackend", "OpenAIBackend", "VLLMBackend", "RuleBackend", "CompositeBackend",
+    "Proposal", "BackendError", "BackendTimeout", "make_backend", "default_gguf_path", "instruction_gbnf",
+    "PromptTemplate", "load_template", "output_schema", "timestep_lines", "count_tokens", "TokenCount",
+    "parse_completion", "parse_candidates", "ParsedOutput",
+    "CandidateFilter", "normalise", "near_duplicate_mask", "FORBIDDEN_PATTERNS",
+    "Segment", "segments", "segments_text", "behaviour_key", "LRUCache",
+]

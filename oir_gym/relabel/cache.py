@@ -1,0 +1,95 @@
+"""Thread-safe LRU cache of LLM answers keyed by normalised behaviour, optionally on disk.
+
+Only the (parsed, filtered) LLM candidate texts are cached: grounding depends on the exact
+trajectory and is recomputed, and rule instructions are cheap. The JSON file is written
+atomically (temp file + rename), so a crash never leaves a half-written cache behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Optional
+
+CACHE_FORMAT_VERSION = 1
+
+
+class LRUCache:
+    """``key -> list[str]`` with least-recently-used eviction.
+
+    Args:
+        capacity: entries kept (0 disables the cache).
+        path: JSON file to load from at construction and :meth:`save` to (``None``: memory only).
+    """
+
+    def __init__(self, capacity: int = 4096, path: Optional[str | os.PathLike] = None) -> None:
+        self.capacity = int(capacity)
+        self.path = Path(path) if path else None
+        self._data: OrderedDict[str, list[str]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.dirty = 0  # entries added since the last save
+        self.load_error: Optional[str] = None
+        if self.path is not None and self.path.is_file():
+            self.load()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._data
+
+    def get(self, key: str) -> Optional[list[str]]:
+        with self._lock:
+            val = self._data.get(key)
+            if val is not None:
+                self._data.move_to_end(key)
+                return list(val)
+            return None
+
+    def put(self, key: str, value: list[str]) -> None:
+        if self.capacity <= 0:
+            return
+        with self._lock:
+            self._data[key] = list(value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.capacity:
+                self._data.popitem(last=False)
+            self.dirty += 1
+
+    def load(self) -> None:
+        """Load entries from :attr:`path`; a corrupt or foreign file is ignored (and noted)."""
+        try:
+            raw = json.loads(self.path.read_text())
+            if raw.get("version") != CACHE_FORMAT_VERSION:
+                raise ValueError(f"cache version {raw.get('version')!r}")
+            entries = raw["entries"]
+            with self._lock:
+                for k, v in entries:
+                    if isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v):
+                        self._data[k] = v
+                while len(self._data) > self.capacity:
+                    self._data.popitem(last=False)
+        except Exception as e:  # noqa: BLE001 - a bad cache file must not stop training
+            self.load_error = f"{type(e).__name__}: {e}"
+
+    def save(self) -> None:
+        """Write all entries (LRU order) to :attr:`path` atomically; no-op without a path."""
+        if self.path is None:
+            return
+        with self._lock:
+            payload = {"version": CACHE_FORMAT_VERSION, "entries": [[k, v] for k, v in self._data.items()]}
+            self.dirty = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name, dir=str(self.path.parent))
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(payload, f)
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise

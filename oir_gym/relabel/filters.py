@@ -1,0 +1,157 @@
+"""Candidate filters: normalise, drop forbidden/empty/over-long/garbage answers, de-duplicate.
+
+Every dropped candidate is counted under a reason, so a run's metrics show *why* LLM answers
+were lost (``forbidden_word``, ``too_long``, ``near_duplicate``...). Nothing here raises.
+
+The forbidden words follow the paper's prompt: no movement or exploration instructions ("move",
+"explore", "navigate", "go to", or any synonym indicating changing position). Such instructions
+are never grounded by an event caption and would only waste instruction-buffer slots.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+#: Regexes (matched case-insensitively on the normalised text) of movement/exploration wording.
+FORBIDDEN_PATTERNS: tuple[str, ...] = (
+    r"\bmov(?:e|es|ed|ing|ement)\b",
+    r"\bexplor\w*",
+    r"\bnavigat\w*",
+    r"\bgo(?:es|ing)?\s+to\b(?!\s+(?:sleep|bed)\b)",  # "go to sleep" is an event, not a position
+    r"\bgo(?:es|ing)?\s+(?:towards?|around|back|left|right|up|down|north|south|east|west|near)\b",
+    r"\bwalk\w*",
+    r"\bwander\w*",
+    r"\btravel\w*",
+    r"\bhead(?:s|ed|ing)?\s+(?:to|towards?|for|over)\b",
+    r"\broam\w*",
+    r"\b(?:run|runs|running|ran)\b",
+    r"\bapproach\w*",
+    r"\bproceed\w*\s+to\b",
+    r"\bstep\s+(?:to|towards?|forward|back)\b",
+    r"\breturn(?:s|ed|ing)?\s+to\b",
+    r"\brelocat\w*",
+    r"\bwalk\b",
+)
+#: Normalised answers that are template echoes, not instructions.
+PLACEHOLDERS = frozenset({
+    "...", "\u2026", "instruction", "instructions", "none", "n/a", "na", "null", "mid-level",
+    "high-level", "analysis", "completed instructions", "string", "todo", "tbd",
+})
+_WS = re.compile(r"\s+")
+_LEAD = re.compile(r"^(?:[-*\u2022+>]+|\d{1,2}[.)]|[a-z][.)](?=\s))\s*")
+_EDGE = "\"'`\u201c\u201d\u2018\u2019 .,;:!*_()[]{}<>"
+
+
+def _bad_char(c: str) -> bool:
+    cat = unicodedata.category(c)
+    return (cat[0] == "C" and c not in "\t\n\r") or c == "\ufffd"
+
+
+def normalise(text: str) -> str:
+    """Canonical form of a candidate: NFKC, lower case, single spaces, no bullets/quotes/trailing
+    punctuation. Idempotent (applied until it stops changing)."""
+    prev = None
+    s = text
+    for _ in range(4):
+        if s == prev:
+            break
+        prev = s
+        s = unicodedata.normalize("NFKC", s).lower()
+        s = _WS.sub(" ", s).strip()
+        s = _LEAD.sub("", s)
+        s = s.strip(_EDGE)
+    return s
+
+
+@dataclass
+class CandidateFilter:
+    """Text-level filter (no embeddings).
+
+    Args:
+        max_chars: longest kept instruction (after normalisation).
+        max_words: most words in a kept instruction.
+        forbidden: regexes of forbidden wording (default :data:`FORBIDDEN_PATTERNS`).
+        extra_forbidden: more regexes added to ``forbidden``.
+    """
+
+    max_chars: int = 100
+    max_words: int = 16
+    forbidden: Sequence[str] = FORBIDDEN_PATTERNS
+    extra_forbidden: Sequence[str] = ()
+    _re: re.Pattern = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._re = re.compile("|".join(f"(?:{p})" for p in (*self.forbidden, *self.extra_forbidden)), re.I)
+
+    def check(self, text: str) -> Optional[str]:
+        """The drop reason for an already normalised candidate, or ``None`` if it is kept."""
+        if not text:
+            return "empty"
+        if any(_bad_char(c) for c in text):
+            return "non_printable"
+        if text in PLACEHOLDERS:
+            return "placeholder"
+        if not any(c.isalpha() for c in text):
+            return "no_letters"
+        if len(text) > self.max_chars:
+            return "too_long"
+        if len(text.split()) > self.max_words:
+            return "too_long"
+        if self._re.search(text):
+            return "forbidden_word"
+        return None
+
+    def filter(self, texts: Iterable[object]) -> tuple[list[str], Counter]:
+        """Normalise, drop and exactly de-duplicate (order kept). Returns ``(kept, dropped)``."""
+        kept: list[str] = []
+        seen: set[str] = set()
+        dropped: Counter = Counter()
+        for raw in texts:
+            if not isinstance(raw, str):
+                dropped["not_a_string"] += 1
+                continue
+            if any(_bad_char(c) for c in raw if c not in " \t\n\r"):
+                dropped["non_printable"] += 1  # checked before NFKC could hide it
+                continue
+            t = normalise(raw)
+            reason = self.check(t)
+            if reason is None and t in seen:
+                reason = "duplicate"
+            if reason:
+                dropped[reason] += 1
+                continue
+            seen.add(t)
+            kept.append(t)
+        return kept, dropped
+
+    def is_clean(self, text: str) -> bool:
+        """True for a string the filter would keep unchanged (used by property tests)."""
+        return normalise(text) == text and self.check(text) is None
+
+
+def near_duplicate_mask(embeddings: np.ndarray, threshold: float = 0.95) -> np.ndarray:
+    """Greedy de-duplication by cosine similarity of unit-norm embeddings.
+
+    Item ``i`` is dropped when its cosine with an earlier *kept* item is ``>= threshold``, so
+    earlier candidates (LLM before rules, mid-level before high-level) win.
+
+    Returns:
+        ``[n]`` bool mask of the kept items.
+    """
+    emb = np.asarray(embeddings, dtype=np.float32)
+    n = len(emb)
+    keep = np.ones(n, dtype=bool)
+    if n < 2:
+        return keep
+    sims = emb @ emb.T
+    for i in range(1, n):
+        prev = np.flatnonzero(keep[:i])
+        if len(prev) and float(sims[i, prev].max()) >= threshold:
+            keep[i] = False
+    return keep

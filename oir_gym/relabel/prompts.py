@@ -1,0 +1,209 @@
+"""Prompt templates (kept as data in ``oir_gym/data/prompts``) and prompt-token counting.
+
+A template file is plain text with the placeholders ``{{trajectory}}`` and optionally ``{{k}}``.
+Lines starting with ``#|`` are metadata and comments, never sent to the model:
+
+* ``#| view: timesteps`` renders the trajectory one line per step, as in section 4.1 of the paper
+  (``timestep t: <textual observation>, agent takes action <action text>``);
+* ``#| view: segments`` renders it as event segments (:mod:`oir_gym.relabel.segments`);
+* ``#| analysis: true`` makes the expected JSON carry the paper's ``"Analysis"`` field and the
+  ``"Completed Instructions"`` wrapper (see :func:`output_schema`).
+
+Two templates ship: ``paper`` (Appendix C) and ``segments`` (the default).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional
+
+from oir_gym.relabel.segments import ACTION_NAMES, segments_text
+from oir_gym.trajectory import Trajectory
+
+TEMPLATE_NAMES = ("paper", "segments")
+DEFAULT_TEMPLATE = "segments"
+#: Longest instruction the schema/grammar lets a model emit (characters).
+MAX_INSTRUCTION_CHARS = 80
+MAX_ANALYSIS_CHARS = 200
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A prompt template.
+
+    Attributes:
+        name: template name (``"paper"``, ``"segments"`` or the file stem of a custom one).
+        text: template text with ``{{trajectory}}`` (and optionally ``{{k}}``).
+        view: ``"timesteps"`` or ``"segments"``: how the trajectory is rendered.
+        analysis: whether the answer format has the paper's ``Analysis`` field and wrapper.
+    """
+
+    name: str
+    text: str
+    view: str = "segments"
+    analysis: bool = False
+
+    def render(self, traj: Trajectory, k: int = 4) -> str:
+        """The full prompt for one trajectory."""
+        block = timestep_lines(traj) if self.view == "timesteps" else segments_text(traj)
+        # str.replace, not str.format: the templates are full of JSON braces.
+        return self.text.replace("{{k}}", str(k)).replace("{{trajectory}}", block)
+
+    def schema(self, k: int = 4) -> dict[str, Any]:
+        """JSON schema of the expected answer (see :func:`output_schema`)."""
+        return output_schema(k, analysis=self.analysis)
+
+
+def parse_template(text: str, name: str = "custom") -> PromptTemplate:
+    """Build a template from text with optional ``#| key: value`` metadata lines."""
+    meta: dict[str, str] = {}
+    body = []
+    for line in text.splitlines():
+        if line.startswith("#|"):
+            m = re.match(r"#\|\s*(\w+)\s*:\s*(\S+)\s*$", line)
+            if m:
+                meta[m.group(1).lower()] = m.group(2).lower()
+            continue
+        body.append(line)
+    body_text = "\n".join(body).strip("\n")
+    if "{{trajectory}}" not in body_text:
+        raise ValueError(f"prompt template {name!r} has no {{{{trajectory}}}} placeholder")
+    view = meta.get("view", "segments")
+    if view not in ("timesteps", "segments"):
+        raise ValueError(f"prompt template {name!r}: view must be 'timesteps' or 'segments', got {view!r}")
+    return PromptTemplate(name, body_text, view, meta.get("analysis", "false") in ("true", "yes", "1"))
+
+
+@lru_cache(maxsize=None)
+def load_template(name_or_path: str = DEFAULT_TEMPLATE) -> PromptTemplate:
+    """Load a packaged template by name (``"paper"``, ``"segments"``) or a custom one from a file."""
+    if name_or_path in TEMPLATE_NAMES:
+        text = resources.files("oir_gym.data").joinpath("prompts", f"{name_or_path}.txt").read_text()
+        return parse_template(text, name_or_path)
+    p = Path(name_or_path)
+    if not p.is_file():
+        raise ValueError(
+            f"unknown prompt template {name_or_path!r}: use one of {TEMPLATE_NAMES} or a path to a .txt file"
+        )
+    return parse_template(p.read_text(), p.stem)
+
+
+def step_observation(traj: Trajectory, t: int) -> str:
+    """Textual observation of step ``t``; without per-step texts, the step's event captions."""
+    if traj.texts is not None:
+        return traj.texts[t]
+    caps = traj.captions_at(t)
+    return "events: " + (", ".join(caps) if caps else "none")
+
+
+def step_action(traj: Trajectory, t: int) -> str:
+    """Action text of step ``t`` (``action_texts`` when given, else the Craftax action name)."""
+    if traj.action_texts is not None:
+        return traj.action_texts[t]
+    a = int(traj.actions[t])
+    return ACTION_NAMES[a] if 0 <= a < len(ACTION_NAMES) else f"action {a}"
+
+
+def timestep_lines(traj: Trajectory) -> str:
+    """The paper's per-timestep trajectory rendering (section 4.1)."""
+    return "\n".join(
+        f"timestep {t}: {step_observation(traj, t)}, agent takes action {step_action(traj, t)}"
+        for t in range(len(traj))
+    )
+
+
+def output_schema(k: int = 4, analysis: bool = False) -> dict[str, Any]:
+    """JSON schema of the answer, with ``maxItems=k`` per list so small models cannot loop.
+
+    ``analysis=False``: ``{"Mid-Level": [...], "High-Level": [...]}``; ``analysis=True``: the
+    paper's ``{"Analysis": str, "Completed Instructions": {"Mid-Level": [...], "High-Level": [...]}}``.
+    """
+    item = {"type": "string", "minLength": 1, "maxLength": MAX_INSTRUCTION_CHARS}
+    lists = {
+        "type": "object",
+        "properties": {
+            "Mid-Level": {"type": "array", "items": item, "minItems": 1, "maxItems": int(k)},
+            "High-Level": {"type": "array", "items": item, "minItems": 0, "maxItems": int(k)},
+        },
+        "required": ["Mid-Level", "High-Level"],
+        "additionalProperties": False,
+    }
+    if not analysis:
+        return lists
+    return {
+        "type": "object",
+        "properties": {
+            "Analysis": {"type": "string", "maxLength": MAX_ANALYSIS_CHARS},
+            "Completed Instructions": lists,
+        },
+        "required": ["Analysis", "Completed Instructions"],
+        "additionalProperties": False,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# token counting
+# ---------------------------------------------------------------------------------------------
+
+class TokenCount(NamedTuple):
+    """A prompt length and how it was measured (``"llama"``: exact model tokenizer;
+    ``"approx-regex"``: words and punctuation marks, an approximation of a BPE count)."""
+
+    n: int
+    method: str
+
+
+_APPROX_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+def approx_token_count(text: str) -> int:
+    """Approximate token count: words and punctuation marks (BPE tokenizers land within ~30%)."""
+    return len(_APPROX_RE.findall(text))
+
+
+@lru_cache(maxsize=4)
+def llama_tokenizer(model_path: Optional[str] = None) -> Optional[Callable[[str], int]]:
+    """A token counter using the GGUF model's own tokenizer (vocabulary only, no weights loaded).
+
+    Returns ``None`` when ``llama_cpp`` or the model is not available.
+    """
+    try:
+        from llama_cpp import Llama
+
+        from oir_gym.relabel.backends import default_gguf_path
+
+        path = model_path or default_gguf_path()
+        vocab = Llama(model_path=path, vocab_only=True, verbose=False)
+    except Exception:  # noqa: BLE001 - optional dependency, fall back to the approximation
+        return None
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
+    return count
+
+
+def count_tokens(text: str, tokenizer: Callable[[str], int] | str | None = "auto") -> TokenCount:
+    """Count prompt tokens.
+
+    Args:
+        text: the prompt.
+        tokenizer: a callable ``str -> int``; ``"auto"`` to use the default GGUF model's
+            tokenizer when llama-cpp-python is installed; ``None`` for the approximation.
+
+    Returns:
+        :class:`TokenCount` whose ``method`` says whether the count is exact (``"llama"``, or
+        ``"custom"`` for a given callable) or approximate (``"approx-regex"``).
+    """
+    if tokenizer == "auto":
+        tok = llama_tokenizer()
+        if tok is not None:
+            return TokenCount(tok(text), "llama")
+        return TokenCount(approx_token_count(text), "approx-regex")
+    if callable(tokenizer):
+        return TokenCount(int(tokenizer(text)), "custom")
+    return TokenCount(approx_token_count(text), "approx-regex")

@@ -1,0 +1,563 @@
+"""The HindsightRelabeler: trajectories in, grounded relabeled instructions out (paper section 4.1).
+
+Pipeline for a batch of trajectories:
+
+1. **Key and cache.** Each trajectory's behaviour key (:func:`~oir_gym.relabel.segments.behaviour_key`:
+   the ordered non-idle events, without timing) is looked up in an LRU cache of LLM answers;
+   trajectories with the same key in one batch share one prompt. Idle trajectories (nothing but
+   moving/waiting) are not sent to the LLM by default (``skip_idle``): nothing happened to relabel.
+2. **Generate.** One batched ``generate`` call on the LLM backend for the remaining prompts,
+   with the template's JSON schema for constrained decoding.
+3. **Parse and filter.** :func:`~oir_gym.relabel.parse.parse_candidates`; rule instructions are
+   merged in (LLM candidates first); exact and embedding near-duplicates are dropped.
+4. **Ground.** Each candidate is encoded once and compared with the caption vocabulary using the
+   env's reward functions (:func:`oir_gym.reward.event_similarity`,
+   :func:`oir_gym.reward.first_success_step`): ``first_step`` is where relabeling with it pays.
+5. **Select.** Up to ``k`` candidates per trajectory: grounded ones first (in source order: LLM,
+   then rules), then, if ``keep_ungrounded``, ungrounded ones. Ungrounded candidates never pay
+   off in the buffer, so they are only used to fill up to ``k`` (the paper keeps all K LLM
+   answers); they are always counted in :meth:`HindsightRelabeler.stats`.
+
+Failure policy: nothing is ever raised into the training loop. When the LLM backend raises or
+exceeds ``llm_timeout``, the error is counted and (``fallback="rules"``) the rule instructions
+answer instead.
+
+Modes: :meth:`~HindsightRelabeler.relabel` (or calling the object) is synchronous, the paper's
+lock-step behaviour. :meth:`~HindsightRelabeler.submit` / :meth:`~HindsightRelabeler.collect` run
+the same pipeline on a background thread with a bounded queue; when the queue is full,
+``on_full`` decides: ``"rules"`` answers at once with rule instructions only (cheap, no LLM),
+``"skip"`` drops the batch (counted), ``"block"`` waits for room.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from oir_gym.captions import NUM_EVENTS, VOCAB
+from oir_gym.relabel.backends import (
+    BackendTimeout, CompositeBackend, LLMBackend, LlamaCppBackend, Proposal, RuleBackend, make_backend,
+)
+from oir_gym.relabel.cache import LRUCache
+from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
+from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
+from oir_gym.relabel.prompts import PromptTemplate, approx_token_count, load_template
+from oir_gym.relabel.results import Candidate, RelabelResult
+from oir_gym.relabel.segments import behaviour_key, is_idle
+from oir_gym.reward import event_similarity, first_success_step
+from oir_gym.trajectory import Trajectory
+
+BackendSpec = Union[str, LLMBackend, CompositeBackend, None]
+
+
+class HindsightRelabeler:
+    """LLM hindsight instruction relabeling as a library component.
+
+    Args:
+        backend: ``"llama_cpp"`` (offline default: in-process Gemma 3 270M), ``"openai"``,
+            ``"vllm"``, ``"rules"`` (no LLM), an :class:`~oir_gym.relabel.backends.LLMBackend`
+            object, or a :class:`~oir_gym.relabel.backends.CompositeBackend`.
+        k: candidates kept per trajectory (the paper's K).
+        template: ``"segments"`` (default, compressed) or ``"paper"`` (Appendix C, per-timestep),
+            a path to a template file, or a :class:`PromptTemplate`.
+        use_rules: merge rule instructions into the LLM candidates.
+        delta: grounding threshold (strict ``>``), as the env's reward.
+        encoder: sentence encoder with ``encode(list[str]) -> [n, D]`` unit-norm (default: the
+            shared all-MiniLM-L6-v2 of :func:`oir_gym.encoder.get_encoder`, loaded on first use).
+        cache_size: LRU entries (0 disables the cache).
+        cache_path: JSON file the cache is loaded from and saved to (on :meth:`close`,
+            :meth:`save_cache`, and every ``cache_save_every`` new entries).
+        samples: completions per prompt (``n`` of the backend protocol).
+        keep_ungrounded: fill up to ``k`` with ungrounded candidates after the grounded ones.
+        dedup_threshold: cosine at or above which a later candidate is a near-duplicate.
+        fallback: ``"rules"`` (answer with rule instructions when the LLM fails) or ``"none"``.
+        llm_timeout: seconds one batched LLM call may take (``None``: no limit beyond the backend's).
+        skip_idle: do not ask the LLM about trajectories where nothing but moving/waiting happened.
+        candidate_filter: text filter (forbidden words, lengths).
+        queue_size: pending batches in async mode before ``on_full`` applies.
+        on_full: async overflow policy: ``"rules"``, ``"skip"`` or ``"block"``.
+        backend_kwargs: passed to the backend constructor when ``backend`` is a name.
+    """
+
+    def __init__(
+        self,
+        backend: BackendSpec = "llama_cpp",
+        k: int = 4,
+        template: Union[str, PromptTemplate] = "segments",
+        use_rules: bool = True,
+        delta: float = 0.9,
+        encoder: Any = None,
+        cache_size: int = 4096,
+        cache_path: Optional[str | os.PathLike] = None,
+        *,
+        samples: int = 1,
+        keep_ungrounded: bool = True,
+        dedup_threshold: float = 0.95,
+        fallback: str = "rules",
+        llm_timeout: Optional[float] = None,
+        skip_idle: bool = True,
+        candidate_filter: Optional[CandidateFilter] = None,
+        rules: Optional[RuleBackend] = None,
+        queue_size: int = 8,
+        on_full: str = "rules",
+        cache_save_every: int = 256,
+        backend_kwargs: Optional[dict] = None,
+    ) -> None:
+        if fallback not in ("rules", "none"):
+            raise ValueError(f"fallback must be 'rules' or 'none', got {fallback!r}")
+        if on_full not in ("rules", "skip", "block"):
+            raise ValueError(f"on_full must be 'rules', 'skip' or 'block', got {on_full!r}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self.k = int(k)
+        self.template = template if isinstance(template, PromptTemplate) else load_template(str(template))
+        self.schema = self.template.schema(self.k)
+        self.delta = float(delta)
+        self.samples = int(samples)
+        self.keep_ungrounded = keep_ungrounded
+        self.dedup_threshold = float(dedup_threshold)
+        self.fallback = fallback
+        self.llm_timeout = llm_timeout
+        self.skip_idle = skip_idle
+        self.filter = candidate_filter or CandidateFilter()
+        self.on_full = on_full
+        self.cache_save_every = int(cache_save_every)
+        self._rules = rules or RuleBackend()
+
+        if isinstance(backend, CompositeBackend):
+            self.backend = backend
+        else:
+            llm = make_backend(backend, **(backend_kwargs or {})) if isinstance(backend, str) else backend
+            self.backend = CompositeBackend(llm, self._rules if (use_rules or llm is None) else None)
+        self.use_rules = self.backend.rules is not None
+        self.backend_name = backend if isinstance(backend, str) else type(self.backend.llm or self._rules).__name__
+        self._backend_id = self._identify(self.backend.llm)
+
+        self._encoder = encoder
+        self._phrase_emb: Optional[np.ndarray] = None
+        self._enc_lock = threading.Lock()
+        self.cache = LRUCache(cache_size, cache_path)
+        self._llm_pool: Optional[ThreadPoolExecutor] = None
+
+        self._stats_lock = threading.Lock()
+        self._s: Counter = Counter()
+        self._dropped: Counter = Counter()
+        self._errors: Counter = Counter()
+        self._latency_total = 0.0
+        self._token_method = "none"
+        self._next_id = 0
+
+        # async state
+        self._queue: "queue.Queue[Optional[tuple[list[Trajectory], list[int]]]]" = queue.Queue(max(1, queue_size))
+        self._done: deque[RelabelResult] = deque()
+        self._done_cv = threading.Condition()
+        self._pending = 0
+        self._worker: Optional[threading.Thread] = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _identify(llm: Any) -> str:
+        if llm is None:
+            return "none"
+        if isinstance(llm, LlamaCppBackend):
+            return "llama_cpp:" + os.path.basename(llm.model_path)
+        return f"{type(llm).__name__}:{getattr(llm, 'model', '')}"
+
+    @property
+    def encoder(self) -> Any:
+        if self._encoder is None:
+            from oir_gym.encoder import get_encoder
+
+            self._encoder = get_encoder()
+        return self._encoder
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        with self._enc_lock:  # the shared encoder's string cache is not thread-safe
+            if self._phrase_emb is None:
+                self._phrase_emb = np.asarray(self.encoder.encode(list(VOCAB.phrases)), dtype=np.float32)
+            if not texts:
+                return np.zeros((0, self._phrase_emb.shape[1]), np.float32)
+            return np.asarray(self.encoder.encode(list(texts)), dtype=np.float32)
+
+    def cache_key(self, traj: Trajectory) -> str:
+        """Cache key: backend, template, k and the normalised behaviour of the trajectory."""
+        return f"{self._backend_id}|{self.template.name}|k={self.k}|{behaviour_key(traj)}"
+
+    def render_prompt(self, traj: Trajectory) -> str:
+        """The prompt this relabeler would send for ``traj``."""
+        return self.template.render(traj, self.k)
+
+    def _count_tokens(self, prompt: str) -> int:
+        llm = self.backend.llm
+        if hasattr(llm, "count_tokens"):
+            try:
+                n = int(llm.count_tokens(prompt))
+                self._token_method = "llama"
+                return n
+            except Exception:  # noqa: BLE001 - fall back to the approximation
+                pass
+        self._token_method = "approx-regex"
+        return approx_token_count(prompt)
+
+    def _propose(self, trajs: list[Trajectory], prompts: list[Optional[str]]) -> list[Proposal]:
+        if self.llm_timeout is None or self.backend.llm is None:
+            return self.backend.propose(trajs, prompts, self.samples, self.schema)
+        if self._llm_pool is None:
+            self._llm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oir-llm")
+        fut = self._llm_pool.submit(self.backend.propose, trajs, prompts, self.samples, self.schema)
+        try:
+            return fut.result(timeout=self.llm_timeout)
+        except FutureTimeout:
+            # the call keeps running in its thread; its answer is discarded
+            err = f"{BackendTimeout.__name__}: LLM call exceeded llm_timeout={self.llm_timeout}s"
+            props = [Proposal(rules=self._rules.instructions(t) if self.backend.rules else []) for t in trajs]
+            for p, pr in zip(props, prompts):
+                p.error = err if pr is not None else None
+            return props
+
+    # ------------------------------------------------------------------ sync API
+    def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
+        """Relabel a batch synchronously (lock-step, as in the paper). Never raises for LLM faults."""
+        trajs = list(trajectories)
+        with self._stats_lock:
+            ids = list(range(self._next_id, self._next_id + len(trajs)))
+            self._next_id += len(trajs)
+        return self._process(trajs, ids, llm_allowed=True)
+
+    __call__ = relabel
+
+    def instructions(self, trajectories: Sequence[Trajectory]) -> list[list[str]]:
+        """Just the kept instruction texts per trajectory (convenience for simple loops)."""
+        return [r.instructions for r in self.relabel(trajectories)]
+
+    def _process(self, trajs: list[Trajectory], ids: list[int], llm_allowed: bool) -> list[RelabelResult]:
+        n = len(trajs)
+        use_llm = llm_allowed and self.backend.llm is not None
+        keys = [self.cache_key(t) for t in trajs]
+        cached: list[Optional[list[str]]] = [None] * n
+        prompts: list[Optional[str]] = [None] * n
+        owner: dict[str, int] = {}  # key -> index of the trajectory that carries the prompt
+        tokens = [0] * n
+        s = Counter(trajectories=n)
+        if use_llm:
+            for i, (t, key) in enumerate(zip(trajs, keys)):
+                if self.skip_idle and is_idle(t):
+                    s["skipped_idle"] += 1
+                    continue
+                hit = self.cache.get(key) if self.cache.capacity > 0 else None
+                if hit is not None:
+                    cached[i] = hit
+                    s["cache_hits"] += 1
+                elif key in owner:
+                    s["batch_dedup"] += 1  # same behaviour twice in one batch: one prompt
+                else:
+                    owner[key] = i
+                    prompts[i] = self.render_prompt(t)
+                    tokens[i] = self._count_tokens(prompts[i])
+                    s["cache_misses"] += 1
+        else:
+            s["rules_only"] += n
+
+        t0 = time.perf_counter()
+        props = self._propose(trajs, prompts if any(p is not None for p in prompts) else None)
+        latency = time.perf_counter() - t0
+        n_prompts = sum(p is not None for p in prompts)
+
+        # parse fresh answers; cache them per key
+        llm_cands: list[list[str]] = [[] for _ in range(n)]
+        dropped = [Counter() for _ in range(n)]
+        errors: list[Optional[str]] = [None] * n
+        fresh: dict[str, tuple[list[str], Counter, Optional[str]]] = {}
+        for i in range(n):
+            if prompts[i] is None:
+                continue
+            err = props[i].error
+            texts: list[str] = []
+            reasons: Counter = Counter()
+            if err is None:
+                for raw in props[i].llm_raw:
+                    c, r = parse_candidates(raw, self.filter)
+                    texts.extend(c)
+                    reasons += r
+                texts = list(dict.fromkeys(texts))
+                self.cache.put(keys[i], texts)
+            fresh[keys[i]] = (texts, reasons, err)
+        for i in range(n):
+            if cached[i] is not None:
+                llm_cands[i] = cached[i]
+            elif keys[i] in fresh and use_llm and not (self.skip_idle and is_idle(trajs[i])):
+                texts, reasons, err = fresh[keys[i]]
+                llm_cands[i] = texts
+                errors[i] = err
+                if prompts[i] is not None:  # count parse drops once per prompt
+                    dropped[i] += reasons
+            if errors[i] is not None:
+                s["errors"] += 1
+
+        # merge with rules, filter, de-duplicate
+        merged: list[list[tuple[str, str]]] = []
+        fallbacks: list[Optional[str]] = [None] * n
+        for i in range(n):
+            items = [(c, "llm") for c in llm_cands[i]]
+            rules = props[i].rules
+            if errors[i] is not None and self.fallback == "rules" and not rules:
+                rules = self._rules.instructions(trajs[i])
+            if errors[i] is not None and rules and self.fallback == "rules":
+                fallbacks[i] = "rules"
+            if rules and (self.use_rules or fallbacks[i]):
+                kept, r = self.filter.filter(rules)
+                dropped[i] += r
+                items += [(c, "rules") for c in kept]
+            seen: set[str] = set()
+            uniq = []
+            for text, src in items:
+                if text in seen:
+                    dropped[i]["duplicate"] += 1
+                    continue
+                seen.add(text)
+                uniq.append((text, src))
+            merged.append(uniq)
+
+        # ground every candidate with the env's reward functions
+        all_texts = list(dict.fromkeys(t for items in merged for t, _ in items))
+        emb = self._encode(all_texts)
+        row = {t: j for j, t in enumerate(all_texts)}
+        sim_all = (
+            np.asarray(event_similarity(emb, self._phrase_emb, VOCAB.phrase_event, NUM_EVENTS))
+            if len(all_texts) else np.zeros((0, NUM_EVENTS), np.float32)
+        )
+        results = []
+        for i in range(n):
+            items = merged[i]
+            rows = [row[t] for t, _ in items]
+            if len(rows) > 1:
+                keep = near_duplicate_mask(emb[rows], self.dedup_threshold)
+                dropped[i]["near_duplicate"] += int((~keep).sum())
+                items = [it for it, kk in zip(items, keep) if kk]
+                rows = [r for r, kk in zip(rows, keep) if kk]
+            happened = trajs[i].events.any(axis=0)
+            cands = []
+            for (text, src), r in zip(items, rows):
+                sim = sim_all[r]
+                step = first_success_step(trajs[i].events, sim, self.delta)
+                best = float(sim[happened].max()) if happened.any() else -1.0
+                cands.append(Candidate(text, src, step, step >= 0, best))
+            grounded = [c for c in cands if c.grounded]
+            chosen = grounded + ([c for c in cands if not c.grounded] if self.keep_ungrounded else [])
+            res = RelabelResult(
+                trajectory=trajs[i], candidates=chosen[: self.k], request_id=ids[i], num_scored=len(cands),
+                num_grounded=len(grounded), dropped=dropped[i], cache_hit=cached[i] is not None,
+                error=errors[i], fallback=fallbacks[i], prompt_tokens=tokens[i],
+            )
+            results.append(res)
+            s["candidates_scored"] += len(cands)
+            s["candidates_grounded"] += len(grounded)
+            s["candidates_kept"] += len(res.candidates)
+            s["candidates_kept_grounded"] += len(res.grounded)
+            s["candidates_llm"] += sum(c.source == "llm" for c in cands)
+            s["candidates_rules"] += sum(c.source == "rules" for c in cands)
+            s["fallbacks"] += fallbacks[i] is not None
+
+        with self._stats_lock:
+            self._s.update(s)
+            self._s["batches"] += 1
+            if n_prompts:
+                self._s["llm_calls"] += 1
+                self._s["prompts"] += n_prompts
+                self._s["prompt_tokens"] += sum(tokens)
+                self._latency_total += latency
+            for d in dropped:
+                self._dropped.update(d)
+            for e in {errors[i] for i in range(n) if errors[i]}:
+                self._errors[e.split(":", 1)[0]] += 1
+        if self.cache.path is not None and self.cache.dirty >= self.cache_save_every:
+            self.save_cache()
+        return results
+
+    # ------------------------------------------------------------------ async API
+    def submit(self, trajectories: Sequence[Trajectory]) -> list[int]:
+        """Queue a batch for background relabeling; returns one request id per trajectory.
+
+        Never blocks unless ``on_full="block"``. When the queue is full: ``"rules"`` relabels the
+        batch right away with rule instructions only (results appear in the next :meth:`collect`,
+        marked ``fallback="overflow"``), ``"skip"`` drops it (counted as ``overflow_skipped``).
+        """
+        if self._closed:
+            raise RuntimeError("relabeler is closed")
+        trajs = list(trajectories)
+        with self._stats_lock:
+            ids = list(range(self._next_id, self._next_id + len(trajs)))
+            self._next_id += len(trajs)
+            self._s["submitted"] += len(trajs)
+        self._ensure_worker()
+        with self._done_cv:
+            self._pending += len(trajs)
+        try:
+            if self.on_full == "block":
+                self._queue.put((trajs, ids))
+            else:
+                self._queue.put_nowait((trajs, ids))
+        except queue.Full:
+            with self._stats_lock:
+                self._s[f"overflow_{self.on_full}"] += len(trajs)
+            if self.on_full == "rules":
+                try:
+                    res = self._process(trajs, ids, llm_allowed=False)
+                    for r in res:
+                        r.fallback = "overflow"
+                except Exception as e:  # noqa: BLE001
+                    res = self._empty_results(trajs, ids, f"{type(e).__name__}: {e}")
+                self._deliver(res, len(trajs))
+            else:
+                with self._done_cv:
+                    self._pending -= len(trajs)
+                    self._done_cv.notify_all()
+        return ids
+
+    def collect(self, block: bool = False, timeout: Optional[float] = None) -> list[RelabelResult]:
+        """Finished results so far (any order of batches, each batch in submission order).
+
+        Args:
+            block: wait until every submitted trajectory is finished (or ``timeout`` passes).
+            timeout: seconds to wait when ``block`` is True (``None``: no limit).
+        """
+        with self._done_cv:
+            if block:
+                self._done_cv.wait_for(lambda: self._pending == 0, timeout=timeout)
+            out = list(self._done)
+            self._done.clear()
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Submitted trajectories whose results are not yet ready."""
+        return self._pending
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="oir-relabeler", daemon=True)
+            self._worker.start()
+
+    def _empty_results(self, trajs: list[Trajectory], ids: list[int], err: str) -> list[RelabelResult]:
+        with self._stats_lock:
+            self._s["errors"] += len(trajs)
+            self._errors[err.split(":", 1)[0]] += 1
+        return [RelabelResult(trajectory=t, candidates=[], request_id=i, error=err) for t, i in zip(trajs, ids)]
+
+    def _deliver(self, results: list[RelabelResult], n: int) -> None:
+        with self._done_cv:
+            self._done.extend(results)
+            self._pending -= n
+            self._done_cv.notify_all()
+        with self._stats_lock:
+            self._s["completed"] += len(results)
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            trajs, ids = job
+            try:
+                res = self._process(trajs, ids, llm_allowed=True)
+            except Exception as e:  # noqa: BLE001 - never kill the worker
+                res = self._empty_results(trajs, ids, f"{type(e).__name__}: {e}")
+            self._deliver(res, len(trajs))
+
+    # ------------------------------------------------------------------ stats and lifecycle
+    def stats(self) -> dict[str, Any]:
+        """Counters for the run's metrics (flat dict; ``dropped``/``errors_by_type`` are dicts).
+
+        Keys: ``calls`` (batched LLM calls), ``prompts`` (prompts sent), ``cache_hits``,
+        ``cache_misses``, ``batch_dedup`` (trajectories sharing a prompt within a batch),
+        ``cache_hit_rate`` (hits + batch duplicates over lookups), ``skipped_idle``, ``errors``
+        (trajectories whose LLM answer failed), ``errors_by_type`` (failed LLM calls by exception
+        type), ``fallbacks``, ``latency_mean_s`` (per LLM call), ``latency_per_prompt_s``,
+        ``prompt_tokens`` (total) and ``prompt_tokens_mean`` with ``prompt_token_method``
+        (``"llama"`` exact or ``"approx-regex"``), ``candidates`` (scored), ``candidates_llm``,
+        ``candidates_rules``, ``candidates_kept``, ``dropped`` (by reason, including the parser's
+        notes such as ``salvaged_json``), ``dropped_total`` (without the notes),
+        ``grounded_fraction`` (of scored candidates), ``kept_grounded_fraction``, and for async
+        mode ``submitted``, ``completed``, ``pending``, ``overflow_rules``, ``overflow_skipped``.
+        """
+        with self._stats_lock:
+            s = dict(self._s)
+            dropped = dict(self._dropped)
+            errors = dict(self._errors)
+            lat = self._latency_total
+        calls = s.get("llm_calls", 0)
+        lookups = s.get("cache_hits", 0) + s.get("cache_misses", 0) + s.get("batch_dedup", 0)
+        scored = s.get("candidates_scored", 0)
+        kept = s.get("candidates_kept", 0)
+        return {
+            "trajectories": s.get("trajectories", 0),
+            "batches": s.get("batches", 0),
+            "calls": calls,
+            "prompts": s.get("prompts", 0),
+            "cache_hits": s.get("cache_hits", 0),
+            "cache_misses": s.get("cache_misses", 0),
+            "cache_hit_rate": (s.get("cache_hits", 0) + s.get("batch_dedup", 0)) / lookups if lookups else 0.0,
+            "cache_entries": len(self.cache),
+            "batch_dedup": s.get("batch_dedup", 0),
+            "skipped_idle": s.get("skipped_idle", 0),
+            "errors": s.get("errors", 0),
+            "errors_by_type": errors,
+            "fallbacks": s.get("fallbacks", 0),
+            "latency_mean_s": lat / calls if calls else 0.0,
+            "latency_per_prompt_s": lat / s["prompts"] if s.get("prompts") else 0.0,
+            "prompt_tokens": s.get("prompt_tokens", 0),
+            "prompt_tokens_mean": s.get("prompt_tokens", 0) / s["prompts"] if s.get("prompts") else 0.0,
+            "prompt_token_method": self._token_method,
+            "candidates": scored,
+            "candidates_llm": s.get("candidates_llm", 0),
+            "candidates_rules": s.get("candidates_rules", 0),
+            "candidates_kept": kept,
+            "dropped": dropped,
+            "dropped_total": sum(v for k, v in dropped.items() if k not in NOTE_REASONS),
+            "grounded_fraction": s.get("candidates_grounded", 0) / scored if scored else 0.0,
+            "kept_grounded_fraction": s.get("candidates_kept_grounded", 0) / kept if kept else 0.0,
+            "submitted": s.get("submitted", 0),
+            "completed": s.get("completed", 0),
+            "pending": self._pending,
+            "overflow_rules": s.get("overflow_rules", 0),
+            "overflow_skipped": s.get("overflow_skip", 0),
+        }
+
+    def save_cache(self) -> None:
+        """Write the cache to ``cache_path`` (no-op without one)."""
+        try:
+            self.cache.save()
+        except OSError as e:  # a full disk must not stop training
+            with self._stats_lock:
+                self._errors[f"cache_save:{type(e).__name__}"] += 1
+
+    def close(self, timeout: Optional[float] = 10.0) -> None:
+        """Stop the worker (after the queued jobs), save the cache. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._worker is not None and self._worker.is_alive():
+            self._queue.put(None)
+            self._worker.join(timeout)
+        if self._llm_pool is not None:
+            self._llm_pool.shutdown(wait=False, cancel_futures=True)
+        self.save_cache()
+
+    def __enter__(self) -> "HindsightRelabeler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"HindsightRelabeler(backend={self.backend!r}, k={self.k}, template={self.template.name!r}, "
+                f"use_rules={self.use_rules}, delta={self.delta})")

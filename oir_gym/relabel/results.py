@@ -1,0 +1,70 @@
+"""What the relabeler hands back: scored candidates per trajectory."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from oir_gym.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One relabeled instruction for one trajectory.
+
+    Attributes:
+        text: the normalised instruction.
+        source: ``"llm"`` or ``"rules"``.
+        first_step: first step whose events match the instruction (cosine ``> delta``, the env's
+            reward), or ``-1`` when it never does in this trajectory.
+        grounded: ``first_step >= 0``: relabeling the trajectory with it yields a reward.
+        similarity: best cosine between the instruction and an event that happened in the
+            trajectory (``-1`` when no event happened).
+    """
+
+    text: str
+    source: str
+    first_step: int
+    grounded: bool
+    similarity: float
+
+
+@dataclass
+class RelabelResult:
+    """Relabeling of one trajectory.
+
+    Attributes:
+        trajectory: the trajectory that was relabeled (the same object that was passed in).
+        candidates: up to ``k`` kept candidates, grounded ones first.
+        request_id: id returned by :meth:`HindsightRelabeler.submit` (sync calls number them too).
+        num_scored: candidates that reached grounding (after filtering and de-duplication).
+        num_grounded: how many of them were grounded (kept or not).
+        dropped: candidates dropped, by reason (parse problems, filters, duplicates).
+        cache_hit: the LLM answer came from the cache.
+        error: why the LLM gave nothing (``None`` if it answered or was not asked).
+        fallback: ``"rules"`` when rule instructions replaced a failed LLM call, ``"overflow"``
+            when the async queue was full and rules answered instead.
+        prompt_tokens: prompt length of this trajectory's LLM call (0 when none was made).
+    """
+
+    trajectory: Trajectory
+    candidates: list[Candidate]
+    request_id: int = -1
+    num_scored: int = 0
+    num_grounded: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    cache_hit: bool = False
+    error: Optional[str] = None
+    fallback: Optional[str] = None
+    prompt_tokens: int = 0
+
+    @property
+    def instructions(self) -> list[str]:
+        """The kept instruction texts."""
+        return [c.text for c in self.candidates]
+
+    @property
+    def grounded(self) -> list[Candidate]:
+        """The kept candidates that are grounded in this trajectory."""
+        return [c for c in self.candidates if c.grounded]

@@ -1,0 +1,134 @@
+"""Compress a trajectory into event segments ("0-4: move; 5: collect wood; 7-8: place table").
+
+This is the compact trajectory view of the ``segments`` prompt (the paper's own worked example
+uses it) and the basis of the relabel cache key. Every step gets one *label*:
+
+* the canonical captions (``VOCAB.canonical``) of the events that happened at that step, other
+  than ``move``/``noop``, joined by ``", "``;
+* otherwise the step is idle: ``"move"`` if it moved the agent (``move`` event, or a movement
+  action when the event is missing), else ``"wait"``.
+
+Consecutive steps with the same label merge into one run ``"a-b: label"``, and so do consecutive
+idle steps (``"move"`` if any of them moved, else ``"wait"``); a run of a repeated
+achievement keeps its count (``"5-6: collect wood (x2)"``) because counts matter for crafting.
+An episode end (``dones[t]``) closes the run and is marked ``", episode ends"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from oir_gym.captions import EVENT_NAMES, VOCAB
+from oir_gym.trajectory import Trajectory
+
+MOVE = "move"
+WAIT = "wait"
+_MOVE_EVENT = EVENT_NAMES.index("move")
+_NOOP_EVENT = EVENT_NAMES.index("noop")
+_IDLE_EVENTS = (_MOVE_EVENT, _NOOP_EVENT)
+_MOVE_ACTIONS = (1, 2, 3, 4)
+EPISODE_END = "episode ends"
+
+#: Craftax-Classic action names by id (the DO action is named after the faced object when known).
+ACTION_NAMES: tuple[str, ...] = (
+    "noop", "left", "right", "up", "down", "do", "sleep", "place_stone", "place_table",
+    "place_furnace", "place_plant", "make_wood_pickaxe", "make_stone_pickaxe",
+    "make_iron_pickaxe", "make_wood_sword", "make_stone_sword", "make_iron_sword",
+)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of consecutive steps with the same label (``start``/``end`` inclusive)."""
+
+    start: int
+    end: int
+    label: str
+    events: tuple[int, ...]  # event ids of the label (empty for move/wait runs)
+    episode_end: bool = False
+
+    @property
+    def idle(self) -> bool:
+        """True for move/wait runs (nothing but position changes or idling)."""
+        return not self.events
+
+    def render(self) -> str:
+        span = f"{self.start}" if self.start == self.end else f"{self.start}-{self.end}"
+        n = self.end - self.start + 1
+        label = self.label
+        if not self.idle and n > 1:
+            label = f"{label} (x{n})"
+        if self.episode_end:
+            label = f"{label}, {EPISODE_END}"
+        return f"{span}: {label}"
+
+
+def step_label(traj: Trajectory, t: int) -> tuple[str, tuple[int, ...]]:
+    """The label of step ``t`` and the (non-idle) event ids it is made of."""
+    ids = tuple(int(e) for e in np.flatnonzero(traj.events[t]) if e not in _IDLE_EVENTS)
+    if ids:
+        return ", ".join(VOCAB.canonical(e) for e in ids), ids
+    moved = bool(traj.events[t, _MOVE_EVENT]) or (
+        not traj.events[t, _NOOP_EVENT] and int(traj.actions[t]) in _MOVE_ACTIONS
+    )
+    return (MOVE if moved else WAIT), ()
+
+
+def segments(traj: Trajectory) -> list[Segment]:
+    """Run-length segments of a trajectory (see the module docstring).
+
+    Consecutive idle steps (moving or waiting) form one run labelled ``"move"`` if any of them
+    moved, else ``"wait"``: how the agent wandered between events is not what gets relabeled.
+    """
+    out: list[Segment] = []
+    cur: list | None = None  # [start, label, ids]
+
+    def close(end: int, episode_end: bool = False) -> None:
+        out.append(Segment(cur[0], end, cur[1], cur[2], episode_end))
+
+    for t in range(len(traj)):
+        label, ids = step_label(traj, t)
+        if cur is not None:
+            same = (not ids and not cur[2]) or (ids and label == cur[1])
+            if not same:
+                close(t - 1)
+                cur = None
+            elif not ids and label == MOVE:
+                cur[1] = MOVE  # an idle run that moved at least once is a "move" run
+        if cur is None:
+            cur = [t, label, ids]
+        if bool(traj.dones[t]):
+            close(t, episode_end=True)
+            cur = None
+    if cur is not None:
+        close(len(traj) - 1)
+    return out
+
+
+def segments_text(traj: Trajectory, sep: str = "\n") -> str:
+    """Rendered segments, one per line by default (``"0-4: move\\n5: collect wood"``)."""
+    return sep.join(s.render() for s in segments(traj))
+
+
+def behaviour_key(traj: Trajectory) -> str:
+    """Normalised, timing-free description of what happened: the cache key of the relabeler.
+
+    Only the ordered non-idle labels and episode ends are kept (lower-cased, single spaces), so two
+    trajectories that did the same things in the same order share a key whatever the number of
+    steps spent walking between them. An all-idle trajectory has the key ``""``.
+    """
+    parts = []
+    for s in segments(traj):
+        if not s.idle:
+            n = s.end - s.start + 1
+            parts.append(s.label + (f" x{n}" if n > 1 else ""))
+        if s.episode_end:
+            parts.append(EPISODE_END)
+    return " | ".join(" ".join(p.lower().split()) for p in parts)
+
+
+def is_idle(traj: Trajectory) -> bool:
+    """True when nothing but moving/waiting (and episode resets) happened."""
+    return all(s.idle for s in segments(traj))

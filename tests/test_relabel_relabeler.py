@@ -1,0 +1,215 @@
+"""HindsightRelabeler: grounding, selection, cache, async mode and failure policies.
+
+The LLM is replaced here by small scripted backend objects: a backend that returns a fixed
+answer, one that raises and one that sleeps are *fault injection* for failures a real model
+cannot produce on demand (the real models are exercised in ``test_relabel_llm.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from oir_gym.encoder import get_encoder
+from oir_gym.relabel import HindsightRelabeler, RelabelResult
+from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
+
+ANSWER = json.dumps({"Mid-Level": ["collect wood from the tree", "make iron sword", "walk to the tree"],
+                     "High-Level": ["collect wood then place a table"]})
+
+
+class Scripted:
+    """Returns a fixed answer and counts calls/prompts."""
+
+    def __init__(self, answer: str = ANSWER, delay: float = 0.0) -> None:
+        self.answer, self.delay = answer, delay
+        self.calls = 0
+        self.prompts: list[str] = []
+        self.lock = threading.Lock()
+
+    def generate(self, prompts, n=1, *, schema=None):
+        with self.lock:
+            self.calls += 1
+            self.prompts += prompts
+        if self.delay:
+            time.sleep(self.delay)
+        return [[self.answer] * n for _ in prompts]
+
+
+class Raising:
+    """Fault injection: a backend whose every call fails."""
+
+    calls = 0
+
+    def generate(self, prompts, n=1, *, schema=None):
+        self.calls += 1
+        raise ConnectionError("LLM server exploded")
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return get_encoder()
+
+
+def wtp(shift: int = 0, seed: int = 0, length: int = 128):
+    return make_trajectory([(t + shift, e) for t, e in WOOD_TABLE_PICKAXE], length, seed=seed)
+
+
+def by_text(res: RelabelResult) -> dict:
+    return {c.text: c for c in res.candidates}
+
+
+def test_grounding_rules_only(encoder):
+    rl = HindsightRelabeler(backend="rules", k=8, encoder=encoder)
+    (res,) = rl.relabel([wtp()])
+    c = by_text(res)
+    assert c["collect wood"].grounded and c["collect wood"].first_step == 5
+    assert c["place table"].first_step == 12 and c["make wood pickaxe"].first_step == 14
+    assert all(x.source == "rules" for x in res.candidates)
+    assert c["collect wood"].similarity > 0.99
+    assert rl.stats()["calls"] == 0
+
+
+def test_grounding_llm_candidates_and_selection(encoder):
+    llm = Scripted()
+    rl = HindsightRelabeler(backend=llm, k=10, encoder=encoder)
+    (res,) = rl.relabel([wtp()])
+    c = by_text(res)
+    assert c["collect wood from the tree"].source == "llm" and c["collect wood from the tree"].first_step == 5
+    iron = c["make iron sword"]
+    assert not iron.grounded and iron.first_step == -1 and iron.similarity < 0.9
+    assert "walk to the tree" not in c and res.dropped["forbidden_word"] == 1
+    # grounded first (LLM before rules), ungrounded after
+    flags = [x.grounded for x in res.candidates]
+    assert flags == sorted(flags, reverse=True)
+    assert res.candidates[0].text == "collect wood from the tree"
+    assert res.num_scored == len(res.candidates) and res.num_grounded == sum(flags)
+    assert 0 < rl.stats()["grounded_fraction"] < 1
+    # k limits, ungrounded can be excluded
+    assert len(HindsightRelabeler(backend=llm, k=2, encoder=encoder)([wtp()])[0].candidates) == 2
+    strict = HindsightRelabeler(backend=llm, k=10, encoder=encoder, keep_ungrounded=False)
+    assert all(x.grounded for x in strict([wtp()])[0].candidates)
+
+
+def test_cache_hits_on_identical_behaviour(encoder):
+    llm = Scripted()
+    rl = HindsightRelabeler(backend=llm, encoder=encoder)
+    first = rl.relabel([wtp()])[0]
+    again = rl.relabel([wtp()])[0]
+    shifted = rl.relabel([wtp(shift=9, seed=4)])[0]  # same events, other timing -> same key
+    assert llm.calls == 1
+    assert not first.cache_hit and again.cache_hit and shifted.cache_hit
+    assert shifted.candidates[0].first_step == 5 + 9  # grounding is per trajectory, not cached
+    # one prompt for identical behaviour within a batch
+    rl2 = HindsightRelabeler(backend=llm, encoder=encoder)
+    rl2.relabel([wtp(), wtp(seed=1), wtp(seed=2)])
+    assert len(llm.prompts) == 2
+    s = rl.stats()
+    assert s["cache_hits"] == 2 and s["cache_misses"] == 1 and s["cache_hit_rate"] == pytest.approx(2 / 3)
+
+
+def test_cache_persisted(tmp_path, encoder):
+    path = tmp_path / "relabel_cache.json"
+    llm = Scripted()
+    with HindsightRelabeler(backend=llm, encoder=encoder, cache_path=path) as rl:
+        rl.relabel([wtp()])
+    assert path.is_file()
+    rl2 = HindsightRelabeler(backend=llm, encoder=encoder, cache_path=path)
+    assert rl2.relabel([wtp()])[0].cache_hit and llm.calls == 1
+    path.write_text("{ corrupt")
+    rl3 = HindsightRelabeler(backend=llm, encoder=encoder, cache_path=path)
+    assert rl3.cache.load_error and len(rl3.cache) == 0
+
+
+def test_idle_trajectories_skip_the_llm(encoder):
+    llm = Scripted()
+    rl = HindsightRelabeler(backend=llm, encoder=encoder)
+    (res,) = rl.relabel([make_trajectory([], 64)])
+    assert llm.calls == 0 and res.candidates == [] and rl.stats()["skipped_idle"] == 1
+
+
+def test_fallback_to_rules_when_backend_raises(encoder):
+    """Fault injection: the backend raises on every call."""
+    rl = HindsightRelabeler(backend=Raising(), use_rules=False, encoder=encoder)
+    (res,) = rl.relabel([wtp()])
+    assert res.fallback == "rules" and "LLM server exploded" in res.error
+    assert res.instructions[:3] == ["collect wood", "place table", "make wood pickaxe"]
+    s = rl.stats()
+    assert s["errors"] == 1 and s["fallbacks"] == 1 and s["errors_by_type"] == {"ConnectionError": 1}
+    none = HindsightRelabeler(backend=Raising(), use_rules=False, fallback="none", encoder=encoder)
+    assert none.relabel([wtp()])[0].candidates == []
+    assert len(none.cache) == 0  # failures are not cached
+
+
+def test_llm_timeout_falls_back(encoder):
+    """Fault injection: a backend that takes longer than ``llm_timeout``."""
+    rl = HindsightRelabeler(backend=Scripted(delay=3.0), encoder=encoder, llm_timeout=0.3)
+    t0 = time.perf_counter()
+    (res,) = rl.relabel([wtp()])
+    assert time.perf_counter() - t0 < 2.0
+    assert res.fallback == "rules" and "llm_timeout" in res.error
+    assert rl.stats()["errors_by_type"] == {"BackendTimeout": 1}
+    rl.close()
+
+
+def test_async_submit_collect(encoder):
+    llm = Scripted(delay=0.2)
+    rl = HindsightRelabeler(backend=llm, encoder=encoder)
+    ids1 = rl.submit([wtp(), make_trajectory([(3, "collect_drink")], 64)])
+    ids2 = rl.submit([wtp(seed=5)])
+    assert rl.collect() == [] or rl.pending >= 0  # non-blocking
+    out = rl.collect(block=True, timeout=20)
+    assert sorted(r.request_id for r in out) == ids1 + ids2
+    assert all(r.candidates for r in out)
+    s = rl.stats()
+    assert s["submitted"] == 3 and s["completed"] == 3 and s["pending"] == 0
+    rl.close()
+    with pytest.raises(RuntimeError):
+        rl.submit([wtp()])
+
+
+def test_async_fault_injection_keeps_worker_alive(encoder):
+    """Fault injection: the backend raises inside the background worker."""
+    rl = HindsightRelabeler(backend=Raising(), encoder=encoder)
+    rl.submit([wtp()])
+    rl.submit([wtp(seed=2)])
+    out = rl.collect(block=True, timeout=20)
+    assert len(out) == 2 and all(r.fallback == "rules" and r.candidates for r in out)
+    assert rl.stats()["errors"] == 2
+    rl.close()
+
+
+@pytest.mark.parametrize("policy", ["rules", "skip"])
+def test_async_overflow_policy(policy, encoder):
+    llm = Scripted(delay=0.5)
+    rl = HindsightRelabeler(backend=llm, encoder=encoder, queue_size=1, on_full=policy, cache_size=0)
+    for i in range(5):
+        rl.submit([wtp(seed=i)])
+    out = rl.collect(block=True, timeout=30)
+    s = rl.stats()
+    overflow = s["overflow_rules"] if policy == "rules" else s["overflow_skipped"]
+    assert overflow >= 1
+    if policy == "rules":
+        assert len(out) == 5
+        assert sum(r.fallback == "overflow" for r in out) == overflow
+        assert all(r.candidates for r in out)
+    else:
+        assert len(out) == 5 - overflow
+    rl.close()
+
+
+def test_callable_and_stats_keys(encoder):
+    rl = HindsightRelabeler(backend=Scripted(), encoder=encoder)
+    assert rl.instructions([wtp()])[0][0] == "collect wood from the tree"
+    res = rl([wtp()])
+    assert isinstance(res[0], RelabelResult)
+    s = rl.stats()
+    for key in ("calls", "cache_hits", "errors", "latency_mean_s", "prompt_tokens", "candidates",
+                "dropped", "grounded_fraction", "prompt_token_method"):
+        assert key in s
+    assert s["prompt_tokens"] > 0 and s["dropped"]["forbidden_word"] >= 1
+    with pytest.raises(ValueError):
+        HindsightRelabeler(backend="nope", encoder=encoder)
