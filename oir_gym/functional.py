@@ -234,7 +234,7 @@ def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = N
     pinned = jnp.full((num_envs,), -1, jnp.int32) if pinned is None else jnp.asarray(pinned, jnp.int32)
     instr = jax.vmap(sample_instruction, in_axes=(0, None, 0))(jax.random.split(k_instr, num_envs), params, pinned)
     env = jax.vmap(_fresh_state)(worlds, instr, pinned)
-    obs = jax.vmap(observation, in_axes=(0, None, None))(env, params, obs_mode)
+    obs = _observe_batch(env, params, obs_mode)
     return obs, BatchState(env=env, pool=pool, cursor=jnp.zeros((), jnp.int32))
 
 
@@ -275,10 +275,11 @@ def batch_step(key, bstate: BatchState, actions, params: EnvParams, obs_mode: st
                pool_refresh: int = 4, autoreset: bool = True):
     """Step a batch of envs; finished envs are reset in the same step (when ``autoreset``).
 
-    Returns ``(obs, bstate, reward, terminated, truncated, info)``. With autoreset, ``obs`` of
-    a finished env is the first observation of its next episode (same-step autoreset); the
-    final observation is ``info_final_obs`` = :func:`observation` of the pre-reset state,
-    returned as the 7th element.
+    Returns ``(obs, bstate, reward, terminated, truncated, info, final_obs)``. With autoreset,
+    ``obs`` of a finished env is the first observation of its next episode (same-step
+    autoreset) and ``final_obs`` is its last observation; otherwise both are the same.
+    Observations are computed once per step; reset envs are re-observed only in steps where
+    some env finished.
     """
     num_envs = actions.shape[0]
     k_step, k_reset = jax.random.split(key)
@@ -286,16 +287,30 @@ def batch_step(key, bstate: BatchState, actions, params: EnvParams, obs_mode: st
         jax.random.split(k_step, num_envs), bstate.env, actions, params, obs_mode
     )
     bstate = bstate.replace(env=env)
-    final_obs = jax.vmap(observation, in_axes=(0, None, None))(env, params, obs_mode)
-    if autoreset:
-        done = jnp.logical_or(term, trunc)
-        bstate = jax.lax.cond(
-            jnp.any(done),
-            lambda b: reset_done(k_reset, b, done, params, pool_refresh),
-            lambda b: b,
-            bstate,
-        )
-        obs = jax.vmap(observation, in_axes=(0, None, None))(bstate.env, params, obs_mode)
-    else:
-        obs = final_obs
+    final_obs = _observe_batch(env, params, obs_mode)
+    if not autoreset:
+        return final_obs, bstate, reward, term, trunc, info, final_obs
+    done = jnp.logical_or(term, trunc)
+
+    def _reset(b):
+        b = reset_done(k_reset, b, done, params, pool_refresh)
+        return b, _tree_select(done, _observe_batch(b.env, params, obs_mode), final_obs)
+
+    bstate, obs = jax.lax.cond(jnp.any(done), _reset, lambda b: (b, final_obs), bstate)
     return obs, bstate, reward, term, trunc, info, final_obs
+
+
+def _observe_batch(env: EnvState, params: EnvParams, obs_mode: str):
+    return jax.vmap(observation, in_axes=(0, None, None))(env, params, obs_mode)
+
+
+def batch_reset_masked(key, bstate: BatchState, mask, params: EnvParams, obs_mode: str = "paper",
+                       pool_refresh: int = 4):
+    """Reset the envs where ``mask`` (e.g. for next-step autoreset). Returns ``(obs, bstate)``."""
+    bstate = jax.lax.cond(jnp.any(mask), lambda b: reset_done(key, b, mask, params, pool_refresh), lambda b: b, bstate)
+    return _observe_batch(bstate.env, params, obs_mode), bstate
+
+
+def set_pinned(bstate: BatchState, pinned) -> BatchState:
+    """Pin (row >= 0) or unpin (-1) the instruction of every env; takes effect at its next reset."""
+    return bstate.replace(env=bstate.env.replace(pinned=jnp.asarray(pinned, jnp.int32)))

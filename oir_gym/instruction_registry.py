@@ -1,0 +1,120 @@
+"""Host-side registry mapping instruction strings to rows of the device instruction table.
+
+Encoding happens here, once per new string: the embedding and its similarity to every caption
+event (:func:`oir_gym.reward.event_similarity`) are stored in a fixed-size table, so the
+jitted env never recompiles when instructions change.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from oir_gym.captions import NUM_EVENTS, VOCAB
+from oir_gym.encoder import InstructionEncoder
+from oir_gym.functional import InstructionTable, make_table
+from oir_gym.reward import event_similarity
+
+MAX_INSTRUCTION_CHARS = 500
+
+
+def validate_instruction(text: object) -> str:
+    """Return a stripped instruction string, or raise a clear error."""
+    if not isinstance(text, str):
+        raise TypeError(f"an instruction must be a non-empty string, got {type(text).__name__}: {text!r}")
+    s = " ".join(text.split())
+    if not s:
+        raise ValueError(f"an instruction must be a non-empty string, got {text!r}")
+    if len(s) > MAX_INSTRUCTION_CHARS:
+        raise ValueError(f"instruction of {len(s)} characters exceeds the limit of {MAX_INSTRUCTION_CHARS}: {s[:60]!r}...")
+    return s
+
+
+class InstructionRegistry:
+    """Fixed-capacity table of instructions with their embeddings and event similarities.
+
+    Args:
+        encoder: the sentence encoder.
+        capacity: number of rows of the device table. When full, the least recently used row
+            that is neither in ``protected`` rows nor in the buffer is reused.
+    """
+
+    def __init__(self, encoder: InstructionEncoder, capacity: int = 256) -> None:
+        if capacity < 1:
+            raise ValueError(f"table capacity must be >= 1, got {capacity}")
+        self.encoder = encoder
+        self.capacity = capacity
+        self.dim = encoder.dim
+        self.phrase_emb = encoder.encode(list(VOCAB.phrases))
+        self.emb = np.zeros((capacity, self.dim), np.float32)
+        self.event_sim = np.full((capacity, NUM_EVENTS), -1.0, np.float32)
+        self.achievement = np.full((capacity,), -1, np.int32)
+        self.sample_mask = np.zeros((capacity,), bool)
+        self.texts: list[str | None] = [None] * capacity
+        self._rows: OrderedDict[str, int] = OrderedDict()  # LRU order
+        self._device: InstructionTable | None = None
+
+    def similarity_to_events(self, emb: np.ndarray) -> np.ndarray:
+        """``[n, E]`` max cosine of embeddings to each event's phrasings."""
+        return event_similarity(np.asarray(emb, np.float32), self.phrase_emb, VOCAB.phrase_event, NUM_EVENTS)
+
+    def rows(self, texts: Sequence[str], achievements: Sequence[int] | None = None,
+             protected: Iterable[int] = ()) -> np.ndarray:
+        """Rows of ``texts``, adding the new ones (encoded in one batch)."""
+        clean = [validate_instruction(t) for t in texts]
+        new = [t for t in dict.fromkeys(clean) if t not in self._rows]
+        if new:
+            keep = set(protected) | set(np.flatnonzero(self.sample_mask).tolist())
+            if len(new) > self.capacity - len(keep & set(self._rows.values())) and len(new) > self.capacity:
+                raise ValueError(f"{len(new)} new instructions do not fit a table of {self.capacity} rows; raise table_capacity")
+            emb = self.encoder.encode(new)
+            sims = self.similarity_to_events(emb)
+            for t, e, s in zip(new, emb, sims):
+                r = self._free_row(keep)
+                self.texts[r] = t
+                self.emb[r], self.event_sim[r], self.achievement[r] = e, s, -1
+                self._rows[t] = r
+            self._device = None
+        out = np.array([self._rows[t] for t in clean], np.int32)
+        for t in clean:
+            self._rows.move_to_end(t)
+        if achievements is not None:
+            for r, a in zip(out, achievements):
+                if self.achievement[r] != a:
+                    self.achievement[r] = a
+                    self._device = None
+        return out
+
+    def _free_row(self, keep: set[int]) -> int:
+        used = set(self._rows.values())
+        for r in range(self.capacity):
+            if r not in used:
+                return r
+        for t, r in self._rows.items():  # least recently used first
+            if r not in keep:
+                del self._rows[t]
+                return r
+        raise RuntimeError(f"instruction table full ({self.capacity} rows all in use); raise table_capacity")
+
+    def set_buffer(self, texts: Sequence[str]) -> None:
+        """Mark exactly these instructions as the ones resets draw from."""
+        if len(texts) == 0:
+            raise ValueError("the instruction buffer is empty: resets need at least one instruction")
+        rows = self.rows(texts)
+        mask = np.zeros_like(self.sample_mask)
+        mask[rows] = True
+        if not np.array_equal(mask, self.sample_mask):
+            self.sample_mask = mask
+            self._device = None
+
+    def text(self, row: int) -> str:
+        t = self.texts[int(row)]
+        return "" if t is None else t
+
+    def device_table(self) -> InstructionTable:
+        """The table as device arrays (rebuilt only after a change)."""
+        if self._device is None:
+            self._device = make_table(self.emb, self.event_sim, self.achievement, self.sample_mask)
+        return self._device

@@ -1,0 +1,336 @@
+"""``InstructionCraftax``: the Gymnasium vector env over the jitted batched JAX core.
+
+Every step is one call of a jitted function over the whole batch; this class only converts
+arrays to writable numpy copies, keeps instruction strings and builds ``infos``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from oir_gym import functional as F
+from oir_gym.buffer import InstructionBuffer
+from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, NUM_ACHIEVEMENTS, NUM_EVENTS, VOCAB
+from oir_gym.craftax_compat import NUM_ACTIONS
+from oir_gym.encoder import DEFAULT_MODEL, InstructionEncoder, get_encoder
+from oir_gym.instruction_registry import InstructionRegistry, validate_instruction
+from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+from oir_gym.observation import check_obs_mode, obs_dim
+from oir_gym.text import action_text, batch_text
+
+REWARD_MODES = ("cosine", "gt")
+AUTORESET_MODES = {"same_step": AutoresetMode.SAME_STEP, "next_step": AutoresetMode.NEXT_STEP}
+
+
+def _check_delta(delta: float) -> float:
+    if not isinstance(delta, (int, float)) or not (-1.0 < float(delta) <= 1.0) or np.isnan(delta):
+        raise ValueError(f"delta={delta!r} is outside the allowed range (-1, 1] (cosine similarity threshold)")
+    return float(delta)
+
+
+class InstructionCraftax(VectorEnv):
+    """Instruction-conditioned Craftax-Classic, batched (Gymnasium ``VectorEnv``).
+
+    Observation (per env): ``Dict({"obs": Box(0, 1, (D,)), "instruction": Box(-1, 1, (384,))})``
+    where ``D`` is 888 in ``"paper"`` mode and 1345 in ``"symbolic"`` mode. Action:
+    ``Discrete(17)``. Reward: 1 at the first step whose caption matches the instruction (cosine
+    ``> delta``), which also terminates the episode; Craftax's death or lava terminate too;
+    ``max_episode_steps`` truncates.
+
+    Args:
+        num_envs: number of parallel envs (>= 1).
+        obs_mode: ``"paper"`` (the paper's appendix vector) or ``"symbolic"`` (Craftax's own).
+        delta: cosine threshold in (-1, 1].
+        max_episode_steps: truncation horizon.
+        instructions: the initial instruction buffer (default: the 22 Craftax achievements).
+        buffer: an :class:`~oir_gym.buffer.InstructionBuffer` to draw from (overrides
+            ``instructions``); episodes' returns are recorded into it. Change it at any time:
+            the env picks up its contents before the next step.
+        reward: ``"cosine"`` (paper) or ``"gt"`` (Craftax ground truth for instructions mapped
+            to an achievement, the PQN-GT baseline).
+        terminate_on_success: end episodes at the first success (turn off for evaluation).
+        autoreset_mode: ``"same_step"`` (default; the mode SB3 needs: the step that ends an
+            episode returns the next episode's first obs and the last obs in
+            ``infos["final_obs"]``) or ``"next_step"`` (Gymnasium's default: the step after the
+            last one resets and ignores its action).
+        info_text: add the textual observation (``infos["text"]``) and action text to every step.
+        encoder: an encoder instance, or a model path / ``"default"``.
+        render_mode: ``None`` or ``"rgb_array"``.
+        seed: seed of the first reset.
+        pool_size / pool_refresh: world pool size and worlds regenerated per step with a reset.
+        table_capacity: rows of the device instruction table.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(
+        self,
+        num_envs: int = 16,
+        obs_mode: str = "paper",
+        delta: float = 0.9,
+        max_episode_steps: int = 10_000,
+        instructions: Sequence[str] | None = None,
+        buffer: InstructionBuffer | None = None,
+        reward: str = "cosine",
+        terminate_on_success: bool = True,
+        autoreset_mode: str | AutoresetMode = "same_step",
+        info_text: bool = False,
+        encoder: InstructionEncoder | str = DEFAULT_MODEL,
+        render_mode: str | None = None,
+        seed: int | None = None,
+        pool_size: int | None = None,
+        pool_refresh: int | None = None,
+        table_capacity: int = 256,
+    ) -> None:
+        if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs={num_envs!r} must be an integer >= 1")
+        check_obs_mode(obs_mode)
+        delta = _check_delta(delta)
+        if not isinstance(max_episode_steps, (int, np.integer)) or max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps={max_episode_steps!r} must be an integer >= 1")
+        if reward not in REWARD_MODES:
+            raise ValueError(f"unknown reward {reward!r}; expected one of {REWARD_MODES}")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"unsupported render_mode {render_mode!r}; expected None or 'rgb_array'")
+        if isinstance(autoreset_mode, AutoresetMode):
+            autoreset_mode = {v: k for k, v in AUTORESET_MODES.items()}.get(autoreset_mode, str(autoreset_mode))
+        if autoreset_mode not in AUTORESET_MODES:
+            raise ValueError(f"unknown autoreset_mode {autoreset_mode!r}; expected one of {tuple(AUTORESET_MODES)}")
+
+        self.num_envs = int(num_envs)
+        self.obs_mode = obs_mode
+        self.render_mode = render_mode
+        self.info_text = info_text
+        self.autoreset = autoreset_mode
+        self.metadata = dict(self.metadata, autoreset_mode=AUTORESET_MODES[autoreset_mode])
+        self.pool_refresh = int(pool_refresh or max(1, min(self.num_envs, 4)))
+        self.pool_size = int(pool_size or max(2 * self.num_envs, 32))
+
+        self.encoder = encoder if isinstance(encoder, InstructionEncoder) else get_encoder(encoder)
+        self.registry = InstructionRegistry(self.encoder, capacity=table_capacity)
+        if buffer is None:
+            initial = list(ORIGINAL_INSTRUCTIONS if instructions is None else instructions)
+            if not initial:
+                raise ValueError("instructions must hold at least one instruction")
+            initial = [validate_instruction(t) for t in initial]
+            buffer = InstructionBuffer(capacity=len(dict.fromkeys(initial)), initial=initial, seed=seed)
+        self.buffer = buffer
+        # Rows of the 22 original wordings carry their achievement, so ground-truth reward and
+        # evaluation work for them (and for instructions registered with an achievement).
+        self.registry.rows(list(ORIGINAL_INSTRUCTIONS), achievements=list(range(NUM_ACHIEVEMENTS)))
+        self._buffer_contents: list[str] = []
+        self._sync_buffer()
+
+        self._params = F.EnvParams(
+            table=self.registry.device_table(), delta=delta, max_steps=int(max_episode_steps),
+            terminate_on_success=bool(terminate_on_success), reward_mode=REWARD_MODES.index(reward),
+        )
+        self.single_observation_space = gym.spaces.Dict({
+            "obs": gym.spaces.Box(0.0, 1.0, (obs_dim(obs_mode),), np.float32),
+            "instruction": gym.spaces.Box(-1.0, 1.0, (self.encoder.dim,), np.float32),
+        })
+        self.single_action_space = gym.spaces.Discrete(NUM_ACTIONS)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+
+        self._reset_fn = jax.jit(F.batch_reset, static_argnums=(2, 3, 5))
+        self._step_fn = jax.jit(F.batch_step, static_argnames=("obs_mode", "pool_refresh", "autoreset"))
+        self._reset_masked_fn = jax.jit(F.batch_reset_masked, static_argnames=("obs_mode", "pool_refresh"))
+        self._renderer = None
+        self._state: F.BatchState | None = None
+        self._key = jax.random.PRNGKey(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
+        self._pinned = np.full((self.num_envs,), -1, np.int32)
+        self._needs_reset = np.zeros((self.num_envs,), bool)
+        self._last_obs = None
+
+    # ------------------------------------------------------------------ instructions
+    @property
+    def params(self) -> F.EnvParams:
+        """Current functional parameters (for users of the JAX core)."""
+        return self._params
+
+    def _sync_buffer(self) -> None:
+        contents = self.buffer.contents()
+        if contents != self._buffer_contents:
+            self.registry.set_buffer(contents)
+            self._buffer_contents = list(contents)
+
+    def _refresh_params(self) -> None:
+        self._sync_buffer()
+        table = self.registry.device_table()
+        if table is not self._params.table:
+            self._params = self._params.replace(table=table)
+
+    def register_instructions(self, texts: Sequence[str], achievements: Sequence[int] | None = None) -> np.ndarray:
+        """Add instructions to the device table (optionally mapped to ground-truth achievements)."""
+        rows = self.registry.rows(texts, achievements, protected=self._pinned[self._pinned >= 0])
+        self._refresh_params()
+        return rows
+
+    def set_instructions(self, instructions: str | Sequence[str | None] | None) -> None:
+        """Pin instructions: one string for all envs, one per env, or ``None`` to unpin.
+
+        A pinned env uses its instruction at every reset instead of drawing from the buffer.
+        The change applies at each env's next reset (call :meth:`reset` to apply it now).
+        """
+        if instructions is None:
+            per_env: list[str | None] = [None] * self.num_envs
+        elif isinstance(instructions, str):
+            per_env = [instructions] * self.num_envs
+        else:
+            per_env = list(instructions)
+            if len(per_env) != self.num_envs:
+                raise ValueError(f"got {len(per_env)} instructions for {self.num_envs} envs")
+        texts = [t for t in per_env if t is not None]
+        rows = iter(self.register_instructions(texts)) if texts else iter(())
+        self._pinned = np.array([-1 if t is None else next(rows) for t in per_env], np.int32)
+        if self._state is not None:
+            self._state = F.set_pinned(self._state, self._pinned)
+
+    def current_instructions(self) -> list[str]:
+        """The instruction each env currently follows."""
+        if self._state is None:
+            raise RuntimeError("call reset() first")
+        return [self.registry.text(r) for r in np.asarray(self._state.env.instr)]
+
+    # ------------------------------------------------------------------ gym API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset all envs. ``options={"instruction": str | list}`` pins instructions first."""
+        if seed is not None:
+            self._key = jax.random.PRNGKey(int(seed))
+            self.buffer.rng.bit_generator.state = np.random.default_rng(int(seed)).bit_generator.state
+        options = options or {}
+        if "instruction" in options:
+            self.set_instructions(options["instruction"])
+        self._refresh_params()
+        self._key, k = jax.random.split(self._key)
+        obs, self._state = self._reset_fn(k, self._params, self.num_envs, self.pool_size, self._pinned, self.obs_mode)
+        self._needs_reset[:] = False
+        obs_np = self._to_numpy(obs)
+        infos = {"instruction": np.array(self.current_instructions(), dtype=object)}
+        if self.info_text:
+            infos["text"] = np.array(batch_text(self._state.env.craftax)[0], dtype=object)
+        self._last_obs = obs
+        return obs_np, infos
+
+    def _check_actions(self, actions) -> jax.Array:
+        a = np.asarray(actions)
+        if a.shape == () and self.num_envs == 1:
+            a = a.reshape(1)
+        if a.shape != (self.num_envs,):
+            raise ValueError(f"expected {self.num_envs} actions, got an array of shape {a.shape}")
+        if not np.issubdtype(a.dtype, np.integer):
+            if np.issubdtype(a.dtype, np.floating) and np.all(np.mod(a, 1) == 0):
+                a = a.astype(np.int64)
+            else:
+                raise ValueError(f"actions must be integers in [0, {NUM_ACTIONS - 1}], got dtype {a.dtype}")
+        bad = (a < 0) | (a >= NUM_ACTIONS)
+        if bad.any():
+            raise ValueError(f"action {a[bad][0]} outside the action space [0, {NUM_ACTIONS - 1}]")
+        return jnp.asarray(a, jnp.int32)
+
+    def step(self, actions):
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        acts = self._check_actions(actions)
+        self._refresh_params()
+        self._key, k, k_reset = jax.random.split(self._key, 3)
+        pre_craftax = self._state.env.craftax if self.info_text else None
+
+        if self.autoreset == "next_step" and self._needs_reset.any():
+            reset_mask = jnp.asarray(self._needs_reset)
+            _, self._state = self._reset_masked_fn(k_reset, self._state, reset_mask, self._params,
+                                                   obs_mode=self.obs_mode, pool_refresh=self.pool_refresh)
+        else:
+            reset_mask = None
+        obs, state, reward, term, trunc, info, final_obs = self._step_fn(
+            k, self._state, acts, self._params, obs_mode=self.obs_mode,
+            pool_refresh=self.pool_refresh, autoreset=self.autoreset == "same_step",
+        )
+        if reset_mask is not None:
+            # Envs reset this step ignore their action: restore their fresh state and report
+            # the first observation of the episode (Gymnasium's next-step autoreset).
+            fresh_env = self._state.env
+            state = state.replace(env=F._tree_select(reset_mask, fresh_env, state.env))
+            fresh_obs = F._observe_batch(fresh_env, self._params, self.obs_mode)
+            obs = F._tree_select(reset_mask, fresh_obs, obs)
+            zero = jnp.zeros_like(term)
+            reward = jnp.where(reset_mask, 0.0, reward)
+            term, trunc = jnp.where(reset_mask, zero, term), jnp.where(reset_mask, zero, trunc)
+        self._state = state
+
+        host = jax.device_get({"reward": reward, "term": term, "trunc": trunc, "info": info._asdict()})
+        rewards = np.array(host["reward"], dtype=np.float32)
+        terms = np.array(host["term"], dtype=bool)
+        truncs = np.array(host["trunc"], dtype=bool)
+        inf = host["info"]
+        if reset_mask is not None:
+            skipped = np.asarray(reset_mask)
+            for k2 in ("events", "achievements", "success"):
+                inf[k2] = np.where(skipped.reshape((-1,) + (1,) * (inf[k2].ndim - 1)), False, inf[k2])
+        done = terms | truncs
+        instr_text = np.array([self.registry.text(r) for r in inf["instr"]], dtype=object)
+
+        infos: dict[str, Any] = {
+            "instruction": instr_text,
+            "success": np.array(inf["success"], bool),
+            "events": np.array(inf["events"], bool),
+            "achievements": np.array(inf["achievements"], bool),
+            "similarity": np.array(inf["similarity"], np.float32),
+        }
+        if self.info_text:
+            texts, facing = batch_text(pre_craftax)
+            infos["text"] = np.array(texts, dtype=object)
+            infos["action_text"] = np.array([action_text(a, f) for a, f in zip(np.asarray(acts), facing)], dtype=object)
+        if done.any():
+            ep_r = np.array(inf["ep_return"], np.float32)
+            ep_l = np.array(inf["ep_length"], np.int32)
+            infos["episode"] = {"r": np.where(done, ep_r, 0.0), "l": np.where(done, ep_l, 0), "t": np.zeros(self.num_envs)}
+            infos["_episode"] = done.copy()
+            for i in np.flatnonzero(done):
+                self.buffer.record(instr_text[i], float(ep_r[i]))
+            if self.autoreset == "same_step":
+                infos["final_obs"] = np.empty(self.num_envs, dtype=object)
+                fo = self._to_numpy(final_obs)
+                for i in np.flatnonzero(done):
+                    infos["final_obs"][i] = {k2: v[i].copy() for k2, v in fo.items()}
+                infos["_final_obs"] = done.copy()
+                infos["final_info"] = {"instruction": instr_text.copy(), "success": np.array(inf["success"], bool)}
+                infos["_final_info"] = done.copy()
+        self._needs_reset = done if self.autoreset == "next_step" else np.zeros_like(done)
+        self._last_obs = obs
+        return self._to_numpy(obs), rewards, terms, truncs, infos
+
+    def _to_numpy(self, obs) -> dict[str, np.ndarray]:
+        host = jax.device_get(obs)
+        return {k: np.array(v, dtype=np.float32) for k, v in host.items()}
+
+    def render(self):
+        """RGB frames ``[num_envs, H, W, 3]`` uint8 from Craftax's pixel renderer."""
+        if self.render_mode != "rgb_array":
+            raise RuntimeError("render() needs render_mode='rgb_array'")
+        if self._state is None:
+            raise RuntimeError("call reset() before render()")
+        if self._renderer is None:
+            from craftax.craftax_classic.renderer import make_craftax_pixel_renderer
+
+            self._renderer = jax.jit(jax.vmap(make_craftax_pixel_renderer(16)))
+        frames = np.asarray(self._renderer(self._state.env.craftax))
+        return np.clip(frames, 0, 255).astype(np.uint8)
+
+    def close_extras(self, **kwargs) -> None:
+        self._state = None
+
+    @property
+    def event_names(self) -> tuple[str, ...]:
+        return EVENT_NAMES
+
+    @property
+    def achievement_names(self) -> tuple[str, ...]:
+        return ACHIEVEMENT_NAMES
