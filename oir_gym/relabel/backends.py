@@ -16,6 +16,7 @@ use it for constrained decoding where they can.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
@@ -25,6 +26,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Sequence, runtime_checkable
@@ -115,6 +117,12 @@ def instruction_gbnf(k: int = 4, analysis: bool = False, max_chars: int = MAX_IN
     return "\n".join(rules) + "\n"
 
 
+def _close_ref(ref: "weakref.ref[LlamaCppBackend]") -> None:
+    obj = ref()
+    if obj is not None:
+        obj.close()
+
+
 class LlamaCppBackend:
     """In-process llama.cpp generation with grammar-constrained JSON output.
 
@@ -191,7 +199,18 @@ class LlamaCppBackend:
                 n_threads_batch=self.n_threads, n_batch=min(self.n_batch, self._n_ctx),
                 seed=self.seed, chat_format=self.chat_format, verbose=self.verbose,
             )
+            # free it before interpreter teardown, when llama_cpp's __del__ would hit None globals
+            atexit.register(_close_ref, weakref.ref(self))
         return self._llm
+
+    def close(self) -> None:
+        """Free the model now (also done at interpreter exit, before module teardown)."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            try:
+                llm.close()
+            except Exception:  # noqa: BLE001 - best effort during shutdown
+                pass
 
     def count_tokens(self, text: str) -> int:
         """Exact prompt length in this model's tokens."""

@@ -1,0 +1,434 @@
+"""The OIR training loop (Algorithms 1 and 2 of the paper) around the PQN agent of :mod:`agents.pqn`.
+
+One iteration (``Trainer.iteration``):
+
+1. **Rollout** (jitted, seeds vmapped): ``num_steps`` steps of ``num_envs`` envs with the
+   epsilon-greedy policy; per step we keep observations, actions, rewards, dones and the
+   transition events.
+2. **Relabel** (method ``oir``, host): every env's segment becomes a
+   :class:`~oir_gym.trajectory.Trajectory`; the relabeler proposes up to K instructions.
+   Rule instructions come back at once; LLM answers run in a background worker and are used
+   one iteration later (their rollout is kept), so the loop never waits on the LLM.
+3. **Ground** (device): each candidate's rewards and terminations along its trajectory are
+   recomputed from the stored events with the env's cosine function (reward at every first
+   success, the relabeled episode ends there).
+4. **Buffer**: finished episodes' returns are recorded, the candidates are inserted into the
+   PLR-style :class:`~oir_gym.buffer.InstructionBuffer`; its contents become the instructions
+   new episodes draw uniformly.
+5. **Update** (jitted, seeds vmapped): one PQN update on the batch D = originals + relabeled.
+
+Methods ``gt`` and ``cosine`` skip steps 2-4 and train on the 22 original instructions with the
+ground-truth or the cosine reward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agents import pqn
+from oir_gym import functional as F
+from oir_gym.buffer import InstructionBuffer
+from oir_gym.captions import NUM_EVENTS
+from oir_gym.craftax_compat import NUM_ACTIONS
+from oir_gym.encoder import get_encoder
+from oir_gym.evaluation import EvalConfig, EvalResult, eval_instructions, evaluate_jax, make_jax_evaluator
+from oir_gym.instruction_registry import InstructionRegistry
+from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+from oir_gym.observation import obs_dim
+from oir_gym.reward import relabel_rewards
+from oir_gym.trajectory import Trajectory
+
+CHECKPOINT = "checkpoint.pkl"
+
+
+# ----------------------------------------------------------------------------- jitted pieces
+def make_rollout(cfg: pqn.PQNConfig, net: pqn.QNetwork):
+    """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)`` for one seed."""
+
+    def policy(params, carry, obs, done_prev, key, eps):
+        carry, q = net.apply(params, carry, obs["obs"][None], obs["instruction"][None], done_prev[None])
+        return carry, pqn.eps_greedy(key, q[0], eps)
+
+    def rollout(params, runner, env_params, env_steps):
+        def step(c, t):
+            bstate, obs, carry, done_prev, key = c
+            key, k_act, k_env = jax.random.split(key, 3)
+            eps = pqn.epsilon(cfg, env_steps + t * cfg.num_envs)
+            new_carry, action = policy(params, carry, obs, done_prev, k_act, eps)
+            next_obs, bstate, reward, term, trunc, info, _ = F.batch_step(
+                k_env, bstate, action, env_params, obs_mode=cfg.obs_mode, pool_refresh=max(1, min(4, cfg.num_envs)))
+            done = term | trunc
+            rec = dict(obs=obs["obs"], instr=info.instr, action=action, reward=reward, done=done, reset=done_prev,
+                       events=info.events, success=info.success, ep_return=info.ep_return, ep_length=info.ep_length,
+                       achievements=info.achievements)
+            return (bstate, next_obs, new_carry, done, key), rec
+
+        bstate, obs, carry, done_prev, key = runner
+        carry0 = carry
+        (bstate, obs, carry, done_prev, key), traj = jax.lax.scan(
+            step, (bstate, obs, carry, done_prev, key), jnp.arange(cfg.num_steps))
+        traj["carry0"] = carry0
+        traj["last_obs"] = obs["obs"]
+        traj["last_instr"] = obs["instruction"]
+        traj["last_done"] = done_prev
+        return (bstate, obs, carry, done_prev, key), traj
+
+    return rollout
+
+
+def build_batch(cfg: pqn.PQNConfig, trajs, table_emb, slots):
+    """The update batch D: original trajectories plus relabeled copies (one seed).
+
+    Args:
+        trajs: the current rollout and the previous one, stacked on a leading axis of 2.
+        table_emb: ``[N, D]`` instruction embeddings (originals are rows of the table).
+        slots: relabel rows ``src [R]`` (0 current, 1 previous rollout), ``env [R]``,
+            ``emb [R, D]``, ``sim [R, E]``, ``valid [R]``.
+    """
+    cur = jax.tree_util.tree_map(lambda x: x[0], trajs)
+    orig = dict(
+        obs=cur["obs"], instr=table_emb[cur["instr"]], actions=cur["action"], rewards=cur["reward"],
+        dones=cur["done"], resets=cur["reset"], weights=jnp.ones(cfg.num_envs),
+        next_obs_last=cur["last_obs"], next_instr_last=cur["last_instr"], carry0=cur["carry0"],
+    )
+    if slots is None:
+        return orig
+    src, env = slots["src"], slots["env"]
+    pick = lambda x: jnp.swapaxes(x[src, :, env], 0, 1)  # [2, T, E, ...] -> [T, R, ...]  # noqa: E731
+    T = cfg.num_steps
+    events = pick(trajs["events"])  # [T, R, Ev]
+    rew, term = jax.vmap(relabel_rewards, in_axes=(1, 0, None), out_axes=1)(events, slots["sim"], cfg.delta)
+    rel = dict(
+        obs=pick(trajs["obs"]), instr=jnp.broadcast_to(slots["emb"][None], (T,) + slots["emb"].shape),
+        actions=pick(trajs["action"]), rewards=rew, dones=pick(trajs["done"]) | term, resets=pick(trajs["reset"]),
+        weights=slots["valid"].astype(jnp.float32), next_obs_last=trajs["last_obs"][src, env],
+        next_instr_last=slots["emb"], carry0=jax.tree_util.tree_map(lambda c: c[src, env], trajs["carry0"]),
+    )
+    cat_axis = dict(obs=1, instr=1, actions=1, rewards=1, dones=1, resets=1, weights=0, next_obs_last=0,
+                    next_instr_last=0)
+    out = {k: jnp.concatenate([orig[k], rel[k]], axis=cat_axis[k]) for k in cat_axis}
+    out["carry0"] = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], 0), orig["carry0"], rel["carry0"])
+    return out
+
+
+# ----------------------------------------------------------------------------- trainer
+@dataclass
+class IterationLog:
+    update: int
+    env_steps: int
+    metrics: dict[str, float]
+
+
+class Trainer:
+    """Runs PQN with method ``gt``, ``cosine`` or ``oir`` for ``cfg.num_seeds`` seeds side by side.
+
+    Args:
+        cfg: the run configuration.
+        run_dir: where config, metrics, checkpoints, evaluations and plots go.
+        relabeler: a :class:`~oir_gym.relabel.HindsightRelabeler` (default: built from
+            ``cfg.relabeler``).
+        log: callable receiving one progress line per iteration.
+    """
+
+    def __init__(self, cfg: pqn.PQNConfig, run_dir: str | os.PathLike, relabeler=None,
+                 log: Callable[[str], None] = print) -> None:
+        self.cfg = cfg.validate()
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log = log
+        self.S = cfg.num_seeds
+        self.net = pqn.make_network(cfg, NUM_ACTIONS)
+        self.encoder = get_encoder()
+        self.registry = InstructionRegistry(self.encoder, capacity=cfg.table_capacity)
+
+        self.eval_cfg = EvalConfig(episodes=cfg.eval_episodes, horizon=cfg.eval_horizon)
+        self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
+        self.eval_rows = self.registry.rows(self.eval_texts, self.eval_achs)
+        self.orig_rows = self.registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))))
+
+        self.buffers = [
+            InstructionBuffer(cfg.buffer_size, cfg.tau_low, cfg.tau_high,
+                              initial=list(ORIGINAL_INSTRUCTIONS)[: cfg.buffer_size], seed=cfg.seed + s)
+            for s in range(self.S)
+        ]
+        self.relabeler = relabeler
+        if cfg.method == "oir" and self.relabeler is None:
+            self.relabeler = make_relabeler(cfg)
+        self.async_llm = cfg.method == "oir" and cfg.relabeler in ("llm", "both")
+        self.rules = None
+        if self.async_llm:
+            from oir_gym.relabel import HindsightRelabeler
+
+            self.rules = HindsightRelabeler("rules", k=cfg.k, delta=cfg.delta, encoder=self.encoder, cache_size=0)
+
+        self.base_params = F.EnvParams(
+            table=self.registry.device_table(), delta=cfg.delta, max_steps=cfg.max_episode_steps,
+            reward_mode=1 if cfg.method == "gt" else 0,
+        )
+        self._rollout = jax.jit(jax.vmap(make_rollout(cfg, self.net), in_axes=(0, 0, 0, None)))
+        self._update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg, k, b)))
+        self._build = jax.jit(jax.vmap(lambda t, e, s: build_batch(cfg, t, e, s), in_axes=(0, None, 0)))
+        self._build_plain = jax.jit(jax.vmap(lambda t, e: build_batch(cfg, t, e, None), in_axes=(0, None)))
+        n_eval = len(self.eval_texts) * self.eval_cfg.episodes
+
+        def greedy(params, carry, obs, done_prev, key):
+            carry, q = self.net.apply(params, carry, obs["obs"][None], obs["instruction"][None], done_prev[None])
+            return carry, jnp.argmax(q[0], axis=-1)
+
+        self._evaluator = make_jax_evaluator(greedy, self.net.initial_carry, n_eval, self.eval_cfg.horizon,
+                                             cfg.obs_mode)
+        self.update_idx = 0
+        self.env_steps = 0
+        self.prev_traj = None
+        self.stale_llm = 0
+        self._t_start = time.time()
+
+    # -------------------------------------------------------------- setup / state
+    def _env_params(self) -> F.EnvParams:
+        """Per-seed env params: the shared table with each seed's buffer as sample mask."""
+        masks = np.zeros((self.S, self.registry.capacity), bool)
+        for s in range(self.S):
+            rows = self._buffer_rows(s)
+            masks[s, rows] = True
+        p = self.base_params.replace(table=self.registry.device_table())
+        p = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(jnp.asarray(x), (self.S,) + jnp.shape(x)), p)
+        return p.replace(table=p.table.replace(sample_mask=jnp.asarray(masks)))
+
+    def _buffer_rows(self, s: int) -> np.ndarray:
+        if self.cfg.method in ("gt", "cosine"):
+            return self.orig_rows
+        return self.registry.rows(self.buffers[s].contents(), protected=self._protected())
+
+    def _protected(self) -> list[int]:
+        rows = set(self.eval_rows.tolist()) | set(self.orig_rows.tolist())
+        if getattr(self, "runner", None) is not None:
+            rows |= set(np.asarray(self.runner[0].env.instr).reshape(-1).tolist())
+        for b in self.buffers:
+            rows |= {self.registry._rows[t] for t in b.contents() if t in self.registry._rows}
+        return sorted(rows)
+
+    def init_state(self) -> None:
+        cfg = self.cfg
+        key = jax.random.PRNGKey(cfg.seed)
+        keys = jax.random.split(key, self.S * 3 + 1).reshape(-1)
+        key, *ks = jax.random.split(key, 1 + 3 * self.S)
+        k_net, k_env, k_run = np.array(ks[: self.S]), np.array(ks[self.S: 2 * self.S]), np.array(ks[2 * self.S:])
+        del keys
+        d_obs = obs_dim(cfg.obs_mode)
+        self.train_state = jax.vmap(lambda k: pqn.create_train_state(k, cfg, self.net, d_obs, self.encoder.dim))(
+            jnp.asarray(k_net))
+        self.runner = None
+        params = self._env_params()
+        reset = jax.vmap(lambda k, p: F.batch_reset(k, p, cfg.num_envs, max(2 * cfg.num_envs, 32), None, cfg.obs_mode))
+        obs, bstate = jax.jit(reset)(jnp.asarray(k_env), params)
+        carry = jax.vmap(lambda _: self.net.initial_carry(cfg.num_envs))(jnp.arange(self.S))
+        done = jnp.ones((self.S, cfg.num_envs), bool)
+        self.runner = (bstate, obs, carry, done, jnp.asarray(k_run))
+        self.key = key
+
+    # -------------------------------------------------------------- checkpoints
+    def save(self) -> Path:
+        path = self.run_dir / CHECKPOINT
+        state = {
+            "cfg": self.cfg.to_dict(), "update": self.update_idx, "env_steps": self.env_steps,
+            "train_state": jax.device_get((self.train_state.params, self.train_state.opt_state, self.train_state.step)),
+            "runner": jax.device_get(self.runner), "key": jax.device_get(self.key),
+            "buffers": [b.state_dict() for b in self.buffers],
+            "registry": {"texts": self.registry.texts, "emb": self.registry.emb, "event_sim": self.registry.event_sim,
+                         "achievement": self.registry.achievement, "rows": dict(self.registry._rows)},
+            "prev_traj": jax.device_get(self.prev_traj),
+        }
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(state, f)
+        os.replace(tmp, path)  # atomic: a crash mid-write never leaves a broken checkpoint
+        return path
+
+    def load(self, path: str | os.PathLike | None = None) -> None:
+        path = Path(path or self.run_dir / CHECKPOINT)
+        with open(path, "rb") as f:
+            state = pickle.load(f)
+        saved = pqn.PQNConfig.from_dict(state["cfg"])
+        for k in ("method", "num_envs", "num_steps", "num_seeds", "hidden_size", "num_layers", "obs_mode", "k"):
+            if getattr(saved, k) != getattr(self.cfg, k):
+                raise ValueError(f"checkpoint {path} has {k}={getattr(saved, k)!r}, this run {getattr(self.cfg, k)!r}")
+        self.init_state()
+        params, opt_state, step = state["train_state"]
+        self.train_state = self.train_state.replace(params=params, opt_state=opt_state, step=step)
+        self.runner = jax.tree_util.tree_map(jnp.asarray, state["runner"])
+        self.key = jnp.asarray(state["key"])
+        for b, sd in zip(self.buffers, state["buffers"]):
+            b.load_state_dict(sd)
+        reg = state["registry"]
+        self.registry.texts = list(reg["texts"])
+        self.registry.emb, self.registry.event_sim = reg["emb"], reg["event_sim"]
+        self.registry.achievement = reg["achievement"]
+        self.registry._rows.clear()
+        self.registry._rows.update(reg["rows"])
+        self.registry._device = None
+        self.prev_traj = None if state["prev_traj"] is None else jax.tree_util.tree_map(jnp.asarray, state["prev_traj"])
+        self.update_idx, self.env_steps = state["update"], state["env_steps"]
+
+    # -------------------------------------------------------------- relabeling
+    def _trajectories(self, host: dict, update: int) -> list[Trajectory]:
+        out = []
+        for s in range(self.S):
+            for e in range(self.cfg.num_envs):
+                out.append(Trajectory(
+                    instruction=self.registry.text(host["instr"][s, 0, e]), events=host["events"][s, :, e],
+                    actions=host["action"][s, :, e], dones=host["done"][s, :, e], env_id=e,
+                    meta={"seed": s, "update": update},
+                ))
+        return out
+
+    def _slots(self, results_cur, results_prev):
+        """Relabel rows per seed from this iteration's and last iteration's results."""
+        cfg, R = self.cfg, self.cfg.num_envs * self.cfg.k
+        rows: list[list[tuple[int, int, str]]] = [[] for _ in range(self.S)]
+        for src, results in ((1, results_prev), (0, results_cur)):
+            for r in results:
+                m = r.trajectory.meta
+                for c in r.candidates:
+                    rows[m["seed"]].append((src, r.trajectory.env_id, c.text, c.grounded))
+        src = np.zeros((self.S, R), np.int32)
+        env = np.zeros((self.S, R), np.int32)
+        valid = np.zeros((self.S, R), bool)
+        texts = [["" for _ in range(R)] for _ in range(self.S)]
+        for s in range(self.S):
+            # grounded candidates first: they carry reward; LLM rows (src 1) before rules at equal grounding
+            chosen = sorted(rows[s], key=lambda x: (not x[3], x[0] == 0))[:R]
+            for j, (sr, e, t, _) in enumerate(chosen):
+                src[s, j], env[s, j], valid[s, j], texts[s][j] = sr, e, True, t
+        uniq = sorted({t for ts in texts for t in ts if t})
+        emb = np.zeros((self.S, R, self.encoder.dim), np.float32)
+        sim = np.full((self.S, R, NUM_EVENTS), -1.0, np.float32)
+        if uniq:
+            u_emb = self.encoder.encode(uniq)
+            u_sim = self.registry.similarity_to_events(u_emb)
+            pos = {t: i for i, t in enumerate(uniq)}
+            for s in range(self.S):
+                for j, t in enumerate(texts[s]):
+                    if t:
+                        emb[s, j], sim[s, j] = u_emb[pos[t]], u_sim[pos[t]]
+        slots = dict(src=jnp.asarray(src), env=jnp.asarray(env), emb=jnp.asarray(emb), sim=jnp.asarray(sim),
+                     valid=jnp.asarray(valid))
+        return slots, texts, valid
+
+    def _relabel(self, host: dict) -> tuple[Any, dict]:
+        trajs = self._trajectories(host, self.update_idx)
+        stats: dict[str, float] = {}
+        if self.async_llm:
+            results_cur = self.rules.relabel(trajs) if self.cfg.relabeler == "both" else []
+            self.relabeler.submit(trajs)
+            late = self.relabeler.collect(block=False)
+            results_prev = [r for r in late if r.trajectory.meta["update"] == self.update_idx - 1]
+            # answers for the current rollout arrive only if the LLM was faster than the update
+            results_cur += [r for r in late if r.trajectory.meta["update"] == self.update_idx]
+            self.stale_llm += sum(r.trajectory.meta["update"] < self.update_idx - 1 for r in late)
+            stats["relabel/llm_results"] = float(len(results_prev))
+            stats["relabel/stale_llm"] = float(self.stale_llm)
+        else:
+            results_cur, results_prev = self.relabeler.relabel(trajs), []
+        slots, texts, valid = self._slots(results_cur, results_prev)
+        stats["relabel/rows"] = float(valid.sum() / self.S)
+        stats["relabel/grounded_frac"] = float(
+            np.mean([c.grounded for r in results_cur + results_prev for c in r.candidates] or [0.0]))
+        # buffer: insert this iteration's candidates (all of them, as in the paper's Alg. 1)
+        for s in range(self.S):
+            cands = [t for t in dict.fromkeys(texts[s]) if t]
+            if cands:
+                self.buffers[s].insert(cands)
+        return slots, stats
+
+    # -------------------------------------------------------------- iteration
+    def iteration(self) -> IterationLog:
+        cfg = self.cfg
+        t0 = time.time()
+        env_params = self._env_params()
+        self.runner, traj = self._rollout(self.train_state.params, self.runner, env_params, self.env_steps)
+        host = jax.device_get({k: traj[k] for k in ("instr", "events", "action", "done", "reward", "ep_return",
+                                                      "success")})
+        # returns of finished episodes -> instruction statistics (buffer ordering)
+        for s in range(self.S):
+            t_idx, e_idx = np.nonzero(host["done"][s])
+            for t, e in zip(t_idx, e_idx):
+                self.buffers[s].record(self.registry.text(host["instr"][s, t, e]), float(host["ep_return"][s, t, e]))
+        metrics: dict[str, float] = {}
+        table_emb = self.registry.device_table().emb
+        if cfg.method == "oir":
+            slots, stats = self._relabel(host)
+            metrics.update(stats)
+            pair = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b], axis=1), traj,
+                                          self.prev_traj if self.prev_traj is not None else traj)
+            batch = self._build(pair, table_emb, slots)
+            self.prev_traj = traj
+        else:
+            pair = jax.tree_util.tree_map(lambda a: a[:, None], traj)
+            batch = self._build_plain(pair, table_emb)
+        self.key, k = jax.random.split(self.key)
+        self.train_state, upd = self._update(self.train_state, jax.random.split(k, self.S), batch)
+        upd = jax.device_get(upd)
+        if not np.all(np.isfinite(upd["loss"])):
+            self.save()
+            raise FloatingPointError(
+                f"non-finite loss at update {self.update_idx} (env step {self.env_steps}); the last good state is "
+                f"saved in {self.run_dir / CHECKPOINT}: lower lr or max_grad_norm and resume")
+        self.update_idx += 1
+        self.env_steps += cfg.batch_steps
+        n_done = host["done"].sum()
+        metrics.update({
+            "loss": float(upd["loss"].mean()), "q_mean": float(upd["q_mean"].mean()),
+            "epsilon": float(pqn.epsilon(cfg, self.env_steps)),
+            "train/episodes": float(n_done / self.S),
+            "train/success_rate": float(host["success"].sum() / max(n_done, 1)),
+            "train/reward_per_step": float(host["reward"].mean()),
+            "sps": cfg.batch_steps * self.S / max(time.time() - t0, 1e-9),
+        })
+        for s in range(self.S):
+            metrics[f"seed{s}/loss"] = float(upd["loss"][s])
+        return IterationLog(self.update_idx, self.env_steps, metrics)
+
+    def evaluate(self) -> list[EvalResult]:
+        """Evaluate every seed's greedy policy on the instruction sets."""
+        params = self.base_params.replace(table=self.registry.device_table())
+        out = []
+        for s in range(self.S):
+            p_s = jax.tree_util.tree_map(lambda x: x[s], self.train_state.params)
+            key = jax.random.PRNGKey(10_000 + self.update_idx * 31 + s)
+            out.append(evaluate_jax(self._evaluator, key, p_s, params, self.eval_rows, self.eval_cfg,
+                                    self.eval_texts, self.eval_achs, self.eval_sets))
+        return out
+
+    def close(self) -> None:
+        for r in (self.relabeler, self.rules):
+            if r is not None and hasattr(r, "close"):
+                r.close()
+
+
+def make_relabeler(cfg: pqn.PQNConfig):
+    """The relabeler of ``cfg.relabeler``: rules (sync), or an LLM backend (async worker)."""
+    from oir_gym.relabel import HindsightRelabeler
+
+    if cfg.relabeler == "rules":
+        return HindsightRelabeler("rules", k=cfg.k, delta=cfg.delta, encoder=get_encoder(), cache_size=0)
+    kwargs: dict[str, Any] = {}
+    if cfg.llm_backend == "openai":
+        kwargs = {"base_url": cfg.llm_base_url, "model": cfg.llm_model or "default"}
+    elif cfg.llm_backend == "vllm":
+        kwargs = {"model": cfg.llm_model} if cfg.llm_model else {}
+    elif cfg.llm_model:
+        kwargs = {"model_path": cfg.llm_model}
+    # LLM answers come from a background worker; rules of the current rollout are merged by
+    # the trainer, so the LLM relabeler itself does not add rules.
+    return HindsightRelabeler(cfg.llm_backend, k=cfg.k, template=cfg.llm_template, use_rules=False,
+                              delta=cfg.delta, encoder=get_encoder(), on_full="skip", backend_kwargs=kwargs)

@@ -1,0 +1,113 @@
+"""Train a Stable-Baselines3 agent (RecurrentPPO, QR-DQN or DQN) on Craftax-Classic with OIR relabeling.
+
+    python examples/train_sb3.py --algo qrdqn --relabeler rules          # CPU-sized defaults
+    python examples/train_sb3.py --algo dqn --relabeler both --total-timesteps 200000
+    python examples/train_sb3.py --algo recurrent_ppo --relabeler llm    # curriculum only (on-policy)
+    python examples/train_sb3.py --algo qrdqn --hp learning_rate=3e-4 --hp buffer_size=20000
+    python examples/train_sb3.py --run-dir runs/x --resume               # continue from the checkpoint
+
+The relabeler is attached with ``oir_gym.sb3.HindsightRelabelCallback``: QR-DQN and DQN get the
+relabeled transitions in their replay buffer, RecurrentPPO the instruction-buffer curriculum only
+(see docs/sb3.md). ``--relabeler none`` trains on the 22 original instructions (cosine or, with
+``--reward gt``, ground-truth reward).
+
+Writes ``--run-dir`` in the format of ``train_pqn.py``: config.json, metrics.jsonl / metrics.csv,
+TensorBoard events (if installed), model.zip + instruction_buffer.json (checkpoint),
+eval_*.json, eval_final.md and PNG plots (training.png, learning_curves.png,
+instruction_success.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agents import sb3_agents  # noqa: E402
+
+
+def _bool(s: str) -> bool:
+    return s.lower() in ("1", "true", "yes", "on")
+
+
+def _hp(s: str) -> tuple[str, object]:
+    if "=" not in s:
+        raise argparse.ArgumentTypeError(f"--hp expects key=value, got {s!r}")
+    k, v = s.split("=", 1)
+    try:
+        val = ast.literal_eval(v)
+    except (ValueError, SyntaxError):
+        val = v
+    return k.strip(), val
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run-dir", default=None, help="output folder (default runs/sb3_<algo>_<relabeler>_<time>)")
+    p.add_argument("--resume", action="store_true", help="continue from <run-dir>/model.zip")
+    p.add_argument("--hp", type=_hp, action="append", default=[], metavar="KEY=VALUE",
+                   help="override an SB3 constructor argument (repeatable; values parsed as Python literals)")
+    for f in dataclasses.fields(sb3_agents.SB3Config):
+        if f.name == "hyperparams":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        if f.name == "asynchronous":
+            p.add_argument(flag, type=_bool, default=None, help="relabel in a background worker (default: LLM yes, rules no)")
+            continue
+        typ = {int: int, float: float, bool: _bool, str: str}[type(default)]
+        kw = {"choices": sb3_agents.ALGOS} if f.name == "algo" else {}
+        if f.name == "relabeler":
+            kw = {"choices": sb3_agents.RELABELERS}
+        p.add_argument(flag, type=typ, default=None, help=f"(default {default!r})", **kw)
+    return p.parse_args(argv)
+
+
+def build_config(args, saved: dict | None = None) -> sb3_agents.SB3Config:
+    values = dict(saved or {})
+    values.pop("resolved_hyperparams", None)
+    for f in dataclasses.fields(sb3_agents.SB3Config):
+        if f.name == "hyperparams":
+            continue
+        v = getattr(args, f.name)
+        if v is not None:
+            values[f.name] = v
+    hp = dict(values.get("hyperparams", {}))
+    for k, v in args.hp:
+        if k.startswith("policy_kwargs."):
+            hp.setdefault("policy_kwargs", {})[k.split(".", 1)[1]] = v
+        else:
+            hp[k] = v
+    values["hyperparams"] = hp
+    return sb3_agents.SB3Config.from_dict(values).validate()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    run_dir = args.run_dir
+    saved = None
+    if args.resume:
+        if run_dir is None or not (Path(run_dir) / "config.json").exists():
+            print("error: --resume needs --run-dir of an existing run (with config.json)", file=sys.stderr)
+            return 2
+        saved = json.loads((Path(run_dir) / "config.json").read_text())
+    cfg = build_config(args, saved)
+    run_dir = Path(run_dir or f"runs/sb3_{cfg.algo}_{cfg.relabeler}_{time.strftime('%Y%m%d-%H%M%S')}")
+    t0 = time.time()
+    try:
+        sb3_agents.train(cfg, run_dir, resume=args.resume, print_fn=lambda s: print(s, flush=True))
+    except KeyboardInterrupt:
+        print(f"interrupted; continue with: python examples/train_sb3.py --run-dir {run_dir} --resume", flush=True)
+        return 130
+    print(f"\ndone in {time.time() - t0:.0f}s; outputs in {run_dir}/", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
