@@ -53,20 +53,36 @@ CHECKPOINT = "checkpoint.pkl"
 
 # ----------------------------------------------------------------------------- jitted pieces
 def make_rollout(cfg: pqn.PQNConfig, net: pqn.QNetwork):
-    """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)`` for one seed."""
+    """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``.
+
+    The envs of all seeds form one batch of ``num_seeds * num_envs`` (seed s owns envs
+    ``[s*E, (s+1)*E)`` and draws from row s of the table's sample mask), so auto-resets stay a
+    real branch taken only when some env finished (under a vmap over seeds, ``lax.cond``
+    would turn into a select that generates worlds at every step). The network is vmapped
+    over seeds. ``traj`` leaves are ``[S, T, E, ...]``.
+    """
+    S, E = cfg.num_seeds, cfg.num_envs
+
+    def per_seed(x):
+        return x.reshape((S, E) + x.shape[1:])
 
     def policy(params, carry, obs, done_prev, key, eps):
-        carry, q = net.apply(params, carry, obs["obs"][None], obs["instruction"][None], done_prev[None])
-        return carry, pqn.eps_greedy(key, q[0], eps)
+        def one(p, c, o, i, d, k):
+            c, q = net.apply(p, c, o[None], i[None], d[None])
+            return c, pqn.eps_greedy(k, q[0], eps)
+
+        carry, action = jax.vmap(one)(params, carry, per_seed(obs["obs"]), per_seed(obs["instruction"]),
+                                      per_seed(done_prev), jax.random.split(key, S))
+        return carry, action.reshape(S * E)
 
     def rollout(params, runner, env_params, env_steps):
         def step(c, t):
             bstate, obs, carry, done_prev, key = c
             key, k_act, k_env = jax.random.split(key, 3)
-            eps = pqn.epsilon(cfg, env_steps + t * cfg.num_envs)
+            eps = pqn.epsilon(cfg, env_steps + t * E)
             new_carry, action = policy(params, carry, obs, done_prev, k_act, eps)
             next_obs, bstate, reward, term, trunc, info, _ = F.batch_step(
-                k_env, bstate, action, env_params, obs_mode=cfg.obs_mode, pool_refresh=max(1, min(4, cfg.num_envs)))
+                k_env, bstate, action, env_params, obs_mode=cfg.obs_mode, pool_refresh=max(1, min(4, S * E)))
             done = term | trunc
             rec = dict(obs=obs["obs"], instr=info.instr, action=action, reward=reward, done=done, reset=done_prev,
                        events=info.events, success=info.success, ep_return=info.ep_return, ep_length=info.ep_length,
@@ -77,10 +93,13 @@ def make_rollout(cfg: pqn.PQNConfig, net: pqn.QNetwork):
         carry0 = carry
         (bstate, obs, carry, done_prev, key), traj = jax.lax.scan(
             step, (bstate, obs, carry, done_prev, key), jnp.arange(cfg.num_steps))
+        # [T, S*E, ...] -> [S, T, E, ...]
+        traj = jax.tree_util.tree_map(
+            lambda x: jnp.swapaxes(x.reshape((x.shape[0], S, E) + x.shape[2:]), 0, 1), traj)
         traj["carry0"] = carry0
-        traj["last_obs"] = obs["obs"]
-        traj["last_instr"] = obs["instruction"]
-        traj["last_done"] = done_prev
+        traj["last_obs"] = per_seed(obs["obs"])
+        traj["last_instr"] = per_seed(obs["instruction"])
+        traj["last_done"] = per_seed(done_prev)
         return (bstate, obs, carry, done_prev, key), traj
 
     return rollout
@@ -175,7 +194,7 @@ class Trainer:
             table=self.registry.device_table(), delta=cfg.delta, max_steps=cfg.max_episode_steps,
             reward_mode=1 if cfg.method == "gt" else 0,
         )
-        self._rollout = jax.jit(jax.vmap(make_rollout(cfg, self.net), in_axes=(0, 0, 0, None)))
+        self._rollout = jax.jit(make_rollout(cfg, self.net))
         self._update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg, k, b)))
         self._build = jax.jit(jax.vmap(lambda t, e, s: build_batch(cfg, t, e, s), in_axes=(0, None, 0)))
         self._build_plain = jax.jit(jax.vmap(lambda t, e: build_batch(cfg, t, e, None), in_axes=(0, None)))
@@ -195,14 +214,12 @@ class Trainer:
 
     # -------------------------------------------------------------- setup / state
     def _env_params(self) -> F.EnvParams:
-        """Per-seed env params: the shared table with each seed's buffer as sample mask."""
+        """Env params: the shared table, with each seed's buffer as its row of the sample mask."""
         masks = np.zeros((self.S, self.registry.capacity), bool)
         for s in range(self.S):
-            rows = self._buffer_rows(s)
-            masks[s, rows] = True
-        p = self.base_params.replace(table=self.registry.device_table())
-        p = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(jnp.asarray(x), (self.S,) + jnp.shape(x)), p)
-        return p.replace(table=p.table.replace(sample_mask=jnp.asarray(masks)))
+            masks[s, self._buffer_rows(s)] = True
+        table = self.registry.device_table()
+        return self.base_params.replace(table=table.replace(sample_mask=jnp.asarray(masks)))
 
     def _buffer_rows(self, s: int) -> np.ndarray:
         if self.cfg.method in ("gt", "cosine"):
@@ -229,11 +246,13 @@ class Trainer:
             jnp.asarray(k_net))
         self.runner = None
         params = self._env_params()
-        reset = jax.vmap(lambda k, p: F.batch_reset(k, p, cfg.num_envs, max(2 * cfg.num_envs, 32), None, cfg.obs_mode))
-        obs, bstate = jax.jit(reset)(jnp.asarray(k_env), params)
+        n = self.S * cfg.num_envs
+        groups = jnp.repeat(jnp.arange(self.S), cfg.num_envs)
+        reset = jax.jit(F.batch_reset, static_argnums=(2, 3, 5))
+        obs, bstate = reset(jnp.asarray(k_env[0]), params, n, max(2 * n, 32), None, cfg.obs_mode, groups)
         carry = jax.vmap(lambda _: self.net.initial_carry(cfg.num_envs))(jnp.arange(self.S))
-        done = jnp.ones((self.S, cfg.num_envs), bool)
-        self.runner = (bstate, obs, carry, done, jnp.asarray(k_run))
+        done = jnp.ones((n,), bool)
+        self.runner = (bstate, obs, carry, done, jnp.asarray(k_run[0]))
         self.key = key
 
     # -------------------------------------------------------------- checkpoints

@@ -462,7 +462,7 @@ class SB3Run:
     def write_row(self, row: dict[str, Any]) -> None:
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
-        parts = [f"steps {row['env_steps']:>9,}", f"{row['sps']:6.0f} sps"]
+        parts = [f"steps {row['env_steps']:>9,}"] + ([f"{row['sps']:6.0f} sps"] if "sps" in row else [])
         if "epsilon" in row:
             parts.append(f"eps {row['epsilon']:.2f}")
         if "loss" in row:
@@ -514,6 +514,7 @@ class SB3Run:
 
         self.save()
         row = self.metrics_row(self.model, {})
+        row.pop("sps", None)  # not a training throughput: the row is written after learn()
         row.update(self.run_eval(self.model, "final"))
         self.write_row(row)
         res = self._last_eval

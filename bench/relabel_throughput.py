@@ -63,7 +63,8 @@ def main(argv=None) -> None:
     ap.add_argument("--envs", type=int, default=16, help="trajectories per iteration (cache run)")
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--n-threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--n-threads", type=int, default=1,
+                    help="llama.cpp threads (default 1, the relabeler default: it shares the CPU with training)")
     ap.add_argument("--model-path", default=None, help="GGUF file (default: packaged Gemma 3 270M)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

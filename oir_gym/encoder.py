@@ -57,7 +57,15 @@ class InstructionEncoder:
         if not allow_hub:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
         from sentence_transformers import SentenceTransformer
+
+        if (os.cpu_count() or 1) <= 2 and "OIR_GYM_TORCH_THREADS" not in os.environ:
+            # Two torch threads on a 2-core machine that also runs JAX are several times slower
+            # than one (measured); OIR_GYM_TORCH_THREADS overrides.
+            torch.set_num_threads(1)
+        elif "OIR_GYM_TORCH_THREADS" in os.environ:
+            torch.set_num_threads(int(os.environ["OIR_GYM_TORCH_THREADS"]))
 
         self.model_path = path
         self._model = SentenceTransformer(path, device=device)
@@ -75,7 +83,10 @@ class InstructionEncoder:
         for t in items:
             if not isinstance(t, str):
                 raise TypeError(f"instructions must be strings, got {type(t).__name__}: {t!r}")
-        missing = list(dict.fromkeys(t for t in items if t not in self._cache))
+        # Collect every vector before evicting: a batch larger than the cache must not evict
+        # its own entries before the output is assembled.
+        found = {t: self._cache[t] for t in items if t in self._cache}
+        missing = list(dict.fromkeys(t for t in items if t not in found))
         if missing:
             vecs = self._model.encode(
                 missing, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=False
@@ -83,12 +94,13 @@ class InstructionEncoder:
             norms = np.linalg.norm(vecs, axis=1, keepdims=True)
             vecs = vecs / np.maximum(norms, 1e-12)
             for t, v in zip(missing, vecs):
-                self._cache[t] = v
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        out = np.stack([self._cache[t] for t in items]) if items else np.zeros((0, self.dim), np.float32)
-        for t in items:
-            self._cache.move_to_end(t, last=True) if t in self._cache else None
+                found[t] = v
+        for t, v in found.items():  # most recently used last
+            self._cache[t] = v
+            self._cache.move_to_end(t, last=True)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        out = np.stack([found[t] for t in items]) if items else np.zeros((0, self.dim), np.float32)
         return out[0].copy() if single else out
 
     def similarity(self, a: Iterable[str], b: Iterable[str]) -> np.ndarray:

@@ -37,7 +37,8 @@ class InstructionTable:
         event_sim: ``[N, E]`` max cosine between each instruction and each event's phrasings.
         achievement: ``[N]`` ground-truth achievement index of the row, or -1 (evaluation and
             the ``gt`` reward use it).
-        sample_mask: ``[N]`` bool, rows that resets may draw (the instruction buffer).
+        sample_mask: ``[G, N]`` bool, rows that resets may draw (the instruction buffer), per
+            group of envs (``EnvState.group``); several seeds or buffers can share one batch.
     """
 
     emb: jax.Array
@@ -77,6 +78,7 @@ class EnvState:
         craftax: the Craftax-Classic state.
         instr: row of the current instruction in the table.
         pinned: row every reset of this env uses, or -1 to draw from the buffer.
+        group: which row of ``table.sample_mask`` (which buffer) this env draws from.
         steps: steps taken in the episode.
         success: whether the instruction has been accomplished in this episode.
         ep_return: return of the current episode.
@@ -86,6 +88,7 @@ class EnvState:
     craftax: CraftaxState
     instr: jax.Array
     pinned: jax.Array
+    group: jax.Array
     steps: jax.Array
     success: jax.Array
     ep_return: jax.Array
@@ -115,15 +118,18 @@ def make_table(emb, event_sim, achievement=None, sample_mask=None) -> Instructio
         achievement = jnp.full((n,), -1, jnp.int32)
     if sample_mask is None:
         sample_mask = jnp.ones((n,), bool)
+    sample_mask = jnp.asarray(sample_mask, bool)
+    if sample_mask.ndim == 1:
+        sample_mask = sample_mask[None, :]
     return InstructionTable(
         jnp.asarray(emb, jnp.float32), jnp.asarray(event_sim, jnp.float32),
         jnp.asarray(achievement, jnp.int32), jnp.asarray(sample_mask, bool),
     )
 
 
-def sample_instruction(key, params: EnvParams, pinned):
-    """A row drawn uniformly from the buffer rows, or the pinned row when ``pinned >= 0``."""
-    mask = params.table.sample_mask
+def sample_instruction(key, params: EnvParams, pinned, group=0):
+    """A row drawn uniformly from the group's buffer rows, or the pinned row when ``pinned >= 0``."""
+    mask = params.table.sample_mask[group]
     logits = jnp.where(mask, 0.0, -jnp.inf)
     drawn = jax.random.categorical(key, logits)
     return jnp.where(pinned >= 0, pinned, drawn).astype(jnp.int32)
@@ -134,11 +140,12 @@ def observation(state: EnvState, params: EnvParams, obs_mode: str = "paper") -> 
     return {"obs": observe(state.craftax, obs_mode), "instruction": params.table.emb[state.instr]}
 
 
-def _fresh_state(craftax_state, instr, pinned) -> EnvState:
+def _fresh_state(craftax_state, instr, pinned, group=0) -> EnvState:
     return EnvState(
         craftax=craftax_state,
         instr=instr,
         pinned=jnp.asarray(pinned, jnp.int32),
+        group=jnp.asarray(group, jnp.int32),
         steps=jnp.zeros((), jnp.int32),
         success=jnp.zeros((), bool),
         ep_return=jnp.zeros((), jnp.float32),
@@ -225,15 +232,21 @@ def _generate_worlds(key, params: EnvParams, n: int):
 
 
 def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = None,
-                pinned=None, obs_mode: str = "paper"):
-    """Reset a batch; also fills the world pool. Returns ``(obs, BatchState)``."""
+                pinned=None, obs_mode: str = "paper", groups=None):
+    """Reset a batch; also fills the world pool. Returns ``(obs, BatchState)``.
+
+    ``pinned`` (``[B]`` rows, -1 = draw) and ``groups`` (``[B]`` rows of ``sample_mask``) default
+    to unpinned envs of group 0.
+    """
     pool_size = pool_size or max(num_envs, 16)
     k_env, k_pool, k_instr = jax.random.split(key, 3)
     worlds = _generate_worlds(k_env, params, num_envs)
     pool = _generate_worlds(k_pool, params, pool_size)
     pinned = jnp.full((num_envs,), -1, jnp.int32) if pinned is None else jnp.asarray(pinned, jnp.int32)
-    instr = jax.vmap(sample_instruction, in_axes=(0, None, 0))(jax.random.split(k_instr, num_envs), params, pinned)
-    env = jax.vmap(_fresh_state)(worlds, instr, pinned)
+    groups = jnp.zeros((num_envs,), jnp.int32) if groups is None else jnp.asarray(groups, jnp.int32)
+    instr = jax.vmap(sample_instruction, in_axes=(0, None, 0, 0))(
+        jax.random.split(k_instr, num_envs), params, pinned, groups)
+    env = jax.vmap(_fresh_state)(worlds, instr, pinned, groups)
     obs = _observe_batch(env, params, obs_mode)
     return obs, BatchState(env=env, pool=pool, cursor=jnp.zeros((), jnp.int32))
 
@@ -261,8 +274,9 @@ def reset_done(key, bstate: BatchState, done, params: EnvParams, pool_refresh: i
     rank = jnp.cumsum(done) - 1
     slot = (bstate.cursor + rank) % pool_size
     fresh_worlds = jax.tree_util.tree_map(lambda p: p[slot], bstate.pool)
-    instr = jax.vmap(sample_instruction, in_axes=(0, None, 0))(jax.random.split(k_instr, num_envs), params, env.pinned)
-    fresh = jax.vmap(_fresh_state)(fresh_worlds, instr, env.pinned)
+    instr = jax.vmap(sample_instruction, in_axes=(0, None, 0, 0))(
+        jax.random.split(k_instr, num_envs), params, env.pinned, env.group)
+    fresh = jax.vmap(_fresh_state)(fresh_worlds, instr, env.pinned, env.group)
     env = _tree_select(done, fresh, env)
 
     new = _generate_worlds(k_pool, params, pool_refresh)

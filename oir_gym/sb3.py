@@ -361,7 +361,8 @@ class HindsightRelabelCallback(BaseCallback):
         wait_on_end: at the end of ``learn``, submit the last finished segments and wait (up to
             ``end_timeout`` seconds) for every pending result.
         keep_history: keep a record of every relabeled row written (``self.history``: dicts with
-            ``pos``, ``col``, ``text``, ``t``, ``first_step``, ``traj``) for tests and debugging.
+            ``pos``, ``col``, ``text``, ``t``, ``first_step``, ``traj``) and of the relabeled
+            trajectories (``self.trajectories[traj]``), for tests and debugging (memory grows).
         verbose: SB3 verbosity.
 
     Statistics (``self.stats`` and SB3's logger under ``relabel/``): ``segments``, ``submitted``,
@@ -415,6 +416,7 @@ class HindsightRelabelCallback(BaseCallback):
         self.end_timeout = end_timeout
         self.keep_history = keep_history
         self.history: list[dict[str, Any]] = []
+        self.trajectories: dict[int, Trajectory] = {}
         self._counts: Counter = Counter()
         self._segments: list[_Segment] = []
         self._finished: list[Trajectory] = []
@@ -573,6 +575,8 @@ class HindsightRelabelCallback(BaseCallback):
         for res in results:
             traj = res.trajectory
             self._counts["results"] += 1
+            if self.keep_history:
+                self.trajectories[traj.meta.get("sb3_id", -1)] = traj
             replayed = 0
             for cand in res.candidates:
                 text = validate_instruction(cand.text)

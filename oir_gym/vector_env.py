@@ -6,6 +6,7 @@ arrays to writable numpy copies, keeps instruction strings and builds ``infos``.
 
 from __future__ import annotations
 
+from collections import abc
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -184,6 +185,11 @@ class InstructionCraftax(VectorEnv):
         elif isinstance(instructions, str):
             per_env = [instructions] * self.num_envs
         else:
+            if not isinstance(instructions, (abc.Sequence, np.ndarray)):
+                raise TypeError(
+                    "instructions must be a string, a sequence of strings/None (one per env) or None, "
+                    f"got {type(instructions).__name__}: {instructions!r}"
+                )
             per_env = list(instructions)
             if len(per_env) != self.num_envs:
                 raise ValueError(f"got {len(per_env)} instructions for {self.num_envs} envs")

@@ -113,7 +113,7 @@ def test_item_cap():
     assert len(parse_completion(raw).all) <= MAX_ITEMS
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.text(max_size=400), st.binary(max_size=400)))
 def test_random_text_never_raises_and_outputs_are_filtered(raw):
     filt = CandidateFilter()
@@ -131,7 +131,7 @@ _json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_json_values, st.integers(min_value=0, max_value=400), st.sampled_from(["", "```json\n", "<think>x</think>", "Answer: "]))
 def test_truncated_json_never_raises(value, cut, prefix):
     raw = prefix + json.dumps(value)

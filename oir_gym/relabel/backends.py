@@ -274,6 +274,11 @@ class LlamaCppBackend:
 _RF_MODES = ("json_schema", "json_object", "none")
 
 
+def _rejects_format(payload: bytes) -> bool:
+    # llama_cpp.server answers an unsupported response_format with HTTP 500 (validation error)
+    return b"response_format" in payload[:4000]
+
+
 class OpenAIBackend:
     """Chat completions from any OpenAI-compatible server, with the standard library only.
 
@@ -290,7 +295,8 @@ class OpenAIBackend:
         concurrency: requests in flight at once (thread pool).
         response_format: ``"auto"`` tries the OpenAI ``json_schema`` format, steps down to
             llama.cpp's ``json_object`` + schema, then to none, whenever the server rejects a
-            format with HTTP 400/422, and remembers what worked; or force one of
+            format (HTTP 400/422, or an error that names ``response_format``, as llama_cpp.server's
+            HTTP 500), and remembers what worked; or force one of
             ``"json_schema"``, ``"json_object"``, ``"none"``.
         extra_body: extra JSON fields for every request (e.g. ``{"chat_template_kwargs":
             {"enable_thinking": False}}`` for Qwen3 on vLLM).
@@ -371,9 +377,12 @@ class OpenAIBackend:
                 with self._opener.open(req, timeout=timeout) as resp:
                     return resp.status, resp.read()
             except urllib.error.HTTPError as e:
-                payload = e.read() if hasattr(e, "read") else b""
-                if e.code == 429 or e.code >= 500:
-                    last = f"HTTP {e.code}"
+                try:
+                    payload = e.read()
+                except Exception:  # noqa: BLE001
+                    payload = b""
+                if (e.code == 429 or e.code >= 500) and not _rejects_format(payload):
+                    last = f"HTTP {e.code}: {payload[:200].decode('utf-8', errors='replace')}"
                 else:
                     return e.code, payload
             except (socket.timeout, TimeoutError) as e:
@@ -417,7 +426,7 @@ class OpenAIBackend:
             else:
                 body.pop("response_format", None)
             status, payload = self._post(body, deadline)
-            if status in (400, 422) and rf is not None and not self._rf_fixed:
+            if rf is not None and not self._rf_fixed and (status in (400, 422) or _rejects_format(payload)):
                 with self._rf_lock:  # step down once for everyone, then retry this request
                     if self._rf_mode == mode:
                         self._rf_mode = _RF_MODES[_RF_MODES.index(mode) + 1]

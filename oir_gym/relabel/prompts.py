@@ -14,6 +14,7 @@ Two templates ship: ``paper`` (Appendix C) and ``segments`` (the default).
 
 from __future__ import annotations
 
+import atexit
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -180,6 +181,8 @@ def llama_tokenizer(model_path: Optional[str] = None) -> Optional[Callable[[str]
         vocab = Llama(model_path=path, vocab_only=True, verbose=False)
     except Exception:  # noqa: BLE001 - optional dependency, fall back to the approximation
         return None
+    # free it before interpreter teardown, when llama_cpp's __del__ would hit None globals
+    atexit.register(vocab.close)
 
     def count(text: str) -> int:
         return len(vocab.tokenize(text.encode("utf-8"), add_bos=True, special=True))

@@ -1,0 +1,151 @@
+"""Shared fixtures of the environment tests.
+
+Compiling the batched Craftax step takes tens of seconds on a small CPU, so the tests share a
+few env instances built once per session, all with ``NUM_ENVS`` envs (one compiled program per
+configuration; the JAX persistent compilation cache that ``import oir_gym`` enables makes a
+second instance of the same configuration cheap). Tests that need a particular situation edit
+the Craftax state of the shared env (:class:`Scene`) instead of searching for a world.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import oir_gym  # noqa: E402,F401  (enables the compilation cache, registers the env id)
+from oir_gym.captions import EVENT_NAMES  # noqa: E402
+from oir_gym.craftax_compat import Action, BlockType  # noqa: E402
+
+#: Number of envs of every shared vector env (one compiled program).
+NUM_ENVS = 4
+#: Where hand-built scenes put the player (the centre of Craftax-Classic's 64x64 map).
+CENTER = (32, 32)
+EV = {name: i for i, name in enumerate(EVENT_NAMES)}
+A = Action
+B = BlockType
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    """The packaged all-MiniLM-L6-v2 encoder, loaded once (offline)."""
+    return oir_gym.get_encoder()
+
+
+@pytest.fixture(scope="session")
+def _venv_session(encoder):
+    from oir_gym.vector_env import InstructionCraftax
+
+    env = InstructionCraftax(num_envs=NUM_ENVS, seed=0, encoder=encoder, render_mode="rgb_array")
+    env.reset(seed=0)
+    yield env
+    env.close()
+
+
+@pytest.fixture
+def venv(_venv_session):
+    """The shared same-step vector env (4 envs, defaults otherwise), reset, nothing pinned.
+
+    Tests may pin instructions, swap the buffer or edit the state: it is all undone here.
+    """
+    env = _venv_session
+    buffer = env.buffer
+    env.reset(seed=0, options={"instruction": None})
+    yield env
+    env.buffer = buffer
+    env.reset(seed=0, options={"instruction": None})
+
+
+# --------------------------------------------------------------------------- hand-built scenes
+
+
+class Scene:
+    """Edit the Craftax states of a vector env's batch on the host, then write them back.
+
+    Every env of the batch is put in a quiet, deterministic setting: the player at ``CENTER``
+    facing right on a patch of sand (mobs spawn on grass, at distance > 3, so none can reach the
+    player within a few steps), no mobs, no plants, empty inventory, full vitals, zero hunger /
+    thirst / fatigue counters, no achievements, daylight.
+    """
+
+    def __init__(self, env, radius: int = 6) -> None:
+        self.env = env
+        self.cs = jax.tree_util.tree_map(np.array, jax.device_get(env._state.env.craftax))
+        cs = self.cs
+        r0, c0 = CENTER
+        for i in range(env.num_envs):
+            cs.map[i, r0 - radius: r0 + radius + 1, c0 - radius: c0 + radius + 1] = B.SAND.value
+        cs.player_position[:] = CENTER
+        cs.player_direction[:] = A.RIGHT.value
+        cs.mob_map[:] = False
+        for mobs in (cs.zombies, cs.cows, cs.skeletons, cs.arrows):
+            mobs.mask[:] = False
+        cs.growing_plants_mask[:] = False
+        for item in jax.tree_util.tree_leaves(cs.inventory):
+            item[:] = 0
+        for v in (cs.player_health, cs.player_food, cs.player_drink, cs.player_energy):
+            v[:] = 9
+        for v in (cs.player_recover, cs.player_hunger, cs.player_thirst, cs.player_fatigue):
+            v[:] = 0.0
+        cs.is_sleeping[:] = False
+        cs.achievements[:] = False
+        cs.light_level[:] = 1.0
+
+    def block(self, i: int, offset, block: BlockType) -> "Scene":
+        """Put ``block`` at ``CENTER + offset`` (row, column) in env ``i``."""
+        self.cs.map[i, CENTER[0] + offset[0], CENTER[1] + offset[1]] = block.value
+        return self
+
+    def mob(self, i: int, kind: str, slot: int, offset, health: int = 3) -> "Scene":
+        """Put a mob (``"zombies"``, ``"cows"``, ``"skeletons"``, ``"arrows"``) at ``CENTER + offset``."""
+        mobs = getattr(self.cs, kind)
+        pos = (CENTER[0] + offset[0], CENTER[1] + offset[1])
+        mobs.position[i, slot] = pos
+        mobs.mask[i, slot] = True
+        mobs.health[i, slot] = health
+        mobs.attack_cooldown[i, slot] = 5
+        if kind != "arrows":
+            self.cs.mob_map[i, pos[0], pos[1]] = True
+        return self
+
+    def inventory(self, i: int, **counts) -> "Scene":
+        for name, n in counts.items():
+            getattr(self.cs.inventory, name)[i] = n
+        return self
+
+    def set(self, i: int, **fields) -> "Scene":
+        """Set top-level Craftax fields of env ``i`` (``player_energy=5``, ``is_sleeping=True``...)."""
+        for name, v in fields.items():
+            getattr(self.cs, name)[i] = v
+        return self
+
+    def apply(self, **env_fields) -> None:
+        """Write the edited states back into the env (and optionally wrapper fields such as ``steps``)."""
+        env = self.env
+        craftax = jax.tree_util.tree_map(jnp.asarray, self.cs)
+        new_env = env._state.env.replace(craftax=craftax, **{k: jnp.asarray(v) for k, v in env_fields.items()})
+        env._state = env._state.replace(env=new_env)
+
+
+@pytest.fixture
+def scene():
+    """Factory: ``scene(env)`` -> :class:`Scene` over the env's current batch."""
+    return Scene
+
+
+def run_actions(env, actions):
+    """Step ``env`` through a ``[T, num_envs]`` action script; return stacked rewards, terms, truncs, infos."""
+    rewards, terms, truncs, infos = [], [], [], []
+    for a in actions:
+        _, r, te, tr, inf = env.step(np.asarray(a, dtype=np.int64))
+        rewards.append(r)
+        terms.append(te)
+        truncs.append(tr)
+        infos.append(inf)
+    return np.stack(rewards), np.stack(terms), np.stack(truncs), infos

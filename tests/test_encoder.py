@@ -1,0 +1,112 @@
+"""The sentence encoder: offline loading, output contract, caching, errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from oir_gym.encoder import EMBED_DIM, InstructionEncoder, default_model_path, get_encoder
+
+
+def test_default_model_is_packaged_locally():
+    path = default_model_path()
+    assert os.path.isdir(path)
+
+
+def test_encoder_loads_offline_without_network(tmp_path):
+    """A fresh process with hub access off, an empty HF cache and no sockets can encode."""
+    code = textwrap.dedent(
+        """
+        import socket
+        def _no_network(*a, **k):
+            raise OSError("network access attempted")
+        socket.socket.connect = _no_network
+        socket.create_connection = _no_network
+        from oir_gym.encoder import InstructionEncoder
+        enc = InstructionEncoder()
+        v = enc.encode(["collect wood"])
+        assert v.shape == (1, 384), v.shape
+        print("OK", float(abs(v).sum()) > 0)
+        """
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
+               OIR_GYM_JAX_CACHE="0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK True" in out.stdout
+
+
+def test_output_contract(encoder):
+    v = encoder.encode(["collect wood", "place table", "eat cow"])
+    assert v.shape == (3, EMBED_DIM) and v.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    one = encoder.encode("collect wood")
+    assert one.shape == (EMBED_DIM,)
+    np.testing.assert_allclose(one, v[0], atol=1e-6)
+    empty = encoder.encode([])
+    assert empty.shape == (0, EMBED_DIM) and empty.dtype == np.float32
+    assert encoder.dim == EMBED_DIM
+
+
+def test_paraphrase_similarity(encoder):
+    sim = encoder.similarity(["collect wood"], ["collect wood from the tree", "collect wood", "defeat skeleton"])
+    assert sim.shape == (1, 3)
+    assert sim[0, 0] == pytest.approx(0.889, abs=0.005)  # just below the default delta 0.9
+    assert sim[0, 1] == pytest.approx(1.0, abs=1e-5)
+    assert sim[0, 2] < 0.6
+
+
+def test_encodes_each_string_once(encoder, monkeypatch):
+    calls = []
+    real = encoder._model.encode
+
+    def counting(sentences, **kw):
+        calls.append(list(sentences))
+        return real(sentences, **kw)
+
+    monkeypatch.setattr(encoder._model, "encode", counting)
+    a = encoder.encode(["a cache test sentence", "another cache test sentence", "a cache test sentence"])
+    b = encoder.encode(["another cache test sentence"])
+    assert calls == [["a cache test sentence", "another cache test sentence"]]  # batched, de-duplicated
+    np.testing.assert_array_equal(a[1], b[0])
+    np.testing.assert_array_equal(a[0], a[2])
+    # returned arrays are copies: mutating them does not poison the cache
+    a[0][:] = 0
+    assert np.linalg.norm(encoder.encode("a cache test sentence")) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_cache_is_bounded(encoder):
+    small = InstructionEncoder.__new__(InstructionEncoder)
+    small.__dict__.update(encoder.__dict__)
+    from collections import OrderedDict
+
+    small._cache, small._cache_size = OrderedDict(), 2
+    small.encode(["cache one", "cache two", "cache three"])
+    assert len(small._cache) == 2 and "cache one" not in small._cache
+
+
+@pytest.mark.parametrize("bad", [3, None, b"bytes", ["ok", 4]])
+def test_rejects_non_strings(encoder, bad):
+    with pytest.raises(TypeError, match="strings"):
+        encoder.encode(bad if isinstance(bad, list) else [bad])
+
+
+def test_missing_model_path():
+    with pytest.raises(FileNotFoundError, match="/nonexistent/model"):
+        InstructionEncoder("/nonexistent/model")
+
+
+def test_env_with_missing_encoder_path():
+    from oir_gym.vector_env import InstructionCraftax
+
+    with pytest.raises(FileNotFoundError, match="/nonexistent"):
+        InstructionCraftax(num_envs=4, encoder="/nonexistent")
+
+
+def test_get_encoder_is_shared(encoder):
+    assert get_encoder() is encoder

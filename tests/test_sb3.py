@@ -1,0 +1,374 @@
+"""Stable-Baselines3 integration: the VecEnv adapter, the relabeling callback, the agents.
+
+One env configuration (4 envs, 40-step episodes) is shared by the whole module: each distinct
+configuration costs a JAX compile of the Craftax step (20-60 s on a small CPU).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("sb3_contrib")
+
+import torch  # noqa: E402
+from stable_baselines3 import DQN  # noqa: E402
+from stable_baselines3.common.vec_env import VecEnvWrapper, VecMonitor  # noqa: E402
+
+from oir_gym.buffer import InstructionBuffer  # noqa: E402
+from oir_gym.instructions import ORIGINAL_INSTRUCTIONS  # noqa: E402
+from oir_gym.relabel import HindsightRelabeler  # noqa: E402
+from oir_gym.reward import first_success_step  # noqa: E402
+from oir_gym.sb3 import HindsightRelabelCallback, SB3VecEnv, find_instruction_env  # noqa: E402
+from oir_gym.vector_env import InstructionCraftax  # noqa: E402
+
+N_ENVS = 4
+HORIZON = 40
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def cenv():
+    env = InstructionCraftax(num_envs=N_ENVS, seed=0, max_episode_steps=HORIZON)
+    yield env
+    env.close()
+
+
+@pytest.fixture
+def venv(cenv):
+    """The shared env behind a fresh adapter, with a fresh 22-instruction buffer and no pins."""
+    cenv.buffer = InstructionBuffer(len(ORIGINAL_INSTRUCTIONS), initial=list(ORIGINAL_INSTRUCTIONS), seed=0)
+    cenv.set_instructions(None)
+    v = SB3VecEnv(cenv)
+    v.seed(0)
+    v.reset()
+    return v
+
+
+@pytest.fixture(scope="module")
+def rules():
+    r = HindsightRelabeler(backend="rules", k=4, cache_size=0)
+    yield r
+    r.close()
+
+
+def _run(venv, steps, seed=None, actions=None):
+    rng = np.random.default_rng(0 if seed is None else seed)
+    out = []
+    for t in range(steps):
+        a = rng.integers(0, 17, N_ENVS) if actions is None else actions[t]
+        out.append(venv.step(a))
+    return out
+
+
+# ------------------------------------------------------------------------------------ adapter
+
+
+def test_reset_and_step_return_writable_independent_copies(venv):
+    obs = venv.reset()
+    assert set(obs) == {"obs", "instruction"}
+    for k, v in obs.items():
+        assert v.shape == (N_ENVS,) + venv.observation_space[k].shape and v.dtype == np.float32
+        assert v.flags.writeable and v.flags.owndata
+    obs2, rew, dones, infos = venv.step(np.zeros(N_ENVS, np.int64))
+    assert rew.dtype == np.float32 and rew.shape == (N_ENVS,) and rew.flags.writeable
+    rew += 1.0  # RecurrentPPO adds the bootstrapped value in place
+    assert dones.dtype == bool and dones.shape == (N_ENVS,)
+    assert isinstance(infos, list) and len(infos) == N_ENVS
+    assert len({id(d) for d in infos}) == N_ENVS
+    for d in infos:
+        assert d["events"].flags.writeable and "TimeLimit.truncated" in d and isinstance(d["instruction"], str)
+    infos[0]["events"][:] = True
+    assert not infos[1]["events"].all()
+    assert not np.shares_memory(obs2["obs"], obs["obs"])
+    assert [r["instruction"] for r in venv.reset_infos] == venv.current_instructions()
+
+
+def test_terminal_observation_and_truncation_exactly_for_finished_envs(venv):
+    seen_done = seen_trunc = 0
+    for obs, rew, dones, infos in _run(venv, 3 * HORIZON):
+        for i, d in enumerate(infos):
+            assert ("terminal_observation" in d) == bool(dones[i])
+            assert ("episode" in d) == bool(dones[i])
+            if dones[i]:
+                seen_done += 1
+                term = d["terminal_observation"]
+                assert set(term) == {"obs", "instruction"} and term["obs"].flags.writeable
+                assert term["obs"].shape == obs["obs"][i].shape
+                # same-step autoreset: the returned obs is the next episode's first observation
+                assert not np.array_equal(term["obs"], obs["obs"][i])
+                ep = d["episode"]
+                assert set(ep) == {"r", "l", "t"} and 1 <= ep["l"] <= HORIZON
+                if d["TimeLimit.truncated"]:  # truncated and not terminated
+                    seen_trunc += 1
+                    assert ep["l"] == HORIZON and not d["success"] and ep["r"] == 0
+                elif ep["l"] < HORIZON:
+                    assert not d["TimeLimit.truncated"]  # terminated (success, death)
+                assert venv.reset_infos[i]["instruction"] == venv.current_instructions()[i]
+            else:
+                assert not d["TimeLimit.truncated"]
+    assert seen_done >= N_ENVS and seen_trunc >= 1
+
+
+def test_adapter_matches_the_gymnasium_env(venv, cenv):
+    """Same seed and actions: the adapter returns what InstructionCraftax returns (final_obs mapped)."""
+    actions = np.random.default_rng(3).integers(0, 17, (2 * HORIZON, N_ENVS))
+    cenv.reset(seed=11)
+    raw = [cenv.step(a) for a in actions]
+    venv.seed(11)
+    venv.reset()
+    for (o, r, te, tr, inf), (o2, r2, d2, infos) in zip(raw, _run(venv, len(actions), actions=actions)):
+        np.testing.assert_array_equal(o["obs"], o2["obs"])
+        np.testing.assert_array_equal(r, r2)
+        np.testing.assert_array_equal(te | tr, d2)
+        for i in range(N_ENVS):
+            assert infos[i]["TimeLimit.truncated"] == bool(tr[i] and not te[i])
+            if d2[i]:
+                np.testing.assert_array_equal(inf["final_obs"][i]["obs"], infos[i]["terminal_observation"]["obs"])
+
+
+def test_seed_reproduces_and_maps_env_i_to_seed_plus_i(venv):
+    assert venv.seed(123) == [123 + i for i in range(N_ENVS)]
+    first = venv.reset()
+    a = _run(venv, 50, seed=1)
+    venv.seed(123)
+    again = venv.reset()
+    b = _run(venv, 50, seed=1)
+    np.testing.assert_array_equal(first["obs"], again["obs"])
+    for (o1, r1, d1, i1), (o2, r2, d2, i2) in zip(a, b):
+        np.testing.assert_array_equal(o1["obs"], o2["obs"])
+        np.testing.assert_array_equal(r1, r2)
+        np.testing.assert_array_equal(d1, d2)
+        assert [x["instruction"] for x in i1] == [x["instruction"] for x in i2]
+    venv.seed(124)
+    other = venv.reset()
+    assert not np.array_equal(other["obs"], first["obs"])
+    venv._seeds = [5, 9, None, None]  # not seed + i: warned, batch seeded with the first
+    with pytest.warns(UserWarning, match="not consecutive"):
+        venv.reset()
+
+
+def test_vecmonitor_sees_the_same_episodes(venv):
+    class Spy(VecEnvWrapper):
+        def reset(self):
+            return self.venv.reset()
+
+        def step_wait(self):
+            out = self.venv.step_wait()
+            self.last = [dict(d) for d in out[3]]
+            return out
+
+    spy = Spy(venv)
+    mon = VecMonitor(spy)
+    mon.reset()
+    n = 0
+    rng = np.random.default_rng(0)
+    for _ in range(2 * HORIZON + 5):
+        _, _, dones, infos = mon.step(rng.integers(0, 17, N_ENVS))
+        for i in np.flatnonzero(dones):
+            assert infos[i]["episode"]["l"] == spy.last[i]["episode"]["l"]
+            assert infos[i]["episode"]["r"] == pytest.approx(spy.last[i]["episode"]["r"])
+            n += 1
+    assert n >= N_ENVS
+    assert find_instruction_env(mon)[0] is venv
+
+
+def test_attrs_methods_and_instruction_pins(venv):
+    assert venv.get_attr("num_envs") == [N_ENVS] * N_ENVS
+    assert venv.get_attr("obs_mode", indices=[1, 2]) == ["paper", "paper"]
+    assert venv.has_attr("encoder") and not venv.has_attr("no_such_attribute")
+    assert venv.get_attr("instruction") == venv.current_instructions()
+    assert venv.env_method("current_instructions", indices=[0, 3]) == [venv.current_instructions()] * 2
+    assert venv.env_is_wrapped(VecMonitor) == [False] * N_ENVS
+    venv.set_attr("instruction", "collect wood", indices=[1])
+    venv.reset()
+    assert venv.get_attr("instruction", indices=1) == ["collect wood"]
+    assert venv.reset_infos[1]["instruction"] == "collect wood"
+    venv.set_options({"instruction": "place table"})
+    venv.reset()
+    assert venv.get_attr("instruction") == ["place table"] * N_ENVS
+    with pytest.raises(ValueError, match="whole JAX batch"):
+        venv.set_attr("info_text", True, indices=[0])
+    venv.set_attr("info_text", False)
+    venv.set_attr("instruction", None)
+    with pytest.raises(IndexError):
+        venv.get_attr("num_envs", indices=[N_ENVS])
+
+
+def test_next_step_autoreset_is_refused(cenv):
+    env = InstructionCraftax(num_envs=N_ENVS, autoreset_mode="next_step", encoder=cenv.encoder)
+    with pytest.raises(ValueError, match="same_step"):
+        SB3VecEnv(env)
+
+
+# ------------------------------------------------------------------------------------ callback
+
+
+def test_callback_writes_relabeled_rows_into_the_dqn_replay_buffer(venv, rules):
+    """Rewards are 1 exactly at the first grounded step, dones cut the relabeled episode there."""
+    model = DQN("MultiInputPolicy", venv, seed=0, learning_starts=10**9, buffer_size=20_000, verbose=0)
+    cb = HindsightRelabelCallback(rules, asynchronous=False, segment_length=32, keep_history=True)
+    model.learn(1600, callback=cb)
+    assert cb.mode == "replay"
+    st = cb.stats
+    assert st["results"] > 0 and st["grounded"] > 0 and st["rows_added"] > 0
+    assert st["rows_added"] == len(cb.history) and st["rows_pending"] < N_ENVS
+    assert st["first_step_mismatch"] == 0
+
+    buf = model.replay_buffer
+    env = venv.env
+    delta = float(env.params.delta)
+    groups = defaultdict(list)
+    for h in cb.history:
+        groups[(h["traj"], h["text"])].append(h)
+    n_success = 0
+    for (tid, text), rows in groups.items():
+        rows.sort(key=lambda h: h["t"])
+        traj = cb.trajectories[tid]
+        emb = env.encoder.encode(text)
+        first = first_success_step(traj.events, env.registry.similarity_to_events(emb[None])[0], delta)
+        if rows[-1]["t"] < first:  # the tail of this relabeled episode is still pending
+            continue
+        assert first == rows[0]["first_step"] >= 0
+        assert [h["t"] for h in rows] == list(range(first + 1)), "episode cut at the first grounded step"
+        for h in rows:
+            p, c, t = h["pos"], h["col"], h["t"]
+            assert buf.rewards[p, c] == (1.0 if t == first else 0.0)
+            assert buf.dones[p, c] == (1.0 if t == first else 0.0)
+            assert buf.timeouts[p, c] == 0.0
+            np.testing.assert_allclose(buf.observations["instruction"][p, c], emb, atol=1e-6)
+            np.testing.assert_allclose(buf.next_observations["instruction"][p, c], emb, atol=1e-6)
+            np.testing.assert_array_equal(buf.observations["obs"][p, c], traj.meta["obs"]["obs"][t])
+            np.testing.assert_array_equal(buf.next_observations["obs"][p, c], traj.meta["obs"]["obs"][t + 1])
+            assert buf.actions[p, c, 0] == traj.actions[t]
+        n_success += 1
+    assert n_success > 0
+    # every reward-1 row in the buffer beyond the agent's own successes is a relabeled first success
+    assert st["success_rows"] == sum(1 for h in cb.history if h["t"] == h["first_step"])
+    # the instruction buffer learned the grounded candidates and their relabeled returns
+    assert st["buffer_inserted"] > 0
+    grounded_texts = {text for (_, text) in groups}
+    assert any(venv.buffer.stats(t).count > 0 for t in grounded_texts)
+    assert grounded_texts & set(venv.buffer.contents())
+
+
+def test_relabeled_trajectories_follow_the_agent_experience(venv, rules):
+    """Segment observations chain: obs[t + 1] of a segment is the agent's next observation at t."""
+    model = DQN("MultiInputPolicy", venv, seed=1, learning_starts=10**9, buffer_size=5_000, verbose=0)
+    cb = HindsightRelabelCallback(rules, asynchronous=True, segment_length=16, keep_history=True)
+    model.learn(400, callback=cb)
+    assert cb.stats["results"] == cb.stats["submitted"] > 0  # async results all collected at the end
+    buf = model.replay_buffer
+    agent_rows = buf.pos - len(cb.history) // N_ENVS
+    assert agent_rows >= 100
+    # each trajectory's first observation appears among the agent's stored observations of its env
+    relabeled = {h["pos"] for h in cb.history}
+    stored = {(c, buf.observations["obs"][p, c].tobytes())
+              for p in range(buf.pos) if p not in relabeled for c in range(N_ENVS)}
+    for tid, traj in list(cb.trajectories.items())[:10]:
+        assert (traj.env_id, traj.meta["obs"]["obs"][0].tobytes()) in stored
+
+
+def test_callback_curriculum_mode_leaves_the_rollout_alone(venv, rules):
+    from sb3_contrib import RecurrentPPO
+
+    model = RecurrentPPO("MultiInputLstmPolicy", venv, n_steps=32, batch_size=64, n_epochs=1, seed=0,
+                         policy_kwargs=dict(lstm_hidden_size=32, net_arch=dict(pi=[32], vf=[32])))
+    cb = HindsightRelabelCallback(rules, asynchronous=False, segment_length=32)
+    model.learn(256, callback=cb)
+    assert cb.mode == "curriculum"
+    assert cb.stats["results"] > 0 and cb.stats["rows_added"] == 0
+    with pytest.raises(TypeError, match="DictReplayBuffer"):
+        HindsightRelabelCallback(rules, mode="replay").init_callback(model)
+
+
+# ------------------------------------------------------------------------------------ agents
+
+
+@pytest.mark.parametrize("algo", ["dqn", "qrdqn", "recurrent_ppo"])
+def test_short_training_with_callback_then_save_and_load(algo, venv, rules, tmp_path):
+    from agents import sb3_agents
+
+    small = {
+        "dqn": dict(learning_starts=500, buffer_size=10_000, batch_size=32, target_update_interval=500,
+                    policy_kwargs=dict(net_arch=[64, 64])),
+        "qrdqn": dict(learning_starts=500, buffer_size=10_000, batch_size=32, target_update_interval=500,
+                      policy_kwargs=dict(n_quantiles=10, net_arch=[64, 64])),
+        "recurrent_ppo": dict(n_steps=64, n_epochs=2, policy_kwargs=dict(lstm_hidden_size=64, net_arch=dict(pi=[64], vf=[64]))),
+    }[algo]
+    model = sb3_agents.make_model(algo, venv, seed=0, hyperparams=small)
+    cb = sb3_agents.make_relabel_callback(rules, algo, segment_length=64)
+    t0 = time.time()
+    model.learn(3000, callback=cb)
+    assert model.num_timesteps >= 3000
+    assert cb.stats["results"] > 0
+    if algo != "recurrent_ppo":
+        assert cb.stats["rows_added"] > 0
+    print(f"{algo}: 3000 steps in {time.time() - t0:.1f}s, stats {cb.stats}")
+
+    obs = venv.reset()
+    policy = sb3_agents.SB3Policy(model)
+    a1, s1 = policy(obs, None, np.ones(N_ENVS, bool))
+    a1b, _ = policy(obs, s1, np.zeros(N_ENVS, bool))
+    model.save(tmp_path / "m.zip")
+    loaded = sb3_agents.load_model(algo, tmp_path / "m.zip", venv)
+    p2 = sb3_agents.SB3Policy(loaded)
+    a2, s2 = p2(obs, None, np.ones(N_ENVS, bool))
+    a2b, _ = p2(obs, s2, np.zeros(N_ENVS, bool))
+    np.testing.assert_array_equal(a1, a2)
+    np.testing.assert_array_equal(a1b, a2b)
+    assert a1.shape == (N_ENVS,)
+    if algo == "recurrent_ppo":
+        assert s1 is not None and np.asarray(s1[0]).shape[1] == N_ENVS
+    # a further learn() on the loaded model continues the step count
+    loaded.learn(200, reset_num_timesteps=False)
+    assert loaded.num_timesteps >= model.num_timesteps + 200
+
+
+def test_sb3_policy_keeps_and_resets_lstm_state(venv):
+    from agents import sb3_agents
+
+    model = sb3_agents.make_model("recurrent_ppo", venv, hyperparams=dict(
+        n_steps=16, policy_kwargs=dict(lstm_hidden_size=16, net_arch=dict(pi=[16], vf=[16]))))
+    pol = sb3_agents.SB3Policy(model)
+    obs = venv.reset()
+    _, s0 = pol(obs, None, np.ones(N_ENVS, bool))
+    _, s1 = pol(obs, s0, np.zeros(N_ENVS, bool))
+    _, s_reset = pol(obs, s1, np.ones(N_ENVS, bool))
+    assert not np.allclose(s0[0], s1[0])  # the state is carried
+    np.testing.assert_allclose(s_reset[0], s0[0], atol=1e-6)  # episode_start resets it
+
+
+@pytest.mark.slow
+def test_train_sb3_example_writes_a_run_directory(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    cmd = [sys.executable, str(root / "examples/train_sb3.py"), "--algo", "qrdqn", "--relabeler", "rules",
+           "--total-timesteps", "2000", "--num-envs", "4", "--log-every", "500", "--eval-sets", "original",
+           "--eval-horizon", "30", "--max-episode-steps", str(HORIZON), "--checkpoint-every", "1000",
+           "--hp", "learning_starts=500", "--hp", "buffer_size=5000", "--run-dir", str(run)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=root)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for f in ("config.json", "metrics.jsonl", "metrics.csv", "model.zip", "instruction_buffer.json",
+              "eval_final.json", "eval_final.md", "training.png", "learning_curves.png", "instruction_success.png"):
+        assert (run / f).exists(), f
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["env_steps"] >= 2000 and "eval/original/mean_success_rate" in rows[-1]
+    assert any(r.get("relabel/rows_added", 0) > 0 for r in rows)
+    # resume: more steps on top of the checkpoint
+    cmd2 = [sys.executable, str(root / "examples/train_sb3.py"), "--run-dir", str(run), "--resume",
+            "--total-timesteps", "2500"]
+    out = subprocess.run(cmd2, capture_output=True, text=True, timeout=900, cwd=root)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["env_steps"] >= 2500
