@@ -109,9 +109,9 @@ def build_batch(cfg: pqn.PQNConfig, trajs, table_emb, slots):
     """The update batch D: original trajectories plus relabeled copies (one seed).
 
     Args:
-        trajs: the current rollout and the previous one, stacked on a leading axis of 2.
+        trajs: the last ``L`` rollouts stacked on a leading axis, the current one first.
         table_emb: ``[N, D]`` instruction embeddings (originals are rows of the table).
-        slots: relabel rows ``src [R]`` (0 current, 1 previous rollout), ``env [R]``,
+        slots: relabel rows ``src [R]`` (age of the rollout: 0 current, 1 previous...), ``env [R]``,
             ``emb [R, D]``, ``sim [R, E]``, ``valid [R]``.
     """
     cur = jax.tree_util.tree_map(lambda x: x[0], trajs)
@@ -123,7 +123,7 @@ def build_batch(cfg: pqn.PQNConfig, trajs, table_emb, slots):
     if slots is None:
         return orig
     src, env = slots["src"], slots["env"]
-    pick = lambda x: jnp.swapaxes(x[src, :, env], 0, 1)  # [2, T, E, ...] -> [T, R, ...]  # noqa: E731
+    pick = lambda x: jnp.swapaxes(x[src, :, env], 0, 1)  # [L, T, E, ...] -> [T, R, ...]  # noqa: E731
     T = cfg.num_steps
     events = pick(trajs["events"])  # [T, R, Ev]
     rew, term = jax.vmap(relabel_rewards, in_axes=(1, 0, None), out_axes=1)(events, slots["sim"], cfg.delta)
@@ -208,7 +208,8 @@ class Trainer:
                                              cfg.obs_mode)
         self.update_idx = 0
         self.env_steps = 0
-        self.prev_traj = None
+        self.history: list = []  # recent rollouts, newest first (LLM answers arrive late)
+        self.history_len = cfg.llm_lag if self.async_llm else 1
         self.stale_llm = 0
         self._t_start = time.time()
 
@@ -265,7 +266,6 @@ class Trainer:
             "buffers": [b.state_dict() for b in self.buffers],
             "registry": {"texts": self.registry.texts, "emb": self.registry.emb, "event_sim": self.registry.event_sim,
                          "achievement": self.registry.achievement, "rows": dict(self.registry._rows)},
-            "prev_traj": jax.device_get(self.prev_traj),
         }
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
@@ -295,7 +295,8 @@ class Trainer:
         self.registry._rows.clear()
         self.registry._rows.update(reg["rows"])
         self.registry._device = None
-        self.prev_traj = None if state["prev_traj"] is None else jax.tree_util.tree_map(jnp.asarray, state["prev_traj"])
+        # Rollouts awaiting LLM answers are not checkpointed: those answers are lost on resume.
+        self.history = []
         self.update_idx, self.env_steps = state["update"], state["env_steps"]
 
     # -------------------------------------------------------------- relabeling
@@ -310,22 +311,22 @@ class Trainer:
                 ))
         return out
 
-    def _slots(self, results_cur, results_prev):
-        """Relabel rows per seed from this iteration's and last iteration's results."""
-        cfg, R = self.cfg, self.cfg.num_envs * self.cfg.k
-        rows: list[list[tuple[int, int, str]]] = [[] for _ in range(self.S)]
-        for src, results in ((1, results_prev), (0, results_cur)):
-            for r in results:
-                m = r.trajectory.meta
-                for c in r.candidates:
-                    rows[m["seed"]].append((src, r.trajectory.env_id, c.text, c.grounded))
+    def _slots(self, results):
+        """Relabel rows per seed from results of this or recent rollouts (``meta["update"]``)."""
+        R = self.cfg.num_envs * self.cfg.k
+        rows: list[list[tuple[int, int, str, bool]]] = [[] for _ in range(self.S)]
+        for r in results:
+            m = r.trajectory.meta
+            age = self.update_idx - m["update"]
+            for c in r.candidates:
+                rows[m["seed"]].append((age, r.trajectory.env_id, c.text, c.grounded))
         src = np.zeros((self.S, R), np.int32)
         env = np.zeros((self.S, R), np.int32)
         valid = np.zeros((self.S, R), bool)
         texts = [["" for _ in range(R)] for _ in range(self.S)]
         for s in range(self.S):
-            # grounded candidates first: they carry reward; LLM rows (src 1) before rules at equal grounding
-            chosen = sorted(rows[s], key=lambda x: (not x[3], x[0] == 0))[:R]
+            # grounded candidates first (they carry reward), then older rollouts (LLM answers)
+            chosen = sorted(rows[s], key=lambda x: (not x[3], -x[0]))[:R]
             for j, (sr, e, t, _) in enumerate(chosen):
                 src[s, j], env[s, j], valid[s, j], texts[s][j] = sr, e, True, t
         uniq = sorted({t for ts in texts for t in ts if t})
@@ -347,21 +348,25 @@ class Trainer:
         trajs = self._trajectories(host, self.update_idx)
         stats: dict[str, float] = {}
         if self.async_llm:
-            results_cur = self.rules.relabel(trajs) if self.cfg.relabeler == "both" else []
+            results = self.rules.relabel(trajs) if self.cfg.relabeler == "both" else []
             self.relabeler.submit(trajs)
             late = self.relabeler.collect(block=False)
-            results_prev = [r for r in late if r.trajectory.meta["update"] == self.update_idx - 1]
-            # answers for the current rollout arrive only if the LLM was faster than the update
-            results_cur += [r for r in late if r.trajectory.meta["update"] == self.update_idx]
-            self.stale_llm += sum(r.trajectory.meta["update"] < self.update_idx - 1 for r in late)
-            stats["relabel/llm_results"] = float(len(results_prev))
-            stats["relabel/stale_llm"] = float(self.stale_llm)
+            fresh = [r for r in late if self.update_idx - r.trajectory.meta["update"] < self.history_len]
+            self.stale_llm += len(late) - len(fresh)
+            results += fresh
+            stats["relabel/llm_results"] = float(len(fresh))
+            stats["relabel/llm_stale"] = float(self.stale_llm)
+            stats["relabel/llm_pending"] = float(self.relabeler.pending)
+            llm_stats = self.relabeler.stats()
+            for k in ("calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
+                      "prompt_tokens_mean", "candidates_llm"):
+                if isinstance(llm_stats.get(k), (int, float)):
+                    stats[f"relabel/llm_{k}"] = float(llm_stats[k])
         else:
-            results_cur, results_prev = self.relabeler.relabel(trajs), []
-        slots, texts, valid = self._slots(results_cur, results_prev)
+            results = self.relabeler.relabel(trajs)
+        slots, texts, valid = self._slots(results)
         stats["relabel/rows"] = float(valid.sum() / self.S)
-        stats["relabel/grounded_frac"] = float(
-            np.mean([c.grounded for r in results_cur + results_prev for c in r.candidates] or [0.0]))
+        stats["relabel/grounded_frac"] = float(np.mean([c.grounded for r in results for c in r.candidates] or [0.0]))
         # buffer: insert this iteration's candidates (all of them, as in the paper's Alg. 1)
         for s in range(self.S):
             cands = [t for t in dict.fromkeys(texts[s]) if t]
@@ -387,10 +392,10 @@ class Trainer:
         if cfg.method == "oir":
             slots, stats = self._relabel(host)
             metrics.update(stats)
-            pair = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b], axis=1), traj,
-                                          self.prev_traj if self.prev_traj is not None else traj)
-            batch = self._build(pair, table_emb, slots)
-            self.prev_traj = traj
+            self.history = [traj] + self.history[: self.history_len - 1]
+            ring = self.history + [traj] * (self.history_len - len(self.history))
+            stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)
+            batch = self._build(stacked, table_emb, slots)
         else:
             pair = jax.tree_util.tree_map(lambda a: a[:, None], traj)
             batch = self._build_plain(pair, table_emb)

@@ -63,6 +63,7 @@ class PQNConfig:
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_model: str = ""
     llm_template: str = "segments"
+    llm_lag: int = 4  # rollouts kept for late LLM answers (answers older than this are dropped)
     # evaluation and bookkeeping
     eval_every: int = 25  # updates
     eval_episodes: int = 2
@@ -88,7 +89,7 @@ class PQNConfig:
         need(self.obs_mode in ("paper", "symbolic"), f"obs_mode={self.obs_mode!r}; expected 'paper' or 'symbolic'")
         for name in ("total_timesteps", "num_envs", "num_steps", "num_seeds", "num_epochs", "num_minibatches",
                      "hidden_size", "num_layers", "buffer_size", "k", "eval_every", "eval_episodes",
-                     "eval_horizon", "checkpoint_every", "max_episode_steps"):
+                     "eval_horizon", "checkpoint_every", "max_episode_steps", "llm_lag"):
             need(int(getattr(self, name)) >= 1, f"{name}={getattr(self, name)!r} must be >= 1")
         need(0 < self.lr < 1, f"lr={self.lr} must be in (0, 1)")
         need(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, f"gamma={self.gamma}, lam={self.lam} must be in [0, 1]")
@@ -120,8 +121,9 @@ METHODS = ("gt", "cosine", "oir")
 RELABELERS = ("rules", "llm", "both")
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Sized for a 2-core CPU: compile + train + evaluation in a few minutes.
-    "cpu": {},
+    # Sized for a 2-core CPU: compile + train + evaluation in a few minutes; relabeling with the
+    # offline Gemma 3 270M (background worker) merged with rule instructions.
+    "cpu": dict(relabeler="both"),
     # Table "Hyperparameters used in Craftax-Classic" of the paper.
     "paper": dict(
         total_timesteps=10_000_000, num_envs=64, num_steps=128, num_epochs=8, num_minibatches=4,

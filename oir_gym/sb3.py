@@ -90,6 +90,14 @@ PER_ENV_ATTRS = ("instruction",)
 _STEP_INFO_KEYS = ("instruction", "success", "events", "achievements", "similarity", "text", "action_text")
 
 
+def _clean(text: Any) -> Optional[str]:
+    """The env's normal form of an instruction, or ``None`` for one the env would refuse."""
+    try:
+        return validate_instruction(text)
+    except (TypeError, ValueError):
+        return None
+
+
 def _to_list(x: Any, n: int) -> list:
     return list(x) if isinstance(x, (list, tuple, np.ndarray)) else [x] * n
 
@@ -566,7 +574,7 @@ class HindsightRelabelCallback(BaseCallback):
             return
         env = self.instruction_env
         delta = float(env.params.delta)
-        texts = list(dict.fromkeys(validate_instruction(c.text) for r in results for c in r.candidates))
+        texts = list(dict.fromkeys(t for r in results for c in r.candidates if (t := _clean(c.text))))
         emb = self._encode(texts) if texts else np.zeros((0, env.encoder.dim), np.float32)
         sims = env.registry.similarity_to_events(emb) if texts else np.zeros((0, 0), np.float32)
         row = {t: j for j, t in enumerate(texts)}
@@ -579,7 +587,10 @@ class HindsightRelabelCallback(BaseCallback):
                 self.trajectories[traj.meta.get("sb3_id", -1)] = traj
             replayed = 0
             for cand in res.candidates:
-                text = validate_instruction(cand.text)
+                text = _clean(cand.text)
+                if text is None:
+                    self._counts["invalid_candidates"] += 1
+                    continue
                 j = row[text]
                 first = first_success_step(traj.events, sims[j], delta)
                 self._counts["candidates"] += 1

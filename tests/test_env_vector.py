@@ -130,7 +130,7 @@ def test_next_step_autoreset(venv_next):
     cs_before = jax.device_get(env._state.env.craftax)
     obs1, r, te, tr, infos = env.step(np.array([A.DO.value, A.LEFT.value, A.NOOP.value, A.NOOP.value]))
     assert r[0] == 0.0 and not te[0] and not tr[0]
-    assert not infos["events"][0].any() and not infos["success"][0]
+    assert not infos["events"][0].any() and not infos["success"][0] and infos["similarity"][0] == -1.0
     np.testing.assert_array_equal(tr, [False, False, False, True])  # env 3 hits its limit now
     state = env._state.env
     np.testing.assert_array_equal(np.asarray(state.steps), [0, 2, 2, 3])

@@ -178,7 +178,7 @@ class LlamaCppBackend:
         self._auto_ctx = n_ctx is None
         self._n_ctx = int(n_ctx or 2048)
         self._llm: Any = None
-        self._lock = threading.Lock()  # a llama.cpp context is not thread-safe
+        self._lock = threading.RLock()  # a llama.cpp context is not thread-safe
         self._grammars: dict[str, Any] = {}
         self.reloads = 0
 
@@ -214,7 +214,8 @@ class LlamaCppBackend:
 
     def count_tokens(self, text: str) -> int:
         """Exact prompt length in this model's tokens."""
-        return len(self._load().tokenize(text.encode("utf-8"), add_bos=True, special=True))
+        with self._lock:
+            return len(self._load().tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
     def _grammar(self, schema: Optional[dict]) -> Any:
         if self.grammar_mode is None or schema is None:

@@ -349,7 +349,7 @@ class HindsightRelabeler:
             for (text, src), r in zip(items, rows):
                 sim = sim_all[r]
                 step = first_success_step(trajs[i].events, sim, self.delta)
-                best = float(sim[happened].max()) if happened.any() else -1.0
+                best = min(1.0, float(sim[happened].max())) if happened.any() else -1.0
                 cands.append(Candidate(text, src, step, step >= 0, best))
             grounded = [c for c in cands if c.grounded]
             chosen = grounded + ([c for c in cands if not c.grounded] if self.keep_ungrounded else [])
