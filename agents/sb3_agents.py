@@ -424,7 +424,7 @@ class SB3Run:
                                         llm_backend=cfg.llm_backend, llm_model=cfg.llm_model,
                                         llm_base_url=cfg.llm_base_url, template=cfg.llm_template)
         if self.relabeler is not None:
-            kw = {"segment_length": cfg.segment_length}
+            kw = {"segment_length": cfg.segment_length, "verbose": 1}
             if cfg.asynchronous is not None:
                 kw["asynchronous"] = cfg.asynchronous
             self.relabel_cb = make_relabel_callback(self.relabeler, cfg.algo, **kw)

@@ -7,8 +7,9 @@ Q4_K_M by default). Prints markdown tables:
 
 1. per template: trajectories/s, prompt tokens per trajectory (exact, model tokenizer), LLM
    seconds per trajectory, LLM candidates per trajectory, parse success, grounded fraction;
-2. cache: a simulated training run (competence rising over iterations) relabeled with the
-   ``segments`` template and the LRU cache, reporting the hit rate and LLM prompts saved.
+2. cache: hit rates of each cache-key mode over a long simulated training run (competence rising
+   over iterations; keys only), and the relabeler's own cache statistics over a shorter run with
+   the model (a scripted stand-in with ``--quick``, since answers do not change hit rates).
 
 Usage::
 
@@ -25,8 +26,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend  # noqa: E402
-from oir_gym.relabel.segments import is_idle  # noqa: E402
+from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache  # noqa: E402
+from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle  # noqa: E402
 from oir_gym.relabel.synthetic import random_trajectories, training_run  # noqa: E402
 
 
@@ -61,6 +62,8 @@ def main(argv=None) -> None:
     ap.add_argument("--n-segments", type=int, default=16, help="trajectories relabeled with the segments template")
     ap.add_argument("--iterations", type=int, default=12, help="simulated training iterations (cache run)")
     ap.add_argument("--envs", type=int, default=16, help="trajectories per iteration (cache run)")
+    ap.add_argument("--sim-iterations", type=int, default=60, help="iterations of the keys-only cache simulation")
+    ap.add_argument("--sim-envs", type=int, default=64, help="envs of the keys-only cache simulation")
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--n-threads", type=int, default=1,
@@ -69,7 +72,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.quick:
-        args.n_paper, args.n_segments, args.iterations, args.envs = 2, 6, 6, 8
+        args.n_paper, args.n_segments, args.iterations, args.envs = 1, 4, 6, 8
+        args.sim_iterations, args.sim_envs = 30, 32
 
     from oir_gym.encoder import get_encoder
 
@@ -96,20 +100,55 @@ def main(argv=None) -> None:
     for r in rows:
         print(f"example ({r['template']}): {r['example']}")
 
-    # cache hit rate over a simulated training run
-    rl = HindsightRelabeler(backend=backend, k=args.k, template="segments", encoder=encoder)
+    # cache hit rate of each key mode over a long simulated run (keys only, no LLM needed)
+    sim = training_run(args.sim_iterations, args.sim_envs, args.length, seed=args.seed + 2, texts=False)
+    print(f"\n## Cache key modes over a simulated training run ({args.sim_iterations} iterations x "
+          f"{args.sim_envs} envs, competence rising 0 -> 1, LRU capacity 4096, keys only)\n")
+    print("| cache_key | trajectories | idle (skipped) | distinct keys | hit rate (incl. in-batch duplicates) | "
+          "hit rate, 2nd half of the run |")
+    print("|---|---|---|---|---|---|")
+    for mode in KEY_MODES:
+        cache = LRUCache(4096)
+        hits = lookups = hits2 = lookups2 = idle = 0
+        for it, batch in enumerate(sim):
+            for t in batch:
+                if is_idle(t):
+                    idle += 1
+                    continue
+                key = behaviour_key(t, mode)
+                hit = cache.get(key) is not None
+                cache.put(key, [])
+                hits += hit
+                lookups += 1
+                if it >= len(sim) // 2:
+                    hits2 += hit
+                    lookups2 += 1
+        print(f"| {mode} | {sum(len(b) for b in sim)} | {idle} | {len(cache)} | {hits / max(1, lookups):.0%} "
+              f"| {hits2 / max(1, lookups2):.0%} |")
+
+    # the relabeler's own cache statistics over a (shorter) run with the model
+    cache_backend = _Echo() if args.quick else backend
+    label = "scripted stub LLM (--quick)" if args.quick else "the offline model"
+    rl = HindsightRelabeler(backend=cache_backend, k=args.k, template="segments", encoder=encoder)
     t0 = time.perf_counter()
     for batch in training_run(args.iterations, args.envs, args.length, seed=args.seed + 1):
         rl.relabel(batch)
     wall = time.perf_counter() - t0
     s = rl.stats()
-    print(f"\n## Cache over a simulated training run ({args.iterations} iterations x {args.envs} envs, "
-          f"segments template, lock-step)\n")
+    print(f"\n## Relabeler cache over a simulated training run ({args.iterations} iterations x {args.envs} envs, "
+          f"segments template, cache_key=behaviour, lock-step, {label})\n")
     print("| trajectories | idle (skipped) | LLM prompts | cache hits | in-batch duplicates | hit rate | "
-          "traj/s (with cache) |")
-    print("|---|---|---|---|---|---|---|")
+          "traj/s (with cache) | grounded fraction |")
+    print("|---|---|---|---|---|---|---|---|")
     print(f"| {s['trajectories']} | {s['skipped_idle']} | {s['prompts']} | {s['cache_hits']} | {s['batch_dedup']} "
-          f"| {s['cache_hit_rate']:.0%} | {s['trajectories'] / wall:.2f} |")
+          f"| {s['cache_hit_rate']:.0%} | {s['trajectories'] / wall:.2f} | {s['grounded_fraction']:.2f} |")
+
+
+class _Echo:
+    """Stand-in LLM for --quick cache statistics (answers are irrelevant to hit rates)."""
+
+    def generate(self, prompts, n=1, *, schema=None):
+        return [['{"Mid-Level": ["collect wood"], "High-Level": []}'] * n for _ in prompts]
 
 
 if __name__ == "__main__":

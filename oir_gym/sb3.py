@@ -68,8 +68,7 @@ import contextlib
 import time
 import warnings
 from collections import Counter
-from copy import deepcopy
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -697,6 +696,10 @@ class HindsightRelabelCallback(BaseCallback):
     def _on_training_end(self) -> None:
         if self.wait_on_end:
             self._dispatch()
+            pending = int(getattr(self.relabeler, "pending", 0) or 0) if self.asynchronous else 0
+            if pending and self.verbose >= 1:
+                print(f"HindsightRelabelCallback: waiting for {pending} pending relabelings "
+                      f"(at most {self.end_timeout}s)", flush=True)
             self._drain(block=True)
         self._log()
 

@@ -41,7 +41,7 @@ def test_segments_text_and_key():
     traj = wood_table_pickaxe(length=30, texts=False)
     assert segments_text(traj, "; ") == (
         "0-4: move; 5-6: collect wood (x2); 7-8: move; 9: collect wood; 10-11: move; 12: place table; "
-        "13: move; 14: make wood pickaxe; 15-29: move"
+        "13: wait; 14: make wood pickaxe; 15-29: move"
     )
     assert behaviour_key(traj) == "collect wood x2 | collect wood | place table | make wood pickaxe"
     # same behaviour, different timing and filler -> same key
@@ -52,6 +52,16 @@ def test_segments_text_and_key():
     assert segments_text(ended, "; ") == (
         "0-1: move; 2: collect wood; 3: wait; 4: take damage, die, episode ends; 5-7: move")
     assert behaviour_key(ended) == "collect wood | take damage, die | episode ends"
+
+
+def test_behaviour_key_modes():
+    steps = [["collect_wood"], ["collect_wood"], ["move"], ["collect_wood"], ["noop"], ["place_table"], []]
+    traj = Trajectory.from_event_names("x", steps)
+    assert behaviour_key(traj) == "collect wood x2 | collect wood | place table"
+    assert behaviour_key(traj, "events") == "collect wood | place table"
+    assert behaviour_key(traj, "segments") == "0-1: collect wood (x2) | 2: move | 3: collect wood | 4: wait | 5: place table | 6: wait"
+    with pytest.raises(ValueError):
+        behaviour_key(traj, "nope")
 
 
 def test_paper_template_reproduces_appendix():

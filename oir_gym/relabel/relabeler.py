@@ -51,7 +51,7 @@ from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
 from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
 from oir_gym.relabel.prompts import PromptTemplate, approx_token_count, load_template
 from oir_gym.relabel.results import Candidate, RelabelResult
-from oir_gym.relabel.segments import behaviour_key, is_idle
+from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle
 from oir_gym.reward import event_similarity, first_success_step
 from oir_gym.trajectory import Trajectory
 
@@ -75,6 +75,11 @@ class HindsightRelabeler:
         cache_size: LRU entries (0 disables the cache).
         cache_path: JSON file the cache is loaded from and saved to (on :meth:`close`,
             :meth:`save_cache`, and every ``cache_save_every`` new entries).
+        cache_key: how trajectories are normalised into cache keys (see
+            :func:`~oir_gym.relabel.segments.behaviour_key`): ``"behaviour"`` (default, ordered
+            events without timing), ``"events"`` (coarser: no repeat counts) or ``"segments"``
+            (exact segment text with timing). Coarser keys hit more often; a reused answer that
+            does not fit a trajectory simply ends up ungrounded, since grounding is per trajectory.
         samples: completions per prompt (``n`` of the backend protocol).
         keep_ungrounded: fill up to ``k`` with ungrounded candidates after the grounded ones.
         dedup_threshold: cosine at or above which a later candidate is a near-duplicate.
@@ -109,6 +114,7 @@ class HindsightRelabeler:
         queue_size: int = 8,
         on_full: str = "rules",
         cache_save_every: int = 256,
+        cache_key: str = "behaviour",
         backend_kwargs: Optional[dict] = None,
     ) -> None:
         if fallback not in ("rules", "none"):
@@ -130,6 +136,9 @@ class HindsightRelabeler:
         self.filter = candidate_filter or CandidateFilter()
         self.on_full = on_full
         self.cache_save_every = int(cache_save_every)
+        if cache_key not in KEY_MODES:
+            raise ValueError(f"cache_key must be one of {KEY_MODES}, got {cache_key!r}")
+        self.cache_key_mode = cache_key
         self._rules = rules or RuleBackend()
 
         if isinstance(backend, CompositeBackend):
@@ -189,8 +198,9 @@ class HindsightRelabeler:
             return np.asarray(self.encoder.encode(list(texts)), dtype=np.float32)
 
     def cache_key(self, traj: Trajectory) -> str:
-        """Cache key: backend, template, k and the normalised behaviour of the trajectory."""
-        return f"{self._backend_id}|{self.template.name}|k={self.k}|{behaviour_key(traj)}"
+        """Cache key: backend, template, k, key mode and the normalised behaviour of the trajectory."""
+        return (f"{self._backend_id}|{self.template.name}|k={self.k}|{self.cache_key_mode}|"
+                f"{behaviour_key(traj, self.cache_key_mode)}")
 
     def render_prompt(self, traj: Trajectory) -> str:
         """The prompt this relabeler would send for ``traj``."""

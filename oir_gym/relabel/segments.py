@@ -112,18 +112,33 @@ def segments_text(traj: Trajectory, sep: str = "\n") -> str:
     return sep.join(s.render() for s in segments(traj))
 
 
-def behaviour_key(traj: Trajectory) -> str:
-    """Normalised, timing-free description of what happened: the cache key of the relabeler.
+KEY_MODES = ("behaviour", "events", "segments")
 
-    Only the ordered non-idle labels and episode ends are kept (lower-cased, single spaces), so two
-    trajectories that did the same things in the same order share a key whatever the number of
-    steps spent walking between them. An all-idle trajectory has the key ``""``.
+
+def behaviour_key(traj: Trajectory, mode: str = "behaviour") -> str:
+    """Normalised description of what happened: the cache key of the relabeler.
+
+    Modes, from finest to coarsest:
+
+    * ``"segments"``: the full segment text, timing included (only exact repeats share a key);
+    * ``"behaviour"`` (default): the ordered non-idle labels and episode ends without timing;
+      a run of one event on consecutive steps keeps its count (``"collect wood x2"``);
+    * ``"events"``: like ``"behaviour"`` but without counts, and repeats of the same label
+      collapse even across idle steps (wood, walk, wood, table -> ``"collect wood | place table"``).
+
+    Keys are lower-cased with single spaces. An all-idle trajectory has the key ``""``.
     """
-    parts = []
+    if mode not in KEY_MODES:
+        raise ValueError(f"cache key mode must be one of {KEY_MODES}, got {mode!r}")
+    if mode == "segments":
+        return " | ".join(" ".join(s.render().lower().split()) for s in segments(traj))
+    parts: list[str] = []
     for s in segments(traj):
         if not s.idle:
             n = s.end - s.start + 1
-            parts.append(s.label + (f" x{n}" if n > 1 else ""))
+            part = s.label + (f" x{n}" if n > 1 and mode == "behaviour" else "")
+            if not (mode == "events" and parts and parts[-1] == part):
+                parts.append(part)
         if s.episode_end:
             parts.append(EPISODE_END)
     return " | ".join(" ".join(p.lower().split()) for p in parts)

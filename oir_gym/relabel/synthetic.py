@@ -60,7 +60,7 @@ WOOD_TABLE_PICKAXE: tuple[tuple[int, str], ...] = (
 )
 
 
-def _status(rng: np.random.Generator, t: int, sleeping: bool) -> str:
+def _status(t: int, sleeping: bool) -> str:
     food = max(0, 9 - t // 30)
     drink = max(0, 9 - t // 25)
     energy = max(0, 9 - t // 40)
@@ -99,7 +99,8 @@ def make_trajectory(
         instruction: the instruction the trajectory was collected under.
         dones: steps where the original episode ended.
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # filler steps: independent of whether texts are built
+    trng = np.random.default_rng([seed, 1])  # scenery of the textual observations
     ev = np.zeros((length, len(EVENT_NAMES)), dtype=bool)
     actions = np.zeros(length, dtype=np.int32)
     scripted: dict[int, list[str]] = {}
@@ -111,7 +112,7 @@ def make_trajectory(
     act_texts: list[str] = []
     for t in range(length):
         names = scripted.get(t, [])
-        facing = str(rng.choice(_SCENERY))
+        facing = str(_SCENERY[int(trng.integers(len(_SCENERY)))]) if texts else "grass"
         if names:
             act, facing, _ = _EVENT_ACTION.get(names[0], (5, facing, {}))
             actions[t] = act
@@ -126,13 +127,14 @@ def make_trajectory(
         else:
             actions[t] = int(rng.choice([0, 5]))
             ev[t, EVENT_NAMES.index("noop")] = True
-        inv_text = ", ".join(f"{k} {v}" for k, v in sorted(inv.items()) if v > 0) or "empty"
-        obs_texts.append(
-            f"Facing: {facing}; Nearby: {_nearby(rng, facing)}; Inventory: {inv_text}; "
-            f"Status: {_status(rng, t, sleeping)}"
-        )
-        act = ACTION_NAMES[int(actions[t])]
-        act_texts.append(facing if act == "do" else act)
+        if texts:
+            inv_text = ", ".join(f"{k} {v}" for k, v in sorted(inv.items()) if v > 0) or "empty"
+            obs_texts.append(
+                f"Facing: {facing}; Nearby: {_nearby(trng, facing)}; Inventory: {inv_text}; "
+                f"Status: {_status(t, sleeping)}"
+            )
+            act = ACTION_NAMES[int(actions[t])]
+            act_texts.append(facing if act == "do" else act)
         for n in names:  # inventory after the step, seen from the next observation on
             for k, dv in _EVENT_ACTION.get(n, (0, "", {}))[2].items():
                 inv[k] = inv.get(k, 0) + dv

@@ -1,0 +1,140 @@
+"""PQN agent and OIR loop: targets, relabeled batches, config validation, training and resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from agents import pqn  # noqa: E402
+from agents.oir import build_batch  # noqa: E402
+from oir_gym.captions import NUM_EVENTS, VOCAB  # noqa: E402
+
+
+def test_q_lambda_targets_match_hand_computation():
+    # T=3, one env; gamma=0.5, lambda=0.5; done after step 1 (index 1).
+    r = jnp.array([[1.0], [0.0], [2.0]])
+    d = jnp.array([[False], [True], [False]])
+    qn = jnp.array([[4.0], [8.0], [6.0]])  # max_a Q(s_{t+1}, a)
+    g = pqn.q_lambda_targets(r, d, qn, gamma=0.5, lam=0.5)
+    # G2 = 2 + 0.5 * (0.5*6 + 0.5*6) = 5   (G_T bootstraps with max Q(s_T) = 6)
+    # G1 = 0 + 0 (done)                     = 0
+    # G0 = 1 + 0.5 * (0.5*4 + 0.5*G1) = 2
+    np.testing.assert_allclose(np.asarray(g)[:, 0], [2.0, 0.0, 5.0], rtol=1e-6)
+
+
+def test_q_lambda_with_lambda_one_is_monte_carlo_return():
+    r = jnp.array([[0.0], [0.0], [1.0]])
+    d = jnp.array([[False], [False], [True]])
+    qn = jnp.full((3, 1), 100.0)  # ignored with lambda=1 except at the end, which is done
+    g = pqn.q_lambda_targets(r, d, qn, gamma=0.9, lam=1.0)
+    np.testing.assert_allclose(np.asarray(g)[:, 0], [0.81, 0.9, 1.0], rtol=1e-6)
+
+
+def test_epsilon_schedule_is_linear_then_flat():
+    cfg = pqn.PQNConfig(total_timesteps=1000, eps_decay=0.1, num_envs=4, num_steps=8)
+    assert float(pqn.epsilon(cfg, 0)) == pytest.approx(1.0)
+    assert float(pqn.epsilon(cfg, 50)) == pytest.approx(0.55)
+    assert float(pqn.epsilon(cfg, 100)) == pytest.approx(0.1)
+    assert float(pqn.epsilon(cfg, 900)) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(method="ppo"), "method"),
+    (dict(relabeler="gpt"), "relabeler"),
+    (dict(delta=1.5), "delta"),
+    (dict(num_envs=0), "num_envs"),
+    (dict(num_minibatches=3), "num_minibatches"),
+    (dict(tau_low=0.9, tau_high=0.1), "tau_low"),
+    (dict(lr=0.0), "lr"),
+    (dict(total_timesteps=10), "total_timesteps"),
+])
+def test_config_rejects_bad_values_with_clear_message(bad, match):
+    with pytest.raises(ValueError, match=match):
+        pqn.PQNConfig(**bad).validate()
+
+
+def test_paper_preset_matches_the_paper_table():
+    cfg = pqn.PQNConfig(**pqn.PRESETS["paper"]).validate()
+    assert (cfg.total_timesteps, cfg.num_envs, cfg.num_steps) == (10_000_000, 64, 128)
+    assert (cfg.num_minibatches, cfg.num_epochs, cfg.lr, cfg.gamma, cfg.lam) == (4, 8, 1e-5, 0.99, 0.5)
+    assert (cfg.eps_start, cfg.eps_finish, cfg.eps_decay, cfg.hidden_size) == (1.0, 0.1, 0.1, 512)
+    assert (cfg.buffer_size, cfg.delta, cfg.max_grad_norm) == (10, 0.9, 0.5)
+
+
+def _synthetic_rollouts(T=6, E=2, D=3, emb_dim=4):
+    events = np.zeros((2, T, E, NUM_EVENTS), bool)  # [L=2 rollouts, T, E, Ev]
+    wood, table = VOCAB.event_id("collect_wood"), VOCAB.event_id("place_table")
+    events[0, 1, 0, wood] = True
+    events[0, 4, 0, wood] = True
+    events[0, 3, 1, table] = True
+    events[1, 2, 1, wood] = True  # previous rollout
+    done = np.zeros((2, T, E), bool)
+    done[0, 5, 1] = True
+    z = lambda *s: jnp.zeros(s)  # noqa: E731
+    trajs = dict(
+        obs=jnp.asarray(np.random.default_rng(0).random((2, T, E, D)), jnp.float32),
+        instr=jnp.zeros((2, T, E), jnp.int32), action=jnp.ones((2, T, E), jnp.int32), reward=z(2, T, E),
+        done=jnp.asarray(done), reset=jnp.zeros((2, T, E), bool), events=jnp.asarray(events),
+        last_obs=z(2, E, D), last_instr=z(2, E, emb_dim), carry0=(z(2, E, 5), z(2, E, 5)),
+    )
+    return trajs
+
+
+def test_relabeled_rows_get_reward_and_termination_at_matching_steps():
+    cfg = pqn.PQNConfig(num_envs=2, num_steps=6, k=2, num_minibatches=2, delta=0.9)
+    trajs = _synthetic_rollouts()
+    sim_wood = np.full(NUM_EVENTS, 0.1, np.float32)
+    sim_wood[VOCAB.event_id("collect_wood")] = 0.95
+    sim_table = np.full(NUM_EVENTS, 0.1, np.float32)
+    sim_table[VOCAB.event_id("place_table")] = 0.99
+    slots = dict(
+        src=jnp.array([0, 0, 1, 0]), env=jnp.array([0, 1, 1, 0]),
+        emb=jnp.ones((4, 4)) * jnp.arange(4)[:, None], sim=jnp.asarray(np.stack([sim_wood, sim_table, sim_wood, sim_table])),
+        valid=jnp.array([True, True, True, False]),
+    )
+    table_emb = jnp.zeros((1, 4))
+    b = build_batch(cfg, trajs, table_emb, slots)
+    assert b["rewards"].shape == (6, 2 + 4)
+    r = np.asarray(b["rewards"])
+    d = np.asarray(b["dones"])
+    # row 2: env 0 of the current rollout relabeled "collect wood": rewarded at both wood steps
+    np.testing.assert_array_equal(r[:, 2], [0, 1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(d[:, 2], [0, 1, 0, 0, 1, 0])
+    # row 3: env 1 relabeled "place table": reward at step 3; the original done at step 5 is kept
+    np.testing.assert_array_equal(r[:, 3], [0, 0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(d[:, 3], [0, 0, 0, 1, 0, 1])
+    # row 4 comes from the previous rollout (env 1 collected wood at step 2)
+    np.testing.assert_array_equal(r[:, 4], [0, 0, 1, 0, 0, 0])
+    np.testing.assert_allclose(np.asarray(b["obs"])[:, 4], np.asarray(trajs["obs"])[1, :, 1])
+    # the relabeled rows carry the candidate embedding; padding rows have weight 0
+    np.testing.assert_allclose(np.asarray(b["instr"])[:, 3], np.ones((6, 4)))
+    np.testing.assert_array_equal(np.asarray(b["weights"]), [1, 1, 1, 1, 1, 0])
+    # original rows are untouched
+    np.testing.assert_array_equal(r[:, :2], 0)
+
+
+def test_update_reduces_loss_on_a_fixed_batch():
+    cfg = pqn.PQNConfig(num_envs=4, num_steps=8, hidden_size=16, num_minibatches=2, num_epochs=4, lr=1e-2,
+                        lr_linear_decay=False)
+    net = pqn.make_network(cfg, 17)
+    ts = pqn.create_train_state(jax.random.PRNGKey(0), cfg, net, 5, 3)
+    rng = np.random.default_rng(0)
+    T, N = 8, 4
+    batch = dict(
+        obs=jnp.asarray(rng.random((T, N, 5)), jnp.float32), instr=jnp.ones((T, N, 3)),
+        next_obs_last=jnp.zeros((N, 5)), next_instr_last=jnp.ones((N, 3)),
+        actions=jnp.asarray(rng.integers(0, 17, (T, N))), rewards=jnp.asarray(rng.random((T, N)) < 0.3, jnp.float32),
+        # every step terminal: the targets are the rewards, so the regression problem is fixed
+        dones=jnp.ones((T, N), bool), resets=jnp.zeros((T, N), bool),
+        weights=jnp.ones(N), carry0=net.initial_carry(N),
+    )
+    upd = jax.jit(lambda ts, k: pqn.update(ts, cfg, k, batch))
+    losses = []
+    for i in range(15):
+        ts, m = upd(ts, jax.random.PRNGKey(i))
+        losses.append(float(m["loss"]))
+    assert np.isfinite(losses).all()
+    assert losses[-1] < 0.5 * losses[0]
