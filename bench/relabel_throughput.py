@@ -28,12 +28,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache  # noqa: E402
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle  # noqa: E402
-from oir_gym.relabel.synthetic import random_trajectories, training_run  # noqa: E402
+from oir_gym.relabel.synthetic import (  # noqa: E402
+    WOOD_TABLE_PICKAXE, make_trajectory, random_trajectories, training_run,
+)
 
 
 def bench_template(template: str, trajs, backend, encoder, k: int) -> dict:
     rl = HindsightRelabeler(backend=backend, k=k, template=template, encoder=encoder, cache_size=0)
-    rl.relabel(trajs[:1])  # warm-up: model load, grammar, encoder phrases, KV prefix
+    # warm-up on a short trajectory: model load, grammar, encoder phrases, template prefix in the KV cache
+    rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 8)])
     rl = HindsightRelabeler(backend=backend, k=k, template=template, encoder=encoder, cache_size=0)
     t0 = time.perf_counter()
     results = [rl.relabel([t])[0] for t in trajs]  # one at a time: no in-batch de-duplication
