@@ -72,3 +72,14 @@ def test_set_instruction_and_empty_instruction(single):
     env.set_instruction(None)
     _, info = env.reset(seed=1)
     assert info["instruction"] in env.buffer.contents()
+
+
+@pytest.mark.slow
+def test_render_rgb_array_single(encoder):
+    env = gym.make(ENV_ID, render_mode="rgb_array", encoder=encoder)
+    try:
+        env.reset(seed=0)
+        frame = env.render()
+        assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[-1] == 3
+    finally:
+        env.close()

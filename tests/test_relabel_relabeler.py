@@ -152,7 +152,25 @@ def test_llm_timeout_falls_back(encoder):
     assert time.perf_counter() - t0 < 2.0
     assert res.fallback == "rules" and "llm_timeout" in res.error
     assert rl.stats()["errors_by_type"] == {"BackendTimeout": 1}
+    # the stuck call still occupies the LLM thread: a batch without prompts must not wait for it
+    t0 = time.perf_counter()
+    assert rl.relabel([make_trajectory([], 16)])[0].error is None
+    assert time.perf_counter() - t0 < 1.0
     rl.close()
+
+
+def test_internal_error_does_not_raise():
+    """Fault injection: an encoder that fails; the training loop gets empty results and a warning."""
+
+    class BrokenEncoder:
+        def encode(self, texts):
+            raise MemoryError("no memory for embeddings")
+
+    rl = HindsightRelabeler(backend="rules", encoder=BrokenEncoder())
+    with pytest.warns(RuntimeWarning, match="relabeling failed"):
+        (res,) = rl.relabel([wtp()])
+    assert res.candidates == [] and "MemoryError" in res.error
+    assert rl.stats()["errors_by_type"] == {"MemoryError": 1}
 
 
 def test_async_submit_collect(encoder):

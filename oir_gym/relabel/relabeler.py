@@ -35,6 +35,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -218,8 +219,8 @@ class HindsightRelabeler:
         self._token_method = "approx-regex"
         return approx_token_count(prompt)
 
-    def _propose(self, trajs: list[Trajectory], prompts: list[Optional[str]]) -> list[Proposal]:
-        if self.llm_timeout is None or self.backend.llm is None:
+    def _propose(self, trajs: list[Trajectory], prompts: Optional[list[Optional[str]]]) -> list[Proposal]:
+        if self.llm_timeout is None or self.backend.llm is None or prompts is None:
             return self.backend.propose(trajs, prompts, self.samples, self.schema)
         if self._llm_pool is None:
             self._llm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oir-llm")
@@ -236,12 +237,21 @@ class HindsightRelabeler:
 
     # ------------------------------------------------------------------ sync API
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
-        """Relabel a batch synchronously (lock-step, as in the paper). Never raises for LLM faults."""
+        """Relabel a batch synchronously (lock-step, as in the paper).
+
+        Never raises for LLM faults (see the failure policy); an unexpected internal error is
+        warned about, counted under ``errors_by_type`` and answered with empty results.
+        """
         trajs = list(trajectories)
         with self._stats_lock:
             ids = list(range(self._next_id, self._next_id + len(trajs)))
             self._next_id += len(trajs)
-        return self._process(trajs, ids, llm_allowed=True)
+        try:
+            return self._process(trajs, ids, llm_allowed=True)
+        except Exception as e:  # noqa: BLE001 - the training loop must go on
+            warnings.warn(f"HindsightRelabeler: relabeling failed ({type(e).__name__}: {e}); "
+                          "returning empty results", RuntimeWarning, stacklevel=2)
+            return self._empty_results(trajs, ids, f"{type(e).__name__}: {e}")
 
     __call__ = relabel
 
