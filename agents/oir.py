@@ -344,12 +344,30 @@ class Trainer:
                      valid=jnp.asarray(valid))
         return slots, texts, valid
 
+    def _llm_subset(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        """The ``llm_per_update`` trajectories per seed with the most distinct achievement events.
+
+        A small LLM on a CPU answers in seconds per trajectory while an update takes about a
+        second: asking about every trajectory would only queue answers that arrive too late to
+        use. Eventful trajectories are the ones worth an LLM's reading.
+        """
+        n = self.cfg.llm_per_update
+        if n >= self.cfg.num_envs:
+            return trajs
+        chosen = []
+        for s in range(self.S):
+            mine = [t for t in trajs if t.meta["seed"] == s]
+            score = [int(t.events[:, :22].any(axis=0).sum()) for t in mine]
+            order = np.argsort(score, kind="stable")[::-1][:n]
+            chosen += [mine[i] for i in order]
+        return chosen
+
     def _relabel(self, host: dict) -> tuple[Any, dict]:
         trajs = self._trajectories(host, self.update_idx)
         stats: dict[str, float] = {}
         if self.async_llm:
             results = self.rules.relabel(trajs) if self.cfg.relabeler == "both" else []
-            self.relabeler.submit(trajs)
+            self.relabeler.submit(self._llm_subset(trajs))
             late = self.relabeler.collect(block=False)
             fresh = [r for r in late if self.update_idx - r.trajectory.meta["update"] < self.history_len]
             self.stale_llm += len(late) - len(fresh)
@@ -454,5 +472,8 @@ def make_relabeler(cfg: pqn.PQNConfig):
         kwargs = {"model_path": cfg.llm_model}
     # LLM answers come from a background worker; rules of the current rollout are merged by
     # the trainer, so the LLM relabeler itself does not add rules.
+    # queue_size=1 + on_full="skip": while the LLM is busy, newer rollouts replace older ones
+    # instead of piling up answers that would arrive too late to train on.
     return HindsightRelabeler(cfg.llm_backend, k=cfg.k, template=cfg.llm_template, use_rules=False,
-                              delta=cfg.delta, encoder=get_encoder(), on_full="skip", backend_kwargs=kwargs)
+                              delta=cfg.delta, encoder=get_encoder(), on_full="skip", queue_size=1,
+                              backend_kwargs=kwargs)

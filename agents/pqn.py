@@ -63,7 +63,8 @@ class PQNConfig:
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_model: str = ""
     llm_template: str = "segments"
-    llm_lag: int = 4  # rollouts kept for late LLM answers (answers older than this are dropped)
+    llm_lag: int = 16  # rollouts kept for late LLM answers (answers older than this are dropped)
+    llm_per_update: int = 2  # trajectories per seed sent to the LLM each update (most eventful first)
     # evaluation and bookkeeping
     eval_every: int = 25  # updates
     eval_episodes: int = 2
@@ -89,7 +90,7 @@ class PQNConfig:
         need(self.obs_mode in ("paper", "symbolic"), f"obs_mode={self.obs_mode!r}; expected 'paper' or 'symbolic'")
         for name in ("total_timesteps", "num_envs", "num_steps", "num_seeds", "num_epochs", "num_minibatches",
                      "hidden_size", "num_layers", "buffer_size", "k", "eval_every", "eval_episodes",
-                     "eval_horizon", "checkpoint_every", "max_episode_steps", "llm_lag"):
+                     "eval_horizon", "checkpoint_every", "max_episode_steps", "llm_lag", "llm_per_update"):
             need(int(getattr(self, name)) >= 1, f"{name}={getattr(self, name)!r} must be >= 1")
         need(0 < self.lr < 1, f"lr={self.lr} must be in (0, 1)")
         need(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, f"gamma={self.gamma}, lam={self.lam} must be in [0, 1]")
@@ -128,7 +129,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(
         total_timesteps=10_000_000, num_envs=64, num_steps=128, num_epochs=8, num_minibatches=4,
         lr=1e-5, gamma=0.99, lam=0.5, eps_start=1.0, eps_finish=0.1, eps_decay=0.1, hidden_size=512,
-        num_layers=1, max_grad_norm=0.5, buffer_size=10, delta=0.9, k=4, eval_every=50,
+        num_layers=1, max_grad_norm=0.5, buffer_size=10, delta=0.9, k=4, eval_every=50, llm_per_update=64,
         eval_episodes=4, eval_horizon=1000, checkpoint_every=20,
     ),
 }
