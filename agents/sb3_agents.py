@@ -51,13 +51,13 @@ DEFAULT_HYPERPARAMS: dict[str, dict[str, Any]] = {
                            net_arch=dict(pi=[256], vf=[256])),
     ),
     "dqn": dict(
-        learning_rate=1e-4, buffer_size=50_000, learning_starts=5_000, batch_size=128, gamma=0.99,
+        learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
         train_freq=4, gradient_steps=1, target_update_interval=10_000, exploration_fraction=0.1,
         exploration_initial_eps=1.0, exploration_final_eps=0.05, max_grad_norm=10.0,
         policy_kwargs=dict(net_arch=[256, 256]),
     ),
     "qrdqn": dict(
-        learning_rate=1e-4, buffer_size=50_000, learning_starts=5_000, batch_size=128, gamma=0.99,
+        learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
         train_freq=4, gradient_steps=1, target_update_interval=10_000, exploration_fraction=0.1,
         exploration_initial_eps=1.0, exploration_final_eps=0.05,
         policy_kwargs=dict(n_quantiles=50, net_arch=[256, 256]),

@@ -92,7 +92,7 @@ def main(argv=None) -> None:
     print(f"\n## Relabeling throughput ({os.path.basename(backend.model_path)}, llama.cpp, "
           f"n_threads={args.n_threads}, k={args.k}, {args.length}-step trajectories)\n")
     print("| template | trajectories | traj/s | prompt tokens/traj | LLM s/traj | LLM candidates/traj "
-          "| trajs with LLM candidates | grounded fraction | errors |")
+          "| trajs keeping an LLM candidate | grounded fraction | errors |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['template']} | {r['n']} | {r['traj_per_s']:.3f} | {r['tokens']:.0f} ({r['method']}) "

@@ -7,6 +7,7 @@ nothing is fetched from a model hub at run time.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -75,9 +76,15 @@ class InstructionEncoder:
         self.batch_size = batch_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
+        # The env, the training loop and a relabeler's worker thread share one encoder.
+        self._lock = threading.RLock()
 
     def encode(self, texts: str | Sequence[str]) -> np.ndarray:
-        """Embed one string (-> ``[dim]``) or a sequence (-> ``[n, dim]``), unit norm, float32."""
+        """Embed one string (-> ``[dim]``) or a sequence (-> ``[n, dim]``), unit norm, float32 (thread-safe)."""
+        with self._lock:
+            return self._encode(texts)
+
+    def _encode(self, texts: str | Sequence[str]) -> np.ndarray:
         single = isinstance(texts, str)
         items = [texts] if single else list(texts)
         for t in items:

@@ -41,10 +41,10 @@ def test_normalisation_and_exact_dedup():
 def test_lengths_empty_garbage():
     f = CandidateFilter(max_chars=20, max_words=3)
     kept, dropped = f.filter(["", "   ", "...", "Instruction", "123 456", "collect wood from the tree", "a b c d",
-                              "collect \x07wood", "collect \ufffd wood", 42, "eat cow"])
+                              "collect \x07wood", "collect \ufffd wood", 42, "he", "eat cow"])
     assert kept == ["eat cow"]
     assert dropped == {"empty": 3, "placeholder": 1, "no_letters": 1, "too_long": 2, "non_printable": 2,
-                       "not_a_string": 1}
+                       "not_a_string": 1, "too_short": 1}
 
 
 def test_extra_forbidden_patterns():

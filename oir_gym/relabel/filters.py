@@ -75,12 +75,14 @@ class CandidateFilter:
 
     Args:
         max_chars: longest kept instruction (after normalisation).
+        min_chars: shortest kept instruction (small models emit fragments such as ``"he"``).
         max_words: most words in a kept instruction.
         forbidden: regexes of forbidden wording (default :data:`FORBIDDEN_PATTERNS`).
         extra_forbidden: more regexes added to ``forbidden``.
     """
 
     max_chars: int = 100
+    min_chars: int = 3
     max_words: int = 16
     forbidden: Sequence[str] = FORBIDDEN_PATTERNS
     extra_forbidden: Sequence[str] = ()
@@ -101,6 +103,8 @@ class CandidateFilter:
             return "no_letters"
         if len(text) > self.max_chars:
             return "too_long"
+        if len(text) < self.min_chars:
+            return "too_short"
         if len(text.split()) > self.max_words:
             return "too_long"
         if self._re.search(text):
