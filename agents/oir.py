@@ -19,6 +19,12 @@ One iteration (``Trainer.iteration``):
 
 Methods ``gt`` and ``cosine`` skip steps 2-4 and train on the 22 original instructions with the
 ground-truth or the cosine reward.
+
+Method ``ellm`` (ELLM, Du et al. 2023, on the same PQN backbone) skips steps 2-4 too and instead,
+after each rollout, asks a :class:`~oir_gym.proposer.GoalProposer` for up to K goals from every
+env's CURRENT textual observation, registers them in the instruction table and pins each env to
+one of its goals (drawn uniformly; it applies at the env's next reset). The reward is the env's
+cosine reward against that goal; the update batch is the original trajectories only.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import json
 import os
 import pickle
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -46,9 +53,12 @@ from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import obs_dim
 from oir_gym.reward import relabel_rewards
+from oir_gym.text import batch_text
 from oir_gym.trajectory import Trajectory
 
 CHECKPOINT = "checkpoint.pkl"
+#: Generated instructions, written at every checkpoint (for the t-SNE of section 6).
+GENERATED_FILES = {"oir": "instructions.json", "ellm": "goals.json"}
 
 
 # ----------------------------------------------------------------------------- jitted pieces
@@ -149,7 +159,7 @@ class IterationLog:
 
 
 class Trainer:
-    """Runs PQN with method ``gt``, ``cosine`` or ``oir`` for ``cfg.num_seeds`` seeds side by side.
+    """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for ``cfg.num_seeds`` seeds side by side.
 
     Args:
         cfg: the run configuration.
@@ -157,10 +167,12 @@ class Trainer:
         relabeler: a :class:`~oir_gym.relabel.HindsightRelabeler` (default: built from
             ``cfg.relabeler``).
         log: callable receiving one progress line per iteration.
+        proposer: method ``ellm``: a :class:`~oir_gym.proposer.GoalProposer` (default: built from
+            ``cfg.ellm_proposer``).
     """
 
     def __init__(self, cfg: pqn.PQNConfig, run_dir: str | os.PathLike, relabeler=None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, proposer=None) -> None:
         self.cfg = cfg.validate()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -168,7 +180,11 @@ class Trainer:
         self.S = cfg.num_seeds
         self.net = pqn.make_network(cfg, NUM_ACTIONS)
         self.encoder = get_encoder()
-        self.registry = InstructionRegistry(self.encoder, capacity=cfg.table_capacity)
+        capacity = cfg.table_capacity
+        if cfg.method == "ellm":  # rows in use (current + pinned goal of every env) must fit beside the eval rows
+            n_eval = len(eval_instructions(EvalConfig(episodes=cfg.eval_episodes, horizon=cfg.eval_horizon))[0])
+            capacity = max(capacity, n_eval + 2 * self.S * cfg.num_envs + 32)
+        self.registry = InstructionRegistry(self.encoder, capacity=capacity)
 
         self.eval_cfg = EvalConfig(episodes=cfg.eval_episodes, horizon=cfg.eval_horizon)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
@@ -212,6 +228,13 @@ class Trainer:
         self.history_len = cfg.llm_lag if self.async_llm else 1
         self.stale_llm = 0
         self._t_start = time.time()
+        # generated instructions (oir: inserted into the buffer; ellm: proposed goals) -> count
+        self.generated: Counter = Counter()
+        self.pinned_counts: Counter = Counter()  # ellm: goals envs were pinned to
+        self.proposer = proposer
+        if cfg.method == "ellm" and self.proposer is None:
+            self.proposer = make_proposer(cfg)
+        self._goal_rng = np.random.default_rng(cfg.seed + 7919)
 
     # -------------------------------------------------------------- setup / state
     def _env_params(self) -> F.EnvParams:
@@ -223,7 +246,7 @@ class Trainer:
         return self.base_params.replace(table=table.replace(sample_mask=jnp.asarray(masks)))
 
     def _buffer_rows(self, s: int) -> np.ndarray:
-        if self.cfg.method in ("gt", "cosine"):
+        if self.cfg.method in ("gt", "cosine", "ellm"):  # ellm: unpinned envs (first episodes) draw these
             return self.orig_rows
         return self.registry.rows(self.buffers[s].contents(), protected=self._protected())
 
@@ -231,6 +254,7 @@ class Trainer:
         rows = set(self.eval_rows.tolist()) | set(self.orig_rows.tolist())
         if getattr(self, "runner", None) is not None:
             rows |= set(np.asarray(self.runner[0].env.instr).reshape(-1).tolist())
+            rows |= {r for r in np.asarray(self.runner[0].env.pinned).reshape(-1).tolist() if r >= 0}
         for b in self.buffers:
             rows |= {self.registry._rows[t] for t in b.contents() if t in self.registry._rows}
         return sorted(rows)
@@ -266,12 +290,37 @@ class Trainer:
             "buffers": [b.state_dict() for b in self.buffers],
             "registry": {"texts": self.registry.texts, "emb": self.registry.emb, "event_sim": self.registry.event_sim,
                          "achievement": self.registry.achievement, "rows": dict(self.registry._rows)},
+            "generated": {"counts": dict(self.generated), "pinned": dict(self.pinned_counts),
+                          "goal_rng": self._goal_rng.bit_generator.state},
         }
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
             pickle.dump(state, f)
         os.replace(tmp, path)  # atomic: a crash mid-write never leaves a broken checkpoint
+        self._write_generated()
         return path
+
+    def _write_generated(self) -> None:
+        """``instructions.json`` (oir: every instruction inserted into a buffer) or ``goals.json``
+        (ellm: every goal proposed; ``pinned``: how often an env was pinned to it), with counts."""
+        name = GENERATED_FILES.get(self.cfg.method)
+        if name is None:
+            return
+        ellm = self.cfg.method == "ellm"
+        items = [{"text": t, "count": int(c), **({"pinned": int(self.pinned_counts.get(t, 0))} if ellm else {})}
+                 for t, c in sorted(self.generated.items(), key=lambda kv: (-kv[1], kv[0]))]
+        payload = {
+            "method": self.cfg.method,
+            "source": (f"proposer {self.cfg.ellm_proposer}" if ellm else f"relabeler {self.cfg.relabeler}"),
+            "what": ("goals proposed (one count per env and update)" if ellm
+                     else "instructions inserted into the instruction buffers (one count per seed and update)"),
+            "update": self.update_idx, "env_steps": self.env_steps, "distinct": len(items),
+            "total": int(sum(self.generated.values())), "items": items,
+        }
+        path = self.run_dir / name
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload, indent=1))
+        os.replace(tmp, path)
 
     def load(self, path: str | os.PathLike | None = None) -> None:
         path = Path(path or self.run_dir / CHECKPOINT)
@@ -297,6 +346,11 @@ class Trainer:
         self.registry._device = None
         # Rollouts awaiting LLM answers are not checkpointed: those answers are lost on resume.
         self.history = []
+        gen = state.get("generated") or {}  # absent in checkpoints written before it existed
+        self.generated = Counter(gen.get("counts", {}))
+        self.pinned_counts = Counter(gen.get("pinned", {}))
+        if "goal_rng" in gen:
+            self._goal_rng.bit_generator.state = gen["goal_rng"]
         self.update_idx, self.env_steps = state["update"], state["env_steps"]
 
     # -------------------------------------------------------------- relabeling
@@ -390,6 +444,7 @@ class Trainer:
             cands = [t for t in dict.fromkeys(texts[s]) if t]
             if cands:
                 self.buffers[s].insert(cands)
+                self.generated.update(cands)
         return slots, stats
 
     # -------------------------------------------------------------- iteration
@@ -417,6 +472,8 @@ class Trainer:
         else:
             pair = jax.tree_util.tree_map(lambda a: a[:, None], traj)
             batch = self._build_plain(pair, table_emb)
+            if cfg.method == "ellm":  # goals for the next episodes, from the states the envs continue from
+                metrics.update(self._propose_goals(np.unique(host["instr"])))
         self.key, k = jax.random.split(self.key)
         self.train_state, upd = self._update(self.train_state, jax.random.split(k, self.S), batch)
         upd = jax.device_get(upd)
@@ -440,6 +497,50 @@ class Trainer:
             metrics[f"seed{s}/loss"] = float(upd["loss"][s])
         return IterationLog(self.update_idx, self.env_steps, metrics)
 
+    # -------------------------------------------------------------- ELLM
+    def _propose_goals(self, rollout_rows: np.ndarray) -> dict[str, float]:
+        """ELLM step: goals from every env's current text observation; pin each env to one of them.
+
+        The rows of this rollout's instructions (``rollout_rows``) stay protected from reuse, so
+        the batch built from it still reads the right embeddings.
+        """
+        t0 = time.time()
+        bstate = self.runner[0]
+        texts, _ = batch_text(bstate.env.craftax)
+        goals = self.proposer.propose(texts)
+        chosen = [g[int(self._goal_rng.integers(len(g)))] if g else "" for g in goals]
+        for g in goals:
+            self.generated.update(dict.fromkeys(g, 1))
+        self.pinned_counts.update(t for t in chosen if t)
+        protected = set(self._protected()) | {int(r) for r in rollout_rows}
+        uniq = sorted({t for t in chosen if t})
+        try:
+            row_of = dict(zip(uniq, self.registry.rows(uniq, protected=protected).tolist()))
+        except (ValueError, RuntimeError, KeyError) as e:  # table full or a bad text: keep what is there
+            self.log(f"ellm: could not register the proposed goals ({type(e).__name__}: {e}); "
+                     "pinning only goals already in the table")
+            row_of = {t: self.registry._rows[t] for t in uniq if t in self.registry._rows}
+        pinned = np.array([row_of.get(t, -1) for t in chosen], np.int32)
+        self.runner = (F.set_pinned(bstate, jnp.asarray(pinned)),) + tuple(self.runner[1:])
+        ok = pinned[pinned >= 0]
+        groundable = (self.registry.event_sim[ok].max(-1) > self.cfg.delta).mean() if len(ok) else 0.0
+        stats = self.proposer.stats()
+        metrics = {
+            "ellm/distinct_goals": float(len(self.generated)),
+            "ellm/distinct_goals_update": float(len({t for g in goals for t in g})),
+            "ellm/distinct_pinned": float(len(set(ok.tolist()))),
+            "ellm/goals_per_env": float(np.mean([len(g) for g in goals])),
+            "ellm/pinned_frac": float(len(ok) / max(len(pinned), 1)),
+            # goals some caption matches above delta (others can never pay a reward)
+            "ellm/groundable_frac": float(groundable),
+            "ellm/propose_s": time.time() - t0,
+        }
+        for k in ("requests", "cache_hit_rate", "fallbacks", "llm_calls", "llm_prompts", "llm_timeouts", "llm_errors",
+                  "llm_busy", "llm_fraction", "latency_mean_s"):
+            if isinstance(stats.get(k), (int, float)):
+                metrics[f"ellm/{k}"] = float(stats[k])
+        return metrics
+
     def evaluate(self) -> list[EvalResult]:
         """Evaluate every seed's greedy policy on the instruction sets."""
         params = self.base_params.replace(table=self.registry.device_table())
@@ -452,9 +553,26 @@ class Trainer:
         return out
 
     def close(self) -> None:
-        for r in (self.relabeler, self.rules):
+        for r in (self.relabeler, self.rules, self.proposer):
             if r is not None and hasattr(r, "close"):
                 r.close()
+
+
+def make_proposer(cfg: pqn.PQNConfig):
+    """The ELLM goal proposer of ``cfg.ellm_proposer``: rules, or ``cfg.llm_backend`` (falls back to rules)."""
+    from oir_gym.proposer import GoalProposer
+
+    if cfg.ellm_proposer == "rules":
+        return GoalProposer("rules", k=cfg.k)
+    kwargs: dict[str, Any] = {}
+    if cfg.llm_backend == "openai":
+        kwargs = {"base_url": cfg.llm_base_url, "model": cfg.llm_model or "default"}
+    elif cfg.llm_backend == "vllm":
+        kwargs = {"model": cfg.llm_model} if cfg.llm_model else {}
+    elif cfg.llm_model:
+        kwargs = {"model_path": cfg.llm_model}
+    return GoalProposer(cfg.llm_backend, k=cfg.k, timeout=cfg.ellm_timeout,
+                        max_prompts=cfg.llm_per_update * cfg.num_seeds, backend_kwargs=kwargs)
 
 
 def make_relabeler(cfg: pqn.PQNConfig):
@@ -475,5 +593,5 @@ def make_relabeler(cfg: pqn.PQNConfig):
     # queue_size=1 + on_full="skip": while the LLM is busy, newer rollouts replace older ones
     # instead of piling up answers that would arrive too late to train on.
     return HindsightRelabeler(cfg.llm_backend, k=cfg.k, template=cfg.llm_template, use_rules=False,
-                              delta=cfg.delta, encoder=get_encoder(), on_full="skip", queue_size=1,
+                              delta=cfg.delta, encoder=get_encoder(), on_full="replace", queue_size=1,
                               backend_kwargs=kwargs)

@@ -27,8 +27,10 @@ from flax.training.train_state import TrainState
 class PQNConfig:
     """Every hyperparameter of a run. ``PRESETS`` holds the paper's values and the CPU default."""
 
-    method: str = "oir"  # gt | cosine | oir   (ellm: later)
+    method: str = "oir"  # gt | cosine | oir | ellm
     relabeler: str = "rules"  # rules | llm | both    (method oir)
+    ellm_proposer: str = "rules"  # rules | llm    (method ellm; llm uses llm_backend/llm_base_url/llm_model)
+    ellm_timeout: float = 10.0  # seconds an update waits for the LLM's goals before the rules answer
     total_timesteps: int = 200_000
     num_envs: int = 16
     num_steps: int = 64
@@ -58,7 +60,7 @@ class PQNConfig:
     buffer_size: int = 10  # B_max
     tau_low: float = 0.1
     tau_high: float = 0.9
-    k: int = 4  # candidates per trajectory
+    k: int = 4  # candidates per trajectory (oir); goals proposed per env (ellm)
     llm_backend: str = "llama_cpp"  # llama_cpp | openai | vllm
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_model: str = ""
@@ -87,6 +89,9 @@ class PQNConfig:
 
         need(self.method in METHODS, f"method={self.method!r}; expected one of {METHODS}")
         need(self.relabeler in RELABELERS, f"relabeler={self.relabeler!r}; expected one of {RELABELERS}")
+        need(self.ellm_proposer in ELLM_PROPOSERS,
+             f"ellm_proposer={self.ellm_proposer!r}; expected one of {ELLM_PROPOSERS}")
+        need(self.ellm_timeout >= 0, f"ellm_timeout={self.ellm_timeout} must be >= 0")
         need(self.obs_mode in ("paper", "symbolic"), f"obs_mode={self.obs_mode!r}; expected 'paper' or 'symbolic'")
         for name in ("total_timesteps", "num_envs", "num_steps", "num_seeds", "num_epochs", "num_minibatches",
                      "hidden_size", "num_layers", "buffer_size", "k", "eval_every", "eval_episodes",
@@ -118,8 +123,9 @@ class PQNConfig:
         return cls(**d)
 
 
-METHODS = ("gt", "cosine", "oir")
+METHODS = ("gt", "cosine", "oir", "ellm")
 RELABELERS = ("rules", "llm", "both")
+ELLM_PROPOSERS = ("rules", "llm")
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Sized for a 2-core CPU: compile + train + evaluation in a few minutes; relabeling with the

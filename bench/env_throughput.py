@@ -18,7 +18,8 @@ Four ways of stepping a batch of envs with uniformly random actions:
 Both ``lax.scan`` programs reduce the observation of every step into their carry, so XLA cannot
 skip computing it. Each program is called twice before timing (the first output can carry
 different weak types, which makes the second call compile again); the compile column is the
-time of those two calls minus two timed calls (for (c) the reset plus two steps).
+set-up time (world pool, reset) plus those two calls, less two steady-state calls. Timed runs
+of the four variants are interleaved and the median is reported.
 
 Usage::
 
@@ -46,12 +47,12 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="timed runs per variant; the median is reported")
     p.add_argument("--obs-mode", default="paper", choices=["paper", "symbolic"], help="our observation mode")
     p.add_argument("--variants", nargs="+", default=["a", "b", "c", "d"], choices=["a", "b", "c", "d"])
-    p.add_argument("--quick", action="store_true", help="--steps 32 --repeats 2 (for a loaded machine)")
+    p.add_argument("--quick", action="store_true", help="--steps 32 --repeats 3 (for a loaded machine)")
     p.add_argument("--no-cache", action="store_true", help="disable JAX's persistent compilation cache")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.quick:
-        args.steps, args.repeats = 32, 2
+        args.steps, args.repeats = 32, 3
     return args
 
 
@@ -177,84 +178,99 @@ def make_ours_scan(num_envs: int, steps: int, pool_refresh: int, obs_mode: str):
 
 
 # --------------------------------------------------------------------------- timing
+#
+# Each variant is a runner: ``warm()`` compiles (two calls, see the module docstring) and
+# returns the compile time; ``run()`` times ``steps`` env steps. The timed runs of the four
+# variants are interleaved (a, b, c, d, a, b, ...) so that a change of machine load hits all of
+# them alike, and the median over the repeats is reported.
 
 
 def _block(x):
     return jax.tree_util.tree_map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
 
 
-def time_scan(fn, args, repeats: int):
-    """Call twice (compile, possible weak-type recompile), then time ``repeats`` calls."""
-    t0 = time.perf_counter()
-    out = _block(fn(*args))
-    t1 = time.perf_counter()
-    out = _block(fn(out[0], out[1], *args[2:]))
-    t2 = time.perf_counter()
-    times = []
-    for _ in range(repeats):
-        s = time.perf_counter()
-        out = _block(fn(out[0], out[1], *args[2:]))
-        times.append(time.perf_counter() - s)
-    run = statistics.median(times)
-    return run, max(0.0, (t2 - t0) - 2 * run)
+class ScanRunner:
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def _call(self):
+        out = _block(self.fn(*self.args))
+        self.args = (out[0], out[1], *self.args[2:])
+
+    def warm(self) -> float:
+        t = time.perf_counter()
+        self._call()
+        self._call()
+        return time.perf_counter() - t
+
+    def run(self) -> float:
+        t = time.perf_counter()
+        self._call()
+        return time.perf_counter() - t
 
 
-def bench_raw_scan(n, steps, repeats, pool_size, pool_refresh, seed):
-    _, rb = jax.jit(raw_reset, static_argnums=(1, 2))(jax.random.PRNGKey(seed), n, pool_size)
-    fn = make_raw_scan(n, steps, pool_refresh)
-    return time_scan(fn, (jax.random.PRNGKey(seed + 1), rb), repeats)
+class RawScan(ScanRunner):
+    def __init__(self, n, steps, pool_size, pool_refresh, seed):
+        _, rb = jax.jit(raw_reset, static_argnums=(1, 2))(jax.random.PRNGKey(seed), n, pool_size)
+        super().__init__(make_raw_scan(n, steps, pool_refresh), (jax.random.PRNGKey(seed + 1), rb))
 
 
-def bench_ours_scan(env, steps, repeats, seed):
-    env.reset(seed=seed)
-    fn = make_ours_scan(env.num_envs, steps, env.pool_refresh, env.obs_mode)
-    return time_scan(fn, (jax.random.PRNGKey(seed + 1), env._state, env.params), repeats)
+class OursScan(ScanRunner):
+    def __init__(self, env, steps, seed):
+        env.reset(seed=seed)
+        fn = make_ours_scan(env.num_envs, steps, env.pool_refresh, env.obs_mode)
+        super().__init__(fn, (jax.random.PRNGKey(seed + 1), env._state, env.params))
 
 
-def bench_ours_gym(env, steps, repeats, seed):
-    rng = np.random.default_rng(seed)
-    n = env.num_envs
-    t0 = time.perf_counter()
-    env.reset(seed=seed)
-    env.step(rng.integers(0, NUM_ACTIONS, n))
-    env.step(rng.integers(0, NUM_ACTIONS, n))
-    warm = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        acts = rng.integers(0, NUM_ACTIONS, (steps, n))
-        s = time.perf_counter()
+class OursGym:
+    def __init__(self, env, steps, seed):
+        self.env, self.steps, self.rng = env, steps, np.random.default_rng(seed)
+        self.seed = seed
+
+    def warm(self) -> float:
+        n = self.env.num_envs
+        t = time.perf_counter()
+        self.env.reset(seed=self.seed)
+        self.env.step(self.rng.integers(0, NUM_ACTIONS, n))
+        self.env.step(self.rng.integers(0, NUM_ACTIONS, n))
+        return time.perf_counter() - t
+
+    def run(self) -> float:
+        acts = self.rng.integers(0, NUM_ACTIONS, (self.steps, self.env.num_envs))
+        t = time.perf_counter()
         for a in acts:
-            env.step(a)
-        times.append(time.perf_counter() - s)
-    run = statistics.median(times)
-    return run, max(0.0, warm - 2 * run / steps)
+            self.env.step(a)
+        return time.perf_counter() - t
 
 
-def bench_raw_python(n, steps, repeats, pool_size, pool_refresh, seed):
-    rng = np.random.default_rng(seed)
-    reset = jax.jit(raw_reset, static_argnums=(1, 2))
-    step = jax.jit(raw_step, static_argnums=(3,))
-    key = jax.random.PRNGKey(seed)
+class RawPython:
+    def __init__(self, n, steps, pool_size, pool_refresh, seed):
+        self.n, self.steps, self.pool_size, self.pool_refresh = n, steps, pool_size, pool_refresh
+        self.rng = np.random.default_rng(seed)
+        self.key = jax.random.PRNGKey(seed)
+        self._reset = jax.jit(raw_reset, static_argnums=(1, 2))
+        self._step = jax.jit(raw_step, static_argnums=(3,))
+        self.rb = None
 
-    def one(key, rb):
-        key, k = jax.random.split(key)
-        obs, rb, reward, done = step(k, rb, jnp.asarray(rng.integers(0, NUM_ACTIONS, n), jnp.int32), pool_refresh)
+    def _one(self):
+        self.key, k = jax.random.split(self.key)
+        actions = jnp.asarray(self.rng.integers(0, NUM_ACTIONS, self.n), jnp.int32)
+        obs, self.rb, reward, done = self._step(k, self.rb, actions, self.pool_refresh)
         obs, reward, done = jax.device_get((obs, reward, done))
-        return key, rb, (np.array(obs, np.float32), np.array(reward, np.float32), np.array(done, bool))
+        return np.array(obs, np.float32), np.array(reward, np.float32), np.array(done, bool)
 
-    t0 = time.perf_counter()
-    _, rb = reset(key, n, pool_size)
-    key, rb, _ = one(key, rb)
-    key, rb, _ = one(key, rb)
-    warm = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        s = time.perf_counter()
-        for _ in range(steps):
-            key, rb, _ = one(key, rb)
-        times.append(time.perf_counter() - s)
-    run = statistics.median(times)
-    return run, max(0.0, warm - 2 * run / steps)
+    def warm(self) -> float:
+        t = time.perf_counter()
+        _, self.rb = self._reset(self.key, self.n, self.pool_size)
+        self._one()
+        self._one()
+        return time.perf_counter() - t
+
+    def run(self) -> float:
+        t = time.perf_counter()
+        for _ in range(self.steps):
+            self._one()
+        return time.perf_counter() - t
 
 
 # --------------------------------------------------------------------------- main
@@ -272,20 +288,29 @@ def main(args) -> list[dict]:
     rows = []
     for n in args.envs:
         env = InstructionCraftax(num_envs=n, obs_mode=args.obs_mode, seed=args.seed)
-        pool_size, pool_refresh = env.pool_size, env.pool_refresh
+        ps, pr = env.pool_size, env.pool_refresh
+        make = {
+            "a": lambda: RawScan(n, args.steps, ps, pr, args.seed),
+            "b": lambda: OursScan(env, args.steps, args.seed),
+            "c": lambda: OursGym(env, args.steps, args.seed),
+            "d": lambda: RawPython(n, args.steps, ps, pr, args.seed),
+        }
+        runners, compile_s, times = {}, {}, {v: [] for v in args.variants}
+        for v in args.variants:
+            t = time.perf_counter()
+            runners[v] = make[v]()
+            warm = runners[v].warm() + (time.perf_counter() - t)
+            # compile time: setup and the two warm-up calls, less two steady-state calls
+            compile_s[v] = max(0.0, warm - 2 * runners[v].run() / (args.steps if v in "cd" else 1))
+            print(f"  envs={n:4d} {names[v]:34s} compiled in {compile_s[v]:6.1f} s", flush=True)
+        for _ in range(args.repeats):
+            for v in args.variants:
+                times[v].append(runners[v].run())
         res = {}
         for v in args.variants:
-            if v == "a":
-                run, comp = bench_raw_scan(n, args.steps, args.repeats, pool_size, pool_refresh, args.seed)
-            elif v == "b":
-                run, comp = bench_ours_scan(env, args.steps, args.repeats, args.seed)
-            elif v == "c":
-                run, comp = bench_ours_gym(env, args.steps, args.repeats, args.seed)
-            else:
-                run, comp = bench_raw_python(n, args.steps, args.repeats, pool_size, pool_refresh, args.seed)
-            res[v] = {"sps": n * args.steps / run, "compile": comp}
+            res[v] = {"sps": n * args.steps / statistics.median(times[v]), "compile": compile_s[v]}
             rows.append({"envs": n, "variant": names[v], **res[v]})
-            print(f"  envs={n:4d} {names[v]:34s} {res[v]['sps']:10.0f} steps/s  compile {comp:6.1f} s", flush=True)
+            print(f"  envs={n:4d} {names[v]:34s} {res[v]['sps']:10.0f} env-steps/s", flush=True)
         if "a" in res and "b" in res:
             rows.append({"envs": n, "variant": "ratio (b)/(a)", "ratio": res["b"]["sps"] / res["a"]["sps"]})
         if "c" in res and "d" in res:

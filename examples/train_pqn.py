@@ -2,12 +2,15 @@
 
     python examples/train_pqn.py                           # OIR, embedded offline CPU defaults
     python examples/train_pqn.py --method cosine           # PQN + cosine reward on the 22 achievements
+    python examples/train_pqn.py --method ellm --ellm-proposer rules   # ELLM baseline, rule goal proposer
+    python examples/train_pqn.py --method ellm --ellm-proposer llm     # ELLM with the offline Gemma (or --llm-backend)
     python examples/train_pqn.py --preset paper --num-seeds 3 --run-dir runs/paper_oir   # GPU
     python examples/train_pqn.py --run-dir runs/x --resume # continue a run from its checkpoint
 
 Writes ``--run-dir``: config.json, metrics.jsonl / metrics.csv, TensorBoard events (if the
 ``tensorboard`` package is installed), checkpoint.pkl, eval_<update>.json, eval_final.md and
-PNG plots.
+PNG plots; method ``oir`` also instructions.json (every instruction inserted into the buffer, with
+counts) and method ``ellm`` goals.json (every goal proposed, with counts), written at checkpoints.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="stop after this many updates in this process (to split long runs; resume later)")
     p.add_argument("--time-limit", type=float, default=None,
                    help="checkpoint and stop after this many seconds (to split long runs; resume later)")
+    choices = {"method": pqn.METHODS, "relabeler": pqn.RELABELERS, "ellm_proposer": pqn.ELLM_PROPOSERS}
     for f in dataclasses.fields(pqn.PQNConfig):
         flag = "--" + f.name.replace("_", "-")
         typ = {int: int, float: float, bool: lambda s: s.lower() in ("1", "true", "yes"), str: str}[type(f.default)]
-        p.add_argument(flag, type=typ, default=None, help=f"(default {f.default!r})")
+        p.add_argument(flag, type=typ, default=None, choices=choices.get(f.name), help=f"(default {f.default!r})")
     return p.parse_args(argv)
 
 
@@ -108,7 +112,8 @@ def main(argv=None) -> int:
     from agents.oir import Trainer
     from oir_gym import analysis
 
-    print(f"oir-gym PQN | method={cfg.method} relabeler={cfg.relabeler if cfg.method == 'oir' else '-'} "
+    source = {"oir": f" relabeler={cfg.relabeler}", "ellm": f" proposer={cfg.ellm_proposer}"}.get(cfg.method, "")
+    print(f"oir-gym PQN | method={cfg.method}{source} "
           f"| {cfg.num_seeds} seed(s) x {cfg.num_envs} envs x {cfg.num_steps} steps | {cfg.num_updates} updates "
           f"| {cfg.total_timesteps:,} env steps | device {jax.devices()[0].platform} | run dir {run_dir}", flush=True)
     t0 = time.time()
@@ -145,6 +150,9 @@ def main(argv=None) -> int:
             logger.write(row)
             ev = f" | eval success {row['eval/original/mean_success_rate']:.3f}" if "eval/original/mean_success_rate" in row else ""
             rl = f" | relabel rows {row['relabel/rows']:.0f} grounded {row['relabel/grounded_frac']:.2f}" if "relabel/rows" in row else ""
+            if "ellm/distinct_goals" in row:
+                rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
+                      f"cache hits {row['ellm/cache_hit_rate']:.2f}")
             print(f"[{log.update:5d}/{cfg.num_updates}] steps {log.env_steps:>10,} | {row['sps']:8.0f} sps | "
                   f"eps {row['epsilon']:.2f} | loss {row['loss']:.4f} | train success {row['train/success_rate']:.3f}"
                   f"{rl}{ev}", flush=True)

@@ -81,6 +81,11 @@ class InstructionEncoder:
         # The env, the training loop and a relabeler's worker thread share one encoder.
         self._lock = threading.RLock()
 
+    def __deepcopy__(self, memo) -> "InstructionEncoder":
+        # An encoder is a shared, read-only resource (its model holds locks that cannot be
+        # copied); Gymnasium deep-copies an env spec's kwargs (``env.spec.make()``, ``check_env``).
+        return self
+
     def encode(self, texts: str | Sequence[str]) -> np.ndarray:
         """Embed one string (-> ``[dim]``) or a sequence (-> ``[n, dim]``), unit norm, float32 (thread-safe)."""
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -110,3 +111,5 @@ def test_env_with_missing_encoder_path():
 
 def test_get_encoder_is_shared(encoder):
     assert get_encoder() is encoder
+    # env specs holding an encoder are deep-copied by Gymnasium: the copy is the same encoder
+    assert copy.deepcopy({"encoder": encoder})["encoder"] is encoder

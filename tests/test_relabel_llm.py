@@ -64,7 +64,7 @@ def test_llama_cpp_segments_parseable(backend, encoder):
 
 
 def test_llama_cpp_paper_template_parseable(backend):
-    traj = make_trajectory(WOOD_TABLE_PICKAXE, 16)
+    traj = make_trajectory(WOOD_TABLE_PICKAXE, 8)
     tpl = load_template("paper")
     (raw,) = backend.generate([tpl.render(traj, 2)], n=1, schema=tpl.schema(2))
     obj = json.loads(raw[0])

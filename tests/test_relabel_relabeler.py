@@ -200,22 +200,26 @@ def test_async_fault_injection_keeps_worker_alive(encoder):
     rl.close()
 
 
-@pytest.mark.parametrize("policy", ["rules", "skip"])
+@pytest.mark.parametrize("policy", ["rules", "skip", "replace"])
 def test_async_overflow_policy(policy, encoder):
     llm = Scripted(delay=0.5)
     rl = HindsightRelabeler(backend=llm, encoder=encoder, queue_size=1, on_full=policy, cache_size=0)
-    for i in range(5):
-        rl.submit([wtp(seed=i)])
+    ids = [rl.submit([wtp(seed=i)])[0] for i in range(5)]
     out = rl.collect(block=True, timeout=30)
     s = rl.stats()
-    overflow = s["overflow_rules"] if policy == "rules" else s["overflow_skipped"]
+    overflow = {"rules": s["overflow_rules"], "skip": s["overflow_skipped"], "replace": s["overflow_replaced"]}[policy]
     assert overflow >= 1
+    got = sorted(r.request_id for r in out)
     if policy == "rules":
         assert len(out) == 5
         assert sum(r.fallback == "overflow" for r in out) == overflow
         assert all(r.candidates for r in out)
     else:
         assert len(out) == 5 - overflow
+    if policy == "skip":
+        assert ids[0] in got  # the first batch went straight to the worker; later ones were dropped
+    if policy == "replace":
+        assert ids[-1] in got  # the newest batch always survives
     rl.close()
 
 

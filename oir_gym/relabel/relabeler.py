@@ -26,7 +26,8 @@ Modes: :meth:`~HindsightRelabeler.relabel` (or calling the object) is synchronou
 lock-step behaviour. :meth:`~HindsightRelabeler.submit` / :meth:`~HindsightRelabeler.collect` run
 the same pipeline on a background thread with a bounded queue; when the queue is full,
 ``on_full`` decides: ``"rules"`` answers at once with rule instructions only (cheap, no LLM),
-``"skip"`` drops the batch (counted), ``"block"`` waits for room.
+``"skip"`` drops the new batch, ``"replace"`` drops the oldest queued one (fresh rollouts win),
+``"block"`` waits for room; drops are counted.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class HindsightRelabeler:
         skip_idle: do not ask the LLM about trajectories where nothing but moving/waiting happened.
         candidate_filter: text filter (forbidden words, lengths).
         queue_size: pending batches in async mode before ``on_full`` applies.
-        on_full: async overflow policy: ``"rules"``, ``"skip"`` or ``"block"``.
+        on_full: async overflow policy: ``"rules"``, ``"skip"``, ``"replace"`` or ``"block"``
+            (see :meth:`submit`).
         backend_kwargs: passed to the backend constructor when ``backend`` is a name.
     """
 
@@ -120,8 +122,8 @@ class HindsightRelabeler:
     ) -> None:
         if fallback not in ("rules", "none"):
             raise ValueError(f"fallback must be 'rules' or 'none', got {fallback!r}")
-        if on_full not in ("rules", "skip", "block"):
-            raise ValueError(f"on_full must be 'rules', 'skip' or 'block', got {on_full!r}")
+        if on_full not in ("rules", "skip", "replace", "block"):
+            raise ValueError(f"on_full must be 'rules', 'skip', 'replace' or 'block', got {on_full!r}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.k = int(k)
@@ -409,7 +411,10 @@ class HindsightRelabeler:
 
         Never blocks unless ``on_full="block"``. When the queue is full: ``"rules"`` relabels the
         batch right away with rule instructions only (results appear in the next :meth:`collect`,
-        marked ``fallback="overflow"``), ``"skip"`` drops it (counted as ``overflow_skipped``).
+        marked ``fallback="overflow"``); ``"skip"`` drops the *new* batch (counted as
+        ``overflow_skipped``); ``"replace"`` drops the *oldest* queued batch instead, so the LLM
+        always works on the freshest rollouts (counted as ``overflow_replaced``); ``"block"``
+        waits for room. Dropped batches produce no results.
         """
         if self._closed:
             raise RuntimeError("relabeler is closed")
@@ -421,6 +426,9 @@ class HindsightRelabeler:
         self._ensure_worker()
         with self._done_cv:
             self._pending += len(trajs)
+        if self.on_full == "replace":
+            self._put_replacing((trajs, ids))
+            return ids
         try:
             if self.on_full == "block":
                 self._queue.put((trajs, ids))
@@ -442,6 +450,23 @@ class HindsightRelabeler:
                     self._pending -= len(trajs)
                     self._done_cv.notify_all()
         return ids
+
+    def _put_replacing(self, job: tuple[list[Trajectory], list[int]]) -> None:
+        """Enqueue ``job``, discarding the oldest queued batches while the queue is full."""
+        while True:
+            try:
+                self._queue.put_nowait(job)
+                return
+            except queue.Full:
+                try:
+                    old_trajs, _ = self._queue.get_nowait()
+                except queue.Empty:  # the worker took one meanwhile: try again
+                    continue
+                with self._stats_lock:
+                    self._s["overflow_replace"] += len(old_trajs)
+                with self._done_cv:
+                    self._pending -= len(old_trajs)
+                    self._done_cv.notify_all()
 
     def collect(self, block: bool = False, timeout: Optional[float] = None) -> list[RelabelResult]:
         """Finished results so far (any order of batches, each batch in submission order).
@@ -507,7 +532,8 @@ class HindsightRelabeler:
         ``candidates_rules``, ``candidates_kept``, ``dropped`` (by reason, including the parser's
         notes such as ``salvaged_json``), ``dropped_total`` (without the notes),
         ``grounded_fraction`` (of scored candidates), ``kept_grounded_fraction``, and for async
-        mode ``submitted``, ``completed``, ``pending``, ``overflow_rules``, ``overflow_skipped``.
+        mode ``submitted``, ``completed``, ``pending``, ``overflow_rules``, ``overflow_skipped``,
+        ``overflow_replaced``.
         """
         with self._stats_lock:
             s = dict(self._s)
@@ -550,6 +576,7 @@ class HindsightRelabeler:
             "pending": self._pending,
             "overflow_rules": s.get("overflow_rules", 0),
             "overflow_skipped": s.get("overflow_skip", 0),
+            "overflow_replaced": s.get("overflow_replace", 0),
         }
 
     def save_cache(self) -> None:

@@ -1,0 +1,529 @@
+"""ELLM-style forward goal proposal (Du et al. 2023): goals suggested from the CURRENT observation.
+
+Where OIR's relabeler (:mod:`oir_gym.relabel`) looks back at a finished trajectory and names what
+the agent did, ELLM looks at the state the agent is in and suggests what it could do next; the
+agent is then asked to do one of those goals and is rewarded when a transition's caption matches
+it (the env's usual cosine reward).
+
+:class:`GoalProposer` takes a batch of textual observations (:func:`oir_gym.text.format_text`)
+and returns up to ``k`` goals per observation::
+
+    proposer = GoalProposer("rules", k=4)
+    goals = proposer.propose(["Facing: tree; Nearby: [1] tree [2] water; Inventory: empty; Status: ..."])
+    # [["collect wood", "drink water"]]
+
+Backends:
+
+* ``"rules"``: no LLM, deterministic: :func:`rule_goals` reads the observation and suggests
+  achievable next steps (facing a tree -> ``"collect wood"``, wood in the inventory and no table
+  nearby -> ``"place table"``, ...), worded as the 22 Craftax achievements (:data:`GOALS`).
+* ``"llama_cpp"`` (offline Gemma 3 270M), ``"openai"`` (any OpenAI-compatible server),
+  ``"vllm"``, or any object with the relabeler's backend protocol
+  ``generate(prompts, n, *, schema) -> list[list[str]]``: the few-shot prompt of
+  ``oir_gym/data/prompts/ellm.txt``, JSON-constrained with the relabeler's answer schema
+  (:func:`oir_gym.relabel.prompts.output_schema`; the goals are its ``"Mid-Level"`` list), parsed
+  and filtered with :mod:`oir_gym.relabel.parse` / :mod:`oir_gym.relabel.filters`.
+
+Batching and caching: observations are reduced to a signature (``"coarse"``: the text with
+vitals bucketed to ``low``/``ok`` and inventory counts capped at 2, which keeps every input the
+rules read; ``"text"``: the exact string); each distinct signature is looked up once in an LRU
+cache, and the misses go to the LLM in ONE batched ``generate`` call.
+
+Failure policy (an LLM backend): nothing is ever raised into the caller. When the LLM raises,
+answers nothing usable, or does not answer within ``timeout`` seconds, those observations get
+the rule goals (counted as ``fallbacks``). A timed-out call keeps running on the worker thread
+and its answers still land in the cache (so a slow LLM is used asynchronously, through the
+cache); while it runs, new misses are answered by the rules (``llm_busy``). At most
+``max_prompts`` signatures go to the LLM per call (the most frequent first); the others get rules.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import warnings
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from oir_gym.relabel.cache import LRUCache
+from oir_gym.relabel.filters import CandidateFilter
+from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
+from oir_gym.relabel.prompts import output_schema
+
+#: The rule proposer's wording of each goal (one per Craftax achievement; natural variants of the
+#: 22 original instructions that the caption vocabulary grounds at cosine 1.0).
+GOALS: dict[str, str] = {
+    "collect_wood": "collect wood",
+    "place_table": "place table",
+    "eat_cow": "eat cow",
+    "collect_sapling": "collect sapling",
+    "collect_drink": "drink water",
+    "make_wood_pickaxe": "make wood pickaxe",
+    "make_wood_sword": "make wood sword",
+    "place_plant": "place plant",
+    "defeat_zombie": "defeat zombie",
+    "collect_stone": "collect stone",
+    "place_stone": "place stone",
+    "eat_plant": "eat plant",
+    "defeat_skeleton": "defeat skeleton",
+    "make_stone_pickaxe": "make stone pickaxe",
+    "make_stone_sword": "make stone sword",
+    "wake_up": "wake up",
+    "place_furnace": "place furnace",
+    "collect_coal": "collect coal",
+    "collect_iron": "collect iron",
+    "collect_diamond": "collect diamond",
+    "make_iron_pickaxe": "make iron pickaxe",
+    "make_iron_sword": "make iron sword",
+}
+#: Goals when nothing in the observation suggests anything (grass is almost always at hand).
+FALLBACK_GOALS: tuple[str, ...] = ("collect wood", "collect sapling")
+#: Energy at or below which the rules suggest sleeping (the goal is the achievement "wake up").
+LOW_ENERGY = 3
+#: Vitals at or below this are "low" in the coarse cache signature.
+LOW_VITAL = 3
+
+BACKENDS = ("rules", "llama_cpp", "openai", "vllm")
+SIGNATURES = ("coarse", "text")
+DEFAULT_PROMPT = "ellm"
+
+
+# --------------------------------------------------------------------------------------------- parsing
+@dataclass
+class Observation:
+    """A textual observation, parsed (see :func:`oir_gym.text.format_text` for the format).
+
+    Attributes:
+        facing: the block or mob ahead (``"tree"``, ``"crafting table"``, ``"zombie"``...).
+        nearby: name -> smallest Chebyshev distance (1..3) at which it is seen.
+        inventory: item (``"wood"``, ``"wood pickaxe"``...) -> count (only non-zero items).
+        status: ``health``, ``food``, ``drink``, ``energy`` -> value.
+        sleeping: whether the player sleeps.
+    """
+
+    facing: str = ""
+    nearby: dict[str, int] = field(default_factory=dict)
+    inventory: dict[str, int] = field(default_factory=dict)
+    status: dict[str, int] = field(default_factory=dict)
+    sleeping: bool = False
+
+    def has(self, item: str, n: int = 1) -> bool:
+        return self.inventory.get(item, 0) >= n
+
+
+_NAMES = r"(?:Facing|Nearby|Inventory|Status)"
+_FIELD = re.compile(rf"({_NAMES[3:-1]})\s*:\s*(.*?)\s*(?=(?:;\s*{_NAMES}\s*:)|$)", re.S)
+_GROUP = re.compile(r"\[(\d+)\]\s*([^\[]*)")
+_COUNT = re.compile(r"^(.*?)\s+(\d+)$")
+
+
+def parse_observation(text: str) -> Observation:
+    """Parse a textual observation; tolerant (missing or odd fields are left empty, never raises)."""
+    obs = Observation()
+    if not isinstance(text, str):
+        return obs
+    fields = {m.group(1).lower(): m.group(2).strip().rstrip(";").strip() for m in _FIELD.finditer(text)}
+    obs.facing = fields.get("facing", "").lower()
+    for m in _GROUP.finditer(fields.get("nearby", "")):
+        d = int(m.group(1))
+        for name in m.group(2).split(","):
+            name = name.strip().lower()
+            if name and (name not in obs.nearby or d < obs.nearby[name]):
+                obs.nearby[name] = d
+    inv = fields.get("inventory", "")
+    if inv.lower() not in ("", "empty"):
+        for part in inv.split(","):
+            m = _COUNT.match(part.strip())
+            if m:
+                obs.inventory[m.group(1).lower()] = int(m.group(2))
+    for part in fields.get("status", "").split(","):
+        bits = part.strip().split()
+        if len(bits) == 2:
+            key, val = bits[0].lower(), bits[1].lower()
+            if key == "sleeping":
+                obs.sleeping = val in ("yes", "true", "1")
+            elif val.lstrip("-").isdigit():
+                obs.status[key] = int(val)
+    return obs
+
+
+# --------------------------------------------------------------------------------------------- rules
+def rule_goals(text: Union[str, Observation], k: Optional[int] = None) -> list[str]:
+    """Achievable next goals for one observation, most immediate first (deterministic, no LLM).
+
+    Order: (1) asleep -> only ``"wake up"``; (2) what the agent faces (tree -> collect wood,
+    water -> drink water, grass -> collect sapling, cow -> eat cow, zombie/skeleton -> defeat it,
+    ripe plant -> eat plant, stone/coal with a wood pickaxe, iron with a stone pickaxe, diamond
+    with an iron pickaxe -> collect it); (3) a zombie or skeleton nearby -> defeat it;
+    (4) crafting when a crafting table is nearby (wood -> wood pickaxe/sword; wood and stone ->
+    stone pickaxe/sword; furnace too and wood, stone, coal, iron -> iron pickaxe/sword; each only
+    when the tool is not yet owned); (5) placing (wood and no table nearby -> place table; stone
+    with a table but no furnace nearby -> place furnace; sapling -> place plant; stone -> place
+    stone); (6) resources nearby (same conditions as facing); (7) energy <= 3 -> ``"wake up"``
+    (sleep); (8) nothing -> :data:`FALLBACK_GOALS`. Duplicates are dropped; at most ``k``.
+    """
+    o = text if isinstance(text, Observation) else parse_observation(text)
+    G = GOALS
+    out: list[str] = []
+    if o.sleeping:
+        return [G["wake_up"]]
+
+    def collectable(name: str) -> Optional[str]:
+        if name == "tree":
+            return G["collect_wood"]
+        if name == "water":
+            return G["collect_drink"]
+        if name == "cow":
+            return G["eat_cow"]
+        if name == "zombie":
+            return G["defeat_zombie"]
+        if name == "skeleton":
+            return G["defeat_skeleton"]
+        if name == "ripe plant":
+            return G["eat_plant"]
+        if name == "stone" and o.has("wood pickaxe"):
+            return G["collect_stone"]
+        if name == "coal" and o.has("wood pickaxe"):
+            return G["collect_coal"]
+        if name == "iron" and o.has("stone pickaxe"):
+            return G["collect_iron"]
+        if name == "diamond" and o.has("iron pickaxe"):
+            return G["collect_diamond"]
+        return None
+
+    # (2) facing
+    if o.facing == "grass":
+        out.append(G["collect_sapling"])
+    elif o.facing:
+        g = collectable(o.facing)
+        if g:
+            out.append(g)
+    # (3) threats
+    for mob in ("zombie", "skeleton"):
+        if mob in o.nearby:
+            out.append(G[f"defeat_{mob}"])
+    # (4) crafting
+    table = "crafting table" in o.nearby or o.facing == "crafting table"
+    furnace = "furnace" in o.nearby or o.facing == "furnace"
+    if table and o.has("wood"):
+        for tool in ("pickaxe", "sword"):
+            if not o.has(f"wood {tool}"):
+                out.append(G[f"make_wood_{tool}"])
+        if o.has("stone"):
+            for tool in ("pickaxe", "sword"):
+                if not o.has(f"stone {tool}"):
+                    out.append(G[f"make_stone_{tool}"])
+        if furnace and o.has("stone") and o.has("coal") and o.has("iron"):
+            for tool in ("pickaxe", "sword"):
+                if not o.has(f"iron {tool}"):
+                    out.append(G[f"make_iron_{tool}"])
+    # (5) placing
+    if o.has("wood") and not table:
+        out.append(G["place_table"])
+    if o.has("stone") and table and not furnace:
+        out.append(G["place_furnace"])
+    if o.has("sapling"):
+        out.append(G["place_plant"])
+    if o.has("stone"):
+        out.append(G["place_stone"])
+    # (6) resources nearby, nearest first (name order within a distance)
+    for name, _ in sorted(o.nearby.items(), key=lambda kv: (kv[1], kv[0])):
+        g = collectable(name)
+        if g:
+            out.append(g)
+    # (7) tired
+    if o.status.get("energy", 9) <= LOW_ENERGY:
+        out.append(G["wake_up"])
+    out = list(dict.fromkeys(out)) or list(FALLBACK_GOALS)
+    return out[:k] if k else out
+
+
+# --------------------------------------------------------------------------------------------- signature
+_VITAL = re.compile(r"\b(health|food|drink|energy) (-?\d+)")
+_INV_FIELD = re.compile(r"(Inventory:\s*)(.*?)(\s*;\s*Status:|$)", re.S)
+
+
+def signature(text: str, mode: str = "coarse") -> str:
+    """Cache key of an observation: ``"text"`` (exact) or ``"coarse"`` (vitals -> low/ok,
+    inventory counts capped at ``2+``: everything :func:`rule_goals` reads is kept)."""
+    if mode == "text" or not isinstance(text, str):
+        return str(text)
+
+    def inv(m: re.Match) -> str:
+        items = re.sub(r"\b(\d+)\b", lambda n: "2+" if int(n.group(1)) >= 2 else n.group(1), m.group(2))
+        return m.group(1) + items + m.group(3)
+
+    s = _VITAL.sub(lambda m: f"{m.group(1)} {'low' if int(m.group(2)) <= LOW_VITAL else 'ok'}", text)
+    return _INV_FIELD.sub(inv, s, count=1)
+
+
+# --------------------------------------------------------------------------------------------- prompt
+def load_prompt(name_or_path: str = DEFAULT_PROMPT) -> str:
+    """The few-shot prompt template (``#|`` comment lines removed): packaged ``"ellm"`` or a file."""
+    if name_or_path == DEFAULT_PROMPT:
+        raw = resources.files("oir_gym.data").joinpath("prompts", "ellm.txt").read_text()
+    else:
+        p = Path(name_or_path)
+        if not p.is_file():
+            raise ValueError(f"unknown ELLM prompt {name_or_path!r}: use 'ellm' or a path to a .txt file")
+        raw = p.read_text()
+    body = "\n".join(line for line in raw.splitlines() if not line.startswith("#|")).strip("\n")
+    if "{{observation}}" not in body:
+        raise ValueError(f"ELLM prompt {name_or_path!r} has no {{{{observation}}}} placeholder")
+    return body
+
+
+# --------------------------------------------------------------------------------------------- proposer
+class GoalProposer:
+    """ELLM goal proposer: textual observations in, up to ``k`` goals per observation out.
+
+    Args:
+        backend: ``"rules"``, ``"llama_cpp"``, ``"openai"``, ``"vllm"``, or an object with
+            ``generate(prompts, n=1, *, schema=None) -> list[list[str]]``.
+        k: goals per observation.
+        cache_size: LRU entries (0 disables the cache).
+        signature: cache key mode, ``"coarse"`` (default) or ``"text"`` (see :func:`signature`).
+        timeout: seconds to wait for one batched LLM call (``None``: wait); on timeout the rules
+            answer and the late answers still fill the cache.
+        max_prompts: most signatures sent to the LLM per :meth:`propose` (``None``: all misses).
+        prompt: ``"ellm"`` (packaged) or a path to a template with ``{{observation}}``/``{{k}}``.
+        candidate_filter: text filter of LLM goals (default :class:`CandidateFilter()`).
+        backend_kwargs: passed to :func:`oir_gym.relabel.make_backend` when ``backend`` is a name.
+    """
+
+    def __init__(
+        self,
+        backend: Any = "rules",
+        k: int = 4,
+        cache_size: int = 4096,
+        *,
+        signature: str = "coarse",
+        timeout: Optional[float] = None,
+        max_prompts: Optional[int] = None,
+        prompt: str = DEFAULT_PROMPT,
+        candidate_filter: Optional[CandidateFilter] = None,
+        backend_kwargs: Optional[dict] = None,
+    ) -> None:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if signature not in SIGNATURES:
+            raise ValueError(f"signature must be one of {SIGNATURES}, got {signature!r}")
+        if isinstance(backend, str) and backend not in BACKENDS:
+            raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKENDS} or a backend object")
+        self.k = int(k)
+        self.signature_mode = signature
+        self.timeout = timeout
+        self.max_prompts = max_prompts
+        self.filter = candidate_filter or CandidateFilter()
+        self.cache = LRUCache(cache_size)
+        if isinstance(backend, str):
+            from oir_gym.relabel.backends import make_backend
+
+            self.backend_name = backend
+            self.llm = make_backend(backend, **(backend_kwargs or {})) if backend != "rules" else None
+        else:
+            self.backend_name = type(backend).__name__
+            self.llm = backend
+        self.template = load_prompt(prompt) if self.llm is not None else ""
+        self.schema = output_schema(self.k)
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._inflight: Optional[Future] = None
+        self._lock = threading.Lock()
+        self._s: Counter = Counter()
+        self._dropped: Counter = Counter()
+        self._errors: Counter = Counter()
+        self._latency = 0.0
+        self._warned = False
+        self.last_error: Optional[str] = None
+
+    def __repr__(self) -> str:
+        return f"GoalProposer(backend={self.backend_name!r}, k={self.k}, signature={self.signature_mode!r})"
+
+    # ------------------------------------------------------------------ helpers
+    def render_prompt(self, text: str) -> str:
+        """The LLM prompt for one observation."""
+        return self.template.replace("{{k}}", str(self.k)).replace("{{observation}}", text)
+
+    def signature(self, text: str) -> str:
+        return signature(text, self.signature_mode)
+
+    def _llm_call(self, keys: list[str], prompts: list[str]) -> dict[str, list[str]]:
+        """One batched LLM call; parses, filters and caches every answer (also when it is late)."""
+        t0 = time.perf_counter()
+        raw = self.llm.generate(prompts, 1, schema=self.schema)
+        if not isinstance(raw, (list, tuple)) or len(raw) != len(prompts):
+            raise RuntimeError(f"backend returned {len(raw) if hasattr(raw, '__len__') else raw!r} "
+                               f"results for {len(prompts)} prompts")
+        out: dict[str, list[str]] = {}
+        dropped: Counter = Counter()
+        for key, samples in zip(keys, raw):
+            goals: list[str] = []
+            for r in (samples if isinstance(samples, (list, tuple)) else [samples]):
+                c, reasons = parse_candidates(r, self.filter)
+                goals += c
+                dropped += Counter({k: v for k, v in reasons.items() if k not in NOTE_REASONS})
+            goals = list(dict.fromkeys(goals))[: self.k]
+            out[key] = goals
+            self.cache.put(key, goals)
+        with self._lock:
+            self._latency += time.perf_counter() - t0
+            self._s["llm_completed"] += 1
+            self._s["llm_answers"] += len(out)
+            self._s["llm_goals"] += sum(len(g) for g in out.values())
+            self._dropped.update(dropped)
+        return out
+
+    def _ask_llm(self, keys: list[str], prompts: list[str]) -> tuple[Optional[dict[str, list[str]]], str]:
+        """``(answers or None, outcome)`` with outcome ``ok``/``timeout``/``error``/``busy``."""
+        if self._inflight is not None and not self._inflight.done():
+            return None, "busy"
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oir-ellm")
+        fut = self._pool.submit(self._llm_call, keys, prompts)
+        self._inflight = fut
+        with self._lock:
+            self._s["llm_calls"] += 1
+            self._s["llm_prompts"] += len(prompts)
+        try:
+            return fut.result(timeout=self.timeout), "ok"
+        except FutureTimeout:
+            return None, "timeout"
+        except Exception as e:  # noqa: BLE001 - recorded; the rules answer instead
+            with self._lock:
+                self._errors[type(e).__name__] += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            return None, "error"
+
+    # ------------------------------------------------------------------ API
+    def propose(self, texts: Optional[Sequence[str]] = None, features: Optional[dict] = None) -> list[list[str]]:
+        """Up to ``k`` goals for each textual observation (never raises; never an empty list).
+
+        Args:
+            texts: textual observations (:func:`oir_gym.text.format_text`).
+            features: instead of ``texts``, batched :func:`oir_gym.text.text_features` arrays
+                (numpy, leading batch axis); they are formatted to text first.
+        """
+        if texts is None:
+            texts = self._texts_from_features(features)
+        texts = list(texts)
+        try:
+            return self._propose(texts)
+        except Exception as e:  # noqa: BLE001 - the training loop must go on
+            if not self._warned:
+                warnings.warn(f"GoalProposer: proposal failed ({type(e).__name__}: {e}); using the rule goals",
+                              RuntimeWarning, stacklevel=2)
+                self._warned = True
+            with self._lock:
+                self._errors[type(e).__name__] += 1
+                self._s["fallbacks"] += len(texts)
+            return [rule_goals(t, self.k) for t in texts]
+
+    @staticmethod
+    def _texts_from_features(features: Optional[dict]) -> list[str]:
+        if features is None:
+            raise ValueError("propose needs texts or features")
+        from oir_gym.text import format_text
+
+        n = len(features["facing"])
+        return [format_text({key: v[i] for key, v in features.items()}) for i in range(n)]
+
+    def _propose(self, texts: list[str]) -> list[list[str]]:
+        keys = [self.signature(t) for t in texts]
+        uniq: dict[str, int] = {}  # key -> first index
+        freq: Counter = Counter(keys)
+        for i, key in enumerate(keys):
+            uniq.setdefault(key, i)
+        answers: dict[str, list[str]] = {}
+        s: Counter = Counter(propose_calls=1, requests=len(texts), unique=len(uniq))
+        misses = []
+        for key in uniq:
+            hit = self.cache.get(key) if self.cache.capacity > 0 else None
+            if hit is not None:
+                answers[key] = hit
+                s["cache_hits"] += 1
+            else:
+                misses.append(key)
+                s["cache_misses"] += 1
+        if self.llm is None:
+            for key in misses:
+                answers[key] = rule_goals(texts[uniq[key]], self.k)
+                self.cache.put(key, answers[key])
+        elif misses:
+            order = sorted(misses, key=lambda kk: (-freq[kk], uniq[kk]))
+            ask = order if self.max_prompts is None else order[: max(0, int(self.max_prompts))]
+            s["not_asked"] += len(misses) - len(ask)
+            if ask:
+                got, outcome = self._ask_llm(ask, [self.render_prompt(texts[uniq[kk]]) for kk in ask])
+                s[f"llm_{outcome}"] += 1
+                if got:
+                    answers.update(got)
+        out: list[list[str]] = []
+        by_key: dict[str, list[str]] = {}
+        for key in uniq:
+            goals = [g for g in answers.get(key, []) if g][: self.k]
+            if not goals:
+                if self.llm is not None:
+                    s["fallbacks"] += freq[key]
+                    s["llm_empty"] += key in answers  # the LLM answered, nothing usable survived
+                goals = rule_goals(texts[uniq[key]], self.k)
+            else:
+                s["from_llm" if self.llm is not None else "from_rules"] += freq[key]
+            by_key[key] = goals
+        out = [list(by_key[key]) for key in keys]
+        with self._lock:
+            self._s.update(s)
+        return out
+
+    __call__ = propose
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since construction (``requests``, ``cache_hit_rate``, ``llm_calls``, ``fallbacks``...)."""
+        with self._lock:
+            s = dict(self._s)
+            dropped, errors, latency = dict(self._dropped), dict(self._errors), self._latency
+        lookups = s.get("cache_hits", 0) + s.get("cache_misses", 0)
+        out: dict[str, Any] = {
+            "backend": self.backend_name, "k": self.k,
+            "propose_calls": s.get("propose_calls", 0), "requests": s.get("requests", 0),
+            "unique": s.get("unique", 0), "cache_hits": s.get("cache_hits", 0),
+            "cache_misses": s.get("cache_misses", 0), "cache_hit_rate": s.get("cache_hits", 0) / max(lookups, 1),
+            "cache_size": len(self.cache), "fallbacks": s.get("fallbacks", 0),
+        }
+        if self.llm is not None:
+            calls = s.get("llm_calls", 0)
+            out.update({
+                "llm_calls": calls, "llm_prompts": s.get("llm_prompts", 0), "llm_answers": s.get("llm_answers", 0),
+                "llm_ok": s.get("llm_ok", 0), "llm_timeouts": s.get("llm_timeout", 0),
+                "llm_errors": s.get("llm_error", 0), "llm_busy": s.get("llm_busy", 0),
+                "llm_empty": s.get("llm_empty", 0), "not_asked": s.get("not_asked", 0),
+                "from_llm": s.get("from_llm", 0),
+                "llm_fraction": s.get("from_llm", 0) / max(s.get("requests", 0), 1),
+                "latency_mean_s": latency / max(s.get("llm_completed", 0), 1),
+                "errors_by_type": errors, "dropped": dropped,
+            })
+        return out
+
+    def close(self, wait: float = 30.0) -> None:
+        """Stop the worker thread and free the backend (after up to ``wait`` s for a running call;
+        a backend still generating after that is left to free itself at exit)."""
+        running = self._inflight is not None and not self._inflight.done()
+        if running:
+            try:
+                self._inflight.result(timeout=wait)
+                running = False
+            except Exception:  # noqa: BLE001 - timeout or the call's own error
+                running = not self._inflight.done()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self.llm is not None and hasattr(self.llm, "close") and not running:
+            try:
+                self.llm.close()
+            except Exception:  # noqa: BLE001 - best effort
+                pass
