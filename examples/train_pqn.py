@@ -34,6 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--preset", choices=sorted(pqn.PRESETS), default="cpu")
     p.add_argument("--run-dir", default=None, help="output folder (default runs/<method>_<time>)")
     p.add_argument("--resume", action="store_true", help="continue from <run-dir>/checkpoint.pkl")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --run-dir")
     p.add_argument("--max-updates", type=int, default=None,
                    help="stop after this many updates in this process (to split long runs; resume later)")
     p.add_argument("--time-limit", type=float, default=None,
@@ -97,6 +98,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = build_config(args)
     run_dir = Path(args.run_dir or f"runs/{cfg.method}_{time.strftime('%Y%m%d-%H%M%S')}")
+    if not args.resume and not args.overwrite and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoint.pkl").exists()):
+        print(f"error: {run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+              "or choose another --run-dir", file=sys.stderr)
+        return 2
+    if args.overwrite:
+        for name in ("metrics.jsonl", "metrics.csv", "checkpoint.pkl"):
+            (run_dir / name).unlink(missing_ok=True)
     if args.resume and not (run_dir / "checkpoint.pkl").exists():
         print(f"error: --resume given but {run_dir / 'checkpoint.pkl'} does not exist", file=sys.stderr)
         return 2

@@ -97,3 +97,14 @@ def test_main_job_script_writes_a_complete_run_directory(tmp_path):
     # --resume of a finished run is a no-op that still succeeds
     again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_main_job_refuses_to_mix_a_new_run_into_an_existing_run_dir(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_pqn
+
+    (tmp_path / "metrics.jsonl").write_text('{"update": 1}\n')
+    assert train_pqn.main(["--run-dir", str(tmp_path), "--relabeler", "rules"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"update": 1}\n'  # nothing lost
+    assert train_pqn.main(["--run-dir", str(tmp_path / "nothing"), "--resume"]) == 2
