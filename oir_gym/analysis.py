@@ -68,7 +68,7 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path]], out: str | Path,
             stacked = np.concatenate([s[1][m][:n] for s in series], axis=1)  # [n, seeds]
             mean, se = mean_and_stderr(stacked.T, axis=0)
             mean, se = np.atleast_1d(mean), np.atleast_1d(se)
-            ax.plot(steps, mean, label=label)
+            ax.plot(steps, mean, marker="o", label=label)
             ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
     for ax, m in zip(axes, EVAL_METRICS):
         ax.set_title(f"{m.replace('_', ' ')} ({set_name})")
@@ -132,6 +132,85 @@ def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, s
     ax.set_ylim(0, 1)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def final_table(results: dict[str, list[dict]], sets: Sequence[str] = ("original", "simple", "complex")) -> str:
+    """Markdown table: per method and set, mean +- s.e. over seeds of the three metrics.
+
+    ``results[method]`` is the list of per-seed evaluation dicts of ``eval_final.json``.
+    """
+    lines = ["| method | set | mean success rate | completed instructions | aggregate score |", "|---|---|---|---|---|"]
+    for m, seeds in results.items():
+        for s in sets:
+            if s not in seeds[0]:
+                continue
+            cells = []
+            for k in EVAL_METRICS:
+                mean, se = mean_and_stderr(np.array([r[s][k] for r in seeds], dtype=float))
+                cells.append(f"{mean:.3f} ± {se:.3f}" if k != "num_completed" else f"{mean:.1f} ± {se:.1f}")
+            lines.append(f"| {m} | {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, seed: int = 0,
+              reference: Sequence[str] | None = None) -> Path:
+    """t-SNE of instruction embeddings, one colour per group (e.g. OIR vs ELLM), with the 22
+    achievements (``reference``, default :data:`oir_gym.instructions.ORIGINAL_INSTRUCTIONS`) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.manifold import TSNE
+
+    from oir_gym.encoder import get_encoder
+    from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+
+    enc = encoder or get_encoder()
+    reference = list(reference or ORIGINAL_INSTRUCTIONS)
+    names, texts = [], []
+    for g, ts in list(groups.items()) + [("achievements", reference)]:
+        for t in dict.fromkeys(ts):
+            names.append(g)
+            texts.append(t)
+    if len(texts) < 5:
+        raise ValueError(f"need at least 5 instructions for a t-SNE, got {len(texts)}")
+    emb = enc.encode(texts)
+    xy = TSNE(n_components=2, perplexity=min(30, max(2, len(texts) // 4)), random_state=seed, init="pca").fit_transform(emb)
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for g in dict.fromkeys(names):
+        idx = [i for i, n in enumerate(names) if n == g]
+        marker, size = ("*", 120) if g == "achievements" else ("o", 18)
+        ax.scatter(xy[idx, 0], xy[idx, 1], s=size, marker=marker, label=f"{g} ({len(idx)})", alpha=0.8)
+    ax.legend()
+    ax.set_title("instructions in embedding space (t-SNE)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_name: str = "original",
+                         xlabel: str = "delta") -> Path:
+    """Final metrics (mean +- s.e. over seeds) against a swept parameter (e.g. the delta ablation)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = list(values)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, k in zip(axes, EVAL_METRICS):
+        stats = [mean_and_stderr(np.array([r[set_name][k] for r in values[x]], dtype=float)) for x in xs]
+        ax.errorbar(range(len(xs)), [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=4)
+        ax.set_xticks(range(len(xs)))
+        ax.set_xticklabels(xs)
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"{k.replace('_', ' ')} ({set_name})")
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
