@@ -130,7 +130,7 @@ ELLM_PROPOSERS = ("rules", "llm")
 PRESETS: dict[str, dict[str, Any]] = {
     # Sized for a 2-core CPU: compile + train + evaluation in a few minutes; relabeling with the
     # offline Gemma 3 270M (background worker) merged with rule instructions.
-    "cpu": dict(relabeler="both"),
+    "cpu": dict(relabeler="both", total_timesteps=98_304, eval_every=48, eval_episodes=1, checkpoint_every=16),
     # Table "Hyperparameters used in Craftax-Classic" of the paper.
     "paper": dict(
         total_timesteps=10_000_000, num_envs=64, num_steps=128, num_epochs=8, num_minibatches=4,
