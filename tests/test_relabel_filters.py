@@ -68,3 +68,22 @@ def test_normalise_idempotent_and_filter_output_clean(text):
     f = CandidateFilter()
     kept, _ = f.filter([text])
     assert all(f.is_clean(k) for k in kept)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("die", "harmful"), ("take damage from the zombie", "harmful"), ("lose all health", "harmful"),
+    ("walk into lava", "forbidden_word"), ("jump into the lava", "harmful"), ("do nothing", "idle"), ("wait", "idle"),
+])
+def test_harmful_and_idle_instructions_are_dropped_with_a_reason(text, reason):
+    from oir_gym.relabel.filters import CandidateFilter
+
+    kept, dropped = CandidateFilter().filter([text, "collect wood"])
+    assert kept == ["collect wood"]
+    assert dropped[reason] == 1
+
+
+def test_defeating_mobs_is_not_mistaken_for_self_harm():
+    from oir_gym.relabel.filters import CandidateFilter
+
+    kept, _ = CandidateFilter().filter(["defeat zombie", "kill a skeleton", "wait for the zombie then defeat it"])
+    assert kept == ["defeat zombie", "kill a skeleton", "wait for the zombie then defeat it"]

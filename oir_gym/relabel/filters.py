@@ -38,6 +38,15 @@ FORBIDDEN_PATTERNS: tuple[str, ...] = (
     r"\brelocat\w*",
     r"\bwalk\b",
 )
+#: Instructions that would reward self-harm: the caption vocabulary has events for taking damage
+#: and dying, so an LLM's "die" would be grounded and would steer the curriculum toward dying.
+HARMFUL_PATTERNS: tuple[str, ...] = (
+    r"\bdie[sd]?\b", r"\bdying\b", r"\bdeath\b", r"\bkill(?:s|ed|ing)?\s+(?:yourself|myself|the player|the agent)\b",
+    r"\b(?:take|takes|taking|took)\s+damage\b", r"\bget(?:s|ting)?\s+hurt\b", r"\blos(?:e|es|ing|t)\s+(?:all\s+)?health\b",
+    r"\blava\b",
+)
+#: Idle instructions: grounded by almost every trajectory (the "noop" event), they teach nothing.
+IDLE_PATTERNS: tuple[str, ...] = (r"^(?:do nothing|stand still|wait|idle|stay still|stay idle|noop|no-op)$",)
 #: Normalised answers that are template echoes, not instructions.
 PLACEHOLDERS = frozenset({
     "...", "\u2026", "instruction", "instructions", "none", "n/a", "na", "null", "mid-level",
@@ -90,6 +99,8 @@ class CandidateFilter:
 
     def __post_init__(self) -> None:
         self._re = re.compile("|".join(f"(?:{p})" for p in (*self.forbidden, *self.extra_forbidden)), re.I)
+        self._harm = re.compile("|".join(f"(?:{p})" for p in HARMFUL_PATTERNS), re.I)
+        self._idle = re.compile("|".join(f"(?:{p})" for p in IDLE_PATTERNS), re.I)
 
     def check(self, text: str) -> Optional[str]:
         """The drop reason for an already normalised candidate, or ``None`` if it is kept."""
@@ -109,6 +120,10 @@ class CandidateFilter:
             return "too_long"
         if self._re.search(text):
             return "forbidden_word"
+        if self._harm.search(text):
+            return "harmful"
+        if self._idle.search(text):
+            return "idle"
         return None
 
     def filter(self, texts: Iterable[object]) -> tuple[list[str], Counter]:
