@@ -558,19 +558,22 @@ class Trainer:
                 r.close()
 
 
+def llm_backend_kwargs(cfg: pqn.PQNConfig) -> dict[str, Any]:
+    """Constructor arguments of ``cfg.llm_backend`` from the config's ``llm_*`` fields."""
+    if cfg.llm_backend == "openai":
+        return {"base_url": cfg.llm_base_url, "model": cfg.llm_model or "default"}
+    if cfg.llm_backend == "vllm":
+        return {"model": cfg.llm_model} if cfg.llm_model else {}
+    return {"model_path": cfg.llm_model} if cfg.llm_model else {}
+
+
 def make_proposer(cfg: pqn.PQNConfig):
     """The ELLM goal proposer of ``cfg.ellm_proposer``: rules, or ``cfg.llm_backend`` (falls back to rules)."""
     from oir_gym.proposer import GoalProposer
 
     if cfg.ellm_proposer == "rules":
         return GoalProposer("rules", k=cfg.k)
-    kwargs: dict[str, Any] = {}
-    if cfg.llm_backend == "openai":
-        kwargs = {"base_url": cfg.llm_base_url, "model": cfg.llm_model or "default"}
-    elif cfg.llm_backend == "vllm":
-        kwargs = {"model": cfg.llm_model} if cfg.llm_model else {}
-    elif cfg.llm_model:
-        kwargs = {"model_path": cfg.llm_model}
+    kwargs = llm_backend_kwargs(cfg)
     return GoalProposer(cfg.llm_backend, k=cfg.k, timeout=cfg.ellm_timeout,
                         max_prompts=cfg.llm_per_update * cfg.num_seeds, backend_kwargs=kwargs)
 
@@ -581,16 +584,10 @@ def make_relabeler(cfg: pqn.PQNConfig):
 
     if cfg.relabeler == "rules":
         return HindsightRelabeler("rules", k=cfg.k, delta=cfg.delta, encoder=get_encoder(), cache_size=0)
-    kwargs: dict[str, Any] = {}
-    if cfg.llm_backend == "openai":
-        kwargs = {"base_url": cfg.llm_base_url, "model": cfg.llm_model or "default"}
-    elif cfg.llm_backend == "vllm":
-        kwargs = {"model": cfg.llm_model} if cfg.llm_model else {}
-    elif cfg.llm_model:
-        kwargs = {"model_path": cfg.llm_model}
+    kwargs = llm_backend_kwargs(cfg)
     # LLM answers come from a background worker; rules of the current rollout are merged by
     # the trainer, so the LLM relabeler itself does not add rules.
-    # queue_size=1 + on_full="skip": while the LLM is busy, newer rollouts replace older ones
+    # queue_size=1 + on_full="replace": while the LLM is busy, newer rollouts replace older ones
     # instead of piling up answers that would arrive too late to train on.
     return HindsightRelabeler(cfg.llm_backend, k=cfg.k, template=cfg.llm_template, use_rules=False,
                               delta=cfg.delta, encoder=get_encoder(), on_full="replace", queue_size=1,

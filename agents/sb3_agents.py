@@ -524,7 +524,7 @@ class SB3Run:
             f"# Final evaluation ({self.cfg.algo}, relabeler {self.cfg.relabeler}, {self.model.num_timesteps:,} env "
             f"steps, {self.cfg.eval_episodes} episode(s) x {self.cfg.eval_horizon} steps per instruction)\n\n{table}\n")
         rows = analysis.read_jsonl(self.run_dir / "metrics.jsonl")
-        _write_csv(rows, self.run_dir / "metrics.csv")
+        analysis.write_csv(rows, self.run_dir / "metrics.csv")
         analysis.plot_training(rows, self.run_dir / "training.png")
         analysis.plot_learning_curves({self.cfg.algo: [self.run_dir]}, self.run_dir / "learning_curves.png")
         analysis.plot_instruction_bars({self.cfg.algo: [res.to_dict()]}, self.run_dir / "instruction_success.png")
@@ -536,16 +536,6 @@ class SB3Run:
             self.relabeler.close()
         if self.venv is not None:
             self.venv.close()
-
-
-def _write_csv(rows: list[dict], path: Path) -> None:
-    import csv
-
-    keys = sorted({k for r in rows for k in r})
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
 
 
 def train(cfg: SB3Config, run_dir: str | os.PathLike, resume: bool = False,

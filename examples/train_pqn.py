@@ -16,7 +16,6 @@ counts) and method ``ellm`` goals.json (every goal proposed, with counts), writt
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import os
@@ -84,14 +83,6 @@ class Logger:
         self.jsonl.close()
         if self.tb is not None:
             self.tb.close()
-
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    keys = sorted({k for r in rows for k in r})
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
 
 
 def main(argv=None) -> int:
@@ -182,7 +173,7 @@ def main(argv=None) -> int:
         logger.close()
 
     rows = analysis.read_jsonl(run_dir / "metrics.jsonl")
-    write_csv(rows, run_dir / "metrics.csv")
+    analysis.write_csv(rows, run_dir / "metrics.csv")
     analysis.plot_training(rows, run_dir / "training.png")
     if stopped_early:
         print(f"stopped at update {trainer.update_idx}/{cfg.num_updates}; continue with: "

@@ -32,6 +32,18 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return [rows[k] for k in sorted(rows)] + extra
 
 
+def write_csv(rows: list[dict], path: str | Path) -> Path:
+    """Rows (dicts with possibly different keys) as a CSV file with the union of keys."""
+    import csv
+
+    keys = sorted({k for r in rows for k in r})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    return Path(path)
+
+
 def eval_curves(metrics: list[dict], set_name: str = "original", seed_keys: bool = True):
     """``steps, {metric: [n_points, n_seeds]}`` from evaluation rows of one run."""
     pts = [r for r in metrics if any(k.startswith(f"eval/{set_name}/") or k.startswith(f"seed0/eval/{set_name}/")
