@@ -72,8 +72,7 @@ def main(argv=None) -> int:
     if args.tsne:
         groups = {}
         for name, f in _pairs(args.tsne).items():
-            data = json.loads(Path(f).read_text())
-            groups[name] = list(data) if isinstance(data, (list, dict)) else []
+            groups[name] = analysis.read_instruction_list(f)
         analysis.plot_tsne(groups, out / "tsne.png")
     print(f"\nplots in {out}/")
     return 0

@@ -168,6 +168,14 @@ def final_table(results: dict[str, list[dict]], sets: Sequence[str] = ("original
     return "\n".join(lines)
 
 
+def read_instruction_list(path: str | Path) -> list[str]:
+    """Instruction texts of a run's ``instructions.json`` / ``goals.json`` (or a plain JSON list)."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict):
+        data = data.get("items", [])
+    return [d["text"] if isinstance(d, dict) else str(d) for d in data]
+
+
 def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, seed: int = 0,
               reference: Sequence[str] | None = None) -> Path:
     """t-SNE of instruction embeddings, one colour per group (e.g. OIR vs ELLM), with the 22
