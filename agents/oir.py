@@ -217,8 +217,10 @@ class Trainer:
         n_eval = len(self.eval_texts) * self.eval_cfg.episodes
 
         def greedy(params, carry, obs, done_prev, key):
+            # greedy by default; cfg.eval_epsilon > 0 adds epsilon-greedy noise (a deterministic
+            # recurrent policy can loop forever on one action)
             carry, q = self.net.apply(params, carry, obs["obs"][None], obs["instruction"][None], done_prev[None])
-            return carry, jnp.argmax(q[0], axis=-1)
+            return carry, pqn.eps_greedy(key, q[0], cfg.eval_epsilon)
 
         self._evaluator = make_jax_evaluator(greedy, self.net.initial_carry, n_eval, self.eval_cfg.horizon,
                                              cfg.obs_mode)

@@ -71,6 +71,7 @@ class PQNConfig:
     eval_every: int = 25  # updates
     eval_episodes: int = 2
     eval_horizon: int = 300
+    eval_epsilon: float = 0.0  # 0 = greedy evaluation (the paper does not say)
     checkpoint_every: int = 25  # updates
     table_capacity: int = 256
 
@@ -102,6 +103,7 @@ class PQNConfig:
         need(0 <= self.eps_finish <= self.eps_start <= 1, "need 0 <= eps_finish <= eps_start <= 1")
         need(0 < self.eps_decay <= 1, f"eps_decay={self.eps_decay} must be in (0, 1]")
         need(-1 < self.delta <= 1, f"delta={self.delta} is outside (-1, 1]")
+        need(0 <= self.eval_epsilon <= 1, f"eval_epsilon={self.eval_epsilon} must be in [0, 1]")
         need(0 <= self.tau_low < self.tau_high, f"need 0 <= tau_low ({self.tau_low}) < tau_high ({self.tau_high})")
         rows = self.num_envs * (1 + (self.k if self.method == "oir" else 0))
         need(rows % self.num_minibatches == 0,
