@@ -264,10 +264,8 @@ class Trainer:
     def init_state(self) -> None:
         cfg = self.cfg
         key = jax.random.PRNGKey(cfg.seed)
-        keys = jax.random.split(key, self.S * 3 + 1).reshape(-1)
         key, *ks = jax.random.split(key, 1 + 3 * self.S)
         k_net, k_env, k_run = np.array(ks[: self.S]), np.array(ks[self.S: 2 * self.S]), np.array(ks[2 * self.S:])
-        del keys
         d_obs = obs_dim(cfg.obs_mode)
         self.train_state = jax.vmap(lambda k: pqn.create_train_state(k, cfg, self.net, d_obs, self.encoder.dim))(
             jnp.asarray(k_net))
