@@ -560,11 +560,9 @@ class Trainer:
 
 def llm_backend_kwargs(cfg: pqn.PQNConfig) -> dict[str, Any]:
     """Constructor arguments of ``cfg.llm_backend`` from the config's ``llm_*`` fields."""
-    if cfg.llm_backend == "openai":
-        return {"base_url": cfg.llm_base_url, "model": cfg.llm_model or "default"}
-    if cfg.llm_backend == "vllm":
-        return {"model": cfg.llm_model} if cfg.llm_model else {}
-    return {"model_path": cfg.llm_model} if cfg.llm_model else {}
+    from oir_gym.relabel.backends import backend_kwargs
+
+    return backend_kwargs(cfg.llm_backend, cfg.llm_model, cfg.llm_base_url)
 
 
 def make_proposer(cfg: pqn.PQNConfig):

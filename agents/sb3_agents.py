@@ -136,15 +136,11 @@ def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = 
 
     if kind == "rules":
         return HindsightRelabeler("rules", k=k, delta=delta, encoder=encoder, cache_size=0, **kwargs)
-    backend_kwargs: dict[str, Any] = {}
-    if llm_backend == "openai":
-        backend_kwargs = {"base_url": llm_base_url, "model": llm_model or "default"}
-    elif llm_backend == "vllm":
-        backend_kwargs = {"model": llm_model} if llm_model else {}
-    elif llm_model:
-        backend_kwargs = {"model_path": llm_model}
+    from oir_gym.relabel.backends import backend_kwargs
+
     return HindsightRelabeler(llm_backend, k=k, delta=delta, encoder=encoder, template=template,
-                              use_rules=(kind == "both"), cache_path=cache_path, backend_kwargs=backend_kwargs, **kwargs)
+                              use_rules=(kind == "both"), cache_path=cache_path,
+                              backend_kwargs=backend_kwargs(llm_backend, llm_model, llm_base_url), **kwargs)
 
 
 def make_relabel_callback(relabeler, algo: str, **kwargs: Any):

@@ -210,3 +210,13 @@ class _DummyEncoder:
                 out[i, hash(w) % self.dim] += 1.0
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-6)
         return out
+
+
+def test_backend_kwargs_maps_the_common_model_settings():
+    from oir_gym.relabel.backends import backend_kwargs
+
+    assert backend_kwargs("openai", "", "http://127.0.0.1:9/v1") == {"base_url": "http://127.0.0.1:9/v1", "model": "default"}
+    assert backend_kwargs("vllm", "Qwen/Qwen3-8B") == {"model": "Qwen/Qwen3-8B"}
+    assert backend_kwargs("vllm") == {}
+    assert backend_kwargs("llama_cpp") == {}  # the packaged Gemma
+    assert backend_kwargs("llama_cpp", "/m.gguf") == {"model_path": "/m.gguf"}

@@ -654,6 +654,19 @@ class CompositeBackend:
         return props
 
 
+def backend_kwargs(name: str, model: str = "", base_url: str = "http://127.0.0.1:8000/v1") -> dict[str, Any]:
+    """Constructor arguments of backend ``name`` from the common model / server settings.
+
+    ``openai`` takes the server's ``base_url`` and ``model`` (``"default"`` when empty), ``vllm``
+    a model name or path, ``llama_cpp`` a GGUF ``model_path`` (the packaged Gemma when empty).
+    """
+    if name == "openai":
+        return {"base_url": base_url, "model": model or "default"}
+    if name == "vllm":
+        return {"model": model} if model else {}
+    return {"model_path": model} if model else {}
+
+
 def make_backend(name: str, **kwargs: Any) -> Optional[LLMBackend]:
     """Build an LLM backend by name: ``"llama_cpp"``, ``"openai"``, ``"vllm"``; ``"rules"`` -> None."""
     if name == "llama_cpp":
