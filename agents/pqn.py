@@ -5,9 +5,12 @@ training loop that wraps it (rollouts, relabeling, instruction buffer, evaluatio
 is in :mod:`agents.oir`.
 
 The network: LayerNorm on the input (obs features ++ instruction embedding), an MLP of
-``num_layers`` Dense+LayerNorm+ReLU blocks, one LSTM layer, a linear Q head. Targets are
-Q(lambda) returns computed over the rollout with the network that collected it; the loss is the
-squared error to them, optimised by RAdam with gradient clipping and linear LR decay.
+``num_layers`` Dense+LayerNorm+ReLU blocks, one LSTM layer, a linear Q head on the LSTM output
+(as in purejaxql's PQN-RNN: the tanh-bounded LSTM output keeps the initial Q-values small, so
+the max over actions does not start far above the largest possible return of 1). Targets are
+Q(lambda) returns recomputed for every minibatch from the same forward pass (stop-gradient), as
+in purejaxql; the loss is the squared error to them, optimised by RAdam with gradient clipping
+and linear LR decay.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class PQNConfig:
     hidden_size: int = 128
     num_layers: int = 1
     norm_input: bool = True
+    scan_unroll: int = 1  # LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)
     # environment
     obs_mode: str = "paper"
     delta: float = 0.9
@@ -96,7 +100,8 @@ class PQNConfig:
         need(self.obs_mode in ("paper", "symbolic"), f"obs_mode={self.obs_mode!r}; expected 'paper' or 'symbolic'")
         for name in ("total_timesteps", "num_envs", "num_steps", "num_seeds", "num_epochs", "num_minibatches",
                      "hidden_size", "num_layers", "buffer_size", "k", "eval_every", "eval_episodes",
-                     "eval_horizon", "checkpoint_every", "max_episode_steps", "llm_lag", "llm_per_update"):
+                     "eval_horizon", "checkpoint_every", "max_episode_steps", "llm_lag", "llm_per_update",
+                     "scan_unroll"):
             need(int(getattr(self, name)) >= 1, f"{name}={getattr(self, name)!r} must be >= 1")
         need(0 < self.lr < 1, f"lr={self.lr} must be in (0, 1)")
         need(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, f"gamma={self.gamma}, lam={self.lam} must be in [0, 1]")
@@ -138,7 +143,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         total_timesteps=10_000_000, num_envs=64, num_steps=128, num_epochs=8, num_minibatches=4,
         lr=1e-5, gamma=0.99, lam=0.5, eps_start=1.0, eps_finish=0.1, eps_decay=0.1, hidden_size=512,
         num_layers=1, max_grad_norm=0.5, buffer_size=10, delta=0.9, k=4, eval_every=50, llm_per_update=64,
-        eval_episodes=4, eval_horizon=1000, checkpoint_every=20,
+        eval_episodes=4, eval_horizon=1000, checkpoint_every=20, scan_unroll=8,
     ),
 }
 
@@ -155,6 +160,7 @@ class QNetwork(nn.Module):
     hidden_size: int = 512
     num_layers: int = 1
     norm_input: bool = True
+    unroll: int = 1
 
     @nn.compact
     def __call__(self, carry, obs, instruction, resets):
@@ -172,9 +178,8 @@ class QNetwork(nn.Module):
             carry, y = cell(carry, x_t)
             return carry, y
 
-        scan = nn.scan(scan_fn, variable_broadcast="params", split_rngs={"params": False})
+        scan = nn.scan(scan_fn, variable_broadcast="params", split_rngs={"params": False}, unroll=self.unroll)
         carry, y = scan(cell, carry, (x, resets))
-        y = nn.relu(nn.LayerNorm()(y))
         return carry, nn.Dense(self.num_actions)(y)
 
     def initial_carry(self, batch: int):
@@ -183,7 +188,7 @@ class QNetwork(nn.Module):
 
 
 def make_network(cfg: PQNConfig, num_actions: int) -> QNetwork:
-    return QNetwork(num_actions, cfg.hidden_size, cfg.num_layers, cfg.norm_input)
+    return QNetwork(num_actions, cfg.hidden_size, cfg.num_layers, cfg.norm_input, cfg.scan_unroll)
 
 
 def make_optimizer(cfg: PQNConfig):
@@ -243,20 +248,16 @@ def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Ar
     (the observation after the last step), ``actions``, ``rewards``, ``dones``, ``resets``
     (episode starts, for the LSTM), ``weights`` (0 masks padding rows), ``carry0`` (LSTM state
     at the rollout start).
+
+    Each minibatch runs the network once over its ``T + 1`` observations (the rollout plus the
+    observation after it); the Q(lambda) targets come from that same pass under a
+    stop-gradient, so they follow the parameters through the epochs (purejaxql's PQN-RNN does
+    the same). All ``T`` steps are trained; the extra observation only bootstraps.
     """
     apply = train_state.apply_fn
-
-    def all_q(params, carry0, obs, instr, resets):
-        _, q = apply(params, carry0, obs, instr, resets)
-        return q
-
-    # Targets with the current parameters (stop-gradient), over the full sequence + last obs.
     obs_ext = jnp.concatenate([batch["obs"], batch["next_obs_last"][None]], axis=0)
     instr_ext = jnp.concatenate([batch["instr"], batch["next_instr_last"][None]], axis=0)
     resets_ext = jnp.concatenate([batch["resets"], batch["dones"][-1:]], axis=0)
-    q_ext = all_q(train_state.params, batch["carry0"], obs_ext, instr_ext, resets_ext)
-    targets = q_lambda_targets(batch["rewards"], batch["dones"], q_ext[1:].max(-1), cfg.gamma, cfg.lam)
-    targets = jax.lax.stop_gradient(targets)
 
     n = batch["actions"].shape[1]
     mb = n // cfg.num_minibatches
@@ -264,23 +265,25 @@ def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Ar
     def loss_fn(params, idx):
         sel = lambda x, axis=1: jnp.take(x, idx, axis=axis)  # noqa: E731
         carry0 = jax.tree_util.tree_map(lambda c: c[idx], batch["carry0"])
-        q = all_q(params, carry0, sel(batch["obs"]), sel(batch["instr"]), sel(batch["resets"]))
-        q_a = jnp.take_along_axis(q, sel(batch["actions"])[..., None], axis=-1)[..., 0]
+        _, q_ext = apply(params, carry0, sel(obs_ext), sel(instr_ext), sel(resets_ext))
+        q_next = jax.lax.stop_gradient(q_ext[1:]).max(-1)
+        targets = q_lambda_targets(sel(batch["rewards"]), sel(batch["dones"]), q_next, cfg.gamma, cfg.lam)
+        q_a = jnp.take_along_axis(q_ext[:-1], sel(batch["actions"])[..., None], axis=-1)[..., 0]
         w = sel(batch["weights"], axis=0)[None, :]
-        err = (q_a - sel(targets)) ** 2
+        err = (q_a - targets) ** 2
         loss = 0.5 * jnp.sum(err * w) / jnp.maximum(jnp.sum(w) * q_a.shape[0], 1.0)
-        return loss, q_a
+        return loss, (q_a.mean(), targets.mean())
 
     def epoch(carry, k):
         ts = carry
         perm = jax.random.permutation(k, n).reshape(cfg.num_minibatches, mb)
 
         def minibatch(ts, idx):
-            (loss, q_a), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params, idx)
-            return ts.apply_gradients(grads=grads), (loss, q_a.mean())
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params, idx)
+            return ts.apply_gradients(grads=grads), (loss,) + aux
 
         ts, out = jax.lax.scan(minibatch, ts, perm)
         return ts, out
 
-    train_state, (losses, qs) = jax.lax.scan(epoch, train_state, jax.random.split(key, cfg.num_epochs))
-    return train_state, {"loss": losses.mean(), "q_mean": qs.mean(), "target_mean": targets.mean()}
+    train_state, (losses, qs, tgt) = jax.lax.scan(epoch, train_state, jax.random.split(key, cfg.num_epochs))
+    return train_state, {"loss": losses.mean(), "q_mean": qs.mean(), "target_mean": tgt.mean()}

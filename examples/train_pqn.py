@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -38,12 +39,29 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="stop after this many updates in this process (to split long runs; resume later)")
     p.add_argument("--time-limit", type=float, default=None,
                    help="checkpoint and stop after this many seconds (to split long runs; resume later)")
+    p.add_argument("--eval-only", metavar="TAG", default=None,
+                   help="no training: evaluate <run-dir>/checkpoint.pkl with this run's --eval-* settings and "
+                        "write eval_TAG.json / eval_TAG.md (e.g. --eval-only eps0.05 --eval-epsilon 0.05)")
     choices = {"method": pqn.METHODS, "relabeler": pqn.RELABELERS, "ellm_proposer": pqn.ELLM_PROPOSERS}
     for f in dataclasses.fields(pqn.PQNConfig):
         flag = "--" + f.name.replace("_", "-")
         typ = {int: int, float: float, bool: lambda s: s.lower() in ("1", "true", "yes"), str: str}[type(f.default)]
         p.add_argument(flag, type=typ, default=None, choices=choices.get(f.name), help=f"(default {f.default!r})")
     return p.parse_args(argv)
+
+
+def _mean_table(per_seed: list[dict]) -> str:
+    """Markdown table of per-seed evaluation dicts (``EvalResult.to_dict()``), rates averaged over seeds."""
+    import numpy as np
+
+    from oir_gym.evaluation import EvalResult
+
+    res = EvalResult()
+    for s in per_seed[0]:
+        res.texts[s] = per_seed[0][s]["texts"]
+        res.achievements[s] = per_seed[0][s]["achievements"]
+        res.rates[s] = np.mean([f[s]["rates"] for f in per_seed], axis=0)
+    return res.to_markdown()
 
 
 def build_config(args) -> pqn.PQNConfig:
@@ -96,15 +114,23 @@ def main(argv=None) -> int:
     if args.overwrite:
         for name in ("metrics.jsonl", "metrics.csv", "checkpoint.pkl"):
             (run_dir / name).unlink(missing_ok=True)
+    if args.eval_only is not None:
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", args.eval_only):
+            print(f"error: --eval-only tag {args.eval_only!r} may hold only letters, digits, '.', '_' and '-'",
+                  file=sys.stderr)
+            return 2
+        args.resume = True  # read the run's config and checkpoint
     if args.resume and not (run_dir / "checkpoint.pkl").exists():
-        print(f"error: --resume given but {run_dir / 'checkpoint.pkl'} does not exist", file=sys.stderr)
+        flag = "--eval-only" if args.eval_only is not None else "--resume"
+        print(f"error: {flag} given but {run_dir / 'checkpoint.pkl'} does not exist", file=sys.stderr)
         return 2
     if args.resume:
         saved = json.loads((run_dir / "config.json").read_text())
         cli = {f.name: getattr(args, f.name) for f in dataclasses.fields(pqn.PQNConfig) if getattr(args, f.name) is not None}
         cfg = pqn.PQNConfig.from_dict({**saved, **cli}).validate()
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    if args.eval_only is None:
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
     import jax
 
@@ -135,6 +161,17 @@ def main(argv=None) -> int:
             row[k] = float(sum(r.flat_metrics()[k] for r in results) / len(results))
         (run_dir / f"eval_{tag}.json").write_text(json.dumps([r.to_dict() for r in results], indent=1))
         return results, row
+
+    if args.eval_only is not None:
+        trainer.close()
+        results, _ = run_eval(args.eval_only)
+        table = _mean_table([r.to_dict() for r in results])
+        (run_dir / f"eval_{args.eval_only}.md").write_text(
+            f"# Evaluation '{args.eval_only}' ({cfg.method}, {cfg.num_seeds} seed(s), checkpoint at {trainer.env_steps:,} "
+            f"env steps, {cfg.eval_episodes} episodes x {cfg.eval_horizon} steps per instruction, "
+            f"epsilon {cfg.eval_epsilon})\n\n{table}\n")
+        print(table + f"\nwrote {run_dir / f'eval_{args.eval_only}.json'}", flush=True)
+        return 0
 
     stopped_early = False
     t_loop = time.time()
@@ -182,15 +219,7 @@ def main(argv=None) -> int:
     analysis.plot_learning_curves({cfg.method: [run_dir]}, run_dir / "learning_curves.png")
     final = json.loads((run_dir / "eval_final.json").read_text())
     analysis.plot_instruction_bars({cfg.method: final}, run_dir / "instruction_success.png")
-    from oir_gym.evaluation import EvalResult
-    import numpy as np
-
-    res = EvalResult()
-    for s in final[0]:
-        res.texts[s] = final[0][s]["texts"]
-        res.achievements[s] = final[0][s]["achievements"]
-        res.rates[s] = np.mean([f[s]["rates"] for f in final], axis=0)
-    table = res.to_markdown()
+    table = _mean_table(final)
     (run_dir / "eval_final.md").write_text(
         f"# Final evaluation ({cfg.method}, {cfg.num_seeds} seed(s), {trainer.env_steps:,} env steps, "
         f"{cfg.eval_episodes} episodes x {cfg.eval_horizon} steps per instruction)\n\n{table}\n")

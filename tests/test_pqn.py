@@ -138,3 +138,19 @@ def test_update_reduces_loss_on_a_fixed_batch():
         losses.append(float(m["loss"]))
     assert np.isfinite(losses).all()
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_initial_q_values_are_small_next_to_the_unit_reward():
+    # Rewards are 0/1 and an episode pays at most once, so true Q-values lie in [0, 1]. The Q head
+    # reads the tanh-bounded LSTM output; an initial max over 17 actions near 2 (what a
+    # LayerNorm+ReLU head gave) makes the bootstrapped targets start far above any real return,
+    # and the greedy policy never learned even "collect wood" at the paper's learning rate.
+    cfg = pqn.PQNConfig(hidden_size=512)
+    net = pqn.make_network(cfg, 17)
+    ts = pqn.create_train_state(jax.random.PRNGKey(0), cfg, net, 888, 384)
+    rng = np.random.default_rng(0)
+    T, N = 16, 64
+    obs = jnp.asarray(rng.random((T, N, 888)) < 0.05, jnp.float32)
+    instr = jnp.asarray(rng.normal(size=(T, N, 384)) / np.sqrt(384), jnp.float32)
+    _, q = net.apply(ts.params, net.initial_carry(N), obs, instr, jnp.zeros((T, N), bool))
+    assert float(jnp.abs(q).max(-1).mean()) < 0.5

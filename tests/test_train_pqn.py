@@ -39,7 +39,8 @@ def test_training_runs_and_resume_continues_identically(tmp_path):
     assert np.isfinite(losses).all()
     assert min(losses[1:]) < losses[0]  # the first update's loss (random Q vs targets) comes down
     assert logs[-1].env_steps == 4 * cfg.batch_steps
-    assert logs[-1].metrics["relabel/rows"] > 0  # rule relabeling produced training rows
+    # rule relabeling produced training rows (the first rollouts act almost at random, so they have events)
+    assert max(l.metrics["relabel/rows"] for l in logs) > 0
 
     first = Trainer(cfg, tmp_path / "b", log=lambda s: None)
     first.init_state()
