@@ -107,6 +107,15 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = build_config(args)
     run_dir = Path(args.run_dir or f"runs/{cfg.method}_{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.eval_only is not None:
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", args.eval_only):
+            print(f"error: --eval-only tag {args.eval_only!r} may hold only letters, digits, '.', '_' and '-'",
+                  file=sys.stderr)
+            return 2
+        if args.overwrite:
+            print("error: --eval-only reads a run; it cannot be combined with --overwrite", file=sys.stderr)
+            return 2
+        args.resume = True  # read the run's config and checkpoint
     if not args.resume and not args.overwrite and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoint.pkl").exists()):
         print(f"error: {run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
               "or choose another --run-dir", file=sys.stderr)
@@ -114,12 +123,6 @@ def main(argv=None) -> int:
     if args.overwrite:
         for name in ("metrics.jsonl", "metrics.csv", "checkpoint.pkl"):
             (run_dir / name).unlink(missing_ok=True)
-    if args.eval_only is not None:
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", args.eval_only):
-            print(f"error: --eval-only tag {args.eval_only!r} may hold only letters, digits, '.', '_' and '-'",
-                  file=sys.stderr)
-            return 2
-        args.resume = True  # read the run's config and checkpoint
     if args.resume and not (run_dir / "checkpoint.pkl").exists():
         flag = "--eval-only" if args.eval_only is not None else "--resume"
         print(f"error: {flag} given but {run_dir / 'checkpoint.pkl'} does not exist", file=sys.stderr)

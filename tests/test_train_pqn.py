@@ -109,3 +109,27 @@ def test_main_job_refuses_to_mix_a_new_run_into_an_existing_run_dir(tmp_path, ca
     assert "already holds a run" in capsys.readouterr().err
     assert (tmp_path / "metrics.jsonl").read_text() == '{"update": 1}\n'  # nothing lost
     assert train_pqn.main(["--run-dir", str(tmp_path / "nothing"), "--resume"]) == 2
+
+
+def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_pqn
+
+    run = tmp_path / "run"
+    tiny_args = ["--run-dir", str(run), "--relabeler", "rules", "--total-timesteps", "512", "--num-envs", "4",
+                 "--num-steps", "16", "--hidden-size", "32", "--k", "2", "--num-minibatches", "2",
+                 "--eval-every", "100", "--eval-horizon", "8", "--eval-episodes", "1"]
+    assert train_pqn.main(tiny_args + ["--max-updates", "1"]) == 0
+    config_before = (run / "config.json").read_text()
+    metrics_before = (run / "metrics.jsonl").read_text()
+    assert train_pqn.main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval-epsilon", "0.5"]) == 0
+    res = json.loads((run / "eval_eps0.5.json").read_text())
+    assert set(res[0]) == {"original", "simple", "complex"} and len(res[0]["original"]["rates"]) == 22
+    assert "epsilon 0.5" in (run / "eval_eps0.5.md").read_text()
+    # the run itself is untouched: same config (eval_epsilon 0), no new metrics rows
+    assert (run / "config.json").read_text() == config_before
+    assert (run / "metrics.jsonl").read_text() == metrics_before
+    capsys.readouterr()
+    assert train_pqn.main(["--run-dir", str(run), "--eval-only", "../x"]) == 2
+    assert "--eval-only tag" in capsys.readouterr().err
+    assert train_pqn.main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Paper-preset reproduction runs on a lent GPU machine, detached so that they outlive the
+# 10-minute limit of one device call (the machine itself is held for at most 30 minutes).
+# Run it through bench/gpu_session.sh, which installs the carried wheels and the encoder:
+#
+#   bash bench/gpu_session.sh bash bench/gpu_repro.sh launch /tmp/oir 1200 gt:0 oir:1
+#   bash bench/gpu_session.sh bash bench/gpu_repro.sh status /tmp/oir
+#   bash bench/gpu_session.sh bash bench/gpu_repro.sh collect /tmp/oir $OUT
+#
+# launch ROOT LIMIT METHOD:GPU...  one process per METHOD on GPU index GPU: 3 seeds vmapped,
+#        --preset paper, stopping (with a checkpoint) after LIMIT seconds if 1e7 steps are not
+#        reached; then two evaluations of the last checkpoint: greedy (eval_end_greedy.json)
+#        and epsilon 0.05 (eval_end_eps0.05.json). ROOT/METHOD.log holds the output; ROOT/METHOD/DONE
+#        marks the end. Extra train_pqn.py flags go in $EXTRA.
+# status ROOT                      last lines of every log, GPU use.
+# collect ROOT DEST                DEST/runs.tgz: every run directory without checkpoints.
+set -u
+cmd=$1; root=$2; shift 2
+case $cmd in
+launch)
+  limit=$1; shift
+  mkdir -p "$root"
+  for spec in "$@"; do
+    m=${spec%%:*}; gpu=${spec##*:}
+    setsid nohup bash -c "
+      export CUDA_VISIBLE_DEVICES=$gpu
+      python examples/train_pqn.py --preset paper --method $m --num-seeds 3 --run-dir $root/$m \
+        --time-limit $limit ${EXTRA:-}
+      python examples/train_pqn.py --run-dir $root/$m --eval-only end_greedy --eval-epsilon 0
+      python examples/train_pqn.py --run-dir $root/$m --eval-only end_eps0.05 --eval-epsilon 0.05
+      touch $root/$m/DONE" > "$root/$m.log" 2>&1 < /dev/null &
+    echo "launched $m on GPU $gpu -> $root/$m.log"
+  done
+  sleep 5 ;;
+status)
+  for f in "$root"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | tail -n 4; done
+  ls "$root"/*/DONE 2>/dev/null
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
+collect)
+  dest=$1
+  tar czf "$dest/runs.tgz" -C "$root" --exclude=checkpoint.pkl --exclude=checkpoint.tmp --exclude=tb . ;;
+*) echo "unknown command $cmd" >&2; exit 2 ;;
+esac
