@@ -93,8 +93,8 @@ def eval_instructions(cfg: EvalConfig) -> tuple[list[str], list[int], list[str]]
     return texts, achs, sets
 
 
-def _result(cfg: EvalConfig, texts, achs, sets, success: np.ndarray) -> EvalResult:
-    """``success``: ``[n_instructions * episodes]`` bool, instruction-major."""
+def eval_result(cfg: EvalConfig, texts, achs, sets, success: np.ndarray) -> EvalResult:
+    """Per-set rates from ``success``: ``[n_instructions * episodes]`` bool, instruction-major."""
     per = success.reshape(len(texts), cfg.episodes).mean(axis=1)
     res = EvalResult()
     for s in cfg.sets:
@@ -152,7 +152,7 @@ def evaluate_jax(evaluator, key, policy_params, env_params: F.EnvParams, rows: n
     """Run a :func:`make_jax_evaluator` evaluator on the instructions (``rows`` in the table)."""
     pinned = jnp.repeat(jnp.asarray(rows, jnp.int32), cfg.episodes)
     success = evaluator(key, policy_params, eval_params(env_params, rows, achs), pinned)
-    return _result(cfg, texts, achs, sets, np.asarray(success))
+    return eval_result(cfg, texts, achs, sets, np.asarray(success))
 
 
 def evaluate_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), seed: int = 0,
@@ -190,4 +190,4 @@ def evaluate_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), seed: int 
         if not alive.any():
             break
     env.close()
-    return _result(cfg, texts, achs, sets, success)
+    return eval_result(cfg, texts, achs, sets, success)

@@ -133,3 +133,20 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
     assert train_pqn.main(["--run-dir", str(run), "--eval-only", "../x"]) == 2
     assert "--eval-only tag" in capsys.readouterr().err
     assert train_pqn.main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2
+
+
+def test_seeds_are_evaluated_together_exactly_as_one_by_one(tmp_path):
+    from oir_gym.evaluation import evaluate_jax
+
+    # epsilon 1 acts at random: over 50 steps some of the 154 envs succeed, so the comparison has content
+    tr = Trainer(tiny(num_seeds=2, eval_horizon=50, eval_epsilon=1.0), tmp_path, log=lambda s: None)
+    tr.init_state()
+    together = tr.evaluate()
+    params = tr.base_params.replace(table=tr.registry.device_table())
+    for s in range(2):
+        p_s = jax.tree_util.tree_map(lambda x: x[s], tr.train_state.params)
+        one = evaluate_jax(tr._evaluator, jax.random.PRNGKey(10_000 + s), p_s, params, tr.eval_rows, tr.eval_cfg,
+                           tr.eval_texts, tr.eval_achs, tr.eval_sets)
+        for name in one.rates:
+            np.testing.assert_array_equal(together[s].rates[name], one.rates[name])
+        assert sum(r.sum() for r in one.rates.values()) > 0
