@@ -1,11 +1,13 @@
 """Rebuild the plots and tables of docs/results.md from run files.
 
-    python examples/analyze_runs.py --runs gt=results/gpu_h100_1e6/gt cosine=... --out docs/img
+    python examples/analyze_runs.py --runs gt=results/gpu_h200_1e7/gt oir=results/gpu_h200_1e7/oir#000750 --out docs/img
 
 Each ``NAME=PREFIX`` points at ``PREFIX_metrics.jsonl`` and ``PREFIX_eval_final.json`` (the flat
 layout kept in ``results/``) or at a run directory holding ``metrics.jsonl`` and
-``eval_final.json``. ``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and
-``--tsne NAME=FILE`` instruction lists (``instructions.json`` / ``goals.json`` of a run).
+``eval_final.json``; ``NAME=PREFIX#TAG`` reads ``eval_TAG.json`` instead of ``eval_final.json``
+(e.g. ``#000750``, the periodic evaluation at update 750, to compare runs at equal steps).
+``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and ``--tsne NAME=FILE``
+instruction lists (``instructions.json`` / ``goals.json`` of a run).
 """
 
 from __future__ import annotations
@@ -22,25 +24,32 @@ from oir_gym import analysis  # noqa: E402
 
 
 def _files(prefix: str) -> tuple[Path, Path]:
+    prefix, _, tag = prefix.partition("#")
+    tag = tag or "final"
     p = Path(prefix)
     if p.is_dir():
-        return p / "metrics.jsonl", p / "eval_final.json"
-    return Path(f"{prefix}_metrics.jsonl"), Path(f"{prefix}_eval_final.json")
+        return p / "metrics.jsonl", p / f"eval_{tag}.json"
+    return Path(f"{prefix}_metrics.jsonl"), Path(f"{prefix}_eval_{tag}.json")
 
 
-def _pairs(items):
-    out = {}
+def _pairs(items) -> dict[str, list[str]]:
+    """``NAME=PATH`` items -> ``{NAME: [PATH, ...]}``; a repeated NAME collects several paths."""
+    out: dict[str, list[str]] = {}
     for it in items or []:
         if "=" not in it:
             raise SystemExit(f"expected NAME=PATH, got {it!r}")
         k, v = it.split("=", 1)
-        out[k] = v
+        out.setdefault(k, []).append(v)
     return out
 
 
 def _as_run_dir(prefix: str, tmp: Path, name: str) -> Path:
     metrics, _ = _files(prefix)
     d = tmp / name
+    n = 0
+    while d.exists():  # several runs under one name (their seeds are pooled)
+        n += 1
+        d = tmp / f"{name}_{n}"
     d.mkdir(parents=True, exist_ok=True)
     (d / "metrics.jsonl").write_text(metrics.read_text())
     return d
@@ -52,29 +61,37 @@ def main(argv=None) -> int:
     p.add_argument("--ablation", nargs="*", help="VALUE=PREFIX for the delta ablation")
     p.add_argument("--tsne", nargs="*", help="NAME=instructions.json|goals.json")
     p.add_argument("--out", default="docs/img")
+    p.add_argument("--table-only", action="store_true", help="print the tables, write no plots")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = _pairs(args.runs)
-    finals = {name: json.loads(_files(prefix)[1].read_text()) for name, prefix in runs.items()}
-    with tempfile.TemporaryDirectory() as tmp:
-        dirs = {name: [_as_run_dir(prefix, Path(tmp), name)] for name, prefix in runs.items()}
-        for s in ("original", "simple", "complex"):
-            analysis.plot_learning_curves(dirs, out / f"curves_{s}.png", s)
-    analysis.plot_instruction_bars(finals, out / "instruction_success.png")
-    print("## Final evaluation (mean ± s.e. over seeds)\n")
+    # several runs under one NAME (e.g. 2 + 1 seeds on two cards) are pooled as seeds of one method
+    finals = {name: [seed for prefix in prefixes for seed in json.loads(_files(prefix)[1].read_text())]
+              for name, prefixes in runs.items()}
+    if not args.table_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            dirs = {name: [_as_run_dir(prefix, Path(tmp), name) for prefix in prefixes]
+                    for name, prefixes in runs.items()}
+            for s in ("original", "simple", "complex"):
+                analysis.plot_learning_curves(dirs, out / f"curves_{s}.png", s)
+        analysis.plot_instruction_bars(finals, out / "instruction_success.png")
+    print("## Evaluation (mean ± s.e. over seeds)\n")
     print(analysis.final_table(finals))
     if args.ablation:
-        abl = {v: json.loads(_files(prefix)[1].read_text()) for v, prefix in _pairs(args.ablation).items()}
-        analysis.plot_metric_vs_param(abl, out / "delta_ablation.png")
+        abl = {v: [seed for prefix in prefixes for seed in json.loads(_files(prefix)[1].read_text())]
+               for v, prefixes in _pairs(args.ablation).items()}
+        if not args.table_only:
+            analysis.plot_metric_vs_param(abl, out / "delta_ablation.png")
         print("\n## Delta ablation\n")
         print(analysis.final_table({f"delta={k}": v for k, v in abl.items()}, sets=("original",)))
-    if args.tsne:
+    if args.tsne and not args.table_only:
         groups = {}
-        for name, f in _pairs(args.tsne).items():
-            groups[name] = analysis.read_instruction_list(f)
+        for name, files in _pairs(args.tsne).items():
+            groups[name] = list(dict.fromkeys(t for f in files for t in analysis.read_instruction_list(f)))
         analysis.plot_tsne(groups, out / "tsne.png")
-    print(f"\nplots in {out}/")
+    if not args.table_only:
+        print(f"\nplots in {out}/")
     return 0
 
 
