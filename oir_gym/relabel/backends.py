@@ -560,10 +560,10 @@ class RuleBackend:
         ach = [VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES))]
         episode = np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
         seq: list[tuple[int, int]] = []  # (event id, episode) of achievement events in time order
-        for t in range(len(traj)):
-            for e in np.flatnonzero(traj.events[t]):
-                if ach[e] and (not seq or seq[-1] != (int(e), int(episode[t]))):
-                    seq.append((int(e), int(episode[t])))
+        ts, es = np.nonzero(np.asarray(traj.events))  # time-major: the order of the events in time
+        for t, e in zip(ts.tolist(), es.tolist()):
+            if ach[e] and (not seq or seq[-1] != (e, int(episode[t]))):
+                seq.append((e, int(episode[t])))
         for e, _ in seq:
             out.append(VOCAB.canonical(e))
         if self.compounds:

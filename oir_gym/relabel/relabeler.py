@@ -264,7 +264,8 @@ class HindsightRelabeler:
     def _process(self, trajs: list[Trajectory], ids: list[int], llm_allowed: bool) -> list[RelabelResult]:
         n = len(trajs)
         use_llm = llm_allowed and self.backend.llm is not None
-        keys = [self.cache_key(t) for t in trajs]
+        # cache keys only matter for LLM answers (rules are cheaper than the key itself)
+        keys: list = [self.cache_key(t) for t in trajs] if use_llm else [None] * n
         cached: list[Optional[list[str]]] = [None] * n
         prompts: list[Optional[str]] = [None] * n
         owner: dict[str, int] = {}  # key -> index of the trajectory that carries the prompt
