@@ -1,0 +1,143 @@
+"""Training throughput: our PQN loop against a plain PQN-RNN on raw Craftax-Classic, in one run.
+
+    python bench/pqn_throughput.py                    # CPU-sized: 16 envs x 64 steps, LSTM 128
+    python bench/pqn_throughput.py --preset paper     # 64 envs x 128 steps, LSTM 512 (GPU)
+
+Three loops, each timed per update (rollout + update), interleaved (a, b, c, a, b, c, ...) so
+that machine load hits them alike; medians are reported:
+
+(a) plain PQN-RNN: Craftax's own step, symbolic observation and reward, optimistic resets from a
+    world pool (``bench/env_throughput.py``'s raw batch), the same network with a zero instruction,
+    the same ``agents.pqn.update``. One jitted rollout and one jitted update per iteration.
+(b) ours, method ``gt``: ``agents.oir.Trainer.iteration``, with the instruction layer (events,
+    ground-truth reward, instruction embeddings, termination at success) and the host
+    bookkeeping (episode records, metrics). Same observation size (``--obs-mode symbolic``).
+(c) ours, method ``oir`` with the rule relabeler: (b) plus relabeling on the host, the buffer
+    and K relabeled copies per trajectory in the update batch, so its update trains on (1 + K)
+    times the rows of (a) and (b).
+
+The ratios (b)/(a) and (c)/(a) are the costs of the instruction layer and of OIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="sizes (see the module docstring)")
+    p.add_argument("--iterations", type=int, default=6, help="timed updates per loop (median reported)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+
+    from agents import pqn
+    from agents.oir import Trainer
+    from env_throughput import raw_reset, raw_step
+    from oir_gym.craftax_compat import NUM_ACTIONS
+    from oir_gym.observation import obs_dim
+
+    sizes = (dict(num_envs=16, num_steps=64, hidden_size=128, num_epochs=2, num_minibatches=4)
+             if args.preset == "cpu" else
+             dict(num_envs=64, num_steps=128, hidden_size=512, num_epochs=8, num_minibatches=4, scan_unroll=8))
+    common = dict(total_timesteps=10_000_000, obs_mode="symbolic", eval_every=10**9, checkpoint_every=10**9,
+                  lr=1e-5, seed=args.seed, **sizes)
+    cfg = pqn.PQNConfig(method="gt", **common).validate()
+    E, T, D = cfg.num_envs, cfg.num_steps, obs_dim("symbolic")
+
+    # ---------------------------------------------------------------- (a) plain PQN-RNN
+    net = pqn.make_network(cfg, NUM_ACTIONS)
+    ts = pqn.create_train_state(jax.random.PRNGKey(args.seed), cfg, net, D, 384)
+    zero_instr = jnp.zeros((E, 384))
+
+    def rollout(params, runner, env_steps):
+        def step(c, t):
+            rb, obs, carry, done_prev, key = c
+            key, k_act, k_env = jax.random.split(key, 3)
+            carry, q = net.apply(params, carry, obs[None], zero_instr[None], done_prev[None])
+            action = pqn.eps_greedy(k_act, q[0], pqn.epsilon(cfg, env_steps + t * E))
+            next_obs, rb, reward, done = raw_step(k_env, rb, action, 4)
+            rec = dict(obs=obs, actions=action, rewards=reward, dones=done, resets=done_prev)
+            return (rb, next_obs, carry, done, key), rec
+
+        rb, obs, carry, done_prev, key = runner
+        (rb, obs, carry2, done_prev, key), tr = jax.lax.scan(step, runner, jnp.arange(T))
+        batch = dict(tr, instr=jnp.broadcast_to(zero_instr, (T, E, 384)), next_obs_last=obs, next_instr_last=zero_instr,
+                     weights=jnp.ones(E), carry0=carry)
+        return (rb, obs, carry2, done_prev, key), batch
+
+    rollout = jax.jit(rollout)
+    update = jax.jit(lambda ts, k, b: pqn.update(ts, cfg, k, b))
+    obs, rb = jax.jit(raw_reset, static_argnums=(1, 2))(jax.random.PRNGKey(args.seed), E, 2 * E)
+    plain = {"ts": ts, "runner": (rb, obs, net.initial_carry(E), jnp.ones(E, bool), jax.random.PRNGKey(1)),
+             "steps": 0, "key": jax.random.PRNGKey(2)}
+
+    def plain_iteration():
+        plain["runner"], batch = rollout(plain["ts"].params, plain["runner"], plain["steps"])
+        plain["key"], k = jax.random.split(plain["key"])
+        plain["ts"], m = update(plain["ts"], k, batch)
+        jax.device_get(m["loss"])
+        plain["steps"] += E * T
+
+    # ---------------------------------------------------------------- (b), (c) ours
+    tmp = tempfile.mkdtemp(prefix="oir_bench_")
+    ours = {}
+    for method in ("gt", "oir"):
+        extra = dict(relabeler="rules") if method == "oir" else {}
+        tr = Trainer(pqn.PQNConfig(method=method, **common, **extra), os.path.join(tmp, method), log=lambda s: None)
+        tr.init_state()
+        ours[method] = tr
+
+    loops = {"(a) plain PQN-RNN, raw Craftax": plain_iteration,
+             "(b) ours, gt": lambda: ours["gt"].iteration(),
+             "(c) ours, oir (rules)": lambda: ours["oir"].iteration()}
+    compile_s = {}
+    for name, fn in loops.items():  # compile + one warm iteration each
+        t = time.perf_counter()
+        fn()
+        fn()
+        compile_s[name] = time.perf_counter() - t
+    times = {name: [] for name in loops}
+    for i in range(args.iterations):
+        for name, fn in loops.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+            print(f"  iteration {i + 1}/{args.iterations} {name}: {times[name][-1]:.3f}s", file=sys.stderr, flush=True)
+    for tr in ours.values():
+        tr.close()
+
+    dev = jax.devices()[0]
+    print(f"\nPQN training throughput | {args.preset} sizes: {E} envs x {T} steps, LSTM {cfg.hidden_size}, "
+          f"{cfg.num_epochs} epochs x {cfg.num_minibatches} minibatches | device {dev.platform} "
+          f"({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, {platform.machine()} | "
+          f"median of {args.iterations} interleaved updates\n")
+    base = statistics.median(times[next(iter(loops))])
+    print("| loop | s / update | env steps / s | ratio to (a) | compile + first 2 updates (s) |")
+    print("|---|---|---|---|---|")
+    for name in loops:
+        med = statistics.median(times[name])
+        print(f"| {name} | {med:.3f} | {E * T / med:,.0f} | {med / base:.2f} | {compile_s[name]:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
