@@ -7,11 +7,16 @@
 #   bash bench/gpu_session.sh bash bench/gpu_repro.sh status /tmp/oir
 #   bash bench/gpu_session.sh bash bench/gpu_repro.sh collect /tmp/oir $OUT
 #
-# launch ROOT LIMIT METHOD:GPU...  one process per METHOD on GPU index GPU: 3 seeds vmapped,
+# launch ROOT LIMIT METHOD:GPU[:NAME[:FLAGS]]...
+#        one process per spec on GPU index GPU: 3 seeds vmapped,
 #        --preset paper, stopping (with a checkpoint) after LIMIT seconds if 1e7 steps are not
 #        reached; then two evaluations of the last checkpoint: greedy (eval_end_greedy.json)
 #        and epsilon 0.05 (eval_end_eps0.05.json). ROOT/METHOD.log holds the output; ROOT/METHOD/DONE
-#        marks the end. Extra train_pqn.py flags go in $EXTRA.
+#        marks the end (ROOT/NAME when NAME is given). FLAGS are extra train_pqn.py flags with '+'
+#        for spaces; $EXTRA adds flags to every spec. A method's seeds split over two cards:
+#          launch /tmp/oir 1500 oir:0:oir_a:--num-seeds+2 oir:1:oir_b:--num-seeds+1+--seed+1000
+#        (analyze_runs.py --runs oir=ROOT/oir_a oir=ROOT/oir_b pools them). DRY_RUN=1 prints the
+#        commands instead of starting them.
 # status ROOT                      last lines of every log, GPU use.
 # collect ROOT DEST                DEST/runs.tgz: every run directory without checkpoints.
 set -u
@@ -21,15 +26,17 @@ launch)
   limit=$1; shift
   mkdir -p "$root"
   for spec in "$@"; do
-    m=${spec%%:*}; gpu=${spec##*:}
-    setsid nohup bash -c "
-      export CUDA_VISIBLE_DEVICES=$gpu
-      python examples/train_pqn.py --preset paper --method $m --num-seeds 3 --run-dir $root/$m \
-        --time-limit $limit ${EXTRA:-}
-      python examples/train_pqn.py --run-dir $root/$m --eval-only end_greedy --eval-epsilon 0
-      python examples/train_pqn.py --run-dir $root/$m --eval-only end_eps0.05 --eval-epsilon 0.05
-      touch $root/$m/DONE" > "$root/$m.log" 2>&1 < /dev/null &
-    echo "launched $m on GPU $gpu -> $root/$m.log"
+    IFS=: read -r m gpu name flags <<< "$spec"
+    name=${name:-$m}; flags=${flags//+/ }
+    job="export CUDA_VISIBLE_DEVICES=$gpu
+      python examples/train_pqn.py --preset paper --method $m --num-seeds 3 --run-dir $root/$name \
+        --time-limit $limit $flags ${EXTRA:-}
+      python examples/train_pqn.py --run-dir $root/$name --eval-only end_greedy --eval-epsilon 0
+      python examples/train_pqn.py --run-dir $root/$name --eval-only end_eps0.05 --eval-epsilon 0.05
+      touch $root/$name/DONE"
+    if [ -n "${DRY_RUN:-}" ]; then echo "$job"; continue; fi
+    setsid nohup bash -c "$job" > "$root/$name.log" 2>&1 < /dev/null &
+    echo "launched $name ($m) on GPU $gpu -> $root/$name.log"
   done
   sleep 5 ;;
 status)
