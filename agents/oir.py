@@ -48,8 +48,7 @@ from oir_gym.buffer import InstructionBuffer
 from oir_gym.captions import NUM_EVENTS
 from oir_gym.craftax_compat import NUM_ACTIONS
 from oir_gym.encoder import get_encoder
-from oir_gym.evaluation import (EvalConfig, EvalResult, eval_instructions, eval_params, eval_result,
-                                make_jax_evaluator)
+from oir_gym.evaluation import EvalConfig, EvalResult, eval_instructions, evaluate_jax_seeds, make_jax_evaluator
 from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import obs_dim
@@ -544,18 +543,12 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> list[EvalResult]:
-        """Evaluate every seed's policy on the instruction sets (greedy unless ``cfg.eval_epsilon``).
-
-        The seeds run in one program (the evaluator vmapped over their parameters): the
-        evaluation is a long sequential scan, so three seeds side by side cost about what one does.
-        """
+        """Evaluate every seed's policy on the instruction sets (greedy unless ``cfg.eval_epsilon``),
+        all seeds in one program."""
         params = self.base_params.replace(table=self.registry.device_table())
         keys = jnp.stack([jax.random.PRNGKey(10_000 + self.update_idx * 31 + s) for s in range(self.S)])
-        pinned = jnp.repeat(jnp.asarray(self.eval_rows, jnp.int32), self.eval_cfg.episodes)
-        success = np.asarray(self._evaluate_seeds(keys, self.train_state.params,
-                                                  eval_params(params, self.eval_rows, self.eval_achs), pinned))
-        return [eval_result(self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets, success[s])
-                for s in range(self.S)]
+        return evaluate_jax_seeds(self._evaluate_seeds, keys, self.train_state.params, params, self.eval_rows,
+                                  self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
 
     def close(self) -> None:
         for r in (self.relabeler, self.rules, self.proposer):

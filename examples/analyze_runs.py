@@ -43,6 +43,11 @@ def _pairs(items) -> dict[str, list[str]]:
     return out
 
 
+def _load_evals(prefixes: list[str]) -> list[dict]:
+    """Per-seed evaluation dicts of one or more runs, pooled (the seeds of all the runs)."""
+    return [seed for prefix in prefixes for seed in json.loads(_files(prefix)[1].read_text())]
+
+
 def _as_run_dir(prefix: str, tmp: Path, name: str) -> Path:
     metrics, _ = _files(prefix)
     d = tmp / name
@@ -67,8 +72,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs = _pairs(args.runs)
     # several runs under one NAME (e.g. 2 + 1 seeds on two cards) are pooled as seeds of one method
-    finals = {name: [seed for prefix in prefixes for seed in json.loads(_files(prefix)[1].read_text())]
-              for name, prefixes in runs.items()}
+    finals = {name: _load_evals(prefixes) for name, prefixes in runs.items()}
     if not args.table_only:
         with tempfile.TemporaryDirectory() as tmp:
             dirs = {name: [_as_run_dir(prefix, Path(tmp), name) for prefix in prefixes]
@@ -79,8 +83,7 @@ def main(argv=None) -> int:
     print("## Evaluation (mean ± s.e. over seeds)\n")
     print(analysis.final_table(finals))
     if args.ablation:
-        abl = {v: [seed for prefix in prefixes for seed in json.loads(_files(prefix)[1].read_text())]
-               for v, prefixes in _pairs(args.ablation).items()}
+        abl = {v: _load_evals(prefixes) for v, prefixes in _pairs(args.ablation).items()}
         if not args.table_only:
             analysis.plot_metric_vs_param(abl, out / "delta_ablation.png")
         print("\n## Delta ablation\n")

@@ -145,14 +145,16 @@ def main(argv=None) -> int:
           f"| {cfg.num_seeds} seed(s) x {cfg.num_envs} envs x {cfg.num_steps} steps | {cfg.num_updates} updates "
           f"| {cfg.total_timesteps:,} env steps | device {jax.devices()[0].platform} | run dir {run_dir}", flush=True)
     t0 = time.time()
-    trainer = Trainer(cfg, run_dir)
+    if args.eval_only is not None:
+        # evaluation needs no relabeler or goal proposer: build the rule ones, never an LLM
+        trainer = Trainer(dataclasses.replace(cfg, relabeler="rules", ellm_proposer="rules"), run_dir)
+    else:
+        trainer = Trainer(cfg, run_dir)
     if args.resume:
         trainer.load()
         print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
     else:
         trainer.init_state()
-    logger = Logger(run_dir)
-    print(f"setup {time.time() - t0:.1f}s; compiling the rollout, update and evaluation programs...", flush=True)
 
     def run_eval(tag: str) -> list:
         results = trainer.evaluate()
@@ -165,7 +167,7 @@ def main(argv=None) -> int:
         (run_dir / f"eval_{tag}.json").write_text(json.dumps([r.to_dict() for r in results], indent=1))
         return results, row
 
-    if args.eval_only is not None:
+    if args.eval_only is not None:  # before the Logger: the run's metrics and TensorBoard files stay as they are
         trainer.close()
         results, _ = run_eval(args.eval_only)
         table = _mean_table([r.to_dict() for r in results])
@@ -175,6 +177,9 @@ def main(argv=None) -> int:
             f"epsilon {cfg.eval_epsilon})\n\n{table}\n")
         print(table + f"\nwrote {run_dir / f'eval_{args.eval_only}.json'}", flush=True)
         return 0
+
+    logger = Logger(run_dir)
+    print(f"setup {time.time() - t0:.1f}s; compiling the rollout, update and evaluation programs...", flush=True)
 
     stopped_early = False
     t_loop = time.time()

@@ -147,12 +147,30 @@ def make_jax_evaluator(policy_step: Callable, init_carry: Callable, num_envs: in
     return jax.jit(evaluate)
 
 
+def _jax_success(evaluator, key, policy_params, env_params: F.EnvParams, rows: np.ndarray, cfg: EvalConfig,
+                 achs) -> np.ndarray:
+    pinned = jnp.repeat(jnp.asarray(rows, jnp.int32), cfg.episodes)
+    return np.asarray(evaluator(key, policy_params, eval_params(env_params, rows, achs), pinned))
+
+
 def evaluate_jax(evaluator, key, policy_params, env_params: F.EnvParams, rows: np.ndarray,
                  cfg: EvalConfig, texts, achs, sets) -> EvalResult:
     """Run a :func:`make_jax_evaluator` evaluator on the instructions (``rows`` in the table)."""
-    pinned = jnp.repeat(jnp.asarray(rows, jnp.int32), cfg.episodes)
-    success = evaluator(key, policy_params, eval_params(env_params, rows, achs), pinned)
-    return eval_result(cfg, texts, achs, sets, np.asarray(success))
+    success = _jax_success(evaluator, key, policy_params, env_params, rows, cfg, achs)
+    return eval_result(cfg, texts, achs, sets, success)
+
+
+def evaluate_jax_seeds(evaluator, keys, policy_params, env_params: F.EnvParams, rows: np.ndarray,
+                       cfg: EvalConfig, texts, achs, sets) -> list[EvalResult]:
+    """Like :func:`evaluate_jax` for several policies in one program, one result per policy.
+
+    ``evaluator`` is a :func:`make_jax_evaluator` evaluator vmapped over its key and policy
+    parameters (``jax.jit(jax.vmap(ev, in_axes=(0, 0, None, None)))``, built once and kept:
+    the evaluation is a long sequential scan, so policies side by side cost about what one
+    does); ``keys`` and the leaves of ``policy_params`` have a leading policy axis.
+    """
+    success = _jax_success(evaluator, keys, policy_params, env_params, rows, cfg, achs)
+    return [eval_result(cfg, texts, achs, sets, s) for s in success]
 
 
 def evaluate_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), seed: int = 0,
