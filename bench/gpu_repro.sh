@@ -10,9 +10,10 @@
 # launch ROOT LIMIT METHOD:GPU[:NAME[:FLAGS]]...
 #        one process per spec on GPU index GPU: 3 seeds vmapped,
 #        --preset paper, stopping (with a checkpoint) after LIMIT seconds if 1e7 steps are not
-#        reached; then two evaluations of the last checkpoint: greedy (eval_end_greedy.json)
-#        and epsilon 0.05 (eval_end_eps0.05.json). ROOT/METHOD.log holds the output; ROOT/METHOD/DONE
-#        marks the end (ROOT/NAME when NAME is given). FLAGS are extra train_pqn.py flags with '+'
+#        reached; then two evaluations of the last checkpoint, side by side on the same card:
+#        greedy (eval_end_greedy.json) and epsilon 0.05 (eval_end_eps0.05.json).
+#        ROOT/METHOD.log holds the output; ROOT/METHOD/DONE marks the end (ROOT/NAME when NAME
+#        is given). FLAGS are extra train_pqn.py flags with '+'
 #        for spaces; $EXTRA adds flags to every spec. A method's seeds split over two cards:
 #          launch /tmp/oir 1500 oir:0:oir_a:--num-seeds+2 oir:1:oir_b:--num-seeds+1+--seed+1000
 #        (analyze_runs.py --runs oir=ROOT/oir_a oir=ROOT/oir_b pools them). DRY_RUN=1 prints the
@@ -31,8 +32,9 @@ launch)
     job="export CUDA_VISIBLE_DEVICES=$gpu
       python examples/train_pqn.py --preset paper --method $m --num-seeds 3 --run-dir $root/$name \
         --time-limit $limit $flags ${EXTRA:-}
-      python examples/train_pqn.py --run-dir $root/$name --eval-only end_greedy --eval-epsilon 0
+      python examples/train_pqn.py --run-dir $root/$name --eval-only end_greedy --eval-epsilon 0 &
       python examples/train_pqn.py --run-dir $root/$name --eval-only end_eps0.05 --eval-epsilon 0.05
+      wait
       touch $root/$name/DONE"
     if [ -n "${DRY_RUN:-}" ]; then echo "$job"; continue; fi
     setsid nohup bash -c "$job" > "$root/$name.log" 2>&1 < /dev/null &

@@ -22,5 +22,6 @@ def test_gpu_repro_launch_builds_one_job_per_spec_with_its_card_run_dir_and_flag
     assert "--time-limit 900" in gt and f"touch {tmp_path}/gt/DONE" in gt
     assert oir.startswith("1") and f"--run-dir {tmp_path}/oir_b " in oir
     assert "--num-seeds 1 --seed 1000" in oir  # given after --num-seeds 3: argparse keeps the last
-    assert "--eval-only end_eps0.05 --eval-epsilon 0.05" in oir
+    assert "--eval-only end_greedy --eval-epsilon 0 &" in oir  # both evaluations at once
+    assert "--eval-only end_eps0.05 --eval-epsilon 0.05" in oir and "wait" in oir
     assert not list(tmp_path.glob("*.log"))  # nothing was started
