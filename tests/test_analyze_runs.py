@@ -11,7 +11,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 import analyze_runs  # noqa: E402
 
-R = ROOT / "results" / "gpu_h200_1e7"
+R = ROOT / "results" / "gpu_h200_1e7"  # gt (and OIR's replicate to 6.25e6)
+H = ROOT / "results" / "gpu_h100_1e7"  # cosine, ellm and OIR (seeds 2 + 1) to 1e7
+
+
+def _runs(tag: str) -> list[str]:
+    return [f"gt={R}/gt#{tag}", f"cosine={H}/cosine#{tag}", f"ellm={H}/ellm#{tag}",
+            f"oir={H}/oir_a#{tag}", f"oir={H}/oir_b#{tag}"]
 
 
 def _table(capsys, runs: list[str]) -> list[str]:
@@ -19,24 +25,27 @@ def _table(capsys, runs: list[str]) -> list[str]:
     return [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "±" in line]
 
 
-def test_equal_steps_table_in_results_doc_is_rebuilt_from_results(capsys):
-    rows = _table(capsys, [f"gt={R}/gt#000750", f"oir={R}/oir#000750"])
-    doc = (ROOT / "docs" / "results.md").read_text()
-    assert len(rows) == 6
-    for row in rows:
-        # the doc labels the OIR rows with the relabeler used
-        assert row.replace("| oir |", "| oir (rules) |") in doc, row
+def _cells(row: str) -> str:
+    """The three metric cells of a table row, as the doc's narrower tables print them."""
+    return " | ".join(c.strip() for c in row.strip("|").split("|")[2:])
 
 
-def test_end_of_run_numbers_in_results_doc_are_rebuilt_from_results(capsys):
-    rows = _table(capsys, [f"gt={R}/gt#final", f"gt_eps={R}/gt#final_eps0.05", f"oir={R}/oir#stop",
-                           f"oir_eps={R}/oir#stop_eps0.05"])
-    doc = (ROOT / "docs" / "results.md").read_text()
-    originals = [r for r in rows if "| original |" in r]
-    assert len(originals) == 4
-    for row in originals:  # the doc's end-of-run table keeps the three metric cells of each row
-        cells = " | ".join(c.strip() for c in row.strip("|").split("|")[2:])
-        assert cells in doc, row
+DOC = (ROOT / "docs" / "results.md").read_text()
+
+
+def test_end_of_run_table_in_results_doc_is_rebuilt_from_results(capsys):
+    rows = _table(capsys, _runs("final"))
+    assert len(rows) == 12  # 4 methods x 3 instruction sets
+    for row in rows:  # the doc labels the ELLM and OIR rows with the proposer / relabeler used
+        assert row.replace("| ellm |", "| ellm (rules) |").replace("| oir |", "| oir (rules) |") in DOC, row
+
+
+def test_epsilon_and_equal_steps_tables_in_results_doc_are_rebuilt_from_results(capsys):
+    eps = [r for r in _table(capsys, _runs("final_eps0.05")) if "| original |" in r]
+    mid = [r for r in _table(capsys, [*_runs("000750"), f"oir_h200={R}/oir#000750"]) if "| original |" in r]
+    assert len(eps) == 4 and len(mid) == 5
+    for row in eps + mid:
+        assert _cells(row) in DOC, row
 
 
 def test_repeated_names_pool_seeds_and_tags_pick_the_evaluation(capsys):
