@@ -64,6 +64,15 @@ def _mean_table(per_seed: list[dict]) -> str:
     return res.to_markdown()
 
 
+def _finished_update(run_dir: Path) -> int | None:
+    """The last logged update of a run that wrote its final evaluation, else None."""
+    metrics = run_dir / "metrics.jsonl"
+    if not (run_dir / "eval_final.json").exists() or not metrics.exists():
+        return None
+    lines = metrics.read_text().strip().splitlines()
+    return int(json.loads(lines[-1])["update"]) if lines else None
+
+
 def build_config(args) -> pqn.PQNConfig:
     values = dict(pqn.PRESETS[args.preset])
     for f in dataclasses.fields(pqn.PQNConfig):
@@ -131,6 +140,11 @@ def main(argv=None) -> int:
         saved = json.loads((run_dir / "config.json").read_text())
         cli = {f.name: getattr(args, f.name) for f in dataclasses.fields(pqn.PQNConfig) if getattr(args, f.name) is not None}
         cfg = pqn.PQNConfig.from_dict({**saved, **cli}).validate()
+        done = _finished_update(run_dir)
+        if args.eval_only is None and done is not None and done >= cfg.num_updates:
+            print(f"{run_dir} is already complete ({done}/{cfg.num_updates} updates, eval_final.json written); "
+                  "nothing to resume. Evaluate it again with --eval-only TAG.", flush=True)
+            return 0
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.eval_only is None:
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))

@@ -95,9 +95,12 @@ def test_main_job_script_writes_a_complete_run_directory(tmp_path):
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["env_steps"] == 512 and "eval/original/mean_success_rate" in rows[-1]
     assert "Final evaluation" in out.stdout
-    # --resume of a finished run is a no-op that still succeeds
+    # --resume of a finished run is a no-op that still succeeds and says so
+    metrics = (run / "metrics.jsonl").read_text()
     again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "already complete (8/8 updates" in again.stdout
+    assert (run / "metrics.jsonl").read_text() == metrics
 
 
 def test_main_job_refuses_to_mix_a_new_run_into_an_existing_run_dir(tmp_path, capsys):
@@ -150,3 +153,15 @@ def test_seeds_are_evaluated_together_exactly_as_one_by_one(tmp_path):
         for name in one.rates:
             np.testing.assert_array_equal(together[s].rates[name], one.rates[name])
         assert sum(r.sum() for r in one.rates.values()) > 0
+
+
+
+def test_a_run_counts_as_finished_only_once_its_final_evaluation_is_written(tmp_path):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_pqn
+
+    assert train_pqn._finished_update(tmp_path) is None  # empty folder
+    (tmp_path / "metrics.jsonl").write_text('{"update": 1}\n{"update": 2}\n')
+    assert train_pqn._finished_update(tmp_path) is None  # stopped early: no eval_final.json
+    (tmp_path / "eval_final.json").write_text("[]")
+    assert train_pqn._finished_update(tmp_path) == 2
