@@ -235,3 +235,31 @@ def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_nam
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return Path(out)
+
+
+def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], deltas: Sequence[float],
+                             out: str | Path) -> Path:
+    """Recall and wrongly rewarded events against delta, one line per instruction set.
+
+    ``curves[set_name]`` holds the ``recall`` and ``wrong_per_instruction`` arrays of
+    :func:`oir_gym.reward.threshold_confusion`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    titles = {"recall": "own event rewarded (fraction of instructions)",
+              "wrong_per_instruction": "other events rewarded (per instruction)"}
+    for ax, (key, title) in zip(axes, titles.items()):
+        for name, c in curves.items():
+            ax.plot(deltas, c[key], marker="o", label=name)
+        ax.set_xlabel("delta")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)

@@ -91,3 +91,41 @@ def first_success_step(events, instr_event_sim, delta):
     match = np.any(ev & (sim[None, :] > delta), axis=-1)
     idx = np.flatnonzero(match)
     return int(idx[0]) if len(idx) else -1
+
+
+def threshold_confusion(instr_event_sim, target_event, deltas) -> dict[str, np.ndarray]:
+    """What the cosine reward would pay for, per threshold, before any training (numpy).
+
+    For each instruction, the reward fires on every event whose similarity exceeds delta. This
+    compares that set with the instruction's own (ground-truth) event: a low delta also pays for
+    related or partial events ("attack zombie" for "defeat zombie"), a high one may miss
+    paraphrased instructions altogether.
+
+    Args:
+        instr_event_sim: ``[N, E]`` similarity of each instruction to each event.
+        target_event: ``[N]`` event id that each instruction asks for.
+        deltas: thresholds to compare (strict ``>``, as the reward).
+
+    Returns:
+        ``recall [D]``: fraction of instructions whose own event is rewarded;
+        ``wrong_per_instruction [D]``: mean number of other events rewarded;
+        ``any_wrong [D]``: fraction of instructions with at least one other event rewarded;
+        ``wrong [D, N, E]``: which other events each instruction rewards.
+    """
+    sim = np.asarray(instr_event_sim, dtype=np.float32)
+    tgt = np.asarray(target_event, dtype=np.int64)
+    if sim.ndim != 2 or tgt.shape != (sim.shape[0],) or not len(tgt):
+        raise ValueError(f"expected sims [N, E] and targets [N] with N >= 1, got {sim.shape} and {tgt.shape}")
+    if np.any((tgt < 0) | (tgt >= sim.shape[1])):
+        raise ValueError(f"target events must lie in [0, {sim.shape[1]}), got {tgt.tolist()}")
+    d = np.asarray(deltas, dtype=np.float32).reshape(-1, 1, 1)
+    fires = sim[None] > d  # [D, N, E]
+    own = np.zeros(sim.shape, bool)
+    own[np.arange(len(tgt)), tgt] = True
+    wrong = fires & ~own[None]
+    return {
+        "recall": fires[:, own].mean(axis=1),  # own has one True per row: [D, N]
+        "wrong_per_instruction": wrong.sum(axis=2).mean(axis=1),
+        "any_wrong": wrong.any(axis=2).mean(axis=1),
+        "wrong": wrong,
+    }

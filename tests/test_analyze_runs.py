@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -57,3 +58,18 @@ def test_repeated_names_pool_seeds_and_tags_pick_the_evaluation(capsys):
     assert one != pooled
     with pytest.raises(FileNotFoundError):
         _table(capsys, [f"gt={R}/gt#no_such_tag"])
+
+
+def test_delta_sensitivity_reference_file_and_doc_table_match_the_script(tmp_path, capsys):
+    """examples/delta_sensitivity.py rebuilds results/reference/delta_sensitivity.json exactly."""
+    import delta_sensitivity
+
+    out = tmp_path / "d.json"
+    assert delta_sensitivity.main(["--out", str(out)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| original |")]
+    assert json.loads(out.read_text()) == json.loads((ROOT / "results" / "reference" / "delta_sensitivity.json").read_text())
+    assert len(rows) == 5
+    for row in rows:
+        assert row in DOC, row
+    with pytest.raises(SystemExit):
+        delta_sensitivity.main(["--deltas", "1.5"])

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from oir_gym.reward import event_similarity, first_success_step, relabel_rewards, step_match, step_similarity
+from oir_gym.reward import (event_similarity, first_success_step, relabel_rewards, step_match, step_similarity,
+                            threshold_confusion)
 
 FAST = settings(max_examples=40, deadline=None)
 T, E = 6, 5  # fixed shapes for the property tests: one compiled program per function
@@ -120,3 +121,43 @@ def test_higher_threshold_rewards_a_subset(events, sims, d1, d2):
 def test_no_event_no_reward(delta):
     rewards, terms = relabel_rewards(jnp.zeros((T, E), bool), jnp.ones((E,)), delta)
     assert not np.asarray(rewards).any() and not np.asarray(terms).any()
+
+
+def test_threshold_confusion_counts_own_and_other_rewarded_events():
+    sims = np.array([[0.95, 0.6, 0.2], [0.3, 0.8, 0.85]], np.float32)
+    c = threshold_confusion(sims, [0, 1], [0.5, 0.9])
+    np.testing.assert_allclose(c["recall"], [1.0, 0.5])  # at 0.9 the second instruction misses its event
+    np.testing.assert_allclose(c["wrong_per_instruction"], [1.0, 0.0])
+    np.testing.assert_allclose(c["any_wrong"], [1.0, 0.0])
+    assert c["wrong"][0].tolist() == [[False, True, False], [False, False, True]]
+    with pytest.raises(ValueError, match="target events"):
+        threshold_confusion(sims, [0, 3], [0.5])
+    with pytest.raises(ValueError, match="N >= 1"):
+        threshold_confusion(np.zeros((0, 3)), [], [0.5])
+
+
+@FAST
+@given(sims=hnp.arrays(np.float32, (4, E), elements=st.floats(-1, 1, width=32)),
+       targets=hnp.arrays(np.int64, (4,), elements=st.integers(0, E - 1)), d1=delta_st, d2=delta_st)
+def test_threshold_confusion_shrinks_as_delta_grows(sims, targets, d1, d2):
+    c = threshold_confusion(sims, targets, sorted((d1, d2)))
+    assert c["recall"][1] <= c["recall"][0] and c["wrong_per_instruction"][1] <= c["wrong_per_instruction"][0]
+    assert np.all(c["wrong"][1] <= c["wrong"][0])
+    assert not c["wrong"][:, np.arange(4), targets].any()  # an instruction's own event is never "wrong"
+
+
+def test_at_the_default_delta_each_achievement_instruction_pays_for_its_own_event_only(encoder):
+    """The caption phrasings decide what the cosine reward pays for: at delta 0.9, "defeat zombie"
+    must not fire when the agent merely hits a zombie (it did, through a "fight a zombie" phrasing)."""
+    from oir_gym.captions import EVENT_NAMES, VOCAB
+    from oir_gym.instruction_registry import InstructionRegistry
+    from oir_gym.instructions import get_instruction_set
+
+    registry = InstructionRegistry(encoder, capacity=1)
+    original = get_instruction_set("original")
+    sims = registry.similarity_to_events(encoder.encode([i.text for i in original]))
+    targets = [VOCAB.achievement_of_event.index(i.achievement_index) for i in original]
+    c = threshold_confusion(sims, targets, [0.9])
+    wrong = {i.text: [EVENT_NAMES[e] for e in np.flatnonzero(c["wrong"][0, n])] for n, i in enumerate(original)}
+    assert c["recall"][0] == 1.0
+    assert not any(wrong.values()), wrong
