@@ -111,3 +111,20 @@ def test_count_tokens_labels_method():
     assert count_tokens("a b", tokenizer=lambda s: 42) == (42, "custom")
     assert count_tokens("a b").method in ("llama", "approx-regex")
     assert approx_token_count("") == 0
+
+
+def test_rule_pair_wordings_pay_on_their_second_event_only(encoder):
+    """A pair's reward must land when the task is done: "sleep and wake up" pays on waking, never on
+    falling asleep. ("collect a sapling and plant it" paid on collecting the sapling and was removed.)"""
+    import numpy as np
+
+    from oir_gym.captions import EVENT_NAMES
+    from oir_gym.instruction_registry import InstructionRegistry
+    from oir_gym.relabel.backends import RULE_PAIRS
+
+    registry = InstructionRegistry(encoder, capacity=1)
+    sims = registry.similarity_to_events(encoder.encode(list(RULE_PAIRS.values())))
+    for ((first, second), text), row in zip(RULE_PAIRS.items(), sims):
+        assert row[EVENT_NAMES.index(second)] > 0.9, text
+        assert row[EVENT_NAMES.index(first)] <= 0.9, text
+        assert int(np.argmax(row)) == EVENT_NAMES.index(second), text

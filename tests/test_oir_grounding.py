@@ -1,0 +1,59 @@
+"""OIR with the rules relabeler: only candidates the cosine reward can pay become training rows or
+enter the instruction buffer (the rules' "A then B" compounds never exceed delta)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+from agents import pqn  # noqa: E402
+from agents.oir import Trainer  # noqa: E402
+from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory  # noqa: E402
+from oir_gym.reward import first_success_step  # noqa: E402
+
+
+def _trainer(tmp_path, **kw) -> tuple[Trainer, dict]:
+    cfg = pqn.PQNConfig(method="oir", relabeler="rules", total_timesteps=2 * 16 * 2, num_envs=2, num_steps=16,
+                        hidden_size=32, num_epochs=1, num_minibatches=2, k=4, eval_every=1000, eval_episodes=1,
+                        eval_horizon=8, checkpoint_every=1000, **kw)
+    tr = Trainer(cfg, tmp_path, log=lambda s: None)
+    trajs = [make_trajectory(WOOD_TABLE_PICKAXE, cfg.num_steps, texts=False, seed=e, env_id=e) for e in range(2)]
+    host = {
+        "events": np.stack([t.events for t in trajs], axis=1)[None],  # [S, T, E, Ev]
+        "action": np.stack([t.actions for t in trajs], axis=1)[None],
+        "done": np.stack([t.dones for t in trajs], axis=1)[None],
+        "instr": np.zeros((1, cfg.num_steps, 2), np.int32),
+    }
+    return tr, host
+
+
+def test_rule_relabeling_trains_and_buffers_only_grounded_instructions(tmp_path):
+    tr, host = _trainer(tmp_path)
+    cfg = tr.cfg
+    before = set(tr.buffers[0].contents())
+    slots, _ = tr._relabel(host)
+    valid = np.asarray(slots["valid"][0])
+    assert valid.any()
+    for j in np.flatnonzero(valid):  # every training copy pays a reward somewhere on its trajectory
+        events = host["events"][0, :, int(slots["env"][0, j])]
+        assert first_success_step(events, np.asarray(slots["sim"][0, j]), cfg.delta) >= 0
+    added = set(tr.buffers[0].contents()) - before
+    assert "make wood pickaxe" in added
+    assert not any(" then " in t for t in tr.buffers[0].contents())  # e.g. "collect wood then place table"
+    sims = tr.registry.similarity_to_events(tr.encoder.encode(sorted(added)))
+    assert (sims.max(axis=-1) > cfg.delta).all()
+    tr.close()
+
+
+@pytest.mark.parametrize("buffer_ungrounded", [False, True])
+def test_ungrounded_candidates_enter_the_buffer_only_when_asked(tmp_path, buffer_ungrounded):
+    """buffer_ungrounded=True is the paper's Alg. 1 (insert every relabeled instruction). The rules
+    relabeler is switched to keep its ungrounded "A then B" compounds, as an LLM's would be kept."""
+    tr, host = _trainer(tmp_path, buffer_ungrounded=buffer_ungrounded)
+    tr.relabeler.keep_ungrounded = True
+    tr._relabel(host)
+    compounds = [t for t in tr.buffers[0].contents() if " then " in t]
+    assert bool(compounds) == buffer_ungrounded
+    tr.close()
