@@ -17,6 +17,16 @@ from oir_gym.metrics import mean_and_stderr
 EVAL_METRICS = ("mean_success_rate", "num_completed", "aggregate_score")
 
 
+def _save(fig, out: str | Path) -> Path:
+    """Lay out, write and close a figure (every plot of this module is written the same way)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
     """Rows of a JSONL file; for repeated ``update`` values (a resumed run) the last row wins."""
     rows: dict[int, dict] = {}
@@ -87,10 +97,7 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path]], out: str | Path,
         ax.set_xlabel("env steps")
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out)
 
 
 def plot_training(metrics: list[dict], out: str | Path) -> Path:
@@ -110,10 +117,7 @@ def plot_training(metrics: list[dict], out: str | Path) -> Path:
         ax.set_title(k)
         ax.set_xlabel("env steps")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out)
 
 
 def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, set_name: str = "original") -> Path:
@@ -144,10 +148,7 @@ def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, s
     ax.set_ylim(0, 1)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out)
 
 
 def final_table(results: dict[str, list[dict]], sets: Sequence[str] = ("original", "simple", "complex")) -> str:
@@ -207,10 +208,7 @@ def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, s
         ax.scatter(xy[idx, 0], xy[idx, 1], s=size, marker=marker, label=f"{g} ({len(idx)})", alpha=0.8)
     ax.legend()
     ax.set_title("instructions in embedding space (t-SNE)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out)
 
 
 def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_name: str = "original",
@@ -231,10 +229,7 @@ def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_nam
         ax.set_xlabel(xlabel)
         ax.set_title(f"{k.replace('_', ' ')} ({set_name})")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out)
 
 
 def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], deltas: Sequence[float],
@@ -259,7 +254,4 @@ def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], delt
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out)
