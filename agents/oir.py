@@ -205,7 +205,7 @@ class Trainer:
             from oir_gym.relabel import HindsightRelabeler
 
             self.rules = HindsightRelabeler("rules", k=cfg.k, delta=cfg.delta, encoder=self.encoder, cache_size=0,
-                                            keep_ungrounded=False)
+                                            keep_ungrounded=cfg.keep_ungrounded)
 
         self.base_params = F.EnvParams(
             table=self.registry.device_table(), delta=cfg.delta, max_steps=cfg.max_episode_steps,
@@ -442,15 +442,16 @@ class Trainer:
         stats["relabel/rows"] = float(valid.sum() / self.S)
         stats["relabel/grounded_frac"] = float(np.mean([c.grounded for r in results for c in r.candidates] or [0.0]))
         # buffer: insert this iteration's candidates that paid a reward on their trajectory (all of
-        # them with cfg.buffer_ungrounded, as the paper's Alg. 1). An ungrounded one, such as the
+        # them with cfg.keep_ungrounded, as the paper's Alg. 1). An ungrounded one, such as the
         # rules' "A then B" compounds that never exceed delta against any caption, can never succeed
         # as an episode instruction, and its R = 0 would rank it ahead of every failing-but-learnable
-        # instruction (R in (0, tau_low]) in the buffer's priority order.
+        # instruction (R in (0, tau_low]) in the buffer's priority order. (Late LLM answers come from
+        # a relabeler built with the same keep_ungrounded, so they are filtered alike.)
         grounded = [set() for _ in range(self.S)]
         for r in results:
             grounded[r.trajectory.meta["seed"]].update(c.text for c in r.candidates if c.grounded)
         for s in range(self.S):
-            cands = [t for t in dict.fromkeys(texts[s]) if t and (self.cfg.buffer_ungrounded or t in grounded[s])]
+            cands = [t for t in dict.fromkeys(texts[s]) if t and (self.cfg.keep_ungrounded or t in grounded[s])]
             if cands:
                 self.buffers[s].insert(cands)
                 self.generated.update(cands)
@@ -587,12 +588,12 @@ def make_relabeler(cfg: pqn.PQNConfig):
     from oir_gym.relabel import HindsightRelabeler
 
     if cfg.relabeler == "rules":
-        # keep_ungrounded=False: the rules' ungrounded candidates are their "A then B" compounds, which
-        # the single-caption cosine reward never pays; as rows of D they are zero-reward copies of
-        # exactly the trajectories where B happened ("collect wood then place table": cos 0.69 to
-        # "place table"), as instructions they fill the buffer with goals no episode can reach.
+        # cfg.keep_ungrounded (default False): the rules' ungrounded candidates are their "A then B"
+        # compounds, which the single-caption cosine reward never pays; as rows of D they are
+        # zero-reward copies of exactly the trajectories where B happened ("collect wood then place
+        # table": cos 0.69 to "place table").
         return HindsightRelabeler("rules", k=cfg.k, delta=cfg.delta, encoder=get_encoder(), cache_size=0,
-                                  keep_ungrounded=False)
+                                  keep_ungrounded=cfg.keep_ungrounded)
     kwargs = llm_backend_kwargs(cfg)
     # LLM answers come from a background worker; rules of the current rollout are merged by
     # the trainer, so the LLM relabeler itself does not add rules.
@@ -600,4 +601,4 @@ def make_relabeler(cfg: pqn.PQNConfig):
     # instead of piling up answers that would arrive too late to train on.
     return HindsightRelabeler(cfg.llm_backend, k=cfg.k, template=cfg.llm_template, use_rules=False,
                               delta=cfg.delta, encoder=get_encoder(), on_full="replace", queue_size=1,
-                              backend_kwargs=kwargs)
+                              backend_kwargs=kwargs, keep_ungrounded=cfg.keep_ungrounded)

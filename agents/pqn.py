@@ -65,11 +65,13 @@ class PQNConfig:
     tau_low: float = 0.1
     tau_high: float = 0.9
     k: int = 4  # candidates per trajectory (oir); goals proposed per env (ellm)
-    # The paper's Alg. 1 inserts every relabeled instruction into the buffer. An instruction that paid
-    # no reward on its own trajectory (e.g. "collect wood then place table", below delta against every
-    # caption) can never succeed as an episode instruction, and its R = 0 ranks it ahead of every
-    # failing-but-learnable one; by default only instructions that paid a reward enter the buffer.
-    buffer_ungrounded: bool = False
+    # Relabeled instructions that paid no reward on their own trajectory ("ungrounded", e.g. "collect
+    # wood then place table", below delta against every caption). The paper's Alg. 1 keeps them all
+    # (True). By default (False) they are neither training rows (zero-reward copies of exactly the
+    # trajectories where their events happened, next to the copies that pay) nor buffer entries (they
+    # can never succeed as episode instructions, and their R = 0 ranks them ahead of every
+    # failing-but-learnable instruction).
+    keep_ungrounded: bool = False
     llm_backend: str = "llama_cpp"  # llama_cpp | openai | vllm
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_model: str = ""

@@ -47,13 +47,17 @@ def test_rule_relabeling_trains_and_buffers_only_grounded_instructions(tmp_path)
     tr.close()
 
 
-@pytest.mark.parametrize("buffer_ungrounded", [False, True])
-def test_ungrounded_candidates_enter_the_buffer_only_when_asked(tmp_path, buffer_ungrounded):
-    """buffer_ungrounded=True is the paper's Alg. 1 (insert every relabeled instruction). The rules
-    relabeler is switched to keep its ungrounded "A then B" compounds, as an LLM's would be kept."""
-    tr, host = _trainer(tmp_path, buffer_ungrounded=buffer_ungrounded)
-    tr.relabeler.keep_ungrounded = True
-    tr._relabel(host)
+@pytest.mark.parametrize("keep_ungrounded", [False, True])
+def test_ungrounded_candidates_are_rows_and_buffer_entries_only_when_asked(tmp_path, keep_ungrounded):
+    """keep_ungrounded=True is the paper's Alg. 1: every relabeled instruction becomes a training row
+    and a buffer entry, including the rules' "A then B" compounds that never pay."""
+    tr, host = _trainer(tmp_path, keep_ungrounded=keep_ungrounded)
+    assert tr.relabeler.keep_ungrounded == keep_ungrounded
+    slots, _ = tr._relabel(host)
     compounds = [t for t in tr.buffers[0].contents() if " then " in t]
-    assert bool(compounds) == buffer_ungrounded
+    assert bool(compounds) == keep_ungrounded
+    valid = np.asarray(slots["valid"][0])
+    paid = [first_success_step(host["events"][0, :, int(slots["env"][0, j])], np.asarray(slots["sim"][0, j]),
+                               tr.cfg.delta) >= 0 for j in np.flatnonzero(valid)]
+    assert all(paid) != keep_ungrounded  # with keep_ungrounded some rows never pay
     tr.close()
