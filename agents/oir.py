@@ -303,7 +303,8 @@ class Trainer:
         return path
 
     def _write_generated(self) -> None:
-        """``instructions.json`` (oir: every instruction inserted into a buffer) or ``goals.json``
+        """``instructions.json`` (oir: every relabeled instruction offered to a buffer; the buffer's
+        priority order decides which of them it writes) or ``goals.json``
         (ellm: every goal proposed; ``pinned``: how often an env was pinned to it), with counts."""
         name = GENERATED_FILES.get(self.cfg.method)
         if name is None:
@@ -315,7 +316,8 @@ class Trainer:
             "method": self.cfg.method,
             "source": (f"proposer {self.cfg.ellm_proposer}" if ellm else f"relabeler {self.cfg.relabeler}"),
             "what": ("goals proposed (one count per env and update)" if ellm
-                     else "instructions inserted into the instruction buffers (one count per seed and update)"),
+                     else ("instructions offered to the instruction buffers (one count per seed and update; "
+                           + ("grounded or not)" if self.cfg.keep_ungrounded else "only those that paid a reward)"))),
             "update": self.update_idx, "env_steps": self.env_steps, "distinct": len(items),
             "total": int(sum(self.generated.values())), "items": items,
         }
