@@ -472,7 +472,7 @@ class Trainer:
             t_idx, e_idx = np.nonzero(host["done"][s])
             for t, e in zip(t_idx, e_idx):
                 self.buffers[s].record(self.registry.text(host["instr"][s, t, e]), float(host["ep_return"][s, t, e]))
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = {"curriculum/unpayable_step_frac": self._unpayable_frac(host["instr"])}
         table_emb = self.registry.device_table().emb
         if cfg.method == "oir":
             slots, stats = self._relabel(host)
@@ -508,6 +508,20 @@ class Trainer:
         for s in range(self.S):
             metrics[f"seed{s}/loss"] = float(upd["loss"][s])
         return IterationLog(self.update_idx, self.env_steps, metrics)
+
+    def _unpayable_frac(self, instr_rows: np.ndarray) -> float:
+        """Share of this rollout's env steps run under an instruction whose reward can never fire.
+
+        ``gt`` pays on the instruction's achievement; the cosine methods pay only where some caption
+        of the vocabulary exceeds delta. An instruction below delta against every caption (such as
+        "collect wood then place table") wastes the episodes that run it; a non-zero value here is
+        worth a look.
+        """
+        if self.cfg.method == "gt":
+            payable = self.registry.achievement >= 0
+        else:
+            payable = self.registry.event_sim.max(axis=1) > self.cfg.delta
+        return float(np.mean(~payable[np.asarray(instr_rows)]))
 
     # -------------------------------------------------------------- ELLM
     def _propose_goals(self, rollout_rows: np.ndarray) -> dict[str, float]:

@@ -211,6 +211,8 @@ def main(argv=None) -> int:
             if "ellm/distinct_goals" in row:
                 rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
                       f"cache hits {row['ellm/cache_hit_rate']:.2f}")
+            if row.get("curriculum/unpayable_step_frac", 0.0) > 0:
+                rl += f" | unpayable steps {row['curriculum/unpayable_step_frac']:.2f}"
             print(f"[{log.update:5d}/{cfg.num_updates}] steps {log.env_steps:>10,} | {row['sps']:8.0f} sps | "
                   f"eps {row['epsilon']:.2f} | loss {row['loss']:.4f} | train success {row['train/success_rate']:.3f}"
                   f"{rl}{ev}", flush=True)

@@ -15,9 +15,9 @@ from oir_gym.reward import first_success_step  # noqa: E402
 
 
 def _trainer(tmp_path, **kw) -> tuple[Trainer, dict]:
-    cfg = pqn.PQNConfig(method="oir", relabeler="rules", total_timesteps=2 * 16 * 2, num_envs=2, num_steps=16,
-                        hidden_size=32, num_epochs=1, num_minibatches=2, k=4, eval_every=1000, eval_episodes=1,
-                        eval_horizon=8, checkpoint_every=1000, **kw)
+    cfg = pqn.PQNConfig(**{**dict(method="oir", relabeler="rules", total_timesteps=2 * 16 * 2, num_envs=2,
+                                  num_steps=16, hidden_size=32, num_epochs=1, num_minibatches=2, k=4,
+                                  eval_every=1000, eval_episodes=1, eval_horizon=8, checkpoint_every=1000), **kw})
     tr = Trainer(cfg, tmp_path, log=lambda s: None)
     trajs = [make_trajectory(WOOD_TABLE_PICKAXE, cfg.num_steps, texts=False, seed=e, env_id=e) for e in range(2)]
     host = {
@@ -61,3 +61,16 @@ def test_ungrounded_candidates_are_rows_and_buffer_entries_only_when_asked(tmp_p
                                tr.cfg.delta) >= 0 for j in np.flatnonzero(valid)]
     assert all(paid) != keep_ungrounded  # with keep_ungrounded some rows never pay
     tr.close()
+
+
+def test_training_logs_the_share_of_steps_under_instructions_that_can_never_pay(tmp_path):
+    tr, _ = _trainer(tmp_path)
+    tr.init_state()
+    assert tr.iteration().metrics["curriculum/unpayable_step_frac"] == 0.0  # the 22 achievement wordings
+    good, bad = tr.registry.rows(["place table", "collect wood then place table"])  # the second: below delta
+    assert tr._unpayable_frac(np.array([[good, good], [good, bad]])) == 0.25
+    tr.close()
+    gt, _ = _trainer(tmp_path / "gt", method="gt")  # gt pays on the achievement: free text never pays
+    rows = gt.registry.rows(["place table", "place a table please"], achievements=[1, -1])
+    assert gt._unpayable_frac(rows) == 0.5
+    gt.close()
