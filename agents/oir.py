@@ -181,9 +181,9 @@ class Trainer:
         self.net = pqn.make_network(cfg, NUM_ACTIONS)
         self.encoder = get_encoder()
         capacity = cfg.table_capacity
-        if cfg.method == "ellm":  # rows in use (current + pinned goal of every env) must fit beside the eval rows
+        if cfg.method == "ellm":  # rows in use (current + pinned goal [+ all K goals] of every env) beside the eval rows
             n_eval = len(eval_instructions(EvalConfig(episodes=cfg.eval_episodes, horizon=cfg.eval_horizon))[0])
-            capacity = max(capacity, n_eval + 2 * self.S * cfg.num_envs + 32)
+            capacity = max(capacity, n_eval + (2 + self._num_also_pays(cfg)) * self.S * cfg.num_envs + 32)
         self.registry = InstructionRegistry(self.encoder, capacity=capacity)
 
         self.eval_cfg = EvalConfig(episodes=cfg.eval_episodes, horizon=cfg.eval_horizon)
@@ -254,11 +254,17 @@ class Trainer:
             return self.orig_rows
         return self.registry.rows(self.buffers[s].contents(), protected=self._protected())
 
+    @staticmethod
+    def _num_also_pays(cfg: pqn.PQNConfig) -> int:
+        """Slots per env for rows that also pay (ELLM with ellm_reward="any": its K proposed goals)."""
+        return cfg.k if cfg.method == "ellm" and cfg.ellm_reward == "any" else 0
+
     def _protected(self) -> list[int]:
         rows = set(self.eval_rows.tolist()) | set(self.orig_rows.tolist())
         if getattr(self, "runner", None) is not None:
             rows |= set(np.asarray(self.runner[0].env.instr).reshape(-1).tolist())
             rows |= {r for r in np.asarray(self.runner[0].env.pinned).reshape(-1).tolist() if r >= 0}
+            rows |= {r for r in np.asarray(self.runner[0].env.also_pays).reshape(-1).tolist() if r >= 0}
         for b in self.buffers:
             rows |= {self.registry._rows[t] for t in b.contents() if t in self.registry._rows}
         return sorted(rows)
@@ -275,8 +281,9 @@ class Trainer:
         params = self._env_params()
         n = self.S * cfg.num_envs
         groups = jnp.repeat(jnp.arange(self.S), cfg.num_envs)
-        reset = jax.jit(F.batch_reset, static_argnums=(2, 3, 5))
-        obs, bstate = reset(jnp.asarray(k_env[0]), params, n, max(2 * n, 32), None, cfg.obs_mode, groups)
+        reset = jax.jit(F.batch_reset, static_argnums=(2, 3, 5, 7))
+        obs, bstate = reset(jnp.asarray(k_env[0]), params, n, max(2 * n, 32), None, cfg.obs_mode, groups,
+                            self._num_also_pays(cfg))
         carry = jax.vmap(lambda _: self.net.initial_carry(cfg.num_envs))(jnp.arange(self.S))
         done = jnp.ones((n,), bool)
         self.runner = (bstate, obs, carry, done, jnp.asarray(k_run[0]))
@@ -337,7 +344,13 @@ class Trainer:
         self.init_state()
         params, opt_state, step = state["train_state"]
         self.train_state = self.train_state.replace(params=params, opt_state=opt_state, step=step)
-        self.runner = jax.tree_util.tree_map(jnp.asarray, state["runner"])
+        runner = state["runner"]
+        env = runner[0].env
+        if "also_pays" not in vars(env):  # checkpoints written before EnvState.also_pays existed
+            env = F.EnvState(**vars(env), also_pays=np.full((env.instr.shape[0], self._num_also_pays(self.cfg)), -1,
+                                                             np.int32))
+            runner = (runner[0].replace(env=env),) + tuple(runner[1:])
+        self.runner = jax.tree_util.tree_map(jnp.asarray, runner)
         self.key = jnp.asarray(state["key"])
         for b, sd in zip(self.buffers, state["buffers"]):
             b.load_state_dict(sd)
@@ -539,7 +552,9 @@ class Trainer:
             self.generated.update(dict.fromkeys(g, 1))
         self.pinned_counts.update(t for t in chosen if t)
         protected = set(self._protected()) | {int(r) for r in rollout_rows}
-        uniq = sorted({t for t in chosen if t})
+        n_also = self._num_also_pays(self.cfg)
+        # "any": every proposed goal needs a row (it pays); "pinned": only the chosen ones
+        uniq = sorted({t for g in goals for t in g[:n_also]} | {t for t in chosen if t})
         try:
             row_of = dict(zip(uniq, self.registry.rows(uniq, protected=protected).tolist()))
         except (ValueError, RuntimeError, KeyError) as e:  # table full or a bad text: keep what is there
@@ -547,7 +562,14 @@ class Trainer:
                      "pinning only goals already in the table")
             row_of = {t: self.registry._rows[t] for t in uniq if t in self.registry._rows}
         pinned = np.array([row_of.get(t, -1) for t in chosen], np.int32)
-        self.runner = (F.set_pinned(bstate, jnp.asarray(pinned)),) + tuple(self.runner[1:])
+        bstate = F.set_pinned(bstate, jnp.asarray(pinned))
+        if n_also:  # from now on every goal proposed for an env pays its reward
+            also = np.full((len(goals), n_also), -1, np.int32)
+            for i, g in enumerate(goals):
+                rows = [row_of[t] for t in g[:n_also] if t in row_of]
+                also[i, : len(rows)] = rows
+            bstate = F.set_also_pays(bstate, jnp.asarray(also))
+        self.runner = (bstate,) + tuple(self.runner[1:])
         ok = pinned[pinned >= 0]
         groundable = (self.registry.event_sim[ok].max(-1) > self.cfg.delta).mean() if len(ok) else 0.0
         stats = self.proposer.stats()

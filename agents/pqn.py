@@ -34,6 +34,9 @@ class PQNConfig:
     relabeler: str = "rules"  # rules | llm | both    (method oir)
     ellm_proposer: str = "rules"  # rules | llm    (method ellm; llm uses llm_backend/llm_base_url/llm_model)
     ellm_timeout: float = 10.0  # seconds an update waits for the LLM's goals before the rules answer
+    # ellm: "any" pays when a caption matches any goal proposed for the env (Du et al.; issue #6),
+    # "pinned" only the goal the env is conditioned on
+    ellm_reward: str = "any"
     total_timesteps: int = 200_000
     num_envs: int = 16
     num_steps: int = 64
@@ -104,6 +107,7 @@ class PQNConfig:
         need(self.ellm_proposer in ELLM_PROPOSERS,
              f"ellm_proposer={self.ellm_proposer!r}; expected one of {ELLM_PROPOSERS}")
         need(self.ellm_timeout >= 0, f"ellm_timeout={self.ellm_timeout} must be >= 0")
+        need(self.ellm_reward in ("any", "pinned"), f"ellm_reward={self.ellm_reward!r}; expected 'any' or 'pinned'")
         need(self.obs_mode in ("paper", "symbolic"), f"obs_mode={self.obs_mode!r}; expected 'paper' or 'symbolic'")
         for name in ("total_timesteps", "num_envs", "num_steps", "num_seeds", "num_epochs", "num_minibatches",
                      "hidden_size", "num_layers", "buffer_size", "k", "eval_every", "eval_episodes",

@@ -78,6 +78,9 @@ class EnvState:
         craftax: the Craftax-Classic state.
         instr: row of the current instruction in the table.
         pinned: row every reset of this env uses, or -1 to draw from the buffer.
+        also_pays: ``[G]`` further rows whose captions also pay this env's cosine reward (-1 =
+            unused slot); kept across resets like ``pinned``. ELLM sets them to every goal
+            proposed for the env, so achieving any of them is rewarded. Shape ``[0]`` by default.
         group: which row of ``table.sample_mask`` (which buffer) this env draws from.
         steps: steps taken in the episode.
         success: whether the instruction has been accomplished in this episode.
@@ -88,6 +91,7 @@ class EnvState:
     craftax: CraftaxState
     instr: jax.Array
     pinned: jax.Array
+    also_pays: jax.Array
     group: jax.Array
     steps: jax.Array
     success: jax.Array
@@ -140,11 +144,12 @@ def observation(state: EnvState, params: EnvParams, obs_mode: str = "paper") -> 
     return {"obs": observe(state.craftax, obs_mode), "instruction": params.table.emb[state.instr]}
 
 
-def _fresh_state(craftax_state, instr, pinned, group=0) -> EnvState:
+def _fresh_state(craftax_state, instr, pinned, group=0, also_pays=None) -> EnvState:
     return EnvState(
         craftax=craftax_state,
         instr=instr,
         pinned=jnp.asarray(pinned, jnp.int32),
+        also_pays=jnp.zeros((0,), jnp.int32) if also_pays is None else jnp.asarray(also_pays, jnp.int32),
         group=jnp.asarray(group, jnp.int32),
         steps=jnp.zeros((), jnp.int32),
         success=jnp.zeros((), bool),
@@ -180,6 +185,9 @@ def step(key, state: EnvState, action, params: EnvParams, obs_mode: str = "paper
     events = detect_events(prev, action, nxt, step_ach)
     sims = params.table.event_sim[state.instr]
     cos_match = step_match(events, sims, params.delta)
+    # further rows that also pay (ELLM: any goal proposed for this env); none by default
+    also = step_match(events, params.table.event_sim[jnp.maximum(state.also_pays, 0)], params.delta)
+    cos_match = jnp.logical_or(cos_match, jnp.any(jnp.logical_and(also, state.also_pays >= 0)))
     ach_idx = params.table.achievement[state.instr]
     gt_match = jnp.where(ach_idx >= 0, step_ach[jnp.maximum(ach_idx, 0)], False)
     match = jnp.where(params.reward_mode == 1, gt_match, cos_match)
@@ -232,11 +240,12 @@ def _generate_worlds(key, params: EnvParams, n: int):
 
 
 def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = None,
-                pinned=None, obs_mode: str = "paper", groups=None):
+                pinned=None, obs_mode: str = "paper", groups=None, num_also_pays: int = 0):
     """Reset a batch; also fills the world pool. Returns ``(obs, BatchState)``.
 
     ``pinned`` (``[B]`` rows, -1 = draw) and ``groups`` (``[B]`` rows of ``sample_mask``) default
-    to unpinned envs of group 0.
+    to unpinned envs of group 0. ``num_also_pays`` sizes ``EnvState.also_pays`` (all -1; set them
+    with :func:`set_also_pays`).
     """
     pool_size = pool_size or max(num_envs, 16)
     k_env, k_pool, k_instr = jax.random.split(key, 3)
@@ -246,7 +255,8 @@ def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = N
     groups = jnp.zeros((num_envs,), jnp.int32) if groups is None else jnp.asarray(groups, jnp.int32)
     instr = jax.vmap(sample_instruction, in_axes=(0, None, 0, 0))(
         jax.random.split(k_instr, num_envs), params, pinned, groups)
-    env = jax.vmap(_fresh_state)(worlds, instr, pinned, groups)
+    also = jnp.full((num_envs, num_also_pays), -1, jnp.int32)
+    env = jax.vmap(_fresh_state)(worlds, instr, pinned, groups, also)
     obs = _observe_batch(env, params, obs_mode)
     return obs, BatchState(env=env, pool=pool, cursor=jnp.zeros((), jnp.int32))
 
@@ -276,7 +286,7 @@ def reset_done(key, bstate: BatchState, done, params: EnvParams, pool_refresh: i
     fresh_worlds = jax.tree_util.tree_map(lambda p: p[slot], bstate.pool)
     instr = jax.vmap(sample_instruction, in_axes=(0, None, 0, 0))(
         jax.random.split(k_instr, num_envs), params, env.pinned, env.group)
-    fresh = jax.vmap(_fresh_state)(fresh_worlds, instr, env.pinned, env.group)
+    fresh = jax.vmap(_fresh_state)(fresh_worlds, instr, env.pinned, env.group, env.also_pays)
     env = _tree_select(done, fresh, env)
 
     new = _generate_worlds(k_pool, params, pool_refresh)
@@ -328,3 +338,15 @@ def batch_reset_masked(key, bstate: BatchState, mask, params: EnvParams, obs_mod
 def set_pinned(bstate: BatchState, pinned) -> BatchState:
     """Pin (row >= 0) or unpin (-1) the instruction of every env; takes effect at its next reset."""
     return bstate.replace(env=bstate.env.replace(pinned=jnp.asarray(pinned, jnp.int32)))
+
+
+def set_also_pays(bstate: BatchState, rows) -> BatchState:
+    """Set the ``[B, G]`` rows whose captions also pay each env's reward (-1 = unused); immediate.
+
+    ``G`` must be the ``num_also_pays`` the batch was reset with (a jitted rollout keeps shapes).
+    """
+    rows = jnp.asarray(rows, jnp.int32)
+    if rows.shape != bstate.env.also_pays.shape:
+        raise ValueError(f"also_pays rows of shape {rows.shape}; this batch holds {bstate.env.also_pays.shape} "
+                         "(reset it with num_also_pays=G)")
+    return bstate.replace(env=bstate.env.replace(also_pays=rows))

@@ -278,6 +278,12 @@ def test_ellm_trainer_pins_envs_to_proposed_goals_and_resumes(tmp_path):
     assert m["ellm/pinned_frac"] == 1.0 and m["ellm/groundable_frac"] == 1.0 and m["ellm/distinct_goals"] >= 1
     assert m["ellm/requests"] == cfg.num_envs and "relabel/rows" not in m and np.isfinite(m["loss"])
     assert set(p1.tolist()) <= set(tr._protected())
+    # ellm_reward="any" (default): every goal proposed for an env also pays that env's reward
+    also = np.asarray(env().also_pays)
+    assert also.shape == (cfg.num_envs, cfg.k)
+    for i, g in enumerate(rec.goals[-1]):
+        assert [tr.registry.text(r) for r in also[i] if r >= 0] == g
+    assert set(also[also >= 0].tolist()) <= set(tr._protected())
 
     tr.iteration()
     np.testing.assert_array_equal(np.asarray(env().instr), p1)  # resets used the pinned goals
@@ -298,12 +304,29 @@ def test_ellm_trainer_pins_envs_to_proposed_goals_and_resumes(tmp_path):
     tr.load()
     assert (tr.update_idx, tr.generated) == (2, _counts(goals))
     np.testing.assert_array_equal(np.asarray(env().pinned), p2)
+    assert np.asarray(env().also_pays).shape == (cfg.num_envs, cfg.k)
     again = tr.iteration()
     for a, b in zip(after[0], _params(tr)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(env().pinned), after[1])
     assert tr.generated == after[2] and straight.metrics["loss"] == pytest.approx(again.metrics["loss"], rel=1e-5)
     tr.close()
+
+
+def test_ellm_pinned_reward_pays_only_the_pinned_goal(tmp_path):
+    pytest.importorskip("jax")
+    from agents.oir import Trainer
+    from test_train_pqn import tiny
+
+    cfg = tiny(method="ellm", ellm_reward="pinned")
+    tr = Trainer(cfg, tmp_path, log=lambda s: None)
+    tr.init_state()
+    tr.iteration()
+    assert np.asarray(tr.runner[0].env.also_pays).shape == (cfg.num_envs, 0)
+    assert (np.asarray(tr.runner[0].env.pinned) >= 0).all()
+    tr.close()
+    with pytest.raises(ValueError, match="ellm_reward"):
+        tiny(method="ellm", ellm_reward="all").validate()
 
 
 @pytest.mark.slow

@@ -267,3 +267,28 @@ def test_functional_single_env_api_shapes(venv):
         jnp.zeros((3,), jnp.int32),
     )
     assert batched[2].shape == (3,) and batched[5].events.shape == (3, len(EVENT_NAMES))
+
+
+def test_also_pays_rows_pay_the_reward_beside_the_instruction(venv):
+    """``EnvState.also_pays`` (ELLM's proposed goals): a caption matching any of those rows pays and
+    ends the episode like the instruction itself; -1 slots and non-matching rows pay nothing."""
+    venv.reset(seed=0, options={"instruction": ["eat cow"] * 4})
+    sc = Scene(venv)
+    for i in range(4):
+        sc.block(i, (0, 1), B.TREE)
+    sc.apply()
+    wood, zombie = (int(r) for r in venv.registry.rows(["collect wood", "defeat zombie"]))
+    params = venv.params
+    bstate = F.set_also_pays(venv._state.replace(env=venv._state.env.replace(
+        also_pays=jnp.full((4, 2), -1, jnp.int32))), jnp.array([[wood, -1], [-1, -1], [zombie, -1], [-1, wood]]))
+    step = jax.jit(F.batch_step, static_argnames=("obs_mode", "pool_refresh", "autoreset"))
+    actions = jnp.full((4,), A.DO.value, jnp.int32)
+    _, new, reward, term, _, info, _ = step(jax.random.PRNGKey(0), bstate, actions, params, obs_mode="paper",
+                                             pool_refresh=venv.pool_refresh, autoreset=True)
+    assert bool(np.asarray(info.events[:, EV["collect_wood"]]).all())  # every env collected wood
+    np.testing.assert_array_equal(reward, [1, 0, 0, 1])
+    np.testing.assert_array_equal(term, [True, False, False, True])
+    # the rows stay with the env across its reset, like a pinned row
+    np.testing.assert_array_equal(np.asarray(new.env.also_pays[0]), [wood, -1])
+    with pytest.raises(ValueError, match="num_also_pays"):
+        F.set_also_pays(bstate, jnp.zeros((4, 3), jnp.int32))

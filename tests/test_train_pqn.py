@@ -165,3 +165,20 @@ def test_a_run_counts_as_finished_only_once_its_final_evaluation_is_written(tmp_
     assert train_pqn._finished_update(tmp_path) is None  # stopped early: no eval_final.json
     (tmp_path / "eval_final.json").write_text("[]")
     assert train_pqn._finished_update(tmp_path) == 2
+
+
+def test_checkpoints_from_before_also_pays_still_load(tmp_path):
+    """EnvState gained ``also_pays``; a checkpoint written before has no such field and must load."""
+    import pickle
+
+    tr = Trainer(tiny(), tmp_path, log=lambda s: None)
+    tr.init_state()
+    tr.save()
+    path = tmp_path / "checkpoint.pkl"
+    state = pickle.loads(path.read_bytes())
+    del state["runner"][0].env.__dict__["also_pays"]  # what an older checkpoint unpickles to
+    path.write_bytes(pickle.dumps(state))
+    tr.load()
+    assert np.asarray(tr.runner[0].env.also_pays).shape == (tr.cfg.num_envs, 0)
+    tr.iteration()
+    tr.close()
