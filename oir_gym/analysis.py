@@ -107,7 +107,8 @@ def plot_training(metrics: list[dict], out: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in ("loss", "train/success_rate", "train/reward_per_step", "epsilon", "sps") if any(k in r for r in metrics)]
+    keys = [k for k in ("loss", "train/success_rate", "train/reward_per_step", "curriculum/unpayable_step_frac",
+                        "epsilon", "sps") if any(k in r for r in metrics)]
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
     axes = np.atleast_1d(axes)
     rows = [r for r in metrics if "env_steps" in r]
