@@ -24,7 +24,8 @@ Method ``ellm`` (ELLM, Du et al. 2023, on the same PQN backbone) skips steps 2-4
 after each rollout, asks a :class:`~oir_gym.proposer.GoalProposer` for up to K goals from every
 env's CURRENT textual observation, registers them in the instruction table and pins each env to
 one of its goals (drawn uniformly; it applies at the env's next reset). The reward is the env's
-cosine reward against that goal; the update batch is the original trajectories only.
+cosine reward against that goal and, with ``ellm_reward="any"`` (default), against every other goal
+proposed for the env (``EnvState.also_pays``); the update batch is the original trajectories only.
 """
 
 from __future__ import annotations
