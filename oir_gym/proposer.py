@@ -3,7 +3,8 @@
 Where OIR's relabeler (:mod:`oir_gym.relabel`) looks back at a finished trajectory and names what
 the agent did, ELLM looks at the state the agent is in and suggests what it could do next; the
 agent is then asked to do one of those goals and is rewarded when a transition's caption matches
-it (the env's usual cosine reward).
+it, or by default any of the goals proposed for it (the env's usual cosine reward; see
+``PQNConfig.ellm_reward``).
 
 :class:`GoalProposer` takes a batch of textual observations (:func:`oir_gym.text.format_text`)
 and returns up to ``k`` goals per observation::
