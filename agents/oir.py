@@ -461,8 +461,9 @@ class Trainer:
         # them with cfg.keep_ungrounded, as the paper's Alg. 1). An ungrounded one, such as the
         # rules' "A then B" compounds that never exceed delta against any caption, can never succeed
         # as an episode instruction, and its R = 0 would rank it ahead of every failing-but-learnable
-        # instruction (R in (0, tau_low]) in the buffer's priority order. (Late LLM answers come from
-        # a relabeler built with the same keep_ungrounded, so they are filtered alike.)
+        # instruction (R in (0, tau_low]) in the buffer's priority order. The relabelers this trainer
+        # builds already drop ungrounded candidates unless cfg.keep_ungrounded; this check holds the
+        # buffer to the config for a relabeler passed in (Trainer(relabeler=...)) as well.
         grounded = [set() for _ in range(self.S)]
         for r in results:
             grounded[r.trajectory.meta["seed"]].update(c.text for c in r.candidates if c.grounded)
@@ -572,7 +573,7 @@ class Trainer:
             bstate = F.set_also_pays(bstate, jnp.asarray(also))
         self.runner = (bstate,) + tuple(self.runner[1:])
         ok = pinned[pinned >= 0]
-        groundable = (self.registry.event_sim[ok].max(-1) > self.cfg.delta).mean() if len(ok) else 0.0
+        groundable = 1.0 - self._unpayable_frac(ok) if len(ok) else 0.0
         stats = self.proposer.stats()
         metrics = {
             "ellm/distinct_goals": float(len(self.generated)),
