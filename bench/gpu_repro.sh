@@ -18,6 +18,10 @@
 #          launch /tmp/oir 1500 oir:0:oir_a:--num-seeds+2 oir:1:oir_b:--num-seeds+1+--seed+1000
 #        (analyze_runs.py --runs oir=ROOT/oir_a oir=ROOT/oir_b pools them). DRY_RUN=1 prints the
 #        commands instead of starting them.
+# finish ROOT NAME:GPU...          for runs that hit LIMIT before 1e7 steps: stops the launch wrappers
+#        (so the stopped checkpoint is not evaluated), waits for training to checkpoint, resumes
+#        each run to the end on its card (its in-run final evaluation is greedy), then writes
+#        eval_end_eps0.05.json; ROOT/NAME.finish.log holds the output.
 # status ROOT                      last lines of every log, GPU use.
 # collect ROOT DEST                DEST/runs.tgz: every run directory without checkpoints.
 set -u
@@ -41,6 +45,17 @@ launch)
     echo "launched $name ($m) on GPU $gpu -> $root/$name.log"
   done
   sleep 5 ;;
+finish)
+  pkill -f '^bash -c export CUDA_VISIBLE_DEVICES' || true
+  while pgrep -f 'train_pqn.py --preset paper' > /dev/null; do sleep 5; done
+  for spec in "$@"; do
+    IFS=: read -r name gpu <<< "$spec"
+    CUDA_VISIBLE_DEVICES=$gpu bash -c "python examples/train_pqn.py --run-dir $root/$name --resume &&
+      python examples/train_pqn.py --run-dir $root/$name --eval-only end_eps0.05 --eval-epsilon 0.05 &&
+      touch $root/$name/DONE" > "$root/$name.finish.log" 2>&1 &
+  done
+  wait
+  for spec in "$@"; do grep -v "Loading weights" "$root/${spec%%:*}.finish.log" | tail -n 3; done ;;
 status)
   for f in "$root"/*.log; do echo "== $f"; grep -v "Loading weights" "$f" | tail -n 4; done
   ls "$root"/*/DONE 2>/dev/null
