@@ -6,6 +6,8 @@ Each ``NAME=PREFIX`` points at ``PREFIX_metrics.jsonl`` and ``PREFIX_eval_final.
 layout kept in ``results/``) or at a run directory holding ``metrics.jsonl`` and
 ``eval_final.json``; ``NAME=PREFIX#TAG`` reads ``eval_TAG.json`` instead of ``eval_final.json``
 (e.g. ``#000750``, the periodic evaluation at update 750, to compare runs at equal steps).
+Besides the end-of-run table it prints each method's mean over all of its periodic evaluations
+(a normalised area under the learning curve, far less noisy than one evaluation).
 ``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and ``--tsne NAME=FILE``
 instruction lists (``instructions.json`` / ``goals.json`` of a run).
 """
@@ -15,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -43,21 +44,28 @@ def _pairs(items) -> dict[str, list[str]]:
     return out
 
 
+def _existing(path: Path, what: str) -> Path:
+    """``path``, or exit with a message naming what is there instead (e.g. the evaluation tags)."""
+    if path.exists():
+        return path
+    if "eval_" in path.name:
+        stem = path.name.split("eval_")[0]
+        tags = sorted(q.name[len(stem) + 5:-5] for q in path.parent.glob(f"{stem}eval_*.json"))
+        hint = f"evaluations there: {', '.join('#' + t for t in tags)}" if tags else "no evaluation file there"
+    else:
+        hint = "give NAME=PREFIX with PREFIX_metrics.jsonl, or NAME=RUN_DIR"
+    raise SystemExit(f"analyze_runs: no {what} {path}; {hint}")
+
+
 def _load_evals(prefixes: list[str]) -> list[dict]:
     """Per-seed evaluation dicts of one or more runs, pooled (the seeds of all the runs)."""
-    return [seed for prefix in prefixes for seed in json.loads(_files(prefix)[1].read_text())]
+    return [seed for prefix in prefixes
+            for seed in json.loads(_existing(_files(prefix)[1], "evaluation file").read_text())]
 
 
-def _as_run_dir(prefix: str, tmp: Path, name: str) -> Path:
-    metrics, _ = _files(prefix)
-    d = tmp / name
-    n = 0
-    while d.exists():  # several runs under one name (their seeds are pooled)
-        n += 1
-        d = tmp / f"{name}_{n}"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "metrics.jsonl").write_text(metrics.read_text())
-    return d
+def _load_metrics(prefixes: list[str]) -> list[list[dict]]:
+    """Metrics rows of each run of one method."""
+    return [analysis.read_jsonl(_existing(_files(prefix)[0], "metrics file")) for prefix in prefixes]
 
 
 def main(argv=None) -> int:
@@ -73,15 +81,16 @@ def main(argv=None) -> int:
     runs = _pairs(args.runs)
     # several runs under one NAME (e.g. 2 + 1 seeds on two cards) are pooled as seeds of one method
     finals = {name: _load_evals(prefixes) for name, prefixes in runs.items()}
+    metrics = {name: _load_metrics(prefixes) for name, prefixes in runs.items()}
     if not args.table_only:
-        with tempfile.TemporaryDirectory() as tmp:
-            dirs = {name: [_as_run_dir(prefix, Path(tmp), name) for prefix in prefixes]
-                    for name, prefixes in runs.items()}
-            for s in ("original", "simple", "complex"):
-                analysis.plot_learning_curves(dirs, out / f"curves_{s}.png", s)
+        for s in ("original", "simple", "complex"):
+            analysis.plot_learning_curves({name: [_files(p)[0] for p in prefixes] for name, prefixes in runs.items()},
+                                          out / f"curves_{s}.png", s)
         analysis.plot_instruction_bars(finals, out / "instruction_success.png")
     print("## Evaluation (mean ± s.e. over seeds)\n")
     print(analysis.final_table(finals))
+    print("\n## Mean over the periodic evaluations of the whole run (mean ± s.e. over seeds)\n")
+    print(analysis.curve_mean_table(metrics))
     if args.ablation:
         abl = {v: _load_evals(prefixes) for v, prefixes in _pairs(args.ablation).items()}
         if not args.table_only:

@@ -69,25 +69,89 @@ def eval_curves(metrics: list[dict], set_name: str = "original", seed_keys: bool
     return steps, out
 
 
+def metrics_path(run: str | Path) -> Path:
+    """``run/metrics.jsonl`` for a run directory; a ``.jsonl`` file is taken as it is."""
+    p = Path(run)
+    return p / "metrics.jsonl" if p.is_dir() else p
+
+
+def pooled_curves(runs: Sequence[list[dict]], set_name: str = "original"):
+    """Evaluation curves of several runs of one method, pooled as seeds.
+
+    ``runs`` holds the metrics rows of each run (:func:`read_jsonl`). Runs are cut to the number of
+    evaluation points they all have (a run stopped early shortens the pool).
+
+    Returns:
+        ``steps [n_points], {metric: [n_points, n_seeds]}`` (seeds of all the runs side by side).
+    """
+    series = [eval_curves(rows, set_name) for rows in runs]
+    n = min((len(s[0]) for s in series), default=0)
+    if n == 0:
+        return np.zeros(0), {m: np.zeros((0, 0)) for m in EVAL_METRICS}
+    return series[0][0][:n], {m: np.concatenate([s[1][m][:n] for s in series], axis=1) for m in EVAL_METRICS}
+
+
+def curve_means(runs: Sequence[list[dict]], set_name: str = "original", min_step: float = 0.0) -> dict[str, np.ndarray]:
+    """Each seed's mean over its periodic evaluations: a normalised area under the learning curve.
+
+    One end-of-run evaluation is a single noisy point (4 episodes per instruction move a rate in
+    steps of 0.25); the mean over every evaluation of the run summarises the whole curve with far
+    less noise, and rewards learning early as well as ending high.
+
+    Args:
+        runs: metrics rows of each run of one method (pooled as seeds, see :func:`pooled_curves`).
+        set_name: the instruction set.
+        min_step: ignore evaluation points before this many env steps.
+
+    Returns:
+        ``{metric: [n_seeds]}``.
+
+    Raises:
+        ValueError: when no evaluation point is left.
+    """
+    steps, curves = pooled_curves(runs, set_name)
+    keep = steps >= min_step
+    if not keep.any():
+        raise ValueError(f"no '{set_name}' evaluation at or after {min_step:g} env steps in these runs")
+    return {m: curves[m][keep].mean(axis=0) for m in EVAL_METRICS}
+
+
+def curve_mean_table(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] = ("original", "simple", "complex"),
+                     min_step: float = 0.0) -> str:
+    """Markdown table of :func:`curve_means` per method and set: mean +- s.e. over seeds."""
+    lines = ["| method | set | evaluations | mean success rate | completed instructions | aggregate score |",
+             "|---|---|---|---|---|---|"]
+    for m, rows in runs.items():
+        for s in sets:
+            steps, _ = pooled_curves(rows, s)
+            if not (steps >= min_step).any():
+                continue
+            per_seed = curve_means(rows, s, min_step)
+            cells = []
+            for k in EVAL_METRICS:
+                mean, se = mean_and_stderr(per_seed[k])
+                cells.append(f"{mean:.3f} ± {se:.3f}" if k != "num_completed" else f"{mean:.1f} ± {se:.1f}")
+            lines.append(f"| {m} | {s} | {int((steps >= min_step).sum())} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot_learning_curves(runs: dict[str, Sequence[str | Path]], out: str | Path, set_name: str = "original") -> Path:
-    """Eval metrics vs env steps, one line per method, s.e. bands over seeds (runs and in-run seeds)."""
+    """Eval metrics vs env steps, one line per method, s.e. bands over seeds (runs and in-run seeds).
+
+    ``runs[method]`` lists run directories or ``metrics.jsonl`` files; several are pooled as seeds.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for label, dirs in runs.items():
-        series = []
-        for d in dirs:
-            steps, curves = eval_curves(read_jsonl(Path(d) / "metrics.jsonl"), set_name)
-            series.append((steps, curves))
-        if not series or len(series[0][0]) == 0:
+    for label, paths in runs.items():
+        steps, curves = pooled_curves([read_jsonl(metrics_path(d)) for d in paths], set_name)
+        if len(steps) == 0:
             continue
-        n = min(len(s[0]) for s in series)
-        steps = series[0][0][:n]
         for ax, m in zip(axes, EVAL_METRICS):
-            stacked = np.concatenate([s[1][m][:n] for s in series], axis=1)  # [n, seeds]
+            stacked = curves[m]  # [n, seeds]
             mean, se = mean_and_stderr(stacked.T, axis=0)
             mean, se = np.atleast_1d(mean), np.atleast_1d(se)
             ax.plot(steps, mean, marker="o", label=label)

@@ -12,18 +12,31 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 import analyze_runs  # noqa: E402
 
-R = ROOT / "results" / "gpu_h200_1e7"  # gt (and OIR's replicate to 6.25e6)
-H = ROOT / "results" / "gpu_h100_1e7"  # cosine, ellm and OIR (seeds 2 + 1) to 1e7
+R = ROOT / "results" / "gpu_h200_1e7"  # gt (and a pre-fix OIR replicate to 6.25e6)
+H = ROOT / "results" / "gpu_h100_1e7"  # cosine; the pre-fix ellm and OIR (seeds 2 + 1)
+F = ROOT / "results" / "gpu_h100_1e7_fixed"  # ellm and OIR (seeds 1 + 1 + 1) with the fixes
 
 
 def _runs(tag: str) -> list[str]:
-    return [f"gt={R}/gt#{tag}", f"cosine={H}/cosine#{tag}", f"ellm={H}/ellm#{tag}",
-            f"oir={H}/oir_a#{tag}", f"oir={H}/oir_b#{tag}"]
+    return [f"gt={R}/gt#{tag}", f"cosine={H}/cosine#{tag}", f"ellm={F}/ellm#{tag}",
+            f"oir={F}/oir_a#{tag}", f"oir={F}/oir_b#{tag}", f"oir={F}/oir_c#{tag}"]
+
+
+def _tables(capsys, runs: list[str]) -> list[list[str]]:
+    """The table rows of each section ("## ...") that analyze_runs prints."""
+    assert analyze_runs.main(["--table-only", "--runs", *runs]) == 0
+    sections: list[list[str]] = []
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("## "):
+            sections.append([])
+        elif line.startswith("| ") and "±" in line:
+            sections[-1].append(line)
+    return sections
 
 
 def _table(capsys, runs: list[str]) -> list[str]:
-    assert analyze_runs.main(["--table-only", "--runs", *runs]) == 0
-    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "±" in line]
+    """The end-of-run table's rows."""
+    return _tables(capsys, runs)[0]
 
 
 def _cells(row: str) -> str:
@@ -31,21 +44,27 @@ def _cells(row: str) -> str:
     return " | ".join(c.strip() for c in row.strip("|").split("|")[2:])
 
 
+def _labelled(row: str) -> str:
+    """The doc labels the ELLM and OIR rows with the proposer / relabeler used."""
+    return row.replace("| ellm |", "| ellm (rules) |").replace("| oir |", "| oir (rules) |")
+
+
 DOC = (ROOT / "docs" / "results.md").read_text()
 
 
-def test_end_of_run_table_in_results_doc_is_rebuilt_from_results(capsys):
-    rows = _table(capsys, _runs("final"))
-    assert len(rows) == 12  # 4 methods x 3 instruction sets
-    for row in rows:  # the doc labels the ELLM and OIR rows with the proposer / relabeler used
-        assert row.replace("| ellm |", "| ellm (rules) |").replace("| oir |", "| oir (rules) |") in DOC, row
+def test_end_of_run_and_whole_run_tables_in_results_doc_are_rebuilt_from_results(capsys):
+    final, whole = _tables(capsys, _runs("final"))
+    assert len(final) == 12 and len(whole) == 12  # 4 methods x 3 instruction sets
+    for row in final + whole:
+        assert _labelled(row) in DOC, row
 
 
-def test_epsilon_and_equal_steps_tables_in_results_doc_are_rebuilt_from_results(capsys):
+def test_epsilon_equal_steps_and_pre_fix_tables_in_results_doc_are_rebuilt_from_results(capsys):
     eps = [r for r in _table(capsys, _runs("final_eps0.05")) if "| original |" in r]
     mid = [r for r in _table(capsys, [*_runs("000750"), f"oir_h200={R}/oir#000750"]) if "| original |" in r]
-    assert len(eps) == 4 and len(mid) == 5
-    for row in eps + mid:
+    pre = [r for r in _table(capsys, [f"ellm={H}/ellm", f"oir={H}/oir_a", f"oir={H}/oir_b"]) if "| original |" in r]
+    assert len(eps) == 4 and len(mid) == 5 and len(pre) == 2
+    for row in eps + mid + pre:
         assert _cells(row) in DOC, row
 
 
@@ -56,8 +75,16 @@ def test_repeated_names_pool_seeds_and_tags_pick_the_evaluation(capsys):
     mean = lambda row: row.split("|")[3].split("±")[0].strip()  # noqa: E731
     assert [mean(r) for r in one] == [mean(r) for r in pooled]
     assert one != pooled
-    with pytest.raises(FileNotFoundError):
-        _table(capsys, [f"gt={R}/gt#no_such_tag"])
+
+
+def test_a_missing_file_names_what_is_there(capsys):
+    with pytest.raises(SystemExit, match=r"no evaluation file .*gt_eval_000300\.json; evaluations there: "
+                                         r"#000750, #final, #final_eps0\.05"):
+        analyze_runs.main(["--table-only", "--runs", f"gt={R}/gt#000300"])
+    with pytest.raises(SystemExit, match="no evaluation file .*eval_final.json; no evaluation file there"):
+        analyze_runs.main(["--table-only", "--runs", f"x={R}/nothing"])
+    with pytest.raises(SystemExit, match="expected NAME=PATH"):
+        analyze_runs.main(["--table-only", "--runs", str(R / "gt")])
 
 
 def test_delta_sensitivity_reference_file_and_doc_table_match_the_script(tmp_path, capsys):
