@@ -130,6 +130,7 @@ def build_batch(cfg: pqn.PQNConfig, trajs, table_emb, slots):
         obs=cur["obs"], instr=table_emb[cur["instr"]], actions=cur["action"], rewards=cur["reward"],
         dones=cur["done"], resets=cur["reset"], weights=jnp.ones(cfg.num_envs),
         next_obs_last=cur["last_obs"], next_instr_last=cur["last_instr"], carry0=cur["carry0"],
+        cuts=jnp.zeros_like(cur["done"]),
     )
     if slots is None:
         return orig
@@ -138,13 +139,19 @@ def build_batch(cfg: pqn.PQNConfig, trajs, table_emb, slots):
     T = cfg.num_steps
     events = pick(trajs["events"])  # [T, R, Ev]
     rew, term = jax.vmap(relabel_rewards, in_axes=(1, 0, None), out_axes=1)(events, slots["sim"], cfg.delta)
+    # Where the trajectory's own instruction succeeded, the env ended the episode and reset. For a
+    # relabeled instruction that did not pay there, that step is not a terminal (its value is not 0):
+    # the episode was cut for an unrelated reason, so the step gets no target and earlier steps
+    # bootstrap from Q(s, a) (pqn.q_lambda_targets). Deaths stay terminal for every instruction.
+    own_success = pick(trajs["done"] & trajs["success"]) if "success" in trajs else jnp.zeros_like(term)
     rel = dict(
         obs=pick(trajs["obs"]), instr=jnp.broadcast_to(slots["emb"][None], (T,) + slots["emb"].shape),
         actions=pick(trajs["action"]), rewards=rew, dones=pick(trajs["done"]) | term, resets=pick(trajs["reset"]),
+        cuts=own_success & ~term,
         weights=slots["valid"].astype(jnp.float32), next_obs_last=trajs["last_obs"][src, env],
         next_instr_last=slots["emb"], carry0=jax.tree_util.tree_map(lambda c: c[src, env], trajs["carry0"]),
     )
-    cat_axis = dict(obs=1, instr=1, actions=1, rewards=1, dones=1, resets=1, weights=0, next_obs_last=0,
+    cat_axis = dict(obs=1, instr=1, actions=1, rewards=1, dones=1, resets=1, cuts=1, weights=0, next_obs_last=0,
                     next_instr_last=0)
     out = {k: jnp.concatenate([orig[k], rel[k]], axis=cat_axis[k]) for k in cat_axis}
     out["carry0"] = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], 0), orig["carry0"], rel["carry0"])
@@ -496,6 +503,8 @@ class Trainer:
             ring = self.history + [traj] * (self.history_len - len(self.history))
             stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)
             batch = self._build(stacked, table_emb, slots)
+            # steps of relabeled copies left without a target: the original instruction ended the episode there
+            metrics["relabel/cut_steps"] = float(jnp.sum(batch["cuts"]) / self.S)
         else:
             pair = jax.tree_util.tree_map(lambda a: a[:, None], traj)
             batch = self._build_plain(pair, table_emb)

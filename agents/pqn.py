@@ -230,7 +230,7 @@ def eps_greedy(key, q, eps):
 
 
 # ----------------------------------------------------------------------------- targets
-def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float):
+def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float, cuts=None, q_taken=None):
     """Q(lambda) returns, computed backwards over the rollout.
 
     ``G_t = r_t + gamma * (1 - d_t) * ((1 - lam) * max_a Q(s_{t+1}, a) + lam * G_{t+1})`` with
@@ -239,14 +239,22 @@ def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float):
     Args:
         rewards, dones: ``[T, B]``; ``dones[t]`` ends the episode after step t (no bootstrap).
         next_q_max: ``[T, B]``, ``max_a Q(s_{t+1}, a)``.
+        cuts: optional ``[T, B]`` bool: the episode ended after step t for a reason that is not
+            this row's (a relabeled copy of a trajectory whose own instruction succeeded there),
+            so step t has no target of its own. ``G_t`` is then ``q_taken[t]`` (``Q(s_t, a_t)``,
+            under a stop-gradient), which earlier steps bootstrap from; the caller masks step t.
     """
+    if cuts is None:
+        cuts, q_taken = jnp.zeros(rewards.shape, bool), jnp.zeros_like(rewards)
 
     def body(g_next, inp):
-        r, d, q_next = inp
+        r, d, q_next, c, q_a = inp
         g = r + gamma * (1.0 - d) * ((1.0 - lam) * q_next + lam * g_next)
+        g = jnp.where(c, q_a, g)
         return g, g
 
-    _, g = jax.lax.scan(body, next_q_max[-1], (rewards, dones.astype(jnp.float32), next_q_max), reverse=True)
+    _, g = jax.lax.scan(body, next_q_max[-1], (rewards, dones.astype(jnp.float32), next_q_max, cuts, q_taken),
+                        reverse=True)
     return g
 
 
@@ -258,7 +266,8 @@ def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Ar
     ``obs [T, N, D]``, ``instr [T, N, 384]``, ``next_obs_last [N, D]`` and ``next_instr_last``
     (the observation after the last step), ``actions``, ``rewards``, ``dones``, ``resets``
     (episode starts, for the LSTM), ``weights`` (0 masks padding rows), ``carry0`` (LSTM state
-    at the rollout start).
+    at the rollout start), and optionally ``cuts`` (steps without a target of their own, see
+    :func:`q_lambda_targets`; they are left out of the loss).
 
     Each minibatch runs the network once over its ``T + 1`` observations (the rollout plus the
     observation after it); the Q(lambda) targets come from that same pass under a
@@ -278,10 +287,13 @@ def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Ar
         carry0 = jax.tree_util.tree_map(lambda c: c[idx], batch["carry0"])
         _, q_ext = apply(params, carry0, sel(obs_ext), sel(instr_ext), sel(resets_ext))
         q_next = jax.lax.stop_gradient(q_ext[1:]).max(-1)
-        targets = q_lambda_targets(sel(batch["rewards"]), sel(batch["dones"]), q_next, cfg.gamma, cfg.lam)
         q_a = jnp.take_along_axis(q_ext[:-1], sel(batch["actions"])[..., None], axis=-1)[..., 0]
+        cuts = sel(batch["cuts"]) if "cuts" in batch else jnp.zeros(q_a.shape, bool)
+        targets = q_lambda_targets(sel(batch["rewards"]), sel(batch["dones"]), q_next, cfg.gamma, cfg.lam,
+                                   cuts, jax.lax.stop_gradient(q_a))
         w = sel(batch["weights"], axis=0)[None, :]
-        err = (q_a - targets) ** 2
+        err = (q_a - targets) ** 2 * (1.0 - cuts.astype(q_a.dtype))
+        # the normaliser counts every step of the valid rows, cut or not, so a cut changes no scale
         loss = 0.5 * jnp.sum(err * w) / jnp.maximum(jnp.sum(w) * q_a.shape[0], 1.0)
         return loss, (q_a.mean(), targets.mean())
 

@@ -33,6 +33,21 @@ def test_q_lambda_with_lambda_one_is_monte_carlo_return():
     np.testing.assert_allclose(np.asarray(g)[:, 0], [0.81, 0.9, 1.0], rtol=1e-6)
 
 
+def test_q_lambda_cut_steps_take_their_own_q_value_and_earlier_steps_bootstrap_from_it():
+    # T=3, gamma=0.5, lambda=0.5; step 1 is cut (the episode ended there for another instruction)
+    r = jnp.array([[1.0], [0.0], [2.0]])
+    d = jnp.array([[False], [True], [False]])
+    qn = jnp.array([[4.0], [8.0], [6.0]])
+    cuts = jnp.array([[False], [True], [False]])
+    q_taken = jnp.array([[0.0], [3.0], [0.0]])
+    g = pqn.q_lambda_targets(r, d, qn, gamma=0.5, lam=0.5, cuts=cuts, q_taken=q_taken)
+    # G2 = 5 as without the cut; G1 = Q(s1, a1) = 3 instead of 0 (done);
+    # G0 = 1 + 0.5 * (0.5*4 + 0.5*3) = 2.75
+    np.testing.assert_allclose(np.asarray(g)[:, 0], [2.75, 3.0, 5.0], rtol=1e-6)
+    no_cut = pqn.q_lambda_targets(r, d, qn, gamma=0.5, lam=0.5, cuts=jnp.zeros_like(cuts), q_taken=q_taken)
+    np.testing.assert_allclose(np.asarray(no_cut), np.asarray(pqn.q_lambda_targets(r, d, qn, 0.5, 0.5)))
+
+
 def test_epsilon_schedule_is_linear_then_flat():
     cfg = pqn.PQNConfig(total_timesteps=1000, eps_decay=0.1, num_envs=4, num_steps=8)
     assert float(pqn.epsilon(cfg, 0)) == pytest.approx(1.0)
@@ -114,6 +129,56 @@ def test_relabeled_rows_get_reward_and_termination_at_matching_steps():
     np.testing.assert_array_equal(np.asarray(b["weights"]), [1, 1, 1, 1, 1, 0])
     # original rows are untouched
     np.testing.assert_array_equal(r[:, :2], 0)
+
+
+def test_relabeled_rows_are_cut_where_the_original_instruction_succeeded_and_they_did_not_pay():
+    """The env reset after the original instruction's success: for another instruction that step is
+    no terminal (a 'place table' copy must not learn that collecting the wood ends everything)."""
+    cfg = pqn.PQNConfig(num_envs=2, num_steps=6, k=2, num_minibatches=2, delta=0.9)
+    trajs = _synthetic_rollouts()
+    success = np.zeros((2, 6, 2), bool)
+    success[0, 1, 0] = True  # env 0's own instruction ("collect wood") paid at its first wood...
+    done = np.asarray(trajs["done"]).copy()
+    done[0, 1, 0] = True  # ...and ended the episode there
+    done[0, 2, 1] = True  # env 1 died at step 2 (done without success)
+    trajs = dict(trajs, done=jnp.asarray(done), success=jnp.asarray(success))
+    sim = {}
+    for name in ("collect_wood", "place_table", "defeat_zombie"):
+        sim[name] = np.full(NUM_EVENTS, 0.1, np.float32)
+        sim[name][VOCAB.event_id(name)] = 0.95
+    slots = dict(src=jnp.array([0, 0, 0, 0]), env=jnp.array([0, 0, 1, 0]), emb=jnp.ones((4, 4)),
+                 sim=jnp.asarray(np.stack([sim["collect_wood"], sim["defeat_zombie"], sim["place_table"],
+                                           sim["defeat_zombie"]])),
+                 valid=jnp.array([True, True, True, False]))
+    b = build_batch(cfg, trajs, jnp.zeros((1, 4)), slots)
+    cuts = np.asarray(b["cuts"])
+    assert not cuts[:, :2].any()  # original rows: their own success is a true terminal
+    np.testing.assert_array_equal(cuts[:, 2], 0)  # "collect wood" copy pays at that step: terminal, no cut
+    np.testing.assert_array_equal(cuts[:, 3], [0, 1, 0, 0, 0, 0])  # other instruction: cut at step 1
+    np.testing.assert_array_equal(np.asarray(b["dones"])[:, 3], [0, 1, 0, 0, 0, 0])  # (no bootstrap across the reset)
+    np.testing.assert_array_equal(cuts[:, 4], 0)  # a death stays terminal for every instruction
+
+
+def test_cut_steps_add_nothing_to_the_loss():
+    cfg = pqn.PQNConfig(num_envs=4, num_steps=8, hidden_size=16, num_minibatches=1, num_epochs=1, lr=1e-2)
+    net = pqn.make_network(cfg, 17)
+    ts = pqn.create_train_state(jax.random.PRNGKey(0), cfg, net, 5, 3)
+    rng = np.random.default_rng(1)
+    T, N = 8, 4
+    batch = dict(
+        obs=jnp.asarray(rng.random((T, N, 5)), jnp.float32), instr=jnp.ones((T, N, 3)),
+        next_obs_last=jnp.zeros((N, 5)), next_instr_last=jnp.ones((N, 3)),
+        actions=jnp.asarray(rng.integers(0, 17, (T, N))), rewards=jnp.asarray(rng.random((T, N)) < 0.3, jnp.float32),
+        dones=jnp.ones((T, N), bool), resets=jnp.zeros((T, N), bool), weights=jnp.ones(N), carry0=net.initial_carry(N),
+    )
+    loss = lambda b: float(pqn.update(ts, cfg, jax.random.PRNGKey(0), b)[1]["loss"])  # noqa: E731
+    assert loss(dict(batch, cuts=jnp.zeros((T, N), bool))) == pytest.approx(loss(batch))
+    assert loss(dict(batch, cuts=jnp.ones((T, N), bool))) == 0.0
+    # with every step terminal, a cut step's reward cannot change the loss
+    cut = jnp.zeros((T, N), bool).at[3, 2].set(True)
+    flipped = batch["rewards"].at[3, 2].set(1.0 - batch["rewards"][3, 2])
+    assert loss(dict(batch, cuts=cut)) == pytest.approx(loss(dict(batch, cuts=cut, rewards=flipped)))
+    assert loss(batch) != pytest.approx(loss(dict(batch, rewards=flipped)))
 
 
 def test_update_reduces_loss_on_a_fixed_batch():
