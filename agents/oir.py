@@ -53,7 +53,7 @@ from oir_gym.evaluation import EvalConfig, EvalResult, eval_instructions, evalua
 from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import obs_dim
-from oir_gym.reward import relabel_rewards
+from oir_gym.reward import first_per_episode, relabel_rewards
 from oir_gym.text import batch_text
 from oir_gym.trajectory import Trajectory
 
@@ -138,7 +138,13 @@ def build_batch(cfg: pqn.PQNConfig, trajs, table_emb, slots):
     pick = lambda x: jnp.swapaxes(x[src, :, env], 0, 1)  # [L, T, E, ...] -> [T, R, ...]  # noqa: E731
     T = cfg.num_steps
     events = pick(trajs["events"])  # [T, R, Ev]
-    rew, term = jax.vmap(relabel_rewards, in_axes=(1, 0, None), out_axes=1)(events, slots["sim"], cfg.delta)
+    _, match = jax.vmap(relabel_rewards, in_axes=(1, 0, None), out_axes=1)(events, slots["sim"], cfg.delta)
+    # The relabeled instruction pays at its first match in each original episode and its episode
+    # ends there (the paper's reward); the rest of that original episode belongs to no episode of
+    # it, so those steps get no target (a copy would otherwise pay at every drink by the water).
+    term, after = first_per_episode(match, pick(trajs["reset"]))
+    if cfg.relabel_every_match:
+        term, after = match, jnp.zeros_like(match)
     # Where the trajectory's own instruction succeeded, the env ended the episode and reset. For a
     # relabeled instruction that did not pay there, that step is not a terminal (its value is not 0):
     # the episode was cut for an unrelated reason, so the step gets no target and earlier steps
@@ -146,8 +152,8 @@ def build_batch(cfg: pqn.PQNConfig, trajs, table_emb, slots):
     own_success = pick(trajs["done"] & trajs["success"]) if "success" in trajs else jnp.zeros_like(term)
     rel = dict(
         obs=pick(trajs["obs"]), instr=jnp.broadcast_to(slots["emb"][None], (T,) + slots["emb"].shape),
-        actions=pick(trajs["action"]), rewards=rew, dones=pick(trajs["done"]) | term, resets=pick(trajs["reset"]),
-        cuts=own_success & ~term,
+        actions=pick(trajs["action"]), rewards=term.astype(jnp.float32), dones=pick(trajs["done"]) | term,
+        resets=pick(trajs["reset"]), cuts=(own_success & ~term) | after,
         weights=slots["valid"].astype(jnp.float32), next_obs_last=trajs["last_obs"][src, env],
         next_instr_last=slots["emb"], carry0=jax.tree_util.tree_map(lambda c: c[src, env], trajs["carry0"]),
     )
@@ -239,6 +245,10 @@ class Trainer:
         self.history: list = []  # recent rollouts, newest first (LLM answers arrive late)
         self.history_len = cfg.llm_lag if self.async_llm else 1
         self.stale_llm = 0
+        # the last iteration's rollout (host arrays), update batch and relabeled texts per seed
+        self.last_rollout: dict | None = None
+        self.last_batch: dict | None = None
+        self.last_relabel_texts: list[list[str]] = []
         self._t_start = time.time()
         # generated instructions (oir: inserted into the buffer; ellm: proposed goals) -> count
         self.generated: Counter = Counter()
@@ -462,6 +472,7 @@ class Trainer:
         else:
             results = self.relabeler.relabel(trajs)
         slots, texts, valid = self._slots(results)
+        self.last_relabel_texts = texts
         stats["relabel/rows"] = float(valid.sum() / self.S)
         stats["relabel/grounded_frac"] = float(np.mean([c.grounded for r in results for c in r.candidates] or [0.0]))
         # buffer: insert this iteration's candidates that paid a reward on their trajectory (all of
@@ -510,6 +521,8 @@ class Trainer:
             batch = self._build_plain(pair, table_emb)
             if cfg.method == "ellm":  # goals for the next episodes, from the states the envs continue from
                 metrics.update(self._propose_goals(np.unique(host["instr"])))
+        # kept until the next iteration for diagnostics (examples/batch_composition.py)
+        self.last_rollout, self.last_batch = host, batch
         self.key, k = jax.random.split(self.key)
         self.train_state, upd = self._update(self.train_state, jax.random.split(k, self.S), batch)
         upd = jax.device_get(upd)

@@ -75,6 +75,11 @@ class PQNConfig:
     # can never succeed as episode instructions, and their R = 0 ranks them ahead of every
     # failing-but-learnable instruction).
     keep_ungrounded: bool = False
+    # A relabeled copy pays its instruction's first match in each original episode, where its
+    # episode ends (the paper's reward); the rest of that original episode has no target (False).
+    # True pays every later match too, as a new relabeled episode each (before the change: a
+    # "collect drink" copy of an agent at the water then pays about 30 times per row).
+    relabel_every_match: bool = False
     llm_backend: str = "llama_cpp"  # llama_cpp | openai | vllm
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_model: str = ""

@@ -66,11 +66,9 @@ def step_similarity(events, instr_event_sim):
 def relabel_rewards(events, instr_event_sim, delta):
     """Rewards and terminations of a trajectory segment under a (new) instruction.
 
-    Reward 1 at the first step where the instruction matches; that step also terminates the
-    relabeled episode (the paper ends the episode at the first success). The steps after it
-    form a new relabeled episode, so every matching step is the first success of its own
-    episode: ``rewards == terminations == match``. Callers combine ``terminations`` with the
-    original episode boundaries (an original reset cuts the relabeled episode too).
+    Reward 1 at every step where the instruction matches: ``rewards == terminations == match``.
+    The paper pays the first match and ends the episode there; :func:`first_per_episode` keeps
+    the first match of each original episode and marks the steps after it (the OIR batch does so).
 
     Args:
         events: ``[..., T, E]`` bool events of each transition.
@@ -82,6 +80,35 @@ def relabel_rewards(events, instr_event_sim, delta):
     """
     match = step_match(events, instr_event_sim[..., None, :], delta)
     return match.astype(jnp.float32), match
+
+
+def first_per_episode(matches, episode_starts):
+    """The first match of each episode, and the steps after it in that episode (JAX, time first).
+
+    A relabeled copy spans a rollout segment that may hold several original episodes. Under the
+    paper's reward the relabeled instruction pays the first time it matches, and its episode ends
+    there, so within one original episode only the first match is a success; the steps after it
+    belong to no episode of the relabeled instruction (they continue the original world, next to
+    the water that was just drunk) and carry no target.
+
+    Args:
+        matches: ``[T, ...]`` bool, the steps where the instruction matches (``relabel_rewards``).
+        episode_starts: ``[T, ...]`` bool, the first step of each original episode (``reset``).
+
+    Returns:
+        ``(first [T, ...], after [T, ...])`` bool: the first match per episode, and the steps that
+        follow one in the same episode.
+    """
+    matches = jnp.asarray(matches, bool)
+
+    def body(seen, inp):
+        m, start = inp
+        seen = seen & ~start
+        return seen | m, (m & ~seen, seen)
+
+    _, (first, after) = jax.lax.scan(body, jnp.zeros(matches.shape[1:], bool),
+                                     (matches, jnp.asarray(episode_starts, bool)))
+    return first, after
 
 
 def first_success_step(events, instr_event_sim, delta):

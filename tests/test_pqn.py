@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -115,12 +117,21 @@ def test_relabeled_rows_get_reward_and_termination_at_matching_steps():
     assert b["rewards"].shape == (6, 2 + 4)
     r = np.asarray(b["rewards"])
     d = np.asarray(b["dones"])
-    # row 2: env 0 of the current rollout relabeled "collect wood": rewarded at both wood steps
-    np.testing.assert_array_equal(r[:, 2], [0, 1, 0, 0, 1, 0])
-    np.testing.assert_array_equal(d[:, 2], [0, 1, 0, 0, 1, 0])
+    c = np.asarray(b["cuts"])
+    # row 2: env 0 of the current rollout relabeled "collect wood": its first wood (step 1) pays and
+    # ends the relabeled episode; the rest of that original episode, second wood included, has no target
+    np.testing.assert_array_equal(r[:, 2], [0, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(d[:, 2], [0, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(c[:, 2], [0, 0, 1, 1, 1, 1])
     # row 3: env 1 relabeled "place table": reward at step 3; the original done at step 5 is kept
     np.testing.assert_array_equal(r[:, 3], [0, 0, 0, 1, 0, 0])
     np.testing.assert_array_equal(d[:, 3], [0, 0, 0, 1, 0, 1])
+    np.testing.assert_array_equal(c[:, 3], [0, 0, 0, 0, 1, 1])
+    # with relabel_every_match, every wood pays as a relabeled episode of its own, nothing is cut
+    b_all = build_batch(dataclasses.replace(cfg, relabel_every_match=True), trajs, table_emb, slots)
+    np.testing.assert_array_equal(np.asarray(b_all["rewards"])[:, 2], [0, 1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(np.asarray(b_all["dones"])[:, 2], [0, 1, 0, 0, 1, 0])
+    assert not np.asarray(b_all["cuts"]).any()
     # row 4 comes from the previous rollout (env 1 collected wood at step 2)
     np.testing.assert_array_equal(r[:, 4], [0, 0, 1, 0, 0, 0])
     np.testing.assert_allclose(np.asarray(b["obs"])[:, 4], np.asarray(trajs["obs"])[1, :, 1])
@@ -141,7 +152,9 @@ def test_relabeled_rows_are_cut_where_the_original_instruction_succeeded_and_the
     done = np.asarray(trajs["done"]).copy()
     done[0, 1, 0] = True  # ...and ended the episode there
     done[0, 2, 1] = True  # env 1 died at step 2 (done without success)
-    trajs = dict(trajs, done=jnp.asarray(done), success=jnp.asarray(success))
+    reset = np.zeros((2, 6, 2), bool)
+    reset[0, 2, 0] = reset[0, 3, 1] = True  # the steps after those ends start new episodes
+    trajs = dict(trajs, done=jnp.asarray(done), success=jnp.asarray(success), reset=jnp.asarray(reset))
     sim = {}
     for name in ("collect_wood", "place_table", "defeat_zombie"):
         sim[name] = np.full(NUM_EVENTS, 0.1, np.float32)
@@ -153,10 +166,16 @@ def test_relabeled_rows_are_cut_where_the_original_instruction_succeeded_and_the
     b = build_batch(cfg, trajs, jnp.zeros((1, 4)), slots)
     cuts = np.asarray(b["cuts"])
     assert not cuts[:, :2].any()  # original rows: their own success is a true terminal
-    np.testing.assert_array_equal(cuts[:, 2], 0)  # "collect wood" copy pays at that step: terminal, no cut
+    # "collect wood" copy pays at that step (terminal, no cut), and again in the next episode, whose
+    # last step then has no target
+    np.testing.assert_array_equal(cuts[:, 2], [0, 0, 0, 0, 0, 1])
+    np.testing.assert_array_equal(np.asarray(b["rewards"])[:, 2], [0, 1, 0, 0, 1, 0])
     np.testing.assert_array_equal(cuts[:, 3], [0, 1, 0, 0, 0, 0])  # other instruction: cut at step 1
     np.testing.assert_array_equal(np.asarray(b["dones"])[:, 3], [0, 1, 0, 0, 0, 0])  # (no bootstrap across the reset)
-    np.testing.assert_array_equal(cuts[:, 4], 0)  # a death stays terminal for every instruction
+    # "place table" on env 1: the death at step 2 stays terminal for every instruction (no cut);
+    # the table at step 3 pays, and the rest of that episode has no target
+    np.testing.assert_array_equal(cuts[:, 4], [0, 0, 0, 0, 1, 1])
+    np.testing.assert_array_equal(np.asarray(b["dones"])[:, 4], [0, 0, 1, 1, 0, 1])  # (the original end at 5 kept)
 
 
 def test_cut_steps_add_nothing_to_the_loss():

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from oir_gym.reward import (event_similarity, first_success_step, relabel_rewards, step_match, step_similarity,
-                            threshold_confusion)
+from oir_gym.reward import (event_similarity, first_per_episode, first_success_step, relabel_rewards, step_match,
+                            step_similarity, threshold_confusion)
 
 FAST = settings(max_examples=40, deadline=None)
 T, E = 6, 5  # fixed shapes for the property tests: one compiled program per function
@@ -42,7 +42,7 @@ def test_relabel_rewards_on_synthetic_trajectories():
     # [T=5, E=3] events of two envs ([2, T, E]); env-specific instruction similarities [2, E]
     events = np.zeros((2, 5, 3), bool)
     events[0, 1, 0] = True  # matching event
-    events[0, 3, 0] = True  # matching again: a new relabeled episode, rewarded again
+    events[0, 3, 0] = True  # matching again (first_per_episode decides whether it pays)
     events[0, 2, 1] = True  # non-matching event
     events[1, 0, 2] = events[1, 4, 2] = True
     sims = np.array([[0.95, 0.3, 0.99], [0.1, 0.2, 0.91]], np.float32)
@@ -53,6 +53,34 @@ def test_relabel_rewards_on_synthetic_trajectories():
     assert rewards.dtype == jnp.float32 and terms.dtype == jnp.bool_
     r2, _ = relabel_rewards(jnp.asarray(events), jnp.asarray(sims), 0.92)
     np.testing.assert_array_equal(r2, [[0, 1, 0, 1, 0], [0, 0, 0, 0, 0]])
+
+
+def test_first_per_episode_keeps_one_success_per_original_episode():
+    # one row, T=8: matches at 1, 2, 4 and 6; a new original episode starts at step 4
+    m = jnp.array([0, 1, 1, 0, 1, 0, 1, 0], bool)[:, None]
+    starts = jnp.array([1, 0, 0, 0, 1, 0, 0, 0], bool)[:, None]
+    first, after = first_per_episode(m, starts)
+    np.testing.assert_array_equal(first[:, 0], [0, 1, 0, 0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(after[:, 0], [0, 0, 1, 1, 0, 1, 1, 1])
+
+
+@FAST
+@given(hnp.arrays(bool, (12, 3)), hnp.arrays(bool, (12, 3)))
+def test_first_per_episode_properties(matches, starts):
+    first, after = (np.asarray(x) for x in first_per_episode(jnp.asarray(matches), jnp.asarray(starts)))
+    assert not (first & after).any()
+    assert not (first & ~matches).any()  # a first success is a match
+    episode = np.cumsum(starts, axis=0)  # episode index of each step, per row
+    for col in range(3):
+        for ep in np.unique(episode[:, col]):
+            steps = episode[:, col] == ep
+            m, f, a = matches[steps, col], first[steps, col], after[steps, col]
+            assert f.sum() == int(m.any())  # exactly one first success where the episode matched
+            if m.any():  # "after" is everything past the first match in the episode, nothing before
+                i = int(np.argmax(m))
+                assert f[i] and not a[: i + 1].any() and a[i + 1:].all()
+            else:
+                assert not a.any()
 
 
 def test_first_success_step():
