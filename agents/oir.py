@@ -514,7 +514,8 @@ class Trainer:
             ring = self.history + [traj] * (self.history_len - len(self.history))
             stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)
             batch = self._build(stacked, table_emb, slots)
-            # steps of relabeled copies left without a target: the original instruction ended the episode there
+            # steps of relabeled copies without a target: after the copy's first success in an original
+            # episode, or where the original instruction's success ended the episode
             metrics["relabel/cut_steps"] = float(jnp.sum(batch["cuts"]) / self.S)
         else:
             pair = jax.tree_util.tree_map(lambda a: a[:, None], traj)

@@ -244,9 +244,9 @@ def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float, cuts=
     Args:
         rewards, dones: ``[T, B]``; ``dones[t]`` ends the episode after step t (no bootstrap).
         next_q_max: ``[T, B]``, ``max_a Q(s_{t+1}, a)``.
-        cuts: optional ``[T, B]`` bool: the episode ended after step t for a reason that is not
-            this row's (a relabeled copy of a trajectory whose own instruction succeeded there),
-            so step t has no target of its own. ``G_t`` is then ``q_taken[t]`` (``Q(s_t, a_t)``,
+        cuts: optional ``[T, B]`` bool: step t has no target of its own (in a relabeled copy: the
+            episode ended after it for a reason that is not this row's, or it follows the copy's
+            own first success in that episode). ``G_t`` is then ``q_taken[t]`` (``Q(s_t, a_t)``,
             under a stop-gradient), which earlier steps bootstrap from; the caller masks step t.
     """
     if cuts is None:

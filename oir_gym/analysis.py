@@ -127,12 +127,17 @@ def curve_mean_table(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] 
             if not (steps >= min_step).any():
                 continue
             per_seed = curve_means(rows, s, min_step)
-            cells = []
-            for k in EVAL_METRICS:
-                mean, se = mean_and_stderr(per_seed[k])
-                cells.append(f"{mean:.3f} ± {se:.3f}" if k != "num_completed" else f"{mean:.1f} ± {se:.1f}")
-            lines.append(f"| {m} | {s} | {int((steps >= min_step).sum())} | " + " | ".join(cells) + " |")
+            lines.append(f"| {m} | {s} | {int((steps >= min_step).sum())} | {_metric_cells(per_seed)} |")
     return "\n".join(lines)
+
+
+def _metric_cells(per_seed: dict[str, Sequence[float]]) -> str:
+    """``mean ± s.e.`` over seeds of the three evaluation metrics, as table cells."""
+    cells = []
+    for k in EVAL_METRICS:
+        mean, se = mean_and_stderr(np.asarray(per_seed[k], dtype=float))
+        cells.append(f"{mean:.3f} ± {se:.3f}" if k != "num_completed" else f"{mean:.1f} ± {se:.1f}")
+    return " | ".join(cells)
 
 
 def plot_learning_curves(runs: dict[str, Sequence[str | Path]], out: str | Path, set_name: str = "original") -> Path:
@@ -226,11 +231,7 @@ def final_table(results: dict[str, list[dict]], sets: Sequence[str] = ("original
         for s in sets:
             if s not in seeds[0]:
                 continue
-            cells = []
-            for k in EVAL_METRICS:
-                mean, se = mean_and_stderr(np.array([r[s][k] for r in seeds], dtype=float))
-                cells.append(f"{mean:.3f} ± {se:.3f}" if k != "num_completed" else f"{mean:.1f} ± {se:.1f}")
-            lines.append(f"| {m} | {s} | " + " | ".join(cells) + " |")
+            lines.append(f"| {m} | {s} | {_metric_cells({k: [r[s][k] for r in seeds] for k in EVAL_METRICS})} |")
     return "\n".join(lines)
 
 
