@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     p.add_argument("--tsne", nargs="*", help="NAME=instructions.json|goals.json")
     p.add_argument("--out", default="docs/img")
     p.add_argument("--table-only", action="store_true", help="print the tables, write no plots")
+    p.add_argument("--curve-max-step", type=float, default=float("inf"),
+                   help="the whole-run table keeps evaluations up to this many env steps (compare a short run "
+                        "with the early part of long ones)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,8 +92,9 @@ def main(argv=None) -> int:
         analysis.plot_instruction_bars(finals, out / "instruction_success.png")
     print("## Evaluation (mean ± s.e. over seeds)\n")
     print(analysis.final_table(finals))
-    print("\n## Mean over the periodic evaluations of the whole run (mean ± s.e. over seeds)\n")
-    print(analysis.curve_mean_table(metrics))
+    upto = "" if args.curve_max_step == float("inf") else f" up to {args.curve_max_step:,.0f} env steps"
+    print(f"\n## Mean over the periodic evaluations of the whole run{upto} (mean ± s.e. over seeds)\n")
+    print(analysis.curve_mean_table(metrics, max_step=args.curve_max_step))
     if args.ablation:
         abl = {v: _load_evals(prefixes) for v, prefixes in _pairs(args.ablation).items()}
         if not args.table_only:

@@ -91,7 +91,8 @@ def pooled_curves(runs: Sequence[list[dict]], set_name: str = "original"):
     return series[0][0][:n], {m: np.concatenate([s[1][m][:n] for s in series], axis=1) for m in EVAL_METRICS}
 
 
-def curve_means(runs: Sequence[list[dict]], set_name: str = "original", min_step: float = 0.0) -> dict[str, np.ndarray]:
+def curve_means(runs: Sequence[list[dict]], set_name: str = "original", min_step: float = 0.0,
+                max_step: float = float("inf")) -> dict[str, np.ndarray]:
     """Each seed's mean over its periodic evaluations: a normalised area under the learning curve.
 
     One end-of-run evaluation is a single noisy point (4 episodes per instruction move a rate in
@@ -101,7 +102,8 @@ def curve_means(runs: Sequence[list[dict]], set_name: str = "original", min_step
     Args:
         runs: metrics rows of each run of one method (pooled as seeds, see :func:`pooled_curves`).
         set_name: the instruction set.
-        min_step: ignore evaluation points before this many env steps.
+        min_step, max_step: keep the evaluation points between these env steps (inclusive), e.g.
+            ``max_step`` to compare a short run with the early part of long ones.
 
     Returns:
         ``{metric: [n_seeds]}``.
@@ -110,24 +112,25 @@ def curve_means(runs: Sequence[list[dict]], set_name: str = "original", min_step
         ValueError: when no evaluation point is left.
     """
     steps, curves = pooled_curves(runs, set_name)
-    keep = steps >= min_step
+    keep = (steps >= min_step) & (steps <= max_step)
     if not keep.any():
-        raise ValueError(f"no '{set_name}' evaluation at or after {min_step:g} env steps in these runs")
+        raise ValueError(f"no '{set_name}' evaluation between {min_step:g} and {max_step:g} env steps in these runs")
     return {m: curves[m][keep].mean(axis=0) for m in EVAL_METRICS}
 
 
 def curve_mean_table(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] = ("original", "simple", "complex"),
-                     min_step: float = 0.0) -> str:
+                     min_step: float = 0.0, max_step: float = float("inf")) -> str:
     """Markdown table of :func:`curve_means` per method and set: mean +- s.e. over seeds."""
     lines = ["| method | set | evaluations | mean success rate | completed instructions | aggregate score |",
              "|---|---|---|---|---|---|"]
     for m, rows in runs.items():
         for s in sets:
             steps, _ = pooled_curves(rows, s)
-            if not (steps >= min_step).any():
+            n = int(((steps >= min_step) & (steps <= max_step)).sum())
+            if n == 0:
                 continue
-            per_seed = curve_means(rows, s, min_step)
-            lines.append(f"| {m} | {s} | {int((steps >= min_step).sum())} | {_metric_cells(per_seed)} |")
+            per_seed = curve_means(rows, s, min_step, max_step)
+            lines.append(f"| {m} | {s} | {n} | {_metric_cells(per_seed)} |")
     return "\n".join(lines)
 
 

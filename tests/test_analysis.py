@@ -50,9 +50,11 @@ def test_curve_means_average_each_seed_over_its_evaluations():
     m = analysis.curve_means([rows])
     np.testing.assert_allclose(m["mean_success_rate"], [0.4, 0.2])
     np.testing.assert_allclose(m["num_completed"], [8.8, 4.4])
-    # min_step drops the early points (at 100 env steps here)
+    # min_step drops the early points (at 100 env steps here), max_step the late ones (500)
     np.testing.assert_allclose(analysis.curve_means([rows], min_step=200)["mean_success_rate"], [0.6, 0.2])
-    with pytest.raises(ValueError, match="no 'original' evaluation at or after 1e\\+06"):
+    np.testing.assert_allclose(analysis.curve_means([rows], max_step=300)["mean_success_rate"], [0.2, 0.2])
+    assert "| m | original | 2 | 0.200 ± 0.000 |" in analysis.curve_mean_table({"m": [rows]}, max_step=300)
+    with pytest.raises(ValueError, match="no 'original' evaluation between 1e\\+06 and inf"):
         analysis.curve_means([rows], min_step=1e6)
     with pytest.raises(ValueError, match="no 'complex' evaluation"):
         analysis.curve_means([rows], "complex")

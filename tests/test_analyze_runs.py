@@ -68,6 +68,17 @@ def test_epsilon_equal_steps_and_pre_fix_tables_in_results_doc_are_rebuilt_from_
         assert _cells(row) in DOC, row
 
 
+def test_early_curve_table_of_the_short_gpu_check_in_results_doc_is_rebuilt(capsys):
+    short = ROOT / "results" / "gpu_h100_short"
+    assert analyze_runs.main(["--table-only", "--curve-max-step", "1228800", "--runs", *_runs("final"),
+                              f"oir_batch_fixes={short}/oir#000150"]) == 0
+    out = capsys.readouterr().out.split("## Mean over")[1]
+    rows = [r for r in out.splitlines() if "| original |" in r]
+    assert len(rows) == 5
+    for row in rows:
+        assert _cells(row) in DOC, row
+
+
 def test_repeated_names_pool_seeds_and_tags_pick_the_evaluation(capsys):
     one = _table(capsys, [f"gt={R}/gt#final"])
     pooled = _table(capsys, [f"gt={R}/gt#final", f"gt={R}/gt#final"])
