@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -114,6 +114,32 @@ def make_rollout(cfg: pqn.PQNConfig, net: pqn.QNetwork):
         return (bstate, obs, carry, done_prev, key), traj
 
     return rollout
+
+
+def balanced_choice(candidates: Sequence[Sequence[str]], k: int) -> list[list[str]]:
+    """Up to ``k`` instructions per trajectory, spreading the rows over instructions.
+
+    Round by round, each trajectory in turn takes, among its candidates not yet taken, the one
+    with the fewest rows so far (ties: the candidate's own order). A frequent instruction then
+    fills a trajectory's slots only after the rarer ones it also accomplished.
+
+    Args:
+        candidates: per trajectory, its candidate texts in the relabeler's order (no repeats).
+        k: slots per trajectory.
+
+    Returns:
+        Per trajectory, the chosen texts in the order they were taken.
+    """
+    counts: Counter = Counter()
+    chosen: list[list[str]] = [[] for _ in candidates]
+    for _ in range(k):
+        for i, cands in enumerate(candidates):
+            left = [c for c in cands if c not in chosen[i]]
+            if left:
+                pick = min(left, key=lambda c: counts[c])  # min keeps the first of equal counts
+                chosen[i].append(pick)
+                counts[pick] += 1
+    return chosen
 
 
 def build_batch(cfg: pqn.PQNConfig, trajs, table_emb, slots):
@@ -218,8 +244,8 @@ class Trainer:
         if self.async_llm:
             from oir_gym.relabel import HindsightRelabeler
 
-            self.rules = HindsightRelabeler("rules", k=cfg.k, delta=cfg.delta, encoder=self.encoder, cache_size=0,
-                                            keep_ungrounded=cfg.keep_ungrounded)
+            self.rules = HindsightRelabeler("rules", k=_rules_k(cfg), delta=cfg.delta, encoder=self.encoder,
+                                            cache_size=0, keep_ungrounded=cfg.keep_ungrounded)
 
         self.base_params = F.EnvParams(
             table=self.registry.device_table(), delta=cfg.delta, max_steps=cfg.max_episode_steps,
@@ -404,7 +430,17 @@ class Trainer:
         """Relabel rows per seed from results of this or recent rollouts (``meta["update"]``)."""
         R = self.cfg.num_envs * self.cfg.k
         rows: list[list[tuple[int, int, str, bool]]] = [[] for _ in range(self.S)]
-        for r in results:
+        if self.cfg.relabel_balance:  # every grounded event came back (make_relabeler); keep K per trajectory
+            by_seed: list[list] = [[] for _ in range(self.S)]
+            for r in results:
+                by_seed[r.trajectory.meta["seed"]].append(r)
+            for s, rs in enumerate(by_seed):
+                picks = balanced_choice([list(dict.fromkeys(c.text for c in r.candidates if c.grounded)) for r in rs],
+                                        self.cfg.k)
+                for r, texts_r in zip(rs, picks):
+                    age = self.update_idx - r.trajectory.meta["update"]
+                    rows[s] += [(age, r.trajectory.env_id, t, True) for t in texts_r]
+        for r in results if not self.cfg.relabel_balance else []:
             m = r.trajectory.meta
             age = self.update_idx - m["update"]
             for c in r.candidates:
@@ -646,6 +682,12 @@ def make_proposer(cfg: pqn.PQNConfig):
                         max_prompts=cfg.llm_per_update * cfg.num_seeds, backend_kwargs=kwargs)
 
 
+def _rules_k(cfg: pqn.PQNConfig) -> int:
+    """Candidates the rule relabeler returns per trajectory: K, or (``relabel_balance``) every
+    grounded event, for the trainer to choose K from (``balanced_choice``)."""
+    return 64 if cfg.relabel_balance else cfg.k
+
+
 def make_relabeler(cfg: pqn.PQNConfig):
     """The relabeler of ``cfg.relabeler``: rules (sync), or an LLM backend (async worker)."""
     from oir_gym.relabel import HindsightRelabeler
@@ -655,7 +697,7 @@ def make_relabeler(cfg: pqn.PQNConfig):
         # compounds, which the single-caption cosine reward never pays; as rows of D they are
         # zero-reward copies of exactly the trajectories where B happened ("collect wood then place
         # table": cos 0.69 to "place table").
-        return HindsightRelabeler("rules", k=cfg.k, delta=cfg.delta, encoder=get_encoder(), cache_size=0,
+        return HindsightRelabeler("rules", k=_rules_k(cfg), delta=cfg.delta, encoder=get_encoder(), cache_size=0,
                                   keep_ungrounded=cfg.keep_ungrounded)
     kwargs = llm_backend_kwargs(cfg)
     # LLM answers come from a background worker; rules of the current rollout are merged by

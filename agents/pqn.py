@@ -80,6 +80,12 @@ class PQNConfig:
     # True pays every later match too, as a new relabeled episode each (before the change: a
     # "collect drink" copy of an agent at the water then pays about 30 times per row).
     relabel_every_match: bool = False
+    # Which K relabeled instructions a trajectory contributes. False (the paper's): the relabeler's
+    # first K (rules: the trajectory's events in the order they happened, so "wake up" and "collect
+    # wood" fill most slots). True: the rule relabeler returns every grounded event, and slots go
+    # round by round to the instruction with the fewest rows so far in the update, so rare events
+    # ("place table") are kept wherever they happen. An extension, not in the paper.
+    relabel_balance: bool = False
     llm_backend: str = "llama_cpp"  # llama_cpp | openai | vllm
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_model: str = ""
@@ -114,6 +120,9 @@ class PQNConfig:
         need(self.ellm_timeout >= 0, f"ellm_timeout={self.ellm_timeout} must be >= 0")
         need(self.ellm_reward in ("any", "pinned"), f"ellm_reward={self.ellm_reward!r}; expected 'any' or 'pinned'")
         need(self.obs_mode in ("paper", "symbolic"), f"obs_mode={self.obs_mode!r}; expected 'paper' or 'symbolic'")
+        need(not (self.relabel_balance and self.keep_ungrounded),
+             "relabel_balance spreads slots over grounded instructions only; it cannot be combined with "
+             "keep_ungrounded=True")
         for name in ("total_timesteps", "num_envs", "num_steps", "num_seeds", "num_epochs", "num_minibatches",
                      "hidden_size", "num_layers", "buffer_size", "k", "eval_every", "eval_episodes",
                      "eval_horizon", "checkpoint_every", "max_episode_steps", "llm_lag", "llm_per_update",

@@ -74,3 +74,24 @@ def test_training_logs_the_share_of_steps_under_instructions_that_can_never_pay(
     rows = gt.registry.rows(["place table", "place a table please"], achievements=[1, -1])
     assert gt._unpayable_frac(rows) == 0.5
     gt.close()
+
+
+def test_balanced_slots_spread_two_identical_trajectories_over_more_instructions(tmp_path):
+    """relabel_balance: the rule relabeler returns every grounded event, and the trainer keeps K per
+    trajectory, preferring instructions with fewer rows (first K would repeat the same ones)."""
+    distinct = {}
+    for balance in (False, True):
+        tr, host = _trainer(tmp_path / str(balance), k=2, relabel_balance=balance)
+        assert tr.relabeler.k == (64 if balance else 2)
+        slots, _ = tr._relabel(host)
+        valid = np.asarray(slots["valid"][0])
+        env = np.asarray(slots["env"][0])
+        texts = [t for t, v in zip(tr.last_relabel_texts[0], valid) if v]
+        assert all((env[valid] == e).sum() <= 2 for e in range(2))  # at most K rows per trajectory
+        for j in np.flatnonzero(valid):  # and every row pays
+            assert first_success_step(host["events"][0, :, env[j]], np.asarray(slots["sim"][0, j]), tr.cfg.delta) >= 0
+        distinct[balance] = set(texts)
+        tr.close()
+    # the trajectory pays for wood, table and pickaxe: first K keeps two of them, balance all three
+    assert distinct[False] == {"collect wood", "place table"}
+    assert distinct[True] == {"collect wood", "place table", "make wood pickaxe"}

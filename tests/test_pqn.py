@@ -6,12 +6,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from agents import pqn  # noqa: E402
-from agents.oir import build_batch  # noqa: E402
+from agents.oir import balanced_choice, build_batch  # noqa: E402
 from oir_gym.captions import NUM_EVENTS, VOCAB  # noqa: E402
 
 
@@ -67,6 +69,7 @@ def test_epsilon_schedule_is_linear_then_flat():
     (dict(tau_low=0.9, tau_high=0.1), "tau_low"),
     (dict(lr=0.0), "lr"),
     (dict(total_timesteps=10), "total_timesteps"),
+    (dict(relabel_balance=True, keep_ungrounded=True), "relabel_balance"),
 ])
 def test_config_rejects_bad_values_with_clear_message(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -238,3 +241,27 @@ def test_initial_q_values_are_small_next_to_the_unit_reward():
     instr = jnp.asarray(rng.normal(size=(T, N, 384)) / np.sqrt(384), jnp.float32)
     _, q = net.apply(ts.params, net.initial_carry(N), obs, instr, jnp.zeros((T, N), bool))
     assert float(jnp.abs(q).max(-1).mean()) < 0.5
+
+
+def test_balanced_choice_keeps_the_rare_event_that_first_k_would_drop():
+    # every trajectory woke up and collected wood first; one also placed a table, late
+    trajs = [["wake up", "collect wood", "collect sapling"], ["wake up", "collect wood", "place table"],
+             ["wake up", "collect wood"]]
+    first_k = [t[:2] for t in trajs]
+    assert all("place table" not in t for t in first_k)
+    chosen = balanced_choice(trajs, 2)
+    assert "place table" in chosen[1]
+    # round 1: wake up, then collect wood (wake up has a row), then wake up (a tie, first in order);
+    # round 2: sapling and table (no rows yet), and the last trajectory's only candidate left
+    assert chosen == [["wake up", "collect sapling"], ["collect wood", "place table"], ["wake up", "collect wood"]]
+    assert balanced_choice(trajs, 0) == [[], [], []]
+    assert balanced_choice([], 3) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.sampled_from("abcdefg"), max_size=6, unique=True), max_size=8), st.integers(0, 5))
+def test_balanced_choice_fills_each_trajectory_from_its_own_candidates(trajs, k):
+    chosen = balanced_choice(trajs, k)
+    assert len(chosen) == len(trajs)
+    for cands, picks in zip(trajs, chosen):
+        assert len(picks) == min(k, len(cands)) and len(set(picks)) == len(picks) and set(picks) <= set(cands)
