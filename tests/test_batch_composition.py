@@ -56,7 +56,7 @@ def test_bad_arguments_get_a_clear_error(argv, match):
 
 
 def test_reference_files_hold_the_counts_results_doc_cites():
-    for name in ("oir", "oir_every_match", "cosine"):
+    for name in ("oir", "oir_every_match", "oir_balanced", "cosine"):
         data = json.loads((ROOT / "results" / "reference" / f"batch_composition_{name}.json").read_text())
         assert data["method"] == name.split("_")[0] and data["skip"] == 45 and data["updates"] == 60
         assert sum(c["rollout_steps"] for c in data["counts"].values()) == 15 * 64 * 128
