@@ -514,7 +514,7 @@ class HindsightRelabelCallback(BaseCallback):
                 for k in new_obs:
                     seg.obs[k].append(np.array(nxt[k] if done else new_obs[k][i], copy=True))
             if done or len(seg) >= self.segment_length:
-                self._finish(i, done, bool(info.get("TimeLimit.truncated", False)))
+                self._finish(i, done, bool(info.get("TimeLimit.truncated", False)), bool(info.get("success", False)))
         if replay:
             self._cur_obs = new_obs
         for i in range(self.n_envs):
@@ -524,12 +524,13 @@ class HindsightRelabelCallback(BaseCallback):
             self._dispatch()
         return True
 
-    def _finish(self, i: int, done: bool, timeout: bool) -> None:
+    def _finish(self, i: int, done: bool, timeout: bool, success: bool = False) -> None:
         seg = self._segments[i]
         T = len(seg)
         dones = np.zeros(T, dtype=bool)
         dones[-1] = done
-        meta: dict[str, Any] = {"sb3_id": self._traj_counter, "start_step": seg.start, "timeout": timeout and done}
+        meta: dict[str, Any] = {"sb3_id": self._traj_counter, "start_step": seg.start, "timeout": timeout and done,
+                                "own_success": success and done}
         if self.mode == "replay":
             meta["obs"] = {k: np.stack(v) for k, v in seg.obs.items()}  # [T + 1, ...]
         traj = Trajectory(
@@ -635,7 +636,9 @@ class HindsightRelabelCallback(BaseCallback):
             dones[first] = True
         else:
             dones[-1] = bool(traj.dones[-1])
-            timeouts[-1] = bool(traj.meta.get("timeout", False))
+            # The original instruction's success ended the episode: for the relabeled instruction
+            # that is no terminal, so it is stored as a truncation (SB3 bootstraps from the next obs).
+            timeouts[-1] = bool(traj.meta.get("timeout", False) or traj.meta.get("own_success", False))
         self._pending_rows.append({
             "obs": {k: v[:L] for k, v in obs.items()},
             "next_obs": {k: v[1:L + 1] for k, v in obs.items()},

@@ -257,6 +257,28 @@ def test_callback_writes_relabeled_rows_into_the_dqn_replay_buffer(venv, rules):
     assert grounded_texts & set(venv.buffer.contents())
 
 
+@pytest.mark.parametrize("own_success, timeout, truncated", [(True, False, True), (False, True, True),
+                                                              (False, False, False)])
+def test_an_ungrounded_replay_ending_in_the_original_success_is_a_truncation(rules, own_success, timeout, truncated):
+    """replay_ungrounded rows run to the segment's end; where the original instruction's success ended
+    the episode, that end is not a terminal of the relabeled instruction: stored as a timeout, SB3
+    bootstraps from the next observation instead of learning a value of 0."""
+    from oir_gym.captions import NUM_EVENTS
+    from oir_gym.trajectory import Trajectory
+
+    cb = HindsightRelabelCallback(rules, asynchronous=False, replay_ungrounded=True)
+    T = 5
+    traj = Trajectory(instruction="collect wood", events=np.zeros((T, NUM_EVENTS), bool), actions=np.zeros(T, np.int32),
+                      dones=np.eye(T, dtype=bool)[-1],
+                      meta={"sb3_id": 0, "timeout": timeout, "own_success": own_success,
+                            "obs": {"obs": np.zeros((T + 1, 3), np.float32)}})
+    cb._queue_rows(traj, "place table", np.ones(4, np.float32), -1)
+    row = cb._pending_rows[-1]
+    assert row["dones"].tolist() == [False] * (T - 1) + [True]
+    assert row["timeouts"].tolist() == [False] * (T - 1) + [truncated]
+    assert not row["rewards"].any()
+
+
 def test_relabeled_trajectories_follow_the_agent_experience(venv, rules):
     """Segment observations chain: obs[t + 1] of a segment is the agent's next observation at t."""
     model = DQN("MultiInputPolicy", venv, seed=1, learning_starts=10**9, buffer_size=5_000, verbose=0)
