@@ -181,11 +181,13 @@ def test_relabeled_rows_are_cut_where_the_original_instruction_succeeded_and_the
     np.testing.assert_array_equal(np.asarray(b["dones"])[:, 4], [0, 0, 1, 1, 0, 1])  # (the original end at 5 kept)
 
 
-def test_cut_steps_add_nothing_to_the_loss():
-    cfg = pqn.PQNConfig(num_envs=4, num_steps=8, hidden_size=16, num_minibatches=1, num_epochs=1, lr=1e-2)
+def _terminal_batch(seed: int, **cfg_kw):
+    """A small network and a fixed batch of T=8 steps x N=4 rows in which every step is terminal:
+    the targets are the rewards, so the regression problem does not move with the parameters."""
+    cfg = pqn.PQNConfig(num_envs=4, num_steps=8, hidden_size=16, lr=1e-2, **cfg_kw)
     net = pqn.make_network(cfg, 17)
     ts = pqn.create_train_state(jax.random.PRNGKey(0), cfg, net, 5, 3)
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     T, N = 8, 4
     batch = dict(
         obs=jnp.asarray(rng.random((T, N, 5)), jnp.float32), instr=jnp.ones((T, N, 3)),
@@ -193,6 +195,12 @@ def test_cut_steps_add_nothing_to_the_loss():
         actions=jnp.asarray(rng.integers(0, 17, (T, N))), rewards=jnp.asarray(rng.random((T, N)) < 0.3, jnp.float32),
         dones=jnp.ones((T, N), bool), resets=jnp.zeros((T, N), bool), weights=jnp.ones(N), carry0=net.initial_carry(N),
     )
+    return cfg, ts, batch
+
+
+def test_cut_steps_add_nothing_to_the_loss():
+    cfg, ts, batch = _terminal_batch(1, num_minibatches=1, num_epochs=1)
+    T, N = batch["rewards"].shape
     loss = lambda b: float(pqn.update(ts, cfg, jax.random.PRNGKey(0), b)[1]["loss"])  # noqa: E731
     assert loss(dict(batch, cuts=jnp.zeros((T, N), bool))) == pytest.approx(loss(batch))
     assert loss(dict(batch, cuts=jnp.ones((T, N), bool))) == 0.0
@@ -204,20 +212,7 @@ def test_cut_steps_add_nothing_to_the_loss():
 
 
 def test_update_reduces_loss_on_a_fixed_batch():
-    cfg = pqn.PQNConfig(num_envs=4, num_steps=8, hidden_size=16, num_minibatches=2, num_epochs=4, lr=1e-2,
-                        lr_linear_decay=False)
-    net = pqn.make_network(cfg, 17)
-    ts = pqn.create_train_state(jax.random.PRNGKey(0), cfg, net, 5, 3)
-    rng = np.random.default_rng(0)
-    T, N = 8, 4
-    batch = dict(
-        obs=jnp.asarray(rng.random((T, N, 5)), jnp.float32), instr=jnp.ones((T, N, 3)),
-        next_obs_last=jnp.zeros((N, 5)), next_instr_last=jnp.ones((N, 3)),
-        actions=jnp.asarray(rng.integers(0, 17, (T, N))), rewards=jnp.asarray(rng.random((T, N)) < 0.3, jnp.float32),
-        # every step terminal: the targets are the rewards, so the regression problem is fixed
-        dones=jnp.ones((T, N), bool), resets=jnp.zeros((T, N), bool),
-        weights=jnp.ones(N), carry0=net.initial_carry(N),
-    )
+    cfg, ts, batch = _terminal_batch(0, num_minibatches=2, num_epochs=4, lr_linear_decay=False)
     upd = jax.jit(lambda ts, k: pqn.update(ts, cfg, k, batch))
     losses = []
     for i in range(15):
