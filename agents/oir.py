@@ -168,9 +168,10 @@ def build_batch(cfg: pqn.PQNConfig, trajs, table_emb, slots):
     # The relabeled instruction pays at its first match in each original episode and its episode
     # ends there (the paper's reward); the rest of that original episode belongs to no episode of
     # it, so those steps get no target (a copy would otherwise pay at every drink by the water).
-    term, after = first_per_episode(match, pick(trajs["reset"]))
     if cfg.relabel_every_match:
         term, after = match, jnp.zeros_like(match)
+    else:
+        term, after = first_per_episode(match, pick(trajs["reset"]))
     # Where the trajectory's own instruction succeeded, the env ended the episode and reset. For a
     # relabeled instruction that did not pay there, that step is not a terminal (its value is not 0):
     # the episode was cut for an unrelated reason, so the step gets no target and earlier steps
@@ -440,11 +441,12 @@ class Trainer:
                 for r, texts_r in zip(rs, picks):
                     age = self.update_idx - r.trajectory.meta["update"]
                     rows[s] += [(age, r.trajectory.env_id, t, True) for t in texts_r]
-        for r in results if not self.cfg.relabel_balance else []:
-            m = r.trajectory.meta
-            age = self.update_idx - m["update"]
-            for c in r.candidates:
-                rows[m["seed"]].append((age, r.trajectory.env_id, c.text, c.grounded))
+        else:
+            for r in results:
+                m = r.trajectory.meta
+                age = self.update_idx - m["update"]
+                for c in r.candidates:
+                    rows[m["seed"]].append((age, r.trajectory.env_id, c.text, c.grounded))
         src = np.zeros((self.S, R), np.int32)
         env = np.zeros((self.S, R), np.int32)
         valid = np.zeros((self.S, R), bool)

@@ -87,8 +87,7 @@ def main(argv=None) -> int:
     metrics = {name: _load_metrics(prefixes) for name, prefixes in runs.items()}
     if not args.table_only:
         for s in ("original", "simple", "complex"):
-            analysis.plot_learning_curves({name: [_files(p)[0] for p in prefixes] for name, prefixes in runs.items()},
-                                          out / f"curves_{s}.png", s)
+            analysis.plot_learning_curves(metrics, out / f"curves_{s}.png", s)
         analysis.plot_instruction_bars(finals, out / "instruction_success.png")
     print("## Evaluation (mean ± s.e. over seeds)\n")
     print(analysis.final_table(finals))

@@ -103,14 +103,13 @@ def main(argv=None) -> int:
             raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         over[k] = _value(v)
-    fields = pqn.PQNConfig.__dataclass_fields__
-    unknown = sorted(k for k in over if k not in fields)
-    if unknown:
-        raise SystemExit(f"unknown PQNConfig field(s) {unknown}; see agents/pqn.py")
-    base = dict(pqn.PRESETS[args.preset])
-    steps = base.get("num_envs", 64) * base.get("num_steps", 128)
-    cfg = pqn.PQNConfig(**{**base, **over, "method": args.method, "seed": args.seed,
-                           "total_timesteps": max(over.get("total_timesteps", 0), 100 * steps)})
+    d = {**pqn.PRESETS[args.preset], **over, "method": args.method, "seed": args.seed}
+    try:
+        cfg = pqn.PQNConfig.from_dict(d)
+    except ValueError as e:  # unknown keys
+        raise SystemExit(f"unknown PQNConfig field(s): {e}; see agents/pqn.py") from None
+    # room for at least 100 updates, so the epsilon schedule (a fraction of the total) is the CPU defaults'
+    cfg.total_timesteps = max(cfg.total_timesteps if "total_timesteps" in over else 0, 100 * cfg.batch_steps)
 
     from agents.oir import Trainer
 

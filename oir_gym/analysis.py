@@ -143,10 +143,12 @@ def _metric_cells(per_seed: dict[str, Sequence[float]]) -> str:
     return " | ".join(cells)
 
 
-def plot_learning_curves(runs: dict[str, Sequence[str | Path]], out: str | Path, set_name: str = "original") -> Path:
+def plot_learning_curves(runs: dict[str, Sequence[str | Path | list[dict]]], out: str | Path,
+                         set_name: str = "original") -> Path:
     """Eval metrics vs env steps, one line per method, s.e. bands over seeds (runs and in-run seeds).
 
-    ``runs[method]`` lists run directories or ``metrics.jsonl`` files; several are pooled as seeds.
+    ``runs[method]`` lists run directories, ``metrics.jsonl`` files or metrics rows already read
+    (:func:`read_jsonl`); several are pooled as seeds.
     """
     import matplotlib
 
@@ -155,7 +157,8 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path]], out: str | Path,
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for label, paths in runs.items():
-        steps, curves = pooled_curves([read_jsonl(metrics_path(d)) for d in paths], set_name)
+        steps, curves = pooled_curves([d if isinstance(d, list) else read_jsonl(metrics_path(d)) for d in paths],
+                                      set_name)
         if len(steps) == 0:
             continue
         for ax, m in zip(axes, EVAL_METRICS):

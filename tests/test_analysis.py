@@ -95,3 +95,5 @@ def test_learning_curve_plot_takes_run_directories_and_metrics_files(tmp_path):
     assert analysis.metrics_path(d) == d / "metrics.jsonl" and analysis.metrics_path(flat) == flat
     out = analysis.plot_learning_curves({"a": [d], "b": [flat, d]}, tmp_path / "c.png")
     assert out.stat().st_size > 10_000
+    rows = analysis.plot_learning_curves({"a": [analysis.read_jsonl(flat)], "b": [flat, d]}, tmp_path / "r.png")
+    assert rows.read_bytes() == out.read_bytes()  # rows already read draw the same figure
