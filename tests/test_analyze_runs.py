@@ -6,20 +6,24 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 import analyze_runs  # noqa: E402
 
+from oir_gym import analysis  # noqa: E402
+
 R = ROOT / "results" / "gpu_h200_1e7"  # gt (and a pre-fix OIR replicate to 6.25e6)
 H = ROOT / "results" / "gpu_h100_1e7"  # cosine; the pre-fix ellm and OIR (seeds 2 + 1)
-F = ROOT / "results" / "gpu_h100_1e7_fixed"  # ellm and OIR (seeds 1 + 1 + 1) with the fixes
+F = ROOT / "results" / "gpu_h100_1e7_fixed"  # ellm with the any-goal reward; OIR with the buffer fix only
+C = ROOT / "results" / "gpu_h100_1e7_cut"  # OIR with every fix (seeds 1 + 1 + 1); cosine with the caption fix
 
 
 def _runs(tag: str) -> list[str]:
-    return [f"gt={R}/gt#{tag}", f"cosine={H}/cosine#{tag}", f"ellm={F}/ellm#{tag}",
-            f"oir={F}/oir_a#{tag}", f"oir={F}/oir_b#{tag}", f"oir={F}/oir_c#{tag}"]
+    return [f"gt={R}/gt#{tag}", f"cosine={C}/cosine#{tag}", f"ellm={F}/ellm#{tag}",
+            f"oir={C}/oir_a#{tag}", f"oir={C}/oir_b#{tag}", f"oir={C}/oir_c#{tag}"]
 
 
 def _tables(capsys, runs: list[str]) -> list[list[str]]:
@@ -59,24 +63,32 @@ def test_end_of_run_and_whole_run_tables_in_results_doc_are_rebuilt_from_results
         assert _labelled(row) in DOC, row
 
 
-def test_epsilon_equal_steps_and_pre_fix_tables_in_results_doc_are_rebuilt_from_results(capsys):
+def test_epsilon_equal_steps_and_earlier_run_tables_in_results_doc_are_rebuilt_from_results(capsys):
     eps = [r for r in _table(capsys, _runs("final_eps0.05")) if "| original |" in r]
-    mid = [r for r in _table(capsys, [*_runs("000750"), f"oir_h200={R}/oir#000750"]) if "| original |" in r]
-    pre = [r for r in _table(capsys, [f"ellm={H}/ellm", f"oir={H}/oir_a", f"oir={H}/oir_b"]) if "| original |" in r]
-    assert len(eps) == 4 and len(mid) == 5 and len(pre) == 2
-    for row in eps + mid + pre:
+    mid = [r for r in _table(capsys, _runs("000750")) if "| original |" in r]
+    earlier = [r for r in _table(capsys, [f"first={H}/oir_a", f"first={H}/oir_b",
+                                          f"buffer={F}/oir_a", f"buffer={F}/oir_b", f"buffer={F}/oir_c",
+                                          f"all={C}/oir_a", f"all={C}/oir_b", f"all={C}/oir_c",
+                                          f"cosine={H}/cosine", f"ellm={H}/ellm"]) if "| original |" in r]
+    assert len(eps) == 4 and len(mid) == 4 and len(earlier) == 5
+    for row in eps + mid + earlier:
         assert _cells(row) in DOC, row
 
 
-def test_early_curve_table_of_the_short_gpu_check_in_results_doc_is_rebuilt(capsys):
-    short = ROOT / "results" / "gpu_h100_short"
-    assert analyze_runs.main(["--table-only", "--curve-max-step", "1228800", "--runs", *_runs("final"),
-                              f"oir_batch_fixes={short}/oir#000150"]) == 0
+def test_early_curve_window_and_the_update_150_check_in_results_doc(capsys):
+    """--curve-max-step keeps the first evaluations; the short GPU check and the full runs at update 150."""
+    assert analyze_runs.main(["--table-only", "--curve-max-step", "1228800", "--runs", *_runs("final")]) == 0
     out = capsys.readouterr().out.split("## Mean over")[1]
     rows = [r for r in out.splitlines() if "| original |" in r]
-    assert len(rows) == 5
-    for row in rows:
-        assert _cells(row) in DOC, row
+    assert len(rows) == 4 and all("| 3 |" in r for r in rows)
+    short = _table(capsys, [f"short={ROOT}/results/gpu_h100_short/oir#000150"])
+    assert _cells(short[0]).startswith("0.114 ± 0.034 |")  # its final evaluation, at update 150
+    at150 = [row["eval/original/mean_success_rate"] for run in ("oir_a", "oir_b", "oir_c")
+             for row in analysis.read_jsonl(C / f"{run}_metrics.jsonl") if row["update"] == 150]
+    assert len(at150) == 3  # one seed per run; "eval/..." is the mean over a run's seeds
+    se = np.std(at150, ddof=1) / np.sqrt(3)
+    assert f"{np.mean(at150):.3f} ± {se:.3f}" == "0.083 ± 0.010"
+    assert "scored 0.114 ± 0.034 at 1.2e6 steps" in DOC and "gave 0.083 ± 0.010 there" in DOC
 
 
 def test_repeated_names_pool_seeds_and_tags_pick_the_evaluation(capsys):
@@ -111,3 +123,18 @@ def test_delta_sensitivity_reference_file_and_doc_table_match_the_script(tmp_pat
         assert row in DOC, row
     with pytest.raises(SystemExit):
         delta_sensitivity.main(["--deltas", "1.5"])
+
+
+def test_the_along_the_run_claims_in_results_doc_hold_on_the_curves():
+    """OIR's pooled curve leads at 20 of 25 evaluations, at every one from 5.7e6 steps on."""
+    rows = lambda prefixes: [analysis.read_jsonl(Path(f"{p}_metrics.jsonl")) for p in prefixes]  # noqa: E731
+    curves = {name: analysis.pooled_curves(rows(prefixes)) for name, prefixes in {
+        "gt": [R / "gt"], "cosine": [C / "cosine"], "ellm": [F / "ellm"],
+        "oir": [C / "oir_a", C / "oir_b", C / "oir_c"]}.items()}
+    steps = curves["oir"][0]
+    mean = {k: v[1]["mean_success_rate"].mean(axis=1) for k, v in curves.items()}
+    best_baseline = np.max([mean[k] for k in ("gt", "cosine", "ellm")], axis=0)
+    lead = mean["oir"] > best_baseline
+    assert len(steps) == 25 and lead.sum() == 20
+    assert lead[steps >= 5.7e6].all() and not lead[(steps > 5e6) & (steps < 5.7e6)].any()
+    assert "at 20 of the 25 evaluations" in DOC and "ahead at every evaluation from 5.7e6 steps on" in DOC
