@@ -113,8 +113,11 @@ def test_event_similarity_numpy_and_jax_agree():
 
 
 events_st = hnp.arrays(bool, (T, E))
-sims_st = hnp.arrays(np.float32, (E,), elements=st.floats(-1, 1, width=32))
-delta_st = st.floats(-0.9990000128746033, 1.0, width=32)
+# No subnormal floats: XLA on CPU flushes them to zero, so JAX compares 1e-45 > 0.0 as False where
+# NumPy says True (hypothesis found this); similarities are never that small in practice.
+_sim = st.floats(-1, 1, width=32, allow_subnormal=False)
+sims_st = hnp.arrays(np.float32, (E,), elements=_sim)
+delta_st = st.floats(-0.9990000128746033, 1.0, width=32, allow_subnormal=False)
 
 
 @FAST
@@ -129,7 +132,7 @@ def test_relabel_rewards_are_one_exactly_where_a_matching_event_occurs(events, s
 
 
 @FAST
-@given(events=events_st, sims=hnp.arrays(np.float32, (E,), elements=st.floats(-1, 0.9998999834060669, width=32)))
+@given(events=events_st, sims=hnp.arrays(np.float32, (E,), elements=st.floats(-1, 0.9998999834060669, width=32, allow_subnormal=False)))
 def test_delta_one_never_fires_below_perfect_similarity(events, sims):
     rewards, _ = relabel_rewards(jnp.asarray(events), jnp.asarray(sims), jnp.float32(1.0))
     assert not np.asarray(rewards).any()
@@ -165,7 +168,7 @@ def test_threshold_confusion_counts_own_and_other_rewarded_events():
 
 
 @FAST
-@given(sims=hnp.arrays(np.float32, (4, E), elements=st.floats(-1, 1, width=32)),
+@given(sims=hnp.arrays(np.float32, (4, E), elements=_sim),
        targets=hnp.arrays(np.int64, (4,), elements=st.integers(0, E - 1)), d1=delta_st, d2=delta_st)
 def test_threshold_confusion_shrinks_as_delta_grows(sims, targets, d1, d2):
     c = threshold_confusion(sims, targets, sorted((d1, d2)))
