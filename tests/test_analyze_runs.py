@@ -138,3 +138,23 @@ def test_the_along_the_run_claims_in_results_doc_hold_on_the_curves():
     assert len(steps) == 25 and lead.sum() == 20
     assert lead[steps >= 5.7e6].all() and not lead[(steps > 5e6) & (steps < 5.7e6)].any()
     assert "at 20 of the 25 evaluations" in DOC and "ahead at every evaluation from 5.7e6 steps on" in DOC
+
+
+def test_early_delta_table_in_results_doc_is_rebuilt_from_results():
+    """The early delta look: mean success at updates 50/100/150 and the distinct instructions offered."""
+    early = ROOT / "results" / "gpu_h100_delta_early"
+
+    def at(prefixes, update):
+        v = [r["eval/original/mean_success_rate"] for p in prefixes
+             for r in analysis.read_jsonl(Path(f"{p}_metrics.jsonl")) if r["update"] == update]
+        return f"{np.mean(v):.3f}" if v else "-"
+
+    for name, prefixes, offered in [("0.5", [early / "d05"], "51 in 150 updates"),
+                                    ("0.7", [early / "d07"], "53 in 145 updates"),
+                                    ("0.9 (this page's OIR)", [C / "oir_a", C / "oir_b", C / "oir_c"], None)]:
+        cells = " / ".join(at(prefixes, u) for u in (50, 100, 150))
+        assert f"| {name} | {len(prefixes)} | {cells}" in DOC, (name, cells)
+        if offered:
+            info = json.loads(Path(f"{prefixes[0]}_instructions.json").read_text())
+            assert offered == f"{info['distinct']} in {info['update']} updates"
+    assert "| 0.7 | 1 | 0.000 / 0.023 / - (stopped at update 145) | 53 in 145 updates |" in DOC
