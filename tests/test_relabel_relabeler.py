@@ -235,3 +235,25 @@ def test_callable_and_stats_keys(encoder):
     assert s["prompt_tokens"] > 0 and s["dropped"]["forbidden_word"] >= 1
     with pytest.raises(ValueError):
         HindsightRelabeler(backend="nope", encoder=encoder)
+
+
+def test_rule_compounds_that_pay_on_their_first_event_are_dropped_as_premature(encoder):
+    """ "make stone pickaxe then place stone" scores above 0.9 against "make a stone pickaxe": the
+    reward would pay it before the stone is placed. "place stone then make stone pickaxe" pays on
+    its final event and is kept; the single-event instructions are untouched."""
+    from oir_gym.relabel.backends import rule_final_event
+
+    assert rule_final_event("make stone pickaxe then place stone") == rule_final_event("collect wood then place stone")
+    assert rule_final_event("collect wood") is None and rule_final_event("sleep and wake up") is not None
+    rl = HindsightRelabeler(backend="rules", k=16, encoder=encoder, keep_ungrounded=False)
+    script = [(5, "collect_stone"), (9, "make_stone_pickaxe"), (14, "place_stone"), (20, "make_stone_pickaxe")]
+    (res,) = rl.relabel([make_trajectory(script, 64)])
+    texts = {c.text for c in res.candidates}
+    assert "collect stone" in texts and "make stone pickaxe" in texts and "place stone" in texts
+    assert "place stone then make stone pickaxe" in texts
+    # the reward compares single captions, so a compound pays at its final event's first occurrence,
+    # here before its first half happened (ordered sub-goal rewards are not built)
+    assert by_text(res)["place stone then make stone pickaxe"].first_step == 9
+    assert "make stone pickaxe then place stone" not in texts  # premature
+    assert "collect stone then make stone pickaxe" not in texts  # ungrounded: matches no caption above 0.9
+    assert res.dropped["premature"] >= 1 and rl.stats()["dropped"]["premature"] >= 1

@@ -531,6 +531,30 @@ RULE_PAIRS: dict[tuple[str, str], str] = {
 }
 
 
+def rule_final_event(text: str, pair_table: Optional[dict] = None) -> Optional[int]:
+    """The event that completes a two-event rule instruction, or ``None`` for any other text.
+
+    ``"collect wood then place table"`` -> the id of ``place_table``; a :data:`RULE_PAIRS` wording
+    (``"sleep and wake up"``) -> its second event. The relabeler uses it to refuse a rule
+    instruction whose reward would land before the task is done: some compounds score above delta
+    against their *first* event's captions ("collect stone then place stone" against "collect
+    stone": 0.914), and the cosine reward would then pay on the first half.
+    """
+    for (_, second), wording in (RULE_PAIRS if pair_table is None else pair_table).items():
+        if text == wording:
+            return EVENT_NAMES.index(second)
+    first, sep, second = text.partition(" then ")
+    if not sep:
+        return None
+    return _CANONICAL_EVENT.get(second) if first in _CANONICAL_EVENT else None
+
+
+#: canonical caption -> event id, for reading "A then B" back (achievement events only).
+_CANONICAL_EVENT: dict[str, int] = {
+    VOCAB.canonical(e): e for e in range(len(EVENT_NAMES)) if VOCAB.achievement_of_event[e] >= 0
+}
+
+
 @dataclass
 class RuleBackend:
     """Instructions read off the events of a trajectory; deterministic, no LLM.

@@ -13,6 +13,9 @@ Pipeline for a batch of trajectories:
 4. **Ground.** Each candidate is encoded once and compared with the caption vocabulary using the
    env's reward functions (:func:`oir_gym.reward.event_similarity`,
    :func:`oir_gym.reward.first_success_step`): ``first_step`` is where relabeling with it pays.
+   A two-event rule instruction ("A then B", "sleep and wake up") that the reward would pay where
+   its final event did not happen is dropped (``dropped["premature"]``): its wording matches the
+   first event's captions, so it would teach only the first half.
 5. **Select.** Up to ``k`` candidates per trajectory: grounded ones first (in source order: LLM,
    then rules), then, if ``keep_ungrounded``, ungrounded ones. Ungrounded candidates never pay
    off in the buffer, so they are only used to fill up to ``k`` (the paper keeps all K LLM
@@ -47,6 +50,7 @@ import numpy as np
 from oir_gym.captions import NUM_EVENTS, VOCAB
 from oir_gym.relabel.backends import (
     BackendTimeout, CompositeBackend, LLMBackend, LlamaCppBackend, Proposal, RuleBackend, make_backend,
+    rule_final_event,
 )
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
@@ -238,6 +242,15 @@ class HindsightRelabeler:
             return props
 
     # ------------------------------------------------------------------ sync API
+    def _premature(self, events: np.ndarray, text: str, sim: np.ndarray) -> bool:
+        """True for a two-event rule instruction that the reward pays where its final event did not
+        happen (the wording matches its first event's captions): it would teach the first half."""
+        final = rule_final_event(text, getattr(self._rules, "pair_table", None))
+        if final is None:
+            return False
+        paid = (np.asarray(events, bool) & (sim > self.delta)).any(axis=1)
+        return bool((paid & ~np.asarray(events[:, final], bool)).any())
+
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
         """Relabel a batch synchronously (lock-step, as in the paper).
 
@@ -360,7 +373,11 @@ class HindsightRelabeler:
         )
         results = []
         for i in range(n):
-            items = merged[i]
+            # a premature rule compound goes before the near-duplicate pass, or it could shadow a
+            # reversed wording that pays on its final event ("A then B" ~ "B then A")
+            items = [(t, src) for t, src in merged[i]
+                     if not (src == "rules" and self._premature(trajs[i].events, t, sim_all[row[t]]))]
+            dropped[i]["premature"] += len(merged[i]) - len(items)
             rows = [row[t] for t, _ in items]
             if len(rows) > 1:
                 keep = near_duplicate_mask(emb[rows], self.dedup_threshold)
