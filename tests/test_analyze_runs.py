@@ -158,3 +158,16 @@ def test_early_delta_table_in_results_doc_is_rebuilt_from_results():
             info = json.loads(Path(f"{prefixes[0]}_instructions.json").read_text())
             assert offered == f"{info['distinct']} in {info['update']} updates"
     assert "| 0.7 | 1 | 0.000 / 0.023 / - (stopped at update 145) | 53 in 145 updates |" in DOC
+
+
+def test_delta_ablation_table_and_plot_are_rebuilt_from_results(tmp_path, capsys):
+    early = ROOT / "results" / "gpu_h100_delta_early"
+    assert analyze_runs.main(["--runs", f"oir={C}/oir_a", "--out", str(tmp_path), "--ablation",
+                              f"0.5={early}/d05#000100", f"0.7={early}/d07#000100",
+                              *(f"0.9={C}/{r}#000100" for r in ("oir_a", "oir_b", "oir_c"))]) == 0
+    out = capsys.readouterr().out.split("## Delta ablation")[1]
+    rows = [r for r in out.splitlines() if r.startswith("| delta=")]
+    assert [r.split("|")[1].strip() for r in rows] == ["delta=0.5", "delta=0.7", "delta=0.9"]
+    for row in rows:
+        assert row in DOC, row
+    assert (tmp_path / "delta_ablation.png").stat().st_size > 10_000
