@@ -241,7 +241,6 @@ class HindsightRelabeler:
                 p.error = err if pr is not None else None
             return props
 
-    # ------------------------------------------------------------------ sync API
     def _premature(self, events: np.ndarray, text: str, sim: np.ndarray) -> bool:
         """True for a two-event rule instruction that the reward pays where its final event did not
         happen (the wording matches its first event's captions): it would teach the first half."""
@@ -251,6 +250,7 @@ class HindsightRelabeler:
         paid = (np.asarray(events, bool) & (sim > self.delta)).any(axis=1)
         return bool((paid & ~np.asarray(events[:, final], bool)).any())
 
+    # ------------------------------------------------------------------ sync API
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
         """Relabel a batch synchronously (lock-step, as in the paper).
 
@@ -377,7 +377,8 @@ class HindsightRelabeler:
             # reversed wording that pays on its final event ("A then B" ~ "B then A")
             items = [(t, src) for t, src in merged[i]
                      if not (src == "rules" and self._premature(trajs[i].events, t, sim_all[row[t]]))]
-            dropped[i]["premature"] += len(merged[i]) - len(items)
+            if len(items) < len(merged[i]):
+                dropped[i]["premature"] += len(merged[i]) - len(items)
             rows = [row[t] for t, _ in items]
             if len(rows) > 1:
                 keep = near_duplicate_mask(emb[rows], self.dedup_threshold)
