@@ -111,12 +111,16 @@ def first_per_episode(matches, episode_starts):
     return first, after
 
 
+def match_steps(events, instr_event_sim, delta) -> np.ndarray:
+    """``[T]`` bool: the steps of a ``[T, E]`` trajectory where the instruction would be paid
+    (:func:`step_match` on the host, numpy)."""
+    sim = np.asarray(instr_event_sim)
+    return np.any(np.asarray(events, dtype=bool) & (sim[None, :] > delta), axis=-1)
+
+
 def first_success_step(events, instr_event_sim, delta):
     """Index of the first matching step of a ``[T, E]`` trajectory, or -1 if none (numpy)."""
-    ev = np.asarray(events, dtype=bool)
-    sim = np.asarray(instr_event_sim)
-    match = np.any(ev & (sim[None, :] > delta), axis=-1)
-    idx = np.flatnonzero(match)
+    idx = np.flatnonzero(match_steps(events, instr_event_sim, delta))
     return int(idx[0]) if len(idx) else -1
 
 

@@ -19,6 +19,8 @@ R = ROOT / "results" / "gpu_h200_1e7"  # gt (and a pre-fix OIR replicate to 6.25
 H = ROOT / "results" / "gpu_h100_1e7"  # cosine; the pre-fix ellm and OIR (seeds 2 + 1)
 F = ROOT / "results" / "gpu_h100_1e7_fixed"  # ellm with the any-goal reward; OIR with the buffer fix only
 C = ROOT / "results" / "gpu_h100_1e7_cut"  # OIR with every fix (seeds 1 + 1 + 1); cosine with the caption fix
+D = ROOT / "results" / "gpu_h100_delta_early"  # OIR at delta 0.5 and 0.7, 1 seed each, to ~150 updates
+OIR = [C / "oir_a", C / "oir_b", C / "oir_c"]
 
 
 def _runs(tag: str) -> list[str]:
@@ -46,6 +48,12 @@ def _table(capsys, runs: list[str]) -> list[str]:
 def _cells(row: str) -> str:
     """The three metric cells of a table row, as the doc's narrower tables print them."""
     return " | ".join(c.strip() for c in row.strip("|").split("|")[2:])
+
+
+def _at_update(prefixes, update: int) -> list[float]:
+    """Each run's mean success (original set, mean over its seeds) at one periodic evaluation."""
+    return [row["eval/original/mean_success_rate"] for rows in analyze_runs._load_metrics([str(p) for p in prefixes])
+            for row in rows if row["update"] == update]
 
 
 def _labelled(row: str) -> str:
@@ -83,8 +91,7 @@ def test_early_curve_window_and_the_update_150_check_in_results_doc(capsys):
     assert len(rows) == 4 and all("| 3 |" in r for r in rows)
     short = _table(capsys, [f"short={ROOT}/results/gpu_h100_short/oir#000150"])
     assert _cells(short[0]).startswith("0.114 ± 0.034 |")  # its final evaluation, at update 150
-    at150 = [row["eval/original/mean_success_rate"] for run in ("oir_a", "oir_b", "oir_c")
-             for row in analysis.read_jsonl(C / f"{run}_metrics.jsonl") if row["update"] == 150]
+    at150 = _at_update(OIR, 150)
     assert len(at150) == 3  # one seed per run; "eval/..." is the mean over a run's seeds
     se = np.std(at150, ddof=1) / np.sqrt(3)
     assert f"{np.mean(at150):.3f} ± {se:.3f}" == "0.083 ± 0.010"
@@ -127,10 +134,8 @@ def test_delta_sensitivity_reference_file_and_doc_table_match_the_script(tmp_pat
 
 def test_the_along_the_run_claims_in_results_doc_hold_on_the_curves():
     """OIR's pooled curve leads at 20 of 25 evaluations, at every one from 5.7e6 steps on."""
-    rows = lambda prefixes: [analysis.read_jsonl(Path(f"{p}_metrics.jsonl")) for p in prefixes]  # noqa: E731
-    curves = {name: analysis.pooled_curves(rows(prefixes)) for name, prefixes in {
-        "gt": [R / "gt"], "cosine": [C / "cosine"], "ellm": [F / "ellm"],
-        "oir": [C / "oir_a", C / "oir_b", C / "oir_c"]}.items()}
+    curves = {name: analysis.pooled_curves(analyze_runs._load_metrics([str(p) for p in prefixes]))
+              for name, prefixes in {"gt": [R / "gt"], "cosine": [C / "cosine"], "ellm": [F / "ellm"], "oir": OIR}.items()}
     steps = curves["oir"][0]
     mean = {k: v[1]["mean_success_rate"].mean(axis=1) for k, v in curves.items()}
     best_baseline = np.max([mean[k] for k in ("gt", "cosine", "ellm")], axis=0)
@@ -142,17 +147,9 @@ def test_the_along_the_run_claims_in_results_doc_hold_on_the_curves():
 
 def test_early_delta_table_in_results_doc_is_rebuilt_from_results():
     """The early delta look: mean success at updates 50/100/150 and the distinct instructions offered."""
-    early = ROOT / "results" / "gpu_h100_delta_early"
-
-    def at(prefixes, update):
-        v = [r["eval/original/mean_success_rate"] for p in prefixes
-             for r in analysis.read_jsonl(Path(f"{p}_metrics.jsonl")) if r["update"] == update]
-        return f"{np.mean(v):.3f}" if v else "-"
-
-    for name, prefixes, offered in [("0.5", [early / "d05"], "51 in 150 updates"),
-                                    ("0.7", [early / "d07"], "53 in 145 updates"),
-                                    ("0.9 (this page's OIR)", [C / "oir_a", C / "oir_b", C / "oir_c"], None)]:
-        cells = " / ".join(at(prefixes, u) for u in (50, 100, 150))
+    for name, prefixes, offered in [("0.5", [D / "d05"], "51 in 150 updates"), ("0.7", [D / "d07"], "53 in 145 updates"),
+                                    ("0.9 (this page's OIR)", OIR, None)]:
+        cells = " / ".join(f"{np.mean(v):.3f}" if (v := _at_update(prefixes, u)) else "-" for u in (50, 100, 150))
         assert f"| {name} | {len(prefixes)} | {cells}" in DOC, (name, cells)
         if offered:
             info = json.loads(Path(f"{prefixes[0]}_instructions.json").read_text())
@@ -161,9 +158,8 @@ def test_early_delta_table_in_results_doc_is_rebuilt_from_results():
 
 
 def test_delta_ablation_table_and_plot_are_rebuilt_from_results(tmp_path, capsys):
-    early = ROOT / "results" / "gpu_h100_delta_early"
     assert analyze_runs.main(["--runs", f"oir={C}/oir_a", "--out", str(tmp_path), "--ablation",
-                              f"0.5={early}/d05#000100", f"0.7={early}/d07#000100",
+                              f"0.5={D}/d05#000100", f"0.7={D}/d07#000100",
                               *(f"0.9={C}/{r}#000100" for r in ("oir_a", "oir_b", "oir_c"))]) == 0
     out = capsys.readouterr().out.split("## Delta ablation")[1]
     rows = [r for r in out.splitlines() if r.startswith("| delta=")]

@@ -58,7 +58,7 @@ from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
 from oir_gym.relabel.prompts import PromptTemplate, approx_token_count, load_template
 from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle
-from oir_gym.reward import event_similarity, first_success_step
+from oir_gym.reward import event_similarity, first_success_step, match_steps
 from oir_gym.trajectory import Trajectory
 
 BackendSpec = Union[str, LLMBackend, CompositeBackend, None]
@@ -247,7 +247,7 @@ class HindsightRelabeler:
         final = rule_final_event(text, getattr(self._rules, "pair_table", None))
         if final is None:
             return False
-        paid = (np.asarray(events, bool) & (sim > self.delta)).any(axis=1)
+        paid = match_steps(events, sim, self.delta)
         return bool((paid & ~np.asarray(events[:, final], bool)).any())
 
     # ------------------------------------------------------------------ sync API
