@@ -19,7 +19,9 @@ import pytest
 from oir_gym.relabel import (
     BackendError, BackendTimeout, HindsightRelabeler, OpenAIBackend, VLLMBackend, instruction_gbnf, output_schema,
 )
-from oir_gym.relabel.backends import VLLM_INSTALL_HINT, CompositeBackend, RuleBackend
+from oir_gym.relabel.backends import VLLM_INSTALL_HINT
+from oir_gym.relabel.composite import CompositeBackend
+from oir_gym.relabel.rules import RuleBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
 
 ANSWER = '{"Mid-Level": ["collect wood", "place table"], "High-Level": []}'

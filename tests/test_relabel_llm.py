@@ -59,7 +59,7 @@ def test_llama_cpp_segments_parseable(backend, encoder):
     assert parse_candidates(raw)[0], raw
     assert res.error is None and any(c.source == "llm" for c in res.candidates), (raw, res)
     s = rl.stats()
-    assert s["calls"] == 1 and s["prompt_token_method"] == "llama" and 50 < s["prompt_tokens"] < 1000
+    assert s["calls"] == 1 and s["prompt_token_method"] != "approx-regex" and 50 < s["prompt_tokens"] < 1000
     assert rl.relabel([traj])[0].cache_hit
 
 

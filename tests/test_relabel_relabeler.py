@@ -241,7 +241,7 @@ def test_rule_compounds_that_pay_on_their_first_event_are_dropped_as_premature(e
     """ "make stone pickaxe then place stone" scores above 0.9 against "make a stone pickaxe": the
     reward would pay it before the stone is placed. "place stone then make stone pickaxe" pays on
     its final event and is kept; the single-event instructions are untouched."""
-    from oir_gym.relabel.backends import rule_final_event
+    from oir_gym.relabel.rules import rule_final_event
 
     assert rule_final_event("make stone pickaxe then place stone") == rule_final_event("collect wood then place stone")
     assert rule_final_event("collect wood") is None and rule_final_event("sleep and wake up") is not None

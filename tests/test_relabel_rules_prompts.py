@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from oir_gym.relabel import RuleBackend, behaviour_key, count_tokens, load_template, segments_text
-from oir_gym.relabel.prompts import approx_token_count, output_schema, parse_template
+from oir_gym.relabel.prompts import output_schema, parse_template
+from oir_gym.relabel.tokens import approx_token_count
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory, random_trajectories
 from oir_gym.trajectory import Trajectory
 
@@ -120,7 +121,7 @@ def test_rule_pair_wordings_pay_on_their_second_event_only(encoder):
 
     from oir_gym.captions import EVENT_NAMES
     from oir_gym.instruction_registry import InstructionRegistry
-    from oir_gym.relabel.backends import RULE_PAIRS
+    from oir_gym.relabel.rules import RULE_PAIRS
 
     registry = InstructionRegistry(encoder, capacity=1)
     sims = registry.similarity_to_events(encoder.encode(list(RULE_PAIRS.values())))

@@ -16,36 +16,34 @@ or off the critical path: ``relabeler.submit(trajs)`` then ``relabeler.collect()
 from oir_gym.relabel.backends import (
     BackendError,
     BackendTimeout,
-    CompositeBackend,
     LlamaCppBackend,
     LLMBackend,
     OpenAIBackend,
-    Proposal,
-    RuleBackend,
     VLLMBackend,
     default_gguf_path,
-    instruction_gbnf,
     make_backend,
 )
+from oir_gym.relabel.composite import CompositeBackend, Proposal
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import FORBIDDEN_PATTERNS, CandidateFilter, near_duplicate_mask, normalise
 from oir_gym.relabel.parse import ParsedOutput, parse_candidates, parse_completion
 from oir_gym.relabel.prompts import (
     PromptTemplate,
-    TokenCount,
-    count_tokens,
+    instruction_gbnf,
     load_template,
     output_schema,
     timestep_lines,
 )
 from oir_gym.relabel.relabeler import HindsightRelabeler
 from oir_gym.relabel.results import Candidate, RelabelResult
+from oir_gym.relabel.rules import RULE_PAIRS, RuleBackend, rule_final_event
 from oir_gym.relabel.segments import Segment, behaviour_key, segments, segments_text
+from oir_gym.relabel.tokens import TokenCount, count_tokens
 
 __all__ = [
     "HindsightRelabeler", "Candidate", "RelabelResult",
     "LLMBackend", "LlamaCppBackend", "OpenAIBackend", "VLLMBackend", "RuleBackend", "CompositeBackend",
-    "Proposal", "BackendError", "BackendTimeout", "make_backend", "default_gguf_path", "instruction_gbnf",
+    "Proposal", "RULE_PAIRS", "rule_final_event", "BackendError", "BackendTimeout", "make_backend", "default_gguf_path", "instruction_gbnf",
     "PromptTemplate", "load_template", "output_schema", "timestep_lines", "count_tokens", "TokenCount",
     "parse_completion", "parse_candidates", "ParsedOutput",
     "CandidateFilter", "normalise", "near_duplicate_mask", "FORBIDDEN_PATTERNS",

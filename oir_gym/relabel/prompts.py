@@ -1,4 +1,4 @@
-"""Prompt templates (kept as data in ``oir_gym/data/prompts``) and prompt-token counting.
+"""Prompt templates (kept as data in ``oir_gym/data/prompts``), the answer's JSON schema and its GBNF twin.
 
 A template file is plain text with the placeholders ``{{trajectory}}`` and optionally ``{{k}}``.
 Lines starting with ``#|`` are metadata and comments, never sent to the model:
@@ -14,13 +14,12 @@ Two templates ship: ``paper`` (Appendix C) and ``segments`` (the default).
 
 from __future__ import annotations
 
-import atexit
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any
 
 from oir_gym.relabel.segments import ACTION_NAMES, segments_text
 from oir_gym.trajectory import Trajectory
@@ -147,66 +146,32 @@ def output_schema(k: int = 4, analysis: bool = False) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# token counting
+# GBNF twin of the schema (llama.cpp grammars)
 # ---------------------------------------------------------------------------------------------
 
-class TokenCount(NamedTuple):
-    """A prompt length and how it was measured (``"llama"``: exact model tokenizer;
-    ``"approx-regex"``: words and punctuation marks, an approximation of a BPE count)."""
-
-    n: int
-    method: str
+def _gbnf_string(max_chars: int, first: str, rest: str) -> str:
+    return f'"\\"" {first} {rest}{{0,{max_chars - 1}}} "\\""'
 
 
-_APPROX_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+def instruction_gbnf(k: int = 4, analysis: bool = False, max_chars: int = MAX_INSTRUCTION_CHARS) -> str:
+    """GBNF grammar of the answer JSON (see :func:`oir_gym.relabel.prompts.output_schema`).
 
-
-def approx_token_count(text: str) -> int:
-    """Approximate token count: words and punctuation marks (BPE tokenizers land within ~30%)."""
-    return len(_APPROX_RE.findall(text))
-
-
-@lru_cache(maxsize=4)
-def llama_tokenizer(model_path: Optional[str] = None) -> Optional[Callable[[str], int]]:
-    """A token counter using the GGUF model's own tokenizer (vocabulary only, no weights loaded).
-
-    Returns ``None`` when ``llama_cpp`` or the model is not available.
+    Hand-written rather than converted from the JSON schema so that instruction strings are
+    restricted to plain words (letters first, then letters, digits, spaces, ``,'-``) and every
+    repetition is bounded: a 270M base model otherwise loops or drifts into markup.
     """
-    try:
-        from llama_cpp import Llama
-
-        from oir_gym.relabel.backends import default_gguf_path
-
-        path = model_path or default_gguf_path()
-        vocab = Llama(model_path=path, vocab_only=True, verbose=False)
-    except Exception:  # noqa: BLE001 - optional dependency, fall back to the approximation
-        return None
-    # free it before interpreter teardown, when llama_cpp's __del__ would hit None globals
-    atexit.register(vocab.close)
-
-    def count(text: str) -> int:
-        return len(vocab.tokenize(text.encode("utf-8"), add_bos=True, special=True))
-
-    return count
-
-
-def count_tokens(text: str, tokenizer: Callable[[str], int] | str | None = "auto") -> TokenCount:
-    """Count prompt tokens.
-
-    Args:
-        text: the prompt.
-        tokenizer: a callable ``str -> int``; ``"auto"`` to use the default GGUF model's
-            tokenizer when llama-cpp-python is installed; ``None`` for the approximation.
-
-    Returns:
-        :class:`TokenCount` whose ``method`` says whether the count is exact (``"llama"``, or
-        ``"custom"`` for a given callable) or approximate (``"approx-regex"``).
-    """
-    if tokenizer == "auto":
-        tok = llama_tokenizer()
-        if tok is not None:
-            return TokenCount(tok(text), "llama")
-        return TokenCount(approx_token_count(text), "approx-regex")
-    if callable(tokenizer):
-        return TokenCount(int(tokenizer(text)), "custom")
-    return TokenCount(approx_token_count(text), "approx-regex")
+    k = max(1, int(k))
+    item = _gbnf_string(max_chars, "[a-zA-Z]", "[a-zA-Z0-9 ,'-]")
+    rules = [
+        f"item ::= {item}",
+        f'list ::= "[" item ("," ws item){{0,{k - 1}}} "]"',
+        'list0 ::= "[]" | list',
+        'ws ::= [ ]?',
+        'lists ::= "{" ws "\\"Mid-Level\\":" ws list "," ws "\\"High-Level\\":" ws list0 ws "}"',
+    ]
+    if analysis:
+        rules.append(f'analysis ::= "\\"" [^"\\\\\\x00-\\x1f]{{0,{MAX_ANALYSIS_CHARS}}} "\\""')
+        rules.insert(0, 'root ::= "{" ws "\\"Analysis\\":" ws analysis "," ws "\\"Completed Instructions\\":" ws lists ws "}"')
+    else:
+        rules.insert(0, "root ::= lists")
+    return "\n".join(rules) + "\n"

@@ -48,14 +48,14 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from oir_gym.captions import NUM_EVENTS, VOCAB
-from oir_gym.relabel.backends import (
-    BackendTimeout, CompositeBackend, LLMBackend, LlamaCppBackend, Proposal, RuleBackend, make_backend,
-    rule_final_event,
-)
+from oir_gym.relabel.backends import BackendTimeout, LLMBackend, LlamaCppBackend, make_backend
+from oir_gym.relabel.composite import CompositeBackend, Proposal
+from oir_gym.relabel.rules import RuleBackend, rule_final_event
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
 from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
-from oir_gym.relabel.prompts import PromptTemplate, approx_token_count, load_template
+from oir_gym.relabel.prompts import PromptTemplate, load_template
+from oir_gym.relabel.tokens import backend_token_count
 from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle
 from oir_gym.reward import event_similarity, first_success_step, match_steps
@@ -214,16 +214,8 @@ class HindsightRelabeler:
         return self.template.render(traj, self.k)
 
     def _count_tokens(self, prompt: str) -> int:
-        llm = self.backend.llm
-        if hasattr(llm, "count_tokens"):
-            try:
-                n = int(llm.count_tokens(prompt))
-                self._token_method = "llama"
-                return n
-            except Exception:  # noqa: BLE001 - fall back to the approximation
-                pass
-        self._token_method = "approx-regex"
-        return approx_token_count(prompt)
+        n, self._token_method = backend_token_count(self.backend.llm, prompt)
+        return n
 
     def _propose(self, trajs: list[Trajectory], prompts: Optional[list[Optional[str]]]) -> list[Proposal]:
         if self.llm_timeout is None or self.backend.llm is None or prompts is None:

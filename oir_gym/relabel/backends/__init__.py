@@ -1,0 +1,46 @@
+"""LLM backends behind one small protocol (:class:`~oir_gym.relabel.backends.base.LLMBackend`).
+
+* :class:`LlamaCppBackend`: in-process llama.cpp (optional, ``oir-gym[llamacpp]``).
+* :class:`OpenAIBackend`: any OpenAI-compatible server (``vllm serve``, ``llama_cpp.server``,
+  hosted APIs), standard library HTTP only.
+* :class:`VLLMBackend`: in-process ``vllm.LLM`` (optional dependency, GPU).
+
+Concrete backends import their heavy libraries only when constructed. The rule relabeler lives in
+:mod:`oir_gym.relabel.rules`, the LLM+rules composite in :mod:`oir_gym.relabel.composite`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from oir_gym.relabel.backends.base import (
+    BackendError, BackendTimeout, LLMBackend, default_max_tokens, schema_shape,
+)
+from oir_gym.relabel.backends.llama_cpp import LlamaCppBackend, default_gguf_path
+from oir_gym.relabel.backends.openai import OpenAIBackend
+from oir_gym.relabel.backends.vllm import VLLM_INSTALL_HINT, VLLMBackend
+
+def backend_kwargs(name: str, model: str = "", base_url: str = "http://127.0.0.1:8000/v1") -> dict[str, Any]:
+    """Constructor arguments of backend ``name`` from the common model / server settings.
+
+    ``openai`` takes the server's ``base_url`` and ``model`` (``"default"`` when empty), ``vllm``
+    a model name or path, ``llama_cpp`` a GGUF ``model_path`` (the packaged Gemma when empty).
+    """
+    if name == "openai":
+        return {"base_url": base_url, "model": model or "default"}
+    if name == "vllm":
+        return {"model": model} if model else {}
+    return {"model_path": model} if model else {}
+
+
+def make_backend(name: str, **kwargs: Any) -> Optional[LLMBackend]:
+    """Build an LLM backend by name: ``"llama_cpp"``, ``"openai"``, ``"vllm"``; ``"rules"`` -> None."""
+    if name == "llama_cpp":
+        return LlamaCppBackend(**kwargs)
+    if name == "openai":
+        return OpenAIBackend(**kwargs)
+    if name == "vllm":
+        return VLLMBackend(**kwargs)
+    if name == "rules":
+        return None
+    raise ValueError(f"unknown backend {name!r}: use 'llama_cpp', 'openai', 'vllm', 'rules' or a backend object")

@@ -1,0 +1,75 @@
+"""An optional LLM backend plus optional rules: what the relabeler asks for each trajectory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from oir_gym.relabel.backends.base import BackendError, LLMBackend
+from oir_gym.relabel.rules import RuleBackend
+from oir_gym.trajectory import Trajectory
+
+@dataclass
+class Proposal:
+    """What the backends proposed for one trajectory, before parsing/filtering/grounding.
+
+    Attributes:
+        llm_raw: raw LLM completions (empty when no LLM ran).
+        rules: rule instructions.
+        error: why the LLM produced nothing (``None`` when it answered or was not asked).
+    """
+
+    llm_raw: list[str] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+class CompositeBackend:
+    """An optional LLM backend plus optional rules; LLM candidates come first when merged.
+
+    Args:
+        llm: an :class:`LLMBackend` or ``None`` (rules only).
+        rules: a :class:`RuleBackend` or ``None`` (LLM only).
+    """
+
+    def __init__(self, llm: Optional[LLMBackend] = None, rules: Optional[RuleBackend] = None) -> None:
+        if llm is None and rules is None:
+            raise ValueError("CompositeBackend needs an LLM backend, rules, or both")
+        self.llm = llm
+        self.rules = rules
+
+    def __repr__(self) -> str:
+        return f"CompositeBackend(llm={self.llm!r}, rules={self.rules!r})"
+
+    def generate(self, prompts: list[str], n: int = 1, *, schema: Optional[dict] = None) -> list[list[str]]:
+        """The LLM part of the protocol (so a composite can stand where a backend is expected)."""
+        if self.llm is None:
+            return [[] for _ in prompts]
+        return self.llm.generate(prompts, n, schema=schema)
+
+    def propose(
+        self, trajectories: Sequence[Trajectory], prompts: Optional[Sequence[Optional[str]]] = None,
+        n: int = 1, schema: Optional[dict] = None,
+    ) -> list[Proposal]:
+        """Rules for every trajectory and LLM completions for those with a prompt.
+
+        ``prompts[i] is None`` skips the LLM for trajectory ``i`` (cache hit, idle trajectory).
+        LLM errors are not raised: they are recorded in each affected :attr:`Proposal.error`.
+        """
+        props = [Proposal(rules=self.rules.instructions(t) if self.rules else []) for t in trajectories]
+        if self.llm is None or prompts is None:
+            return props
+        idx = [i for i, p in enumerate(prompts) if p is not None]
+        if not idx:
+            return props
+        try:
+            raw = self.llm.generate([prompts[i] for i in idx], n, schema=schema)
+            if len(raw) != len(idx):
+                raise BackendError(f"backend returned {len(raw)} results for {len(idx)} prompts")
+            for i, r in zip(idx, raw):
+                props[i].llm_raw = list(r) if isinstance(r, (list, tuple)) else [r]
+        except Exception as e:  # noqa: BLE001 - recorded; the relabeler decides on a fallback
+            msg = f"{type(e).__name__}: {e}"
+            for i in idx:
+                props[i].error = msg
+        return props
