@@ -40,6 +40,9 @@ class Stub:
             def log_message(self, *a):  # keep test output quiet
                 pass
 
+            def do_GET(self):  # one model served: backends built without a model ask for it
+                self._send(200, {"object": "list", "data": [{"id": "stub-model", "object": "model"}]})
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stub.requests.append(body)
@@ -158,7 +161,7 @@ def test_openai_slow_server_timeout_honoured(stub_factory):
 
 def test_openai_no_server_clear_error():
     url = f"http://127.0.0.1:{free_port()}/v1"
-    be = OpenAIBackend(url, api_key_env=None, max_retries=1, backoff=0.01, timeout=2)
+    be = OpenAIBackend(url, model="m", api_key_env=None, max_retries=1, backoff=0.01, timeout=2)
     with pytest.raises(BackendError) as ei:
         be.generate(["p"])
     msg = str(ei.value)
@@ -217,7 +220,9 @@ class _DummyEncoder:
 def test_backend_kwargs_maps_the_common_model_settings():
     from oir_gym.relabel.backends import backend_kwargs
 
-    assert backend_kwargs("openai", "", "http://127.0.0.1:9/v1") == {"base_url": "http://127.0.0.1:9/v1", "model": "default"}
+    # openai: an empty model means "ask the server"; the loopback default yields to OPENAI_BASE_URL
+    assert backend_kwargs("openai", "", "http://127.0.0.1:9/v1") == {"base_url": "http://127.0.0.1:9/v1", "model": None}
+    assert backend_kwargs("openai", "m", "http://127.0.0.1:8000/v1") == {"model": "m"}
     assert backend_kwargs("vllm", "Qwen/Qwen3-8B") == {"model": "Qwen/Qwen3-8B"}
     assert backend_kwargs("vllm") == {}
     assert backend_kwargs("llama_cpp") == {}  # the packaged Gemma

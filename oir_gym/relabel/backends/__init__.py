@@ -17,17 +17,24 @@ from oir_gym.relabel.backends.base import (
     BackendError, BackendTimeout, LLMBackend, default_max_tokens, schema_shape,
 )
 from oir_gym.relabel.backends.llama_cpp import LlamaCppBackend, default_gguf_path
-from oir_gym.relabel.backends.openai import OpenAIBackend
+from oir_gym.relabel.backends.openai import DEFAULT_BASE_URL, OpenAIBackend
 from oir_gym.relabel.backends.vllm import VLLM_INSTALL_HINT, VLLMBackend
 
-def backend_kwargs(name: str, model: str = "", base_url: str = "http://127.0.0.1:8000/v1") -> dict[str, Any]:
+def backend_kwargs(name: str, model: str = "", base_url: str = "") -> dict[str, Any]:
     """Constructor arguments of backend ``name`` from the common model / server settings.
 
-    ``openai`` takes the server's ``base_url`` and ``model`` (``"default"`` when empty), ``vllm``
-    a model name or path, ``llama_cpp`` a GGUF ``model_path`` (the packaged Gemma when empty).
+    ``openai`` takes the server's ``base_url`` and ``model``: an empty ``model`` asks the server
+    which one it serves; an empty ``base_url``, or the built-in loopback default, yields to
+    ``OPENAI_BASE_URL`` when that is set (the OpenAI client's variable). ``vllm`` takes a model
+    name or path, ``llama_cpp`` a GGUF ``model_path`` (the packaged Gemma when empty).
     """
     if name == "openai":
-        return {"base_url": base_url, "model": model or "default"}
+        kw: dict[str, Any] = {"model": model or None}
+        # The trainers' configs carry the loopback default: treat it as "not given", so that the
+        # backend reads OPENAI_BASE_URL (and falls back to that same default).
+        if base_url and base_url.rstrip("/") != DEFAULT_BASE_URL:
+            kw["base_url"] = base_url
+        return kw
     if name == "vllm":
         return {"model": model} if model else {}
     return {"model_path": model} if model else {}
