@@ -495,9 +495,10 @@ class OpenAIBackend:
             connected = True
             conn.request(method, prefix + path, body=data, headers=self._headers(data is not None))
             resp = conn.getresponse()
-            length = resp.getheader("Content-Length")
-            if length and length.strip().isdigit() and int(length) > self.max_response_bytes:
-                raise _Failure("unusable", f"announced an answer of {int(length):,} bytes, over "
+            length = resp.getheader("Content-Length", "").strip()
+            announced = int(length) if length.isdigit() else None
+            if announced is not None and announced > self.max_response_bytes:
+                raise _Failure("unusable", f"announced an answer of {announced:,} bytes, over "
                                            f"max_response_bytes={self.max_response_bytes:,}")
             chunks, total = [], 0
             while True:
@@ -508,6 +509,11 @@ class OpenAIBackend:
                 if total > self.max_response_bytes:
                     raise _Failure("unusable", f"sent an answer over max_response_bytes={self.max_response_bytes:,}")
                 chunks.append(chunk)
+            # An aborted socket reads as a clean end of file: say why it ended.
+            if expired.is_set() or self._closed.is_set():
+                raise TimeoutError
+            if announced is not None and total < announced:
+                raise http.client.IncompleteRead(b"", announced - total)
             return resp.status, resp.headers, b"".join(chunks)
         except _Failure:
             raise

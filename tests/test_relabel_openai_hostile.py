@@ -1,0 +1,192 @@
+"""The OpenAI-compatible backend against hostile or broken servers (issue 16 item 7).
+
+Each server here is a real TCP server on loopback (:class:`FakeServer` of
+``test_relabel_openai.py``) scripted to misbehave the way a probe found: a redirect to another
+host, an answer trickled forever, a 500 MB answer, short reads, bad status lines, deeply nested
+JSON, garbage, silence. No real LLM server does these on demand.
+
+The time bounds asserted below are the backend's deadlines (its documented behaviour), with a
+wide margin for a loaded 2-core machine; they are not speed measurements.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from oir_gym.relabel import BackendError, BackendTimeout, HindsightRelabeler, OpenAIBackend
+from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
+from test_relabel_openai import (  # noqa: F401 - the server fixture
+    ANSWER, CANARY, FakeServer, _BagOfWords, _no_openai_env, completion, http_bytes, openai_app, server,
+)
+
+MARGIN = 4.0  # seconds of slack on a deadline (loaded CI machine)
+
+
+def trickle(stop: threading.Event, conn: socket.socket, head: bytes, every: float = 0.05) -> None:
+    """Send ``head``, then one byte every ``every`` seconds until the client goes or ``stop``."""
+    conn.sendall(head)
+    while not stop.is_set():
+        try:
+            conn.sendall(b" ")
+        except OSError:
+            return
+        time.sleep(every)
+
+
+# --------------------------------------------------------------------------- (a) redirects
+def test_redirect_to_another_host_is_not_followed_and_the_key_stays_home(server, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", CANARY)
+    catcher = server(openai_app())  # the other host: records whatever reaches it
+
+    def redirect(req, conn):
+        path = "/v1/models" if req.method == "GET" else "/v1/chat/completions"
+        conn.sendall(http_bytes(307, b"", {"Location": f"http://127.0.0.1:{catcher.port}{path}"}))
+
+    srv = server(redirect)
+    be = OpenAIBackend(srv.url, "m", max_retries=2, backoff=0.01)
+    with pytest.raises(BackendError, match="HTTP 307 redirecting to .*redirects are not followed"):
+        be.generate(["p"])
+    with pytest.raises(BackendError, match="redirect"):
+        OpenAIBackend(srv.url)  # the model question does not follow it either
+    assert catcher.requests == []  # nothing, let alone the key, reached the other host
+    assert srv.requests[0].headers["authorization"] == f"Bearer {CANARY}"
+    assert len([r for r in srv.requests if r.method == "POST"]) == 1  # a redirect is not retried
+    assert be.stats()["redirects"] == 1 and be.stats()["failures"] == 1
+
+
+# --------------------------------------------------------------------------- (b) trickle, silence
+@pytest.mark.parametrize("where", ["body", "headers"])
+def test_a_trickled_answer_ends_at_the_deadline_and_the_llm_path_recovers(server, where):
+    srv = server()
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+            if where == "body" else b"HTTP/1.1 200 OK\r\nX-Slow: ")
+    srv.handler = lambda req, conn: trickle(srv.stop, conn, head)
+    be = OpenAIBackend(srv.url, "m", timeout=1.0, max_retries=1, backoff=0.01)
+    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_BagOfWords(), cache_size=0)
+    traj = make_trajectory(WOOD_TABLE_PICKAXE, 32)
+
+    t0 = time.monotonic()
+    with pytest.raises(BackendTimeout, match="no complete answer within 1.0 s"):
+        be.generate(["p"])
+    assert time.monotonic() - t0 < 1.0 + MARGIN  # bytes kept arriving: only the total deadline stops it
+    (res,) = rl.relabel([traj])
+    assert res.fallback == "rules" and "BackendTimeout" in res.error
+    assert be.stats()["timeouts"] == 2 and be.stats()["failures"] == 2
+
+    srv.handler = openai_app()  # the server recovers: so does the LLM path, at the next call
+    assert be.generate(["p"]) == [[ANSWER]]
+    (res,) = rl.relabel([traj])
+    assert res.error is None and res.fallback is None and any(c.source == "llm" for c in res.candidates)
+
+
+def test_a_server_that_never_answers_times_out_and_is_counted(server):
+    srv = server(lambda req, conn: srv.stop.wait(60))  # reads the request, then says nothing
+    be = OpenAIBackend(srv.url, "m", timeout=0.5, max_retries=2, concurrency=2)
+    with pytest.raises(BackendTimeout):
+        be.generate(["a", "b", "c"])
+    s = be.stats()
+    assert s["timeouts"] >= 1 and s["failures"] == s["timeouts"] and s["ok"] == 0
+
+
+def test_close_aborts_a_stuck_request_at_once(server):
+    srv = server()
+    srv.handler = lambda req, conn: trickle(srv.stop, conn, b"HTTP/1.1 200 OK\r\nContent-Length: 9999\r\n\r\n")
+    be = OpenAIBackend(srv.url, "m", timeout=600, max_retries=0)
+    caught: list[BaseException] = []
+
+    def call():
+        try:
+            be.generate(["p", "q"])
+        except BaseException as e:  # noqa: BLE001
+            caught.append(e)
+
+    t = threading.Thread(target=call)  # non-daemon, like a trainer's worker thread
+    t.start()
+    while len(srv.requests) < 2:
+        time.sleep(0.05)
+    be.close()
+    t.join(MARGIN)  # a 600 s deadline, but close() must end it now
+    assert not t.is_alive()
+    assert isinstance(caught[0], BackendError) and "closed" in str(caught[0])
+    with pytest.raises(BackendError, match="closed"):
+        be.generate(["p"])
+
+
+# --------------------------------------------------------------------------- (c) huge answers
+@pytest.mark.parametrize("announced", [True, False])
+def test_a_500_mb_answer_is_cut_at_the_cap(server, announced):
+    sent = [0]
+
+    def huge(req, conn):
+        size = 500 * 1024 * 1024
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        head += f"Content-Length: {size}\r\n\r\n".encode() if announced else b"Connection: close\r\n\r\n"
+        block = b"[" + b"0," * (1 << 19)
+        try:
+            conn.sendall(head)
+            while sent[0] < size:
+                conn.sendall(block)
+                sent[0] += len(block)
+        except OSError:
+            return
+
+    srv = server(huge)
+    be = OpenAIBackend(srv.url, "m", max_retries=0, max_response_bytes=4 * 1024 * 1024)
+    with pytest.raises(BackendError, match="max_response_bytes=4,194,304"):
+        be.generate(["p"])
+    time.sleep(0.2)
+    assert sent[0] < 64 * 1024 * 1024  # the client stopped reading: the server could not push 500 MB
+    assert be.stats()["unusable"] == 1
+
+
+# --------------------------------------------------------------------------- (d) malformed HTTP / JSON
+MALFORMED = {
+    "short read": b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{\"choices\": [",
+    "bad status line": b"HELLO THERE\r\n\r\n",
+    "status without reason or version": b"HTTP/9 OK\r\n\r\n",
+    "too many headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+    "bad chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\nabc\r\n",
+    "nested JSON": http_bytes(200, b"[" * 200_000 + b"]" * 200_000),
+    "nested JSON in the message": http_bytes(200, b'{"choices": [{"message": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_001 + b"]}"),
+    "not JSON": http_bytes(200, b"<html>definitely not json</html>"),
+    "JSON without choices": http_bytes(200, {"id": "x", "object": "chat.completion"}),
+    "content not text": http_bytes(200, {"choices": [{"message": {"content": [1, 2, 3]}}]}),
+    "garbage": bytes(range(256)) * 8,
+    "closed without a word": b"",
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_malformed_answers_raise_the_backends_own_error_and_are_counted(server, name):
+    srv = server(lambda req, conn: conn.sendall(MALFORMED[name]))
+    be = OpenAIBackend(srv.url, "m", max_retries=1, backoff=0.01, timeout=10)
+    with pytest.raises(BackendError) as ei:
+        be.generate(["p"])
+    assert type(ei.value) in (BackendError, BackendTimeout) and "OpenAI-compatible server at" in str(ei.value)
+    s = be.stats()
+    assert s["failures"] == 1 and s["ok"] == 0
+    assert s["unusable"] + s["connection_errors"] == 1, s
+    # and the relabeler falls back to rules, counting the error
+    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_BagOfWords(), cache_size=0)
+    (res,) = rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 32)])
+    assert res.fallback == "rules" and res.candidates and rl.stats()["errors"] == 1
+
+
+def test_garbage_only_server_at_construction_is_a_clear_error(server):
+    srv = server(lambda req, conn: conn.sendall(MALFORMED["garbage"]))
+    with pytest.raises(BackendError, match="cannot ask .*/models which model"):
+        OpenAIBackend(srv.url, max_retries=0)
+
+
+def test_a_short_read_is_retried_and_then_succeeds(server):
+    def flaky(req, conn):
+        conn.sendall(MALFORMED["short read"] if len(srv.requests) == 1 else http_bytes(200, completion()))
+
+    srv = server(flaky)
+    be = OpenAIBackend(srv.url, "m", max_retries=1, backoff=0.01)
+    assert be.generate(["p"]) == [[ANSWER]]
+    assert be.stats()["retries"] == 1 and be.stats()["failures"] == 0
