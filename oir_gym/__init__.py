@@ -34,6 +34,7 @@ from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, NUM_EVENTS  # noqa:
 from oir_gym.encoder import InstructionEncoder, get_encoder  # noqa: E402
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS, get_instruction_set, load_instruction_sets  # noqa: E402
 from oir_gym.trajectory import Trajectory  # noqa: E402
+from oir_gym.recorder import TrajectoryRecorder, rollout  # noqa: E402
 from oir_gym.vector_env import InstructionCraftax  # noqa: E402
 from oir_gym.single_env import InstructionCraftaxEnv  # noqa: E402
 from oir_gym.registration import ENV_ID, register_envs  # noqa: E402
@@ -53,5 +54,6 @@ def __getattr__(name: str):
 __all__ = [
     "ACHIEVEMENT_NAMES", "ENV_ID", "EVENT_NAMES", "NUM_EVENTS", "ORIGINAL_INSTRUCTIONS",
     "HindsightRelabeler", "InstructionBuffer", "InstructionCraftax", "InstructionCraftaxEnv",
-    "InstructionEncoder", "Trajectory", "get_encoder", "get_instruction_set", "load_instruction_sets",
+    "InstructionEncoder", "Trajectory", "TrajectoryRecorder", "get_encoder", "get_instruction_set",
+    "load_instruction_sets", "rollout",
 ]

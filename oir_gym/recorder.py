@@ -1,0 +1,184 @@
+"""Record a vector env's steps as :class:`~oir_gym.trajectory.Trajectory` objects for relabeling.
+
+Data flows one way: env step outputs -> :class:`TrajectoryRecorder` -> trajectories -> relabeler.
+The recorder reads only what :class:`~oir_gym.vector_env.InstructionCraftax` returns from
+``step`` (``info["events"]``, ``info["instruction"]``, and with ``info_text=True``
+``info["text"]`` / ``info["action_text"]``); it never reaches into the env.
+
+::
+
+    recorder = oir_gym.TrajectoryRecorder(envs)
+    obs, info = envs.reset(seed=0)
+    for _ in range(64):
+        actions = policy(obs)
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        recorder.record(actions, reward, terminated, truncated, info)
+    results = relabeler.relabel(recorder.trajectories())
+
+or, for a quick look, ``oir_gym.rollout(envs, policy, steps=64)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from oir_gym.captions import NUM_EVENTS
+from oir_gym.trajectory import Trajectory
+
+
+class _Segment:
+    __slots__ = ("instruction", "start", "events", "actions", "texts", "action_texts", "ret")
+
+    def __init__(self, start: int) -> None:
+        self.instruction: Optional[str] = None
+        self.start = start
+        self.events: list[np.ndarray] = []
+        self.actions: list[int] = []
+        self.texts: list[str] = []
+        self.action_texts: list[str] = []
+        self.ret = 0.0
+
+
+class TrajectoryRecorder:
+    """Turns the step outputs of an instruction vector env into one trajectory per episode.
+
+    Each env has one open segment. A segment ends with its episode (``terminated`` or
+    ``truncated``) or after ``max_length`` steps (the episode then goes on in a new segment), and
+    its :class:`~oir_gym.trajectory.Trajectory` holds the instruction the env followed, the
+    per-step events and actions, ``dones`` (True at the last step of a finished episode), the
+    textual observations when the env was made with ``info_text=True``, and in ``meta``:
+    ``start_step`` (the recorder's step counter at its first step), ``terminated``,
+    ``truncated``, ``success`` (the episode's own instruction was met) and ``return``.
+
+    Args:
+        envs: the vector env (its ``num_envs`` and ``metadata["autoreset_mode"]`` are read; with
+            Gymnasium's next-step autoreset, the step that resets an env is not recorded for it).
+            Or pass ``num_envs`` instead.
+        max_length: longest segment, in steps (``None``: whole episodes).
+        num_envs: the number of envs, when ``envs`` is not given.
+    """
+
+    def __init__(self, envs: Any = None, *, max_length: Optional[int] = None, num_envs: Optional[int] = None) -> None:
+        if envs is None and num_envs is None:
+            raise ValueError("give the vector env (TrajectoryRecorder(envs)) or num_envs=")
+        n = int(num_envs if num_envs is not None else envs.num_envs)
+        if n < 1:
+            raise ValueError(f"num_envs must be >= 1, got {n}")
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
+        mode = getattr(envs, "metadata", {}).get("autoreset_mode") if envs is not None else None
+        self.num_envs = n
+        self.max_length = max_length
+        # Next-step autoreset: the step after an episode's end only resets that env (its action
+        # is ignored and its events are empty), so it belongs to no trajectory.
+        self._next_step = str(getattr(mode, "name", mode or "")).lower() == "next_step"
+        self._resetting = np.zeros(n, dtype=bool)
+        self._steps = 0
+        self._open = [_Segment(0) for _ in range(n)]
+        self._done: list[Trajectory] = []
+
+    def record(self, actions: Any, rewards: Any, terminated: Any, truncated: Any, info: dict) -> None:
+        """Record one step of all envs: the actions taken and what ``envs.step(actions)`` returned."""
+        n = self.num_envs
+        if not isinstance(info, dict) or "events" not in info or "instruction" not in info:
+            raise ValueError("info must be the info dict of an oir_gym vector env step "
+                             "(with 'events' and 'instruction'); got keys "
+                             f"{sorted(info) if isinstance(info, dict) else type(info).__name__}")
+        acts = np.asarray(actions).reshape(-1)
+        events = np.asarray(info["events"], dtype=bool)
+        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        term = np.asarray(terminated, dtype=bool).reshape(-1)
+        trunc = np.asarray(truncated, dtype=bool).reshape(-1)
+        if events.shape != (n, NUM_EVENTS):
+            raise ValueError(f"info['events'] must be [{n}, {NUM_EVENTS}] bool, got shape {events.shape}")
+        for name, arr in (("actions", acts), ("rewards", rewards), ("terminated", term), ("truncated", trunc)):
+            if arr.shape != (n,):
+                raise ValueError(f"{name} must hold one value per env ({n}), got shape {arr.shape}")
+        texts = info.get("text")
+        action_texts = info.get("action_text")
+        for i in range(n):
+            if self._resetting[i]:
+                self._open[i].start = self._steps + 1
+                continue
+            seg = self._open[i]
+            if seg.instruction is None:
+                seg.instruction = str(info["instruction"][i])
+            seg.events.append(events[i])
+            seg.actions.append(int(acts[i]))
+            seg.ret += float(rewards[i])
+            if texts is not None:
+                seg.texts.append(str(texts[i]))
+                seg.action_texts.append(str(action_texts[i]) if action_texts is not None else "")
+            ended = bool(term[i] or trunc[i])
+            if ended or (self.max_length is not None and len(seg.actions) >= self.max_length):
+                success = bool(info["success"][i]) if "success" in info else False
+                self._done.append(self._close(i, seg, ended, bool(term[i]), bool(trunc[i]), success))
+                self._open[i] = _Segment(self._steps + 1)
+        if self._next_step:
+            self._resetting = term | trunc
+        self._steps += 1
+
+    def _close(self, i: int, seg: _Segment, ended: bool, term: bool, trunc: bool, success: bool) -> Trajectory:
+        dones = np.zeros(len(seg.actions), dtype=bool)
+        dones[-1] = ended
+        return Trajectory(
+            instruction=seg.instruction or "", events=np.stack(seg.events),
+            actions=np.asarray(seg.actions, np.int32), dones=dones,
+            texts=list(seg.texts) if seg.texts else None,
+            action_texts=list(seg.action_texts) if seg.texts else None, env_id=i,
+            meta={"start_step": seg.start, "terminated": term and ended, "truncated": trunc and ended,
+                  "success": success and ended, "return": seg.ret},
+        )
+
+    def trajectories(self, include_open: bool = True) -> list[Trajectory]:
+        """The trajectories recorded since the last call, finished episodes first.
+
+        ``include_open``: also cut every episode still running at the current step (its
+        ``dones[-1]`` is False; the episode goes on in a new segment).
+        """
+        out, self._done = self._done, []
+        if include_open:
+            for i, seg in enumerate(self._open):
+                if seg.actions:
+                    out.append(self._close(i, seg, False, False, False, False))
+                    self._open[i] = _Segment(self._steps)
+                    self._open[i].instruction = seg.instruction
+        return out
+
+    def __len__(self) -> int:
+        """Finished trajectories waiting in :meth:`trajectories`."""
+        return len(self._done)
+
+
+def rollout(
+    envs: Any,
+    policy: Optional[Callable[[Any], Any]] = None,
+    steps: int = 64,
+    *,
+    seed: Optional[int] = None,
+    options: Optional[dict] = None,
+    max_length: Optional[int] = None,
+) -> list[Trajectory]:
+    """Reset ``envs``, run ``policy`` for ``steps`` steps and return the recorded trajectories.
+
+    Args:
+        envs: an instruction vector env (``gym.make_vec("OIR-CraftaxClassic-v0", ...)``).
+        policy: ``policy(obs) -> actions`` (one action per env); ``None``: uniform random actions.
+        steps: vector env steps to run.
+        seed / options: passed to ``envs.reset`` (``options={"instruction": ...}`` pins one).
+        max_length: see :class:`TrajectoryRecorder`.
+
+    Returns:
+        Every finished episode, then the running ones cut at the last step.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    recorder = TrajectoryRecorder(envs, max_length=max_length)
+    obs, _ = envs.reset(seed=seed, options=options)
+    for _ in range(int(steps)):
+        actions = envs.action_space.sample() if policy is None else policy(obs)
+        obs, rewards, terminated, truncated, info = envs.step(actions)
+        recorder.record(actions, rewards, terminated, truncated, info)
+    return recorder.trajectories()
