@@ -246,8 +246,10 @@ class OpenAIBackend:
         url = f"{_safe_url(self.base_url)}/models"
         try:
             status, data = self._request("GET", "/models", None, time.monotonic() + self.timeout)
-        except BackendError as e:
-            raise type(e)(f"cannot ask {url} which model the server serves: {e}") from None
+        except _Failure as f:
+            self._count("failures", f.kind)
+            cls = BackendTimeout if f.kind == "timeouts" else BackendError
+            raise cls(self._redact(f"cannot ask {url} which model the server serves: {f.message}")) from None
         if status != 200:
             raise BackendError(self._redact(
                 f"{url} answered HTTP {status} ({self._snippet(data)}): is {_safe_url(self.base_url)} an "
@@ -383,11 +385,7 @@ class OpenAIBackend:
 
     # ------------------------------------------------------------------ HTTP
     def _request(self, method: str, path: str, body: Optional[dict], deadline: float) -> tuple[int, bytes]:
-        """One request with retries; ``(status, body)`` for any non-retryable HTTP answer.
-
-        Raises :class:`_Failure` inside :meth:`_one`; :class:`BackendError` when called directly
-        (``list_models``).
-        """
+        """One request with retries: ``(status, body)`` of a non-retryable HTTP answer, or :class:`_Failure`."""
         data = json.dumps(body).encode("utf-8") if body is not None else None
         last: Optional[_Failure] = None
         for attempt in range(self.max_retries + 1):
@@ -397,19 +395,19 @@ class OpenAIBackend:
                 status, headers, payload = self._attempt(method, path, data, deadline)
             except _Failure as f:
                 if not f.retry:
-                    raise self._raise_as(f, path)
+                    raise
                 last, wait = f, 0.0
             else:
                 if 300 <= status < 400:
-                    where = headers.get("Location", "?")
-                    raise self._raise_as(_Failure(
+                    where = headers.get("Location", "?")[:200]
+                    raise _Failure(
                         "redirects", f"answered HTTP {status} redirecting to {where!r}: redirects are not followed "
-                        "(they could carry the API key elsewhere); set base_url to the final address"), path)
+                        "(they could carry the API key elsewhere); set base_url to the final address")
                 if not (status == 429 or status >= 500) or _rejects_format(status, payload):
                     return status, payload
                 wait = _retry_after(headers.get("Retry-After")) or 0.0
                 last = _Failure("http_errors", f"answered HTTP {status}{_hint(status)}: {self._snippet(payload)}")
-                if time.monotonic() + wait >= deadline:
+                if wait and time.monotonic() + wait >= deadline:
                     last.message += f" (it asked to retry after {wait:.0f} s, past this call's deadline)"
                     break
             if attempt == self.max_retries:
@@ -418,18 +416,10 @@ class OpenAIBackend:
             if time.monotonic() + pause >= deadline:
                 break
             if self._closed.wait(pause):
-                raise self._raise_as(_Failure("connection_errors", "closed (backend.close() was called)"), path)
+                raise _Failure("connection_errors", "closed (backend.close() was called)")
         assert last is not None
         last.message = f"failed after {attempt + 1} attempt(s): {last.message}"
-        raise self._raise_as(last, path)
-
-    def _raise_as(self, f: _Failure, path: str) -> Exception:
-        # _one turns failures into counted BackendErrors; list_models wants a BackendError directly.
-        if path == "/models":
-            self._count("failures", f.kind)
-            cls = BackendTimeout if f.kind == "timeouts" else BackendError
-            return cls(self._redact(f.message))
-        return f
+        raise last
 
     def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, str]:
         """A new connection and the request target for ``self._path`` + suffix (prefix returned)."""
