@@ -385,3 +385,16 @@ class _BagOfWords:
                 out[i, hash(w) % self.dim] += 1.0
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-6)
         return out
+
+
+def test_a_key_with_a_trailing_newline_is_stripped_and_a_broken_key_never_quoted(server, monkeypatch):
+    srv = server()
+    monkeypatch.setenv("OPENAI_API_KEY", CANARY + "\n")  # as read from a file
+    OpenAIBackend(srv.url, "m").generate(["p"])
+    assert srv.requests[-1].headers["authorization"] == f"Bearer {CANARY}"
+    monkeypatch.setenv("OPENAI_API_KEY", CANARY[:12] + "\r\nX-Injected: 1" + CANARY[12:])
+    with pytest.raises(BackendError, match=r"API key \(OPENAI_API_KEY\) holds spaces") as ei:
+        OpenAIBackend(srv.url, "m").generate(["p"])
+    text = str(ei.value) + "".join(traceback.format_exception(ei.value))
+    assert CANARY[:12] not in text and CANARY[12:] not in text
+    assert len(srv.requests) == 1  # nothing was sent with it

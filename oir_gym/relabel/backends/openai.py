@@ -534,15 +534,24 @@ class OpenAIBackend:
         return _Failure("unusable", f"sent an answer the client cannot read ({what})")
 
     # ------------------------------------------------------------------ helpers
-    def _key(self) -> Optional[str]:
+    def _raw_key(self) -> Optional[str]:
         if self._api_key is not None:
             return self._api_key.value
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
+    def _key(self) -> Optional[str]:
+        key = (self._raw_key() or "").strip()  # a key read from a file often ends in a newline
+        if any(not (32 < ord(c) < 127) for c in key):
+            # http.client would quote the header, key included, in its own error: never let it
+            where = "api_key" if self._api_key is not None else self.api_key_env
+            raise _Failure("connection_errors", f"the API key ({where}) holds spaces, control or non-ASCII "
+                                                "characters: fix it")
+        return key or None
+
     def _redact(self, text: str) -> str:
         """``text`` with the API key masked (a server may echo request headers back)."""
-        key = self._key()
-        if key:
+        raw = self._raw_key()
+        for key in {k for k in (raw, (raw or "").strip()) if k}:
             text = text.replace(key, "***")
             if len(key) >= 16:  # also a truncated echo of it
                 text = text.replace(key[: len(key) // 2], "***")
