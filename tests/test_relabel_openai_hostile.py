@@ -19,8 +19,8 @@ import pytest
 
 from oir_gym.relabel import BackendError, BackendTimeout, HindsightRelabeler, OpenAIBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
-from test_relabel_openai import (  # noqa: F401 - the server fixture
-    ANSWER, CANARY, FakeServer, _BagOfWords, _no_openai_env, completion, http_bytes, openai_app, server,
+from test_relabel_openai import (  # noqa: F401 - the server and environment fixtures
+    ANSWER, CANARY, _BagOfWords, _no_openai_env, completion, http_bytes, openai_app, server,
 )
 
 MARGIN = 4.0  # seconds of slack on a deadline (loaded CI machine)
