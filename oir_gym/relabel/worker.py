@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.util
 import itertools
 import os
 import signal
@@ -241,7 +242,10 @@ def _serve(conn: Connection, spec: BackendSpec) -> None:
         if backend is None:
             raise ValueError(f"backend {spec.name!r} is not an LLM")
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
-        conn.send(("init_error", type(e).__name__, str(e)))
+        try:
+            conn.send(("init_error", type(e).__name__, str(e)))
+        except OSError:  # the parent is gone
+            pass
         return
     info = {
         "identity": backend_identity(backend),
@@ -250,7 +254,10 @@ def _serve(conn: Connection, spec: BackendSpec) -> None:
         "repr": repr(backend)[:300],
         "pid": os.getpid(),
     }
-    conn.send(("ready", info))
+    try:
+        conn.send(("ready", info))
+    except OSError:
+        return
     while True:
         try:
             msg = conn.recv()
@@ -267,9 +274,13 @@ def _serve(conn: Connection, spec: BackendSpec) -> None:
                 out = int(backend.count_tokens(*args))
             else:
                 raise ValueError(f"unknown request {op!r}")
-            conn.send(("ok", call_id, out))
+            reply: tuple = ("ok", call_id, out)
         except Exception as e:  # noqa: BLE001 - the call fails, the child lives on
-            conn.send(("err", call_id, _portable_exc(e)))
+            reply = ("err", call_id, _portable_exc(e))
+        try:
+            conn.send(reply)
+        except OSError:  # the parent is gone
+            break
     close = getattr(backend, "close", None)
     if callable(close):
         try:
@@ -416,6 +427,11 @@ class ChildProcessBackend:
         """Process id of the live child (``None`` when none runs)."""
         p = self._proc
         return p.pid if p is not None and p.poll() is None else None
+
+    @property
+    def fatal(self) -> Optional[str]:
+        """Why the child will not be started again (a permanent construction error), else ``None``."""
+        return self._fatal
 
     @property
     def last_error(self) -> Optional[str]:
@@ -618,6 +634,30 @@ def needs_isolation(name: str) -> bool:
     return name not in IN_PROCESS_BACKENDS and name != "rules"
 
 
+def check_spec(spec: BackendSpec) -> None:
+    """Reject a wrong backend name or an unimportable ``module:Class`` module in this process, at
+    once (the class itself, its arguments and its model are checked where it is built).
+
+    Raises:
+        ValueError: naming the known backends.
+    """
+    from oir_gym.relabel import backends
+
+    # the factory's own list; the names below only until it exports one
+    names = tuple(getattr(backends, "BACKEND_NAMES", ("llama_cpp", "openai", "vllm", "transformers", "rules")))
+    if ":" in spec.name:
+        module = spec.name.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ValueError(f"backend spec {spec.name!r}: no module {module!r} on sys.path")
+    elif spec.name not in names:
+        raise ValueError(f"unknown backend {spec.name!r}: use one of {', '.join(map(repr, names))} "
+                         "or 'package.module:ClassName'")
+
+
 def build_llm(backend: Any, backend_kwargs: Optional[dict] = None, *, isolate: Optional[bool] = None,
               config: Optional[ChildConfig] = None) -> Optional[LLMBackend]:
     """The LLM object the relabeler / proposer talks to.
@@ -638,6 +678,7 @@ def build_llm(backend: Any, backend_kwargs: Optional[dict] = None, *, isolate: O
         spec = backend
     else:
         return backend
+    check_spec(spec)
     if isolate is None:
         isolate = needs_isolation(spec.name)
     if isolate:
