@@ -43,6 +43,10 @@ class SegmentsBackend:
         return len(text.split())
 
     def answer(self, prompt: str) -> str:
+        if "Segments:" not in prompt:  # the ELLM prompt: a goal for what the agent faces
+            facing = re.findall(r"Facing: ([a-z ]+)", prompt)
+            goal = {"tree": "collect wood", "water": "drink water", "cow": "eat cow"}.get(facing[-1] if facing else "")
+            return json.dumps({"Mid-Level": [goal or "collect sapling"], "High-Level": []})
         block = prompt.rsplit("Segments:", 1)[-1]
         events = []
         for line in block.splitlines():

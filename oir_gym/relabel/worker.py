@@ -203,6 +203,10 @@ def remedy_for(error: str) -> str:
 
 
 def _with_remedy(error: str) -> str:
+    """``error`` on one line (server answers may hold HTML), with its remedy."""
+    error = " ".join(error.split())
+    if len(error) > 600:
+        error = error[:600] + "..."
     fix = remedy_for(error)
     return f"{error}. Fix: {fix}" if fix else error
 
