@@ -49,6 +49,7 @@ import time
 import warnings
 from collections import Counter
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -59,7 +60,8 @@ from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
 from oir_gym.relabel.prompts import output_schema
 from oir_gym.relabel.worker import (
-    BackendSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller, build_llm, close_llm, llm_process_stats, probe,
+    BackendSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller, build_llm, close_llm,
+    llm_process_stats, probe,
 )
 
 #: The rule proposer's wording of each goal (one per Craftax achievement; natural variants of the
@@ -424,7 +426,7 @@ class GoalProposer:
             self._s["llm_prompts"] += len(prompts)
         try:
             return fut.result(timeout=self.timeout), "ok"
-        except TimeoutError:  # concurrent.futures.TimeoutError is TimeoutError since Python 3.11
+        except FutureTimeout:
             return None, "timeout"
         except Exception as e:  # noqa: BLE001 - recorded; the rules answer instead
             with self._lock:
@@ -549,9 +551,9 @@ class GoalProposer:
         return out
 
     def close(self, wait: float = 30.0) -> None:
-        """Stop the worker thread and free the backend (after up to ``wait`` s for a running call).
-        A child process is stopped even while it generates (bounded by its grace); an in-process
-        backend still generating after ``wait`` is left to free itself at exit."""
-        idle = self._caller.close(wait)
+        """Stop the worker thread and free the backend: an LLM child process at once (bounded by its
+        grace, even while it generates); an in-process backend after up to ``wait`` s for a running
+        call (one still generating after that is left to free itself at exit)."""
+        idle = self._caller.close(0.0 if isinstance(self.llm, ChildProcessBackend) else wait)
         if self.llm is not None and (idle or isinstance(self.llm, ChildProcessBackend)):
             close_llm(self.llm)

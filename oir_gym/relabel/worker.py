@@ -547,6 +547,7 @@ class ChildProcessBackend:
         except subprocess.TimeoutExpired:
             pass
         if self._closed:
+            self._reap()
             raise LLMUnavailable("the LLM process was closed")
         cause, msg = describe_exit(proc.returncode)
         self._fail(cause, msg, kill=True)
@@ -595,21 +596,25 @@ class ChildProcessBackend:
             pass
 
     def close(self) -> None:
-        """Stop the child: never waits longer than about three times ``config.grace``. Idempotent."""
+        """Stop the child: never waits longer than about three times ``config.grace`` (an idle child
+        is asked to stop, then terminated, then killed; one inside a call is terminated at once,
+        then killed). Idempotent."""
         if self._closed:
             return
         self._closed = True
-        got = self._lock.acquire(timeout=self.config.grace)
-        try:
-            if got:
+        if self._lock.acquire(blocking=False):
+            try:
                 self._reap(ask_first=True)
-            else:  # a call is in flight: end the child under it (the call then raises "closed")
-                proc = self._proc
-                if proc is not None and proc.poll() is None:
-                    proc.kill()
-        finally:
-            if got:
+            finally:
                 self._lock.release()
+        else:  # a call is in flight and the child would not read "close" before it ends: stop it
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                proc.terminate()  # the call then raises "closed"
+                try:
+                    proc.wait(self.config.grace)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
         _LIVE.discard(self)
 
     def __enter__(self) -> "ChildProcessBackend":
@@ -685,8 +690,8 @@ def build_llm(backend: Any, backend_kwargs: Optional[dict] = None, *, isolate: O
     check_spec(spec)
     if isolate is None:
         isolate = needs_isolation(spec.name)
-    if isolate:
-        return ChildProcessBackend(spec, config=config)
+    if isolate:  # started on first use (or by a check): constructing a relabeler starts no process
+        return ChildProcessBackend(spec, config=config, start=False)
     return spec.build()
 
 
