@@ -14,6 +14,8 @@ import http.server
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -155,6 +157,31 @@ def test_native_backends_run_in_a_child_unless_opted_out():
     assert build_llm("rules") is None
     spec = BackendSpec(SEGMENTS, {"delay": 0.0})
     assert isinstance(build_llm(spec), ChildProcessBackend)
+
+
+def test_a_script_without_a_main_guard_runs_once_and_exits_with_a_hung_child(tmp_path):
+    """The child is a fresh interpreter that does not re-run the caller's script (multiprocessing's
+    "spawn" would, and fail); at exit a child stuck in a call is stopped, not waited for."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from oir_gym.relabel.worker import ChildProcessBackend, ChildConfig\n"
+        "print('script body ran', flush=True)\n"
+        f"ok = ChildProcessBackend({SEGMENTS!r})\n"
+        "print(ok.generate(['Segments:\\n1: collect wood'])[0][0], flush=True)\n"
+        "import threading\n"
+        "hung = ChildProcessBackend('llm_child_backends:HangsInGenerate', config=ChildConfig(timeout=3600))\n"
+        "threading.Thread(target=hung.generate, args=(['x'],), daemon=True).start()\n"
+        "import time; time.sleep(1.0)\n"
+        "print(hung.pid, flush=True)\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), here])}
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:2] == ["script body ran", '{"Mid-Level": ["collect wood"], "High-Level": []}'] and len(lines) == 3
+    assert time.monotonic() - t0 < 60  # not the hung call's hour
+    wait_for(lambda: _gone(int(lines[2])), "the hung child to be stopped at exit", 10)
 
 
 # ------------------------------------------------------------------------------------- the relabeler
