@@ -448,7 +448,7 @@ class ChildProcessBackend:
     # ------------------------------------------------------------------ lifecycle
     def _spawn(self) -> None:
         global _EXIT_HOOK
-        if not _EXIT_HOOK:  # registered after multiprocessing's own hook, so it runs before it
+        if not _EXIT_HOOK:  # at exit, stop live children (one inside a call would outlive this process)
             atexit.register(_close_all_at_exit)
             _EXIT_HOOK = True
         # A fresh interpreter, as multiprocessing's "spawn" start method gives, but started directly:
