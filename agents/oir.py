@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -504,7 +505,7 @@ class Trainer:
             stats["relabel/llm_pending"] = float(self.relabeler.pending)
             llm_stats = self.relabeler.stats()
             for k in ("calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
-                      "prompt_tokens_mean", "candidates_llm"):
+                      "prompt_tokens_mean", "candidates_llm", "share", "restarts", "down_seconds"):
                 if isinstance(llm_stats.get(k), (int, float)):
                     stats[f"relabel/llm_{k}"] = float(llm_stats[k])
         else:
@@ -647,7 +648,7 @@ class Trainer:
             "ellm/propose_s": time.time() - t0,
         }
         for k in ("requests", "cache_hit_rate", "fallbacks", "llm_calls", "llm_prompts", "llm_timeouts", "llm_errors",
-                  "llm_busy", "llm_fraction", "latency_mean_s"):
+                  "llm_busy", "llm_fraction", "latency_mean_s", "llm_restarts", "llm_down_seconds"):
             if isinstance(stats.get(k), (int, float)):
                 metrics[f"ellm/{k}"] = float(stats[k])
         return metrics
@@ -680,8 +681,25 @@ def make_proposer(cfg: pqn.PQNConfig):
     if cfg.ellm_proposer == "rules":
         return GoalProposer("rules", k=cfg.k)
     kwargs = llm_backend_kwargs(cfg)
-    return GoalProposer(cfg.llm_backend, k=cfg.k, timeout=cfg.ellm_timeout,
-                        max_prompts=cfg.llm_per_update * cfg.num_seeds, backend_kwargs=kwargs)
+    proposer = GoalProposer(cfg.llm_backend, k=cfg.k, timeout=cfg.ellm_timeout,
+                            max_prompts=cfg.llm_per_update * cfg.num_seeds, backend_kwargs=kwargs)
+    _check_llm(proposer, True, "--ellm-proposer")
+    return proposer
+
+
+def _check_llm(component, required: bool, flag: str) -> None:
+    """One tiny real LLM call before training: a run that asked for the LLM stops here with the
+    cause and the fix; one with rules beside it (``both``) warns and relabels with rules."""
+    from oir_gym.relabel.worker import LLMCheckError
+
+    try:
+        component.check_llm()
+    except LLMCheckError as e:
+        if required:
+            component.close()
+            raise LLMCheckError(f"{flag} llm: {e} (or train without the LLM: {flag} rules)") from None
+        print(f"oir-gym: WARNING: {flag} both: {e}; relabeling with rules, the LLM is retried with backoff",
+              file=sys.stderr, flush=True)
 
 
 def _rules_k(cfg: pqn.PQNConfig) -> int:
@@ -706,6 +724,8 @@ def make_relabeler(cfg: pqn.PQNConfig):
     # the trainer, so the LLM relabeler itself does not add rules.
     # queue_size=1 + on_full="replace": while the LLM is busy, newer rollouts replace older ones
     # instead of piling up answers that would arrive too late to train on.
-    return HindsightRelabeler(cfg.llm_backend, k=cfg.k, template=cfg.llm_template, use_rules=False,
-                              delta=cfg.delta, encoder=get_encoder(), on_full="replace", queue_size=1,
-                              backend_kwargs=kwargs, keep_ungrounded=cfg.keep_ungrounded)
+    relabeler = HindsightRelabeler(cfg.llm_backend, k=cfg.k, template=cfg.llm_template, use_rules=False,
+                                   delta=cfg.delta, encoder=get_encoder(), on_full="replace", queue_size=1,
+                                   backend_kwargs=kwargs, keep_ungrounded=cfg.keep_ungrounded)
+    _check_llm(relabeler, cfg.relabeler == "llm", "--relabeler")
+    return relabeler

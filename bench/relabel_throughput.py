@@ -15,11 +15,13 @@ Usage::
 
     python bench/relabel_throughput.py --quick
     python bench/relabel_throughput.py --n-paper 4 --n-segments 16 --iterations 12 --envs 16
+    python bench/relabel_throughput.py --isolation transformers --n-segments 8   # child process vs in process
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -58,6 +60,43 @@ def bench_template(template: str, trajs, backend, encoder, k: int) -> dict:
     }
 
 
+def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, seed: int) -> float:
+    """The same backend in a child process (the relabeler's default for native backends) and in
+    this process (``isolate=False``), on the same trajectories, interleaved one trajectory at a time
+    (alternating which goes first) so that load on a shared machine hits both alike. Prints a
+    table and the child/in-process throughput ratio, and returns the ratio."""
+    from oir_gym.encoder import get_encoder
+
+    encoder = get_encoder()
+    trajs = [t for t in random_trajectories(4 * n, length, seed=seed) if not is_idle(t)][:n]
+    modes = {name: HindsightRelabeler(backend, k=k, encoder=encoder, cache_size=0, use_rules=False,
+                                      backend_kwargs=kwargs, isolate=iso)
+             for name, iso in (("in process", False), ("child process", True))}
+    for rl in modes.values():  # warm-up: model load, grammar, encoder phrases
+        rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 8)])
+    wall = dict.fromkeys(modes, 0.0)
+    before = {name: rl.stats() for name, rl in modes.items()}
+    for i, t in enumerate(trajs):
+        for name in (list(modes) if i % 2 == 0 else list(modes)[::-1]):
+            t0 = time.perf_counter()
+            modes[name].relabel([t])
+            wall[name] += time.perf_counter() - t0
+    print(f"\n## LLM in a child process vs in process ({backend}, {kwargs or 'defaults'}, k={k}, "
+          f"{len(trajs)} {length}-step trajectories each, interleaved)\n")
+    print("| mode | trajectories | traj/s | LLM s/traj | LLM candidates/traj | errors |")
+    print("|---|---|---|---|---|---|")
+    for name, rl in modes.items():
+        s, s0 = rl.stats(), before[name]
+        calls = s["calls"] - s0["calls"]
+        llm_s = (s["latency_mean_s"] * s["calls"] - s0["latency_mean_s"] * s0["calls"]) / max(calls, 1)
+        print(f"| {name} | {len(trajs)} | {len(trajs) / wall[name]:.3f} | {llm_s:.3f} "
+              f"| {(s['candidates_llm'] - s0['candidates_llm']) / len(trajs):.2f} | {s['errors'] - s0['errors']} |")
+        rl.close()
+    ratio = wall["in process"] / wall["child process"]
+    print(f"\nchild-process / in-process throughput: {ratio:.3f}x")
+    return ratio
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (about a minute on 2 CPU cores)")
@@ -73,10 +112,18 @@ def main(argv=None) -> None:
                     help="llama.cpp threads (default 1, the relabeler default: it shares the CPU with training)")
     ap.add_argument("--model-path", default=None, help="GGUF file (default: packaged Gemma 3 270M)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--isolation", metavar="BACKEND", default=None,
+                    help="only compare BACKEND (a backend name or 'module:Class') in a child process with the same "
+                         "backend in this process, on --n-segments trajectories")
+    ap.add_argument("--isolation-kwargs", default="{}", help="JSON constructor arguments for --isolation's backend")
     args = ap.parse_args(argv)
     if args.quick:
         args.n_paper, args.n_segments, args.iterations, args.envs = 1, 4, 6, 8
         args.sim_iterations, args.sim_envs = 30, 32
+    if args.isolation:
+        print_isolation(args.isolation, json.loads(args.isolation_kwargs), args.n_segments, args.length, args.k,
+                        args.seed)
+        return
 
     from oir_gym.encoder import get_encoder
 

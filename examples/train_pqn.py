@@ -211,6 +211,9 @@ def main(argv=None) -> int:
             if "ellm/distinct_goals" in row:
                 rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
                       f"cache hits {row['ellm/cache_hit_rate']:.2f}")
+            share = row.get("relabel/llm_share", row.get("ellm/llm_fraction"))
+            if share is not None:  # the LLM's part of the relabels (ELLM: of the goals); falls while it is down
+                rl += f" | LLM share {share:.0%}"
             if row.get("curriculum/unpayable_step_frac", 0.0) > 0:
                 rl += f" | unpayable steps {row['curriculum/unpayable_step_frac']:.2f}"
             print(f"[{log.update:5d}/{cfg.num_updates}] steps {log.env_steps:>10,} | {row['sps']:8.0f} sps | "

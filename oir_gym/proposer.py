@@ -36,6 +36,9 @@ the rule goals (counted as ``fallbacks``). A timed-out call keeps running on the
 and its answers still land in the cache (so a slow LLM is used asynchronously, through the
 cache); while it runs, new misses are answered by the rules (``llm_busy``). At most
 ``max_prompts`` signatures go to the LLM per call (the most frequent first); the others get rules.
+Native backends run in a child process (:mod:`oir_gym.relabel.worker`: a crash or hang of the LLM
+library ends only the child, which restarts with backoff); after ``warn_after`` failed calls in a
+row (errors, deadlines, nothing usable) one console warning names the cause and the remedy.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from importlib import resources
@@ -56,6 +59,10 @@ from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
 from oir_gym.relabel.prompts import output_schema
+from oir_gym.relabel.worker import (
+    BackendSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller, build_llm, close_llm,
+    llm_process_stats, probe,
+)
 
 #: The rule proposer's wording of each goal (one per Craftax achievement; natural variants of the
 #: 22 original instructions that the caption vocabulary grounds at cosine 1.0).
@@ -285,8 +292,9 @@ class GoalProposer:
     """ELLM goal proposer: textual observations in, up to ``k`` goals per observation out.
 
     Args:
-        backend: ``"rules"``, ``"llama_cpp"``, ``"openai"``, ``"vllm"``, or an object with
-            ``generate(prompts, n=1, *, schema=None) -> list[list[str]]``.
+        backend: ``"rules"``, ``"llama_cpp"``, ``"openai"``, ``"vllm"``, ``"package.module:ClassName"``,
+            a :class:`~oir_gym.relabel.worker.BackendSpec`, or an object with
+            ``generate(prompts, n=1, *, schema=None) -> list[list[str]]`` (used as is, in this process).
         k: goals per observation.
         cache_size: LRU entries (0 disables the cache).
         signature: cache key mode, ``"coarse"`` (default) or ``"text"`` (see :func:`signature`).
@@ -296,6 +304,10 @@ class GoalProposer:
         prompt: ``"ellm"`` (packaged) or a path to a template with ``{{observation}}``/``{{k}}``.
         candidate_filter: text filter of LLM goals (default :class:`CandidateFilter()`).
         backend_kwargs: passed to :func:`oir_gym.relabel.make_backend` when ``backend`` is a name.
+        isolate: run a named backend in a child process (default: all but ``openai``; ``False``:
+            in this process, for debugging).
+        child_config: the child's deadlines and restart backoff.
+        warn_after: failed LLM calls in a row before the one console warning of an outage.
     """
 
     def __init__(
@@ -310,31 +322,30 @@ class GoalProposer:
         prompt: str = DEFAULT_PROMPT,
         candidate_filter: Optional[CandidateFilter] = None,
         backend_kwargs: Optional[dict] = None,
+        isolate: Optional[bool] = None,
+        child_config: Optional[ChildConfig] = None,
+        warn_after: int = 3,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if signature not in SIGNATURES:
             raise ValueError(f"signature must be one of {SIGNATURES}, got {signature!r}")
-        if isinstance(backend, str) and backend not in BACKENDS:
-            raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKENDS} or a backend object")
+        if isinstance(backend, str) and backend not in BACKENDS and ":" not in backend:
+            raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKENDS}, "
+                             "'package.module:ClassName' or a backend object")
         self.k = int(k)
         self.signature_mode = signature
         self.timeout = timeout
         self.max_prompts = max_prompts
         self.filter = candidate_filter or CandidateFilter()
         self.cache = LRUCache(cache_size)
-        if isinstance(backend, str):
-            from oir_gym.relabel.backends import make_backend
-
-            self.backend_name = backend
-            self.llm = make_backend(backend, **(backend_kwargs or {})) if backend != "rules" else None
-        else:
-            self.backend_name = type(backend).__name__
-            self.llm = backend
+        self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, BackendSpec)
+                             else type(backend).__name__)
+        self.llm = build_llm(backend, backend_kwargs, isolate=isolate, config=child_config)
+        self.health = LLMHealth("ELLM proposer", warn_after, fallback="proposing rule goals meanwhile")
         self.template = load_prompt(prompt) if self.llm is not None else ""
         self.schema = output_schema(self.k)
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._inflight: Optional[Future] = None
+        self._caller = OffThreadCaller("oir-ellm")
         self._lock = threading.Lock()
         self._s: Counter = Counter()
         self._dropped: Counter = Counter()
@@ -354,13 +365,28 @@ class GoalProposer:
     def signature(self, text: str) -> str:
         return signature(text, self.signature_mode)
 
+    @property
+    def _inflight(self) -> Optional[Future]:
+        """The future of the last LLM call (its answers fill the cache even when late)."""
+        return self._caller.inflight
+
+    def check_llm(self, timeout: float = 900.0) -> Optional[str]:
+        """One tiny real LLM call before use (``None`` for the rule proposer); raises
+        :class:`~oir_gym.relabel.worker.LLMCheckError` with the cause and the remedy."""
+        return None if self.llm is None else probe(self.llm, timeout)
+
     def _llm_call(self, keys: list[str], prompts: list[str]) -> dict[str, list[str]]:
-        """One batched LLM call; parses, filters and caches every answer (also when it is late)."""
+        """One batched LLM call; parses, filters and caches every answer (also when it is late).
+        Reports the outcome to :attr:`health` (here, so that a late answer counts too)."""
         t0 = time.perf_counter()
-        raw = self.llm.generate(prompts, 1, schema=self.schema)
-        if not isinstance(raw, (list, tuple)) or len(raw) != len(prompts):
-            raise RuntimeError(f"backend returned {len(raw) if hasattr(raw, '__len__') else raw!r} "
-                               f"results for {len(prompts)} prompts")
+        try:
+            raw = self.llm.generate(prompts, 1, schema=self.schema)
+            if not isinstance(raw, (list, tuple)) or len(raw) != len(prompts):
+                raise RuntimeError(f"backend returned {len(raw) if hasattr(raw, '__len__') else raw!r} "
+                                   f"results for {len(prompts)} prompts")
+        except Exception as e:
+            self.health.failed(f"{type(e).__name__}: {e}", permanent=getattr(self.llm, "fatal", None) is not None)
+            raise
         out: dict[str, list[str]] = {}
         dropped: Counter = Counter()
         for key, samples in zip(keys, raw):
@@ -372,22 +398,29 @@ class GoalProposer:
             goals = list(dict.fromkeys(goals))[: self.k]
             out[key] = goals
             self.cache.put(key, goals)
+        usable = any(out.values())
         with self._lock:
             self._latency += time.perf_counter() - t0
             self._s["llm_completed"] += 1
             self._s["llm_answers"] += len(out)
             self._s["llm_goals"] += sum(len(g) for g in out.values())
             self._dropped.update(dropped)
+            if not usable:  # an answer with nothing usable is a failed call
+                self._s["llm_unusable"] += 1
+                self._errors["UnusableAnswer"] += 1
+        if usable:
+            self.health.ok()
+        else:
+            why = ", ".join(f"{k} {v}" for k, v in dropped.most_common(3)) or "empty"
+            self.health.failed(f"UnusableAnswer: nothing usable in the LLM's answers ({why})")
         return out
 
     def _ask_llm(self, keys: list[str], prompts: list[str]) -> tuple[Optional[dict[str, list[str]]], str]:
         """``(answers or None, outcome)`` with outcome ``ok``/``timeout``/``error``/``busy``."""
-        if self._inflight is not None and not self._inflight.done():
+        try:
+            fut = self._caller.submit(self._llm_call, keys, prompts)
+        except LLMBusy:
             return None, "busy"
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oir-ellm")
-        fut = self._pool.submit(self._llm_call, keys, prompts)
-        self._inflight = fut
         with self._lock:
             self._s["llm_calls"] += 1
             self._s["llm_prompts"] += len(prompts)
@@ -501,30 +534,26 @@ class GoalProposer:
             out.update({
                 "llm_calls": calls, "llm_prompts": s.get("llm_prompts", 0), "llm_answers": s.get("llm_answers", 0),
                 "llm_ok": s.get("llm_ok", 0), "llm_timeouts": s.get("llm_timeout", 0),
-                "llm_errors": s.get("llm_error", 0), "llm_busy": s.get("llm_busy", 0),
+                "llm_errors": s.get("llm_error", 0) + s.get("llm_unusable", 0), "llm_busy": s.get("llm_busy", 0),
                 "llm_empty": s.get("llm_empty", 0), "not_asked": s.get("not_asked", 0),
                 "from_llm": s.get("from_llm", 0),
                 "llm_fraction": s.get("from_llm", 0) / max(s.get("requests", 0), 1),
                 "latency_mean_s": latency / max(s.get("llm_completed", 0), 1),
                 "errors_by_type": errors, "dropped": dropped,
             })
+            health, child = self.health.stats(), llm_process_stats(self.llm)
+            out.update({
+                "llm_failed_calls": health["failures"], "llm_consecutive_failures": health["consecutive_failures"],
+                "llm_down": int(health["down"]), "llm_down_seconds": health["down_seconds"],
+                "llm_warnings": health["warnings"], "llm_restarts": child["restarts"],
+                "llm_child_deaths": child["child_deaths"],
+            })
         return out
 
     def close(self, wait: float = 30.0) -> None:
-        """Stop the worker thread and free the backend (after up to ``wait`` s for a running call;
-        a backend still generating after that is left to free itself at exit)."""
-        running = self._inflight is not None and not self._inflight.done()
-        if running:
-            try:
-                self._inflight.result(timeout=wait)
-                running = False
-            except Exception:  # noqa: BLE001 - timeout or the call's own error
-                running = not self._inflight.done()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        if self.llm is not None and hasattr(self.llm, "close") and not running:
-            try:
-                self.llm.close()
-            except Exception:  # noqa: BLE001 - best effort
-                pass
+        """Stop the worker thread and free the backend: an LLM child process at once (bounded by its
+        grace, even while it generates); an in-process backend after up to ``wait`` s for a running
+        call (one still generating after that is left to free itself at exit)."""
+        idle = self._caller.close(0.0 if isinstance(self.llm, ChildProcessBackend) else wait)
+        if self.llm is not None and (idle or isinstance(self.llm, ChildProcessBackend)):
+            close_llm(self.llm)

@@ -23,6 +23,7 @@ from oir_gym.relabel.backends import VLLM_INSTALL_HINT
 from oir_gym.relabel.composite import CompositeBackend
 from oir_gym.relabel.rules import RuleBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
+from oir_gym.relabel.worker import LLMCheckError
 
 ANSWER = '{"Mid-Level": ["collect wood", "place table"], "High-Level": []}'
 
@@ -191,8 +192,13 @@ def test_vllm_missing_gives_install_hint():
     with pytest.raises(ImportError) as ei:
         VLLMBackend("Qwen/Qwen3-8B")
     assert "pip install" in str(ei.value) and str(ei.value) == VLLM_INSTALL_HINT
-    with pytest.raises(ImportError, match="vllm"):
-        HindsightRelabeler(backend="vllm", backend_kwargs={"model": "Qwen/Qwen3-8B"})
+    # the relabeler builds vLLM in a child process: its check says what to install
+    rl = HindsightRelabeler(backend="vllm", backend_kwargs={"model": "Qwen/Qwen3-8B"})
+    with pytest.raises(LLMCheckError, match="ImportError: VLLMBackend needs .*pip install"):
+        rl.check_llm()
+    rl.close()
+    with pytest.raises(ImportError, match="vllm"):  # built in this process: at once
+        HindsightRelabeler(backend="vllm", backend_kwargs={"model": "Qwen/Qwen3-8B"}, isolate=False)
 
 
 def test_gbnf_grammar_shape():

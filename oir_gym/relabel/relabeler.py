@@ -21,9 +21,14 @@ Pipeline for a batch of trajectories:
    off in the buffer, so they are only used to fill up to ``k`` (the paper keeps all K LLM
    answers); they are always counted in :meth:`HindsightRelabeler.stats`.
 
-Failure policy: nothing is ever raised into the training loop. When the LLM backend raises or
-exceeds ``llm_timeout``, the error is counted and (``fallback="rules"``) the rule instructions
-answer instead.
+Failure policy: nothing is ever raised into the training loop. When the LLM backend raises,
+exceeds ``llm_timeout`` or answers nothing usable, the error is counted and
+(``fallback="rules"``) the rule instructions answer instead. Native backends (``llama_cpp``,
+``transformers``, ``vllm``, ``"module:Class"`` specs) run in a child process
+(:mod:`oir_gym.relabel.worker`): a crash or a hang of the LLM library ends only the child, which
+is restarted with backoff. After ``warn_after`` failed LLM calls in a row one console warning
+names the cause and the remedy; :meth:`HindsightRelabeler.check_llm` makes one tiny real call
+for a clear error before training starts.
 
 Modes: :meth:`~HindsightRelabeler.relabel` (or calling the object) is synchronous, the paper's
 lock-step behaviour. :meth:`~HindsightRelabeler.submit` / :meth:`~HindsightRelabeler.collect` run
@@ -41,14 +46,12 @@ import threading
 import time
 import warnings
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from oir_gym.captions import NUM_EVENTS, VOCAB
-from oir_gym.relabel.backends import BackendTimeout, LLMBackend, LlamaCppBackend, make_backend
+from oir_gym.relabel.backends import BackendTimeout, LLMBackend
 from oir_gym.relabel.composite import CompositeBackend, Proposal
 from oir_gym.relabel.rules import RuleBackend, rule_final_event
 from oir_gym.relabel.cache import LRUCache
@@ -58,19 +61,26 @@ from oir_gym.relabel.prompts import PromptTemplate, load_template
 from oir_gym.relabel.tokens import backend_token_count
 from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle
+from oir_gym.relabel.worker import (
+    BackendSpec as LLMSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller,
+    backend_identity, build_llm, close_llm, llm_process_stats, probe,
+)
 from oir_gym.reward import event_similarity, first_success_step, match_steps
 from oir_gym.trajectory import Trajectory
 
-BackendSpec = Union[str, LLMBackend, CompositeBackend, None]
+BackendArg = Union[str, LLMSpec, LLMBackend, CompositeBackend, None]
 
 
 class HindsightRelabeler:
     """LLM hindsight instruction relabeling as a library component.
 
     Args:
-        backend: ``"llama_cpp"`` (offline default: in-process Gemma 3 270M), ``"openai"``,
-            ``"vllm"``, ``"rules"`` (no LLM), an :class:`~oir_gym.relabel.backends.LLMBackend`
-            object, or a :class:`~oir_gym.relabel.backends.CompositeBackend`.
+        backend: a backend name for :func:`~oir_gym.relabel.make_backend` (``"llama_cpp"``: the
+            offline Gemma 3 270M; ``"openai"``, ``"vllm"``...), ``"package.module:ClassName"``
+            of any class with the backend protocol, ``"rules"`` (no LLM), a
+            :class:`~oir_gym.relabel.worker.BackendSpec`, an
+            :class:`~oir_gym.relabel.backends.LLMBackend` object (used as is, in this process), or a
+            :class:`~oir_gym.relabel.backends.CompositeBackend`.
         k: candidates kept per trajectory (the paper's K).
         template: ``"segments"`` (default, compressed) or ``"paper"`` (Appendix C, per-timestep),
             a path to a template file, or a :class:`PromptTemplate`.
@@ -91,12 +101,19 @@ class HindsightRelabeler:
         dedup_threshold: cosine at or above which a later candidate is a near-duplicate.
         fallback: ``"rules"`` (answer with rule instructions when the LLM fails) or ``"none"``.
         llm_timeout: seconds one batched LLM call may take (``None``: no limit beyond the backend's).
+            For a backend this relabeler runs in a child process it is the child's deadline (a
+            call past it kills the child, which restarts); otherwise the call is abandoned on its
+            thread (later calls fail at once while it still runs).
         skip_idle: do not ask the LLM about trajectories where nothing but moving/waiting happened.
         candidate_filter: text filter (forbidden words, lengths).
         queue_size: pending batches in async mode before ``on_full`` applies.
         on_full: async overflow policy: ``"rules"``, ``"skip"``, ``"replace"`` or ``"block"``
             (see :meth:`submit`).
         backend_kwargs: passed to the backend constructor when ``backend`` is a name.
+        isolate: run a named backend in a child process (default: every backend but ``openai``,
+            whose HTTP client does no native work; ``False`` builds it in this process, for debugging).
+        child_config: the child's deadlines and restart backoff (:class:`~oir_gym.relabel.worker.ChildConfig`).
+        warn_after: failed LLM calls in a row before the one console warning of an outage.
     """
 
     def __init__(
@@ -123,6 +140,9 @@ class HindsightRelabeler:
         cache_save_every: int = 256,
         cache_key: str = "behaviour",
         backend_kwargs: Optional[dict] = None,
+        isolate: Optional[bool] = None,
+        child_config: Optional[ChildConfig] = None,
+        warn_after: int = 3,
     ) -> None:
         if fallback not in ("rules", "none"):
             raise ValueError(f"fallback must be 'rules' or 'none', got {fallback!r}")
@@ -148,20 +168,27 @@ class HindsightRelabeler:
         self.cache_key_mode = cache_key
         self._rules = rules or RuleBackend()
 
+        # a backend built here is closed here; objects passed in belong to the caller
+        self._owns_llm = isinstance(backend, (str, LLMSpec))
         if isinstance(backend, CompositeBackend):
             self.backend = backend
         else:
-            llm = make_backend(backend, **(backend_kwargs or {})) if isinstance(backend, str) else backend
+            if child_config is None and llm_timeout is not None:
+                child_config = ChildConfig(timeout=float(llm_timeout), per_prompt_timeout=0.0)
+            llm = build_llm(backend, backend_kwargs, isolate=isolate, config=child_config)
             self.backend = CompositeBackend(llm, self._rules if (use_rules or llm is None) else None)
         self.use_rules = self.backend.rules is not None
-        self.backend_name = backend if isinstance(backend, str) else type(self.backend.llm or self._rules).__name__
-        self._backend_id = self._identify(self.backend.llm)
+        self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, LLMSpec)
+                             else type(self.backend.llm or self._rules).__name__)
+        self.health = LLMHealth("relabeler", warn_after, fallback="relabeling with rules meanwhile"
+                                if fallback == "rules" else "those trajectories get no instructions")
 
         self._encoder = encoder
         self._phrase_emb: Optional[np.ndarray] = None
         self._enc_lock = threading.Lock()
         self.cache = LRUCache(cache_size, cache_path)
-        self._llm_pool: Optional[ThreadPoolExecutor] = None
+        self._caller = OffThreadCaller("oir-llm")
+        self._share: deque = deque(maxlen=64)  # recent LLM-eligible trajectories: did the LLM answer?
 
         self._stats_lock = threading.Lock()
         self._s: Counter = Counter()
@@ -180,13 +207,9 @@ class HindsightRelabeler:
         self._closed = False
 
     # ------------------------------------------------------------------ helpers
-    @staticmethod
-    def _identify(llm: Any) -> str:
-        if llm is None:
-            return "none"
-        if isinstance(llm, LlamaCppBackend):
-            return "llama_cpp:" + os.path.basename(llm.model_path)
-        return f"{type(llm).__name__}:{getattr(llm, 'model', '')}"
+    @property
+    def _backend_id(self) -> str:
+        return backend_identity(self.backend.llm)
 
     @property
     def encoder(self) -> Any:
@@ -218,16 +241,17 @@ class HindsightRelabeler:
         return n
 
     def _propose(self, trajs: list[Trajectory], prompts: Optional[list[Optional[str]]]) -> list[Proposal]:
-        if self.llm_timeout is None or self.backend.llm is None or prompts is None:
+        llm = self.backend.llm
+        # a child process keeps its own deadline (it is killed past it): no thread needed
+        if self.llm_timeout is None or llm is None or prompts is None or isinstance(llm, ChildProcessBackend):
             return self.backend.propose(trajs, prompts, self.samples, self.schema)
-        if self._llm_pool is None:
-            self._llm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oir-llm")
-        fut = self._llm_pool.submit(self.backend.propose, trajs, prompts, self.samples, self.schema)
         try:
-            return fut.result(timeout=self.llm_timeout)
-        except FutureTimeout:
-            # the call keeps running in its thread; its answer is discarded
-            err = f"{BackendTimeout.__name__}: LLM call exceeded llm_timeout={self.llm_timeout}s"
+            return self._caller.call(self.backend.propose, trajs, prompts, self.samples, self.schema,
+                                     timeout=self.llm_timeout)
+        except BackendTimeout as e:
+            # the call keeps running on its thread; its answer is discarded
+            err = (f"LLMBusy: {e}" if isinstance(e, LLMBusy)
+                   else f"{BackendTimeout.__name__}: LLM call exceeded llm_timeout={self.llm_timeout}s")
             props = [Proposal(rules=self._rules.instructions(t) if self.backend.rules else []) for t in trajs]
             for p, pr in zip(props, prompts):
                 p.error = err if pr is not None else None
@@ -317,7 +341,11 @@ class HindsightRelabeler:
                     texts.extend(c)
                     reasons += r
                 texts = list(dict.fromkeys(texts))
-                self.cache.put(keys[i], texts)
+                if texts:
+                    self.cache.put(keys[i], texts)
+                else:  # garbage, or only filtered words: a failed answer (not cached: ask again)
+                    why = ", ".join(f"{k} {v}" for k, v in reasons.most_common(3)) or "empty"
+                    err = f"UnusableAnswer: nothing usable in the LLM's answer ({why})"
             fresh[keys[i]] = (texts, reasons, err)
         for i in range(n):
             if cached[i] is not None:
@@ -330,6 +358,14 @@ class HindsightRelabeler:
                     dropped[i] += reasons
             if errors[i] is not None:
                 s["errors"] += 1
+        eligible = [i for i in range(n) if use_llm and not (self.skip_idle and is_idle(trajs[i]))]
+        asked = [i for i in range(n) if prompts[i] is not None]
+        if asked:  # one LLM call: healthy when any prompt got a usable answer
+            if any(errors[i] is None for i in asked):
+                self.health.ok()
+            else:
+                cause = next(errors[i] for i in asked)
+                self.health.failed(cause, permanent=getattr(self.backend.llm, "fatal", None) is not None)
 
         # merge with rules, filter, de-duplicate
         merged: list[list[tuple[str, str]]] = []
@@ -402,6 +438,7 @@ class HindsightRelabeler:
 
         with self._stats_lock:
             self._s.update(s)
+            self._share.extend(bool(llm_cands[i]) and errors[i] is None for i in eligible)
             self._s["batches"] += 1
             if n_prompts:
                 self._s["llm_calls"] += 1
@@ -545,12 +582,23 @@ class HindsightRelabeler:
         ``grounded_fraction`` (of scored candidates), ``kept_grounded_fraction``, and for async
         mode ``submitted``, ``completed``, ``pending``, ``overflow_rules``, ``overflow_skipped``,
         ``overflow_replaced``.
+
+        LLM health: ``errors`` counts unusable answers too (``errors_by_type["UnusableAnswer"]``);
+        ``failed_calls`` (LLM calls with no usable answer for any prompt), ``consecutive_failures``,
+        ``llm_down`` (1 while the last call failed), ``down_seconds`` (from a failed call to the
+        next good one, summed), ``llm_warnings`` (console warnings printed), ``share`` (of the last
+        64 trajectories the LLM was asked about or answered from the cache, the fraction that got
+        LLM candidates), and for a backend in a child process ``restarts`` and ``child_deaths``
+        (by cause: ``SIGILL``, ``SIGKILL``, ``hang``, ``init:<error>``...).
         """
         with self._stats_lock:
             s = dict(self._s)
             dropped = dict(self._dropped)
             errors = dict(self._errors)
             lat = self._latency_total
+            share = sum(self._share) / len(self._share) if self._share else 0.0
+        health = self.health.stats()
+        child = llm_process_stats(self.backend.llm)
         calls = s.get("llm_calls", 0)
         lookups = s.get("cache_hits", 0) + s.get("cache_misses", 0) + s.get("batch_dedup", 0)
         scored = s.get("candidates_scored", 0)
@@ -588,6 +636,14 @@ class HindsightRelabeler:
             "overflow_rules": s.get("overflow_rules", 0),
             "overflow_skipped": s.get("overflow_skip", 0),
             "overflow_replaced": s.get("overflow_replace", 0),
+            "share": share,
+            "failed_calls": health["failures"],
+            "consecutive_failures": health["consecutive_failures"],
+            "llm_down": int(health["down"]),
+            "down_seconds": health["down_seconds"],
+            "llm_warnings": health["warnings"],
+            "restarts": child["restarts"],
+            "child_deaths": child["child_deaths"],
         }
 
     def save_cache(self) -> None:
@@ -598,16 +654,32 @@ class HindsightRelabeler:
             with self._stats_lock:
                 self._errors[f"cache_save:{type(e).__name__}"] += 1
 
+    def check_llm(self, timeout: float = 900.0) -> Optional[str]:
+        """One tiny real LLM call (a child process first starts and loads its model).
+
+        Returns the completion (``None`` without an LLM). Raises
+        :class:`~oir_gym.relabel.worker.LLMCheckError` (a ``RuntimeError``) with a one-line cause
+        and remedy when the backend cannot be built, crashes, hangs, cannot be reached, or is not
+        an LLM server. Call it before training when the run needs the LLM.
+        """
+        if self.backend.llm is None:
+            return None
+        return probe(self.backend.llm, timeout)
+
     def close(self, timeout: Optional[float] = 10.0) -> None:
-        """Stop the worker (after the queued jobs), save the cache. Idempotent."""
+        """Stop the worker (after the queued jobs, for up to ``timeout`` s), stop an LLM child this
+        relabeler started (bounded by its grace), save the cache. Idempotent."""
         if self._closed:
             return
         self._closed = True
         if self._worker is not None and self._worker.is_alive():
             self._queue.put(None)
             self._worker.join(timeout)
-        if self._llm_pool is not None:
-            self._llm_pool.shutdown(wait=False, cancel_futures=True)
+        self._caller.close(0)
+        if self._owns_llm:
+            close_llm(self.backend.llm)  # a call still running fails now, so the worker ends
+        if self._worker is not None and self._worker.is_alive():
+            self._worker.join(1.0)
         self.save_cache()
 
     def __enter__(self) -> "HindsightRelabeler":
