@@ -189,6 +189,10 @@ def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, A
     """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams`."""
     hp = resolve_hyperparams(algo, venv.num_envs, hyperparams)
     hp["policy_kwargs"] = _policy_kwargs(hp.get("policy_kwargs", {}))
+    if algo in ("dqn", "qrdqn"):
+        from oir_gym.sb3 import RelabelReplayBuffer
+
+        hp.setdefault("replay_buffer_class", RelabelReplayBuffer)
     cls = algo_class(algo)
     return cls(POLICIES[algo], venv, seed=seed, tensorboard_log=tensorboard_log, verbose=verbose, device=device, **hp)
 
