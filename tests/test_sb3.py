@@ -408,33 +408,3 @@ def test_sb3_policy_keeps_and_resets_lstm_state(venv):
     _, s_reset = pol(obs, s1, np.ones(N_ENVS, bool))
     assert not np.allclose(s0[0], s1[0])  # the state is carried
     np.testing.assert_allclose(s_reset[0], s0[0], atol=1e-6)  # episode_start resets it
-
-
-@pytest.mark.slow
-def test_train_sb3_example_writes_a_run_directory(tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    run = tmp_path / "run"
-    cmd = [sys.executable, str(root / "examples/train_sb3.py"), "--algo", "qrdqn", "--relabeler", "rules",
-           "--total-timesteps", "2000", "--num-envs", "4", "--log-every", "500", "--eval-sets", "original",
-           "--eval-horizon", "30", "--max-episode-steps", str(HORIZON), "--checkpoint-every", "1000",
-           "--hp", "learning_starts=500", "--hp", "buffer_size=5000", "--run-dir", str(run)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=root)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    for f in ("config.json", "metrics.jsonl", "metrics.csv", "model.zip", "instruction_buffer.json",
-              "eval_final.json", "eval_final.md", "training.png", "learning_curves.png", "instruction_success.png"):
-        assert (run / f).exists(), f
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["env_steps"] >= 2000 and "eval/original/mean_success_rate" in rows[-1]
-    assert any(r.get("relabel/rows_added", 0) > 0 for r in rows)
-    # resume: more steps on top of the checkpoint
-    cmd2 = [sys.executable, str(root / "examples/train_sb3.py"), "--run-dir", str(run), "--resume",
-            "--total-timesteps", "2500"]
-    out = subprocess.run(cmd2, capture_output=True, text=True, timeout=900, cwd=root)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["env_steps"] >= 2500
