@@ -834,16 +834,16 @@ def train(cfg: SB3Config, run_dir: str | os.PathLike, resume: bool = False, over
         print_fn(f"{run.path} is complete ({int(state['num_timesteps']):,} env steps); nothing to do "
                  "(raise --total-timesteps to train further)")
         return {"complete": True, **(run.completion() or {})}
+    # the checkpoint's metrics rows (cut after it on resume); before metrics positions: by update
+    position = ({"position": state["metrics"]} if state is not None and "metrics" in state
+                else {"after_update": int(state.get("update", 0)) if state else 0})
+    run.check_metrics(**position)  # a damaged metrics.jsonl: an error naming it, before anything is written
     run.clear_complete()
     run.write_config({**cfg.to_dict(),
                       "resolved_hyperparams": resolve_hyperparams(cfg.algo, cfg.num_envs, cfg.hyperparams)})
     trainer = _Trainer(cfg, run, print_fn)
     try:
-        if state is not None and "metrics" in state:
-            trainer.metrics = run.open_metrics(position=state["metrics"], tensorboard=False)
-        else:  # fresh run, no checkpoint yet, or a checkpoint from before metrics positions
-            trainer.metrics = run.open_metrics(after_update=int(state.get("update", 0)) if state else 0,
-                                               tensorboard=False)
+        trainer.metrics = run.open_metrics(**position, tensorboard=False)
         trainer.setup(state, model_path)
         print_fn(f"oir-gym SB3 | algo={cfg.algo} relabeler={cfg.relabeler} device={trainer.model.device} | "
                  f"{cfg.num_envs} envs | {cfg.total_timesteps:,} env steps | run dir {run.path}")

@@ -299,6 +299,28 @@ def test_resume_with_overwrite_is_refused_before_anything_is_deleted(venv, tmp_p
         sb3_agents.train(_tiny_cfg(), run)
 
 
+def test_a_damaged_metrics_file_is_refused_on_resume_before_anything_is_written(venv, tmp_path):
+    from agents.run_dir import CorruptFileError
+
+    run = RunDir.prepare(tmp_path / "run")
+    cfg = _tiny_cfg()
+    run.write_config(cfg.to_dict())
+    metrics = run.open_metrics(tensorboard=False)
+    for u in (1, 2):
+        metrics.write({"update": u, "env_steps": 200 * u, "loss": 0.5})
+    position = metrics.sync()
+    metrics.close()
+    model = sb3_agents.make_model("qrdqn", venv, hyperparams=cfg.hyperparams, device="cpu")
+    sb3_agents.save_checkpoint(run.path, model, {"update": 2, "metrics": position.to_dict()})
+    data = bytearray(run.metrics_path.read_bytes())
+    data[10] ^= 0x01  # a bit flip inside the rows the checkpoint covers
+    run.metrics_path.write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+    with pytest.raises(CorruptFileError, match="metrics.jsonl"):
+        sb3_agents.train(cfg, run.path, resume=True)
+    assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before
+
+
 # ------------------------------------------------------------------------- config and command line
 
 
