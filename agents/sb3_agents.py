@@ -374,19 +374,6 @@ class UntrustedModelError(RuntimeError):
     """
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(run_dir: str | os.PathLike, model, state: Mapping[str, Any]) -> str:
     """Save ``model`` as ``model.zip`` and ``state`` (JSON) as ``state.json``; returns the zip's sha256.
 
@@ -403,8 +390,9 @@ def save_checkpoint(run_dir: str | os.PathLike, model, state: Mapping[str, Any])
     atomic_write_bytes(run_dir / MODEL_NEXT, data)
     atomic_write_json(run_dir / STATE_JSON, {**state, "format": CHECKPOINT_FORMAT, "model_sha256": sha,
                                              "num_timesteps": int(model.num_timesteps)}, indent=None)
+    # No directory fsync needed after this rename: if it is lost, the state names the zip that is
+    # still (durably) under MODEL_NEXT, and verified_model_zip rolls it forward.
     os.replace(run_dir / MODEL_NEXT, run_dir / MODEL_ZIP)
-    _fsync_dir(run_dir)
     return sha
 
 
@@ -449,7 +437,6 @@ def verified_model_zip(run_dir: str | os.PathLike, *, repair: bool = False) -> t
         if not repair:
             return nxt, state
         os.replace(nxt, zip_path)
-        _fsync_dir(run_dir)
         return zip_path, state
     found = sha256_file(zip_path) if zip_path.exists() else None
     raise UntrustedModelError(
