@@ -299,17 +299,20 @@ def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str,
 class SB3AgentPolicy:
     """A trained SB3 model acting greedily in the Gymnasium env: ``reset()`` and ``act(obs) -> action``.
 
+    The ``Policy`` interface of ``agents.policy`` (what ``load_policy`` returns for PQN runs too).
     ``obs`` is the env's Dict observation: one env's (``obs["obs"]`` of shape ``[D]``; ``act``
-    returns an ``int``) or a batch's (``[n, D]``; returns ``[n]`` actions). A recurrent model
-    (RecurrentPPO) keeps its LSTM state from one ``act`` to the next; :meth:`reset` starts a new
-    episode (call it after every env reset). The instruction is whatever text the env embedded in
-    ``obs["instruction"]``: any instruction works, as long as the env uses the run's encoder.
+    returns an ``int``) or a vector env's batch (``[n, D]``; returns ``[n]`` int64 actions). A
+    recurrent model (RecurrentPPO) keeps its LSTM state from one ``act`` to the next;
+    :meth:`reset` starts a new episode, and with a vector env ``episode_start`` (the previous
+    step's ``terminated | truncated``) restarts the state of those envs. The instruction is
+    whatever text the env embedded in ``obs["instruction"]``: any instruction works, as long as the
+    env uses the run's encoder.
 
     Attributes:
         model: the SB3 model.
         algo: ``"recurrent_ppo"``, ``"qrdqn"`` or ``"dqn"`` (when known).
-        env_kwargs: keyword arguments the env needs to produce this policy's observations
-            (``{"obs_mode": ...}``), for ``gym.make(ENV_ID, **policy.env_kwargs)``.
+        env_kwargs: keyword arguments that match the training env (``obs_mode``, ``delta``),
+            for ``gym.make(ENV_ID, **policy.env_kwargs)``.
     """
 
     def __init__(self, model, algo: Optional[str] = None, env_kwargs: Optional[dict[str, Any]] = None,
@@ -327,14 +330,24 @@ class SB3AgentPolicy:
         """Whether the policy keeps a memory between steps (reset it with :meth:`reset`)."""
         return self._policy.recurrent
 
+    @property
+    def state(self) -> Any:
+        """The recurrent state the next :meth:`act` continues from (``None`` after :meth:`reset`
+        and for feed-forward models): RecurrentPPO's ``(h, c)`` LSTM arrays."""
+        return self._state
+
     def reset(self) -> None:
         """Forget the recurrent state: the next :meth:`act` starts an episode."""
         self._state = None
         self._start = True
         self._n = None
 
-    def act(self, obs: Mapping[str, np.ndarray]):
-        """The greedy action for ``obs`` (an ``int`` for one env, an ``[n]`` array for a batch)."""
+    def act(self, obs: Mapping[str, np.ndarray], episode_start: Any = None):
+        """The greedy action for ``obs`` (an ``int`` for one env, an ``[n]`` int64 array for a batch).
+
+        ``episode_start`` (bool or ``[n]`` bool): envs whose episode starts at this observation
+        (after :meth:`reset`, or when the batch size changes, the first call starts all).
+        """
         space = self.model.observation_space
         missing = set(space.spaces) - set(obs)
         if missing:
@@ -350,11 +363,12 @@ class SB3AgentPolicy:
                                  f"{hint}")
             batch[k] = v
         n = batch["obs"].shape[0]
-        if self.recurrent and self._n is not None and n != self._n:
-            raise ValueError(f"got a batch of {n} observations after {self._n}: call reset() when the batch size changes")
-        actions, self._state = self._policy(batch, self._state, np.full(n, self._start))
+        if self._n is not None and n != self._n:  # another env or batch: its own fresh state
+            self._state, self._start = None, True
+        start = np.zeros(n, bool) if episode_start is None else np.broadcast_to(np.asarray(episode_start, bool), (n,))
+        actions, self._state = self._policy(batch, self._state, start | self._start)
         self._start, self._n = False, n
-        return int(actions[0]) if single else np.asarray(actions).reshape(-1)
+        return int(actions[0]) if single else np.asarray(actions, np.int64).reshape(-1)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -479,7 +493,7 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
     cfg = SB3Config.from_dict(saved)
     path, _ = verified_model_zip(run.path)
     model = load_model(cfg.algo, path, device=check_device(device or "auto"))
-    return SB3AgentPolicy(model, cfg.algo, {"obs_mode": cfg.obs_mode})
+    return SB3AgentPolicy(model, cfg.algo, {"obs_mode": cfg.obs_mode, "delta": cfg.delta})
 
 
 # ----------------------------------------------------------------------------- training run

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-from gymnasium.envs.registration import EnvSpec, WrapperSpec
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.wrappers import PassiveEnvChecker
 
 ENV_ID = "OIR-CraftaxClassic-v0"
@@ -25,8 +25,9 @@ class EnvChecker(PassiveEnvChecker):
     that reset raises (say, an empty instruction refused), it has no reset data to compare the
     first step with, and every later ``step`` fails with "cannot unpack non-iterable NoneType".
     Here a first reset that raises leaves the check armed, so the next (valid) reset is checked
-    and the env works as usual. Registered as the env's checker instead of the built-in one
-    (``disable_env_checker=True`` plus this wrapper in the spec's ``additional_wrappers``).
+    and the env works as usual. The registered entry point wraps the env in it, and the spec
+    turns Gymnasium's own checker off (``disable_env_checker=True``); passing
+    ``disable_env_checker=False`` to ``gym.make`` adds Gymnasium's, with its flaw, around it.
     """
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -40,9 +41,15 @@ class EnvChecker(PassiveEnvChecker):
 
     @property
     def spec(self) -> EnvSpec | None:
-        # The plain wrapper spec (this checker listed among the additional wrappers), not the
-        # parent's, which would switch Gymnasium's own checker back on when the spec is remade.
+        # The plain wrapper spec (this checker listed among the additional wrappers, which the
+        # entry point recreates), not the parent's, which would switch Gymnasium's checker back on.
         return gym.Wrapper.spec.fget(self)
+
+
+def _make_single(**kwargs: Any) -> EnvChecker:
+    from oir_gym.single_env import InstructionCraftaxEnv
+
+    return EnvChecker(InstructionCraftaxEnv(**kwargs))
 
 
 def _make_vector(num_envs: int = 16, max_episode_steps: int | None = None, **kwargs):
@@ -59,9 +66,10 @@ def register_envs() -> None:
         return
     gym.register(
         id=ENV_ID,
-        entry_point="oir_gym.single_env:InstructionCraftaxEnv",
+        # The single env inside EnvChecker (Gymnasium's checker, repaired). Not through the
+        # spec's additional_wrappers: gym.make_vec refuses a vector entry point beside them.
+        entry_point="oir_gym.registration:_make_single",
         vector_entry_point="oir_gym.registration:_make_vector",
         max_episode_steps=None,  # the env truncates itself (max_episode_steps kwarg)
-        disable_env_checker=True,  # EnvChecker below replaces Gymnasium's (see its docstring)
-        additional_wrappers=(WrapperSpec("EnvChecker", f"{__name__}:EnvChecker", {}),),
+        disable_env_checker=True,  # EnvChecker replaces Gymnasium's (see its docstring)
     )

@@ -23,7 +23,13 @@ def single(encoder):
 
 def test_check_env(single):
     assert isinstance(single.unwrapped, InstructionCraftaxEnv)
-    assert isinstance(single, EnvChecker)  # gym.make wraps it in the repaired passive checker
+    wrappers = []
+    env = single
+    while isinstance(env, gym.Wrapper):
+        wrappers.append(type(env))
+        env = env.env
+    assert EnvChecker in wrappers  # gym.make wraps it in the repaired passive checker (once)
+    assert gym.wrappers.PassiveEnvChecker not in wrappers
     check_env(single.unwrapped, skip_render_check=True)
     with pytest.warns(UserWarning, match="wrapped"):  # check_env also passes on what gym.make returns
         check_env(single, skip_render_check=True)

@@ -68,7 +68,7 @@ def test_make_vec_returns_instruction_craftax(venv3):
 
 def test_registered_spec_has_both_entry_points():
     spec = gym.spec(ENV_ID)
-    assert spec.entry_point == "oir_gym.single_env:InstructionCraftaxEnv"
+    assert spec.entry_point == "oir_gym.registration:_make_single"  # InstructionCraftaxEnv in EnvChecker
     assert spec.vector_entry_point is not None
 
 

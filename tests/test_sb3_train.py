@@ -112,18 +112,25 @@ def test_load_sb3_policy_acts_in_gym_make_with_any_instruction(algo, venv, gym_e
 def test_recurrent_policy_carries_its_state_between_acts(venv, tmp_path):
     policy = sb3_agents.load_sb3_policy(_checkpoint_only_run(tmp_path / "run", "recurrent_ppo", venv), device="cpu")
     obs = {k: v[0] for k, v in venv.reset().items()}
+    assert policy.state is None
     policy.act(obs)
-    s1 = [np.array(x, copy=True) for x in policy._state[0]]
+    s1 = [np.array(x, copy=True) for x in policy.state[0]]
     policy.act(obs)
-    assert not np.allclose(s1[0], policy._state[0][0])  # the LSTM state moved on
+    assert not np.allclose(s1[0], policy.state[0][0])  # the LSTM state moved on
     policy.reset()
+    assert policy.state is None
     policy.act(obs)
-    np.testing.assert_allclose(policy._state[0][0], s1[0], atol=1e-6)  # reset: the first step again
+    np.testing.assert_allclose(policy.state[0][0], s1[0], atol=1e-6)  # reset: the first step again
+    # a vector env's batch: one state per env; episode_start restarts the envs it marks
     batch = venv.reset()
     policy.reset()
-    assert policy.act(batch).shape == (N_ENVS,)
-    with pytest.raises(ValueError, match="reset"):
-        policy.act(obs)  # a different batch size without reset
+    a = policy.act(batch)
+    assert a.shape == (N_ENVS,) and a.dtype == np.int64
+    h_fresh = np.array(policy.state[0], copy=True)  # [layers, n, hidden] after one step
+    policy.act(batch, episode_start=np.array([True] + [False] * (N_ENVS - 1)))
+    np.testing.assert_allclose(policy.state[0][:, 0], h_fresh[:, 0], atol=1e-6)  # env 0 restarted
+    assert not np.allclose(policy.state[0][:, 1:], h_fresh[:, 1:])  # the others carried on
+    assert isinstance(policy.act(obs), int)  # back to one env: a fresh state of its own
     with pytest.raises(ValueError, match=r"shape \(5,\) per env"):
         policy.reset()
         policy.act({"obs": np.zeros(5, np.float32), "instruction": obs["instruction"]})
