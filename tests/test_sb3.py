@@ -187,6 +187,7 @@ def test_attrs_methods_and_instruction_pins(venv):
     assert venv.get_attr("instruction") == venv.current_instructions()
     assert venv.env_method("current_instructions", indices=[0, 3]) == [venv.current_instructions()] * 2
     assert venv.env_is_wrapped(VecMonitor) == [False] * N_ENVS
+    assert venv.metadata["render_fps"] == venv.env.metadata["render_fps"]  # for VecVideoRecorder
     venv.set_attr("instruction", "collect wood", indices=[1])
     venv.reset()
     assert venv.get_attr("instruction", indices=1) == ["collect wood"]

@@ -97,7 +97,8 @@ class SB3VecEnv(VecEnv):
         self._t_start = time.time()
         self._pins: list[Optional[str]] = [None] * env.num_envs
         super().__init__(env.num_envs, env.single_observation_space, env.single_action_space)
-        self.metadata = dict(self.metadata, autoreset_mode="same_step")
+        # render_fps for SB3's VecVideoRecorder (get_images gives the env's rgb_array frames)
+        self.metadata = dict(self.metadata, autoreset_mode="same_step", render_fps=env.metadata["render_fps"])
 
     # ------------------------------------------------------------------ pass-throughs
     @property
