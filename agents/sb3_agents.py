@@ -4,31 +4,45 @@ The instruction is part of the observation (``Dict({"obs", "instruction"})``), s
 SB3's multi-input policies: ``MultiInputLstmPolicy`` (sb3-contrib ``RecurrentPPO``) and
 ``MultiInputPolicy`` (sb3-contrib ``QRDQN``, SB3 ``DQN``). Relabeling is attached with
 :class:`oir_gym.sb3.HindsightRelabelCallback`: DQN and QR-DQN get relabeled transitions in their
-replay buffer, RecurrentPPO gets the curriculum (instruction buffer) only (see :mod:`oir_gym.sb3`).
+:class:`~oir_gym.sb3.RelabelReplayBuffer`, RecurrentPPO gets the curriculum (instruction buffer)
+only (see :mod:`oir_gym.sb3`).
 
 Building blocks (each usable alone)::
 
     configure_torch_threads()                       # 1 thread on small CPUs (much faster for SB3)
     venv = make_env(num_envs=16, seed=0)            # SB3 VecEnv over InstructionCraftax
-    model = make_model("qrdqn", venv, seed=0)       # Craftax defaults (DEFAULT_HYPERPARAMS)
+    model = make_model("qrdqn", venv, seed=0)       # Craftax defaults (DEFAULT_HYPERPARAMS), device "auto"
     relabeler = make_relabeler("rules", k=4)
     model.learn(100_000, callback=make_relabel_callback(relabeler, "qrdqn"))
     result = evaluate(model)                        # oir_gym.evaluation protocol, greedy
 
-and :func:`train` runs all of it and writes a run directory (what ``examples/train_sb3.py`` calls).
+:func:`train` runs all of it in a run directory (:mod:`agents.run_dir`; what
+``examples/train_sb3.py`` calls), and :func:`load_sb3_policy` gives a trained run's policy back as
+an object with ``reset()`` and ``act(obs)`` for the Gymnasium env.
+
+Checkpoints: SB3's ``model.zip`` holds pickled Python objects, so loading one runs whatever code
+it names. A run records the sha256 of every ``model.zip`` it saves (``state.json``), and
+:func:`train` (``--resume``) and :func:`load_sb3_policy` load only a zip with that checksum.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import io
 import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
+
+from agents.run_dir import (
+    CorruptFileError, MetricsWriter, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes,
+    sha256_file,
+)
 
 ALGOS = ("recurrent_ppo", "qrdqn", "dqn")
 RELABELERS = ("rules", "llm", "both", "none")
@@ -184,17 +198,66 @@ def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
     return pk
 
 
+#: Constructor arguments that :func:`make_model` sets itself (not hyperparameters), and what to use instead.
+RESERVED_HYPERPARAMS = {"policy": "--algo", "env": "the run's env", "seed": "--seed", "verbose": "nothing",
+                        "tensorboard_log": "the run directory (tb/)"}
+
+
+def check_device(device: Any) -> str:
+    """``"auto"`` or a torch device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``...); else ValueError."""
+    import torch
+
+    if device == "auto":
+        return device
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device ('auto', 'cpu', 'cuda', 'cuda:0'...): {e}") from None
+    return str(device)
+
+
+def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "auto") -> None:
+    """Refuse overrides that the SB3 class of ``algo`` does not take, or that :func:`make_model`
+    sets itself, before anything is built (the error names the key and what to use instead)."""
+    params = inspect.signature(algo_class(algo).__init__).parameters
+    for key in hyperparams:
+        if key in RESERVED_HYPERPARAMS:
+            raise ValueError(f"hyperparameter {key!r} is set by the trainer; use {RESERVED_HYPERPARAMS[key]}")
+        if key not in params:
+            raise ValueError(f"{algo_class(algo).__name__} has no argument {key!r} (hyperparameter override)")
+    hp_device = hyperparams.get("device")
+    if hp_device is not None and device not in ("auto", hp_device):
+        raise ValueError(f"device given twice: device={device!r} and hyperparameter device={hp_device!r}; give one")
+    check_device(hp_device if hp_device is not None else device)
+
+
 def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None,
-               tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "cpu"):
-    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams`."""
+               tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto"):
+    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams`.
+
+    ``device``: where the networks live (``"auto"``: CUDA when available, else CPU). A
+    ``"device"`` key in ``hyperparams`` is the same setting (refused when it contradicts
+    ``device``). DQN and QR-DQN get a :class:`~oir_gym.sb3.RelabelReplayBuffer` (a
+    ``DictReplayBuffer`` that also takes relabeled rows) unless ``replay_buffer_class`` is given.
+    """
     hp = resolve_hyperparams(algo, venv.num_envs, hyperparams)
+    check_hyperparams(algo, hp, device)
+    device = hp.pop("device", device)
     hp["policy_kwargs"] = _policy_kwargs(hp.get("policy_kwargs", {}))
+    if algo in ("dqn", "qrdqn"):
+        from oir_gym.sb3 import RelabelReplayBuffer
+
+        hp.setdefault("replay_buffer_class", RelabelReplayBuffer)
     cls = algo_class(algo)
     return cls(POLICIES[algo], venv, seed=seed, tensorboard_log=tensorboard_log, verbose=verbose, device=device, **hp)
 
 
-def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "cpu"):
-    """Load a model saved with ``model.save`` (optionally attached to ``venv``)."""
+def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "auto"):
+    """Load a model saved with ``model.save`` (optionally attached to ``venv``).
+
+    Loading an SB3 zip runs the code its pickles name: load only files you made or trust. For run
+    directories, :func:`verified_model_zip` checks the file against the checksum the run recorded.
+    """
     return algo_class(algo).load(str(path), env=venv, device=device)
 
 
@@ -233,6 +296,206 @@ def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str,
     return evaluate_policy(SB3Policy(model), eval_cfg or EvalConfig(), seed=seed, env_kwargs=env_kwargs)
 
 
+class SB3AgentPolicy:
+    """A trained SB3 model acting greedily in the Gymnasium env: ``reset()`` and ``act(obs) -> action``.
+
+    The ``Policy`` interface of ``agents.policy`` (what ``load_policy`` returns for PQN runs too).
+    ``obs`` is the env's Dict observation: one env's (``obs["obs"]`` of shape ``[D]``; ``act``
+    returns an ``int``) or a vector env's batch (``[n, D]``; returns ``[n]`` int64 actions). A
+    recurrent model (RecurrentPPO) keeps its LSTM state from one ``act`` to the next;
+    :meth:`reset` starts a new episode, and with a vector env ``episode_start`` (the previous
+    step's ``terminated | truncated``) restarts the state of those envs. The instruction is
+    whatever text the env embedded in ``obs["instruction"]``: any instruction works, as long as the
+    env uses the run's encoder.
+
+    Attributes:
+        model: the SB3 model.
+        algo: ``"recurrent_ppo"``, ``"qrdqn"`` or ``"dqn"`` (when known).
+        env_kwargs: keyword arguments that match the training env (``obs_mode``, ``delta``),
+            for ``gym.make(ENV_ID, **policy.env_kwargs)``.
+    """
+
+    def __init__(self, model, algo: Optional[str] = None, env_kwargs: Optional[dict[str, Any]] = None,
+                 deterministic: bool = True) -> None:
+        self.model = model
+        self.algo = algo
+        self.env_kwargs = dict(env_kwargs or {})
+        self._policy = SB3Policy(model, deterministic=deterministic)
+        self._state = None
+        self._start = True
+        self._n: Optional[int] = None
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the policy keeps a memory between steps (reset it with :meth:`reset`)."""
+        return self._policy.recurrent
+
+    @property
+    def state(self) -> Any:
+        """The recurrent state the next :meth:`act` continues from (``None`` after :meth:`reset`
+        and for feed-forward models): RecurrentPPO's ``(h, c)`` LSTM arrays."""
+        return self._state
+
+    def reset(self) -> None:
+        """Forget the recurrent state: the next :meth:`act` starts an episode."""
+        self._state = None
+        self._start = True
+        self._n = None
+
+    def act(self, obs: Mapping[str, np.ndarray], episode_start: Any = None):
+        """The greedy action for ``obs`` (an ``int`` for one env, an ``[n]`` int64 array for a batch).
+
+        ``episode_start`` (bool or ``[n]`` bool): envs whose episode starts at this observation
+        (after :meth:`reset`, or when the batch size changes, the first call starts all).
+        """
+        space = self.model.observation_space
+        missing = set(space.spaces) - set(obs)
+        if missing:
+            raise KeyError(f"observation lacks {sorted(missing)} (expected keys {sorted(space.spaces)})")
+        single = np.ndim(obs["obs"]) == 1
+        batch = {}
+        for k, sub in space.spaces.items():
+            v = np.asarray(obs[k], np.float32)
+            v = v[None] if single else v
+            if v.shape[1:] != sub.shape:
+                hint = f" (the run used {self.env_kwargs})" if k == "obs" and self.env_kwargs else ""
+                raise ValueError(f"obs[{k!r}] has shape {v.shape[1:]} per env, the policy was trained on {sub.shape}"
+                                 f"{hint}")
+            batch[k] = v
+        n = batch["obs"].shape[0]
+        if self._n is not None and n != self._n:  # another env or batch: its own fresh state
+            self._state, self._start = None, True
+        start = np.zeros(n, bool) if episode_start is None else np.broadcast_to(np.asarray(episode_start, bool), (n,))
+        actions, self._state = self._policy(batch, self._state, start | self._start)
+        self._start, self._n = False, n
+        return int(actions[0]) if single else np.asarray(actions, np.int64).reshape(-1)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+MODEL_ZIP = "model.zip"
+STATE_JSON = "state.json"
+INSTRUCTION_BUFFER_JSON = "instruction_buffer.json"
+#: The next model.zip while a checkpoint is being written (a ".*.tmp" name: run_dir's outputs).
+MODEL_NEXT = ".model.zip.next.tmp"
+CHECKPOINT_FORMAT = 1
+
+
+class UntrustedModelError(RuntimeError):
+    """A run's ``model.zip`` is not the file the run saved (or the run recorded no checksum for it).
+
+    Loading it would run whatever code its pickles name, so nothing is loaded.
+    """
+
+
+def save_checkpoint(run_dir: str | os.PathLike, model, state: Mapping[str, Any]) -> str:
+    """Save ``model`` as ``model.zip`` and ``state`` (JSON) as ``state.json``; returns the zip's sha256.
+
+    Atomic: the zip is written in full (fsynced) beside the old one, then ``state.json`` (which
+    records its sha256) replaces the old state in one ``os.replace``, then the zip replaces the old
+    zip. A kill at any moment leaves the previous checkpoint, or the new state with the new zip
+    still under its temporary name, which :func:`verified_model_zip` moves into place.
+    """
+    run_dir = Path(run_dir)
+    buf = io.BytesIO()
+    model.save(buf)
+    data = buf.getvalue()
+    sha = sha256_bytes(data)
+    atomic_write_bytes(run_dir / MODEL_NEXT, data)
+    atomic_write_json(run_dir / STATE_JSON, {**state, "format": CHECKPOINT_FORMAT, "model_sha256": sha,
+                                             "num_timesteps": int(model.num_timesteps)}, indent=None)
+    # No directory fsync needed after this rename: if it is lost, the state names the zip that is
+    # still (durably) under MODEL_NEXT, and verified_model_zip rolls it forward.
+    os.replace(run_dir / MODEL_NEXT, run_dir / MODEL_ZIP)
+    return sha
+
+
+def read_checkpoint_state(run_dir: str | os.PathLike) -> Optional[dict[str, Any]]:
+    """``state.json`` of a run (None when the run saved no checkpoint yet); a damaged file is a
+    :class:`~agents.run_dir.CorruptFileError` naming it."""
+    path = Path(run_dir) / STATE_JSON
+    if not path.exists():
+        return None
+    state = read_json(path)
+    if not isinstance(state, dict):
+        raise CorruptFileError(path, "is not a JSON object")
+    return state
+
+
+def verified_model_zip(run_dir: str | os.PathLike, *, repair: bool = False) -> tuple[Path, dict[str, Any]]:
+    """The run's model zip whose sha256 matches the one recorded at save time, and ``state.json``.
+
+    Args:
+        repair: when a kill interrupted :func:`save_checkpoint` after its state was written, move
+            the complete new zip into place (``--resume`` does); otherwise it is returned where it is.
+
+    Raises:
+        UntrustedModelError: no recorded checksum, or no file with it (replaced, damaged, foreign).
+    """
+    run_dir = Path(run_dir)
+    zip_path = run_dir / MODEL_ZIP
+    state = read_checkpoint_state(run_dir)
+    why = ("SB3's model.zip holds pickled Python objects, so loading it runs the code they name; a run "
+           "loads only the model.zip whose sha256 it recorded when it saved it.")
+    if state is None or not state.get("model_sha256"):
+        raise UntrustedModelError(
+            f"{zip_path}: this run recorded no checksum for it ({run_dir / STATE_JSON} "
+            f"{'is missing' if state is None else 'has no model_sha256: saved by an older version'}). {why} "
+            "If you made this file yourself and trust it, record its checksum with "
+            f"agents.sb3_agents.trust_model_zip({str(run_dir)!r}).")
+    sha = str(state["model_sha256"])
+    if zip_path.exists() and sha256_file(zip_path) == sha:
+        return zip_path, state
+    nxt = run_dir / MODEL_NEXT
+    if nxt.exists() and sha256_file(nxt) == sha:  # a kill between the state and the zip replace
+        if not repair:
+            return nxt, state
+        os.replace(nxt, zip_path)
+        return zip_path, state
+    found = sha256_file(zip_path) if zip_path.exists() else None
+    raise UntrustedModelError(
+        f"{zip_path}: {'missing' if found is None else f'its sha256 {found[:16]}... is not'} the file this run saved "
+        f"(recorded sha256 {sha[:16]}...): it was replaced or damaged. {why} Refusing to load it.")
+
+
+def trust_model_zip(run_dir: str | os.PathLike) -> str:
+    """Record the sha256 of the run's current ``model.zip`` as trusted (for runs saved before
+    checksums existed). Only for a file you made or trust: loading it runs its code. Returns the sha256."""
+    run_dir = Path(run_dir)
+    zip_path = run_dir / MODEL_ZIP
+    if not zip_path.exists():
+        raise FileNotFoundError(f"{zip_path} does not exist")
+    state = read_checkpoint_state(run_dir) or {}
+    sha = sha256_file(zip_path)
+    atomic_write_json(run_dir / STATE_JSON, {**state, "model_sha256": sha}, indent=None)
+    return sha
+
+
+def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[str] = None) -> SB3AgentPolicy:
+    """The trained policy of an SB3 run directory, for ``gym.make("OIR-CraftaxClassic-v0")``.
+
+    Args:
+        run_dir: a folder written by :func:`train` / ``examples/train_sb3.py``.
+        seed: which of the run's seeds; an SB3 run trains one (its ``--seed``), so only 0.
+        device: torch device for the networks (default ``"auto"``).
+
+    Returns:
+        An :class:`SB3AgentPolicy` (``reset()``, ``act(obs) -> action``).
+
+    Raises:
+        UntrustedModelError: the run's ``model.zip`` is not the file it saved (nothing is loaded).
+    """
+    if seed != 0:
+        raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
+    run = RunDir(run_dir)
+    saved = run.read_config()
+    saved.pop("resolved_hyperparams", None)
+    cfg = SB3Config.from_dict(saved)
+    path, _ = verified_model_zip(run.path)
+    model = load_model(cfg.algo, path, device=check_device(device or "auto"))
+    return SB3AgentPolicy(model, cfg.algo, {"obs_mode": cfg.obs_mode, "delta": cfg.delta})
+
+
 # ----------------------------------------------------------------------------- training run
 
 
@@ -245,6 +508,7 @@ class SB3Config:
     total_timesteps: int = 30_000
     num_envs: int = 8
     seed: int = 0
+    device: str = "auto"  # torch device of the networks: auto | cpu | cuda | cuda:N
     # environment
     obs_mode: str = "paper"
     delta: float = 0.9
@@ -271,6 +535,7 @@ class SB3Config:
     eval_sets: str = "original,simple,complex"
     checkpoint_every: int = 10_000
     threads: int = 0  # 0: automatic (see configure_torch_threads)
+    progress_bar: bool = False  # SB3's progress bar (needs tqdm and rich)
 
     def validate(self) -> "SB3Config":
         def need(cond: bool, msg: str) -> None:
@@ -286,10 +551,12 @@ class SB3Config:
         need(self.buffer_size >= 0 and self.eval_every >= 0 and self.threads >= 0,
              "buffer_size, eval_every and threads must be >= 0")
         need(0 <= self.tau_low < self.tau_high, f"need 0 <= tau_low ({self.tau_low}) < tau_high ({self.tau_high})")
+        need(isinstance(self.hyperparams, dict), f"hyperparams must be a dict, got {self.hyperparams!r}")
         from oir_gym.instructions import SET_NAMES
 
         for s in self.eval_sets.split(","):
             need(s in SET_NAMES, f"eval set {s!r}; expected some of {SET_NAMES}")
+        check_hyperparams(self.algo, self.hyperparams, self.device)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -303,12 +570,17 @@ class SB3Config:
             raise ValueError(f"unknown config keys {sorted(unknown)}")
         return cls(**d)
 
+    @property
+    def resolved_device(self) -> str:
+        """The device, whether given as ``device`` or as the ``device`` hyperparameter."""
+        return self.hyperparams.get("device", self.device)
 
-def _make_run_callback():
+
+def _make_callbacks(trainer: "_Trainer"):
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import KVWriter
 
-    class _LastValues(KVWriter):
+    class LastValues(KVWriter):
         """An SB3 logger output that remembers the last value of every numeric key."""
 
         def __init__(self) -> None:
@@ -323,60 +595,64 @@ def _make_run_callback():
             pass
 
     class RunCallback(BaseCallback):
-        """Writes metrics rows, runs periodic evaluations and checkpoints (the run directory)."""
+        """Every ``log_every`` steps: a metrics row (also into SB3's logger, dumped to TensorBoard),
+        periodic evaluations and checkpoints."""
 
-        def __init__(self, trainer: "SB3Run") -> None:
+        def __init__(self) -> None:
             super().__init__(0)
-            self.trainer = trainer
-            self.capture = _LastValues()
-            self._next_log = trainer.cfg.log_every
-            self._next_eval = trainer.cfg.eval_every or None
-            self._next_ckpt = trainer.cfg.checkpoint_every
+            self.capture = LastValues()
 
         def _on_training_start(self) -> None:
             if self.capture not in self.model.logger.output_formats:
                 self.model.logger.output_formats.append(self.capture)
             t = self.num_timesteps
-            c = self.trainer.cfg
+            c = trainer.cfg
             self._next_log = (t // c.log_every + 1) * c.log_every
             self._next_ckpt = (t // c.checkpoint_every + 1) * c.checkpoint_every
-            if c.eval_every:
-                self._next_eval = (t // c.eval_every + 1) * c.eval_every
+            self._next_eval = (t // c.eval_every + 1) * c.eval_every if c.eval_every else None
 
         def _on_step(self) -> bool:
             t = self.num_timesteps
+            c = trainer.cfg
             if t >= self._next_log:
-                self._next_log += self.trainer.cfg.log_every
-                row = self.trainer.metrics_row(self.model, self.capture.values)
+                self._next_log += c.log_every
+                row = trainer.metrics_row(self.capture.values)
                 if self._next_eval is not None and t >= self._next_eval:
-                    self._next_eval += self.trainer.cfg.eval_every
-                    row.update(self.trainer.run_eval(self.model, f"{t:09d}"))
-                self.trainer.write_row(row)
+                    self._next_eval += c.eval_every
+                    row.update(trainer.run_eval(f"{t:09d}"))
+                trainer.write_row(row)
             if t >= self._next_ckpt:
-                self._next_ckpt += self.trainer.cfg.checkpoint_every
-                self.trainer.save(self.model)
+                self._next_ckpt += c.checkpoint_every
+                trainer.save()
             return True
 
-    return RunCallback
+    return RunCallback()
 
 
-class SB3Run:
-    """One training run with a run directory (config, metrics, checkpoints, evaluation, plots).
+def _sb3_logger(tb_dir: Optional[Path]):
+    """SB3's logger writing TensorBoard events to ``tb_dir`` (no output when None)."""
+    from stable_baselines3.common.logger import Logger, configure
 
-    Files: ``config.json``; ``metrics.jsonl`` / ``metrics.csv`` (one row per ``log_every`` env
-    steps: ``update`` (row index), ``env_steps``, ``time``, ``sps``, ``loss``, ``epsilon``,
-    ``train/success_rate``, ``train/ep_return_mean``, ``train/ep_length_mean``, ``relabel/*``, and
-    ``eval/<set>/<metric>`` on evaluation rows); ``model.zip`` + ``instruction_buffer.json`` +
-    ``state.json`` (checkpoint); ``eval_<steps>.json`` / ``eval_final.json`` (a one-element list of
-    :meth:`EvalResult.to_dict`, the format of ``train_pqn.py``); ``eval_final.md``; ``training.png``,
-    ``learning_curves.png`` and ``instruction_success.png``; ``tb/`` when TensorBoard is installed.
-    """
+    if tb_dir is None:
+        return Logger(folder=None, output_formats=[])
+    return configure(str(tb_dir), ["tensorboard"])
 
-    def __init__(self, cfg: SB3Config, run_dir: str | os.PathLike, print_fn: Callable[[str], None] = print) -> None:
-        self.cfg = cfg.validate()
-        self.run_dir = Path(run_dir)
+
+def _tensorboard_installed() -> bool:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _Trainer:
+    """One SB3 training run in a :class:`~agents.run_dir.RunDir` (used by :func:`train`)."""
+
+    def __init__(self, cfg: SB3Config, run: RunDir, print_fn: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.run = run
         self.print = print_fn
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time()
         self._last = (self.t0, 0)
         self.update = 0
@@ -384,49 +660,39 @@ class SB3Run:
         self.model = None
         self.relabeler = None
         self.relabel_cb = None
-        self.eval_env_kwargs = {"obs_mode": cfg.obs_mode}
+        self.metrics: Optional[MetricsWriter] = None
+        self._last_eval = None
 
     # ---------------------------------------------------------------- setup
-    def setup(self, resume: bool = False) -> None:
+    def setup(self, state: Optional[dict[str, Any]], model_path: Optional[Path]) -> None:
         cfg = self.cfg
         configure_torch_threads(cfg.threads or None)
         self.venv = make_env(cfg.num_envs, cfg.seed, obs_mode=cfg.obs_mode, delta=cfg.delta,
                              max_episode_steps=cfg.max_episode_steps, reward=cfg.reward,
                              buffer_size=(cfg.buffer_size or None) if cfg.relabeler != "none" else None,
                              tau_low=cfg.tau_low, tau_high=cfg.tau_high)
-        ckpt = self.run_dir / "model.zip"
-        if resume:
-            if not ckpt.exists():
-                raise FileNotFoundError(f"--resume: {ckpt} does not exist")
-            self.model = load_model(cfg.algo, ckpt, self.venv)
-            buf_path = self.run_dir / "instruction_buffer.json"
-            if buf_path.exists():
-                self.venv.buffer.load_state_dict(json.loads(buf_path.read_text()))
-            state = json.loads((self.run_dir / "state.json").read_text()) if (self.run_dir / "state.json").exists() else {}
+        if model_path is not None:
+            self.model = load_model(cfg.algo, model_path, self.venv, device=cfg.resolved_device)
+            if "instruction_buffer" in state:
+                self.venv.buffer.load_state_dict(state["instruction_buffer"])
+            elif (self.run / INSTRUCTION_BUFFER_JSON).exists():  # checkpoints before format 1
+                self.venv.buffer.load_state_dict(read_json(self.run / INSTRUCTION_BUFFER_JSON))
             self.update = int(state.get("update", 0))
         else:
-            tb = None
-            try:
-                import tensorboard  # noqa: F401
-
-                tb = str(self.run_dir / "tb")
-            except ImportError:
-                pass
-            self.model = make_model(cfg.algo, self.venv, cfg.seed, cfg.hyperparams, tensorboard_log=tb)
-            (self.run_dir / "config.json").write_text(json.dumps(
-                {**cfg.to_dict(), "resolved_hyperparams": resolve_hyperparams(cfg.algo, cfg.num_envs, cfg.hyperparams)},
-                indent=2, default=str))
+            self.model = make_model(cfg.algo, self.venv, cfg.seed, cfg.hyperparams, device=cfg.device)
+        self.model.set_logger(_sb3_logger(self.run / "tb" if _tensorboard_installed() else None))
         self.relabeler = make_relabeler(cfg.relabeler, cfg.k, cfg.delta, encoder=self.venv.encoder,
                                         llm_backend=cfg.llm_backend, llm_model=cfg.llm_model,
                                         llm_base_url=cfg.llm_base_url, template=cfg.llm_template)
         if self.relabeler is not None:
-            kw = {"segment_length": cfg.segment_length, "verbose": 1}
+            kw: dict[str, Any] = {"segment_length": cfg.segment_length, "verbose": 1}
             if cfg.asynchronous is not None:
                 kw["asynchronous"] = cfg.asynchronous
             self.relabel_cb = make_relabel_callback(self.relabeler, cfg.algo, **kw)
 
     # ---------------------------------------------------------------- rows
-    def metrics_row(self, model, sb3_values: dict[str, float]) -> dict[str, Any]:
+    def metrics_row(self, sb3_values: dict[str, float]) -> dict[str, Any]:
+        model = self.model
         t = model.num_timesteps
         now = time.time()
         dt = max(now - self._last[0], 1e-9)
@@ -456,8 +722,14 @@ class SB3Run:
         return row
 
     def write_row(self, row: dict[str, Any]) -> None:
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+        self.metrics.write(row)
+        # The same numbers through SB3's logger (TensorBoard), dumped at this step: off-policy
+        # SB3 dumps only every few episodes, which can mean never in a short run.
+        logger = self.model.logger
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("update", "env_steps", "time"):
+                logger.record(k if "/" in k else f"run/{k}", v)
+        logger.dump(step=int(row["env_steps"]))
         parts = [f"steps {row['env_steps']:>9,}"] + ([f"{row['sps']:6.0f} sps"] if "sps" in row else [])
         if "epsilon" in row:
             parts.append(f"eps {row['epsilon']:.2f}")
@@ -471,22 +743,24 @@ class SB3Run:
             parts.append(f"eval success {row['eval/original/mean_success_rate']:.3f}")
         self.print(f"[{self.cfg.algo}] " + " | ".join(parts))
 
-    def run_eval(self, model, tag: str) -> dict[str, float]:
+    def run_eval(self, tag: str) -> dict[str, float]:
         from oir_gym.evaluation import EvalConfig
 
         c = self.cfg
         ecfg = EvalConfig(sets=tuple(c.eval_sets.split(",")), episodes=c.eval_episodes, horizon=c.eval_horizon)
-        res = evaluate(model, ecfg, seed=c.seed + 12345, env_kwargs=self.eval_env_kwargs)
-        (self.run_dir / f"eval_{tag}.json").write_text(json.dumps([res.to_dict()], indent=1))
+        res = evaluate(self.model, ecfg, seed=c.seed + 12345, env_kwargs={"obs_mode": c.obs_mode})
+        self.run.write_eval(tag, [res.to_dict()])
         self._last_eval = res
         return res.flat_metrics()
 
-    def save(self, model=None) -> None:
-        model = model or self.model
-        model.save(str(self.run_dir / "model.zip"))
-        self.venv.buffer.save(self.run_dir / "instruction_buffer.json")
-        (self.run_dir / "state.json").write_text(json.dumps({"num_timesteps": int(model.num_timesteps),
-                                                             "update": self.update}))
+    def save(self) -> None:
+        """A checkpoint: model.zip (checksummed), and in state.json the instruction buffer, the
+        metrics position (rows after it are cut on resume) and the row counter."""
+        position = self.metrics.sync()
+        save_checkpoint(self.run.path, self.model, {
+            "update": self.update, "metrics": position.to_dict(),
+            "instruction_buffer": self.venv.buffer.state_dict(),
+        })
 
     # ---------------------------------------------------------------- main
     def learn(self) -> None:
@@ -495,35 +769,34 @@ class SB3Run:
         remaining = self.cfg.total_timesteps - int(self.model.num_timesteps)
         if remaining <= 0:
             return
-        cbs = [self._run_cb()]
+        cbs = [_make_callbacks(self)]
         if self.relabel_cb is not None:
             cbs.insert(0, self.relabel_cb)
         self.model.learn(remaining, callback=CallbackList(cbs), reset_num_timesteps=self.model.num_timesteps == 0,
-                         progress_bar=False)
-
-    def _run_cb(self):
-        return _make_run_callback()(self)
+                         progress_bar=self.cfg.progress_bar)
 
     def finish(self) -> dict[str, Any]:
-        """Final evaluation, checkpoint, tables and plots. Returns the final row."""
+        """Final checkpoint, evaluation, tables, plots, then the completion marker. Returns the final row."""
         from oir_gym import analysis
 
         self.save()
-        row = self.metrics_row(self.model, {})
+        row = self.metrics_row({})
         row.pop("sps", None)  # not a training throughput: the row is written after learn()
-        row.update(self.run_eval(self.model, "final"))
+        row.update(self.run_eval("final"))
         self.write_row(row)
         res = self._last_eval
-        (self.run_dir / "eval_final.json").write_text(json.dumps([res.to_dict()], indent=1))
         table = res.to_markdown()
-        (self.run_dir / "eval_final.md").write_text(
+        self.run.write_eval("final", [res.to_dict()], markdown=(
             f"# Final evaluation ({self.cfg.algo}, relabeler {self.cfg.relabeler}, {self.model.num_timesteps:,} env "
-            f"steps, {self.cfg.eval_episodes} episode(s) x {self.cfg.eval_horizon} steps per instruction)\n\n{table}\n")
-        rows = analysis.read_jsonl(self.run_dir / "metrics.jsonl")
-        analysis.write_csv(rows, self.run_dir / "metrics.csv")
-        analysis.plot_training(rows, self.run_dir / "training.png")
-        analysis.plot_learning_curves({self.cfg.algo: [self.run_dir]}, self.run_dir / "learning_curves.png")
-        analysis.plot_instruction_bars({self.cfg.algo: [res.to_dict()]}, self.run_dir / "instruction_success.png")
+            f"steps, {self.cfg.eval_episodes} episode(s) x {self.cfg.eval_horizon} steps per instruction)\n\n{table}\n"))
+        self.metrics.sync()
+        self.run.write_csv()
+        rows = self.run.read_metrics()
+        analysis.plot_training(rows, self.run / "training.png")
+        analysis.plot_learning_curves({self.cfg.algo: [rows]}, self.run / "learning_curves.png")
+        analysis.plot_instruction_bars({self.cfg.algo: [res.to_dict()]}, self.run / "instruction_success.png")
+        self.run.mark_complete(update=self.update, env_steps=int(self.model.num_timesteps),
+                               model_sha256=read_checkpoint_state(self.run.path)["model_sha256"])
         self.print("\nFinal evaluation:\n" + table)
         return row
 
@@ -532,22 +805,55 @@ class SB3Run:
             self.relabeler.close()
         if self.venv is not None:
             self.venv.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
 
-def train(cfg: SB3Config, run_dir: str | os.PathLike, resume: bool = False,
+def train(cfg: SB3Config, run_dir: str | os.PathLike, resume: bool = False, overwrite: bool = False,
           print_fn: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train ``cfg`` into ``run_dir`` (resuming from its checkpoint when ``resume``); returns the final row."""
-    run = SB3Run(cfg, run_dir, print_fn)
+    """Train ``cfg`` into ``run_dir``; returns the final metrics row.
+
+    Every check runs before anything is written or deleted: the config, the flags against the
+    folder (:meth:`RunDir.prepare`: ``resume`` with ``overwrite`` refused, an existing run never
+    reused without one of them), and on ``resume`` the checkpoint (a ``model.zip`` without the
+    checksum the run recorded is refused, :class:`UntrustedModelError`). A resumed run continues
+    from its checkpoint and cuts the metrics rows written after it; a complete run is left alone
+    unless ``total_timesteps`` grew. ``KeyboardInterrupt`` (SIGINT; the script maps SIGTERM to it)
+    saves a checkpoint first.
+    """
+    cfg.validate()
+    model_path, state = None, None
+    if resume:
+        # Check the flags and the checkpoint before anything touches the folder.
+        if overwrite or not (Path(run_dir) / "config.json").is_file():
+            RunDir.prepare(run_dir, resume=True, overwrite=overwrite)  # raises its clear error
+        state = read_checkpoint_state(run_dir)
+        if state is not None or (Path(run_dir) / MODEL_ZIP).exists():
+            model_path, state = verified_model_zip(run_dir, repair=True)
+    run = RunDir.prepare(run_dir, resume=resume, overwrite=overwrite)
+    if state is not None and run.is_complete() and cfg.total_timesteps <= int(state.get("num_timesteps", 0)):
+        print_fn(f"{run.path} is complete ({int(state['num_timesteps']):,} env steps); nothing to do "
+                 "(raise --total-timesteps to train further)")
+        return {"complete": True, **(run.completion() or {})}
+    # the checkpoint's metrics rows (cut after it on resume); before metrics positions: by update
+    position = ({"position": state["metrics"]} if state is not None and "metrics" in state
+                else {"after_update": int(state.get("update", 0)) if state else 0})
+    run.check_metrics(**position)  # a damaged metrics.jsonl: an error naming it, before anything is written
+    run.clear_complete()
+    run.write_config({**cfg.to_dict(),
+                      "resolved_hyperparams": resolve_hyperparams(cfg.algo, cfg.num_envs, cfg.hyperparams)})
+    trainer = _Trainer(cfg, run, print_fn)
     try:
-        run.setup(resume=resume)
-        run.print(f"oir-gym SB3 | algo={cfg.algo} relabeler={cfg.relabeler} | {cfg.num_envs} envs | "
-                  f"{cfg.total_timesteps:,} env steps | run dir {run.run_dir}")
+        trainer.metrics = run.open_metrics(**position, tensorboard=False)
+        trainer.setup(state, model_path)
+        print_fn(f"oir-gym SB3 | algo={cfg.algo} relabeler={cfg.relabeler} device={trainer.model.device} | "
+                 f"{cfg.num_envs} envs | {cfg.total_timesteps:,} env steps | run dir {run.path}")
         try:
-            run.learn()
+            trainer.learn()
         except KeyboardInterrupt:
-            run.print("interrupted: saving a checkpoint")
-            run.save()
+            print_fn("interrupted: saving a checkpoint")
+            trainer.save()
             raise
-        return run.finish()
+        return trainer.finish()
     finally:
-        run.close()
+        trainer.close()

@@ -65,7 +65,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import struct  # noqa: E402
 
-import oir_gym  # noqa: E402,F401
+import oir_gym  # noqa: E402
+
+if ARGS is not None:
+    oir_gym.enable_compilation_cache()  # a no-op under --no-cache (OIR_GYM_JAX_CACHE=0)
 from oir_gym import functional as F  # noqa: E402
 from oir_gym.craftax_compat import (  # noqa: E402
     NUM_ACTIONS,

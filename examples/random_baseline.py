@@ -24,11 +24,13 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
 
+    import oir_gym
     from oir_gym import functional as F
     from oir_gym.encoder import get_encoder
     from oir_gym.evaluation import EvalConfig, eval_instructions, evaluate_jax, make_jax_evaluator
     from oir_gym.instruction_registry import InstructionRegistry
 
+    oir_gym.enable_compilation_cache()
     cfg = EvalConfig(episodes=args.episodes, horizon=args.horizon)
     texts, achs, sets = eval_instructions(cfg)
     registry = InstructionRegistry(get_encoder())

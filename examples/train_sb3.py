@@ -1,7 +1,7 @@
 """Train a Stable-Baselines3 agent (RecurrentPPO, QR-DQN or DQN) on Craftax-Classic with OIR relabeling.
 
     python examples/train_sb3.py --algo qrdqn --relabeler rules          # CPU-sized defaults
-    python examples/train_sb3.py --algo dqn --relabeler both --total-timesteps 200000
+    python examples/train_sb3.py --algo dqn --relabeler both --total-timesteps 200000 --device cuda
     python examples/train_sb3.py --algo recurrent_ppo --relabeler llm    # curriculum only (on-policy)
     python examples/train_sb3.py --algo qrdqn --hp learning_rate=3e-4 --hp buffer_size=20000
     python examples/train_sb3.py --run-dir runs/x --resume               # continue from the checkpoint
@@ -11,10 +11,11 @@ relabeled transitions in their replay buffer, RecurrentPPO the instruction-buffe
 (see docs/sb3.md). ``--relabeler none`` trains on the 22 original instructions (cosine or, with
 ``--reward gt``, ground-truth reward).
 
-Writes ``--run-dir`` in the format of ``train_pqn.py``: config.json, metrics.jsonl / metrics.csv,
-TensorBoard events (if installed), model.zip + instruction_buffer.json (checkpoint),
-eval_*.json, eval_final.md and PNG plots (training.png, learning_curves.png,
-instruction_success.png).
+Writes ``--run-dir`` (agents/run_dir.py, the format of ``train_pqn.py``): config.json,
+metrics.jsonl / metrics.csv, TensorBoard events in tb/ (if installed), model.zip + state.json
+(checkpoint; --resume loads only the model.zip whose sha256 the run recorded: an SB3 zip holds
+pickled objects, so a foreign one is code), eval_*.json, eval_final.md, PNG plots and, last,
+complete.json. SIGINT and SIGTERM save a checkpoint before exiting.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -30,10 +31,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents import sb3_agents  # noqa: E402
+from agents.run_dir import CorruptFileError, RunDir, RunDirError  # noqa: E402
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _bool(s: str) -> bool:
-    return s.lower() in ("1", "true", "yes", "on")
+    if s.lower() in _TRUE:
+        return True
+    if s.lower() in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean ({'/'.join(_TRUE)} or {'/'.join(_FALSE)}), got {s!r}")
 
 
 def _hp(s: str) -> tuple[str, object]:
@@ -50,7 +58,8 @@ def _hp(s: str) -> tuple[str, object]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", default=None, help="output folder (default runs/sb3_<algo>_<relabeler>_<time>)")
-    p.add_argument("--resume", action="store_true", help="continue from <run-dir>/model.zip")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --run-dir (its outputs are removed)")
     p.add_argument("--hp", type=_hp, action="append", default=[], metavar="KEY=VALUE",
                    help="override an SB3 constructor argument (repeatable; values parsed as Python literals)")
     for f in dataclasses.fields(sb3_agents.SB3Config):
@@ -70,6 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_config(args, saved: dict | None = None) -> sb3_agents.SB3Config:
+    """The run's config: the saved one (``--resume``) or the defaults, updated with the given flags."""
     values = dict(saved or {})
     values.pop("resolved_hyperparams", None)
     for f in dataclasses.fields(sb3_agents.SB3Config):
@@ -88,20 +98,35 @@ def build_config(args, saved: dict | None = None) -> sb3_agents.SB3Config:
     return sb3_agents.SB3Config.from_dict(values).validate()
 
 
+def _sigterm(signum, frame):  # schedulers and `docker stop` send SIGTERM: checkpoint as for Ctrl-C
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    import oir_gym
+
     args = parse_args(argv)
-    run_dir = args.run_dir
     saved = None
-    if args.resume:
-        if run_dir is None or not (Path(run_dir) / "config.json").exists():
-            print("error: --resume needs --run-dir of an existing run (with config.json)", file=sys.stderr)
-            return 2
-        saved = json.loads((Path(run_dir) / "config.json").read_text())
-    cfg = build_config(args, saved)
-    run_dir = Path(run_dir or f"runs/sb3_{cfg.algo}_{cfg.relabeler}_{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        if args.resume:
+            if args.run_dir is None:
+                raise RunDirError("--resume needs --run-dir (the run to continue)")
+            if not args.overwrite and (Path(args.run_dir) / "config.json").is_file():
+                saved = RunDir(args.run_dir).read_config()
+        cfg = build_config(args, saved)
+    except (ValueError, RunDirError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir or f"runs/sb3_{cfg.algo}_{cfg.relabeler}_{time.strftime('%Y%m%d-%H%M%S')}")
+    oir_gym.enable_compilation_cache()
+    signal.signal(signal.SIGTERM, _sigterm)
     t0 = time.time()
     try:
-        sb3_agents.train(cfg, run_dir, resume=args.resume, print_fn=lambda s: print(s, flush=True))
+        sb3_agents.train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite,
+                         print_fn=lambda s: print(s, flush=True))
+    except (RunDirError, sb3_agents.UntrustedModelError, CorruptFileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"interrupted; continue with: python examples/train_sb3.py --run-dir {run_dir} --resume", flush=True)
         return 130

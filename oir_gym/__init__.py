@@ -5,39 +5,55 @@ Quick use::
     import gymnasium as gym, oir_gym
     env = gym.make("OIR-CraftaxClassic-v0")                    # single env
     envs = gym.make_vec("OIR-CraftaxClassic-v0", num_envs=64)   # batched JAX-backed vector env
+
+Importing the package registers the env id with Gymnasium and changes nothing else in the
+process; scripts call :func:`enable_compilation_cache` to reuse compiled JAX programs.
 """
 
 from __future__ import annotations
 
 import os
 
+from oir_gym.buffer import InstructionBuffer
+from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, NUM_EVENTS
+from oir_gym.encoder import InstructionEncoder, get_encoder
+from oir_gym.instructions import ORIGINAL_INSTRUCTIONS, get_instruction_set, load_instruction_sets
+from oir_gym.trajectory import Trajectory
+from oir_gym.recorder import TrajectoryRecorder, rollout
+from oir_gym.vector_env import InstructionCraftax
+from oir_gym.single_env import InstructionCraftaxEnv
+from oir_gym.registration import ENV_ID, register_envs
+
 __version__ = "0.1.0"
 
 
-def _enable_compilation_cache() -> None:
-    # Craftax programs take 10-40 s to compile on a small CPU; JAX's persistent cache makes
-    # every later process start in seconds. Opt out with OIR_GYM_JAX_CACHE=0.
+def enable_compilation_cache(path: str | None = None, min_compile_time_secs: float = 1.0) -> str | None:
+    """Switch on JAX's persistent compilation cache for this process; returns its folder (or None).
+
+    Craftax programs take 10-40 s to compile on a small CPU; with the cache every later process
+    starts in seconds. The scripts call this; importing ``oir_gym`` does not (a library must not
+    change a process-wide JAX setting behind its user's back).
+
+    Args:
+        path: the cache folder (default ``$OIR_GYM_JAX_CACHE_DIR``, else ``~/.cache/oir_gym/jax``).
+        min_compile_time_secs: programs that compile faster than this are not cached.
+
+    ``OIR_GYM_JAX_CACHE=0`` turns the call into a no-op (returns None). Without ``path``, a cache
+    folder already set in JAX's config (by the user, or ``JAX_COMPILATION_CACHE_DIR``) is kept.
+    """
     if os.environ.get("OIR_GYM_JAX_CACHE", "1") == "0":
-        return
+        return None
     import jax
 
-    if not jax.config.jax_compilation_cache_dir:
-        path = os.environ.get("OIR_GYM_JAX_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "oir_gym", "jax"))
-        jax.config.update("jax_compilation_cache_dir", path)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    current = jax.config.jax_compilation_cache_dir
+    if current and path is None:
+        return str(current)
+    folder = path or os.environ.get("OIR_GYM_JAX_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "oir_gym", "jax")
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_secs))
+    return folder
 
-
-_enable_compilation_cache()
-
-from oir_gym.buffer import InstructionBuffer  # noqa: E402
-from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, NUM_EVENTS  # noqa: E402
-from oir_gym.encoder import InstructionEncoder, get_encoder  # noqa: E402
-from oir_gym.instructions import ORIGINAL_INSTRUCTIONS, get_instruction_set, load_instruction_sets  # noqa: E402
-from oir_gym.trajectory import Trajectory  # noqa: E402
-from oir_gym.recorder import TrajectoryRecorder, rollout  # noqa: E402
-from oir_gym.vector_env import InstructionCraftax  # noqa: E402
-from oir_gym.single_env import InstructionCraftaxEnv  # noqa: E402
-from oir_gym.registration import ENV_ID, register_envs  # noqa: E402
 
 register_envs()
 
@@ -54,6 +70,6 @@ def __getattr__(name: str):
 __all__ = [
     "ACHIEVEMENT_NAMES", "ENV_ID", "EVENT_NAMES", "NUM_EVENTS", "ORIGINAL_INSTRUCTIONS",
     "HindsightRelabeler", "InstructionBuffer", "InstructionCraftax", "InstructionCraftaxEnv",
-    "InstructionEncoder", "Trajectory", "TrajectoryRecorder", "get_encoder", "get_instruction_set",
-    "load_instruction_sets", "rollout",
+    "InstructionEncoder", "Trajectory", "TrajectoryRecorder", "enable_compilation_cache", "get_encoder",
+    "get_instruction_set", "load_instruction_sets", "rollout",
 ]

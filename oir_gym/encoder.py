@@ -37,10 +37,13 @@ class InstructionEncoder:
 
     Args:
         model: ``"default"`` (packaged all-MiniLM-L6-v2), or a local folder holding a
-            sentence-transformers model. Hub names are only accepted when ``allow_hub=True``.
+            sentence-transformers model. Hub names are only accepted when ``allow_hub=True``
+            (otherwise the model is loaded with ``local_files_only``: nothing is fetched).
         device: torch device for the encoder (``"cpu"`` by default).
         cache_size: number of strings whose embeddings are kept.
         batch_size: sentences per forward pass.
+        allow_hub: accept a model name that is not a local folder (sentence-transformers may then
+            download it; this project never does so itself).
     """
 
     def __init__(
@@ -57,9 +60,6 @@ class InstructionEncoder:
                 f"encoder model path {path!r} does not exist; pass an existing local "
                 "sentence-transformers folder, or model='default' for the packaged all-MiniLM-L6-v2"
             )
-        if not allow_hub:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import torch
         from sentence_transformers import SentenceTransformer
 
@@ -71,7 +71,9 @@ class InstructionEncoder:
             torch.set_num_threads(int(os.environ["OIR_GYM_TORCH_THREADS"]))
 
         self.model_path = path
-        self._model = SentenceTransformer(path, device=device)
+        # local_files_only keeps the load off the network without touching HF_HUB_OFFLINE, which
+        # is process-wide (it would also stop a vLLM or Hub model elsewhere in the process).
+        self._model = SentenceTransformer(path, device=device, local_files_only=not allow_hub)
         self.dim = int(self._model.get_embedding_dimension()
                        if hasattr(self._model, "get_embedding_dimension")
                        else self._model.get_sentence_embedding_dimension())

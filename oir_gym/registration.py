@@ -1,10 +1,55 @@
-"""Gymnasium registration of ``OIR-CraftaxClassic-v0``."""
+"""Gymnasium registration of ``OIR-CraftaxClassic-v0``.
+
+``gym.make(ENV_ID)`` gives the single env (:class:`~oir_gym.single_env.InstructionCraftaxEnv`)
+wrapped in :class:`EnvChecker` (Gymnasium's passive env checker, with one repair) and
+``OrderEnforcing``; ``gym.make_vec(ENV_ID, num_envs=n)`` gives the batched
+:class:`~oir_gym.vector_env.InstructionCraftax` itself.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.wrappers import PassiveEnvChecker
 
 ENV_ID = "OIR-CraftaxClassic-v0"
+
+
+class EnvChecker(PassiveEnvChecker):
+    """Gymnasium's :class:`~gymnasium.wrappers.PassiveEnvChecker`, except that a refused first
+    ``reset`` does not break the env.
+
+    Gymnasium 1.4's checker marks its one-time reset check as done before it calls ``reset``; when
+    that reset raises (say, an empty instruction refused), it has no reset data to compare the
+    first step with, and every later ``step`` fails with "cannot unpack non-iterable NoneType".
+    Here a first reset that raises leaves the check armed, so the next (valid) reset is checked
+    and the env works as usual. The registered entry point wraps the env in it, and the spec
+    turns Gymnasium's own checker off (``disable_env_checker=True``); passing
+    ``disable_env_checker=False`` to ``gym.make`` adds Gymnasium's, with its flaw, around it.
+    """
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        first = not self.checked_reset
+        try:
+            return super().reset(seed=seed, options=options)
+        except Exception:
+            if first:
+                self.checked_reset = False  # check the next reset instead of keeping nothing
+            raise
+
+    @property
+    def spec(self) -> EnvSpec | None:
+        # The plain wrapper spec (this checker listed among the additional wrappers, which the
+        # entry point recreates), not the parent's, which would switch Gymnasium's checker back on.
+        return gym.Wrapper.spec.fget(self)
+
+
+def _make_single(**kwargs: Any) -> EnvChecker:
+    from oir_gym.single_env import InstructionCraftaxEnv
+
+    return EnvChecker(InstructionCraftaxEnv(**kwargs))
 
 
 def _make_vector(num_envs: int = 16, max_episode_steps: int | None = None, **kwargs):
@@ -21,8 +66,10 @@ def register_envs() -> None:
         return
     gym.register(
         id=ENV_ID,
-        entry_point="oir_gym.single_env:InstructionCraftaxEnv",
+        # The single env inside EnvChecker (Gymnasium's checker, repaired). Not through the
+        # spec's additional_wrappers: gym.make_vec refuses a vector entry point beside them.
+        entry_point="oir_gym.registration:_make_single",
         vector_entry_point="oir_gym.registration:_make_vector",
         max_episode_steps=None,  # the env truncates itself (max_episode_steps kwarg)
-        disable_env_checker=False,
+        disable_env_checker=True,  # EnvChecker replaces Gymnasium's (see its docstring)
     )

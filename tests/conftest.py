@@ -2,7 +2,7 @@
 
 Compiling the batched Craftax step takes tens of seconds on a small CPU, so the tests share a
 few env instances built once per session, all with ``NUM_ENVS`` envs (one compiled program per
-configuration; the JAX persistent compilation cache that ``import oir_gym`` enables makes a
+configuration; the JAX persistent compilation cache switched on below makes a
 second instance of the same configuration cheap). Tests that need a particular situation edit
 the Craftax state of the shared env (:class:`Scene`) instead of searching for a world.
 """
@@ -19,9 +19,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-import oir_gym  # noqa: E402,F401  (enables the compilation cache, registers the env id)
+import oir_gym  # noqa: E402  (registers the env id)
 from oir_gym.captions import EVENT_NAMES  # noqa: E402
 from oir_gym.craftax_compat import Action, BlockType  # noqa: E402
+
+oir_gym.enable_compilation_cache()
 
 #: Number of envs of every shared vector env (one compiled program).
 NUM_ENVS = 4

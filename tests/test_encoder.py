@@ -20,26 +20,57 @@ def test_default_model_is_packaged_locally():
 
 
 def test_encoder_loads_offline_without_network(tmp_path):
-    """A fresh process with hub access off, an empty HF cache and no sockets can encode."""
+    """A fresh process with no sockets, an empty HF cache and no HF_*_OFFLINE variables can encode,
+    and building the encoder leaves the process environment as it was (no process-wide switch)."""
     code = textwrap.dedent(
         """
-        import socket
+        import os, socket
         def _no_network(*a, **k):
             raise OSError("network access attempted")
         socket.socket.connect = _no_network
         socket.create_connection = _no_network
+        import oir_gym
         from oir_gym.encoder import InstructionEncoder
+        import jax
+        assert not jax.config.jax_compilation_cache_dir, "import oir_gym switched on the JAX cache"
+        import torch, sentence_transformers  # their own imports set a few variables (KMP_*)
+        before = dict(os.environ)
         enc = InstructionEncoder()
         v = enc.encode(["collect wood"])
         assert v.shape == (1, 384), v.shape
+        changed = {k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)}
+        assert not changed, f"building the encoder changed the environment: {sorted(changed)}"
         print("OK", float(abs(v).sum()) > 0)
         """
     )
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
-               OIR_GYM_JAX_CACHE="0")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                                            "JAX_COMPILATION_CACHE_DIR")}
+    env["HF_HOME"] = str(tmp_path / "hf")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK True" in out.stdout
+
+
+def test_enable_compilation_cache_is_explicit(tmp_path):
+    """``import oir_gym`` leaves JAX's cache alone; ``enable_compilation_cache`` sets it, honours
+    OIR_GYM_JAX_CACHE=0 and OIR_GYM_JAX_CACHE_DIR."""
+    code = textwrap.dedent(
+        """
+        import os, jax, oir_gym
+        assert not jax.config.jax_compilation_cache_dir
+        os.environ["OIR_GYM_JAX_CACHE"] = "0"
+        assert oir_gym.enable_compilation_cache() is None and not jax.config.jax_compilation_cache_dir
+        del os.environ["OIR_GYM_JAX_CACHE"]
+        path = oir_gym.enable_compilation_cache()
+        assert path == jax.config.jax_compilation_cache_dir == os.environ["OIR_GYM_JAX_CACHE_DIR"], path
+        print("OK")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OIR_GYM_JAX_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    env["OIR_GYM_JAX_CACHE_DIR"] = str(tmp_path / "jaxcache")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK" in out.stdout
 
 
 def test_output_contract(encoder):

@@ -64,6 +64,22 @@ def test_bad_initial_instructions(instructions, exc, match, encoder):
         InstructionCraftax(num_envs=NUM_ENVS, instructions=instructions, encoder=encoder)
 
 
+@pytest.mark.parametrize("make", ["class", "gym.make", "gym.make_vec"])
+def test_a_string_where_a_list_of_instructions_is_expected(make, encoder):
+    """instructions="wood" used to become three one-letter instructions."""
+    import gymnasium as gym
+
+    from oir_gym import ENV_ID
+
+    with pytest.raises(TypeError, match=r"list of strings.*\['wood'\]"):
+        if make == "class":
+            InstructionCraftax(num_envs=NUM_ENVS, instructions="wood", encoder=encoder)
+        elif make == "gym.make":
+            gym.make(ENV_ID, instructions="wood", encoder=encoder)
+        else:
+            gym.make_vec(ENV_ID, num_envs=NUM_ENVS, instructions="wood", encoder=encoder)
+
+
 def test_missing_encoder_path_names_the_path():
     with pytest.raises(FileNotFoundError, match="/nonexistent/encoder"):
         InstructionCraftax(num_envs=NUM_ENVS, encoder="/nonexistent/encoder")

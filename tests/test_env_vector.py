@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 import gymnasium as gym
 import jax
 import numpy as np
@@ -60,11 +63,12 @@ def test_make_vec_returns_instruction_craftax(venv3):
     assert set(venv3.single_observation_space.spaces) == {"obs", "instruction"}
     assert venv3.action_space.shape == (NUM_ENVS,)
     assert venv3.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+    assert venv3.metadata["render_fps"] > 0  # video wrappers read it
 
 
 def test_registered_spec_has_both_entry_points():
     spec = gym.spec(ENV_ID)
-    assert spec.entry_point == "oir_gym.single_env:InstructionCraftaxEnv"
+    assert spec.entry_point == "oir_gym.registration:_make_single"  # InstructionCraftaxEnv in EnvChecker
     assert spec.vector_entry_point is not None
 
 
@@ -72,6 +76,7 @@ def test_registered_spec_has_both_entry_points():
 
 
 def test_same_step_autoreset_truncation(venv3):
+    t_reset = time.perf_counter()
     obs, infos = venv3.reset(seed=1, options={"instruction": UNREACHABLE})
     assert venv3.observation_space.contains(obs)
     assert list(infos["instruction"]) == [UNREACHABLE] * NUM_ENVS
@@ -82,6 +87,7 @@ def test_same_step_autoreset_truncation(venv3):
     # Stagger the episodes: env 1 is one step behind, so only envs 0, 2, 3 hit the limit now.
     set_steps(venv3, [2, 1, 2, 2])
     obs, r, te, tr, infos = venv3.step(rng.integers(0, 17, NUM_ENVS))
+    elapsed = time.perf_counter() - t_reset
     done = np.array([True, False, True, True])
     np.testing.assert_array_equal(tr, done)
     np.testing.assert_array_equal(te, False)
@@ -92,6 +98,16 @@ def test_same_step_autoreset_truncation(venv3):
     np.testing.assert_array_equal(infos["_episode"], done)
     np.testing.assert_array_equal(infos["episode"]["l"], [3, 0, 3, 3])
     np.testing.assert_array_equal(infos["episode"]["r"], 0.0)
+    # "t": the episode's elapsed seconds (RecordEpisodeStatistics), 0 where no episode ended
+    t = infos["episode"]["t"]
+    assert (t[done] > 0).all() and (t[done] <= elapsed).all() and t[1] == 0
+    # final_info: the finished envs' own info of their last step, episode statistics included
+    fi = infos["final_info"]
+    np.testing.assert_array_equal(fi["episode"]["l"], [3, 0, 3, 3])
+    np.testing.assert_array_equal(fi["episode"]["t"], t)
+    assert fi["events"].shape == infos["events"].shape and fi["achievements"].shape == (NUM_ENVS, 22)
+    np.testing.assert_array_equal(fi["success"], infos["success"])
+    assert not np.shares_memory(fi["events"], infos["events"])
     assert infos["final_obs"][1] is None
     steps = np.asarray(venv3._state.env.steps)
     np.testing.assert_array_equal(steps, [0, 2, 0, 0])
@@ -109,6 +125,23 @@ def test_same_step_autoreset_truncation(venv3):
     obs, r, te, tr, infos = venv3.step(np.zeros(NUM_ENVS, np.int64))
     np.testing.assert_array_equal(tr, [False, True, False, False])
     np.testing.assert_array_equal(infos["_final_obs"], [False, True, False, False])
+    # env 1 ends one step later, on its own clock
+    assert infos["episode"]["t"][1] > 0
+
+
+def test_seed_lists(venv3):
+    """One seed per env is accepted when it means what seed=s means ([s, s+1, ...]); else a clear error."""
+    venv3.set_instructions(None)
+    by_int, _ = venv3.reset(seed=7)
+    by_list, _ = venv3.reset(seed=[7 + i for i in range(NUM_ENVS)])
+    np.testing.assert_array_equal(by_int["obs"], by_list["obs"])
+    venv3.reset(seed=[None] * NUM_ENVS)
+    with pytest.raises(ValueError, match="consecutive"):
+        venv3.reset(seed=[7, 3, 11, 1])
+    with pytest.raises(ValueError, match=f"2 seeds for {NUM_ENVS} envs"):
+        venv3.reset(seed=[7, 8])
+    with pytest.raises(TypeError, match="seed must be"):
+        venv3.reset(seed="7")
 
 
 # --------------------------------------------------------------------------- next-step autoreset
@@ -303,9 +336,11 @@ def test_same_seed_same_trajectory(venv3, encoder):
 @pytest.mark.slow
 def test_render_rgb_array(venv):
     frames = venv.render()
-    assert frames.dtype == np.uint8 and frames.ndim == 4
-    assert frames.shape[0] == NUM_ENVS and frames.shape[-1] == 3 and frames.shape[1] > 0
-    assert frames.max() > 0
+    # a sequence of per-env frames: what Gymnasium's vector RecordVideo asserts
+    assert isinstance(frames, Sequence) and len(frames) == NUM_ENVS
+    for f in frames:
+        assert f.dtype == np.uint8 and f.ndim == 3 and f.shape[-1] == 3 and f.shape[0] > 0
+    assert max(f.max() for f in frames) > 0
 
 
 def test_render_without_mode_raises(venv3):

@@ -23,7 +23,9 @@ from oir_gym.buffer import InstructionBuffer  # noqa: E402
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS  # noqa: E402
 from oir_gym.relabel import HindsightRelabeler  # noqa: E402
 from oir_gym.reward import first_success_step  # noqa: E402
-from oir_gym.sb3 import HindsightRelabelCallback, SB3VecEnv, find_instruction_env  # noqa: E402
+from oir_gym.sb3 import (  # noqa: E402
+    HindsightRelabelCallback, RelabelConfig, RelabelReplayBuffer, SB3VecEnv, find_instruction_env,
+)
 from oir_gym.vector_env import InstructionCraftax  # noqa: E402
 
 N_ENVS = 4
@@ -185,6 +187,7 @@ def test_attrs_methods_and_instruction_pins(venv):
     assert venv.get_attr("instruction") == venv.current_instructions()
     assert venv.env_method("current_instructions", indices=[0, 3]) == [venv.current_instructions()] * 2
     assert venv.env_is_wrapped(VecMonitor) == [False] * N_ENVS
+    assert venv.metadata["render_fps"] == venv.env.metadata["render_fps"]  # for VecVideoRecorder
     venv.set_attr("instruction", "collect wood", indices=[1])
     venv.reset()
     assert venv.get_attr("instruction", indices=1) == ["collect wood"]
@@ -211,21 +214,22 @@ def test_next_step_autoreset_is_refused(cenv):
 
 def test_callback_writes_relabeled_rows_into_the_dqn_replay_buffer(venv, rules):
     """Rewards are 1 exactly at the first grounded step, dones cut the relabeled episode there."""
-    model = DQN("MultiInputPolicy", venv, seed=0, learning_starts=10**9, buffer_size=20_000, verbose=0)
+    model = DQN("MultiInputPolicy", venv, seed=0, learning_starts=10**9, buffer_size=20_000, verbose=0,
+                replay_buffer_class=RelabelReplayBuffer, replay_buffer_kwargs=dict(keep_history=True))
     cb = HindsightRelabelCallback(rules, asynchronous=False, segment_length=32, keep_history=True)
     model.learn(1600, callback=cb)
     assert cb.mode == "replay"
     st = cb.stats
+    buf = model.replay_buffer
     assert st["results"] > 0 and st["grounded"] > 0 and st["rows_added"] > 0
-    assert st["rows_added"] == len(cb.history) and st["rows_pending"] < N_ENVS
+    assert st["rows_added"] == len(buf.history) and st["rows_pending"] < N_ENVS
     assert st["first_step_mismatch"] == 0
 
-    buf = model.replay_buffer
     env = venv.env
     delta = float(env.params.delta)
     groups = defaultdict(list)
-    for h in cb.history:
-        groups[(h["traj"], h["text"])].append(h)
+    for h in buf.history:
+        groups[h["tag"]].append(h)
     n_success = 0
     for (tid, text), rows in groups.items():
         rows.sort(key=lambda h: h["t"])
@@ -249,7 +253,7 @@ def test_callback_writes_relabeled_rows_into_the_dqn_replay_buffer(venv, rules):
         n_success += 1
     assert n_success > 0
     # every reward-1 row in the buffer beyond the agent's own successes is a relabeled first success
-    assert st["success_rows"] == sum(1 for h in cb.history if h["t"] == h["first_step"])
+    assert st["success_rows"] == sum(1 for h in buf.history if h["t"] == h["first_step"])
     # the instruction buffer learned the grounded candidates and their relabeled returns
     assert st["buffer_inserted"] > 0
     grounded_texts = {text for (_, text) in groups}
@@ -257,39 +261,55 @@ def test_callback_writes_relabeled_rows_into_the_dqn_replay_buffer(venv, rules):
     assert grounded_texts & set(venv.buffer.contents())
 
 
-@pytest.mark.parametrize("own_success, timeout, truncated", [(True, False, True), (False, True, True),
-                                                              (False, False, False)])
-def test_an_ungrounded_replay_ending_in_the_original_success_is_a_truncation(rules, own_success, timeout, truncated):
-    """replay_ungrounded rows run to the segment's end; where the original instruction's success ended
-    the episode, that end is not a terminal of the relabeled instruction: stored as a timeout, SB3
-    bootstraps from the next observation instead of learning a value of 0."""
-    from oir_gym.captions import NUM_EVENTS
-    from oir_gym.trajectory import Trajectory
-
-    cb = HindsightRelabelCallback(rules, asynchronous=False, replay_ungrounded=True)
+@pytest.mark.parametrize("done, timeout, stored_timeout", [(True, True, True), (True, False, False),
+                                                            (False, True, False)])
+def test_an_ungrounded_replay_keeps_the_segment_end(venv, done, timeout, stored_timeout):
+    """first_step -1: the whole segment with reward 0; its end is a terminal unless it was a time
+    limit or the original instruction's success (``timeout``): then SB3 bootstraps from the next
+    observation instead of learning a value of 0."""
+    buf = RelabelReplayBuffer(100, venv.observation_space, venv.action_space, n_envs=1)
     T = 5
-    traj = Trajectory(instruction="collect wood", events=np.zeros((T, NUM_EVENTS), bool), actions=np.zeros(T, np.int32),
-                      dones=np.eye(T, dtype=bool)[-1],
-                      meta={"sb3_id": 0, "timeout": timeout, "own_success": own_success,
-                            "obs": {"obs": np.zeros((T + 1, 3), np.float32)}})
-    cb._queue_rows(traj, "place table", np.ones(4, np.float32), -1)
-    row = cb._pending_rows[-1]
-    assert row["dones"].tolist() == [False] * (T - 1) + [True]
-    assert row["timeouts"].tolist() == [False] * (T - 1) + [truncated]
-    assert not row["rewards"].any()
+    obs = {"obs": np.arange(T + 1, dtype=np.float32)[:, None] * np.ones((1, venv.observation_space["obs"].shape[0]),
+                                                                       np.float32)}
+    emb = np.full(venv.observation_space["instruction"].shape, 0.1, np.float32)
+    assert buf.add_relabeled(obs, np.arange(T), emb, -1, done=done, timeout=timeout) == T
+    assert buf.pos == T and buf.stats() == {"rows_added": T, "success_rows": 0, "rows_pending": 0}
+    assert buf.dones[:T, 0].tolist() == [0.0] * (T - 1) + [float(done)]
+    assert buf.timeouts[:T, 0].tolist() == [0.0] * (T - 1) + [float(stored_timeout)]
+    assert not buf.rewards[:T].any()
+    np.testing.assert_array_equal(buf.next_observations["obs"][:T, 0, 0], np.arange(1, T + 1))
+    np.testing.assert_allclose(buf.observations["instruction"][:T, 0], np.broadcast_to(emb, (T, emb.size)))
+
+
+def test_relabeled_rows_stop_at_the_first_success_and_fill_rows_of_n_envs(venv):
+    buf = RelabelReplayBuffer(100, venv.observation_space, venv.action_space, n_envs=N_ENVS, keep_history=True)
+    D = venv.observation_space["obs"].shape[0]
+    emb = np.zeros(venv.observation_space["instruction"].shape, np.float32)
+    seg = {"obs": np.zeros((7, D), np.float32)}
+    assert buf.add_relabeled(seg, np.zeros(6), emb, 2, tag="a") == 3  # steps 0..2, success at 2
+    assert buf.pos == 0 and buf.pending_transitions == 3  # waits for a full row of N_ENVS
+    assert buf.add_relabeled(seg, np.zeros(6), emb, 0, tag="b") == 1
+    assert buf.pos == 1 and buf.pending_transitions == 0
+    assert buf.rewards[0].tolist() == [0.0, 0.0, 1.0, 1.0] and buf.dones[0].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert [(h["tag"], h["t"], h["col"]) for h in buf.history] == [("a", 0, 0), ("a", 1, 1), ("a", 2, 2), ("b", 0, 3)]
+    with pytest.raises(ValueError, match="first_step=6 outside"):
+        buf.add_relabeled(seg, np.zeros(6), emb, 6)
+    with pytest.raises(ValueError, match="7 observations"):
+        buf.add_relabeled({"obs": seg["obs"][:3]}, np.zeros(6), emb, -1)
 
 
 def test_relabeled_trajectories_follow_the_agent_experience(venv, rules):
     """Segment observations chain: obs[t + 1] of a segment is the agent's next observation at t."""
-    model = DQN("MultiInputPolicy", venv, seed=1, learning_starts=10**9, buffer_size=5_000, verbose=0)
+    model = DQN("MultiInputPolicy", venv, seed=1, learning_starts=10**9, buffer_size=5_000, verbose=0,
+                replay_buffer_class=RelabelReplayBuffer, replay_buffer_kwargs=dict(keep_history=True))
     cb = HindsightRelabelCallback(rules, asynchronous=True, segment_length=16, keep_history=True)
     model.learn(400, callback=cb)
     assert cb.stats["results"] == cb.stats["submitted"] > 0  # async results all collected at the end
     buf = model.replay_buffer
-    agent_rows = buf.pos - len(cb.history) // N_ENVS
+    agent_rows = buf.pos - len(buf.history) // N_ENVS
     assert agent_rows >= 100
     # each trajectory's first observation appears among the agent's stored observations of its env
-    relabeled = {h["pos"] for h in cb.history}
+    relabeled = {h["pos"] for h in buf.history}
     stored = {(c, buf.observations["obs"][p, c].tobytes())
               for p in range(buf.pos) if p not in relabeled for c in range(N_ENVS)}
     for tid, traj in list(cb.trajectories.items())[:10]:
@@ -305,8 +325,32 @@ def test_callback_curriculum_mode_leaves_the_rollout_alone(venv, rules):
     model.learn(256, callback=cb)
     assert cb.mode == "curriculum"
     assert cb.stats["results"] > 0 and cb.stats["rows_added"] == 0
-    with pytest.raises(TypeError, match="DictReplayBuffer"):
+    with pytest.raises(TypeError, match="replay_buffer_class=oir_gym.sb3.RelabelReplayBuffer"):
         HindsightRelabelCallback(rules, mode="replay").init_callback(model)
+
+
+def test_replay_needs_the_relabel_replay_buffer(venv, rules):
+    """A DQN with SB3's plain DictReplayBuffer cannot take relabeled rows: said before training."""
+    model = DQN("MultiInputPolicy", venv, learning_starts=10**9, buffer_size=1_000)
+    with pytest.raises(TypeError, match="RelabelReplayBuffer"):
+        HindsightRelabelCallback(rules).init_callback(model)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mode="her"), "mode='her'"), (dict(insert="some"), "insert='some'"),
+    (dict(segment_length=0), "segment_length=0"), (dict(submit_batch=2.5), "submit_batch=2.5"),
+    (dict(end_timeout=-1), "end_timeout=-1"), (dict(max_candidates=0), "max_candidates=0"),
+])
+def test_relabel_config_refuses_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RelabelConfig(**kwargs)
+
+
+def test_callback_options_override_the_config_and_unknown_ones_are_refused(rules):
+    cb = HindsightRelabelCallback(rules, RelabelConfig(segment_length=64), asynchronous=False)
+    assert cb.config == RelabelConfig(segment_length=64, asynchronous=False)
+    with pytest.raises(TypeError, match="wait_on_end"):
+        HindsightRelabelCallback(rules, wait_on_end=True)
 
 
 # ------------------------------------------------------------------------------------ agents
@@ -365,33 +409,3 @@ def test_sb3_policy_keeps_and_resets_lstm_state(venv):
     _, s_reset = pol(obs, s1, np.ones(N_ENVS, bool))
     assert not np.allclose(s0[0], s1[0])  # the state is carried
     np.testing.assert_allclose(s_reset[0], s0[0], atol=1e-6)  # episode_start resets it
-
-
-@pytest.mark.slow
-def test_train_sb3_example_writes_a_run_directory(tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    run = tmp_path / "run"
-    cmd = [sys.executable, str(root / "examples/train_sb3.py"), "--algo", "qrdqn", "--relabeler", "rules",
-           "--total-timesteps", "2000", "--num-envs", "4", "--log-every", "500", "--eval-sets", "original",
-           "--eval-horizon", "30", "--max-episode-steps", str(HORIZON), "--checkpoint-every", "1000",
-           "--hp", "learning_starts=500", "--hp", "buffer_size=5000", "--run-dir", str(run)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=root)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    for f in ("config.json", "metrics.jsonl", "metrics.csv", "model.zip", "instruction_buffer.json",
-              "eval_final.json", "eval_final.md", "training.png", "learning_curves.png", "instruction_success.png"):
-        assert (run / f).exists(), f
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["env_steps"] >= 2000 and "eval/original/mean_success_rate" in rows[-1]
-    assert any(r.get("relabel/rows_added", 0) > 0 for r in rows)
-    # resume: more steps on top of the checkpoint
-    cmd2 = [sys.executable, str(root / "examples/train_sb3.py"), "--run-dir", str(run), "--resume",
-            "--total-timesteps", "2500"]
-    out = subprocess.run(cmd2, capture_output=True, text=True, timeout=900, cwd=root)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["env_steps"] >= 2500

@@ -150,6 +150,8 @@ class HindsightRelabeler:
             raise ValueError(f"on_full must be 'rules', 'skip', 'replace' or 'block', got {on_full!r}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        _check_args(delta=delta, samples=samples, cache_size=cache_size, dedup_threshold=dedup_threshold,
+                    llm_timeout=llm_timeout)
         self.k = int(k)
         self.template = template if isinstance(template, PromptTemplate) else load_template(str(template))
         self.schema = self.template.schema(self.k)
@@ -218,6 +220,11 @@ class HindsightRelabeler:
 
             self._encoder = get_encoder()
         return self._encoder
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """``[n, dim]`` float32 embeddings of ``texts`` by the relabeler's encoder, serialised with
+        its background worker (which shares the encoder): safe to call from any thread."""
+        return self._encode(list(texts))
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         with self._enc_lock:  # the shared encoder's string cache is not thread-safe
@@ -691,3 +698,24 @@ class HindsightRelabeler:
     def __repr__(self) -> str:
         return (f"HindsightRelabeler(backend={self.backend!r}, k={self.k}, template={self.template.name!r}, "
                 f"use_rules={self.use_rules}, delta={self.delta})")
+
+
+def _check_args(*, delta: Any, samples: Any, cache_size: Any, dedup_threshold: Any, llm_timeout: Any) -> None:
+    """Refuse constructor values that would silently misbehave (each error names the value and the range)."""
+    def real(x: Any) -> bool:
+        return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and np.isfinite(x)
+
+    def whole(x: Any) -> bool:
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+    if not (real(delta) and -1.0 < float(delta) <= 1.0):
+        raise ValueError(f"delta={delta!r} is outside the allowed range (-1, 1] (cosine similarity threshold)")
+    if not (whole(samples) and samples >= 1):
+        raise ValueError(f"samples={samples!r} must be an integer >= 1 (completions per prompt)")
+    if not (whole(cache_size) and cache_size >= 0):
+        raise ValueError(f"cache_size={cache_size!r} must be an integer >= 0 (0 disables the cache)")
+    if not (real(dedup_threshold) and 0.0 < float(dedup_threshold) <= 1.0):
+        raise ValueError(f"dedup_threshold={dedup_threshold!r} must be a cosine in (0, 1] "
+                         "(candidates at least this similar to an earlier one are dropped)")
+    if llm_timeout is not None and not (real(llm_timeout) and llm_timeout > 0):
+        raise ValueError(f"llm_timeout={llm_timeout!r} must be a number of seconds > 0, or None (no limit)")

@@ -1,0 +1,400 @@
+"""``HindsightRelabelCallback``: paper Alg. 1's relabeling around an SB3 agent.
+
+The callback cuts each env's experience into trajectory segments (an episode, or
+``segment_length`` steps of a longer one: the paper relabels per PQN rollout), submits the finished
+segments to a :class:`~oir_gym.relabel.HindsightRelabeler` and, when the candidates come back:
+
+* **off-policy agents** (DQN, QR-DQN; ``mode="replay"``): hands each grounded candidate's segment
+  to the model's :class:`~oir_gym.sb3.replay.RelabelReplayBuffer` (reward 1 and ``done`` at the
+  first step whose events match the candidate under the *env's own* cosine reward);
+* **on-policy agents** (RecurrentPPO; ``mode="curriculum"``): updates only the instruction buffer
+  (the curriculum) and the statistics. The rollout is *not* rewritten: PPO's rollout buffer stores
+  the log-probabilities, values and LSTM states computed under the original instruction, so
+  relabeled observations would make the importance ratios and the recurrent states stale; the
+  returns and advantages are computed at the end of ``collect_rollouts`` and the rollout is
+  consumed by the very next ``train()``, long before an asynchronous relabeler can answer.
+
+In both modes the env's :class:`~oir_gym.buffer.InstructionBuffer` is updated: every kept
+candidate's relabeled return (1 if grounded, else 0) is recorded, then the grounded candidates are
+inserted in the paper's priority order (see :meth:`InstructionBuffer.insert`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from stable_baselines3.common.buffers import DictReplayBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+
+from oir_gym.instruction_registry import validate_instruction
+from oir_gym.reward import first_success_step
+from oir_gym.sb3.replay import INSTRUCTION_KEY, RelabelReplayBuffer
+from oir_gym.sb3.vec_env import SB3VecEnv, find_instruction_env
+from oir_gym.trajectory import Trajectory
+from oir_gym.vector_env import InstructionCraftax
+
+__all__ = ["RelabelConfig", "HindsightRelabelCallback"]
+
+MODES = ("auto", "replay", "curriculum")
+INSERT = ("grounded", "all", "none")
+
+
+@dataclass(frozen=True)
+class RelabelConfig:
+    """Settings of :class:`HindsightRelabelCallback`.
+
+    Attributes:
+        mode: ``"replay"`` (relabeled transitions into the model's
+            :class:`~oir_gym.sb3.replay.RelabelReplayBuffer`: DQN, QR-DQN), ``"curriculum"``
+            (instruction buffer and statistics only: RecurrentPPO, PPO, A2C) or ``"auto"``
+            (``"replay"`` when the model has a ``RelabelReplayBuffer``, ``"curriculum"`` when it
+            has no replay buffer).
+        segment_length: longest segment sent to the relabeler; a longer episode is relabeled in
+            consecutive pieces (the paper relabels per 128-step PQN rollout).
+        submit_batch: finished segments gathered before one submission (default: ``num_envs``);
+            the LLM backend batches the prompts of one submission.
+        asynchronous: relabel on the relabeler's background worker (``submit``/``collect``);
+            ``False`` relabels in the training thread (lock-step, deterministic).
+        insert: which kept candidates enter the env's instruction buffer: ``"grounded"`` (those
+            that pay a reward in their segment), ``"all"``, or ``"none"`` (the buffer is left
+            alone: no returns recorded, nothing inserted).
+        max_candidates: at most this many grounded candidates per segment are replayed (default:
+            all the relabeler kept, i.e. up to its ``k``).
+        replay_ungrounded: also replay ungrounded candidates (reward 0, the segment's own end),
+            as negative examples.
+        end_timeout: seconds to wait at the end of ``learn()`` for pending results after
+            submitting the last segments (0: do not wait; what is still pending is not applied).
+        keep_history: keep every relabeled segment (:attr:`HindsightRelabelCallback.trajectories`)
+            for tests and debugging (memory grows with training).
+    """
+
+    mode: str = "auto"
+    segment_length: int = 128
+    submit_batch: Optional[int] = None
+    asynchronous: bool = True
+    insert: str = "grounded"
+    max_candidates: Optional[int] = None
+    replay_ungrounded: bool = False
+    end_timeout: float = 300.0
+    keep_history: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}; expected one of {MODES}")
+        if self.insert not in INSERT:
+            raise ValueError(f"insert={self.insert!r}; expected one of {INSERT}")
+        for name in ("segment_length", "submit_batch", "max_candidates"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name}={v!r} must be an integer >= 1" + ("" if name == "segment_length"
+                                                                            else " or None"))
+        if self.segment_length is None:
+            raise ValueError("segment_length must be an integer >= 1, not None")
+        if not isinstance(self.end_timeout, (int, float)) or not 0 <= self.end_timeout < float("inf"):
+            raise ValueError(f"end_timeout={self.end_timeout!r} must be a number of seconds >= 0")
+
+
+def _clean(text: Any) -> Optional[str]:
+    """The env's normal form of an instruction, or ``None`` for one the env would refuse."""
+    try:
+        return validate_instruction(text)
+    except (TypeError, ValueError):
+        return None
+
+
+class _Segment:
+    """The trajectory segment an env is currently recording (host-side lists)."""
+
+    __slots__ = ("obs", "events", "actions", "texts", "action_texts", "instruction", "start")
+
+    def __init__(self, first_obs: Optional[dict[str, np.ndarray]], start: int) -> None:
+        self.obs: dict[str, list[np.ndarray]] = {k: [v] for k, v in (first_obs or {}).items()}
+        self.events: list[np.ndarray] = []
+        self.actions: list[int] = []
+        self.texts: list[str] = []
+        self.action_texts: list[str] = []
+        self.instruction: Optional[str] = None
+        self.start = start
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+
+class HindsightRelabelCallback(BaseCallback):
+    """Hindsight instruction relabeling for SB3 training (paper Alg. 1 around an SB3 agent).
+
+    Args:
+        relabeler: a :class:`~oir_gym.relabel.HindsightRelabeler` (or any object with
+            ``relabel(list[Trajectory])`` and, for asynchronous use, ``submit``/``collect`` and
+            ``pending``).
+        config: a :class:`RelabelConfig` (default settings when ``None``).
+        verbose: SB3 verbosity.
+        **options: :class:`RelabelConfig` fields that override ``config``
+            (``HindsightRelabelCallback(r, asynchronous=False)``).
+
+    Statistics (:attr:`stats`, and SB3's logger under ``relabel/`` at every rollout end, so they
+    reach TensorBoard with SB3's next dump): ``segments``, ``submitted``, ``results``,
+    ``candidates``, ``grounded``, ``grounded_fraction``, ``first_step_mismatch`` (the relabeler and
+    the env disagree on the first matching step; the env wins), ``rows_added``, ``success_rows``,
+    ``rows_pending`` (from the replay buffer), ``buffer_inserted``, ``buffer_size``, ``pending``,
+    ``waiting_segments`` and the relabeler's own counters (``cache_hit_rate``, ``latency_mean_s``,
+    ``errors``, ``fallbacks``...).
+    """
+
+    def __init__(self, relabeler: Any, config: Optional[RelabelConfig] = None, *, verbose: int = 0,
+                 **options: Any) -> None:
+        super().__init__(verbose)
+        if relabeler is None:
+            raise ValueError("relabeler is required (e.g. HindsightRelabeler(backend='rules'))")
+        config = config or RelabelConfig()
+        unknown = set(options) - {f.name for f in dataclasses.fields(RelabelConfig)}
+        if unknown:
+            raise TypeError(f"unknown option(s) {sorted(unknown)}; RelabelConfig fields are "
+                            f"{[f.name for f in dataclasses.fields(RelabelConfig)]}")
+        self.config = dataclasses.replace(config, **options)
+        self.relabeler = relabeler
+        self.mode = self.config.mode
+        self.trajectories: dict[int, Trajectory] = {}
+        self._counts: Counter = Counter()
+        self._segments: list[_Segment] = []
+        self._finished: list[Trajectory] = []
+        self._ready: list[Any] = []
+        self._cur_obs: Optional[dict[str, np.ndarray]] = None
+        self._traj_counter = 0
+        self.adapter: Optional[SB3VecEnv] = None
+        self.instruction_env: Optional[InstructionCraftax] = None
+        self.replay_buffer: Optional[RelabelReplayBuffer] = None
+
+    # ------------------------------------------------------------------ setup
+    def _init_callback(self) -> None:
+        self.adapter, self.instruction_env = find_instruction_env(self.model.get_env())
+        self.n_envs = self.adapter.num_envs
+        buf = getattr(self.model, "replay_buffer", None)
+        if self.config.mode == "auto":
+            self.mode = "replay" if isinstance(buf, DictReplayBuffer) else "curriculum"
+        if self.mode == "replay":
+            if not isinstance(buf, RelabelReplayBuffer):
+                raise TypeError(
+                    "replay relabeling writes into a RelabelReplayBuffer: build the model with "
+                    "replay_buffer_class=oir_gym.sb3.RelabelReplayBuffer (DQN/QR-DQN with MultiInputPolicy), "
+                    f"or pass mode='curriculum' to update only the instruction buffer; got {type(buf).__name__}"
+                )
+            if buf.n_envs != self.n_envs:
+                raise ValueError(f"replay buffer has {buf.n_envs} env columns, the env {self.n_envs}")
+            if getattr(self.model, "_vec_normalize_env", None) is not None:
+                raise TypeError("VecNormalize is not supported by HindsightRelabelCallback: relabeled rows would be "
+                                "stored unnormalised beside normalised ones")
+            self.replay_buffer = buf
+        env_delta = float(self.instruction_env.params.delta)
+        rel_delta = getattr(self.relabeler, "delta", env_delta)
+        if abs(float(rel_delta) - env_delta) > 1e-9:
+            warnings.warn(
+                f"relabeler delta {rel_delta} differs from the env's {env_delta}: grounding and rewards "
+                "are recomputed with the env's", stacklevel=2,
+            )
+
+    def _on_training_start(self) -> None:
+        # learn() resets the env unless reset_num_timesteps=False: partial segments then belong to
+        # dead episodes and are dropped; otherwise they continue where the last learn() stopped.
+        fresh = bool(self.locals.get("reset_num_timesteps", True)) or not self._segments
+        if fresh:
+            last = getattr(self.model, "_last_obs", None)
+            self._cur_obs = self._strip(last) if isinstance(last, dict) else None
+            self._segments = [self._new_segment(i) for i in range(self.n_envs)]
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _strip(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: np.array(v, copy=True) for k, v in obs.items() if k != INSTRUCTION_KEY}
+
+    def _new_segment(self, i: int) -> _Segment:
+        first = None
+        if self.mode == "replay" and self._cur_obs is not None:
+            first = {k: v[i].copy() for k, v in self._cur_obs.items()}
+        return _Segment(first, self.num_timesteps)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        """Embed with the env's encoder (the policy's input); through the relabeler when it shares
+        that encoder, so the relabeler's worker is not encoding at the same time."""
+        enc = self.instruction_env.encoder
+        if getattr(self.relabeler, "encoder", None) is enc and hasattr(self.relabeler, "encode"):
+            return np.asarray(self.relabeler.encode(texts), dtype=np.float32)
+        return np.asarray(enc.encode(list(texts)), dtype=np.float32)
+
+    # ------------------------------------------------------------------ per step
+    def _on_step(self) -> bool:
+        infos = self.locals["infos"]
+        dones = np.asarray(self.locals["dones"], dtype=bool).reshape(-1)
+        actions = self.locals.get("clipped_actions", self.locals.get("actions"))
+        actions = self.adapter.last_actions if actions is None else np.asarray(actions).reshape(self.n_envs, -1)[:, 0]
+        replay = self.mode == "replay"
+        new_obs = self._strip(self.locals["new_obs"]) if replay else None
+        limit = self.config.segment_length
+        for i in range(self.n_envs):
+            seg = self._segments[i]
+            info = infos[i]
+            if seg.instruction is None:
+                seg.instruction = str(info.get("instruction", ""))
+            seg.events.append(np.asarray(info["events"], dtype=bool))
+            seg.actions.append(int(actions[i]))
+            if "text" in info:
+                seg.texts.append(str(info["text"]))
+                seg.action_texts.append(str(info.get("action_text", "")))
+            done = bool(dones[i])
+            if replay:
+                nxt = info["terminal_observation"] if done else None
+                for k in new_obs:
+                    seg.obs[k].append(np.array(nxt[k] if done else new_obs[k][i], copy=True))
+            if done or len(seg) >= limit:
+                self._finish(i, done, bool(info.get("TimeLimit.truncated", False)), bool(info.get("success", False)))
+        if replay:
+            self._cur_obs = new_obs
+        for i in range(self.n_envs):
+            if self._segments[i] is None:
+                self._segments[i] = self._new_segment(i)
+        if len(self._finished) >= (self.config.submit_batch or self.n_envs):
+            self._dispatch()
+        return True
+
+    def _finish(self, i: int, done: bool, timeout: bool, success: bool = False) -> None:
+        seg = self._segments[i]
+        dones = np.zeros(len(seg), dtype=bool)
+        dones[-1] = done
+        meta: dict[str, Any] = {"sb3_id": self._traj_counter, "start_step": seg.start, "timeout": timeout and done,
+                                "own_success": success and done}
+        if self.mode == "replay":
+            meta["obs"] = {k: np.stack(v) for k, v in seg.obs.items()}  # [T + 1, ...]
+        traj = Trajectory(
+            instruction=seg.instruction or "", events=np.stack(seg.events), actions=np.asarray(seg.actions, np.int32),
+            dones=dones, texts=list(seg.texts) if seg.texts else None,
+            action_texts=list(seg.action_texts) if seg.texts else None, env_id=i, meta=meta,
+        )
+        self._traj_counter += 1
+        self._counts["segments"] += 1
+        self._finished.append(traj)
+        self._segments[i] = None  # type: ignore[call-overload]
+
+    def _dispatch(self) -> None:
+        batch, self._finished = self._finished, []
+        if not batch:
+            return
+        self._counts["submitted"] += len(batch)
+        if self.config.asynchronous:
+            self.relabeler.submit(batch)
+        else:
+            self._ready.extend(self.relabeler.relabel(batch))
+
+    # ------------------------------------------------------------------ results
+    def _on_rollout_end(self) -> None:
+        self._drain(block=False)
+        self._log()
+
+    def _drain(self, block: bool = False) -> None:
+        if self.config.asynchronous:
+            self._ready.extend(self.relabeler.collect(block=block, timeout=self.config.end_timeout if block else None))
+        if self._ready:
+            results, self._ready = self._ready, []
+            self.process_results(results)
+
+    def process_results(self, results: Sequence[Any]) -> None:
+        """Apply relabeling results: replay rows (``mode="replay"``) and the instruction buffer."""
+        if not results:
+            return
+        cfg = self.config
+        env = self.instruction_env
+        delta = float(env.params.delta)
+        texts = list(dict.fromkeys(t for r in results for c in r.candidates if (t := _clean(c.text))))
+        emb = self._encode(texts) if texts else np.zeros((0, env.encoder.dim), np.float32)
+        sims = env.registry.similarity_to_events(emb) if texts else np.zeros((0, 0), np.float32)
+        row = {t: j for j, t in enumerate(texts)}
+        recorded: list[tuple[str, float]] = []
+        to_insert: list[str] = []
+        for res in results:
+            traj = res.trajectory
+            self._counts["results"] += 1
+            if cfg.keep_history:
+                self.trajectories[traj.meta.get("sb3_id", -1)] = traj
+            replayed = 0
+            for cand in res.candidates:
+                text = _clean(cand.text)
+                if text is None:
+                    self._counts["invalid_candidates"] += 1
+                    continue
+                j = row[text]
+                # the env's own reward decides where the relabeled instruction pays
+                first = first_success_step(traj.events, sims[j], delta)
+                self._counts["candidates"] += 1
+                if first != getattr(cand, "first_step", first):
+                    self._counts["first_step_mismatch"] += 1
+                grounded = first >= 0
+                self._counts["grounded"] += grounded
+                recorded.append((text, 1.0 if grounded else 0.0))
+                if grounded or cfg.insert == "all":
+                    to_insert.append(text)
+                if self.replay_buffer is None or "obs" not in traj.meta:
+                    continue
+                if grounded:
+                    if cfg.max_candidates is not None and replayed >= cfg.max_candidates:
+                        continue
+                    replayed += 1
+                elif not cfg.replay_ungrounded:
+                    continue
+                self.replay_buffer.add_relabeled(
+                    traj.meta["obs"], traj.actions, emb[j], first, done=bool(traj.dones[-1]),
+                    # the original instruction's success ended the episode: no terminal for this one
+                    timeout=bool(traj.meta.get("timeout") or traj.meta.get("own_success")),
+                    tag=(traj.meta.get("sb3_id"), text))
+        if cfg.insert != "none" and recorded:
+            buf = env.buffer
+            buf.record_many([t for t, _ in recorded], [r for _, r in recorded])
+            if to_insert:
+                written = buf.insert(to_insert)
+                self._counts["buffer_inserted"] += len(written)
+                if written:
+                    # Put the new entries into the env's instruction table now (their embeddings
+                    # are cached from above), so the env's next step does not encode them.
+                    env.register_instructions(list(dict.fromkeys(buf.contents())))
+
+    # ------------------------------------------------------------------ end and logging
+    def _on_training_end(self) -> None:
+        self._dispatch()
+        if self.config.asynchronous and self.config.end_timeout > 0:
+            pending = int(getattr(self.relabeler, "pending", 0) or 0)
+            if pending and self.verbose >= 1:
+                print(f"HindsightRelabelCallback: waiting for {pending} pending relabelings "
+                      f"(at most {self.config.end_timeout}s)", flush=True)
+            self._drain(block=True)
+        else:
+            self._drain(block=False)
+        self._log()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Callback, replay-buffer and relabeler counters (a fresh dict)."""
+        c = self._counts
+        out: dict[str, Any] = {k: int(c.get(k, 0)) for k in (
+            "segments", "submitted", "results", "candidates", "grounded", "first_step_mismatch", "buffer_inserted")}
+        out["grounded_fraction"] = c["grounded"] / c["candidates"] if c["candidates"] else 0.0
+        out.update(self.replay_buffer.stats() if self.replay_buffer is not None
+                   else {"rows_added": 0, "success_rows": 0, "rows_pending": 0})
+        out["waiting_segments"] = len(self._finished)
+        if self.instruction_env is not None:
+            out["buffer_size"] = len(self.instruction_env.buffer.contents())
+        out["pending"] = int(getattr(self.relabeler, "pending", 0) or 0)
+        rs = self.relabeler.stats() if hasattr(self.relabeler, "stats") else {}
+        for k in ("cache_hit_rate", "latency_mean_s", "errors", "fallbacks", "calls", "overflow_rules",
+                  "overflow_skipped", "kept_grounded_fraction"):
+            if k in rs and isinstance(rs[k], (int, float)):
+                out[f"relabeler_{k}"] = rs[k]
+        return out
+
+    def _log(self) -> None:
+        if self.model is None:
+            return
+        for k, v in self.stats.items():
+            self.logger.record(f"relabel/{k}", v)
