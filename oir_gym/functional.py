@@ -24,6 +24,7 @@ from flax import struct
 from oir_gym.captions import NUM_ACHIEVEMENTS, NUM_EVENTS
 from oir_gym.craftax_compat import CraftaxParams, CraftaxState, CraftaxStaticParams, craftax_step, generate_world
 from oir_gym.events import detect_events
+from oir_gym.grounding import ordered_step
 from oir_gym.observation import observe
 from oir_gym.reward import step_match, step_similarity
 
@@ -34,7 +35,11 @@ class InstructionTable:
 
     Attributes:
         emb: ``[N, D]`` unit-norm instruction embeddings (the policy input).
-        event_sim: ``[N, E]`` max cosine between each instruction and each event's phrasings.
+        event_sim: ``[N, E]`` the row a step's events are compared with (``final`` of
+            :mod:`oir_gym.grounding`): max cosine between each instruction and each event's
+            phrasings (cosine grounding), or an indicator of its bound event (bound grounding).
+        pre_sim: ``[N, E]`` an event that must happen earlier in the episode first (ordered
+            pairs, ``pre`` of :mod:`oir_gym.grounding`); all ``-1``: none.
         achievement: ``[N]`` ground-truth achievement index of the row, or -1 (evaluation and
             the ``gt`` reward use it).
         sample_mask: ``[G, N]`` bool, rows that resets may draw (the instruction buffer), per
@@ -45,6 +50,7 @@ class InstructionTable:
     event_sim: jax.Array
     achievement: jax.Array
     sample_mask: jax.Array
+    pre_sim: jax.Array
 
 
 @struct.dataclass
@@ -84,6 +90,7 @@ class EnvState:
         group: which row of ``table.sample_mask`` (which buffer) this env draws from.
         steps: steps taken in the episode.
         success: whether the instruction has been accomplished in this episode.
+        pre_seen: whether the instruction's ``pre`` event happened earlier in this episode.
         ep_return: return of the current episode.
         achieved: ``[22]`` bool achievements unlocked in the episode (ground truth, for metrics).
     """
@@ -97,6 +104,7 @@ class EnvState:
     success: jax.Array
     ep_return: jax.Array
     achieved: jax.Array
+    pre_seen: jax.Array
 
 
 class StepInfo(NamedTuple):
@@ -115,9 +123,11 @@ class StepInfo(NamedTuple):
 STATIC = CraftaxStaticParams()
 
 
-def make_table(emb, event_sim, achievement=None, sample_mask=None) -> InstructionTable:
-    """Build an :class:`InstructionTable` from numpy/JAX arrays."""
+def make_table(emb, event_sim, achievement=None, sample_mask=None, pre_sim=None) -> InstructionTable:
+    """Build an :class:`InstructionTable` from numpy/JAX arrays (``pre_sim`` default: no preconditions)."""
     n = emb.shape[0]
+    if pre_sim is None:
+        pre_sim = jnp.full(jnp.shape(event_sim), -1.0, jnp.float32)
     if achievement is None:
         achievement = jnp.full((n,), -1, jnp.int32)
     if sample_mask is None:
@@ -127,7 +137,7 @@ def make_table(emb, event_sim, achievement=None, sample_mask=None) -> Instructio
         sample_mask = sample_mask[None, :]
     return InstructionTable(
         jnp.asarray(emb, jnp.float32), jnp.asarray(event_sim, jnp.float32),
-        jnp.asarray(achievement, jnp.int32), jnp.asarray(sample_mask, bool),
+        jnp.asarray(achievement, jnp.int32), jnp.asarray(sample_mask, bool), jnp.asarray(pre_sim, jnp.float32),
     )
 
 
@@ -155,6 +165,7 @@ def _fresh_state(craftax_state, instr, pinned, group=0, also_pays=None) -> EnvSt
         success=jnp.zeros((), bool),
         ep_return=jnp.zeros((), jnp.float32),
         achieved=jnp.zeros((NUM_ACHIEVEMENTS,), bool),
+        pre_seen=jnp.zeros((), bool),
     )
 
 
@@ -184,7 +195,7 @@ def step(key, state: EnvState, action, params: EnvParams, obs_mode: str = "paper
 
     events = detect_events(prev, action, nxt, step_ach)
     sims = params.table.event_sim[state.instr]
-    cos_match = step_match(events, sims, params.delta)
+    cos_match, pre_seen = ordered_step(events, sims, params.table.pre_sim[state.instr], state.pre_seen, params.delta)
     # further rows that also pay (ELLM: any goal proposed for this env); none by default
     also = step_match(events, params.table.event_sim[jnp.maximum(state.also_pays, 0)], params.delta)
     cos_match = jnp.logical_or(cos_match, jnp.any(jnp.logical_and(also, state.also_pays >= 0)))
@@ -208,6 +219,7 @@ def step(key, state: EnvState, action, params: EnvParams, obs_mode: str = "paper
         success=state.success | match,
         ep_return=state.ep_return + reward,
         achieved=state.achieved | step_ach,
+        pre_seen=pre_seen,
     )
     info = StepInfo(
         events=events, achievements=step_ach, similarity=step_similarity(events, sims),

@@ -2,7 +2,9 @@
 
 Encoding happens here, once per new string: the embedding and its similarity to every caption
 event (:func:`oir_gym.reward.event_similarity`) are stored in a fixed-size table, so the
-jitted env never recompiles when instructions change.
+jitted env never recompiles when instructions change. An instruction registered with a
+:class:`~oir_gym.grounding.Binding` (event-bound grounding) gets its binding's indicator rows
+instead of its cosine row: it pays exactly at its bound event(s) (the first binding of a text wins).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from oir_gym.captions import NUM_EVENTS, VOCAB
 from oir_gym.encoder import InstructionEncoder
 from oir_gym.functional import InstructionTable, make_table
+from oir_gym.grounding import Binding
 from oir_gym.reward import event_similarity
 
 MAX_INSTRUCTION_CHARS = 500
@@ -50,6 +53,8 @@ class InstructionRegistry:
         self.phrase_emb = encoder.encode(list(VOCAB.phrases))
         self.emb = np.zeros((capacity, self.dim), np.float32)
         self.event_sim = np.full((capacity, NUM_EVENTS), -1.0, np.float32)
+        self.pre_sim = np.full((capacity, NUM_EVENTS), -1.0, np.float32)
+        self.bindings: dict[str, Binding] = {}
         self.achievement = np.full((capacity,), -1, np.int32)
         self.sample_mask = np.zeros((capacity,), bool)
         self.texts: list[str | None] = [None] * capacity
@@ -61,8 +66,11 @@ class InstructionRegistry:
         return event_similarity(np.asarray(emb, np.float32), self.phrase_emb, VOCAB.phrase_event, NUM_EVENTS)
 
     def rows(self, texts: Sequence[str], achievements: Sequence[int] | None = None,
-             protected: Iterable[int] = ()) -> np.ndarray:
-        """Rows of ``texts``, adding the new ones (encoded in one batch)."""
+             protected: Iterable[int] = (), bindings: Sequence[Binding | None] | None = None) -> np.ndarray:
+        """Rows of ``texts``, adding the new ones (encoded in one batch).
+
+        ``bindings`` (one per text, ``None`` for cosine grounding) binds texts not bound yet.
+        """
         clean = [validate_instruction(t) for t in texts]
         new = [t for t in dict.fromkeys(clean) if t not in self._rows]
         if new:
@@ -75,9 +83,16 @@ class InstructionRegistry:
                 r = self._free_row(keep)
                 self.texts[r] = t
                 self.emb[r], self.event_sim[r], self.achievement[r] = e, s, -1
+                self.pre_sim[r] = -1.0
                 self._rows[t] = r
             self._device = None
         out = np.array([self._rows[t] for t in clean], np.int32)
+        if bindings is not None:
+            for t, r, b in zip(clean, out, bindings):
+                if b is not None and t not in self.bindings:
+                    self.bindings[t] = b
+                    self.event_sim[r], self.pre_sim[r] = b.rows(NUM_EVENTS)
+                    self._device = None
         for t in clean:
             self._rows.move_to_end(t)
         if achievements is not None:
@@ -95,6 +110,7 @@ class InstructionRegistry:
         for t, r in self._rows.items():  # least recently used first
             if r not in keep:
                 del self._rows[t]
+                self.bindings.pop(t, None)
                 return r
         raise RuntimeError(f"instruction table full ({self.capacity} rows all in use); raise table_capacity")
 
@@ -116,5 +132,5 @@ class InstructionRegistry:
     def device_table(self) -> InstructionTable:
         """The table as device arrays (rebuilt only after a change)."""
         if self._device is None:
-            self._device = make_table(self.emb, self.event_sim, self.achievement, self.sample_mask)
+            self._device = make_table(self.emb, self.event_sim, self.achievement, self.sample_mask, self.pre_sim)
         return self._device

@@ -292,3 +292,38 @@ def test_also_pays_rows_pay_the_reward_beside_the_instruction(venv):
     np.testing.assert_array_equal(np.asarray(new.env.also_pays[0]), [wood, -1])
     with pytest.raises(ValueError, match="num_also_pays"):
         F.set_also_pays(bstate, jnp.zeros((4, 3), jnp.int32))
+
+
+def test_bound_rows_pay_exactly_at_their_events_on_device(venv):
+    """Event-bound grounding in the env: a row bound to an event pays exactly at that event whatever
+    its wording, and an ordered pair pays at its second event only after its first one."""
+    from oir_gym.grounding import Binding
+
+    venv.reset(seed=0, options={"instruction": ["eat cow"] * 4})
+    sc = Scene(venv)
+    for i in range(4):
+        sc.block(i, (0, 1), B.TREE).block(i, (0, 2), B.TREE)
+    sc.apply()
+    wood, table = EV["collect_wood"], EV["place_table"]
+    bindings = [Binding(final=wood), Binding(final=table, pre=wood), Binding(final=wood, pre=table),
+                Binding(final=table)]
+    t = venv.params.table
+    final = np.array(t.event_sim)
+    pre = np.array(t.pre_sim)
+    for r, b in enumerate(bindings):
+        final[r], pre[r] = b.rows(len(EVENT_NAMES))
+    params = venv.params.replace(table=t.replace(event_sim=jnp.asarray(final), pre_sim=jnp.asarray(pre)))
+    rows = jnp.arange(4, dtype=jnp.int32)
+    bstate = venv._state.replace(env=venv._state.env.replace(instr=rows, pinned=rows))
+    step = jax.jit(F.batch_step, static_argnames=("obs_mode", "pool_refresh", "autoreset"))
+    rewards = []
+    for k, a in enumerate([A.DO, A.RIGHT, A.DO, A.PLACE_TABLE]):
+        acts = jnp.full((4,), a.value, jnp.int32).at[0].set(A.DO.value if k == 0 else A.NOOP.value)
+        _, bstate, reward, term, _, _, _ = step(jax.random.PRNGKey(k), bstate, acts, params, obs_mode="paper",
+                                                 pool_refresh=venv.pool_refresh, autoreset=True)
+        rewards.append(np.asarray(reward))
+    rewards = np.stack(rewards)
+    np.testing.assert_array_equal(rewards[:, 0], [1, 0, 0, 0])  # bound to wood: the first wood
+    np.testing.assert_array_equal(rewards[:, 1], [0, 0, 0, 1])  # wood then table: at the table
+    np.testing.assert_array_equal(rewards[:, 2], [0, 0, 0, 0])  # table then wood: never in this order
+    np.testing.assert_array_equal(rewards[:, 3], [0, 0, 0, 1])  # bound to the table

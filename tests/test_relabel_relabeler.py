@@ -11,6 +11,7 @@ import json
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from oir_gym.encoder import get_encoder
@@ -257,3 +258,54 @@ def test_rule_compounds_that_pay_on_their_first_event_are_dropped_as_premature(e
     assert "make stone pickaxe then place stone" not in texts  # premature
     assert "collect stone then make stone pickaxe" not in texts  # ungrounded: matches no caption above 0.9
     assert res.dropped["premature"] >= 1 and rl.stats()["dropped"]["premature"] >= 1
+
+
+OWN_WORDS = json.dumps({"Mid-Level": ["chop down a tree for logs", "put down a crafting bench",
+                                      "slay a dragon with a wand"],
+                        "High-Level": ["chop down a tree for logs then put down a crafting bench",
+                                       "put down a crafting bench then chop down a tree for logs"]})
+
+
+def test_bound_grounding_binds_free_wording_to_its_events(encoder):
+    """grounding="bound": the LLM's own wording binds to the event of the trajectory it names and
+    pays exactly there; what names no event of the trajectory is dropped and counted; an "A then B"
+    binds to an ordered pair, only in the order that happened."""
+    from oir_gym.captions import EVENT_NAMES
+    from oir_gym.grounding import Binding, paid_steps
+
+    wood, table = EVENT_NAMES.index("collect_wood"), EVENT_NAMES.index("place_table")
+    cosine = HindsightRelabeler(backend=Scripted(OWN_WORDS), k=10, encoder=encoder, use_rules=False)
+    (res_cos,) = cosine.relabel([wtp()])
+    assert res_cos.grounded == []  # own wordings never reach delta 0.9 against the captions
+
+    rl = HindsightRelabeler(backend=Scripted(OWN_WORDS), k=10, encoder=encoder, use_rules=False, grounding="bound")
+    traj = wtp()
+    (res,) = rl.relabel([traj])
+    c = by_text(res)
+    assert c["chop down a tree for logs"].binding == Binding(final=wood, step=5)
+    assert c["put down a crafting bench"].binding == Binding(final=table, step=12)
+    pair = c["chop down a tree for logs then put down a crafting bench"]
+    assert pair.binding == Binding(final=table, pre=wood, step=12)
+    assert "slay a dragon with a wand" not in c  # nothing of the kind happened
+    assert "put down a crafting bench then chop down a tree for logs" not in c  # wood came first only
+    assert res.dropped["unbound"] == 2 and rl.stats()["dropped"]["unbound"] == 2
+    # the carried rows pay exactly at the bound step on the trajectory
+    starts = np.concatenate([[True], traj.dones[:-1]])
+    for cand in res.candidates:
+        paid = paid_steps(traj.events, cand.final_row, cand.pre_row, starts, rl.delta)
+        assert np.flatnonzero(paid)[0] == cand.first_step == cand.binding.step
+        assert cand.emb.shape == (encoder.dim,)
+
+
+def test_bound_grounding_binds_rule_instructions_exactly(encoder):
+    from oir_gym.captions import EVENT_NAMES
+
+    rl = HindsightRelabeler(backend="rules", k=20, encoder=encoder, grounding="bound")
+    (res,) = rl.relabel([wtp()])
+    c = by_text(res)
+    assert c["collect wood"].binding.final == EVENT_NAMES.index("collect_wood")
+    compound = c["collect wood then place table"].binding
+    assert (compound.pre, compound.final, compound.step) == (
+        EVENT_NAMES.index("collect_wood"), EVENT_NAMES.index("place_table"), 12)
+    with pytest.raises(ValueError, match="grounding"):
+        HindsightRelabeler(backend="rules", grounding="semantic")

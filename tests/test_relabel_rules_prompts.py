@@ -129,3 +129,22 @@ def test_rule_pair_wordings_pay_on_their_second_event_only(encoder):
         assert row[EVENT_NAMES.index(second)] > 0.9, text
         assert row[EVENT_NAMES.index(first)] <= 0.9, text
         assert int(np.argmax(row)) == EVENT_NAMES.index(second), text
+
+
+def test_default_prompt_examples_do_not_teach_caption_phrasings(encoder):
+    """The few-shot answers of the default template are in the model's own words: each is below
+    cosine 0.8 to every caption phrasing (the novelty bar of the run metrics), so a relabeler that
+    imitates them proposes wordings the captions do not hold."""
+    import json
+
+    from importlib import resources
+
+    from oir_gym.captions import VOCAB
+
+    text = resources.files("oir_gym.data").joinpath("prompts/segments.txt").read_text()
+    answers = [json.loads(line.split("Answer:", 1)[1]) for line in text.splitlines()
+               if line.startswith("Answer: {")]
+    assert len(answers) == 2
+    wordings = [w for a in answers for w in a["Mid-Level"] + a["High-Level"]]
+    sims = encoder.encode(wordings) @ encoder.encode(list(VOCAB.phrases)).T
+    assert (sims.max(axis=1) < 0.8).all(), dict(zip(wordings, sims.max(axis=1).round(2)))

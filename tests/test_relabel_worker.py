@@ -152,7 +152,7 @@ def test_native_backends_run_in_a_child_unless_opted_out():
     child.close()
     local = build_llm(SEGMENTS, isolate=False)
     assert type(local).__name__ == "SegmentsBackend"
-    http_client = build_llm("openai", {"base_url": "http://127.0.0.1:9/v1"})
+    http_client = build_llm("openai", {"base_url": "http://127.0.0.1:9/v1", "model": "m"})
     assert type(http_client).__name__ == "OpenAIBackend"  # HTTP only: no child
     assert build_llm("rules") is None
     spec = BackendSpec(SEGMENTS, {"delay": 0.0})
@@ -319,7 +319,7 @@ def test_unreachable_server_and_a_server_that_is_not_an_llm(encoder, tmp_path):
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
         rl = HindsightRelabeler("openai", encoder=encoder, backend_kwargs={"base_url": url, "max_retries": 0})
-        with pytest.raises(LLMCheckError, match="HTTP 501.*not answer like an OpenAI-compatible") as err:
+        with pytest.raises(LLMCheckError, match="HTTP 404.*an OpenAI-compatible LLM server") as err:
             rl.check_llm()
         assert "\n" not in str(err.value)  # the server's HTML page, flattened
     finally:

@@ -10,12 +10,16 @@ Pipeline for a batch of trajectories:
    with the template's JSON schema for constrained decoding.
 3. **Parse and filter.** :func:`~oir_gym.relabel.parse.parse_candidates`; rule instructions are
    merged in (LLM candidates first); exact and embedding near-duplicates are dropped.
-4. **Ground.** Each candidate is encoded once and compared with the caption vocabulary using the
-   env's reward functions (:func:`oir_gym.reward.event_similarity`,
-   :func:`oir_gym.reward.first_success_step`): ``first_step`` is where relabeling with it pays.
-   A two-event rule instruction ("A then B", "sleep and wake up") that the reward would pay where
-   its final event did not happen is dropped (``dropped["premature"]``): its wording matches the
-   first event's captions, so it would teach only the first half.
+4. **Ground** (:mod:`oir_gym.grounding`). Each candidate is encoded once and compared with the
+   caption vocabulary (:func:`oir_gym.reward.event_similarity`). With ``grounding="cosine"`` (the
+   paper's rule) ``first_step`` is its first step with a caption above ``delta``; a two-event rule
+   instruction ("A then B", "sleep and wake up") that would be paid where its final event did not
+   happen is dropped (``dropped["premature"]``): its wording matches the first event's captions,
+   so it would teach only the first half. With ``grounding="bound"`` it is bound to the event(s)
+   of this trajectory it names (:func:`~oir_gym.grounding.bind`: the best event that happened,
+   at least ``bind_threshold`` similar; "A then B" to an ordered pair; rule instructions to their
+   exact events), and pays exactly there; a candidate that binds to nothing is dropped
+   (``dropped["unbound"]``). Each candidate carries its embedding and grounding rows.
 5. **Select.** Up to ``k`` candidates per trajectory: grounded ones first (in source order: LLM,
    then rules), then, if ``keep_ungrounded``, ungrounded ones. Ungrounded candidates never pay
    off in the buffer, so they are only used to fill up to ``k`` (the paper keeps all K LLM
@@ -53,7 +57,7 @@ import numpy as np
 from oir_gym.captions import NUM_EVENTS, VOCAB
 from oir_gym.relabel.backends import BackendTimeout, LLMBackend
 from oir_gym.relabel.composite import CompositeBackend, Proposal
-from oir_gym.relabel.rules import RuleBackend, rule_final_event
+from oir_gym.relabel.rules import RuleBackend, rule_events, rule_final_event
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
 from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
@@ -65,7 +69,11 @@ from oir_gym.relabel.worker import (
     BackendSpec as LLMSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller,
     backend_identity, build_llm, close_llm, llm_process_stats, probe,
 )
-from oir_gym.reward import event_similarity, first_success_step, match_steps
+from oir_gym.grounding import (
+    GROUNDING_MODES, Binding, bind, bind_ordered, episode_starts_from_dones, first_paid_step, indicator_row,
+    no_precondition, split_ordered,
+)
+from oir_gym.reward import event_similarity, match_steps
 from oir_gym.trajectory import Trajectory
 
 BackendArg = Union[str, LLMSpec, LLMBackend, CompositeBackend, None]
@@ -114,6 +122,10 @@ class HindsightRelabeler:
             whose HTTP client does no native work; ``False`` builds it in this process, for debugging).
         child_config: the child's deadlines and restart backoff (:class:`~oir_gym.relabel.worker.ChildConfig`).
         warn_after: failed LLM calls in a row before the one console warning of an outage.
+        grounding: ``"cosine"`` (the paper's rule, default) or ``"bound"`` (event-bound; see
+            :mod:`oir_gym.grounding`).
+        bind_threshold: loosest similarity between a candidate and an event of its trajectory that
+            binds it (``grounding="bound"``).
     """
 
     def __init__(
@@ -143,7 +155,15 @@ class HindsightRelabeler:
         isolate: Optional[bool] = None,
         child_config: Optional[ChildConfig] = None,
         warn_after: int = 3,
+        grounding: str = "cosine",
+        bind_threshold: float = 0.5,
     ) -> None:
+        if grounding not in GROUNDING_MODES:
+            raise ValueError(f"grounding must be one of {GROUNDING_MODES}, got {grounding!r}")
+        if not -1.0 <= float(bind_threshold) <= 1.0:
+            raise ValueError(f"bind_threshold={bind_threshold} must be a cosine in [-1, 1]")
+        self.grounding = grounding
+        self.bind_threshold = float(bind_threshold)
         if fallback not in ("rules", "none"):
             raise ValueError(f"fallback must be 'rules' or 'none', got {fallback!r}")
         if on_full not in ("rules", "skip", "replace", "block"):
@@ -273,6 +293,23 @@ class HindsightRelabeler:
         paid = match_steps(events, sim, self.delta)
         return bool((paid & ~np.asarray(events[:, final], bool)).any())
 
+    def _bind(self, text: str, src: str, sim: np.ndarray, traj: Trajectory, starts: np.ndarray,
+              half_sims: dict[str, np.ndarray]) -> Optional[Binding]:
+        """The event(s) of ``traj`` that candidate ``text`` is bound to (``grounding="bound"``)."""
+        if src == "rules":
+            ev = rule_events(text, getattr(self._rules, "pair_table", None))
+            if ev is None:
+                return None
+            pre, final = ev
+            step = first_paid_step(traj.events, indicator_row(final, NUM_EVENTS), indicator_row(pre, NUM_EVENTS),
+                                   starts, self.delta)
+            return Binding(final=final, pre=pre, step=step) if step >= 0 else None
+        halves = split_ordered(text)
+        if halves is not None:
+            return bind_ordered(half_sims[halves[0]], half_sims[halves[1]], traj.events, starts,
+                                threshold=self.bind_threshold)
+        return bind(sim, traj.events, threshold=self.bind_threshold)
+
     # ------------------------------------------------------------------ sync API
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
         """Relabel a batch synchronously (lock-step, as in the paper).
@@ -398,22 +435,40 @@ class HindsightRelabeler:
                 uniq.append((text, src))
             merged.append(uniq)
 
-        # ground every candidate with the env's reward functions
+        # ground every candidate (oir_gym.grounding): cosine rows, or bound to this trajectory's events
         all_texts = list(dict.fromkeys(t for items in merged for t, _ in items))
-        emb = self._encode(all_texts)
-        row = {t: j for j, t in enumerate(all_texts)}
+        bound = self.grounding == "bound"
+        halves = [h for t in all_texts for h in (split_ordered(t) or ())] if bound else []
+        enc_texts = all_texts + [h for h in dict.fromkeys(halves) if h not in set(all_texts)]
+        emb_all = self._encode(enc_texts)
+        row = {t: j for j, t in enumerate(enc_texts)}
         sim_all = (
-            np.asarray(event_similarity(emb, self._phrase_emb, VOCAB.phrase_event, NUM_EVENTS))
-            if len(all_texts) else np.zeros((0, NUM_EVENTS), np.float32)
+            np.asarray(event_similarity(emb_all, self._phrase_emb, VOCAB.phrase_event, NUM_EVENTS))
+            if len(enc_texts) else np.zeros((0, NUM_EVENTS), np.float32)
         )
+        half_sims = {h: sim_all[row[h]] for h in halves}
+        emb = emb_all[: len(all_texts)]
+        no_pre = no_precondition(NUM_EVENTS)
         results = []
         for i in range(n):
-            # a premature rule compound goes before the near-duplicate pass, or it could shadow a
-            # reversed wording that pays on its final event ("A then B" ~ "B then A")
-            items = [(t, src) for t, src in merged[i]
-                     if not (src == "rules" and self._premature(trajs[i].events, t, sim_all[row[t]]))]
+            starts = episode_starts_from_dones(trajs[i].dones)
+            # Checks that remove a candidate run before the near-duplicate pass, or a removed
+            # wording could shadow its valid reverse ("A then B" ~ "B then A"): bound mode binds
+            # every candidate here (unbound: dropped), cosine mode drops premature rule compounds.
+            bindings: dict[str, Binding] = {}
+            if bound:
+                for t, src in merged[i]:
+                    b = self._bind(t, src, sim_all[row[t]], trajs[i], starts, half_sims)
+                    if b is not None:
+                        bindings[t] = b
+                items = [(t, src) for t, src in merged[i] if t in bindings]
+                reason = "unbound"
+            else:
+                items = [(t, src) for t, src in merged[i]
+                         if not (src == "rules" and self._premature(trajs[i].events, t, sim_all[row[t]]))]
+                reason = "premature"
             if len(items) < len(merged[i]):
-                dropped[i]["premature"] += len(merged[i]) - len(items)
+                dropped[i][reason] += len(merged[i]) - len(items)
             rows = [row[t] for t, _ in items]
             if len(rows) > 1:
                 keep = near_duplicate_mask(emb[rows], self.dedup_threshold)
@@ -424,9 +479,14 @@ class HindsightRelabeler:
             cands = []
             for (text, src), r in zip(items, rows):
                 sim = sim_all[r]
-                step = first_success_step(trajs[i].events, sim, self.delta)
                 best = min(1.0, float(sim[happened].max())) if happened.any() else -1.0
-                cands.append(Candidate(text, src, step, step >= 0, best))
+                if bound:
+                    b = bindings[text]
+                    final, pre = b.rows(NUM_EVENTS)
+                    cands.append(Candidate(text, src, b.step, True, best, b, emb[r], final, pre))
+                else:
+                    step = first_paid_step(trajs[i].events, sim, no_pre, starts, self.delta)
+                    cands.append(Candidate(text, src, step, step >= 0, best, None, emb[r], sim, no_pre))
             grounded = [c for c in cands if c.grounded]
             chosen = grounded + ([c for c in cands if not c.grounded] if self.keep_ungrounded else [])
             res = RelabelResult(

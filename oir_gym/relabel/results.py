@@ -6,6 +6,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
+
+from oir_gym.grounding import Binding
 from oir_gym.trajectory import Trajectory
 
 
@@ -21,6 +24,11 @@ class Candidate:
         grounded: ``first_step >= 0``: relabeling the trajectory with it yields a reward.
         similarity: best cosine between the instruction and an event that happened in the
             trajectory (``-1`` when no event happened).
+        binding: the event(s) it is bound to on this trajectory (event-bound grounding), or ``None``.
+        emb: ``[D]`` its sentence embedding (the policy input), so no consumer encodes it again.
+        final_row, pre_row: ``[E]`` its grounding rows (:mod:`oir_gym.grounding`): cosine
+            similarities, or the indicator rows of ``binding``. Relabeled rewards along any
+            trajectory are ``grounding.paid_steps(events, final_row, pre_row, starts, delta)``.
     """
 
     text: str
@@ -28,6 +36,10 @@ class Candidate:
     first_step: int
     grounded: bool
     similarity: float
+    binding: Optional[Binding] = None
+    emb: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+    final_row: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+    pre_row: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
 
 
 @dataclass

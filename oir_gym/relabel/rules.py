@@ -21,6 +21,25 @@ RULE_PAIRS: dict[tuple[str, str], str] = {
 }
 
 
+def rule_events(text: str, pair_table: Optional[dict] = None) -> Optional[tuple[int, int]]:
+    """``(pre, final)`` event ids of a rule instruction (``pre = -1`` for a single event), or ``None``.
+
+    ``"collect wood"`` -> ``(-1, collect_wood)``; ``"collect wood then place table"`` ->
+    ``(collect_wood, place_table)``; a :data:`RULE_PAIRS` wording (``"sleep and wake up"``) -> its
+    two events. Event-bound grounding binds rule instructions through it.
+    """
+    for (first, second), wording in (RULE_PAIRS if pair_table is None else pair_table).items():
+        if text == wording:
+            return EVENT_NAMES.index(first), EVENT_NAMES.index(second)
+    first, sep, second = text.partition(" then ")
+    if not sep:
+        e = _CANONICAL_EVENT.get(text)
+        return None if e is None else (-1, e)
+    if first in _CANONICAL_EVENT and second in _CANONICAL_EVENT:
+        return _CANONICAL_EVENT[first], _CANONICAL_EVENT[second]
+    return None
+
+
 def rule_final_event(text: str, pair_table: Optional[dict] = None) -> Optional[int]:
     """The event that completes a two-event rule instruction, or ``None`` for any other text.
 
@@ -30,13 +49,8 @@ def rule_final_event(text: str, pair_table: Optional[dict] = None) -> Optional[i
     against their *first* event's captions ("collect stone then place stone" against "collect
     stone": 0.914), and the cosine reward would then pay on the first half.
     """
-    for (_, second), wording in (RULE_PAIRS if pair_table is None else pair_table).items():
-        if text == wording:
-            return EVENT_NAMES.index(second)
-    first, sep, second = text.partition(" then ")
-    if not sep:
-        return None
-    return _CANONICAL_EVENT.get(second) if first in _CANONICAL_EVENT else None
+    ev = rule_events(text, pair_table)
+    return None if ev is None or ev[0] < 0 else ev[1]
 
 
 #: canonical caption -> event id, for reading "A then B" back (achievement events only).

@@ -692,7 +692,25 @@ def build_llm(backend: Any, backend_kwargs: Optional[dict] = None, *, isolate: O
         isolate = needs_isolation(spec.name)
     if isolate:  # started on first use (or by a check): constructing a relabeler starts no process
         return ChildProcessBackend(spec, config=config, start=False)
-    return spec.build()
+    try:
+        return spec.build()
+    except BackendError as e:  # e.g. a server that cannot be asked for its model: reported by the
+        return UnavailableBackend(spec.name, str(e))  # start-up check and at every call, never a crash
+
+
+class UnavailableBackend:
+    """Stands for a backend whose construction failed with a :class:`BackendError` (an unreachable
+    server, say): every call raises that error, so the check before training reports it and a
+    ``both`` run falls back to rules, as for any failing LLM."""
+
+    def __init__(self, name: str, error: str) -> None:
+        self.name, self.error = name, error
+
+    def __repr__(self) -> str:
+        return f"UnavailableBackend({self.name!r}: {self.error})"
+
+    def generate(self, prompts: list[str], n: int = 1, *, schema: Optional[dict] = None) -> list[list[str]]:
+        raise BackendError(self.error)
 
 
 def close_llm(llm: Any) -> None:
