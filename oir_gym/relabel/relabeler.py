@@ -68,7 +68,7 @@ class HindsightRelabeler:
     """LLM hindsight instruction relabeling as a library component.
 
     Args:
-        backend: ``"llama_cpp"`` (offline default: in-process Gemma 3 270M), ``"openai"``,
+        backend: ``"transformers"`` (offline default: in-process Gemma 3 270M), ``"llama_cpp"``, ``"openai"``,
             ``"vllm"``, ``"rules"`` (no LLM), an :class:`~oir_gym.relabel.backends.LLMBackend`
             object, or a :class:`~oir_gym.relabel.backends.CompositeBackend`.
         k: candidates kept per trajectory (the paper's K).
@@ -101,7 +101,7 @@ class HindsightRelabeler:
 
     def __init__(
         self,
-        backend: BackendSpec = "llama_cpp",
+        backend: BackendSpec = "transformers",
         k: int = 4,
         template: Union[str, PromptTemplate] = "segments",
         use_rules: bool = True,
