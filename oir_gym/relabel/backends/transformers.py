@@ -23,7 +23,7 @@ import threading
 from typing import Any, Optional
 
 from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape
-from oir_gym.relabel.prompts import instruction_gbnf
+from oir_gym.relabel.prompts import instruction_gbnf, output_schema
 
 #: Gemma's chat turn format (what llama.cpp's ``chat_format="gemma"`` renders); the packaged GGUF
 #: carries no chat template. The tokenizer adds ``<bos>`` itself.
@@ -80,10 +80,12 @@ class TransformersBackend:
             samples with a generator seeded from ``seed``, so a call is reproducible; the
             process-wide torch RNG is saved and restored around it.
         max_tokens: completion limit; ``None`` derives it from the schema.
-        grammar: ``"gbnf"`` (default: the hand-written grammar of
+        grammar: ``"gbnf"`` (default: for the relabeler's answer schema
+            (:func:`~oir_gym.relabel.prompts.output_schema`) the hand-written grammar of
             :func:`~oir_gym.relabel.prompts.instruction_gbnf`, plain-word strings and bounded
-            repetitions), ``"json_schema"`` (xgrammar compiles the JSON schema itself), or ``None``
-            (unconstrained; small base models then loop or emit invalid JSON).
+            repetitions; any other schema is compiled as a JSON schema), ``"json_schema"`` (xgrammar
+            compiles every JSON schema itself), or ``None`` (unconstrained; small base models then
+            loop or emit invalid JSON).
         chat_template: ``"auto"`` (the tokenizer's chat template when it has one, else Gemma's turn
             format), ``"gemma"`` (Gemma's turn format), or ``None`` (the prompt as is).
         batch_size: rows (prompts x samples) per ``model.generate`` call; bounds memory.
@@ -313,9 +315,12 @@ class TransformersBackend:
         return GEMMA_TURN.format(prompt=prompt)
 
     def count_tokens(self, text: str) -> int:
-        """Exact prompt length in this model's tokens (with the chat turn around it)."""
-        formatted = self.format_prompt(text)
-        return len(self._tok(formatted, add_special_tokens=not self._has_bos(formatted))["input_ids"])
+        """Exact length of ``text`` in this model's tokens (with ``<bos>``, without the chat turn
+        around it, as :class:`LlamaCppBackend` counts)."""
+        with self._lock:
+            if self._model is None:
+                self._load()
+        return len(self._tok(text)["input_ids"])
 
     def _has_bos(self, text: str) -> bool:
         bos = getattr(self._tok, "bos_token", None)
@@ -334,10 +339,11 @@ class TransformersBackend:
             self._compiler = xgr.GrammarCompiler(self._tok_info, max_threads=1)
         key = json.dumps(schema, sort_keys=True) + str(self.grammar_mode)
         if key not in self._grammars:
-            if self.grammar_mode == "json_schema":
-                g = self._compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+            shape = schema_shape(schema)
+            if self.grammar_mode == "gbnf" and schema == output_schema(*shape):
+                g = self._compiler.compile_grammar(instruction_gbnf(*shape))
             else:
-                g = self._compiler.compile_grammar(instruction_gbnf(*schema_shape(schema)))
+                g = self._compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
             self._grammars[key] = g
         return self._grammars[key]
 
@@ -356,14 +362,25 @@ class TransformersBackend:
         finally:
             torch.set_num_threads(before)
 
-    def generate(self, prompts: list[str], n: int = 1, *, schema: Optional[dict] = None) -> list[list[str]]:
+    def generate(
+        self, prompts: list[str], n: int = 1, *, schema: Optional[dict] = None,
+        temperature: Optional[float] = None, top_p: Optional[float] = None,
+        max_tokens: Optional[int] = None, seed: Optional[int] = None,
+    ) -> list[list[str]]:
         """``n`` completions per prompt, generated in batches of ``batch_size`` rows (left padded).
 
+        ``temperature``, ``top_p``, ``max_tokens`` and ``seed`` override the backend's settings
+        for this call (the OpenAI-compatible server passes a request's values).
         Raises :class:`BackendError` when the model cannot be loaded or a prompt does not fit.
         """
         if not prompts:
             return []
-        max_new = int(self.max_tokens or default_max_tokens(*schema_shape(schema)))
+        sampling = {
+            "temperature": self.temperature if temperature is None else float(temperature),
+            "top_p": self.top_p if top_p is None else float(top_p),
+            "seed": self.seed if seed is None else int(seed),
+            "max_new": int(max_tokens or self.max_tokens or default_max_tokens(*schema_shape(schema))),
+        }
         with self._lock, self._threads():
             if self._model is None:
                 self._load()
@@ -372,10 +389,11 @@ class TransformersBackend:
             compiled = self._compiled(schema)
             outs: list[str] = []
             for start in range(0, len(rows), self.batch_size):
-                outs += self._generate_rows(rows[start:start + self.batch_size], max_new, compiled, start)
+                outs += self._generate_rows(rows[start:start + self.batch_size], compiled, start, **sampling)
         return [outs[i * n:(i + 1) * n] for i in range(len(prompts))]
 
-    def _generate_rows(self, rows: list[str], max_new: int, compiled: Any, offset: int) -> list[str]:
+    def _generate_rows(self, rows: list[str], compiled: Any, offset: int, *, temperature: float, top_p: float,
+                       seed: int, max_new: int) -> list[str]:
         import torch
 
         add_special = not self._has_bos(rows[0])
@@ -386,18 +404,18 @@ class TransformersBackend:
                                f"model's context of {limit}; use the 'segments' template")
         enc = {k: v.to(self._device) for k, v in enc.items()}
         procs = [_GrammarMask(compiled, len(rows))] if compiled is not None else []
-        sample = self.temperature > 0
+        sample = temperature > 0
         kw: dict[str, Any] = dict(
             max_new_tokens=max_new, do_sample=sample, eos_token_id=self._stop_ids,
             pad_token_id=self._tok.pad_token_id, logits_processor=procs,
         )
         if sample:
-            kw.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
+            kw.update(temperature=temperature, top_p=top_p, top_k=0)
         else:
             kw.update(temperature=None, top_p=None, top_k=None)
         devices = [self._device] if self._device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
-            torch.manual_seed(self.seed + offset)
+            torch.manual_seed(seed + offset)
             out = self._model.generate(**enc, **kw)
         new = out[:, enc["input_ids"].shape[1]:]
         return self._tok.batch_decode(new, skip_special_tokens=True)
