@@ -162,7 +162,8 @@ def _started(server: ServerProcess):
 def oir_server(gguf_path, tmp_path):
     """``python -m oir_gym.relabel.serve`` with the Gemma model on a free loopback port (any CPU)."""
     server = _started(ServerProcess(
-        [sys.executable, "-m", "oir_gym.relabel.serve", "--model", gguf_path, "--port", "0", "--model-name", "gemma"],
+        [sys.executable, "-m", "oir_gym.relabel.serve", "--model", gguf_path, "--port", "0", "--model-name", "gemma",
+         "--num-threads", "1"],
         str(tmp_path / "oir_server.log")))
     yield server
     server.stop()

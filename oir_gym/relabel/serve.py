@@ -250,7 +250,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on start)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--num-threads", type=int, default=None, help="PyTorch CPU threads (default: PyTorch's)")
+    ap.add_argument("--num-threads", type=int, default=0,
+                    help="PyTorch CPU threads per generation (default 0: PyTorch's own setting, all cores)")
     ap.add_argument("--batch-size", type=int, default=16, help="most rows generated together")
     ap.add_argument("--batch-wait", type=float, default=0.05, help="seconds to gather concurrent requests")
     args = ap.parse_args(argv)
@@ -258,7 +259,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     from oir_gym.relabel.backends.transformers import TransformersBackend
 
     try:
-        backend = TransformersBackend(args.model, device=args.device, dtype=args.dtype, num_threads=args.num_threads,
+        backend = TransformersBackend(args.model, device=args.device, dtype=args.dtype, num_threads=args.num_threads or None,
                                       batch_size=args.batch_size).load()
         server = make_server(backend, args.host, args.port, batch_size=args.batch_size, batch_wait=args.batch_wait,
                              model_name=args.model_name or os.path.basename(backend.model.rstrip("/")))

@@ -72,10 +72,12 @@ class TransformersBackend:
             ``model`` is a ``.gguf`` path.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         dtype: ``None``: bfloat16 on GPU, float32 on CPU; or ``"float32"``, ``"bfloat16"``, ``"float16"``.
-        num_threads: PyTorch CPU threads while this backend generates. ``None`` (default) leaves
-            PyTorch's setting alone. PyTorch's thread count is process-wide, so when given it is
-            set for the duration of each ``generate`` call and restored after; meant for a process
-            of its own (e.g. the relabeler's child-process worker) or a CPU shared with training.
+        num_threads: PyTorch CPU threads of each ``generate`` call (default 1, like llama.cpp's
+            default here: the relabeler shares the CPU with training, and PyTorch's OpenMP threads
+            spin at every barrier when a core is busy elsewhere; measured on 2 busy cores, one
+            segments call took 40-48 s with 2 threads and 7 s with 1). Set for the calling thread
+            during the call and restored after, so the rest of the process keeps PyTorch's
+            setting. ``None``: leave PyTorch's setting alone (e.g. a dedicated many-core process).
         temperature, top_p, seed: sampling (``temperature=0``: greedy). Each ``generate`` call
             samples with a generator seeded from ``seed``, so a call is reproducible; the
             process-wide torch RNG is saved and restored around it.
@@ -112,7 +114,7 @@ class TransformersBackend:
         gguf_file: Optional[str] = None,
         device: str = "auto",
         dtype: Optional[str] = None,
-        num_threads: Optional[int] = None,
+        num_threads: Optional[int] = 1,
         temperature: float = 0.7,
         top_p: float = 0.95,
         seed: int = 0,
