@@ -59,7 +59,23 @@ def _resolve_model(model: Optional[str], gguf_file: Optional[str]) -> tuple[str,
         if not os.path.isfile(os.path.join(model, "config.json")):
             raise FileNotFoundError(f"{model} has no config.json: not a transformers model folder "
                                     "(for a GGUF file pass its path, or gguf_file=<name>)")
+    elif not _in_hub_cache(model):
+        raise FileNotFoundError(f"model {model!r} is neither a local path nor in the local Hugging Face cache "
+                                "(models are never downloaded at run time): download it beforehand or pass a "
+                                "local folder / .gguf file")
     return model, None
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds ``repo_id``'s config (offline look-up)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return True  # cannot tell: loading will say
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - a malformed id: loading will say
+        return True
 
 
 class TransformersBackend:
@@ -208,12 +224,12 @@ class TransformersBackend:
         else:
             dtype = getattr(torch, self.dtype_arg)
         try:
-            tok, model = self._load_converted(dtype) if self.gguf_file and self.cache_dir else (None, None)
+            caching = bool(self.gguf_file and self.cache_dir and os.path.isfile(self.model))
+            tok, model = self._load_converted(dtype) if caching else (None, None)
             if model is None:
                 kw: dict[str, Any] = {"local_files_only": True}
                 if self.gguf_file:
                     kw["gguf_file"] = self.gguf_file
-                caching = bool(self.gguf_file and self.cache_dir)
                 with self._quiet():
                     tok = AutoTokenizer.from_pretrained(self._source, **kw)
                     # the copy keeps the exact float32 dequantized weights, whatever dtype runs
@@ -222,13 +238,14 @@ class TransformersBackend:
                 if caching:
                     self._save_converted(tok, model)
                     model.to(dtype)
-        except OSError as e:  # what transformers raises for a model that is not there
-            raise BackendError(
-                f"cannot load model {self.model!r} from local files ({str(e).splitlines()[0]}); "
-                "pass a local folder or .gguf file (models are never downloaded at run time)"
-            ) from e
         except ImportError as e:  # gguf / accelerate missing
             raise ImportError(f"{TRANSFORMERS_INSTALL_HINT}: {e}") from e
+        except (OSError, ValueError, KeyError, RuntimeError) as e:  # missing, broken or unsupported model files
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise BackendError(
+                f"cannot load model {self.model!r} from local files: {first} "
+                "(pass a readable local folder or .gguf file; models are never downloaded at run time)"
+            ) from e
         model.to(device).eval()
         tok.padding_side = "left"  # decoder-only batching: pad on the left so answers start aligned
         if tok.pad_token_id is None:
