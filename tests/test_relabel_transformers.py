@@ -183,3 +183,93 @@ def test_constructed_in_a_child_process_from_picklable_kwargs(gguf_path):  # noq
     p.join(30)
     assert isinstance(out, list), out
     _check_answer(out[0][0], 4)
+
+
+# ------------------------------------------------------------------------------ the local server
+def _http(url: str, body=None, method: str = "GET") -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_serve_request_validation_says_what_to_fix():
+    from oir_gym.relabel.serve import RequestError, parse_request
+
+    ok = parse_request({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                        "n": 2, "temperature": 0, "max_tokens": 16, "seed": 3,
+                        "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}})
+    assert ok == {"prompt": "Be brief.\n\nHi", "n": 2, "schema": {"type": "object"}, "temperature": 0.0,
+                  "max_tokens": 16, "seed": 3}
+    assert parse_request({"messages": [{"role": "user", "content": "x"}],
+                          "response_format": {"type": "json_object"}})["schema"] == {"type": "object"}
+    for body, msg in [
+        ([], "JSON object"), ({"messages": []}, "non-empty list"), ({"messages": [{"role": "bot", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "user", "content": 3}]}, "content"), ({"messages": [{"role": "user", "content": "x"}], "n": 99}, "'n'"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "streaming"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 5}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}, "json_schema needs"),
+    ]:
+        with pytest.raises(RequestError, match=msg):
+            parse_request(body)
+
+
+def test_serve_refuses_non_loopback_hosts(tf_backend):
+    from oir_gym.relabel.serve import make_server
+
+    with pytest.raises(ValueError, match="loopback"):
+        make_server(tf_backend, "0.0.0.0", 0)
+
+
+class Counting:
+    """Counts the backend calls (to see concurrent requests batched into one)."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def generate(self, prompts, n=1, *, schema=None, **kw):
+        self.calls.append(len(prompts))
+        return self.inner.generate(prompts, n, schema=schema, **kw)
+
+    def count_tokens(self, text):
+        return self.inner.count_tokens(text)
+
+
+def test_serve_answers_batches_concurrent_requests_and_reports_errors(tf_backend):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oir_gym.relabel.serve import make_server
+
+    be = Counting(tf_backend)
+    server = make_server(be, "127.0.0.1", 0, model_name="gemma", batch_wait=1.0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert _http(f"{url}/v1/models") == (200, {"object": "list", "data": [
+            {"id": "gemma", "object": "model", "created": 0, "owned_by": "oir-gym"}]})
+        status, err = _http(f"{url}/v1/chat/completions", b"{not json", "POST")
+        assert status == 400 and "bad request" in err["error"]["message"]
+        assert _http(f"{url}/v1/completions", {"prompt": "x"}, "POST")[0] == 404
+        tpl = load_template("segments")
+        body = lambda traj: {  # noqa: E731
+            "messages": [{"role": "user", "content": tpl.render(traj, 2)}], "max_tokens": 96,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "i", "schema": tpl.schema(2)}}}
+        trajs = [make_trajectory(s, 128) for s in (WOOD_TABLE_PICKAXE, DRINK_EAT_SLEEP, STONE)]
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda t: _http(f"{url}/v1/chat/completions", body(t), "POST"), trajs))
+        assert be.calls == [3], be.calls  # one batched generation for the three requests
+        for status, ans in answers:
+            assert status == 200 and ans["object"] == "chat.completion", ans
+            _check_answer(ans["choices"][0]["message"]["content"], 2)
+            assert ans["usage"]["prompt_tokens"] > 300 and ans["choices"][0]["finish_reason"] == "stop"
+    finally:
+        server.shutdown()
+        server.server_close()
