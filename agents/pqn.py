@@ -86,7 +86,7 @@ class PQNConfig:
     # round by round to the instruction with the fewest rows so far in the update, so rare events
     # ("place table") are kept wherever they happen. An extension, not in the paper.
     relabel_balance: bool = False
-    llm_backend: str = "llama_cpp"  # llama_cpp | openai | vllm
+    llm_backend: str = "transformers"  # transformers | llama_cpp | openai | vllm
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_model: str = ""
     llm_template: str = "segments"

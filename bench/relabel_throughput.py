@@ -1,13 +1,20 @@
-"""Relabeling throughput of the offline LLM: ``paper`` vs ``segments`` prompts, and cache hit rate.
+"""Relabeling throughput of the offline LLM backends: speed, ``paper`` vs ``segments`` prompts, cache.
 
 Synthetic but realistic 128-step trajectories (event scripts from
 :mod:`oir_gym.relabel.synthetic`, per-step texts in the paper's appendix format) are relabeled by
-:class:`~oir_gym.relabel.HindsightRelabeler` with the in-process llama.cpp backend (Gemma 3 270M
-Q4_K_M by default). Prints markdown tables:
+:class:`~oir_gym.relabel.HindsightRelabeler` with in-process backends (``--backend transformers``,
+the default route, and/or ``llama_cpp``; Gemma 3 270M Q4_K_M by default). Prints markdown tables:
 
-1. per template: trajectories/s, prompt tokens per trajectory (exact, model tokenizer), LLM
-   seconds per trajectory, LLM candidates per trajectory, parse success, grounded fraction;
-2. cache: hit rates of each cache-key mode over a long simulated training run (competence rising
+1. speed per backend on ``segments`` prompts of different trajectories (grammar-constrained, as
+   the relabeler asks): prompt tokens/s (a 1-token generation: prompt processing plus one step),
+   generated tokens/s (the rest of a full answer), seconds per call with one prompt, seconds per
+   trajectory when ``--batch`` prompts go in one call (transformers batches them; llama.cpp runs
+   them one after the other), and model load time. With several backends the timed calls are
+   interleaved (a, b, a, b, ...), so load changes on a shared machine hit both alike;
+2. per backend and template: trajectories/s, prompt tokens per trajectory (exact, model
+   tokenizer), LLM seconds per trajectory, LLM candidates per trajectory, parse success,
+   grounded fraction;
+3. cache: hit rates of each cache-key mode over a long simulated training run (competence rising
    over iterations; keys only), and the relabeler's own cache statistics over a shorter run with
    the model (a scripted stand-in with ``--quick``, since answers do not change hit rates).
 
@@ -16,6 +23,7 @@ Usage::
     python bench/relabel_throughput.py --quick
     python bench/relabel_throughput.py --n-paper 4 --n-segments 16 --iterations 12 --envs 16
     python bench/relabel_throughput.py --isolation transformers --n-segments 8   # child process vs in process
+    python bench/relabel_throughput.py --backend transformers llama_cpp --n-paper 1 --n-segments 8
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache  # noqa: E402
+from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache, TransformersBackend  # noqa: E402
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle  # noqa: E402
 from oir_gym.relabel.synthetic import (  # noqa: E402
     WOOD_TABLE_PICKAXE, make_trajectory, random_trajectories, training_run,
@@ -95,6 +103,52 @@ def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, see
     ratio = wall["in process"] / wall["child process"]
     print(f"\nchild-process / in-process throughput: {ratio:.3f}x")
     return ratio
+def make_llm(name: str, args) -> tuple:
+    """``(backend, label, load seconds)`` for ``--backend`` ``name``, loaded."""
+    t0 = time.perf_counter()
+    if name == "llama_cpp":
+        be = LlamaCppBackend(args.model_path, n_threads=args.n_threads, seed=args.seed)
+        be.count_tokens("warm")  # loads the model
+        label = f"llama.cpp, {args.n_threads} thread(s)"
+    else:
+        be = TransformersBackend(args.model_path, num_threads=args.n_threads, seed=args.seed, dtype=args.dtype).load()
+        label = f"transformers {args.dtype or 'float32'}, {args.n_threads} thread(s)"
+    return be, label, time.perf_counter() - t0
+
+
+def bench_speed(llms: list, prompts: list[str], schema: dict, n: int, batch: int) -> list[dict]:
+    """Prompt / generated tokens per second and seconds per call, timed calls interleaved over backends.
+
+    Prompt processing is timed with 1-token generations on ``n`` prompts, full answers on ``n``
+    other prompts (llama.cpp keeps the previous prompt's KV cache: the same prompt twice would
+    skip its processing); both share the template's few-shot prefix, as in training.
+    """
+    first, full, batched = prompts[:n], prompts[n:2 * n], prompts[2 * n:2 * n + batch]
+    rows = [dict(prompt_tokens=0, prefill_s=0.0, gen_tokens=0, full_s=0.0, full_prompt_tokens=0) for _ in llms]
+    for be, _, _ in llms:  # warm-up: grammar compile, first-call allocations
+        be.generate(prompts[-1:], schema=schema)
+    for p, q in zip(first, full):
+        for (be, _, _), r in zip(llms, rows):
+            be.max_tokens = 1
+            t0 = time.perf_counter()
+            be.generate([p], schema=schema)
+            t1 = time.perf_counter()
+            be.max_tokens = None
+            (out,) = be.generate([q], schema=schema)
+            t2 = time.perf_counter()
+            r["prompt_tokens"] += be.count_tokens(p)
+            r["full_prompt_tokens"] += be.count_tokens(q)
+            r["prefill_s"] += t1 - t0
+            r["gen_tokens"] += max(0, be.count_tokens(out[0]) - be.count_tokens(""))
+            r["full_s"] += t2 - t1
+    for (be, _, _), r in zip(llms, rows):
+        t0 = time.perf_counter()
+        be.generate(batched, schema=schema)
+        r["batch_s_per_traj"] = (time.perf_counter() - t0) / len(batched)
+        # generation time = full calls less their prompt processing (at the measured prompt rate)
+        prefill_full = r["full_prompt_tokens"] * r["prefill_s"] / max(1, r["prompt_tokens"])
+        r["gen_s"] = max(1e-9, r["full_s"] - prefill_full)
+    return rows
 
 
 def main(argv=None) -> None:
@@ -108,9 +162,16 @@ def main(argv=None) -> None:
     ap.add_argument("--sim-envs", type=int, default=64, help="envs of the keys-only cache simulation")
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--backend", nargs="+", default=["transformers"], choices=["transformers", "llama_cpp"],
+                    help="in-process backends to measure (several: interleaved speed runs)")
     ap.add_argument("--n-threads", type=int, default=1,
-                    help="llama.cpp threads (default 1, the relabeler default: it shares the CPU with training)")
+                    help="LLM CPU threads (default 1, the relabeler default: it shares the CPU with training)")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                    help="transformers weights on CPU (default float32)")
+    ap.add_argument("--n-speed", type=int, default=4, help="segments prompts of the speed table")
+    ap.add_argument("--batch", type=int, default=4, help="prompts per call in the batched column")
     ap.add_argument("--model-path", default=None, help="GGUF file (default: packaged Gemma 3 270M)")
+    ap.add_argument("--skip-cache", action="store_true", help="leave out the cache tables")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--isolation", metavar="BACKEND", default=None,
                     help="only compare BACKEND (a backend name or 'module:Class') in a child process with the same "
@@ -119,7 +180,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.quick:
         args.n_paper, args.n_segments, args.iterations, args.envs = 1, 4, 6, 8
-        args.sim_iterations, args.sim_envs = 30, 32
+        args.sim_iterations, args.sim_envs, args.n_speed = 30, 32, 2
     if args.isolation:
         print_isolation(args.isolation, json.loads(args.isolation_kwargs), args.n_segments, args.length, args.k,
                         args.seed)
@@ -128,28 +189,47 @@ def main(argv=None) -> None:
     from oir_gym.encoder import get_encoder
 
     encoder = get_encoder()
-    backend = LlamaCppBackend(args.model_path, n_threads=args.n_threads, seed=args.seed)
-    pool = [t for t in random_trajectories(64, args.length, seed=args.seed) if not is_idle(t)]
+    llms = [make_llm(name, args) for name in args.backend]
+    backend = llms[0][0]
+    pool = [t for t in random_trajectories(96, args.length, seed=args.seed) if not is_idle(t)]
 
-    rows = []
-    for template, n in (("paper", args.n_paper), ("segments", args.n_segments)):
-        if n > 0:
-            rows.append(bench_template(template, pool[:n], backend, encoder, args.k))
+    from oir_gym.relabel import load_template
 
-    print(f"\n## Relabeling throughput ({os.path.basename(backend.model_path)}, llama.cpp, "
-          f"n_threads={args.n_threads}, k={args.k}, {args.length}-step trajectories)\n")
-    print("| template | trajectories | traj/s | prompt tokens/traj | LLM s/traj | LLM candidates/traj "
-          "| trajs keeping an LLM candidate | grounded fraction | errors |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['template']} | {r['n']} | {r['traj_per_s']:.3f} | {r['tokens']:.0f} ({r['method']}) "
-              f"| {r['llm_s']:.2f} | {r['llm_cands']:.2f} | {r['llm_ok']:.0%} | {r['grounded']:.2f} | {r['errors']} |")
-    if len(rows) == 2 and rows[1]["tokens"]:
-        print(f"\nprompt length ratio paper/segments: {rows[0]['tokens'] / rows[1]['tokens']:.1f}x; "
-              f"throughput ratio segments/paper: {rows[1]['traj_per_s'] / rows[0]['traj_per_s']:.1f}x")
-    for r in rows:
-        print(f"example ({r['template']}): {r['example']}")
+    tpl = load_template("segments")
+    n_speed = args.n_speed
+    speed_prompts = [tpl.render(t, args.k) for t in pool[-(2 * n_speed + args.batch + 1):]]
+    speed = bench_speed(llms, speed_prompts, tpl.schema(args.k), n_speed, args.batch)
+    print(f"\n## LLM speed ({os.path.basename(backend.model_path if isinstance(backend, LlamaCppBackend) else backend.model)}, "
+          f"segments prompts, k={args.k}, grammar-constrained, {n_speed} + {n_speed} prompts, timed calls interleaved)\n")
+    print(f"| backend | load (s) | prompt tokens/s | generated tokens/s | s per call (1 prompt) "
+          f"| s per trajectory, {args.batch} prompts per call | prompt tokens/call | generated tokens/call |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (be, label, load_s), r in zip(llms, speed):
+        print(f"| {label} | {load_s:.1f} | {r['prompt_tokens'] / r['prefill_s']:.0f} | {r['gen_tokens'] / r['gen_s']:.1f} "
+              f"| {r['full_s'] / n_speed:.2f} | {r['batch_s_per_traj']:.2f} | {r['full_prompt_tokens'] / n_speed:.0f} "
+              f"| {r['gen_tokens'] / n_speed:.0f} |")
 
+    for be, label, _ in llms:
+        rows = []
+        for template, n in (("paper", args.n_paper), ("segments", args.n_segments)):
+            if n > 0:
+                rows.append(bench_template(template, pool[:n], be, encoder, args.k))
+
+        print(f"\n## Relabeling throughput ({label}, k={args.k}, {args.length}-step trajectories, one per call)\n")
+        print("| template | trajectories | traj/s | prompt tokens/traj | LLM s/traj | LLM candidates/traj "
+              "| trajs keeping an LLM candidate | grounded fraction | errors |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['template']} | {r['n']} | {r['traj_per_s']:.3f} | {r['tokens']:.0f} ({r['method']}) "
+                  f"| {r['llm_s']:.2f} | {r['llm_cands']:.2f} | {r['llm_ok']:.0%} | {r['grounded']:.2f} | {r['errors']} |")
+        if len(rows) == 2 and rows[1]["tokens"]:
+            print(f"\nprompt length ratio paper/segments: {rows[0]['tokens'] / rows[1]['tokens']:.1f}x; "
+                  f"throughput ratio segments/paper: {rows[1]['traj_per_s'] / rows[0]['traj_per_s']:.1f}x")
+        for r in rows:
+            print(f"example ({r['template']}): {r['example']}")
+
+    if args.skip_cache:
+        return
     # cache hit rate of each key mode over a long simulated run (keys only, no LLM needed)
     sim = training_run(args.sim_iterations, args.sim_envs, args.length, seed=args.seed + 2, texts=False)
     print(f"\n## Cache key modes over a simulated training run ({args.sim_iterations} iterations x "

@@ -18,7 +18,7 @@ Backends:
 * ``"rules"``: no LLM, deterministic: :func:`rule_goals` reads the observation and suggests
   achievable next steps (facing a tree -> ``"collect wood"``, wood in the inventory and no table
   nearby -> ``"place table"``, ...), worded as the 22 Craftax achievements (:data:`GOALS`).
-* ``"llama_cpp"`` (offline Gemma 3 270M), ``"openai"`` (any OpenAI-compatible server),
+* ``"transformers"`` or ``"llama_cpp"`` (offline Gemma 3 270M), ``"openai"`` (any OpenAI-compatible server),
   ``"vllm"``, or any object with the relabeler's backend protocol
   ``generate(prompts, n, *, schema) -> list[list[str]]``: the few-shot prompt of
   ``oir_gym/data/prompts/ellm.txt``, JSON-constrained with the relabeler's answer schema
@@ -97,7 +97,7 @@ LOW_ENERGY = 3
 #: Vitals at or below this are "low" in the coarse cache signature.
 LOW_VITAL = 3
 
-BACKENDS = ("rules", "llama_cpp", "openai", "vllm")
+BACKENDS = ("rules", "transformers", "llama_cpp", "openai", "vllm")
 SIGNATURES = ("coarse", "text")
 DEFAULT_PROMPT = "ellm"
 
@@ -292,7 +292,7 @@ class GoalProposer:
     """ELLM goal proposer: textual observations in, up to ``k`` goals per observation out.
 
     Args:
-        backend: ``"rules"``, ``"llama_cpp"``, ``"openai"``, ``"vllm"``, ``"package.module:ClassName"``,
+        backend: ``"rules"``, ``"transformers"``, ``"llama_cpp"``, ``"openai"``, ``"vllm"``, ``"package.module:ClassName"``,
             a :class:`~oir_gym.relabel.worker.BackendSpec`, or an object with
             ``generate(prompts, n=1, *, schema=None) -> list[list[str]]`` (used as is, in this process).
         k: goals per observation.

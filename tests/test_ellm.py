@@ -387,10 +387,10 @@ def test_oir_run_records_the_inserted_instructions(tmp_path):
 # ------------------------------------------------------------------------------------- real LLM
 @pytest.mark.llm
 def test_offline_gemma_proposes_goals():
-    from conftest_llm import _gguf_or_skip
+    from conftest_llm import _transformers_or_skip
 
-    path = _gguf_or_skip()
-    prop = GoalProposer("llama_cpp", k=3, backend_kwargs={"model_path": path, "n_threads": 1, "seed": 0})
+    path = _transformers_or_skip()  # the offline default route (transformers): runs on any CPU
+    prop = GoalProposer("transformers", k=3, backend_kwargs={"model": path, "seed": 0})
     texts = [obs("tree", "[1] tree [2] water [3] cow"), obs("grass", "[1] crafting table", "wood 2")]
     out = prop.propose(texts)
     s = prop.stats()

@@ -1,6 +1,8 @@
-"""The relabeler with the real offline model (Gemma 3 270M Q4_K_M, llama.cpp, 1 thread).
+"""The real offline model (Gemma 3 270M Q4_K_M) through llama.cpp and through OpenAI-compatible servers.
 
-Marked ``llm``; skipped when llama-cpp-python, its server extras or the GGUF package are missing.
+Marked ``llm``. The llama.cpp tests skip when llama-cpp-python is missing or crashes on this CPU
+(probed in a child process); the server test uses ``python -m oir_gym.relabel.serve`` (the
+transformers backend, any CPU). The transformers backend itself: ``test_relabel_transformers.py``.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import json
 
 import pytest
 
-from conftest_llm import gguf_path, llama_server  # noqa: F401 - pytest fixtures
+from conftest_llm import gguf_path, llama_gguf_path, llama_server, oir_server  # noqa: F401 - pytest fixtures
 from oir_gym.relabel import (
     BackendError, HindsightRelabeler, LlamaCppBackend, OpenAIBackend, load_template, parse_candidates,
 )
@@ -19,8 +21,8 @@ pytestmark = pytest.mark.llm
 
 
 @pytest.fixture(scope="module")
-def backend(gguf_path):  # noqa: F811
-    return LlamaCppBackend(gguf_path, n_threads=1, seed=0)
+def backend(llama_gguf_path):  # noqa: F811
+    return LlamaCppBackend(llama_gguf_path, n_threads=1, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +74,8 @@ def test_llama_cpp_paper_template_parseable(backend):
     assert parse_candidates(raw[0])[0], raw
 
 
-def test_openai_backend_against_llama_server(llama_server, encoder):  # noqa: F811
-    be = OpenAIBackend(llama_server.url, model="gemma", api_key_env=None, timeout=120, max_retries=1, backoff=0.1)
+def _openai_round_trip(url: str, encoder) -> tuple[OpenAIBackend, HindsightRelabeler]:
+    be = OpenAIBackend(url, model="gemma", api_key_env=None, timeout=120, max_retries=1, backoff=0.1)
     rec = Recording(be)  # an HTTP backend has no tokenizer: prompt tokens are approximated
     traj = make_trajectory(WOOD_TABLE_PICKAXE, 128)
     rl = HindsightRelabeler(backend=rec, k=4, encoder=encoder, cache_size=0)
@@ -82,13 +84,31 @@ def test_openai_backend_against_llama_server(llama_server, encoder):  # noqa: F8
     cands, reasons = parse_candidates(raw)
     assert cands, (raw, reasons)
     assert res.error is None and any(c.source == "llm" for c in res.candidates)
-    # llama_cpp.server rejects OpenAI's json_schema format; the backend stepped down to its own
-    assert be.response_format_mode == "json_object"
+    return be, rl
 
+
+def _server_goes_away(server, be: OpenAIBackend, rl: HindsightRelabeler) -> None:
     # the server goes away: a clear error from the backend, rules fallback in the relabeler
-    llama_server.stop()
+    server.stop()
     with pytest.raises(BackendError, match="cannot connect"):
         be.generate(["p"])
-    (res,) = rl.relabel([traj])
+    (res,) = rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 128)])
     assert res.fallback == "rules" and res.candidates and "cannot connect" in res.error
     assert rl.stats()["errors"] == 1
+
+
+def test_openai_backend_against_oir_server(oir_server, encoder):  # noqa: F811
+    be, rl = _openai_round_trip(oir_server.url, encoder)
+    # our server takes OpenAI's json_schema response format: no step-down
+    assert be.response_format_mode == "json_schema"
+    raw = Recording(be)
+    (out,) = raw.generate(["Answer with JSON."], 2, schema=load_template("segments").schema(2))
+    assert len(out) == 2 and all(set(json.loads(o)) == {"Mid-Level", "High-Level"} for o in out)
+    _server_goes_away(oir_server, be, rl)
+
+
+def test_openai_backend_against_llama_server(llama_server, encoder):  # noqa: F811
+    be, rl = _openai_round_trip(llama_server.url, encoder)
+    # llama_cpp.server rejects OpenAI's json_schema format; the backend stepped down to its own
+    assert be.response_format_mode == "json_object"
+    _server_goes_away(llama_server, be, rl)

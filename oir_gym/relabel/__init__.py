@@ -4,7 +4,7 @@ Typical use from any training loop::
 
     from oir_gym.relabel import HindsightRelabeler
 
-    relabeler = HindsightRelabeler(backend="llama_cpp", k=4)   # offline Gemma 3 270M + rules
+    relabeler = HindsightRelabeler(backend="transformers", k=4)  # offline Gemma 3 270M + rules
     for res in relabeler(trajectories):                        # lock-step, like the paper
         for cand in res.grounded:                              # cand.first_step pays reward 1
             buffer.add(res.trajectory, cand.text, cand.first_step)
@@ -19,6 +19,7 @@ from oir_gym.relabel.backends import (
     LlamaCppBackend,
     LLMBackend,
     OpenAIBackend,
+    TransformersBackend,
     VLLMBackend,
     default_gguf_path,
     make_backend,
@@ -42,7 +43,7 @@ from oir_gym.relabel.tokens import TokenCount, count_tokens
 
 __all__ = [
     "HindsightRelabeler", "Candidate", "RelabelResult",
-    "LLMBackend", "LlamaCppBackend", "OpenAIBackend", "VLLMBackend", "RuleBackend", "CompositeBackend",
+    "LLMBackend", "TransformersBackend", "LlamaCppBackend", "OpenAIBackend", "VLLMBackend", "RuleBackend", "CompositeBackend",
     "Proposal", "RULE_PAIRS", "rule_final_event", "BackendError", "BackendTimeout", "make_backend", "default_gguf_path", "instruction_gbnf",
     "PromptTemplate", "load_template", "output_schema", "timestep_lines", "count_tokens", "TokenCount",
     "parse_completion", "parse_candidates", "ParsedOutput",

@@ -83,8 +83,8 @@ class HindsightRelabeler:
     """LLM hindsight instruction relabeling as a library component.
 
     Args:
-        backend: a backend name for :func:`~oir_gym.relabel.make_backend` (``"llama_cpp"``: the
-            offline Gemma 3 270M; ``"openai"``, ``"vllm"``...), ``"package.module:ClassName"``
+        backend: a backend name for :func:`~oir_gym.relabel.make_backend` (``"transformers"``, the
+            default: the offline Gemma 3 270M; ``"llama_cpp"``, ``"openai"``, ``"vllm"``...), ``"package.module:ClassName"``
             of any class with the backend protocol, ``"rules"`` (no LLM), a
             :class:`~oir_gym.relabel.worker.BackendSpec`, an
             :class:`~oir_gym.relabel.backends.LLMBackend` object (used as is, in this process), or a
@@ -130,7 +130,7 @@ class HindsightRelabeler:
 
     def __init__(
         self,
-        backend: BackendSpec = "llama_cpp",
+        backend: BackendSpec = "transformers",
         k: int = 4,
         template: Union[str, PromptTemplate] = "segments",
         use_rules: bool = True,
