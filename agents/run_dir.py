@@ -1,0 +1,621 @@
+"""One run directory for both trainers (``examples/train_pqn.py`` and ``examples/train_sb3.py``).
+
+A run directory holds everything one training run writes. Its layout::
+
+    config.json        the resolved configuration, plus "provenance" (git commit, dirty tree, package versions)
+    metrics.jsonl      one JSON object per logged update; every row has "update" and "env_steps"
+    metrics.csv        the same rows as CSV (written by :meth:`RunDir.write_csv`)
+    tb/                TensorBoard events (when the ``tensorboard`` package is installed)
+    wandb/             Weights & Biases files (only with ``wandb=True``)
+    checkpoints/       checkpoints (PQN: :mod:`agents.checkpoint`)
+    eval_<tag>.json    evaluation results (and eval_<tag>.md, a table for people)
+    *.png              plots
+    complete.json      written LAST, after the final evaluation, CSV and plots: the run is complete
+
+Typical use by a trainer script (the order matters: validate the config first, then prepare the
+directory, so that a bad flag never deletes or writes anything)::
+
+    cfg = ...validated config...
+    run = RunDir.prepare(path, resume=args.resume, overwrite=args.overwrite)   # refuses bad combinations
+    if run.is_complete():                                                      # resume of a finished run
+        ...
+    run.write_config(cfg_dict)                                                 # + provenance
+    metrics = run.open_metrics(position=ckpt_metrics_position)                 # resume: truncates to it
+    metrics.write({"update": 1, "env_steps": 128, "loss": 0.1})
+    position = metrics.position()                                              # store it in the checkpoint
+    run.write_eval("final", results, markdown=table)
+    metrics.close(); run.write_csv(); ...plots...; run.mark_complete(update=..., env_steps=...)
+
+Guarantees:
+
+* :meth:`RunDir.prepare` checks every flag combination before anything is deleted: ``resume``
+  with ``overwrite`` is refused; a directory that holds a run is never reused without ``resume``
+  or ``overwrite``; ``overwrite`` removes the old run's outputs (only the files a run writes, see
+  :data:`OUTPUT_PATTERNS`; other files in the folder are left alone).
+* Whole files (config, evaluations, the completion marker, CSV) are written atomically (temporary
+  file, fsync, ``os.replace``): a kill leaves the old version or the new one, never half of one.
+* ``metrics.jsonl`` is append-only. :meth:`MetricsWriter.position` gives its length and sha256
+  after the rows written so far; a checkpoint stores it, and on resume
+  :meth:`RunDir.open_metrics` verifies that prefix (a changed, truncated or bit-flipped file is a
+  :class:`CorruptFileError` naming the file) and cuts every row written after the checkpoint, so
+  a resumed run never duplicates rows.
+* Every read of a damaged file raises :class:`CorruptFileError` naming the file (and the line).
+
+This module imports only the standard library (TensorBoard and W&B lazily), so both the JAX and
+the PyTorch trainer can use it.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+__all__ = [
+    "CONFIG", "METRICS", "METRICS_CSV", "TENSORBOARD", "WANDB", "CHECKPOINTS", "COMPLETE", "OUTPUT_PATTERNS",
+    "RunDirError", "CorruptFileError", "MetricsPosition", "MetricsWriter", "RunDir",
+    "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "sha256_bytes", "sha256_file", "read_json",
+    "provenance", "check_tag",
+]
+
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+METRICS_CSV = "metrics.csv"
+TENSORBOARD = "tb"
+WANDB = "wandb"
+CHECKPOINTS = "checkpoints"
+COMPLETE = "complete.json"
+
+#: Names (glob patterns, relative to the run directory) of everything a run writes. ``overwrite``
+#: removes exactly these (plus a trainer's ``extra_outputs``); a folder that holds any of the
+#: first six "holds a run".
+OUTPUT_PATTERNS: tuple[str, ...] = (
+    CONFIG, METRICS, CHECKPOINTS, COMPLETE, "checkpoint.pkl", "model.zip",
+    METRICS_CSV, TENSORBOARD, WANDB, "eval_*.json", "eval_*.md", "*.png", "instructions.json", "goals.json",
+    "instruction_buffer.json", "state.json", "checkpoint.tmp", ".*.tmp",
+)
+_RUN_MARKERS = OUTPUT_PATTERNS[:6]
+
+#: Packages whose versions :func:`provenance` records (those installed).
+PROVENANCE_PACKAGES: tuple[str, ...] = (
+    "oir-gym", "jax", "jaxlib", "flax", "optax", "craftax", "numpy", "gymnasium", "torch", "sentence-transformers",
+    "transformers", "llama_cpp_python", "openai", "vllm", "stable-baselines3", "sb3-contrib",
+)
+
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class RunDirError(RuntimeError):
+    """A run directory cannot be used as asked (already holds a run, nothing to resume, bad flags).
+
+    Raised before anything is deleted or written; the message says what to pass instead.
+    """
+
+
+class CorruptFileError(ValueError):
+    """A file of a run directory is damaged (unparsable, truncated, or its checksum does not match).
+
+    ``path`` is the file; the message names it.
+    """
+
+    def __init__(self, path: str | os.PathLike, problem: str) -> None:
+        self.path = Path(path)
+        super().__init__(f"{self.path}: {problem}")
+
+
+# ----------------------------------------------------------------------------- atomic files, checksums
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, ``os.replace``.
+
+    A kill at any moment leaves either the previous file or the new one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """:func:`atomic_write_bytes` of UTF-8 text."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _json_default(o: Any) -> Any:
+    # numpy scalars and arrays without importing numpy here
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
+    """:func:`atomic_write_bytes` of ``obj`` as JSON (numpy scalars/arrays become numbers/lists).
+
+    Non-finite floats are written as JSON's ``NaN``/``Infinity`` extensions (Python reads them back).
+    """
+    return atomic_write_text(path, json.dumps(obj, indent=indent, default=_json_default))
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str:
+    """Hex sha256 of a file (of its first ``limit`` bytes when given)."""
+    h = hashlib.sha256()
+    left = limit
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h.hexdigest()
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Parse a JSON file; a missing file raises ``FileNotFoundError``, a damaged one :class:`CorruptFileError`."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptFileError(path, f"not valid JSON ({e}); the file is damaged or was cut short") from None
+
+
+def check_tag(tag: str) -> str:
+    """An evaluation tag (``eval_<tag>.json``): letters, digits, '.', '_' and '-', not starting with '.'."""
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        raise ValueError(f"evaluation tag {tag!r} may hold only letters, digits, '.', '_' and '-' "
+                         "(and must start with a letter or digit)")
+    return tag
+
+
+# ----------------------------------------------------------------------------- provenance
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def provenance(source_root: str | os.PathLike | None = None,
+               packages: Iterable[str] = PROVENANCE_PACKAGES) -> dict[str, Any]:
+    """Which code produced a run: git commit and dirty flag of the source tree, package versions.
+
+    Args:
+        source_root: a folder inside the git checkout of the code (default: this file's checkout).
+        packages: distribution names whose installed versions are recorded (absent ones are left out).
+
+    Returns:
+        ``{"git_commit": str | None, "git_dirty": bool | None, "source": str, "python": str,
+        "packages": {name: version}, "time": ISO-8601 UTC}``. ``git_commit`` is None outside a git
+        checkout (e.g. an installed wheel); ``git_dirty`` says whether tracked files differ from
+        the commit (untracked files such as run folders do not count).
+    """
+    from importlib import metadata
+
+    root = Path(source_root) if source_root is not None else Path(__file__).resolve().parents[1]
+    commit = _git(root, "rev-parse", "HEAD")
+    status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
+    versions: dict[str, str] = {}
+    for name in packages:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "git_commit": commit.strip() if commit else None,
+        "git_dirty": (bool(status.strip()) if status is not None else None),
+        "source": str(root),
+        "python": sys.version.split()[0],
+        "packages": versions,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+# ----------------------------------------------------------------------------- metrics
+@dataclass(frozen=True)
+class MetricsPosition:
+    """Where ``metrics.jsonl`` stood when a checkpoint was written: rows, bytes, sha256 of those
+    bytes, and the last row's ``update`` and ``env_steps``. Store :meth:`to_dict` in a checkpoint."""
+
+    rows: int
+    bytes: int
+    sha256: str
+    update: int
+    env_steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MetricsPosition":
+        try:
+            return cls(rows=int(d["rows"]), bytes=int(d["bytes"]), sha256=str(d["sha256"]), update=int(d["update"]),
+                       env_steps=int(d["env_steps"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a metrics position: {d!r} ({e})") from None
+
+
+def _parse_rows(path: Path, data: bytes) -> list[tuple[int, dict]]:
+    """``(end offset, row)`` per line of a metrics file; a damaged line is a CorruptFileError."""
+    out: list[tuple[int, dict]] = []
+    pos = 0
+    for lineno, line in enumerate(data.splitlines(keepends=True), 1):
+        pos += len(line)
+        if not line.strip():
+            continue
+        if not line.endswith(b"\n"):
+            raise CorruptFileError(path, f"line {lineno} is cut short (no newline at the end of the file)")
+        try:
+            row = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CorruptFileError(path, f"line {lineno} is not valid JSON ({e})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("update"), int) or "env_steps" not in row:
+            raise CorruptFileError(path, f"line {lineno} is not a metrics row (an object with 'update' and 'env_steps')")
+        out.append((pos, row))
+    return out
+
+
+class MetricsWriter:
+    """Appends rows to ``metrics.jsonl`` (flushed per row, fsynced by :meth:`sync`), TensorBoard and W&B.
+
+    Made by :meth:`RunDir.open_metrics`. Every row needs an int ``update`` and ``env_steps``;
+    numeric values go to TensorBoard/W&B at step ``env_steps``.
+    """
+
+    def __init__(self, path: Path, *, start: MetricsPosition, tb_dir: Path | None = None,
+                 tb_purge_step: int | None = None, wandb_run: Any = None) -> None:
+        self.path = path
+        self._hash = hashlib.sha256()
+        with open(path, "rb") as f:  # the kept prefix (verified by the caller)
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                self._hash.update(chunk)
+        self._rows, self._bytes = start.rows, start.bytes
+        self._last = (start.update, start.env_steps)
+        self._file = open(path, "ab")
+        self.tb = None
+        if tb_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+            self.tb = SummaryWriter(str(tb_dir), purge_step=tb_purge_step)
+        self.wandb_run = wandb_run
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one row (a flat dict of JSON values with int ``update`` and ``env_steps``)."""
+        if not isinstance(row.get("update"), int) or not isinstance(row.get("env_steps"), int):
+            raise ValueError(f"a metrics row needs int 'update' and 'env_steps', got {row.get('update')!r}, "
+                             f"{row.get('env_steps')!r}")
+        line = (json.dumps(dict(row), default=_json_default) + "\n").encode("utf-8")
+        self._file.write(line)
+        self._file.flush()
+        self._hash.update(line)
+        self._rows += 1
+        self._bytes += len(line)
+        self._last = (int(row["update"]), int(row["env_steps"]))
+        scalars = {k: float(v) for k, v in row.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("update", "env_steps")}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, row["env_steps"])
+        if self.wandb_run is not None:
+            self.wandb_run.log({**scalars, "update": row["update"]}, step=int(row["env_steps"]))
+
+    def position(self) -> MetricsPosition:
+        """The file's state after the rows written so far (call :meth:`sync` before relying on it on disk)."""
+        return MetricsPosition(self._rows, self._bytes, self._hash.hexdigest(), *self._last)
+
+    def sync(self) -> MetricsPosition:
+        """fsync the rows written so far (and flush TensorBoard); returns :meth:`position`."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if self.tb is not None:
+            self.tb.flush()
+        return self.position()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.sync()
+            self._file.close()
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------- the run directory
+class RunDir:
+    """A run directory (see the module docstring for its layout and guarantees).
+
+    Args:
+        path: the folder (created by :meth:`prepare`).
+        extra_outputs: glob patterns of further files this trainer writes (removed by ``overwrite``).
+    """
+
+    def __init__(self, path: str | os.PathLike, extra_outputs: Iterable[str] = ()) -> None:
+        self.path = Path(path)
+        self.extra_outputs = tuple(extra_outputs)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    # ------------------------------------------------------------ opening
+    @classmethod
+    def prepare(cls, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
+                extra_outputs: Iterable[str] = ()) -> "RunDir":
+        """Check the flags against the folder, then (only if every check passed) make it ready.
+
+        * ``resume`` and ``overwrite`` together: refused (:class:`RunDirError`), nothing deleted.
+        * ``resume``: the folder must hold a run's ``config.json``.
+        * neither: the folder must not hold a run yet.
+        * ``overwrite``: the old run's outputs are removed (only those; see :data:`OUTPUT_PATTERNS`).
+
+        Returns:
+            The :class:`RunDir`, its folder created.
+        """
+        run = cls(path, extra_outputs)
+        if resume and overwrite:
+            raise RunDirError("--resume continues the run in the folder and --overwrite deletes it: pass one of them")
+        if resume:
+            if not (run.path / CONFIG).is_file():
+                raise RunDirError(f"--resume given but {run.path / CONFIG} does not exist: there is no run to continue "
+                                  "(leave out --resume to start one)")
+        elif run.holds_run() and not overwrite:
+            raise RunDirError(f"{run.path} already holds a run; pass --resume to continue it, --overwrite to replace "
+                              "it, or choose another run directory")
+        if overwrite:
+            run.remove_outputs()
+        run.path.mkdir(parents=True, exist_ok=True)
+        return run
+
+    def holds_run(self) -> bool:
+        """Whether the folder holds (part of) a run: a config, metrics, a checkpoint or a completion marker."""
+        return any(any(self.path.glob(p)) for p in _RUN_MARKERS) if self.path.is_dir() else False
+
+    def outputs(self) -> list[Path]:
+        """Every file and folder of the run (what ``overwrite`` removes)."""
+        if not self.path.is_dir():
+            return []
+        found: dict[Path, None] = {}
+        for pattern in OUTPUT_PATTERNS + self.extra_outputs:
+            for p in sorted(self.path.glob(pattern)):
+                found[p] = None
+        return list(found)
+
+    def remove_outputs(self) -> list[Path]:
+        """Delete the run's outputs (the completion marker first, so a half-removed run is never "complete")."""
+        removed = []
+        for p in [self.path / COMPLETE] + self.outputs():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif p.exists() or p.is_symlink():
+                p.unlink()
+            else:
+                continue
+            removed.append(p)
+        return removed
+
+    # ------------------------------------------------------------ config
+    def write_config(self, config: Mapping[str, Any], *, source_root: str | os.PathLike | None = None) -> Path:
+        """Write ``config.json``: the config plus ``"provenance"`` (:func:`provenance`).
+
+        On a resumed run the first run's provenance is kept and this one is appended to
+        ``"resumed"`` (each process that continued the run, with its own commit and versions).
+        """
+        prov = provenance(source_root)
+        data = dict(config)
+        data.pop("provenance", None)
+        data.pop("resumed", None)
+        path = self.path / CONFIG
+        if path.exists():
+            old = read_json(path)
+            if isinstance(old, dict) and "provenance" in old:
+                data["provenance"] = old["provenance"]
+                data["resumed"] = list(old.get("resumed", [])) + [prov]
+        data.setdefault("provenance", prov)
+        return atomic_write_json(path, data, indent=2)
+
+    def read_config(self) -> dict[str, Any]:
+        """``config.json`` without its provenance keys (``provenance``, ``resumed``)."""
+        data = read_json(self.path / CONFIG)
+        if not isinstance(data, dict):
+            raise CorruptFileError(self.path / CONFIG, "is not a JSON object")
+        return {k: v for k, v in data.items() if k not in ("provenance", "resumed")}
+
+    def read_provenance(self) -> dict[str, Any] | None:
+        """The ``provenance`` of ``config.json`` (None for runs written before it existed)."""
+        data = read_json(self.path / CONFIG)
+        return data.get("provenance") if isinstance(data, dict) else None
+
+    # ------------------------------------------------------------ metrics
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """The rows of ``metrics.jsonl`` ([] when absent); a damaged line is a :class:`CorruptFileError`."""
+        if not self.metrics_path.exists():
+            return []
+        return [r for _, r in _parse_rows(self.metrics_path, self.metrics_path.read_bytes())]
+
+    def open_metrics(self, *, position: MetricsPosition | Mapping[str, Any] | None = None,
+                     after_update: int | None = None, tensorboard: bool | None = None,
+                     wandb: bool | Mapping[str, Any] = False) -> MetricsWriter:
+        """Open ``metrics.jsonl`` for appending, after cutting rows a checkpoint does not cover.
+
+        Args:
+            position: from the checkpoint being resumed (:meth:`MetricsWriter.position`): the file's
+                first ``position.bytes`` bytes must have ``position.sha256`` (else
+                :class:`CorruptFileError`); everything after them is cut.
+            after_update: without a position (older checkpoints): keep the rows with
+                ``update <= after_update`` and cut the rest. Neither: keep the file as it is.
+            tensorboard: True writes ``tb/`` (an error when the ``tensorboard`` package is
+                missing), False does not, None (default) writes it when the package is installed.
+                On resume, events after the kept rows are purged (SummaryWriter's ``purge_step``).
+            wandb: True (or a dict of extra ``wandb.init`` arguments) also logs to Weights & Biases,
+                with ``config.json`` as the run's config, files under ``wandb/``, the run id kept
+                in ``wandb/run_id`` so that a resumed run continues the same W&B run. W&B's mode
+                (online/offline) is W&B's own setting (``WANDB_MODE``).
+        """
+        if position is not None and after_update is not None:
+            raise ValueError("give the checkpoint's metrics position or after_update, not both")
+        path = self.metrics_path
+        data = path.read_bytes() if path.exists() else b""
+        if position is not None:
+            pos = position if isinstance(position, MetricsPosition) else MetricsPosition.from_dict(position)
+            if len(data) < pos.bytes:
+                raise CorruptFileError(path, f"holds {len(data)} bytes but the checkpoint recorded {pos.bytes} "
+                                             f"({pos.rows} rows up to update {pos.update}): it was cut short")
+            if sha256_bytes(data[: pos.bytes]) != pos.sha256:
+                raise CorruptFileError(path, f"its first {pos.bytes} bytes ({pos.rows} rows up to update {pos.update}) "
+                                             "do not match the checksum the checkpoint recorded: the file was changed "
+                                             "or damaged")
+            keep, start = pos.bytes, pos
+        else:
+            rows = _parse_rows(path, data) if data else []
+            kept = []
+            for end, r in rows:  # the rows up to the first one the checkpoint does not cover
+                if after_update is not None and r["update"] > after_update:
+                    break
+                kept.append((end, r))
+            keep = kept[-1][0] if kept else 0
+            last = kept[-1][1] if kept else {"update": 0, "env_steps": 0}
+            start = MetricsPosition(len(kept), keep, sha256_bytes(data[:keep]), int(last["update"]),
+                                    int(last["env_steps"]))
+        if len(data) > keep or not path.exists():
+            with open(path, "ab") as f:  # create / cut in place (the kept prefix is unchanged)
+                f.truncate(keep)
+                f.flush()
+                os.fsync(f.fileno())
+        resumed = start.rows > 0
+        tb_dir = None
+        if tensorboard is None:
+            try:
+                import tensorboard as _tb  # noqa: F401
+
+                tensorboard = True
+            except ImportError:
+                tensorboard = False
+        if tensorboard:
+            tb_dir = self.path / TENSORBOARD
+        wandb_run = self._wandb(wandb) if wandb else None
+        return MetricsWriter(path, start=start, tb_dir=tb_dir,
+                             tb_purge_step=(start.env_steps + 1) if resumed else None, wandb_run=wandb_run)
+
+    def _wandb(self, options: bool | Mapping[str, Any]) -> Any:
+        try:
+            import wandb
+        except ImportError:
+            raise RunDirError("wandb=True needs the wandb package (pip install 'oir-gym[wandb]')") from None
+        id_file = self.path / WANDB / "run_id"
+        if id_file.exists():
+            run_id = id_file.read_text().strip()
+        else:
+            run_id = wandb.util.generate_id()
+            atomic_write_text(id_file, run_id)
+        kwargs: dict[str, Any] = dict(config=self.read_config() if (self.path / CONFIG).exists() else {},
+                                      dir=str(self.path), name=self.path.name, id=run_id, resume="allow")
+        if isinstance(options, Mapping):
+            kwargs.update(options)
+        return wandb.init(**kwargs)
+
+    def write_csv(self, path: str | os.PathLike | None = None) -> Path:
+        """Write ``metrics.csv`` (atomically) from ``metrics.jsonl``: one column per key of any row."""
+        rows = self.read_metrics()
+        keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("update", "env_steps"), k))
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+        return atomic_write_text(path or self.path / METRICS_CSV, buf.getvalue())
+
+    # ------------------------------------------------------------ evaluation files
+    def eval_path(self, tag: str, ext: str = "json") -> Path:
+        """``eval_<tag>.<ext>``."""
+        return self.path / f"eval_{check_tag(tag)}.{ext}"
+
+    def write_eval(self, tag: str, results: Any, markdown: str | None = None) -> Path:
+        """Write ``eval_<tag>.json`` (``results``, JSON-able) and, when given, ``eval_<tag>.md`` (atomically)."""
+        path = atomic_write_json(self.eval_path(tag), results)
+        if markdown is not None:
+            atomic_write_text(self.eval_path(tag, "md"), markdown)
+        return path
+
+    def read_eval(self, tag: str) -> Any:
+        """The results of ``eval_<tag>.json``."""
+        return read_json(self.eval_path(tag))
+
+    # ------------------------------------------------------------ completion
+    def mark_complete(self, **info: Any) -> Path:
+        """Write ``complete.json`` (``info`` plus the time). Call it only after every final output is written."""
+        return atomic_write_json(self.path / COMPLETE, {**info, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                        time.gmtime())})
+
+    def is_complete(self) -> bool:
+        """Whether :meth:`mark_complete` ran (a damaged marker is a :class:`CorruptFileError`)."""
+        path = self.path / COMPLETE
+        if not path.exists():
+            return False
+        read_json(path)
+        return True
+
+    def completion(self) -> dict[str, Any] | None:
+        """The contents of ``complete.json`` (None while the run is not complete)."""
+        path = self.path / COMPLETE
+        return read_json(path) if path.exists() else None
+
+    def clear_complete(self) -> None:
+        """Remove the completion marker (before a run continues past it)."""
+        (self.path / COMPLETE).unlink(missing_ok=True)
+
