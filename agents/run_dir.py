@@ -489,6 +489,38 @@ class RunDir:
             return []
         return [r for _, r in _parse_rows(self.metrics_path, self.metrics_path.read_bytes())]
 
+    def check_metrics(self, *, position: MetricsPosition | Mapping[str, Any] | None = None,
+                      after_update: int | None = None) -> MetricsPosition:
+        """Verify ``metrics.jsonl`` against a checkpoint without changing it (see :meth:`open_metrics`).
+
+        Returns:
+            The position the file will be cut back to. Raises :class:`CorruptFileError` naming the
+            file when its kept part does not match.
+        """
+        if position is not None and after_update is not None:
+            raise ValueError("give the checkpoint's metrics position or after_update, not both")
+        path = self.metrics_path
+        data = path.read_bytes() if path.exists() else b""
+        if position is not None:
+            pos = position if isinstance(position, MetricsPosition) else MetricsPosition.from_dict(position)
+            if len(data) < pos.bytes:
+                raise CorruptFileError(path, f"holds {len(data)} bytes but the checkpoint recorded {pos.bytes} "
+                                             f"({pos.rows} rows up to update {pos.update}): it was cut short")
+            if sha256_bytes(data[: pos.bytes]) != pos.sha256:
+                raise CorruptFileError(path, f"its first {pos.bytes} bytes ({pos.rows} rows up to update {pos.update}) "
+                                             "do not match the checksum the checkpoint recorded: the file was changed "
+                                             "or damaged")
+            return pos
+        rows = _parse_rows(path, data) if data else []
+        kept = []
+        for end, r in rows:  # the rows up to the first one the checkpoint does not cover
+            if after_update is not None and r["update"] > after_update:
+                break
+            kept.append((end, r))
+        keep = kept[-1][0] if kept else 0
+        last = kept[-1][1] if kept else {"update": 0, "env_steps": 0}
+        return MetricsPosition(len(kept), keep, sha256_bytes(data[:keep]), int(last["update"]), int(last["env_steps"]))
+
     def open_metrics(self, *, position: MetricsPosition | Mapping[str, Any] | None = None,
                      after_update: int | None = None, tensorboard: bool | None = None,
                      wandb: bool | Mapping[str, Any] = False) -> MetricsWriter:
@@ -508,32 +540,11 @@ class RunDir:
                 in ``wandb/run_id`` so that a resumed run continues the same W&B run. W&B's mode
                 (online/offline) is W&B's own setting (``WANDB_MODE``).
         """
-        if position is not None and after_update is not None:
-            raise ValueError("give the checkpoint's metrics position or after_update, not both")
+        start = self.check_metrics(position=position, after_update=after_update)
         path = self.metrics_path
-        data = path.read_bytes() if path.exists() else b""
-        if position is not None:
-            pos = position if isinstance(position, MetricsPosition) else MetricsPosition.from_dict(position)
-            if len(data) < pos.bytes:
-                raise CorruptFileError(path, f"holds {len(data)} bytes but the checkpoint recorded {pos.bytes} "
-                                             f"({pos.rows} rows up to update {pos.update}): it was cut short")
-            if sha256_bytes(data[: pos.bytes]) != pos.sha256:
-                raise CorruptFileError(path, f"its first {pos.bytes} bytes ({pos.rows} rows up to update {pos.update}) "
-                                             "do not match the checksum the checkpoint recorded: the file was changed "
-                                             "or damaged")
-            keep, start = pos.bytes, pos
-        else:
-            rows = _parse_rows(path, data) if data else []
-            kept = []
-            for end, r in rows:  # the rows up to the first one the checkpoint does not cover
-                if after_update is not None and r["update"] > after_update:
-                    break
-                kept.append((end, r))
-            keep = kept[-1][0] if kept else 0
-            last = kept[-1][1] if kept else {"update": 0, "env_steps": 0}
-            start = MetricsPosition(len(kept), keep, sha256_bytes(data[:keep]), int(last["update"]),
-                                    int(last["env_steps"]))
-        if len(data) > keep or not path.exists():
+        keep = start.bytes
+        data_len = path.stat().st_size if path.exists() else 0
+        if data_len > keep or not path.exists():
             with open(path, "ab") as f:  # create / cut in place (the kept prefix is unchanged)
                 f.truncate(keep)
                 f.flush()
