@@ -19,7 +19,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-import oir_gym  # noqa: E402,F401  (enables the compilation cache, registers the env id)
+import oir_gym  # noqa: E402,F401  (registers the env id)
+from agents.compile_cache import enable_compile_cache  # noqa: E402
+
+enable_compile_cache()  # the scripts' persistent compile cache, for the tests too (importing the library does not)
 from oir_gym.captions import EVENT_NAMES  # noqa: E402
 from oir_gym.craftax_compat import Action, BlockType  # noqa: E402
 
