@@ -156,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--{name.replace('_', '-')}={v} must be >= 1")
         if opts.time_limit is not None and not opts.time_limit > 0:
             raise ValueError(f"--time-limit={opts.time_limit} must be > 0")
+        if opts.wandb:
+            try:
+                import wandb  # noqa: F401
+            except ImportError:
+                raise ValueError("--wandb needs the wandb package (pip install 'oir-gym[wandb]')") from None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
