@@ -311,8 +311,7 @@ def convert_legacy(run_dir: str | os.PathLike, keep: int = 2) -> Path:
         reg = state["registry"]
         tr.registry.load_state_dict({"texts": list(reg["texts"]), "emb": reg["emb"], "event_sim": reg["event_sim"],
                                      "achievement": reg["achievement"], "rows": dict(reg["rows"])})
-        gen = state.get("generated") or {}
-        tr.restore_generated(gen.get("counts", {}), gen.get("pinned", {}), gen.get("goal_rng"))
+        tr.method.load_state_dict(state.get("generated") or {})
         tr.update_idx, tr.env_steps = int(state["update"]), int(state["env_steps"])
         metrics_rows = [r for r in RunDir(run_dir).read_metrics() if r["update"] <= tr.update_idx]
         return tr.save(keep=keep, metrics_after_update=tr.update_idx if metrics_rows else None)

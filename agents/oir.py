@@ -1,54 +1,47 @@
-"""The OIR training loop (Algorithms 1 and 2 of the paper) around the PQN agent of :mod:`agents.pqn`.
+"""The PQN training loop (Algorithms 1 and 2 of the paper) around the PQN agent of :mod:`agents.pqn`.
 
-One iteration (``Trainer.iteration``):
+One iteration (:meth:`Trainer.iteration`):
 
 1. **Rollout** (jitted, seeds vmapped): ``num_steps`` steps of ``num_envs`` envs with the
    epsilon-greedy policy; per step we keep observations, actions, rewards, dones and the
-   transition events.
-2. **Relabel** (method ``oir``, host): every env's segment becomes a
-   :class:`~oir_gym.trajectory.Trajectory`; the relabeler proposes up to K instructions.
-   Rule instructions come back at once; LLM answers run in a background worker and are used
-   one iteration later (their rollout is kept), so the loop never waits on the LLM.
-3. **Ground** (device): each candidate's rewards and terminations along its trajectory are
-   recomputed from the stored events with the env's cosine function (reward at every first
-   success, the relabeled episode ends there).
-4. **Buffer**: finished episodes' returns are recorded, the candidates are inserted into the
-   PLR-style :class:`~oir_gym.buffer.InstructionBuffer`; its contents become the instructions
-   new episodes draw uniformly.
-5. **Update** (jitted, seeds vmapped): one PQN update on the batch D = originals + relabeled.
+   transition events. Finished episodes' returns go to the instruction statistics.
+2. **The method's step** (:mod:`agents.methods`), which also builds the update batch:
 
-Methods ``gt`` and ``cosine`` skip steps 2-4 and train on the 22 original instructions with the
-ground-truth or the cosine reward.
+   * ``oir`` (:class:`agents.oir_method.OIRRelabeling`): relabel the trajectories, ground the
+     candidates on device, fill the instruction buffer; the batch D is the originals plus the
+     relabeled copies;
+   * ``ellm`` (:class:`agents.ellm.ELLMProposals`): goals proposed from the envs' text
+     observations pin the next episodes; the batch is the originals;
+   * ``gt`` / ``cosine`` (:class:`agents.methods.GroundTruth`, :class:`agents.methods.Cosine`):
+     the 22 original instructions with the ground-truth or the cosine reward.
+3. **Update** (jitted, seeds vmapped): one PQN update on the batch.
 
-Method ``ellm`` (ELLM, Du et al. 2023, on the same PQN backbone) skips steps 2-4 too and instead,
-after each rollout, asks a :class:`~oir_gym.proposer.GoalProposer` for up to K goals from every
-env's CURRENT textual observation, registers them in the instruction table and pins each env to
-one of its goals (drawn uniformly; it applies at the env's next reset). The reward is the env's
-cosine reward against that goal and, with ``ellm_reward="any"`` (default), against every other goal
-proposed for the env (``EnvState.also_pays``); the update batch is the original trajectories only.
+This module holds the trainer, the jitted rollout and batch builders, and the factories of the
+relabeler and the goal proposer a config names.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from agents import pqn
+from agents.ellm import ELLMProposals
+from agents.methods import Cosine, GroundTruth, TrainingMethod
+from agents.oir_method import OIRRelabeling
 from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.config import TrainConfig, load_config
 from agents.run_dir import MetricsPosition, atomic_write_json
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
-from oir_gym.captions import NUM_EVENTS
 from oir_gym.craftax_compat import NUM_ACTIONS
 from oir_gym.encoder import get_encoder
 from oir_gym.evaluation import EvalConfig, EvalResult, eval_instructions, evaluate_jax_seeds, make_jax_evaluator
@@ -56,8 +49,6 @@ from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import obs_dim
 from oir_gym.reward import first_per_episode, relabel_rewards
-from oir_gym.text import batch_text
-from oir_gym.trajectory import Trajectory
 
 #: Config fields a checkpoint must share with the run that loads it (they shape its arrays or meaning).
 STRUCTURAL_FIELDS = ("run.method", "run.num_seeds", "pqn.num_envs", "pqn.num_steps", "pqn.hidden_size",
@@ -120,32 +111,6 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork):
     return rollout
 
 
-def balanced_choice(candidates: Sequence[Sequence[str]], k: int) -> list[list[str]]:
-    """Up to ``k`` instructions per trajectory, spreading the rows over instructions.
-
-    Round by round, each trajectory in turn takes, among its candidates not yet taken, the one
-    with the fewest rows so far (ties: the candidate's own order). A frequent instruction then
-    fills a trajectory's slots only after the rarer ones it also accomplished.
-
-    Args:
-        candidates: per trajectory, its candidate texts in the relabeler's order (no repeats).
-        k: slots per trajectory.
-
-    Returns:
-        Per trajectory, the chosen texts in the order they were taken.
-    """
-    counts: Counter = Counter()
-    chosen: list[list[str]] = [[] for _ in candidates]
-    for _ in range(k):
-        for i, cands in enumerate(candidates):
-            left = [c for c in cands if c not in chosen[i]]
-            if left:
-                pick = min(left, key=lambda c: counts[c])  # min keeps the first of equal counts
-                chosen[i].append(pick)
-                counts[pick] += 1
-    return chosen
-
-
 def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
     """The update batch D: original trajectories plus relabeled copies (one seed).
 
@@ -206,12 +171,15 @@ class IterationLog:
 class Trainer:
     """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for ``cfg.run.num_seeds`` seeds side by side.
 
+    What every method shares runs here (rollout, return bookkeeping, the PQN update, evaluation,
+    checkpoints); the per-method part is :attr:`method` (:mod:`agents.methods`).
+
     Args:
         cfg: the run configuration.
-        run_dir: where config, metrics, checkpoints, evaluations and plots go.
-        relabeler: a :class:`~oir_gym.relabel.HindsightRelabeler` (default: built from
+        run_dir: where checkpoints and the generated-instruction file go.
+        relabeler: method ``oir``: a :class:`~oir_gym.relabel.HindsightRelabeler` (default: built from
             ``cfg.oir.relabeler``).
-        log: callable receiving one progress line per iteration.
+        log: callable receiving messages.
         proposer: method ``ellm``: a :class:`~oir_gym.proposer.GoalProposer` (default: built from
             ``cfg.ellm.proposer``).
     """
@@ -225,36 +193,37 @@ class Trainer:
         self.S = cfg.run.num_seeds
         self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
         self.encoder = get_encoder()
-        capacity = cfg.env.table_capacity
-        if cfg.run.method == "ellm":  # rows in use (current + pinned goal [+ all K goals] of every env) beside the eval rows
-            n_eval = len(eval_instructions(EvalConfig(episodes=cfg.eval.episodes, horizon=cfg.eval.horizon))[0])
-            capacity = max(capacity, n_eval + (2 + self._num_also_pays(cfg)) * self.S * cfg.pqn.num_envs + 32)
-        self.registry = InstructionRegistry(self.encoder, capacity=capacity)
-
+        method_cls = METHOD_CLASSES[cfg.run.method]
         self.eval_cfg = EvalConfig(episodes=cfg.eval.episodes, horizon=cfg.eval.horizon)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
+        self.registry = InstructionRegistry(self.encoder, capacity=method_cls.table_capacity(cfg, len(self.eval_texts)))
         self.eval_rows = self.registry.rows(self.eval_texts, self.eval_achs)
         self.orig_rows = self.registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))))
-
+        #: per seed, the PLR-style instruction buffer (method oir draws new episodes from it; every method
+        #: records the returns of finished episodes in it)
         self.buffers = [
             InstructionBuffer(cfg.oir.instruction_buffer_size, cfg.oir.tau_low, cfg.oir.tau_high,
-                              initial=list(ORIGINAL_INSTRUCTIONS)[: cfg.oir.instruction_buffer_size], seed=cfg.run.seed + s)
+                              initial=list(ORIGINAL_INSTRUCTIONS)[: cfg.oir.instruction_buffer_size],
+                              seed=cfg.run.seed + s)
             for s in range(self.S)
         ]
-        self.relabeler = relabeler
-        if cfg.run.method == "oir" and self.relabeler is None:
-            self.relabeler = make_relabeler(cfg)
-        self.async_llm = cfg.run.method == "oir" and cfg.oir.relabeler in ("llm", "both")
-        self.rules = None
-        if self.async_llm:
-            from oir_gym.relabel import HindsightRelabeler
+        self.runner = None
+        if method_cls is OIRRelabeling:
+            rules = None
+            if cfg.oir.relabeler in ("llm", "both"):
+                from oir_gym.relabel import HindsightRelabeler
 
-            self.rules = HindsightRelabeler("rules", k=_rules_k(cfg), delta=cfg.env.delta, encoder=self.encoder,
-                                            cache_size=0, keep_ungrounded=cfg.oir.keep_ungrounded)
+                rules = HindsightRelabeler("rules", k=_rules_k(cfg), delta=cfg.env.delta, encoder=self.encoder,
+                                           cache_size=0, keep_ungrounded=cfg.oir.keep_ungrounded)
+            self.method: TrainingMethod = OIRRelabeling(self, relabeler or make_relabeler(cfg), rules)
+        elif method_cls is ELLMProposals:
+            self.method = ELLMProposals(self, proposer or make_proposer(cfg))
+        else:
+            self.method = method_cls(self)
 
         self.base_params = F.EnvParams(
             table=self.registry.device_table(), delta=cfg.env.delta, max_steps=cfg.env.max_episode_steps,
-            reward_mode=1 if cfg.run.method == "gt" else 0,
+            reward_mode=self.method.reward_mode,
         )
         self._rollout = jax.jit(make_rollout(cfg, self.net))
         self._update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
@@ -270,60 +239,64 @@ class Trainer:
             carry, q = self.net.apply(params, carry, obs["obs"][None], obs["instruction"][None], done_prev[None])
             return carry, pqn.eps_greedy(key, q[0], cfg.eval.epsilon)
 
-        self._evaluator = make_jax_evaluator(greedy, self.net.initial_carry, n_eval, self.eval_cfg.horizon,
+        self.evaluator = make_jax_evaluator(greedy, self.net.initial_carry, n_eval, self.eval_cfg.horizon,
                                              cfg.env.obs_mode)
-        self._evaluate_seeds = jax.jit(jax.vmap(self._evaluator, in_axes=(0, 0, None, None)))
+        self._evaluate_seeds = jax.jit(jax.vmap(self.evaluator, in_axes=(0, 0, None, None)))
         self.update_idx = 0
         self.env_steps = 0
-        self.history: list = []  # recent rollouts, newest first (LLM answers arrive late)
-        self.history_len = cfg.oir.llm_lag if self.async_llm else 1
-        self.stale_llm = 0
-        # the last iteration's rollout (host arrays), update batch and relabeled texts per seed
+        # the last iteration's rollout (host arrays) and update batch, for diagnostics
+        # (examples/batch_composition.py)
         self.last_rollout: dict | None = None
         self.last_batch: dict | None = None
-        self.last_relabel_texts: list[list[str]] = []
-        self._t_start = time.time()
-        # generated instructions (oir: inserted into the buffer; ellm: proposed goals) -> count
-        self.generated: Counter = Counter()
-        self.pinned_counts: Counter = Counter()  # ellm: goals envs were pinned to
-        self.proposer = proposer
-        if cfg.run.method == "ellm" and self.proposer is None:
-            self.proposer = make_proposer(cfg)
-        self._goal_rng = np.random.default_rng(cfg.run.seed + 7919)
 
-    # -------------------------------------------------------------- setup / state
-    def _env_params(self) -> F.EnvParams:
-        """Env params: the shared table, with each seed's buffer as its row of the sample mask."""
-        masks = np.zeros((self.S, self.registry.capacity), bool)
-        for s in range(self.S):
-            masks[s, self._buffer_rows(s)] = True
-        table = self.registry.device_table()
-        return self.base_params.replace(table=table.replace(sample_mask=jnp.asarray(masks)))
-
-    def _buffer_rows(self, s: int) -> np.ndarray:
-        if self.cfg.run.method in ("gt", "cosine", "ellm"):  # ellm: unpinned envs (first episodes) draw these
-            return self.orig_rows
-        return self.registry.rows(self.buffers[s].contents(), protected=self._protected())
+    @property
+    def generated(self) -> Counter:
+        """Generated instruction -> count (oir: offered to the buffers; ellm: proposed goals)."""
+        return self.method.generated
 
     @property
     def num_also_pays(self) -> int:
         """Slots per env for rows that also pay (ELLM with ellm.reward="any": its K proposed goals)."""
-        return self._num_also_pays(self.cfg)
+        return self.method.also_pays_slots(self.cfg)
 
-    @staticmethod
-    def _num_also_pays(cfg: TrainConfig) -> int:
-        """Slots per env for rows that also pay (ELLM with ellm_reward="any": its K proposed goals)."""
-        return cfg.ellm.k if cfg.run.method == "ellm" and cfg.ellm.reward == "any" else 0
+    # -------------------------------------------------------------- setup / state
+    def _env_params(self) -> F.EnvParams:
+        """Env params: the shared table, with each seed's draw rows as its row of the sample mask."""
+        masks = np.zeros((self.S, self.registry.capacity), bool)
+        for s in range(self.S):
+            masks[s, self.method.buffer_rows(s)] = True
+        table = self.registry.device_table()
+        return self.base_params.replace(table=table.replace(sample_mask=jnp.asarray(masks)))
 
-    def _protected(self) -> list[int]:
+    def protected_rows(self) -> list[int]:
+        """Table rows that must not be reused for new instructions: evaluation and original rows, the
+        envs' current, pinned and also-paying rows, and every buffer's instructions."""
         rows = set(self.eval_rows.tolist()) | set(self.orig_rows.tolist())
-        if getattr(self, "runner", None) is not None:
+        if self.runner is not None:
             rows |= set(np.asarray(self.runner[0].env.instr).reshape(-1).tolist())
             rows |= {r for r in np.asarray(self.runner[0].env.pinned).reshape(-1).tolist() if r >= 0}
             rows |= {r for r in np.asarray(self.runner[0].env.also_pays).reshape(-1).tolist() if r >= 0}
         for b in self.buffers:
             rows |= set(self.registry.find(b.contents()).values())
         return sorted(rows)
+
+    def build_batch(self, trajs: dict, slots: dict | None = None) -> dict:
+        """The update batch (all seeds) from this rollout (``slots=None``: the original trajectories
+        only) or from recent rollouts stacked on axis 1 with relabel ``slots`` (:func:`build_batch`)."""
+        table_emb = self.registry.device_table().emb
+        if slots is None:
+            return self._build_plain(jax.tree_util.tree_map(lambda a: a[:, None], trajs), table_emb)
+        return self._build(trajs, table_emb, slots)
+
+    def unpayable_frac(self, instr_rows: np.ndarray) -> float:
+        """Share of these table rows (e.g. a rollout's steps) whose instruction can never pay a reward.
+
+        ``gt`` pays on the instruction's achievement; the cosine methods pay only where some caption
+        of the vocabulary exceeds delta. An instruction below delta against every caption (such as
+        "collect wood then place table") wastes the episodes that run it; a non-zero value here is
+        worth a look.
+        """
+        return float(np.mean(~self.method.payable_rows()[np.asarray(instr_rows)]))
 
     def init_state(self) -> None:
         cfg = self.cfg
@@ -332,21 +305,29 @@ class Trainer:
         k_net, k_env, k_run = np.array(ks[: self.S]), np.array(ks[self.S: 2 * self.S]), np.array(ks[2 * self.S:])
         d_obs = obs_dim(cfg.env.obs_mode)
         self.train_state = jax.vmap(lambda k: pqn.create_train_state(k, cfg.pqn, self.net, d_obs, self.encoder.dim,
-                                                                         cfg.num_updates))(
-            jnp.asarray(k_net))
+                                                                     cfg.num_updates))(jnp.asarray(k_net))
         self.runner = None
         params = self._env_params()
         n = self.S * cfg.pqn.num_envs
         groups = jnp.repeat(jnp.arange(self.S), cfg.pqn.num_envs)
         reset = jax.jit(F.batch_reset, static_argnums=(2, 3, 5, 7))
         obs, bstate = reset(jnp.asarray(k_env[0]), params, n, max(2 * n, 32), None, cfg.env.obs_mode, groups,
-                            self._num_also_pays(cfg))
+                            self.num_also_pays)
         carry = jax.vmap(lambda _: self.net.initial_carry(cfg.pqn.num_envs))(jnp.arange(self.S))
         done = jnp.ones((n,), bool)
         self.runner = (bstate, obs, carry, done, jnp.asarray(k_run[0]))
         self.key = key
 
     # -------------------------------------------------------------- checkpoints
+    def _arrays(self) -> dict[str, Any]:
+        reg = self.registry.state_dict()
+        return {
+            "train_state": {"params": self.train_state.params, "opt_state": self.train_state.opt_state,
+                            "step": self.train_state.step},
+            "runner": self.runner, "key": self.key,
+            "registry": {k: reg[k] for k in ("emb", "event_sim", "achievement", "sample_mask")},
+        }
+
     def save(self, *, metrics: MetricsPosition | Mapping[str, Any] | None = None, keep: int | None = None,
              metrics_after_update: int | None = None) -> Path:
         """Checkpoint the current state (:mod:`agents.checkpoint`: atomic, checksummed, no pickle).
@@ -358,56 +339,33 @@ class Trainer:
             metrics_after_update: without a position: resume keeps the metrics rows up to this update.
 
         Returns:
-            The checkpoint folder. Also rewrites ``instructions.json`` / ``goals.json``.
+            The checkpoint folder. Also rewrites the method's generated-instruction file.
         """
         reg = self.registry.state_dict()
-        arrays = {
-            "train_state": {"params": self.train_state.params, "opt_state": self.train_state.opt_state,
-                            "step": self.train_state.step},
-            "runner": self.runner, "key": self.key,
-            "registry": {k: reg[k] for k in ("emb", "event_sim", "achievement", "sample_mask")},
-        }
         pos = metrics.to_dict() if isinstance(metrics, MetricsPosition) else (dict(metrics) if metrics else None)
         host = {
             "config": self.cfg.to_dict(), "update": self.update_idx, "env_steps": self.env_steps,
             "buffers": [b.state_dict() for b in self.buffers],
             "registry": {k: reg[k] for k in ("capacity", "texts", "rows")},
-            "generated": {"counts": dict(self.generated), "pinned": dict(self.pinned_counts),
-                          "goal_rng": self._goal_rng.bit_generator.state},
+            "generated": self.method.state_dict(),
             "metrics": pos, "metrics_after_update": metrics_after_update,
         }
-        folder = save_checkpoint(self.run_dir, self.update_idx, arrays, host,
+        folder = save_checkpoint(self.run_dir, self.update_idx, self._arrays(), host,
                                  keep=self.cfg.run.keep_checkpoints if keep is None else keep)
-        self._write_generated()
+        self.write_generated()
         return folder
 
-    def _write_generated(self) -> None:
-        """``instructions.json`` (oir: every relabeled instruction offered to a buffer; the buffer's
-        priority order decides which of them it writes) or ``goals.json``
-        (ellm: every goal proposed; ``pinned``: how often an env was pinned to it), with counts."""
-        name = GENERATED_FILES.get(self.cfg.run.method)
-        if name is None:
-            return
-        ellm = self.cfg.run.method == "ellm"
-        items = [{"text": t, "count": int(c), **({"pinned": int(self.pinned_counts.get(t, 0))} if ellm else {})}
-                 for t, c in sorted(self.generated.items(), key=lambda kv: (-kv[1], kv[0]))]
-        payload = {
-            "method": self.cfg.run.method,
-            "source": (f"proposer {self.cfg.ellm.proposer}" if ellm else f"relabeler {self.cfg.oir.relabeler}"),
-            "what": ("goals proposed (one count per env and update)" if ellm
-                     else ("instructions offered to the instruction buffers (one count per seed and update; "
-                           + ("grounded or not)" if self.cfg.oir.keep_ungrounded else "only those that paid a reward)"))),
-            "update": self.update_idx, "env_steps": self.env_steps, "distinct": len(items),
-            "total": int(sum(self.generated.values())), "items": items,
-        }
-        atomic_write_json(self.run_dir / name, payload)
-
-    def restore_generated(self, counts: Mapping[str, int], pinned: Mapping[str, int], goal_rng: Any = None) -> None:
-        """Set the generated-instruction counters (and the ELLM goal sampler's RNG state)."""
-        self.generated = Counter(counts)
-        self.pinned_counts = Counter(pinned)
-        if goal_rng is not None:
-            self._goal_rng.bit_generator.state = goal_rng
+    def write_generated(self) -> Path | None:
+        """Write the method's generated instructions (oir: ``instructions.json``, every relabeled
+        instruction offered to a buffer; ellm: ``goals.json``, every goal proposed, with how often an
+        env was pinned to it), with counts."""
+        payload = self.method.generated_payload()
+        if payload is None:
+            return None
+        items = payload.pop("items")
+        payload.update({"update": self.update_idx, "env_steps": self.env_steps, "distinct": len(items),
+                        "total": int(sum(self.method.generated.values())), "items": items})
+        return atomic_write_json(self.run_dir / self.method.generated_file, payload)
 
     def load(self, path: str | os.PathLike | None = None) -> dict[str, Any]:
         """Restore a checkpoint (default: the run directory's newest) into this trainer.
@@ -433,14 +391,7 @@ class Trainer:
             if mine != theirs:
                 raise CheckpointError(host_file, f"the checkpoint has {k}={theirs!r}, this run {mine!r}")
         self.init_state()
-        reg = self.registry.state_dict()
-        template = {
-            "train_state": {"params": self.train_state.params, "opt_state": self.train_state.opt_state,
-                            "step": self.train_state.step},
-            "runner": self.runner, "key": self.key,
-            "registry": {k: reg[k] for k in ("emb", "event_sim", "achievement", "sample_mask")},
-        }
-        restored = restore_tree(template, arrays, folder / "arrays.msgpack")
+        restored = restore_tree(self._arrays(), arrays, folder / "arrays.msgpack")
         ts = restored["train_state"]
         self.train_state = self.train_state.replace(params=jax.tree_util.tree_map(jnp.asarray, ts["params"]),
                                                     opt_state=jax.tree_util.tree_map(jnp.asarray, ts["opt_state"]),
@@ -451,133 +402,17 @@ class Trainer:
             for b, sd in zip(self.buffers, host["buffers"], strict=True):
                 b.load_state_dict(sd)
             self.registry.load_state_dict({**host["registry"], **restored["registry"]})
-            gen = host.get("generated") or {}
-            self.restore_generated(gen.get("counts", {}), gen.get("pinned", {}), gen.get("goal_rng"))
+            self.method.load_state_dict(host.get("generated") or {})
             self.update_idx, self.env_steps = int(host["update"]), int(host["env_steps"])
         except (KeyError, ValueError, TypeError) as e:
             raise CheckpointError(host_file, f"host state is incomplete or inconsistent ({type(e).__name__}: {e})") \
                 from None
-        # Rollouts awaiting LLM answers are not checkpointed: those answers are lost on resume.
-        self.history = []
         return host
-
-    # -------------------------------------------------------------- relabeling
-    def _trajectories(self, host: dict, update: int) -> list[Trajectory]:
-        out = []
-        for s in range(self.S):
-            for e in range(self.cfg.pqn.num_envs):
-                out.append(Trajectory(
-                    instruction=self.registry.text(host["instr"][s, 0, e]), events=host["events"][s, :, e],
-                    actions=host["action"][s, :, e], dones=host["done"][s, :, e], env_id=e,
-                    meta={"seed": s, "update": update},
-                ))
-        return out
-
-    def _slots(self, results):
-        """Relabel rows per seed from results of this or recent rollouts (``meta["update"]``)."""
-        R = self.cfg.pqn.num_envs * self.cfg.oir.k
-        rows: list[list[tuple[int, int, str, bool]]] = [[] for _ in range(self.S)]
-        if self.cfg.oir.relabel_balance:  # every grounded event came back (make_relabeler); keep K per trajectory
-            by_seed: list[list] = [[] for _ in range(self.S)]
-            for r in results:
-                by_seed[r.trajectory.meta["seed"]].append(r)
-            for s, rs in enumerate(by_seed):
-                picks = balanced_choice([list(dict.fromkeys(c.text for c in r.candidates if c.grounded)) for r in rs],
-                                        self.cfg.oir.k)
-                for r, texts_r in zip(rs, picks):
-                    age = self.update_idx - r.trajectory.meta["update"]
-                    rows[s] += [(age, r.trajectory.env_id, t, True) for t in texts_r]
-        else:
-            for r in results:
-                m = r.trajectory.meta
-                age = self.update_idx - m["update"]
-                for c in r.candidates:
-                    rows[m["seed"]].append((age, r.trajectory.env_id, c.text, c.grounded))
-        src = np.zeros((self.S, R), np.int32)
-        env = np.zeros((self.S, R), np.int32)
-        valid = np.zeros((self.S, R), bool)
-        texts = [["" for _ in range(R)] for _ in range(self.S)]
-        for s in range(self.S):
-            # grounded candidates first (they carry reward), then older rollouts (LLM answers)
-            chosen = sorted(rows[s], key=lambda x: (not x[3], -x[0]))[:R]
-            for j, (sr, e, t, _) in enumerate(chosen):
-                src[s, j], env[s, j], valid[s, j], texts[s][j] = sr, e, True, t
-        uniq = sorted({t for ts in texts for t in ts if t})
-        emb = np.zeros((self.S, R, self.encoder.dim), np.float32)
-        sim = np.full((self.S, R, NUM_EVENTS), -1.0, np.float32)
-        if uniq:
-            u_emb = self.encoder.encode(uniq)
-            u_sim = self.registry.similarity_to_events(u_emb)
-            pos = {t: i for i, t in enumerate(uniq)}
-            for s in range(self.S):
-                for j, t in enumerate(texts[s]):
-                    if t:
-                        emb[s, j], sim[s, j] = u_emb[pos[t]], u_sim[pos[t]]
-        slots = dict(src=jnp.asarray(src), env=jnp.asarray(env), emb=jnp.asarray(emb), sim=jnp.asarray(sim),
-                     valid=jnp.asarray(valid))
-        return slots, texts, valid
-
-    def _llm_subset(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        """The ``llm_per_update`` trajectories per seed with the most distinct achievement events.
-
-        A small LLM on a CPU answers in seconds per trajectory while an update takes about a
-        second: asking about every trajectory would only queue answers that arrive too late to
-        use. Eventful trajectories are the ones worth an LLM's reading.
-        """
-        n = self.cfg.llm.per_update
-        if n >= self.cfg.pqn.num_envs:
-            return trajs
-        chosen = []
-        for s in range(self.S):
-            mine = [t for t in trajs if t.meta["seed"] == s]
-            score = [int(t.events[:, :22].any(axis=0).sum()) for t in mine]
-            order = np.argsort(score, kind="stable")[::-1][:n]
-            chosen += [mine[i] for i in order]
-        return chosen
-
-    def _relabel(self, host: dict) -> tuple[Any, dict]:
-        trajs = self._trajectories(host, self.update_idx)
-        stats: dict[str, float] = {}
-        if self.async_llm:
-            results = self.rules.relabel(trajs) if self.cfg.oir.relabeler == "both" else []
-            self.relabeler.submit(self._llm_subset(trajs))
-            late = self.relabeler.collect(block=False)
-            fresh = [r for r in late if self.update_idx - r.trajectory.meta["update"] < self.history_len]
-            self.stale_llm += len(late) - len(fresh)
-            results += fresh
-            stats["relabel/llm_results"] = float(len(fresh))
-            stats["relabel/llm_stale"] = float(self.stale_llm)
-            stats["relabel/llm_pending"] = float(self.relabeler.pending)
-            llm_stats = self.relabeler.stats()
-            for k in ("calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
-                      "prompt_tokens_mean", "candidates_llm"):
-                if isinstance(llm_stats.get(k), (int, float)):
-                    stats[f"relabel/llm_{k}"] = float(llm_stats[k])
-        else:
-            results = self.relabeler.relabel(trajs)
-        slots, texts, valid = self._slots(results)
-        self.last_relabel_texts = texts
-        stats["relabel/rows"] = float(valid.sum() / self.S)
-        stats["relabel/grounded_frac"] = float(np.mean([c.grounded for r in results for c in r.candidates] or [0.0]))
-        # buffer: insert this iteration's candidates that paid a reward on their trajectory (all of
-        # them with cfg.oir.keep_ungrounded, as the paper's Alg. 1). An ungrounded one, such as the
-        # rules' "A then B" compounds that never exceed delta against any caption, can never succeed
-        # as an episode instruction, and its R = 0 would rank it ahead of every failing-but-learnable
-        # instruction (R in (0, tau_low]) in the buffer's priority order. The relabelers this trainer
-        # builds already drop ungrounded candidates unless cfg.oir.keep_ungrounded; this check holds the
-        # buffer to the config for a relabeler passed in (Trainer(relabeler=...)) as well.
-        grounded = [set() for _ in range(self.S)]
-        for r in results:
-            grounded[r.trajectory.meta["seed"]].update(c.text for c in r.candidates if c.grounded)
-        for s in range(self.S):
-            cands = [t for t in dict.fromkeys(texts[s]) if t and (self.cfg.oir.keep_ungrounded or t in grounded[s])]
-            if cands:
-                self.buffers[s].insert(cands)
-                self.generated.update(cands)
-        return slots, stats
 
     # -------------------------------------------------------------- iteration
     def iteration(self) -> IterationLog:
+        """One rollout, the method's batch, one PQN update. A non-finite update raises
+        ``FloatingPointError`` and leaves the parameters as they were (never checkpointed)."""
         cfg = self.cfg
         t0 = time.time()
         env_params = self._env_params()
@@ -589,24 +424,9 @@ class Trainer:
             t_idx, e_idx = np.nonzero(host["done"][s])
             for t, e in zip(t_idx, e_idx):
                 self.buffers[s].record(self.registry.text(host["instr"][s, t, e]), float(host["ep_return"][s, t, e]))
-        metrics: dict[str, float] = {"curriculum/unpayable_step_frac": self._unpayable_frac(host["instr"])}
-        table_emb = self.registry.device_table().emb
-        if cfg.run.method == "oir":
-            slots, stats = self._relabel(host)
-            metrics.update(stats)
-            self.history = [traj] + self.history[: self.history_len - 1]
-            ring = self.history + [traj] * (self.history_len - len(self.history))
-            stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)
-            batch = self._build(stacked, table_emb, slots)
-            # steps of relabeled copies without a target: after the copy's first success in an original
-            # episode, or where the original instruction's success ended the episode
-            metrics["relabel/cut_steps"] = float(jnp.sum(batch["cuts"]) / self.S)
-        else:
-            pair = jax.tree_util.tree_map(lambda a: a[:, None], traj)
-            batch = self._build_plain(pair, table_emb)
-            if cfg.run.method == "ellm":  # goals for the next episodes, from the states the envs continue from
-                metrics.update(self._propose_goals(np.unique(host["instr"])))
-        # kept until the next iteration for diagnostics (examples/batch_composition.py)
+        metrics: dict[str, float] = {"curriculum/unpayable_step_frac": self.unpayable_frac(host["instr"])}
+        batch, method_metrics = self.method.update_batch(traj, host)
+        metrics.update(method_metrics)
         self.last_rollout, self.last_batch = host, batch
         self.key, k = jax.random.split(self.key)
         new_state, upd = self._update(self.train_state, jax.random.split(k, self.S), batch)
@@ -635,73 +455,6 @@ class Trainer:
             metrics[f"seed{s}/loss"] = float(upd["loss"][s])
         return IterationLog(self.update_idx, self.env_steps, metrics)
 
-    def _unpayable_frac(self, instr_rows: np.ndarray) -> float:
-        """Share of this rollout's env steps run under an instruction whose reward can never fire.
-
-        ``gt`` pays on the instruction's achievement; the cosine methods pay only where some caption
-        of the vocabulary exceeds delta. An instruction below delta against every caption (such as
-        "collect wood then place table") wastes the episodes that run it; a non-zero value here is
-        worth a look.
-        """
-        if self.cfg.run.method == "gt":
-            payable = self.registry.achievement >= 0
-        else:
-            payable = self.registry.event_sim.max(axis=1) > self.cfg.env.delta
-        return float(np.mean(~payable[np.asarray(instr_rows)]))
-
-    # -------------------------------------------------------------- ELLM
-    def _propose_goals(self, rollout_rows: np.ndarray) -> dict[str, float]:
-        """ELLM step: goals from every env's current text observation; pin each env to one of them.
-
-        The rows of this rollout's instructions (``rollout_rows``) stay protected from reuse, so
-        the batch built from it still reads the right embeddings.
-        """
-        t0 = time.time()
-        bstate = self.runner[0]
-        texts, _ = batch_text(bstate.env.craftax)
-        goals = self.proposer.propose(texts)
-        chosen = [g[int(self._goal_rng.integers(len(g)))] if g else "" for g in goals]
-        for g in goals:
-            self.generated.update(dict.fromkeys(g, 1))
-        self.pinned_counts.update(t for t in chosen if t)
-        protected = set(self._protected()) | {int(r) for r in rollout_rows}
-        n_also = self._num_also_pays(self.cfg)
-        # "any": every proposed goal needs a row (it pays); "pinned": only the chosen ones
-        uniq = sorted({t for g in goals for t in g[:n_also]} | {t for t in chosen if t})
-        try:
-            row_of = dict(zip(uniq, self.registry.rows(uniq, protected=protected).tolist()))
-        except (ValueError, RuntimeError, KeyError) as e:  # table full or a bad text: keep what is there
-            self.log(f"ellm: could not register the proposed goals ({type(e).__name__}: {e}); "
-                     "pinning only goals already in the table")
-            row_of = self.registry.find(uniq)
-        pinned = np.array([row_of.get(t, -1) for t in chosen], np.int32)
-        bstate = F.set_pinned(bstate, jnp.asarray(pinned))
-        if n_also:  # from now on every goal proposed for an env pays its reward
-            also = np.full((len(goals), n_also), -1, np.int32)
-            for i, g in enumerate(goals):
-                rows = [row_of[t] for t in g[:n_also] if t in row_of]
-                also[i, : len(rows)] = rows
-            bstate = F.set_also_pays(bstate, jnp.asarray(also))
-        self.runner = (bstate,) + tuple(self.runner[1:])
-        ok = pinned[pinned >= 0]
-        groundable = 1.0 - self._unpayable_frac(ok) if len(ok) else 0.0
-        stats = self.proposer.stats()
-        metrics = {
-            "ellm/distinct_goals": float(len(self.generated)),
-            "ellm/distinct_goals_update": float(len({t for g in goals for t in g})),
-            "ellm/distinct_pinned": float(len(set(ok.tolist()))),
-            "ellm/goals_per_env": float(np.mean([len(g) for g in goals])),
-            "ellm/pinned_frac": float(len(ok) / max(len(pinned), 1)),
-            # goals some caption matches above delta (others can never pay a reward)
-            "ellm/groundable_frac": float(groundable),
-            "ellm/propose_s": time.time() - t0,
-        }
-        for k in ("requests", "cache_hit_rate", "fallbacks", "llm_calls", "llm_prompts", "llm_timeouts", "llm_errors",
-                  "llm_busy", "llm_fraction", "latency_mean_s"):
-            if isinstance(stats.get(k), (int, float)):
-                metrics[f"ellm/{k}"] = float(stats[k])
-        return metrics
-
     def evaluate(self) -> list[EvalResult]:
         """Evaluate every seed's policy on the instruction sets (greedy unless ``cfg.eval.epsilon``),
         all seeds in one program."""
@@ -711,9 +464,13 @@ class Trainer:
                                   self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
 
     def close(self) -> None:
-        for r in (self.relabeler, self.rules, self.proposer):
-            if r is not None and hasattr(r, "close"):
-                r.close()
+        """Stop the method's background workers (LLM relabeler or proposer)."""
+        self.method.close()
+
+
+#: The per-method part of each method name (:mod:`agents.methods`).
+METHOD_CLASSES: dict[str, type[TrainingMethod]] = {"gt": GroundTruth, "cosine": Cosine, "oir": OIRRelabeling,
+                                                   "ellm": ELLMProposals}
 
 
 def llm_backend_kwargs(cfg: TrainConfig) -> dict[str, Any]:

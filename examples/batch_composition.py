@@ -64,7 +64,8 @@ def count(trainer, totals: dict[str, Counter]) -> None:
             totals[names[t, e]]["successes"] += int(host["success"][s, t, e])
         for t, e in zip(*np.nonzero(rewards[s, :, :E] > 0)):
             totals[names[t, e]]["rewarded_steps"] += 1
-        for j, name in enumerate(trainer.last_relabel_texts[s] if trainer.last_relabel_texts else []):
+        relabeled = getattr(trainer.method, "last_texts", [])  # method oir: the relabeled rows' texts
+        for j, name in enumerate(relabeled[s] if relabeled else []):
             if not name or weights[s, E + j] == 0:
                 continue
             totals[name]["relabeled_rows"] += 1

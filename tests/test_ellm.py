@@ -277,13 +277,13 @@ def test_ellm_trainer_pins_envs_to_proposed_goals_and_resumes(tmp_path):
     m = log.metrics
     assert m["ellm/pinned_frac"] == 1.0 and m["ellm/groundable_frac"] == 1.0 and m["ellm/distinct_goals"] >= 1
     assert m["ellm/requests"] == cfg.pqn.num_envs and "relabel/rows" not in m and np.isfinite(m["loss"])
-    assert set(p1.tolist()) <= set(tr._protected())
+    assert set(p1.tolist()) <= set(tr.protected_rows())
     # ellm.reward="any" (default): every goal proposed for an env also pays that env's reward
     also = np.asarray(env().also_pays)
     assert also.shape == (cfg.pqn.num_envs, cfg.ellm.k)
     for i, g in enumerate(rec.goals[-1]):
         assert [tr.registry.text(r) for r in also[i] if r >= 0] == g
-    assert set(also[also >= 0].tolist()) <= set(tr._protected())
+    assert set(also[also >= 0].tolist()) <= set(tr.protected_rows())
 
     tr.iteration()
     np.testing.assert_array_equal(np.asarray(env().instr), p1)  # resets used the pinned goals

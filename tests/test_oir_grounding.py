@@ -33,7 +33,7 @@ def test_rule_relabeling_trains_and_buffers_only_grounded_instructions(tmp_path)
     tr, host = _trainer(tmp_path)
     cfg = tr.cfg
     before = set(tr.buffers[0].contents())
-    slots, _ = tr._relabel(host)
+    slots, _ = tr.method.relabel(host)
     valid = np.asarray(slots["valid"][0])
     assert valid.any()
     for j in np.flatnonzero(valid):  # every training copy pays a reward somewhere on its trajectory
@@ -52,8 +52,8 @@ def test_ungrounded_candidates_are_rows_and_buffer_entries_only_when_asked(tmp_p
     """keep_ungrounded=True is the paper's Alg. 1: every relabeled instruction becomes a training row
     and a buffer entry, including the rules' "A then B" compounds that never pay."""
     tr, host = _trainer(tmp_path, **{"oir.keep_ungrounded": keep_ungrounded})
-    assert tr.relabeler.keep_ungrounded == keep_ungrounded
-    slots, _ = tr._relabel(host)
+    assert tr.method.relabeler.keep_ungrounded == keep_ungrounded
+    slots, _ = tr.method.relabel(host)
     compounds = [t for t in tr.buffers[0].contents() if " then " in t]
     assert bool(compounds) == keep_ungrounded
     valid = np.asarray(slots["valid"][0])
@@ -68,11 +68,11 @@ def test_training_logs_the_share_of_steps_under_instructions_that_can_never_pay(
     tr.init_state()
     assert tr.iteration().metrics["curriculum/unpayable_step_frac"] == 0.0  # the 22 achievement wordings
     good, bad = tr.registry.rows(["place table", "collect wood then place table"])  # the second: below delta
-    assert tr._unpayable_frac(np.array([[good, good], [good, bad]])) == 0.25
+    assert tr.unpayable_frac(np.array([[good, good], [good, bad]])) == 0.25
     tr.close()
     gt, _ = _trainer(tmp_path / "gt", **{"run.method": "gt"})  # gt pays on the achievement: free text never pays
     rows = gt.registry.rows(["place table", "place a table please"], achievements=[1, -1])
-    assert gt._unpayable_frac(rows) == 0.5
+    assert gt.unpayable_frac(rows) == 0.5
     gt.close()
 
 
@@ -82,11 +82,11 @@ def test_balanced_slots_spread_two_identical_trajectories_over_more_instructions
     distinct = {}
     for balance in (False, True):
         tr, host = _trainer(tmp_path / str(balance), **{"oir.k": 2, "oir.relabel_balance": balance})
-        assert tr.relabeler.k == (64 if balance else 2)
-        slots, _ = tr._relabel(host)
+        assert tr.method.relabeler.k == (64 if balance else 2)
+        slots, _ = tr.method.relabel(host)
         valid = np.asarray(slots["valid"][0])
         env = np.asarray(slots["env"][0])
-        texts = [t for t, v in zip(tr.last_relabel_texts[0], valid) if v]
+        texts = [t for t, v in zip(tr.method.last_texts[0], valid) if v]
         assert all((env[valid] == e).sum() <= 2 for e in range(2))  # at most K rows per trajectory
         for j in np.flatnonzero(valid):  # and every row pays
             assert first_success_step(host["events"][0, :, env[j]], np.asarray(slots["sim"][0, j]), tr.cfg.env.delta) >= 0

@@ -13,7 +13,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from agents import pqn  # noqa: E402
 from agents.config import PQNConfig, TrainConfig, preset  # noqa: E402
-from agents.oir import balanced_choice, build_batch  # noqa: E402
+from agents.oir import build_batch  # noqa: E402
+from agents.oir_method import balanced_choice  # noqa: E402
 from oir_gym.captions import NUM_EVENTS, VOCAB  # noqa: E402
 
 

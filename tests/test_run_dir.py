@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.run_dir import (COMPLETE, CONFIG, METRICS, CorruptFileError, MetricsPosition, RunDir, RunDirError,
+from agents.run_dir import (COMPLETE, CONFIG, CorruptFileError, MetricsPosition, RunDir, RunDirError,
                             atomic_write_json, read_json)
 
 ROOT = Path(__file__).resolve().parents[1]

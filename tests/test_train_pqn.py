@@ -154,7 +154,7 @@ def test_seeds_are_evaluated_together_exactly_as_one_by_one(tmp_path):
     params = tr.base_params.replace(table=tr.registry.device_table())
     for s in range(2):
         p_s = jax.tree_util.tree_map(lambda x: x[s], tr.train_state.params)
-        one = evaluate_jax(tr._evaluator, jax.random.PRNGKey(10_000 + s), p_s, params, tr.eval_rows, tr.eval_cfg,
+        one = evaluate_jax(tr.evaluator, jax.random.PRNGKey(10_000 + s), p_s, params, tr.eval_rows, tr.eval_cfg,
                            tr.eval_texts, tr.eval_achs, tr.eval_sets)
         for name in one.rates:
             np.testing.assert_array_equal(together[s].rates[name], one.rates[name])
