@@ -177,31 +177,38 @@ def _legacy_pickle(tr: Trainer) -> dict:
     }
 
 
-def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp_path, capsys):
-    """Old runs hold checkpoint.pkl (from before EnvState.also_pays, in the oldest ones). Loading refuses
-    it (unpickling runs code); ``python -m agents.checkpoint convert`` converts a trusted one."""
+def _legacy_run(path) -> tuple[TrainConfig, dict]:
+    """A run directory as earlier versions left it: flat config.json, checkpoint.pkl of update 1
+    (from before EnvState.also_pays, as the oldest ones), metrics rows up to update 2."""
     import pickle
 
+    cfg = tiny()
+    tr = Trainer(cfg, path, log=lambda s: None)
+    tr.init_state()
+    tr.iteration()
+    state = _legacy_pickle(tr)
+    tr.close()
+    del state["runner"][0].env.__dict__["also_pays"]  # what the oldest checkpoints unpickle to
+    (path / "checkpoint.pkl").write_bytes(pickle.dumps(state))
+    flat = {"method": "oir", "relabeler": "rules", "total_timesteps": 384, "num_envs": 4, "num_steps": 16,
+            "hidden_size": 32, "num_epochs": 2, "num_minibatches": 2, "k": 2, "eval_every": 1000, "eval_episodes": 1,
+            "eval_horizon": 8, "checkpoint_every": 1000, "lr": 1e-3}
+    (path / "config.json").write_text(json.dumps(flat))
+    (path / "metrics.jsonl").write_text('{"update": 1, "env_steps": 64}\n{"update": 2, "env_steps": 128}\n')
+    return cfg, state
+
+
+def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp_path, capsys):
+    """Loading refuses checkpoint.pkl (unpickling runs code); ``python -m agents.checkpoint convert``
+    converts a trusted one."""
     from agents import checkpoint
 
     sys.path.insert(0, str(ROOT / "examples"))
     import train_pqn
 
-    cfg = tiny()
-    tr = Trainer(cfg, tmp_path, log=lambda s: None)
-    tr.init_state()
-    tr.iteration()
-    state = _legacy_pickle(tr)
-    del state["runner"][0].env.__dict__["also_pays"]  # what the oldest checkpoints unpickle to
-    (tmp_path / "checkpoint.pkl").write_bytes(pickle.dumps(state))
-    flat = {"method": "oir", "relabeler": "rules", "total_timesteps": 384, "num_envs": 4, "num_steps": 16,
-            "hidden_size": 32, "num_epochs": 2, "num_minibatches": 2, "k": 2, "eval_every": 1000, "eval_episodes": 1,
-            "eval_horizon": 8, "checkpoint_every": 1000, "lr": 1e-3}
-    (tmp_path / "config.json").write_text(json.dumps(flat))
-    (tmp_path / "metrics.jsonl").write_text('{"update": 1, "env_steps": 64}\n{"update": 2, "env_steps": 128}\n')
+    cfg, state = _legacy_run(tmp_path)
     with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*convert"):
-        tr.load()
-    tr.close()
+        Trainer(cfg, tmp_path, log=lambda s: None).load()
     assert train_pqn.main(["--run-dir", str(tmp_path), "--resume"]) == 2
     assert "python -m agents.checkpoint convert" in capsys.readouterr().err
 
@@ -214,3 +221,19 @@ def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp
         np.testing.assert_array_equal(a, b)
     again.iteration()
     again.close()
+
+
+@pytest.mark.slow
+def test_a_converted_legacy_run_resumes_to_its_end_through_the_script(tmp_path):
+    from agents import checkpoint
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_pqn
+
+    _legacy_run(tmp_path)
+    assert checkpoint.main(["convert", str(tmp_path)]) == 0
+    # the flat config.json loads, the metrics rows after the converted checkpoint's update are cut
+    assert train_pqn.main(["--run-dir", str(tmp_path), "--resume", "--no-progress"]) == 0
+    rows = [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2, 3, 4, 5, 6] and (tmp_path / "complete.json").exists()
+    assert json.loads((tmp_path / "config.json").read_text())["pqn"]["num_envs"] == 4  # now nested
