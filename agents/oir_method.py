@@ -109,8 +109,12 @@ class OIRRelabeling(TrainingMethod):
             "items": [{"text": t, "count": int(c)} for t, c in sorted(self.generated.items(), key=lambda kv: (-kv[1], kv[0]))],
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "stale_llm": self.stale_llm}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        self.stale_llm = int(state.get("stale_llm", 0))
         # Rollouts awaiting LLM answers are not checkpointed: those answers are lost on resume.
         self.history = []
 
