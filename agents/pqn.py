@@ -1,8 +1,9 @@
 """PQN-RNN (Gallici et al. 2024) conditioned on instructions, for InstructionCraftax.
 
-Read top to bottom: config -> network -> acting -> Q(lambda) targets -> loss/update. The OIR
+Read top to bottom: network -> acting -> Q(lambda) targets -> loss/update. The OIR
 training loop that wraps it (rollouts, relabeling, instruction buffer, evaluation, checkpoints)
-is in :mod:`agents.oir`.
+is in :mod:`agents.oir`; the hyperparameters are :class:`agents.config.PQNConfig` (the ``pqn`` part
+of a run's :class:`~agents.config.TrainConfig`).
 
 The network: LayerNorm on the input (obs features ++ instruction embedding), an MLP of
 ``num_layers`` Dense+LayerNorm+ReLU blocks, one LSTM layer, a linear Q head on the LSTM output
@@ -15,162 +16,13 @@ and linear LR decay.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from flax.training.train_state import TrainState
 
-
-# ----------------------------------------------------------------------------- config
-@dataclass
-class PQNConfig:
-    """Every hyperparameter of a run. ``PRESETS`` holds the paper's values and the CPU default."""
-
-    method: str = "oir"  # gt | cosine | oir | ellm
-    relabeler: str = "rules"  # rules | llm | both    (method oir)
-    ellm_proposer: str = "rules"  # rules | llm    (method ellm; llm uses llm_backend/llm_base_url/llm_model)
-    ellm_timeout: float = 10.0  # seconds an update waits for the LLM's goals before the rules answer
-    # ellm: "any" pays when a caption matches any goal proposed for the env (Du et al.; issue #6),
-    # "pinned" only the goal the env is conditioned on
-    ellm_reward: str = "any"
-    total_timesteps: int = 200_000
-    num_envs: int = 16
-    num_steps: int = 64
-    num_seeds: int = 1
-    seed: int = 0
-    # exploration
-    eps_start: float = 1.0
-    eps_finish: float = 0.1
-    eps_decay: float = 0.1  # fraction of training over which epsilon decays linearly
-    # optimisation
-    lr: float = 3e-4
-    lr_linear_decay: bool = True
-    max_grad_norm: float = 0.5
-    num_epochs: int = 2
-    num_minibatches: int = 4
-    gamma: float = 0.99
-    lam: float = 0.5
-    # network
-    hidden_size: int = 128
-    num_layers: int = 1
-    norm_input: bool = True
-    scan_unroll: int = 1  # LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)
-    # environment
-    obs_mode: str = "paper"
-    delta: float = 0.9
-    max_episode_steps: int = 10_000
-    # OIR
-    buffer_size: int = 10  # B_max
-    tau_low: float = 0.1
-    tau_high: float = 0.9
-    k: int = 4  # candidates per trajectory (oir); goals proposed per env (ellm)
-    # Relabeled instructions that paid no reward on their own trajectory ("ungrounded", e.g. "collect
-    # wood then place table", below delta against every caption). The paper's Alg. 1 keeps them all
-    # (True). By default (False) they are neither training rows (zero-reward copies of exactly the
-    # trajectories where their events happened, next to the copies that pay) nor buffer entries (they
-    # can never succeed as episode instructions, and their R = 0 ranks them ahead of every
-    # failing-but-learnable instruction).
-    keep_ungrounded: bool = False
-    # A relabeled copy pays its instruction's first match in each original episode, where its
-    # episode ends (the paper's reward); the rest of that original episode has no target (False).
-    # True pays every later match too, as a new relabeled episode each (before the change: a
-    # "collect drink" copy of an agent at the water then pays about 30 times per row).
-    relabel_every_match: bool = False
-    # Which K relabeled instructions a trajectory contributes. False (the paper's): the relabeler's
-    # first K (rules: the trajectory's events in the order they happened, so "wake up" and "collect
-    # wood" fill most slots). True: the rule relabeler returns every grounded event, and slots go
-    # round by round to the instruction with the fewest rows so far in the update, so rare events
-    # ("place table") are kept wherever they happen. An extension, not in the paper.
-    relabel_balance: bool = False
-    llm_backend: str = "transformers"  # transformers | llama_cpp | openai | vllm
-    llm_base_url: str = "http://127.0.0.1:8000/v1"
-    llm_model: str = ""
-    llm_template: str = "segments"
-    llm_lag: int = 16  # rollouts kept for late LLM answers (answers older than this are dropped)
-    llm_per_update: int = 2  # trajectories per seed sent to the LLM each update (most eventful first)
-    # evaluation and bookkeeping
-    eval_every: int = 25  # updates
-    eval_episodes: int = 2
-    eval_horizon: int = 300
-    eval_epsilon: float = 0.0  # 0 = greedy evaluation (the paper does not say)
-    checkpoint_every: int = 25  # updates
-    table_capacity: int = 256
-
-    @property
-    def batch_steps(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def num_updates(self) -> int:
-        return max(1, self.total_timesteps // self.batch_steps)
-
-    def validate(self) -> "PQNConfig":
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
-        need(self.method in METHODS, f"method={self.method!r}; expected one of {METHODS}")
-        need(self.relabeler in RELABELERS, f"relabeler={self.relabeler!r}; expected one of {RELABELERS}")
-        need(self.ellm_proposer in ELLM_PROPOSERS,
-             f"ellm_proposer={self.ellm_proposer!r}; expected one of {ELLM_PROPOSERS}")
-        need(self.ellm_timeout >= 0, f"ellm_timeout={self.ellm_timeout} must be >= 0")
-        need(self.ellm_reward in ("any", "pinned"), f"ellm_reward={self.ellm_reward!r}; expected 'any' or 'pinned'")
-        need(self.obs_mode in ("paper", "symbolic"), f"obs_mode={self.obs_mode!r}; expected 'paper' or 'symbolic'")
-        need(not (self.relabel_balance and self.keep_ungrounded),
-             "relabel_balance spreads slots over grounded instructions only; it cannot be combined with "
-             "keep_ungrounded=True")
-        for name in ("total_timesteps", "num_envs", "num_steps", "num_seeds", "num_epochs", "num_minibatches",
-                     "hidden_size", "num_layers", "buffer_size", "k", "eval_every", "eval_episodes",
-                     "eval_horizon", "checkpoint_every", "max_episode_steps", "llm_lag", "llm_per_update",
-                     "scan_unroll"):
-            need(int(getattr(self, name)) >= 1, f"{name}={getattr(self, name)!r} must be >= 1")
-        need(0 < self.lr < 1, f"lr={self.lr} must be in (0, 1)")
-        need(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, f"gamma={self.gamma}, lam={self.lam} must be in [0, 1]")
-        need(0 <= self.eps_finish <= self.eps_start <= 1, "need 0 <= eps_finish <= eps_start <= 1")
-        need(0 < self.eps_decay <= 1, f"eps_decay={self.eps_decay} must be in (0, 1]")
-        need(-1 < self.delta <= 1, f"delta={self.delta} is outside (-1, 1]")
-        need(0 <= self.eval_epsilon <= 1, f"eval_epsilon={self.eval_epsilon} must be in [0, 1]")
-        need(0 <= self.tau_low < self.tau_high, f"need 0 <= tau_low ({self.tau_low}) < tau_high ({self.tau_high})")
-        rows = self.num_envs * (1 + (self.k if self.method == "oir" else 0))
-        need(rows % self.num_minibatches == 0,
-             f"num_minibatches={self.num_minibatches} must divide the {rows} trajectories of an update "
-             f"(num_envs x (1 + k) for oir)")
-        need(self.total_timesteps >= self.batch_steps,
-             f"total_timesteps={self.total_timesteps} is less than one update ({self.batch_steps} steps)")
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PQNConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown config keys {sorted(unknown)}")
-        return cls(**d)
-
-
-METHODS = ("gt", "cosine", "oir", "ellm")
-RELABELERS = ("rules", "llm", "both")
-ELLM_PROPOSERS = ("rules", "llm")
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # Sized for a 2-core CPU: compile + train + evaluation in a few minutes; relabeling with the
-    # offline Gemma 3 270M (background worker) merged with rule instructions.
-    "cpu": dict(relabeler="both", total_timesteps=98_304, eval_every=48, eval_episodes=1, checkpoint_every=16),
-    # Table "Hyperparameters used in Craftax-Classic" of the paper.
-    "paper": dict(
-        total_timesteps=10_000_000, num_envs=64, num_steps=128, num_epochs=8, num_minibatches=4,
-        lr=1e-5, gamma=0.99, lam=0.5, eps_start=1.0, eps_finish=0.1, eps_decay=0.1, hidden_size=512,
-        num_layers=1, max_grad_norm=0.5, buffer_size=10, delta=0.9, k=4, eval_every=50, llm_per_update=64,
-        eval_episodes=4, eval_horizon=1000, checkpoint_every=20, scan_unroll=8,
-    ),
-}
+from agents.config import PQNConfig
 
 
 # ----------------------------------------------------------------------------- network
@@ -213,25 +65,30 @@ class QNetwork(nn.Module):
 
 
 def make_network(cfg: PQNConfig, num_actions: int) -> QNetwork:
+    """The Q-network of ``cfg`` for ``num_actions`` actions."""
     return QNetwork(num_actions, cfg.hidden_size, cfg.num_layers, cfg.norm_input, cfg.scan_unroll)
 
 
-def make_optimizer(cfg: PQNConfig):
-    steps = cfg.num_updates * cfg.num_epochs * cfg.num_minibatches
+def make_optimizer(cfg: PQNConfig, num_updates: int):
+    """RAdam with global-norm clipping; the learning rate decays linearly to 0 over ``num_updates``
+    (when ``cfg.lr_linear_decay``)."""
+    steps = num_updates * cfg.num_epochs * cfg.num_minibatches
     lr = optax.linear_schedule(cfg.lr, 0.0, steps) if cfg.lr_linear_decay else cfg.lr
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.radam(learning_rate=lr))
 
 
-def create_train_state(key, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim: int) -> TrainState:
+def create_train_state(key, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim: int,
+                       num_updates: int) -> TrainState:
+    """Initial parameters and optimiser state for ``obs_dim``-feature observations and ``emb_dim`` instructions."""
     carry = net.initial_carry(1)
     params = net.init(key, carry, jnp.zeros((1, 1, obs_dim)), jnp.zeros((1, 1, emb_dim)), jnp.zeros((1, 1), bool))
-    return TrainState.create(apply_fn=net.apply, params=params, tx=make_optimizer(cfg))
+    return TrainState.create(apply_fn=net.apply, params=params, tx=make_optimizer(cfg, num_updates))
 
 
 # ----------------------------------------------------------------------------- acting
-def epsilon(cfg: PQNConfig, env_steps):
-    """Linear decay from eps_start to eps_finish over eps_decay * total_timesteps."""
-    frac = jnp.clip(env_steps / (cfg.eps_decay * cfg.total_timesteps), 0.0, 1.0)
+def epsilon(cfg: PQNConfig, total_timesteps: int, env_steps):
+    """Linear decay from eps_start to eps_finish over ``eps_decay * total_timesteps`` env steps."""
+    frac = jnp.clip(env_steps / (cfg.eps_decay * total_timesteps), 0.0, 1.0)
     return cfg.eps_start + frac * (cfg.eps_finish - cfg.eps_start)
 
 

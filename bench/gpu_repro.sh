@@ -9,13 +9,13 @@
 #
 # launch ROOT LIMIT METHOD:GPU[:NAME[:FLAGS]]...
 #        one process per spec on GPU index GPU: 3 seeds vmapped,
-#        --preset paper, stopping (with a checkpoint) after LIMIT seconds if 1e7 steps are not
+#        the paper preset, stopping (with a checkpoint) after LIMIT seconds if 1e7 steps are not
 #        reached; then two evaluations of the last checkpoint, side by side on the same card:
 #        greedy (eval_end_greedy.json) and epsilon 0.05 (eval_end_eps0.05.json).
 #        ROOT/METHOD.log holds the output; ROOT/METHOD/DONE marks the end (ROOT/NAME when NAME
 #        is given). FLAGS are extra train_pqn.py flags with '+'
 #        for spaces; $EXTRA adds flags to every spec. A method's seeds split over two cards:
-#          launch /tmp/oir 1500 oir:0:oir_a:--num-seeds+2 oir:1:oir_b:--num-seeds+1+--seed+1000
+#          launch /tmp/oir 1500 oir:0:oir_a:--run.num-seeds+2 oir:1:oir_b:--run.num-seeds+1+--run.seed+1000
 #        (analyze_runs.py --runs oir=ROOT/oir_a oir=ROOT/oir_b pools them). DRY_RUN=1 prints the
 #        commands instead of starting them.
 # finish ROOT NAME:GPU...          for runs that hit LIMIT before 1e7 steps: stops the launch wrappers
@@ -34,10 +34,10 @@ launch)
     IFS=: read -r m gpu name flags <<< "$spec"
     name=${name:-$m}; flags=${flags//+/ }
     job="export CUDA_VISIBLE_DEVICES=$gpu
-      python examples/train_pqn.py --preset paper --method $m --num-seeds 3 --run-dir $root/$name \
-        --time-limit $limit $flags ${EXTRA:-}
-      python examples/train_pqn.py --run-dir $root/$name --eval-only end_greedy --eval-epsilon 0 &
-      python examples/train_pqn.py --run-dir $root/$name --eval-only end_eps0.05 --eval-epsilon 0.05
+      python examples/train_pqn.py paper --run.method $m --run.num-seeds 3 --run-dir $root/$name \
+        --no-progress --time-limit $limit $flags ${EXTRA:-}
+      python examples/train_pqn.py --run-dir $root/$name --eval-only end_greedy --eval.epsilon 0 &
+      python examples/train_pqn.py --run-dir $root/$name --eval-only end_eps0.05 --eval.epsilon 0.05
       wait
       touch $root/$name/DONE"
     if [ -n "${DRY_RUN:-}" ]; then echo "$job"; continue; fi
@@ -47,11 +47,11 @@ launch)
   sleep 5 ;;
 finish)
   pkill -f '^bash -c export CUDA_VISIBLE_DEVICES' || true
-  while pgrep -f 'train_pqn.py --preset paper' > /dev/null; do sleep 5; done
+  while pgrep -f 'train_pqn.py paper' > /dev/null; do sleep 5; done
   for spec in "$@"; do
     IFS=: read -r name gpu <<< "$spec"
-    CUDA_VISIBLE_DEVICES=$gpu bash -c "python examples/train_pqn.py --run-dir $root/$name --resume &&
-      python examples/train_pqn.py --run-dir $root/$name --eval-only end_eps0.05 --eval-epsilon 0.05 &&
+    CUDA_VISIBLE_DEVICES=$gpu bash -c "python examples/train_pqn.py --run-dir $root/$name --resume --no-progress &&
+      python examples/train_pqn.py --run-dir $root/$name --eval-only end_eps0.05 --eval.epsilon 0.05 &&
       touch $root/$name/DONE" > "$root/$name.finish.log" 2>&1 &
   done
   wait
@@ -62,6 +62,6 @@ status)
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
 collect)
   dest=$1
-  tar czf "$dest/runs.tgz" -C "$root" --exclude=checkpoint.pkl --exclude=checkpoint.tmp --exclude=tb . ;;
+  tar czf "$dest/runs.tgz" -C "$root" --exclude=checkpoints --exclude=checkpoint.pkl --exclude=tb . ;;
 *) echo "unknown command $cmd" >&2; exit 2 ;;
 esac

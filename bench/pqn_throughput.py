@@ -50,22 +50,25 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     from agents import pqn
+    from agents.config import TrainConfig
     from agents.oir import Trainer
     from env_throughput import raw_reset, raw_step
     from oir_gym.craftax_compat import NUM_ACTIONS
     from oir_gym.observation import obs_dim
 
-    sizes = (dict(num_envs=16, num_steps=64, hidden_size=128, num_epochs=2, num_minibatches=4)
+    sizes = ({"pqn.num_envs": 16, "pqn.num_steps": 64, "pqn.hidden_size": 128, "pqn.num_epochs": 2,
+              "pqn.num_minibatches": 4}
              if args.preset == "cpu" else
-             dict(num_envs=64, num_steps=128, hidden_size=512, num_epochs=8, num_minibatches=4, scan_unroll=8))
-    common = dict(total_timesteps=10_000_000, obs_mode="symbolic", eval_every=10**9, checkpoint_every=10**9,
-                  lr=1e-5, seed=args.seed, **sizes)
-    cfg = pqn.PQNConfig(method="gt", **common).validate()
-    E, T, D = cfg.num_envs, cfg.num_steps, obs_dim("symbolic")
+             {"pqn.num_envs": 64, "pqn.num_steps": 128, "pqn.hidden_size": 512, "pqn.num_epochs": 8,
+              "pqn.num_minibatches": 4, "pqn.scan_unroll": 8})
+    common = {"run.total_timesteps": 10_000_000, "env.obs_mode": "symbolic", "eval.every": 10**9,
+              "run.checkpoint_every": 10**9, "pqn.lr": 1e-5, "run.seed": args.seed, **sizes}
+    cfg = TrainConfig().replace(**{"run.method": "gt", **common}).validate()
+    E, T, D = cfg.pqn.num_envs, cfg.pqn.num_steps, obs_dim("symbolic")
 
     # ---------------------------------------------------------------- (a) plain PQN-RNN
-    net = pqn.make_network(cfg, NUM_ACTIONS)
-    ts = pqn.create_train_state(jax.random.PRNGKey(args.seed), cfg, net, D, 384)
+    net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
+    ts = pqn.create_train_state(jax.random.PRNGKey(args.seed), cfg.pqn, net, D, 384, cfg.num_updates)
     zero_instr = jnp.zeros((E, 384))
 
     def rollout(params, runner, env_steps):
@@ -73,7 +76,7 @@ def main(argv=None) -> int:
             rb, obs, carry, done_prev, key = c
             key, k_act, k_env = jax.random.split(key, 3)
             carry, q = net.apply(params, carry, obs[None], zero_instr[None], done_prev[None])
-            action = pqn.eps_greedy(k_act, q[0], pqn.epsilon(cfg, env_steps + t * E))
+            action = pqn.eps_greedy(k_act, q[0], pqn.epsilon(cfg.pqn, cfg.run.total_timesteps, env_steps + t * E))
             next_obs, rb, reward, done = raw_step(k_env, rb, action, 4)
             rec = dict(obs=obs, actions=action, rewards=reward, dones=done, resets=done_prev)
             return (rb, next_obs, carry, done, key), rec
@@ -85,7 +88,7 @@ def main(argv=None) -> int:
         return (rb, obs, carry2, done_prev, key), batch
 
     rollout = jax.jit(rollout)
-    update = jax.jit(lambda ts, k, b: pqn.update(ts, cfg, k, b))
+    update = jax.jit(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b))
     obs, rb = jax.jit(raw_reset, static_argnums=(1, 2))(jax.random.PRNGKey(args.seed), E, 2 * E)
     plain = {"ts": ts, "runner": (rb, obs, net.initial_carry(E), jnp.ones(E, bool), jax.random.PRNGKey(1)),
              "steps": 0, "key": jax.random.PRNGKey(2)}
@@ -101,8 +104,9 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="oir_bench_")
     ours = {}
     for method in ("gt", "oir"):
-        extra = dict(relabeler="rules") if method == "oir" else {}
-        tr = Trainer(pqn.PQNConfig(method=method, **common, **extra), os.path.join(tmp, method), log=lambda s: None)
+        extra = {"oir.relabeler": "rules"} if method == "oir" else {}
+        tr = Trainer(TrainConfig().replace(**{"run.method": method, **common, **extra}), os.path.join(tmp, method),
+                     log=lambda s: None)
         tr.init_state()
         ours[method] = tr
 
@@ -126,8 +130,8 @@ def main(argv=None) -> int:
         tr.close()
 
     dev = jax.devices()[0]
-    print(f"\nPQN training throughput | {args.preset} sizes: {E} envs x {T} steps, LSTM {cfg.hidden_size}, "
-          f"{cfg.num_epochs} epochs x {cfg.num_minibatches} minibatches | device {dev.platform} "
+    print(f"\nPQN training throughput | {args.preset} sizes: {E} envs x {T} steps, LSTM {cfg.pqn.hidden_size}, "
+          f"{cfg.pqn.num_epochs} epochs x {cfg.pqn.num_minibatches} minibatches | device {dev.platform} "
           f"({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, {platform.machine()} | "
           f"median of {args.iterations} interleaved updates\n")
     base = statistics.median(times[next(iter(loops))])

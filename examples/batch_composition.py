@@ -16,8 +16,8 @@ Compare ``--method oir`` with ``--method cosine`` to see how relabeling redistri
     python examples/batch_composition.py --method oir --updates 40 --skip 30 --out /tmp/oir_batch.json
     python examples/batch_composition.py --method cosine --updates 40 --skip 30
 
-``--set KEY=VALUE`` overrides any :class:`agents.pqn.PQNConfig` field (values are read as JSON when
-they parse, e.g. ``--set hidden_size=64 lr=3e-4``). The defaults make early-training competence
+``--set PART.FIELD=VALUE`` overrides any field of :class:`agents.config.TrainConfig` (values are read
+as JSON when they parse, e.g. ``--set pqn.hidden_size=64 pqn.lr=3e-4``). The defaults make early-training competence
 reachable on a CPU: the paper preset's envs and steps, a smaller network, lr 3e-4, faster epsilon.
 """
 
@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from agents import pqn  # noqa: E402
+from agents import config as config_lib  # noqa: E402
 
-CPU_DEFAULTS = dict(hidden_size=64, lr=3e-4, lr_linear_decay=False, num_epochs=2, eps_decay=0.3,
-                    relabeler="rules", eval_every=10**9)
+CPU_DEFAULTS = {"pqn.hidden_size": 64, "pqn.lr": 3e-4, "pqn.lr_linear_decay": False, "pqn.num_epochs": 2,
+                "pqn.eps_decay": 0.3, "oir.relabeler": "rules", "eval.every": 10**9}
 
 
 def _value(text: str):
@@ -51,7 +51,7 @@ def count(trainer, totals: dict[str, Counter]) -> None:
     """Add the trainer's last iteration to ``totals[instruction]`` (all seeds)."""
     host, batch = trainer.last_rollout, trainer.last_batch
     text = np.vectorize(trainer.registry.text, otypes=[object])
-    E = trainer.cfg.num_envs
+    E = trainer.cfg.pqn.num_envs
     rewards = np.asarray(batch["rewards"])  # [S, T, N]
     cuts = np.asarray(batch["cuts"])
     weights = np.asarray(batch["weights"])  # [S, N]
@@ -64,7 +64,8 @@ def count(trainer, totals: dict[str, Counter]) -> None:
             totals[names[t, e]]["successes"] += int(host["success"][s, t, e])
         for t, e in zip(*np.nonzero(rewards[s, :, :E] > 0)):
             totals[names[t, e]]["rewarded_steps"] += 1
-        for j, name in enumerate(trainer.last_relabel_texts[s] if trainer.last_relabel_texts else []):
+        relabeled = getattr(trainer.method, "last_texts", [])  # method oir: the relabeled rows' texts
+        for j, name in enumerate(relabeled[s] if relabeled else []):
             if not name or weights[s, E + j] == 0:
                 continue
             totals[name]["relabeled_rows"] += 1
@@ -88,11 +89,11 @@ def table(totals: dict[str, Counter]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", default="oir", choices=["oir", "cosine", "gt"])
-    p.add_argument("--preset", default="paper", choices=sorted(pqn.PRESETS))
+    p.add_argument("--preset", default="paper", choices=sorted(config_lib.PRESETS))
     p.add_argument("--updates", type=int, default=40, help="iterations to run")
     p.add_argument("--skip", type=int, default=30, help="iterations before counting starts")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="PQNConfig overrides")
+    p.add_argument("--set", nargs="*", default=[], metavar="PART.FIELD=VALUE", help="config overrides")
     p.add_argument("--out", help="write the counts as JSON here")
     args = p.parse_args(argv)
     if not 0 <= args.skip < args.updates:
@@ -103,13 +104,17 @@ def main(argv=None) -> int:
             raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         over[k] = _value(v)
-    d = {**pqn.PRESETS[args.preset], **over, "method": args.method, "seed": args.seed}
     try:
-        cfg = pqn.PQNConfig.from_dict(d)
-    except ValueError as e:  # unknown keys
-        raise SystemExit(f"unknown PQNConfig field(s): {e}; see agents/pqn.py") from None
+        cfg = config_lib.preset(args.preset).replace(**over, **{"run.method": args.method, "run.seed": args.seed})
+    except (ValueError, TypeError) as e:  # unknown fields
+        raise SystemExit(f"{e}; see agents/config.py") from None
     # room for at least 100 updates, so the epsilon schedule (a fraction of the total) is the CPU defaults'
-    cfg.total_timesteps = max(cfg.total_timesteps if "total_timesteps" in over else 0, 100 * cfg.batch_steps)
+    cfg = cfg.replace(**{"run.total_timesteps": max(cfg.run.total_timesteps if "run.total_timesteps" in over else 0,
+                                                    100 * cfg.batch_steps)})
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
     from agents.oir import Trainer
 
@@ -128,7 +133,7 @@ def main(argv=None) -> int:
                       flush=True)
         finally:
             trainer.close()
-    print(f"\n## {args.method}: updates {args.skip + 1}-{args.updates}, {cfg.num_seeds} seed(s)\n")
+    print(f"\n## {args.method}: updates {args.skip + 1}-{args.updates}, {cfg.run.num_seeds} seed(s)\n")
     print(table(totals))
     if args.out:
         Path(args.out).write_text(json.dumps({"method": args.method, "config": cfg.to_dict(), "skip": args.skip,

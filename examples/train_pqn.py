@@ -1,53 +1,83 @@
 """Train an instruction-following PQN agent on Craftax-Classic with OIR (or a baseline).
 
-    python examples/train_pqn.py                           # OIR, embedded offline CPU defaults
-    python examples/train_pqn.py --method cosine           # PQN + cosine reward on the 22 achievements
-    python examples/train_pqn.py --method ellm --ellm-proposer rules   # ELLM baseline, rule goal proposer
-    python examples/train_pqn.py --method ellm --ellm-proposer llm     # ELLM with the offline Gemma (or --llm-backend)
-    python examples/train_pqn.py --preset paper --num-seeds 3 --run-dir runs/paper_oir   # GPU
-    python examples/train_pqn.py --run-dir runs/x --resume # continue a run from its checkpoint
+    python examples/train_pqn.py                                    # OIR, the cpu preset (offline LLM + rules)
+    python examples/train_pqn.py smoke --run-dir runs/smoke         # the smallest run (seconds)
+    python examples/train_pqn.py --run.method cosine                # PQN + cosine reward on the 22 achievements
+    python examples/train_pqn.py --run.method ellm --ellm.proposer rules   # ELLM baseline, rule goal proposer
+    python examples/train_pqn.py paper --run.num-seeds 3 --run-dir runs/paper_oir   # the paper's settings (GPU)
+    python examples/train_pqn.py paper --help                       # every option, with the paper preset's values
+    python examples/train_pqn.py --run-dir runs/x --resume          # continue a run from its newest checkpoint
 
-Writes ``--run-dir``: config.json, metrics.jsonl / metrics.csv, TensorBoard events (if the
-``tensorboard`` package is installed), checkpoint.pkl, eval_<update>.json, eval_final.md and
-PNG plots; method ``oir`` also instructions.json (every instruction inserted into the buffer, with
-counts) and method ``ellm`` goals.json (every goal proposed, with counts), written at checkpoints.
+The first argument may name a preset (cpu, the default; paper; smoke); flags after it override
+its values. ``--resume`` continues with the run's saved config (flags override single fields).
+
+Writes ``--run-dir`` (see :mod:`agents.run_dir`): config.json (with the git commit and package
+versions), metrics.jsonl / metrics.csv, TensorBoard events (if installed; ``--wandb`` also logs to
+Weights & Biases), checkpoints/ (:mod:`agents.checkpoint`), eval_<update>.json, eval_final.md,
+PNG plots, and complete.json last; method ``oir`` also instructions.json (every instruction
+inserted into the buffer, with counts), method ``ellm`` goals.json. SIGINT and SIGTERM stop after
+the current update with a checkpoint (a second signal stops at once, keeping the last checkpoint).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import os
-import re
+import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents import pqn  # noqa: E402
+import tyro  # noqa: E402
+
+from agents.config import TrainConfig, cli, load_config  # noqa: E402
+from agents.run_dir import CorruptFileError, RunDir, RunDirError, check_tag  # noqa: E402
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(pqn.PRESETS), default="cpu")
-    p.add_argument("--run-dir", default=None, help="output folder (default runs/<method>_<time>)")
-    p.add_argument("--resume", action="store_true", help="continue from <run-dir>/checkpoint.pkl")
-    p.add_argument("--overwrite", action="store_true", help="replace the run already in --run-dir")
-    p.add_argument("--max-updates", type=int, default=None,
-                   help="stop after this many updates in this process (to split long runs; resume later)")
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="checkpoint and stop after this many seconds (to split long runs; resume later)")
-    p.add_argument("--eval-only", metavar="TAG", default=None,
-                   help="no training: evaluate <run-dir>/checkpoint.pkl with this run's --eval-* settings and "
-                        "write eval_TAG.json / eval_TAG.md (e.g. --eval-only eps0.05 --eval-epsilon 0.05)")
-    choices = {"method": pqn.METHODS, "relabeler": pqn.RELABELERS, "ellm_proposer": pqn.ELLM_PROPOSERS}
-    for f in dataclasses.fields(pqn.PQNConfig):
-        flag = "--" + f.name.replace("_", "-")
-        typ = {int: int, float: float, bool: lambda s: s.lower() in ("1", "true", "yes"), str: str}[type(f.default)]
-        p.add_argument(flag, type=typ, default=None, choices=choices.get(f.name), help=f"(default {f.default!r})")
-    return p.parse_args(argv)
+@dataclass
+class Options:
+    """Train PQN with OIR or a baseline on Craftax-Classic."""
+
+    config: Annotated[TrainConfig, tyro.conf.arg(name="")] = field(default_factory=TrainConfig)
+    run_dir: Optional[str] = None
+    """Output folder (default runs/<method>_<time>)."""
+    resume: bool = False
+    """Continue the run in --run-dir from its newest checkpoint."""
+    overwrite: bool = False
+    """Replace the run already in --run-dir (its outputs are deleted)."""
+    max_updates: Optional[int] = None
+    """Stop (with a checkpoint) after this many updates in total; resume later."""
+    time_limit: Optional[float] = None
+    """Stop (with a checkpoint) after this many seconds; resume later."""
+    eval_only: Optional[str] = None
+    """No training: evaluate the newest checkpoint with this run's --eval.* settings and write eval_TAG.json/.md."""
+    wandb: bool = False
+    """Also log to Weights & Biases (config = config.json; needs the wandb package)."""
+    progress: bool = True
+    """A progress bar with ETA (off: one line per update)."""
+    log_every: int = 1
+    """Updates between printed summary lines (evaluations are always printed)."""
+
+
+def parse_options(argv: list[str] | None = None) -> Options:
+    """The command line as :class:`Options`. ``--resume`` / ``--eval-only`` start from the run's
+    saved config (flags override it); otherwise from the preset named first (default cpu)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--run-dir", "--run_dir")
+    pre.add_argument("--resume", action="store_true")
+    pre.add_argument("--eval-only", "--eval_only")
+    known, _ = pre.parse_known_args(argv)
+    if (known.resume or known.eval_only) and known.run_dir and (Path(known.run_dir) / "config.json").is_file():
+        try:
+            base = load_config(RunDir(known.run_dir).read_config())
+        except (ValueError, CorruptFileError) as e:
+            raise SystemExit(f"error: {Path(known.run_dir) / 'config.json'}: {e}") from None
+        return cli(Options, argv, base=base, description=__doc__)
+    return cli(Options, argv, description=__doc__)
 
 
 def _mean_table(per_seed: list[dict]) -> str:
@@ -64,195 +94,253 @@ def _mean_table(per_seed: list[dict]) -> str:
     return res.to_markdown()
 
 
-def _finished_update(run_dir: Path) -> int | None:
-    """The last logged update of a run that wrote its final evaluation, else None."""
-    metrics = run_dir / "metrics.jsonl"
-    if not (run_dir / "eval_final.json").exists() or not metrics.exists():
-        return None
-    lines = metrics.read_text().strip().splitlines()
-    return int(json.loads(lines[-1])["update"]) if lines else None
+def summary_line(row: dict[str, Any], num_updates: int) -> str:
+    """The one-line progress summary of a metrics row."""
+    ev = f" | eval success {row['eval/original/mean_success_rate']:.3f}" if "eval/original/mean_success_rate" in row else ""
+    rl = f" | relabel rows {row['relabel/rows']:.0f} grounded {row['relabel/grounded_frac']:.2f}" if "relabel/rows" in row else ""
+    if "ellm/distinct_goals" in row:
+        rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
+              f"cache hits {row['ellm/cache_hit_rate']:.2f}")
+    share = row.get("relabel/llm_share", row.get("ellm/llm_fraction"))
+    if share is not None:  # the LLM's part of the relabels (ELLM: of the goals); falls while it is down
+        rl += f" | LLM share {share:.0%}"
+    if row.get("curriculum/unpayable_step_frac", 0.0) > 0:
+        rl += f" | unpayable steps {row['curriculum/unpayable_step_frac']:.2f}"
+    return (f"[{row['update']:5d}/{num_updates}] steps {row['env_steps']:>10,} | {row['sps']:8.0f} sps | "
+            f"eps {row['epsilon']:.2f} | loss {row['loss']:.4f} | train success {row['train/success_rate']:.3f}"
+            f"{rl}{ev}")
 
 
-def build_config(args) -> pqn.PQNConfig:
-    values = dict(pqn.PRESETS[args.preset])
-    for f in dataclasses.fields(pqn.PQNConfig):
-        v = getattr(args, f.name)
-        if v is not None:
-            values[f.name] = v
-    return pqn.PQNConfig(**values).validate()
+class _StopRequest:
+    """SIGINT / SIGTERM: the first asks the loop to stop after the current update (with a checkpoint),
+    a second one stops at once (the newest checkpoint on disk stays the last state)."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopRequest":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.requested:
+            raise KeyboardInterrupt(f"second {name}")
+        self.requested = name
+        print(f"\n{name}: stopping after this update with a checkpoint (send it again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
-class Logger:
-    """metrics.jsonl + metrics.csv + optional TensorBoard."""
+def _metrics_resume(host: dict[str, Any]) -> dict[str, Any]:
+    """How a resume cuts metrics.jsonl back to a checkpoint: its recorded position, or (a checkpoint
+    converted from a legacy pickle) the rows up to its update."""
+    if host.get("metrics"):
+        return {"position": host["metrics"]}
+    return {"after_update": int(host.get("metrics_after_update") or host["update"])}
 
-    def __init__(self, run_dir: Path) -> None:
-        self.jsonl = open(run_dir / "metrics.jsonl", "a")
-        self.csv_path = run_dir / "metrics.csv"
-        self.tb = None
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_options(argv)
+    cfg = opts.config
+    # every check before anything is written or deleted
+    try:
+        cfg.validate()
+        if opts.eval_only is not None:
+            check_tag(opts.eval_only)
+        for name in ("max_updates", "log_every"):
+            v = getattr(opts, name)
+            if v is not None and v < 1:
+                raise ValueError(f"--{name.replace('_', '-')}={v} must be >= 1")
+        if opts.time_limit is not None and not opts.time_limit > 0:
+            raise ValueError(f"--time-limit={opts.time_limit} must be > 0")
+        if opts.wandb:
+            try:
+                import wandb  # noqa: F401
+            except ImportError:
+                raise ValueError("--wandb needs the wandb package (pip install 'oir-gym[wandb]')") from None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if opts.eval_only is not None and opts.overwrite:
+        print("error: --eval-only reads a run; it cannot be combined with --overwrite", file=sys.stderr)
+        return 2
+    resume = opts.resume or opts.eval_only is not None
+    run_path = Path(opts.run_dir or f"runs/{cfg.run.method}_{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        run = RunDir.prepare(run_path, resume=resume, overwrite=opts.overwrite)
+    except RunDirError as e:
+        flag = "--eval-only" if opts.eval_only is not None else "--resume"
+        print(f"error: {str(e).replace('--resume', flag)}", file=sys.stderr)
+        return 2
+
+    from agents.checkpoint import CheckpointError, load_checkpoint
+    from oir_gym import enable_compilation_cache
+
+    if resume:
+        # verify the checkpoint and the metrics it covers before anything is written
+        flag = "--eval-only" if opts.eval_only is not None else "--resume"
         try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(run_dir / "tb"))
-        except Exception:  # tensorboard not installed: JSONL/CSV only
-            self.tb = None
-        self.rows: list[dict] = []
-
-    def write(self, row: dict) -> None:
-        self.jsonl.write(json.dumps(row) + "\n")
-        self.jsonl.flush()
-        self.rows.append(row)
-        if self.tb is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and k not in ("update", "env_steps"):
-                    self.tb.add_scalar(k, v, row["env_steps"])
-
-    def close(self) -> None:
-        self.jsonl.close()
-        if self.tb is not None:
-            self.tb.close()
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    cfg = build_config(args)
-    run_dir = Path(args.run_dir or f"runs/{cfg.method}_{time.strftime('%Y%m%d-%H%M%S')}")
-    if args.eval_only is not None:
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", args.eval_only):
-            print(f"error: --eval-only tag {args.eval_only!r} may hold only letters, digits, '.', '_' and '-'",
-                  file=sys.stderr)
+            _, saved = load_checkpoint(run.path)
+            if opts.eval_only is None:
+                run.check_metrics(**_metrics_resume(saved))
+            done = run.completion()
+        except FileNotFoundError:
+            print(f"error: {flag} given but {run.path / 'checkpoints'} holds no checkpoint", file=sys.stderr)
             return 2
-        if args.overwrite:
-            print("error: --eval-only reads a run; it cannot be combined with --overwrite", file=sys.stderr)
+        except (CorruptFileError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
             return 2
-        args.resume = True  # read the run's config and checkpoint
-    if not args.resume and not args.overwrite and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoint.pkl").exists()):
-        print(f"error: {run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-              "or choose another --run-dir", file=sys.stderr)
-        return 2
-    if args.overwrite:
-        for name in ("metrics.jsonl", "metrics.csv", "checkpoint.pkl"):
-            (run_dir / name).unlink(missing_ok=True)
-    if args.resume and not (run_dir / "checkpoint.pkl").exists():
-        flag = "--eval-only" if args.eval_only is not None else "--resume"
-        print(f"error: {flag} given but {run_dir / 'checkpoint.pkl'} does not exist", file=sys.stderr)
-        return 2
-    if args.resume:
-        saved = json.loads((run_dir / "config.json").read_text())
-        cli = {f.name: getattr(args, f.name) for f in dataclasses.fields(pqn.PQNConfig) if getattr(args, f.name) is not None}
-        cfg = pqn.PQNConfig.from_dict({**saved, **cli}).validate()
-        done = _finished_update(run_dir)
-        if args.eval_only is None and done is not None and done >= cfg.num_updates:
-            print(f"{run_dir} is already complete ({done}/{cfg.num_updates} updates, eval_final.json written); "
-                  "nothing to resume. Evaluate it again with --eval-only TAG.", flush=True)
+        if opts.eval_only is None and done is not None and done.get("update", 0) >= cfg.num_updates:
+            print(f"{run.path} is already complete ({done['update']}/{cfg.num_updates} updates, final evaluation, "
+                  "CSV and plots written); nothing to resume. Evaluate it again with --eval-only TAG.", flush=True)
             return 0
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if args.eval_only is None:
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    enable_compilation_cache()
 
     import jax
 
     from agents.oir import Trainer
-    from oir_gym import analysis
 
-    source = {"oir": f" relabeler={cfg.relabeler}", "ellm": f" proposer={cfg.ellm_proposer}"}.get(cfg.method, "")
-    print(f"oir-gym PQN | method={cfg.method}{source} "
-          f"| {cfg.num_seeds} seed(s) x {cfg.num_envs} envs x {cfg.num_steps} steps | {cfg.num_updates} updates "
-          f"| {cfg.total_timesteps:,} env steps | device {jax.devices()[0].platform} | run dir {run_dir}", flush=True)
     t0 = time.time()
-    if args.eval_only is not None:
+    if opts.eval_only is not None:
         # evaluation needs no relabeler or goal proposer: build the rule ones, never an LLM
-        trainer = Trainer(dataclasses.replace(cfg, relabeler="rules", ellm_proposer="rules"), run_dir)
+        trainer = Trainer(cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules"}), run.path)
     else:
-        trainer = Trainer(cfg, run_dir)
-    if args.resume:
-        trainer.load()
-        print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
-    else:
-        trainer.init_state()
+        run.clear_complete()
+        run.write_config(cfg.to_dict())
+        trainer = Trainer(cfg, run.path)
+    source = {"oir": f" relabeler={cfg.oir.relabeler}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(cfg.run.method, "")
+    print(f"oir-gym PQN | method={cfg.run.method}{source} | {cfg.run.num_seeds} seed(s) x {cfg.pqn.num_envs} envs x "
+          f"{cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env steps | device "
+          f"{jax.devices()[0].platform} | run dir {run.path}", flush=True)
+    host: dict[str, Any] = {}
+    try:
+        if resume:
+            host = trainer.load()
+            print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
+        else:
+            trainer.init_state()
+    except (CheckpointError, ValueError) as e:
+        trainer.close()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
-    def run_eval(tag: str) -> list:
+    def run_eval(tag: str) -> tuple[list, dict[str, float]]:
         results = trainer.evaluate()
-        row = {"update": trainer.update_idx, "env_steps": trainer.env_steps}
+        row: dict[str, float] = {}
         for s, r in enumerate(results):
             for k, v in r.flat_metrics().items():
                 row[f"seed{s}/{k}"] = v
         for k in results[0].flat_metrics():
             row[k] = float(sum(r.flat_metrics()[k] for r in results) / len(results))
-        (run_dir / f"eval_{tag}.json").write_text(json.dumps([r.to_dict() for r in results], indent=1))
+        run.write_eval(tag, [r.to_dict() for r in results])
         return results, row
 
-    if args.eval_only is not None:  # before the Logger: the run's metrics and TensorBoard files stay as they are
+    if opts.eval_only is not None:  # the run's metrics, config and TensorBoard files stay as they are
         trainer.close()
-        results, _ = run_eval(args.eval_only)
+        results, _ = run_eval(opts.eval_only)
         table = _mean_table([r.to_dict() for r in results])
-        (run_dir / f"eval_{args.eval_only}.md").write_text(
-            f"# Evaluation '{args.eval_only}' ({cfg.method}, {cfg.num_seeds} seed(s), checkpoint at {trainer.env_steps:,} "
-            f"env steps, {cfg.eval_episodes} episodes x {cfg.eval_horizon} steps per instruction, "
-            f"epsilon {cfg.eval_epsilon})\n\n{table}\n")
-        print(table + f"\nwrote {run_dir / f'eval_{args.eval_only}.json'}", flush=True)
+        run.write_eval(opts.eval_only, [r.to_dict() for r in results], markdown=(
+            f"# Evaluation '{opts.eval_only}' ({cfg.run.method}, {cfg.run.num_seeds} seed(s), checkpoint at "
+            f"{trainer.env_steps:,} env steps, {cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction, "
+            f"epsilon {cfg.eval.epsilon})\n\n{table}\n"))
+        print(table + f"\nwrote {run.eval_path(opts.eval_only)}", flush=True)
         return 0
 
-    logger = Logger(run_dir)
-    print(f"setup {time.time() - t0:.1f}s; compiling the rollout, update and evaluation programs...", flush=True)
-
-    stopped_early = False
-    t_loop = time.time()
+    metrics = run.open_metrics(**(_metrics_resume(host) if resume else {}), wandb=opts.wandb)
+    stopped: str | None = None
     try:
-        while trainer.update_idx < cfg.num_updates:
-            log = trainer.iteration()
-            row = {"update": log.update, "env_steps": log.env_steps, "time": time.time() - t0, **log.metrics}
-            last = log.update == cfg.num_updates
-            if log.update % cfg.eval_every == 0 or last:
-                _, erow = run_eval("final" if last else f"{log.update:06d}")
-                row.update({k: v for k, v in erow.items() if k not in ("update", "env_steps")})
-            logger.write(row)
-            ev = f" | eval success {row['eval/original/mean_success_rate']:.3f}" if "eval/original/mean_success_rate" in row else ""
-            rl = f" | relabel rows {row['relabel/rows']:.0f} grounded {row['relabel/grounded_frac']:.2f}" if "relabel/rows" in row else ""
-            if "ellm/distinct_goals" in row:
-                rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
-                      f"cache hits {row['ellm/cache_hit_rate']:.2f}")
-            share = row.get("relabel/llm_share", row.get("ellm/llm_fraction"))
-            if share is not None:  # the LLM's part of the relabels (ELLM: of the goals); falls while it is down
-                rl += f" | LLM share {share:.0%}"
-            if row.get("curriculum/unpayable_step_frac", 0.0) > 0:
-                rl += f" | unpayable steps {row['curriculum/unpayable_step_frac']:.2f}"
-            print(f"[{log.update:5d}/{cfg.num_updates}] steps {log.env_steps:>10,} | {row['sps']:8.0f} sps | "
-                  f"eps {row['epsilon']:.2f} | loss {row['loss']:.4f} | train success {row['train/success_rate']:.3f}"
-                  f"{rl}{ev}", flush=True)
-            if log.update % cfg.checkpoint_every == 0 or last:
-                trainer.save()
-            if args.max_updates and trainer.update_idx >= args.max_updates and not last:
-                stopped_early = True
-                break
-            if args.time_limit and time.time() - t0 > args.time_limit and not last:
-                stopped_early = True
-                break
-    except KeyboardInterrupt:
-        stopped_early = True
-        print("interrupted: saving a checkpoint", flush=True)
+        stopped = _train(trainer, run, metrics, opts, run_eval, t0)
+    except FloatingPointError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
-        if stopped_early:
-            trainer.save()
         trainer.close()
-        logger.close()
-
-    rows = analysis.read_jsonl(run_dir / "metrics.jsonl")
-    analysis.write_csv(rows, run_dir / "metrics.csv")
-    analysis.plot_training(rows, run_dir / "training.png")
-    if stopped_early:
-        print(f"stopped at update {trainer.update_idx}/{cfg.num_updates}; continue with: "
-              f"python examples/train_pqn.py --run-dir {run_dir} --resume", flush=True)
+        metrics.close()
+    if stopped:
+        run.write_csv()
+        print(f"stopped ({stopped}) at update {trainer.update_idx}/{cfg.num_updates}; continue with: "
+              f"python examples/train_pqn.py --run-dir {run.path} --resume", flush=True)
         return 0
-    analysis.plot_learning_curves({cfg.method: [run_dir]}, run_dir / "learning_curves.png")
-    final = json.loads((run_dir / "eval_final.json").read_text())
-    analysis.plot_instruction_bars({cfg.method: final}, run_dir / "instruction_success.png")
-    table = _mean_table(final)
-    (run_dir / "eval_final.md").write_text(
-        f"# Final evaluation ({cfg.method}, {cfg.num_seeds} seed(s), {trainer.env_steps:,} env steps, "
-        f"{cfg.eval_episodes} episodes x {cfg.eval_horizon} steps per instruction)\n\n{table}\n")
-    print("\nFinal evaluation (mean over seeds):\n" + table)
-    print(f"\ndone in {time.time() - t0:.0f}s (training loop {time.time() - t_loop:.0f}s); outputs in {run_dir}/")
+    _finish(trainer, run, cfg, run_eval)
+    print(f"\ndone in {time.time() - t0:.0f}s; outputs in {run.path}/", flush=True)
     return 0
+
+
+def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) -> str | None:
+    """The training loop; returns why it stopped early (None: it reached the last update)."""
+    from tqdm import tqdm
+
+    cfg = trainer.cfg
+    n = cfg.num_updates
+    bar = None
+    with _StopRequest() as stop:
+        try:
+            if trainer.update_idx < n:
+                print(f"update {trainer.update_idx + 1}: compiling the rollout and update programs (the first "
+                      "update of a process takes tens of seconds on a CPU)...", flush=True)
+            while trainer.update_idx < n:
+                log = trainer.iteration()
+                row = {"update": log.update, "env_steps": log.env_steps, "time": time.time() - t0, **log.metrics}
+                last = log.update == n
+                if log.update % cfg.eval.every == 0 or last:
+                    _, erow = run_eval("final" if last else f"{log.update:06d}")
+                    row.update(erow)
+                metrics.write(row)
+                line = summary_line(row, n)
+                if bar is None and opts.progress:  # started after the first update: its rate leaves out the compile
+                    bar = tqdm(total=n, initial=log.update, unit="update", dynamic_ncols=True, file=sys.stderr,
+                               disable=None)  # None: off when stderr is not a terminal (then lines are printed)
+                elif bar is not None:
+                    bar.update(log.update - bar.n)
+                if bar is not None and not bar.disable:
+                    bar.set_postfix_str(f"{row['sps']:.0f} sps, loss {row['loss']:.4f}", refresh=False)
+                    if log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row:
+                        bar.write(line)
+                elif log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row or last:
+                    print(line, flush=True)
+                if log.update % cfg.run.checkpoint_every == 0 or last:
+                    trainer.save(metrics=metrics.sync())
+                why = stop.requested
+                if not why and opts.max_updates and trainer.update_idx >= opts.max_updates and not last:
+                    why = f"--max-updates {opts.max_updates}"
+                if not why and opts.time_limit and time.time() - t0 > opts.time_limit and not last:
+                    why = f"--time-limit {opts.time_limit:g}s"
+                if why:
+                    if not last:
+                        trainer.save(metrics=metrics.sync())
+                    return why
+        except KeyboardInterrupt as e:  # a second signal: stop now, keep the newest checkpoint on disk
+            return f"{e or 'interrupted'}; the newest checkpoint is the last saved state"
+        finally:
+            if bar is not None:
+                bar.close()
+    return None
+
+
+def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval) -> None:
+    """The final outputs (evaluation, CSV, plots, table), then the completion marker, in that order."""
+    from oir_gym import analysis
+
+    if not run.eval_path("final").exists():  # killed between the last checkpoint and its evaluation file
+        run_eval("final")
+    run.write_csv()
+    rows = run.read_metrics()
+    analysis.plot_training(rows, run.path / "training.png")
+    analysis.plot_learning_curves({cfg.run.method: [rows]}, run.path / "learning_curves.png")
+    final = run.read_eval("final")
+    analysis.plot_instruction_bars({cfg.run.method: final}, run.path / "instruction_success.png")
+    table = _mean_table(final)
+    run.write_eval("final", final, markdown=(
+        f"# Final evaluation ({cfg.run.method}, {cfg.run.num_seeds} seed(s), {trainer.env_steps:,} env steps, "
+        f"{cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction)\n\n{table}\n"))
+    print("\nFinal evaluation (mean over seeds):\n" + table)
+    run.mark_complete(update=trainer.update_idx, env_steps=trainer.env_steps)
 
 
 if __name__ == "__main__":

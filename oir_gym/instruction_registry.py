@@ -10,7 +10,7 @@ instead of its cosine row: it pays exactly at its bound event(s) (the first bind
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -124,6 +124,46 @@ class InstructionRegistry:
         if not np.array_equal(mask, self.sample_mask):
             self.sample_mask = mask
             self._device = None
+
+    def find(self, texts: Iterable[str]) -> dict[str, int]:
+        """Rows of those ``texts`` already in the table (no encoding, no change of the LRU order)."""
+        return {t: self._rows[t] for t in texts if t in self._rows}
+
+    def __contains__(self, text: object) -> bool:
+        return text in self._rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot: ``capacity``, ``texts`` (per row, None when free), ``rows`` (``[text, row]`` pairs in
+        LRU order, least recent first), and the arrays ``emb``, ``event_sim``, ``achievement``, ``sample_mask``."""
+        return {"capacity": self.capacity, "texts": list(self.texts), "rows": [[t, int(r)] for t, r in self._rows.items()],
+                "emb": self.emb.copy(), "event_sim": self.event_sim.copy(), "achievement": self.achievement.copy(),
+                "sample_mask": self.sample_mask.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (``rows`` may also be a ``{text: row}`` dict in LRU order, as older
+        checkpoints stored it; a missing ``sample_mask`` is all False). The capacity and the encoder's
+        dimension must match this registry's."""
+        emb = np.array(state["emb"], np.float32)  # a copy: restored arrays may be read-only
+        if emb.shape != self.emb.shape:
+            raise ValueError(f"instruction table of shape {emb.shape} does not fit this registry's {self.emb.shape} "
+                             "(table_capacity x encoder dimension)")
+        texts = list(state["texts"])
+        pairs = state["rows"].items() if isinstance(state["rows"], dict) else state["rows"]
+        rows = OrderedDict((str(t), int(r)) for t, r in pairs)
+        if len(texts) != self.capacity or any(not 0 <= r < self.capacity or texts[r] != t for t, r in rows.items()):
+            raise ValueError("instruction registry state is inconsistent: its rows do not match its texts")
+        self.texts = texts
+        self.emb = emb
+        self.event_sim = np.array(state["event_sim"], np.float32).reshape(self.event_sim.shape)
+        self.achievement = np.array(state["achievement"], np.int32).reshape(self.achievement.shape)
+        mask = state.get("sample_mask")
+        self.sample_mask = (np.zeros_like(self.sample_mask) if mask is None
+                            else np.array(mask, bool).reshape(self.sample_mask.shape))
+        self._rows = rows
+        self._device = None
 
     def text(self, row: int) -> str:
         t = self.texts[int(row)]

@@ -17,11 +17,12 @@ import batch_composition  # noqa: E402
 
 
 def test_counts_of_a_real_oir_iteration_add_up_to_the_batch(tmp_path):
-    from agents import pqn
+    from agents.config import TrainConfig
     from agents.oir import Trainer
 
-    cfg = pqn.PQNConfig(**{**batch_composition.CPU_DEFAULTS, "method": "oir", "num_envs": 8, "num_steps": 32,
-                           "num_minibatches": 2, "total_timesteps": 8 * 32 * 10, "k": 2})
+    cfg = TrainConfig().replace(**{**batch_composition.CPU_DEFAULTS, "run.method": "oir", "pqn.num_envs": 8,
+                                   "pqn.num_steps": 32, "pqn.num_minibatches": 2, "run.total_timesteps": 8 * 32 * 10,
+                                   "oir.k": 2})
     trainer = Trainer(cfg, tmp_path / "run", log=lambda *_: None)
     trainer.init_state()
     try:
@@ -47,7 +48,9 @@ def test_counts_of_a_real_oir_iteration_add_up_to_the_batch(tmp_path):
 
 @pytest.mark.parametrize("argv, match", [
     (["--updates", "2", "--skip", "2"], "--skip must be"),
-    (["--set", "no_such_field=1"], "unknown PQNConfig field"),
+    (["--set", "no_such_field=1"], "unknown config field 'no_such_field'"),
+    (["--set", "pqn.no_such_field=1"], r"unknown config field\(s\) \['pqn.no_such_field'\]"),
+    (["--set", "pqn.max_grad_norm=-1"], "pqn.max_grad_norm=-1"),
     (["--set", "hidden_size"], "KEY=VALUE"),
 ])
 def test_bad_arguments_get_a_clear_error(argv, match):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents import pqn
+from agents.config import METHODS, TrainConfig
 from oir_gym.proposer import FALLBACK_GOALS, GOALS, GoalProposer, load_prompt, parse_observation, rule_goals, signature
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,10 +214,10 @@ def test_max_prompts_asks_the_most_frequent_signatures():
 
 
 def test_config_knows_ellm():
-    assert "ellm" in pqn.METHODS
-    pqn.PQNConfig(method="ellm", ellm_proposer="llm").validate()
-    with pytest.raises(ValueError, match="ellm_proposer"):
-        pqn.PQNConfig(method="ellm", ellm_proposer="gpt").validate()
+    assert "ellm" in METHODS
+    TrainConfig().replace(**{"run.method": "ellm", "ellm.proposer": "llm"}).validate()
+    with pytest.raises(ValueError, match="ellm.proposer"):
+        TrainConfig().replace(**{"run.method": "ellm", "ellm.proposer": "gpt"}).validate()
     with pytest.raises(ValueError, match="unknown proposer backend"):
         GoalProposer("gpt")
 
@@ -261,29 +261,29 @@ def test_ellm_trainer_pins_envs_to_proposed_goals_and_resumes(tmp_path):
 
     # episodes of 8 steps: every env resets twice per 16-step rollout, so the pins set after a
     # rollout are the instructions of the envs at the end of the next one
-    cfg = tiny(method="ellm", max_episode_steps=8)
-    rec = Recording(GoalProposer("rules", k=cfg.k))
+    cfg = tiny(**{"run.method": "ellm", "env.max_episode_steps": 8})
+    rec = Recording(GoalProposer("rules", k=cfg.ellm.k))
     tr = Trainer(cfg, tmp_path, log=lambda s: None, proposer=rec)
     tr.init_state()
     env = lambda: tr.runner[0].env  # noqa: E731
 
     log = tr.iteration()
-    assert len(rec.texts[-1]) == cfg.num_envs and rec.texts[-1][0].startswith("Facing: ")
+    assert len(rec.texts[-1]) == cfg.pqn.num_envs and rec.texts[-1][0].startswith("Facing: ")
     p1 = np.asarray(env().pinned)
     assert (p1 >= 0).all()
     for i, row in enumerate(p1):
         assert tr.registry.text(row) in rec.goals[-1][i]  # each env pinned to one of ITS goals
-    assert rec.goals[-1][0] == rule_goals(rec.texts[-1][0], cfg.k)
+    assert rec.goals[-1][0] == rule_goals(rec.texts[-1][0], cfg.ellm.k)
     m = log.metrics
     assert m["ellm/pinned_frac"] == 1.0 and m["ellm/groundable_frac"] == 1.0 and m["ellm/distinct_goals"] >= 1
-    assert m["ellm/requests"] == cfg.num_envs and "relabel/rows" not in m and np.isfinite(m["loss"])
-    assert set(p1.tolist()) <= set(tr._protected())
-    # ellm_reward="any" (default): every goal proposed for an env also pays that env's reward
+    assert m["ellm/requests"] == cfg.pqn.num_envs and "relabel/rows" not in m and np.isfinite(m["loss"])
+    assert set(p1.tolist()) <= set(tr.protected_rows())
+    # ellm.reward="any" (default): every goal proposed for an env also pays that env's reward
     also = np.asarray(env().also_pays)
-    assert also.shape == (cfg.num_envs, cfg.k)
+    assert also.shape == (cfg.pqn.num_envs, cfg.ellm.k)
     for i, g in enumerate(rec.goals[-1]):
         assert [tr.registry.text(r) for r in also[i] if r >= 0] == g
-    assert set(also[also >= 0].tolist()) <= set(tr._protected())
+    assert set(also[also >= 0].tolist()) <= set(tr.protected_rows())
 
     tr.iteration()
     np.testing.assert_array_equal(np.asarray(env().instr), p1)  # resets used the pinned goals
@@ -293,7 +293,7 @@ def test_ellm_trainer_pins_envs_to_proposed_goals_and_resumes(tmp_path):
     goals = json.loads((tmp_path / "goals.json").read_text())
     assert goals["method"] == "ellm" and goals["update"] == 2 and goals["source"] == "proposer rules"
     assert goals["total"] == sum(len(g) for it in rec.goals for g in it)
-    assert sum(it["pinned"] for it in goals["items"]) == 2 * cfg.num_envs
+    assert sum(it["pinned"] for it in goals["items"]) == 2 * cfg.pqn.num_envs
     assert {it["text"] for it in goals["items"]} == {t for it in rec.goals for g in it for t in g}
 
     # resume: the checkpoint holds everything the next iteration depends on (pins in the runner,
@@ -304,7 +304,7 @@ def test_ellm_trainer_pins_envs_to_proposed_goals_and_resumes(tmp_path):
     tr.load()
     assert (tr.update_idx, tr.generated) == (2, _counts(goals))
     np.testing.assert_array_equal(np.asarray(env().pinned), p2)
-    assert np.asarray(env().also_pays).shape == (cfg.num_envs, cfg.k)
+    assert np.asarray(env().also_pays).shape == (cfg.pqn.num_envs, cfg.ellm.k)
     again = tr.iteration()
     for a, b in zip(after[0], _params(tr)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -318,15 +318,15 @@ def test_ellm_pinned_reward_pays_only_the_pinned_goal(tmp_path):
     from agents.oir import Trainer
     from test_train_pqn import tiny
 
-    cfg = tiny(method="ellm", ellm_reward="pinned")
+    cfg = tiny(**{"run.method": "ellm", "ellm.reward": "pinned"})
     tr = Trainer(cfg, tmp_path, log=lambda s: None)
     tr.init_state()
     tr.iteration()
-    assert np.asarray(tr.runner[0].env.also_pays).shape == (cfg.num_envs, 0)
+    assert np.asarray(tr.runner[0].env.also_pays).shape == (cfg.pqn.num_envs, 0)
     assert (np.asarray(tr.runner[0].env.pinned) >= 0).all()
     tr.close()
-    with pytest.raises(ValueError, match="ellm_reward"):
-        tiny(method="ellm", ellm_reward="all").validate()
+    with pytest.raises(ValueError, match="ellm.reward"):
+        tiny(**{"run.method": "ellm", "ellm.reward": "all"}).validate()
 
 
 @pytest.mark.slow
@@ -336,7 +336,7 @@ def test_ellm_fresh_process_resume_and_script(tmp_path):
     from agents.oir import Trainer
     from test_train_pqn import tiny
 
-    cfg = tiny(method="ellm")
+    cfg = tiny(**{"run.method": "ellm"})
     a = Trainer(cfg, tmp_path / "a", log=lambda s: None)
     a.init_state()
     for _ in range(2):
@@ -353,14 +353,12 @@ def test_ellm_fresh_process_resume_and_script(tmp_path):
     b.close()
 
     run = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "examples" / "train_pqn.py"), "--method", "ellm", "--ellm-proposer", "rules",
-           "--run-dir", str(run), "--total-timesteps", "256", "--num-envs", "4", "--num-steps", "16",
-           "--hidden-size", "32", "--k", "2", "--num-minibatches", "2", "--eval-every", "4", "--eval-horizon", "8",
-           "--eval-episodes", "1"]
+    script = [sys.executable, str(ROOT / "examples" / "train_pqn.py")]
+    cmd = script + ["smoke", "--run.method", "ellm", "--ellm.proposer", "rules", "--run-dir", str(run), "--no-progress"]
     first = subprocess.run(cmd + ["--max-updates", "2"], capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "proposer=rules" in first.stdout and "goals" in first.stdout
-    second = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900)
+    second = subprocess.run(script + ["--run-dir", str(run), "--resume"], capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2, 3, 4] and all("ellm/distinct_goals" in r for r in rows)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -13,7 +12,9 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from agents import pqn  # noqa: E402
-from agents.oir import balanced_choice, build_batch  # noqa: E402
+from agents.config import PQNConfig, TrainConfig, preset  # noqa: E402
+from agents.oir import build_batch  # noqa: E402
+from agents.oir_method import balanced_choice  # noqa: E402
 from oir_gym.captions import NUM_EVENTS, VOCAB  # noqa: E402
 
 
@@ -53,35 +54,20 @@ def test_q_lambda_cut_steps_take_their_own_q_value_and_earlier_steps_bootstrap_f
 
 
 def test_epsilon_schedule_is_linear_then_flat():
-    cfg = pqn.PQNConfig(total_timesteps=1000, eps_decay=0.1, num_envs=4, num_steps=8)
-    assert float(pqn.epsilon(cfg, 0)) == pytest.approx(1.0)
-    assert float(pqn.epsilon(cfg, 50)) == pytest.approx(0.55)
-    assert float(pqn.epsilon(cfg, 100)) == pytest.approx(0.1)
-    assert float(pqn.epsilon(cfg, 900)) == pytest.approx(0.1)
-
-
-@pytest.mark.parametrize("bad, match", [
-    (dict(method="ppo"), "method"),
-    (dict(relabeler="gpt"), "relabeler"),
-    (dict(delta=1.5), "delta"),
-    (dict(num_envs=0), "num_envs"),
-    (dict(num_minibatches=3), "num_minibatches"),
-    (dict(tau_low=0.9, tau_high=0.1), "tau_low"),
-    (dict(lr=0.0), "lr"),
-    (dict(total_timesteps=10), "total_timesteps"),
-    (dict(relabel_balance=True, keep_ungrounded=True), "relabel_balance"),
-])
-def test_config_rejects_bad_values_with_clear_message(bad, match):
-    with pytest.raises(ValueError, match=match):
-        pqn.PQNConfig(**bad).validate()
+    cfg = PQNConfig(eps_decay=0.1, num_envs=4, num_steps=8)
+    assert float(pqn.epsilon(cfg, 1000, 0)) == pytest.approx(1.0)
+    assert float(pqn.epsilon(cfg, 1000, 50)) == pytest.approx(0.55)
+    assert float(pqn.epsilon(cfg, 1000, 100)) == pytest.approx(0.1)
+    assert float(pqn.epsilon(cfg, 1000, 900)) == pytest.approx(0.1)
 
 
 def test_paper_preset_matches_the_paper_table():
-    cfg = pqn.PQNConfig(**pqn.PRESETS["paper"]).validate()
-    assert (cfg.total_timesteps, cfg.num_envs, cfg.num_steps) == (10_000_000, 64, 128)
-    assert (cfg.num_minibatches, cfg.num_epochs, cfg.lr, cfg.gamma, cfg.lam) == (4, 8, 1e-5, 0.99, 0.5)
-    assert (cfg.eps_start, cfg.eps_finish, cfg.eps_decay, cfg.hidden_size) == (1.0, 0.1, 0.1, 512)
-    assert (cfg.buffer_size, cfg.delta, cfg.max_grad_norm) == (10, 0.9, 0.5)
+    cfg = preset("paper").validate()
+    p = cfg.pqn
+    assert (cfg.run.total_timesteps, p.num_envs, p.num_steps) == (10_000_000, 64, 128)
+    assert (p.num_minibatches, p.num_epochs, p.lr, p.gamma, p.lam) == (4, 8, 1e-5, 0.99, 0.5)
+    assert (p.eps_start, p.eps_finish, p.eps_decay, p.hidden_size) == (1.0, 0.1, 0.1, 512)
+    assert (cfg.oir.instruction_buffer_size, cfg.env.delta, p.max_grad_norm) == (10, 0.9, 0.5)
 
 
 def _synthetic_rollouts(T=6, E=2, D=3, emb_dim=4):
@@ -104,7 +90,8 @@ def _synthetic_rollouts(T=6, E=2, D=3, emb_dim=4):
 
 
 def test_relabeled_rows_get_reward_and_termination_at_matching_steps():
-    cfg = pqn.PQNConfig(num_envs=2, num_steps=6, k=2, num_minibatches=2, delta=0.9)
+    cfg = TrainConfig().replace(**{"pqn.num_envs": 2, "pqn.num_steps": 6, "oir.k": 2, "pqn.num_minibatches": 2,
+                                   "env.delta": 0.9})
     trajs = _synthetic_rollouts()
     sim_wood = np.full(NUM_EVENTS, 0.1, np.float32)
     sim_wood[VOCAB.event_id("collect_wood")] = 0.95
@@ -131,7 +118,7 @@ def test_relabeled_rows_get_reward_and_termination_at_matching_steps():
     np.testing.assert_array_equal(d[:, 3], [0, 0, 0, 1, 0, 1])
     np.testing.assert_array_equal(c[:, 3], [0, 0, 0, 0, 1, 1])
     # with relabel_every_match, every wood pays as a relabeled episode of its own, nothing is cut
-    b_all = build_batch(dataclasses.replace(cfg, relabel_every_match=True), trajs, table_emb, slots)
+    b_all = build_batch(cfg.replace(**{"oir.relabel_every_match": True}), trajs, table_emb, slots)
     np.testing.assert_array_equal(np.asarray(b_all["rewards"])[:, 2], [0, 1, 0, 0, 1, 0])
     np.testing.assert_array_equal(np.asarray(b_all["dones"])[:, 2], [0, 1, 0, 0, 1, 0])
     assert not np.asarray(b_all["cuts"]).any()
@@ -148,7 +135,8 @@ def test_relabeled_rows_get_reward_and_termination_at_matching_steps():
 def test_relabeled_rows_are_cut_where_the_original_instruction_succeeded_and_they_did_not_pay():
     """The env reset after the original instruction's success: for another instruction that step is
     no terminal (a 'place table' copy must not learn that collecting the wood ends everything)."""
-    cfg = pqn.PQNConfig(num_envs=2, num_steps=6, k=2, num_minibatches=2, delta=0.9)
+    cfg = TrainConfig().replace(**{"pqn.num_envs": 2, "pqn.num_steps": 6, "oir.k": 2, "pqn.num_minibatches": 2,
+                                   "env.delta": 0.9})
     trajs = _synthetic_rollouts()
     success = np.zeros((2, 6, 2), bool)
     success[0, 1, 0] = True  # env 0's own instruction ("collect wood") paid at its first wood...
@@ -184,9 +172,9 @@ def test_relabeled_rows_are_cut_where_the_original_instruction_succeeded_and_the
 def _terminal_batch(seed: int, **cfg_kw):
     """A small network and a fixed batch of T=8 steps x N=4 rows in which every step is terminal:
     the targets are the rewards, so the regression problem does not move with the parameters."""
-    cfg = pqn.PQNConfig(num_envs=4, num_steps=8, hidden_size=16, lr=1e-2, **cfg_kw)
+    cfg = PQNConfig(num_envs=4, num_steps=8, hidden_size=16, lr=1e-2, **cfg_kw)
     net = pqn.make_network(cfg, 17)
-    ts = pqn.create_train_state(jax.random.PRNGKey(0), cfg, net, 5, 3)
+    ts = pqn.create_train_state(jax.random.PRNGKey(0), cfg, net, 5, 3, num_updates=100)
     rng = np.random.default_rng(seed)
     T, N = 8, 4
     batch = dict(
@@ -227,9 +215,9 @@ def test_initial_q_values_are_small_next_to_the_unit_reward():
     # reads the tanh-bounded LSTM output; an initial max over 17 actions near 2 (what a
     # LayerNorm+ReLU head gave) makes the bootstrapped targets start far above any real return,
     # and the greedy policy never learned even "collect wood" at the paper's learning rate.
-    cfg = pqn.PQNConfig(hidden_size=512)
+    cfg = PQNConfig(hidden_size=512)
     net = pqn.make_network(cfg, 17)
-    ts = pqn.create_train_state(jax.random.PRNGKey(0), cfg, net, 888, 384)
+    ts = pqn.create_train_state(jax.random.PRNGKey(0), cfg, net, 888, 384, num_updates=100)
     rng = np.random.default_rng(0)
     T, N = 16, 64
     obs = jnp.asarray(rng.random((T, N, 888)) < 0.05, jnp.float32)

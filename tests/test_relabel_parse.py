@@ -118,7 +118,10 @@ def test_item_cap():
 def test_random_text_never_raises_and_outputs_are_filtered(raw):
     filt = CandidateFilter()
     cands, reasons = parse_candidates(raw, filt)
-    assert isinstance(reasons, dict)
+    parsed = parse_completion(raw)
+    # nothing is lost silently: every parsed item is kept or counted once under a drop reason
+    assert sum(reasons.values()) - sum(parsed.reasons.values()) == len(parsed.all) - len(cands)
+    assert isinstance(raw, str) or reasons["binary_input"] == 1
     assert all(isinstance(c, str) and filt.is_clean(c) for c in cands)
     assert len(set(cands)) == len(cands)
 

@@ -175,11 +175,22 @@ def test_internal_error_does_not_raise():
 
 
 def test_async_submit_collect(encoder):
-    llm = Scripted(delay=0.2)
+    gate = threading.Event()
+
+    class Gated(Scripted):
+        """Answers only once the test opens the gate, so 'still working' is a state, not a race."""
+
+        def generate(self, prompts, n=1, *, schema=None):
+            assert gate.wait(20)
+            return super().generate(prompts, n, schema=schema)
+
+    llm = Gated()
     rl = HindsightRelabeler(backend=llm, encoder=encoder)
     ids1 = rl.submit([wtp(), make_trajectory([(3, "collect_drink")], 64)])
     ids2 = rl.submit([wtp(seed=5)])
-    assert rl.collect() == [] or rl.pending >= 0  # non-blocking
+    assert rl.collect() == [] and rl.pending == 3  # returns at once while the LLM is busy
+    assert rl.collect(block=True, timeout=0.05) == [] and rl.pending == 3  # a timed-out wait returns nothing
+    gate.set()
     out = rl.collect(block=True, timeout=20)
     assert sorted(r.request_id for r in out) == ids1 + ids2
     assert all(r.candidates for r in out)

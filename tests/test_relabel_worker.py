@@ -327,16 +327,17 @@ def test_unreachable_server_and_a_server_that_is_not_an_llm(encoder, tmp_path):
 
 
 def test_trainer_factory_stops_on_a_broken_llm_or_warns_with_both(capsys):
-    from agents import pqn
+    from agents.config import preset
     from agents.oir import make_relabeler
 
-    cfg = pqn.PQNConfig(method="oir", relabeler="llm", llm_backend="llm_child_backends:SigillAtStart")
-    with pytest.raises(RuntimeError, match="--relabeler llm: .*SIGILL.*--relabeler rules") as err:
+    cfg = preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "llm",
+                                     "llm.backend": "llm_child_backends:SigillAtStart"})
+    with pytest.raises(RuntimeError, match="--oir.relabeler llm: .*SIGILL.*--oir.relabeler rules") as err:
         make_relabeler(cfg)
     assert "\n" not in str(err.value)
-    both = make_relabeler(pqn.PQNConfig(method="oir", relabeler="both", llm_backend=cfg.llm_backend))
+    both = make_relabeler(cfg.replace(**{"oir.relabeler": "both"}))
     err = capsys.readouterr().err
-    assert "WARNING: --relabeler both" in err and "SIGILL" in err and "relabeling with rules" in err
+    assert "WARNING: --oir.relabeler both" in err and "SIGILL" in err and "relabeling with rules" in err
     (res,) = both.relabel([traj()])
     assert res.fallback == "rules" and res.candidates
     both.close()
@@ -379,7 +380,8 @@ def test_training_whose_llm_child_is_killed_completes_every_update(tmp_path):
     from agents.oir import Trainer
     from test_train_pqn import tiny
 
-    cfg = tiny(relabeler="llm", llm_backend=SEGMENTS, total_timesteps=4 * 16 * 8, llm_per_update=2)
+    cfg = tiny(**{"oir.relabeler": "llm", "llm.backend": SEGMENTS, "run.total_timesteps": 4 * 16 * 8,
+                  "llm.per_update": 2})
     tr = Trainer(cfg, tmp_path, log=lambda s: None)  # make_relabeler checks the LLM with one real call
     tr.init_state()
     logs = [tr.iteration() for _ in range(3)]

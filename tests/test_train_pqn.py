@@ -12,18 +12,18 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from agents import pqn  # noqa: E402
+from agents.checkpoint import CheckpointError  # noqa: E402
+from agents.config import TrainConfig, preset  # noqa: E402
 from agents.oir import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny(**kw) -> pqn.PQNConfig:
-    base = dict(method="oir", relabeler="rules", total_timesteps=4 * 16 * 6, num_envs=4, num_steps=16,
-                hidden_size=32, num_epochs=2, num_minibatches=2, k=2, eval_every=1000, eval_episodes=1,
-                eval_horizon=8, checkpoint_every=1000, lr=1e-3)
-    base.update(kw)
-    return pqn.PQNConfig(**base)
+def tiny(**changes) -> TrainConfig:
+    """The smoke preset (4 envs x 16 steps, LSTM 32, K=2, rule relabeler) for 6 updates, no periodic
+    evaluation or checkpoint; ``changes`` are dotted fields, e.g. ``tiny(**{"run.method": "gt"})``."""
+    return preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "rules", "run.total_timesteps": 4 * 16 * 6,
+                                      "eval.every": 1000, "run.checkpoint_every": 1000, **changes})
 
 
 def _params(tr: Trainer):
@@ -61,18 +61,21 @@ def test_training_runs_and_resume_continues_identically(tmp_path):
     resumed.close()
 
 
-def test_load_rejects_a_checkpoint_of_another_shape(tmp_path):
-    cfg = tiny()
-    tr = Trainer(cfg, tmp_path, log=lambda s: None)
+def test_load_rejects_a_checkpoint_of_another_shape_or_method(tmp_path):
+    tr = Trainer(tiny(), tmp_path, log=lambda s: None)
     tr.init_state()
     tr.save()
-    other = Trainer(tiny(num_envs=8, num_minibatches=4), tmp_path, log=lambda s: None)
-    with pytest.raises(ValueError, match="num_envs"):
+    tr.close()
+    other = Trainer(tiny(**{"pqn.num_envs": 8, "pqn.num_minibatches": 4}), tmp_path, log=lambda s: None)
+    with pytest.raises(CheckpointError, match=r"host.json: the checkpoint has pqn.num_envs=4, this run 8"):
         other.load()
+    gt = Trainer(tiny(**{"run.method": "gt"}), tmp_path, log=lambda s: None)
+    with pytest.raises(CheckpointError, match="run.method='oir', this run 'gt'"):
+        gt.load()
 
 
 def test_evaluation_reports_all_sets(tmp_path):
-    tr = Trainer(tiny(eval_horizon=5), tmp_path, log=lambda s: None)
+    tr = Trainer(tiny(**{"eval.horizon": 5}), tmp_path, log=lambda s: None)
     tr.init_state()
     res = tr.evaluate()[0]
     assert set(res.rates) == {"original", "simple", "complex"}
@@ -81,25 +84,30 @@ def test_evaluation_reports_all_sets(tmp_path):
     assert 0.0 <= m["aggregate_score"] <= m["mean_success_rate"] <= 1.0
 
 
+def _script(run, *extra) -> list[str]:
+    """train_pqn.py arguments: the smoke preset (4 updates, evaluation and checkpoint every 2) in ``run``."""
+    return ["smoke", "--run-dir", str(run), "--no-progress", *extra]
+
+
 @pytest.mark.slow
 def test_main_job_script_writes_a_complete_run_directory(tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "examples" / "train_pqn.py"), "--relabeler", "rules", "--run-dir", str(run),
-           "--total-timesteps", "512", "--num-envs", "4", "--num-steps", "16", "--hidden-size", "32", "--k", "2",
-           "--num-minibatches", "2", "--eval-every", "4", "--eval-horizon", "8", "--eval-episodes", "1"]
+    cmd = [sys.executable, str(ROOT / "examples" / "train_pqn.py"), *_script(run)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    for name in ("config.json", "metrics.jsonl", "metrics.csv", "checkpoint.pkl", "eval_final.json", "eval_final.md",
-                 "training.png", "learning_curves.png", "instruction_success.png"):
+    for name in ("config.json", "metrics.jsonl", "metrics.csv", "checkpoints/000004/manifest.json", "eval_final.json",
+                 "eval_final.md", "training.png", "learning_curves.png", "instruction_success.png", "complete.json"):
         assert (run / name).exists(), name
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["env_steps"] == 512 and "eval/original/mean_success_rate" in rows[-1]
-    assert "Final evaluation" in out.stdout
+    assert rows[-1]["env_steps"] == 256 and "eval/original/mean_success_rate" in rows[-1]
+    assert "Final evaluation" in out.stdout and "compiling" in out.stdout
+    config = json.loads((run / "config.json").read_text())
+    assert config["pqn"]["num_envs"] == 4 and config["provenance"]["git_commit"]
     # --resume of a finished run is a no-op that still succeeds and says so
     metrics = (run / "metrics.jsonl").read_text()
-    again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900)
+    again = subprocess.run(cmd[:2] + ["--run-dir", str(run), "--resume"], capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "already complete (8/8 updates" in again.stdout
+    assert "already complete (4/4 updates" in again.stdout
     assert (run / "metrics.jsonl").read_text() == metrics
 
 
@@ -107,11 +115,12 @@ def test_main_job_refuses_to_mix_a_new_run_into_an_existing_run_dir(tmp_path, ca
     sys.path.insert(0, str(ROOT / "examples"))
     import train_pqn
 
-    (tmp_path / "metrics.jsonl").write_text('{"update": 1}\n')
-    assert train_pqn.main(["--run-dir", str(tmp_path), "--relabeler", "rules"]) == 2
+    (tmp_path / "metrics.jsonl").write_text('{"update": 1, "env_steps": 64}\n')
+    assert train_pqn.main(_script(tmp_path)) == 2
     assert "already holds a run" in capsys.readouterr().err
-    assert (tmp_path / "metrics.jsonl").read_text() == '{"update": 1}\n'  # nothing lost
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"update": 1, "env_steps": 64}\n'  # nothing lost
     assert train_pqn.main(["--run-dir", str(tmp_path / "nothing"), "--resume"]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, capsys):
@@ -119,22 +128,19 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
     import train_pqn
 
     run = tmp_path / "run"
-    tiny_args = ["--run-dir", str(run), "--relabeler", "rules", "--total-timesteps", "512", "--num-envs", "4",
-                 "--num-steps", "16", "--hidden-size", "32", "--k", "2", "--num-minibatches", "2",
-                 "--eval-every", "100", "--eval-horizon", "8", "--eval-episodes", "1"]
-    assert train_pqn.main(tiny_args + ["--max-updates", "1"]) == 0
+    assert train_pqn.main(_script(run, "--max-updates", "1")) == 0
     config_before = (run / "config.json").read_text()
     metrics_before = (run / "metrics.jsonl").read_text()
-    assert train_pqn.main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval-epsilon", "0.5"]) == 0
+    assert train_pqn.main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval.epsilon", "0.5"]) == 0
     res = json.loads((run / "eval_eps0.5.json").read_text())
     assert set(res[0]) == {"original", "simple", "complex"} and len(res[0]["original"]["rates"]) == 22
     assert "epsilon 0.5" in (run / "eval_eps0.5.md").read_text()
-    # the run itself is untouched: same config (eval_epsilon 0), no new metrics rows
+    # the run itself is untouched: same config (eval.epsilon 0), no new metrics rows
     assert (run / "config.json").read_text() == config_before
     assert (run / "metrics.jsonl").read_text() == metrics_before
     capsys.readouterr()
     assert train_pqn.main(["--run-dir", str(run), "--eval-only", "../x"]) == 2
-    assert "--eval-only tag" in capsys.readouterr().err
+    assert "evaluation tag" in capsys.readouterr().err
     assert train_pqn.main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2
 
 
@@ -142,13 +148,13 @@ def test_seeds_are_evaluated_together_exactly_as_one_by_one(tmp_path):
     from oir_gym.evaluation import evaluate_jax
 
     # epsilon 1 acts at random: over 50 steps some of the 154 envs succeed, so the comparison has content
-    tr = Trainer(tiny(num_seeds=2, eval_horizon=50, eval_epsilon=1.0), tmp_path, log=lambda s: None)
+    tr = Trainer(tiny(**{"run.num_seeds": 2, "eval.horizon": 50, "eval.epsilon": 1.0}), tmp_path, log=lambda s: None)
     tr.init_state()
     together = tr.evaluate()
     params = tr.base_params.replace(table=tr.registry.device_table())
     for s in range(2):
         p_s = jax.tree_util.tree_map(lambda x: x[s], tr.train_state.params)
-        one = evaluate_jax(tr._evaluator, jax.random.PRNGKey(10_000 + s), p_s, params, tr.eval_rows, tr.eval_cfg,
+        one = evaluate_jax(tr.evaluator, jax.random.PRNGKey(10_000 + s), p_s, params, tr.eval_rows, tr.eval_cfg,
                            tr.eval_texts, tr.eval_achs, tr.eval_sets)
         for name in one.rates:
             np.testing.assert_array_equal(together[s].rates[name], one.rates[name])
@@ -156,29 +162,78 @@ def test_seeds_are_evaluated_together_exactly_as_one_by_one(tmp_path):
 
 
 
-def test_a_run_counts_as_finished_only_once_its_final_evaluation_is_written(tmp_path):
+def _legacy_pickle(tr: Trainer) -> dict:
+    """What the pickle checkpoints of earlier versions held (``Trainer.save`` before agents.checkpoint)."""
+    reg = tr.registry.state_dict()
+    return {
+        "cfg": {"method": "oir", "relabeler": "rules", "num_envs": 4, "num_steps": 16, "hidden_size": 32, "k": 2},
+        "update": tr.update_idx, "env_steps": tr.env_steps,
+        "train_state": jax.device_get((tr.train_state.params, tr.train_state.opt_state, tr.train_state.step)),
+        "runner": jax.device_get(tr.runner), "key": jax.device_get(tr.key),
+        "buffers": [b.state_dict() for b in tr.buffers],
+        "registry": {"texts": reg["texts"], "emb": reg["emb"], "event_sim": reg["event_sim"],
+                     "achievement": reg["achievement"], "rows": dict(reg["rows"])},
+        "generated": {"counts": dict(tr.generated), "pinned": {}, "goal_rng": None},
+    }
+
+
+def _legacy_run(path) -> tuple[TrainConfig, dict]:
+    """A run directory as earlier versions left it: flat config.json, checkpoint.pkl of update 1
+    (from before EnvState.also_pays, as the oldest ones), metrics rows up to update 2."""
+    import pickle
+
+    cfg = tiny()
+    tr = Trainer(cfg, path, log=lambda s: None)
+    tr.init_state()
+    tr.iteration()
+    state = _legacy_pickle(tr)
+    tr.close()
+    del state["runner"][0].env.__dict__["also_pays"]  # what the oldest checkpoints unpickle to
+    (path / "checkpoint.pkl").write_bytes(pickle.dumps(state))
+    flat = {"method": "oir", "relabeler": "rules", "total_timesteps": 384, "num_envs": 4, "num_steps": 16,
+            "hidden_size": 32, "num_epochs": 2, "num_minibatches": 2, "k": 2, "eval_every": 1000, "eval_episodes": 1,
+            "eval_horizon": 8, "checkpoint_every": 1000, "lr": 1e-3}
+    (path / "config.json").write_text(json.dumps(flat))
+    (path / "metrics.jsonl").write_text('{"update": 1, "env_steps": 64}\n{"update": 2, "env_steps": 128}\n')
+    return cfg, state
+
+
+def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp_path, capsys):
+    """Loading refuses checkpoint.pkl (unpickling runs code); ``python -m agents.checkpoint convert``
+    converts a trusted one."""
+    from agents import checkpoint
+
     sys.path.insert(0, str(ROOT / "examples"))
     import train_pqn
 
-    assert train_pqn._finished_update(tmp_path) is None  # empty folder
-    (tmp_path / "metrics.jsonl").write_text('{"update": 1}\n{"update": 2}\n')
-    assert train_pqn._finished_update(tmp_path) is None  # stopped early: no eval_final.json
-    (tmp_path / "eval_final.json").write_text("[]")
-    assert train_pqn._finished_update(tmp_path) == 2
+    cfg, state = _legacy_run(tmp_path)
+    with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*convert"):
+        Trainer(cfg, tmp_path, log=lambda s: None).load()
+    assert train_pqn.main(["--run-dir", str(tmp_path), "--resume"]) == 2
+    assert "python -m agents.checkpoint convert" in capsys.readouterr().err
+
+    assert checkpoint.main(["convert", str(tmp_path)]) == 0
+    again = Trainer(cfg, tmp_path, log=lambda s: None)
+    host = again.load()
+    assert (again.update_idx, host["metrics_after_update"]) == (1, 1)
+    assert np.asarray(again.runner[0].env.also_pays).shape == (cfg.pqn.num_envs, 0)
+    for a, b in zip(_params(again), jax.tree_util.tree_leaves(state["train_state"][0])):
+        np.testing.assert_array_equal(a, b)
+    again.iteration()
+    again.close()
 
 
-def test_checkpoints_from_before_also_pays_still_load(tmp_path):
-    """EnvState gained ``also_pays``; a checkpoint written before has no such field and must load."""
-    import pickle
+@pytest.mark.slow
+def test_a_converted_legacy_run_resumes_to_its_end_through_the_script(tmp_path):
+    from agents import checkpoint
 
-    tr = Trainer(tiny(), tmp_path, log=lambda s: None)
-    tr.init_state()
-    tr.save()
-    path = tmp_path / "checkpoint.pkl"
-    state = pickle.loads(path.read_bytes())
-    del state["runner"][0].env.__dict__["also_pays"]  # what an older checkpoint unpickles to
-    path.write_bytes(pickle.dumps(state))
-    tr.load()
-    assert np.asarray(tr.runner[0].env.also_pays).shape == (tr.cfg.num_envs, 0)
-    tr.iteration()
-    tr.close()
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_pqn
+
+    _legacy_run(tmp_path)
+    assert checkpoint.main(["convert", str(tmp_path)]) == 0
+    # the flat config.json loads, the metrics rows after the converted checkpoint's update are cut
+    assert train_pqn.main(["--run-dir", str(tmp_path), "--resume", "--no-progress"]) == 0
+    rows = [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2, 3, 4, 5, 6] and (tmp_path / "complete.json").exists()
+    assert json.loads((tmp_path / "config.json").read_text())["pqn"]["num_envs"] == 4  # now nested

@@ -1,0 +1,345 @@
+"""Checkpoints that cannot run code, survive a kill at any moment, and say which file is damaged.
+
+A checkpoint is a folder ``<run>/checkpoints/<update:06d>/`` with three files:
+
+* ``arrays.msgpack``: every array (network parameters, optimiser state, env states, RNG keys,
+  the instruction table) as flax msgpack of a nested dict (:func:`flax.serialization.to_state_dict`).
+  Reading it (:func:`flax.serialization.msgpack_restore`) builds dicts and arrays only: unlike a
+  pickle, nothing in the file can name code to run.
+* ``host.json``: the host state (instruction buffers, registry rows, relabel statistics, update
+  index, numpy RNG states, the metrics position of :mod:`agents.run_dir`, the run's config).
+* ``manifest.json``: the format, the update, and the size and sha256 of the other two files.
+
+Writing is atomic: the three files go to a temporary folder, are fsynced, and the folder is
+renamed into place (one ``os.rename``), so a kill at any moment leaves every earlier checkpoint
+as it was and at most a temporary folder, which readers ignore. Reading checks the manifest's
+sizes and checksums first: a truncated or bit-flipped file raises :class:`CheckpointError`
+naming it. The newest ``keep`` checkpoints are kept.
+
+Old runs wrote ``checkpoint.pkl`` (a pickle). It is refused with a message; converting it is an
+explicit command, because unpickling runs whatever code the file names (only for files you trust)::
+
+    python -m agents.checkpoint convert RUN_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from agents.run_dir import CHECKPOINTS, _fsync_dir, read_json, sha256_bytes, CorruptFileError
+
+FORMAT = "oir-gym-checkpoint/1"
+ARRAYS = "arrays.msgpack"
+HOST = "host.json"
+MANIFEST = "manifest.json"
+LEGACY_PICKLE = "checkpoint.pkl"
+_STEP_DIR = re.compile(r"\d{6,}")
+
+__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "list_checkpoints", "latest_checkpoint",
+           "restore_tree", "refuse_legacy", "convert_legacy", "FORMAT", "LEGACY_PICKLE"]
+
+
+class CheckpointError(CorruptFileError):
+    """A checkpoint file is damaged, foreign, legacy, or does not fit this run; the message names the file."""
+
+
+def _checkpoint_root(run_or_ckpt_dir: str | os.PathLike) -> Path:
+    p = Path(run_or_ckpt_dir)
+    return p if p.name == CHECKPOINTS else p / CHECKPOINTS
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoint folders of a run (those with a manifest), oldest first."""
+    root = _checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and (p / MANIFEST).exists()),
+                  key=lambda p: int(p.name))
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint folder of a run, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: Mapping[str, Any],
+                    keep: int = 2) -> Path:
+    """Write checkpoint ``update`` of a run atomically and keep the newest ``keep``.
+
+    Args:
+        run_dir: the run directory (the checkpoint goes to ``run_dir/checkpoints/<update>``).
+        update: the update index the state belongs to.
+        arrays: a pytree of arrays (dicts, tuples, flax structs, namedtuples); converted with
+            :func:`flax.serialization.to_state_dict` and :func:`jax.device_get`.
+        host: JSON-serialisable host state.
+        keep: how many checkpoints to keep (>= 1); older ones are deleted after the new one is in place.
+
+    Returns:
+        The checkpoint folder. A valid checkpoint of the same update already there is kept as it
+        is (the state at one update is the same state).
+    """
+    import jax
+    from flax import serialization
+
+    if keep < 1:
+        raise ValueError(f"keep={keep} must be >= 1")
+    root = _checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{int(update):06d}"
+    if (final / MANIFEST).exists():
+        _prune(root, keep)
+        return final
+    state = serialization.to_state_dict(jax.device_get(arrays))
+    blob = serialization.msgpack_serialize(state)
+    host_bytes = json.dumps(dict(host), indent=1, default=_json_default, allow_nan=False).encode("utf-8")
+    manifest = {
+        "format": FORMAT, "update": int(update),
+        "files": {ARRAYS: {"bytes": len(blob), "sha256": sha256_bytes(blob)},
+                  HOST: {"bytes": len(host_bytes), "sha256": sha256_bytes(host_bytes)}},
+    }
+    tmp = root / f".tmp-{int(update):06d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        _write_synced(tmp / ARRAYS, blob)
+        _write_synced(tmp / HOST, host_bytes)
+        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
+        _fsync_dir(tmp)
+        os.rename(tmp, final)  # atomic: the folder appears complete or not at all
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(root)
+    _prune(root, keep)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = list_checkpoints(root)
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    for p in root.iterdir():  # temporary folders of writers that were killed
+        if p.name.startswith(".tmp-") and not _owned_by_live_process(p):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _owned_by_live_process(p: Path) -> bool:
+    try:
+        pid = int(p.name.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not JSON serialisable (host state must be JSON)")
+
+
+def _read_verified(folder: Path, name: str, spec: Mapping[str, Any]) -> bytes:
+    path = folder / name
+    if not path.exists():
+        raise CheckpointError(path, "is missing from the checkpoint")
+    data = path.read_bytes()
+    if len(data) != spec.get("bytes"):
+        raise CheckpointError(path, f"holds {len(data)} bytes, the manifest says {spec.get('bytes')}: the file was cut "
+                                    "short or changed")
+    if sha256_bytes(data) != spec.get("sha256"):
+        raise CheckpointError(path, "does not match the sha256 its manifest recorded: the file is damaged or was changed")
+    return data
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read and verify a checkpoint.
+
+    Args:
+        path: a checkpoint folder, or a run directory (its newest checkpoint).
+
+    Returns:
+        ``(arrays, host)``: the arrays as the nested state dict that was saved (restore it into a
+        template with :func:`restore_tree`) and the host state.
+
+    Raises:
+        FileNotFoundError: no checkpoint there (a legacy ``checkpoint.pkl``: :class:`CheckpointError`).
+        CheckpointError: a damaged, truncated, foreign or legacy file, named in the message.
+    """
+    from flax import serialization
+
+    folder = Path(path)
+    if not (folder / MANIFEST).exists():
+        refuse_legacy(folder)
+        latest = latest_checkpoint(folder)
+        if latest is None:
+            raise FileNotFoundError(f"no checkpoint in {folder} (expected {folder / CHECKPOINTS}/<update>/{MANIFEST})")
+        folder = latest
+    try:
+        manifest = read_json(folder / MANIFEST)
+    except CorruptFileError as e:
+        raise CheckpointError(e.path, str(e).split(": ", 1)[1]) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(folder / MANIFEST, f"is not an oir-gym checkpoint manifest (format "
+                                                 f"{manifest.get('format') if isinstance(manifest, dict) else None!r}, "
+                                                 f"expected {FORMAT!r})")
+    files = manifest.get("files", {})
+    blob = _read_verified(folder, ARRAYS, files.get(ARRAYS, {}))
+    host_bytes = _read_verified(folder, HOST, files.get(HOST, {}))
+    try:
+        arrays = serialization.msgpack_restore(blob)
+    except Exception as e:  # checksum matched, so the writer itself wrote something unreadable
+        raise CheckpointError(folder / ARRAYS, f"cannot be decoded ({type(e).__name__}: {e})") from None
+    try:
+        host = json.loads(host_bytes)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(folder / HOST, f"is not valid JSON ({e})") from None
+    return arrays, host
+
+
+def restore_tree(template: Any, state: Any, file: str | os.PathLike, prefix: str = "") -> Any:
+    """``template`` with its leaves replaced by those of ``state`` (a state dict from :func:`load_checkpoint`).
+
+    Every leaf must exist with the template's shape and dtype kind; otherwise a
+    :class:`CheckpointError` names ``file`` and the field (e.g. ``train_state/params/Dense_0/kernel``),
+    as for a checkpoint of another network size.
+    """
+    import jax
+    import numpy as np
+    from flax import serialization
+
+    tmpl = serialization.to_state_dict(template)
+
+    def check(t: Any, s: Any, path: str) -> None:
+        if isinstance(t, dict):
+            if not isinstance(s, dict):
+                raise CheckpointError(file, f"field {path or '/'} is missing or not a group in the checkpoint")
+            missing = sorted(set(map(str, t)) - set(map(str, s)))
+            extra = sorted(set(map(str, s)) - set(map(str, t)))
+            if missing or extra:
+                raise CheckpointError(file, f"field {path or '/'}: the checkpoint lacks {missing} and has extra "
+                                            f"{extra}: it was written by another method, network or code version")
+            for k in t:
+                check(t[k], s[str(k)] if str(k) in s else s[k], f"{path}/{k}" if path else str(k))
+            return
+        ta, sa = np.asarray(t), np.asarray(s)
+        if ta.shape != sa.shape:
+            raise CheckpointError(file, f"field {path} has shape {sa.shape} in the checkpoint and {ta.shape} in this "
+                                        "run: it was written for another network size or batch shape")
+        if ta.dtype.kind != sa.dtype.kind:
+            raise CheckpointError(file, f"field {path} has dtype {sa.dtype} in the checkpoint and {ta.dtype} in this run")
+
+    check(tmpl, state, prefix)
+    restored = serialization.from_state_dict(template, state)
+    return jax.tree_util.tree_map(lambda t, s: np.asarray(s, dtype=np.asarray(t).dtype), template, restored)
+
+
+def refuse_legacy(run_dir: str | os.PathLike) -> None:
+    """Raise :class:`CheckpointError` when ``run_dir`` holds only a legacy pickle checkpoint."""
+    run_dir = Path(run_dir)
+    legacy = run_dir / LEGACY_PICKLE
+    if legacy.exists() and latest_checkpoint(run_dir) is None:
+        raise CheckpointError(legacy, "is a legacy pickle checkpoint, which is not loaded because unpickling runs any "
+                                      "code the file names. If you trust the file (you wrote it), convert it once "
+                                      f"with: python -m agents.checkpoint convert {run_dir}")
+
+
+# ----------------------------------------------------------------------------- legacy conversion
+def convert_legacy(run_dir: str | os.PathLike, keep: int = 2) -> Path:
+    """Convert a trusted legacy ``checkpoint.pkl`` of a PQN run into a checkpoint folder.
+
+    THIS UNPICKLES THE FILE, which runs any code it names: use it only on files you trust. It
+    builds a :class:`~agents.oir.Trainer` from the run's ``config.json`` (no LLM), loads the
+    pickle's state into it and saves it in the new format; the pickle is left in place.
+    """
+    import pickle
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from agents.config import load_config
+    from agents.oir import Trainer
+    from agents.run_dir import RunDir
+    from oir_gym import functional as F
+
+    run_dir = Path(run_dir)
+    path = run_dir / LEGACY_PICKLE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    cfg = load_config(RunDir(run_dir).read_config())
+    cfg = cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules"})  # no LLM needed to convert
+    with open(path, "rb") as f:
+        state = pickle.load(f)  # noqa: S301  (explicit, documented: trusted files only)
+    tr = Trainer(cfg.validate(), run_dir, log=lambda s: None)
+    try:
+        tr.init_state()
+        params, opt_state, step = state["train_state"]
+        tr.train_state = tr.train_state.replace(params=params, opt_state=opt_state, step=step)
+        runner = state["runner"]
+        env = runner[0].env
+        if "also_pays" not in vars(env):  # pickles written before EnvState.also_pays existed
+            env = F.EnvState(**vars(env), also_pays=np.full((env.instr.shape[0], tr.num_also_pays), -1, np.int32))
+            runner = (runner[0].replace(env=env),) + tuple(runner[1:])
+        import jax
+
+        tr.runner = jax.tree_util.tree_map(jnp.asarray, runner)
+        tr.key = jnp.asarray(state["key"])
+        for b, sd in zip(tr.buffers, state["buffers"]):
+            b.load_state_dict(sd)
+        reg = state["registry"]
+        tr.registry.load_state_dict({"texts": list(reg["texts"]), "emb": reg["emb"], "event_sim": reg["event_sim"],
+                                     "achievement": reg["achievement"], "rows": dict(reg["rows"])})
+        tr.method.load_state_dict(state.get("generated") or {})
+        tr.update_idx, tr.env_steps = int(state["update"]), int(state["env_steps"])
+        metrics_rows = [r for r in RunDir(run_dir).read_metrics() if r["update"] <= tr.update_idx]
+        return tr.save(keep=keep, metrics_after_update=tr.update_idx if metrics_rows else None)
+    finally:
+        tr.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agents.checkpoint", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert", help="convert a TRUSTED legacy checkpoint.pkl (unpickles it: runs its code)")
+    c.add_argument("run_dir")
+    v = sub.add_parser("verify", help="check the sizes and checksums of a run's newest checkpoint")
+    v.add_argument("run_dir")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "convert":
+            out = convert_legacy(args.run_dir)
+            print(f"converted {Path(args.run_dir) / LEGACY_PICKLE} -> {out}")
+        else:
+            _, host = load_checkpoint(args.run_dir)
+            print(f"{latest_checkpoint(args.run_dir)}: ok (update {host.get('update')})")
+    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

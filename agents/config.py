@@ -1,0 +1,510 @@
+"""The configuration of a training run: nested dataclasses, presets, validation and the CLI.
+
+One :class:`TrainConfig` holds every setting of a PQN run, in parts:
+
+* ``run``  (:class:`RunConfig`): method, seeds, length, checkpoints;
+* ``pqn``  (:class:`PQNConfig`): the PQN-RNN agent (batch shape, exploration, optimiser, network);
+* ``env``  (:class:`EnvConfig`): observation mode, reward threshold delta, episode length, table size;
+* ``oir``  (:class:`OIRConfig`): hindsight relabeling and the instruction buffer (method ``oir``);
+* ``llm``  (:class:`LLMConfig`): the LLM backend, shared by the relabeler, the ELLM proposer
+  and the SB3 trainer;
+* ``ellm`` (:class:`ELLMConfig`): the ELLM baseline's goal proposer (method ``ellm``);
+* ``eval`` (:class:`EvalSettings`): periodic evaluation.
+
+``PRESETS`` names whole configurations: ``cpu`` (the CLI's default, a few minutes on a small
+CPU), ``paper`` (the paper's Craftax-Classic table, for a GPU) and ``smoke`` (the smallest run
+that goes through every part of the chosen method, seconds on a CPU; the tests use it).
+
+:meth:`TrainConfig.validate` refuses every bad value with one error naming the field, so a
+script validates before it writes anything. Old run directories wrote one flat dict of 42 to
+46 keys; :meth:`TrainConfig.from_flat_dict` reads them (:func:`load_config` reads either form).
+
+The CLI (:func:`cli`) is built by tyro from these dataclasses: the preset comes first, as a
+subcommand, then overrides of its values, and ``--help`` after a preset shows that preset's
+values::
+
+    python examples/train_pqn.py paper --pqn.num-envs 64 --run.num-seeds 3 --help
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence, get_args
+
+Method = Literal["gt", "cosine", "oir", "ellm"]
+Relabeler = Literal["rules", "llm", "both"]
+ProposerKind = Literal["rules", "llm"]
+LLMBackend = Literal["transformers", "llama_cpp", "openai", "vllm"]
+ObsMode = Literal["paper", "symbolic"]
+EllmReward = Literal["any", "pinned"]
+
+METHODS: tuple[str, ...] = get_args(Method)
+RELABELERS: tuple[str, ...] = get_args(Relabeler)
+ELLM_PROPOSERS: tuple[str, ...] = get_args(ProposerKind)
+LLM_BACKENDS: tuple[str, ...] = get_args(LLMBackend)
+
+#: ``eval.episodes`` above this is refused (the evaluation runs every episode of every
+#: instruction in one batch).
+MAX_EVAL_EPISODES = 32
+
+
+# ----------------------------------------------------------------------------- the parts
+@dataclass
+class RunConfig:
+    """What to run and for how long."""
+
+    method: Method = "oir"
+    """gt: ground-truth reward on the 22 achievements; cosine: the cosine reward on them; oir: hindsight
+    relabeling with an instruction buffer; ellm: ELLM goal proposals on the same PQN backbone."""
+    total_timesteps: int = 200_000
+    """Env steps per seed."""
+    num_seeds: int = 1
+    """Seeds trained side by side in one program."""
+    seed: int = 0
+    checkpoint_every: int = 25
+    """Updates between checkpoints."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (the newest ones)."""
+
+
+@dataclass
+class PQNConfig:
+    """The PQN-RNN agent (Gallici et al. 2024)."""
+
+    num_envs: int = 16
+    """Envs per seed."""
+    num_steps: int = 64
+    """Rollout length per update."""
+    eps_start: float = 1.0
+    eps_finish: float = 0.1
+    eps_decay: float = 0.1
+    """Fraction of training over which epsilon decays linearly."""
+    lr: float = 3e-4
+    lr_linear_decay: bool = True
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip (> 0)."""
+    num_epochs: int = 2
+    num_minibatches: int = 4
+    gamma: float = 0.99
+    lam: float = 0.5
+    """Q(lambda)'s lambda."""
+    hidden_size: int = 128
+    num_layers: int = 1
+    norm_input: bool = True
+    scan_unroll: int = 1
+    """LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)."""
+
+    @property
+    def batch_steps(self) -> int:
+        """Env steps of one update (one seed)."""
+        return self.num_envs * self.num_steps
+
+
+@dataclass
+class EnvConfig:
+    """The instruction-conditioned Craftax-Classic env."""
+
+    obs_mode: ObsMode = "paper"
+    delta: float = 0.9
+    """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
+    max_episode_steps: int = 10_000
+    table_capacity: int = 256
+    """Rows of the device instruction table."""
+
+
+@dataclass
+class OIRConfig:
+    """Hindsight instruction relabeling and the instruction buffer (method ``oir``)."""
+
+    relabeler: Relabeler = "rules"
+    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: LLM answers
+    merged with rule instructions."""
+    k: int = 4
+    """Relabeled instructions per trajectory."""
+    instruction_buffer_size: int = 10
+    """B_max: instructions new episodes draw from (the PLR-style buffer; not a replay buffer)."""
+    tau_low: float = 0.1
+    tau_high: float = 0.9
+    keep_ungrounded: bool = False
+    """Keep relabeled instructions that paid no reward on their own trajectory (the paper's Alg. 1 keeps
+    them; by default they are neither training rows nor buffer entries)."""
+    relabel_every_match: bool = False
+    """A relabeled copy pays every match, not only the first per original episode."""
+    relabel_balance: bool = False
+    """Spread the K slots over instructions (rare events kept); an extension, not in the paper."""
+    llm_lag: int = 16
+    """Rollouts kept for late LLM answers (older answers are dropped)."""
+
+
+@dataclass
+class LLMConfig:
+    """The LLM backend, shared by the OIR relabeler, the ELLM proposer and the SB3 trainer."""
+
+    backend: str = "transformers"
+    """transformers (the offline default) / llama_cpp: a local model, run in a child process;
+    openai: an OpenAI-compatible server at ``base_url``; vllm: vLLM in a child process; or
+    ``package.module:ClassName`` of any class with the backend protocol."""
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = ""
+    """Model path or name (empty: the backend's packaged default)."""
+    template: str = "segments"
+    """Relabeling prompt template."""
+    per_update: int = 2
+    """Trajectories (oir) or envs (ellm) per seed sent to the LLM each update (most eventful first)."""
+    call_timeout: float | None = None
+    """Seconds one relabeling LLM call may take (None: the backend's own limit)."""
+
+
+@dataclass
+class ELLMConfig:
+    """The ELLM baseline (Du et al. 2023) on the PQN backbone (method ``ellm``)."""
+
+    proposer: ProposerKind = "rules"
+    """rules: rule goals; llm: the LLM backend (``llm.*``), falling back to rules."""
+    k: int = 4
+    """Goals proposed per env."""
+    timeout: float = 10.0
+    """Seconds an update waits for the LLM's goals before the rule goals answer."""
+    reward: EllmReward = "any"
+    """any: a caption matching any goal proposed for the env pays; pinned: only the env's own goal."""
+
+
+@dataclass
+class EvalSettings:
+    """Periodic evaluation on the instruction sets."""
+
+    every: int = 25
+    """Updates between evaluations (and at the end)."""
+    episodes: int = 2
+    """Episodes per instruction (at most 32)."""
+    horizon: int = 300
+    """Steps per evaluation episode."""
+    epsilon: float = 0.0
+    """0: greedy evaluation."""
+    instruction_files: tuple[str, ...] = ()
+    """Further instruction sets, each ``NAME=PATH`` or ``PATH`` (named after the file); repeatable."""
+    control: bool = False
+    """Also evaluate each achievement under a mismatched and a neutral instruction (instruction-following gain)."""
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a PQN training run."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    pqn: PQNConfig = field(default_factory=PQNConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    oir: OIRConfig = field(default_factory=OIRConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    ellm: ELLMConfig = field(default_factory=ELLMConfig)
+    eval: EvalSettings = field(default_factory=EvalSettings)
+
+    # ------------------------------------------------------------ derived
+    @property
+    def method(self) -> str:
+        return self.run.method
+
+    @property
+    def batch_steps(self) -> int:
+        """Env steps of one update (one seed)."""
+        return self.pqn.batch_steps
+
+    @property
+    def num_updates(self) -> int:
+        return max(1, self.run.total_timesteps // self.batch_steps)
+
+    def rows_per_update(self) -> int:
+        """Trajectories of one update batch: the originals, plus K relabeled copies each for ``oir``."""
+        return self.pqn.num_envs * (1 + (self.oir.k if self.run.method == "oir" else 0))
+
+    # ------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain dict (what ``config.json`` holds)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
+        """From :meth:`to_dict`'s form; unknown parts or keys and wrong types are a ValueError naming them.
+
+        Missing keys keep their defaults.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
+        parts = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(d) - set(parts))
+        if unknown:
+            raise ValueError(f"unknown config part(s) {unknown}; expected some of {sorted(parts)}")
+        kwargs = {}
+        for name, value in d.items():
+            kwargs[name] = _part_from_dict(parts[name].default_factory, name, value)  # type: ignore[misc]
+        return cls(**kwargs)
+
+    @classmethod
+    def from_flat_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
+        """From the flat ``config.json`` of runs written before the nested config (``agents.pqn.PQNConfig``).
+
+        Every old key maps to one new field (``k`` to both ``oir.k`` and ``ellm.k``); keys those
+        runs did not have yet keep their defaults, which are the old defaults. Unknown keys are a
+        ValueError naming them.
+        """
+        unknown = sorted(set(d) - set(FLAT_KEYS))
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown} in a flat (pre-nested) config")
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in d.items():
+            for path in FLAT_KEYS[key]:
+                part, name = path.split(".")
+                nested.setdefault(part, {})[name] = value
+        return cls.from_dict(nested)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        """A copy with dotted-path changes, e.g. ``cfg.replace(**{"pqn.lr": 1e-3, "run.method": "gt"})``."""
+        by_part: dict[str, dict[str, Any]] = {}
+        for path, value in changes.items():
+            part, _, name = path.partition(".")
+            if not name or part not in {f.name for f in fields(self)}:
+                raise ValueError(f"unknown config field {path!r}; use part.field, e.g. 'pqn.lr'")
+            by_part.setdefault(part, {})[name] = value
+        out = self
+        for part, vals in by_part.items():
+            cur = getattr(out, part)
+            bad = sorted(set(vals) - {f.name for f in fields(cur)})
+            if bad:
+                raise ValueError(f"unknown config field(s) {[f'{part}.{b}' for b in bad]}")
+            out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **vals)})
+        return out
+
+    # ------------------------------------------------------------ validation
+    def validate(self) -> "TrainConfig":
+        """Check every field; raise one ValueError naming the field (and what to use) at the first bad one."""
+        _check_types(self)
+        r, p, e, o, l, el, ev = self.run, self.pqn, self.env, self.oir, self.llm, self.ellm, self.eval
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        for part, name, allowed in (("run", "method", METHODS), ("oir", "relabeler", RELABELERS),
+                                    ("ellm", "proposer", ELLM_PROPOSERS),
+                                    ("env", "obs_mode", get_args(ObsMode)), ("ellm", "reward", get_args(EllmReward))):
+            v = getattr(getattr(self, part), name)
+            need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
+        need(l.backend in LLM_BACKENDS or ":" in l.backend,
+             f"llm.backend={l.backend!r}; expected one of {LLM_BACKENDS} or package.module:ClassName")
+        for part, names in (("run", ("total_timesteps", "num_seeds", "checkpoint_every", "keep_checkpoints")),
+                            ("pqn", ("num_envs", "num_steps", "num_epochs", "num_minibatches", "hidden_size",
+                                     "num_layers", "scan_unroll")),
+                            ("env", ("max_episode_steps", "table_capacity")),
+                            ("oir", ("k", "instruction_buffer_size", "llm_lag")),
+                            ("llm", ("per_update",)), ("ellm", ("k",)),
+                            ("eval", ("every", "episodes", "horizon"))):
+            for name in names:
+                v = getattr(getattr(self, part), name)
+                need(v >= 1, f"{part}.{name}={v!r} must be >= 1")
+        need(r.seed >= 0, f"run.seed={r.seed} must be >= 0")
+        need(0 < p.lr < 1, f"pqn.lr={p.lr} must be in (0, 1)")
+        need(p.max_grad_norm > 0, f"pqn.max_grad_norm={p.max_grad_norm} must be > 0 (a negative clip flips the "
+                                  "gradient's sign)")
+        need(0 <= p.gamma <= 1, f"pqn.gamma={p.gamma} must be in [0, 1]")
+        need(0 <= p.lam <= 1, f"pqn.lam={p.lam} must be in [0, 1]")
+        need(0 <= p.eps_finish <= p.eps_start <= 1,
+             f"need 0 <= pqn.eps_finish ({p.eps_finish}) <= pqn.eps_start ({p.eps_start}) <= 1")
+        need(0 < p.eps_decay <= 1, f"pqn.eps_decay={p.eps_decay} must be in (0, 1]")
+        need(-1 < e.delta <= 1, f"env.delta={e.delta} is outside (-1, 1]")
+        need(0 <= o.tau_low < o.tau_high <= 1,
+             f"need 0 <= oir.tau_low ({o.tau_low}) < oir.tau_high ({o.tau_high}) <= 1")
+        need(not (o.relabel_balance and o.keep_ungrounded),
+             "oir.relabel_balance spreads slots over grounded instructions only; it cannot be combined with "
+             "oir.keep_ungrounded=True")
+        need(l.call_timeout is None or l.call_timeout > 0, f"llm.call_timeout={l.call_timeout} must be > 0 (or None)")
+        need(l.base_url.startswith(("http://", "https://")), f"llm.base_url={l.base_url!r} must be an http(s) URL")
+        need(el.timeout >= 0, f"ellm.timeout={el.timeout} must be >= 0")
+        need(ev.episodes <= MAX_EVAL_EPISODES, f"eval.episodes={ev.episodes} must be <= {MAX_EVAL_EPISODES}")
+        need(0 <= ev.epsilon <= 1, f"eval.epsilon={ev.epsilon} must be in [0, 1]")
+        eval_instruction_files(ev.instruction_files)  # format, duplicate names, files exist
+        rows = self.rows_per_update()
+        need(rows % p.num_minibatches == 0,
+             f"pqn.num_minibatches={p.num_minibatches} must divide the {rows} trajectories of an update "
+             f"(pqn.num_envs x (1 + oir.k) for oir, pqn.num_envs otherwise)")
+        need(r.total_timesteps >= self.batch_steps,
+             f"run.total_timesteps={r.total_timesteps} is less than one update ({self.batch_steps} steps = "
+             "pqn.num_envs x pqn.num_steps)")
+        return self
+
+
+FLAT_KEYS: dict[str, tuple[str, ...]] = {
+    "method": ("run.method",), "total_timesteps": ("run.total_timesteps",), "num_seeds": ("run.num_seeds",),
+    "seed": ("run.seed",), "checkpoint_every": ("run.checkpoint_every",),
+    **{k: (f"pqn.{k}",) for k in ("num_envs", "num_steps", "eps_start", "eps_finish", "eps_decay", "lr",
+                                  "lr_linear_decay", "max_grad_norm", "num_epochs", "num_minibatches", "gamma",
+                                  "lam", "hidden_size", "num_layers", "norm_input", "scan_unroll")},
+    **{k: (f"env.{k}",) for k in ("obs_mode", "delta", "max_episode_steps", "table_capacity")},
+    "relabeler": ("oir.relabeler",), "buffer_size": ("oir.instruction_buffer_size",), "tau_low": ("oir.tau_low",),
+    "tau_high": ("oir.tau_high",), "keep_ungrounded": ("oir.keep_ungrounded",),
+    "relabel_every_match": ("oir.relabel_every_match",), "relabel_balance": ("oir.relabel_balance",),
+    "llm_lag": ("oir.llm_lag",), "k": ("oir.k", "ellm.k"),
+    "llm_backend": ("llm.backend",), "llm_base_url": ("llm.base_url",), "llm_model": ("llm.model",),
+    "llm_template": ("llm.template",), "llm_per_update": ("llm.per_update",),
+    "ellm_proposer": ("ellm.proposer",), "ellm_timeout": ("ellm.timeout",), "ellm_reward": ("ellm.reward",),
+    "eval_every": ("eval.every",), "eval_episodes": ("eval.episodes",), "eval_horizon": ("eval.horizon",),
+    "eval_epsilon": ("eval.epsilon",),
+}
+"""Old flat key -> the nested field(s) it becomes."""
+
+
+# ----------------------------------------------------------------------------- helpers
+def _part_from_dict(factory: Any, part: str, value: Any) -> Any:
+    default = factory()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"config part {part!r} must be an object, got {type(value).__name__}")
+    names = {f.name for f in fields(default)}
+    unknown = sorted(set(value) - names)
+    if unknown:
+        raise ValueError(f"unknown config key(s) {[f'{part}.{k}' for k in unknown]}")
+    vals = dict(value)
+    for f in fields(default):
+        if f.name in vals and isinstance(getattr(default, f.name), tuple) and isinstance(vals[f.name], list):
+            vals[f.name] = tuple(vals[f.name])  # JSON has lists only
+    return replace(default, **vals)
+
+
+def _check_types(cfg: TrainConfig) -> None:
+    """Every field holds its declared type; every number is finite (NaN and inf are refused)."""
+    for part in fields(cfg):
+        obj = getattr(cfg, part.name)
+        if not is_dataclass(obj):
+            raise ValueError(f"config part {part.name!r} is a {type(obj).__name__}, not a {part.type}")
+        default = type(obj)()
+        for f in fields(obj):
+            v, d = getattr(obj, f.name), getattr(default, f.name)
+            path = f"{part.name}.{f.name}"
+            if f.name == "call_timeout":  # float | None
+                if v is None:
+                    continue
+                d = 1.0
+            if isinstance(d, bool):
+                ok = isinstance(v, bool)
+            elif isinstance(d, int):
+                ok = isinstance(v, int) and not isinstance(v, bool)
+            elif isinstance(d, float):
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+                if ok and not math.isfinite(v):
+                    raise ValueError(f"{path}={v!r} must be a finite number")
+            elif isinstance(d, tuple):
+                ok = isinstance(v, tuple) and all(isinstance(x, str) for x in v)
+            else:
+                ok = isinstance(v, type(d))
+            if not ok:
+                raise ValueError(f"{path}={v!r} has type {type(v).__name__}; expected {type(d).__name__}")
+
+
+def eval_instruction_files(entries: Sequence[str]) -> dict[str, Path]:
+    """``eval.instruction_files`` as ``{set name: path}``: each ``NAME=PATH`` or ``PATH`` (named after
+    the file's stem). Names must be unique and not shadow the built-in sets; the files must exist."""
+    out: dict[str, Path] = {}
+    if not entries:
+        return out
+    from oir_gym.instructions import SET_NAMES
+
+    for entry in entries:
+        name, sep, path = entry.partition("=")
+        if not sep:
+            name, path = Path(entry).stem, entry
+        if not name or not path:
+            raise ValueError(f"eval.instruction_files entry {entry!r}: expected NAME=PATH or PATH")
+        if name in out or name in SET_NAMES:
+            raise ValueError(f"eval.instruction_files: the set name {name!r} is used twice (built-in sets: "
+                             f"{SET_NAMES}); name it with NAME=PATH")
+        if not Path(path).is_file():
+            raise ValueError(f"eval.instruction_files: {path} (set {name!r}) does not exist")
+        out[name] = Path(path)
+    return out
+
+
+def load_config(d: Mapping[str, Any]) -> TrainConfig:
+    """A config from ``config.json``'s contents, nested or flat (old runs); provenance keys are ignored."""
+    d = {k: v for k, v in d.items() if k not in ("provenance", "resumed")}
+    parts = {f.name for f in fields(TrainConfig)}
+    if d and set(d) <= parts:
+        return TrainConfig.from_dict(d)
+    return TrainConfig.from_flat_dict(d)
+
+
+# ----------------------------------------------------------------------------- presets
+def _cpu() -> TrainConfig:
+    # Sized for a 2-core CPU: compile + train + evaluation in a few minutes; relabeling with the
+    # offline LLM (background worker) merged with rule instructions.
+    return TrainConfig().replace(**{"oir.relabeler": "both", "run.total_timesteps": 98_304, "eval.every": 48,
+                                    "eval.episodes": 1, "run.checkpoint_every": 16})
+
+
+def _paper() -> TrainConfig:
+    # Table "Hyperparameters used in Craftax-Classic" of the paper.
+    return TrainConfig().replace(**{
+        "run.total_timesteps": 10_000_000, "pqn.num_envs": 64, "pqn.num_steps": 128, "pqn.num_epochs": 8,
+        "pqn.num_minibatches": 4, "pqn.lr": 1e-5, "pqn.gamma": 0.99, "pqn.lam": 0.5, "pqn.eps_start": 1.0,
+        "pqn.eps_finish": 0.1, "pqn.eps_decay": 0.1, "pqn.hidden_size": 512, "pqn.num_layers": 1,
+        "pqn.max_grad_norm": 0.5, "oir.instruction_buffer_size": 10, "env.delta": 0.9, "oir.k": 4, "ellm.k": 4,
+        "eval.every": 50, "llm.per_update": 64, "eval.episodes": 4, "eval.horizon": 1000, "run.checkpoint_every": 20,
+        "pqn.scan_unroll": 8,
+    })
+
+
+def _smoke() -> TrainConfig:
+    # The smallest run through every part of a method: 4 updates of 4 envs x 16 steps, relabeling
+    # (rules), buffer, an evaluation and a checkpoint every 2 updates, the final evaluation.
+    return TrainConfig().replace(**{
+        "run.total_timesteps": 4 * 4 * 16, "pqn.num_envs": 4, "pqn.num_steps": 16, "pqn.hidden_size": 32,
+        "pqn.num_epochs": 2, "pqn.num_minibatches": 2, "pqn.lr": 1e-3, "oir.k": 2, "ellm.k": 2,
+        "eval.every": 2, "eval.episodes": 1, "eval.horizon": 8, "run.checkpoint_every": 2,
+    })
+
+
+#: Name -> (description, factory) of the named configurations.
+PRESETS: dict[str, tuple[str, Any]] = {
+    "cpu": ("CPU default: OIR with the offline LLM + rules, 98,304 env steps (a few minutes on 2 cores)", _cpu),
+    "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
+    "smoke": ("The smallest run through every part of the method (4 updates; seconds on a CPU)", _smoke),
+}
+DEFAULT_PRESET = "cpu"
+
+
+def preset(name: str) -> TrainConfig:
+    """A fresh copy of preset ``name`` (not validated)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    return PRESETS[name][1]()
+
+
+# ----------------------------------------------------------------------------- CLI
+def cli(options_type: type, args: Sequence[str] | None = None, *, base: TrainConfig | None = None,
+        description: str | None = None, default_preset: str = DEFAULT_PRESET) -> Any:
+    """Parse a command line into ``options_type``, a dataclass with a ``config: TrainConfig`` field
+    (its flags appear without a prefix: ``--pqn.lr``) beside the script's own options.
+
+    Without ``base``, the first argument may name a preset (``cpu``, ``paper``, ``smoke``; default
+    ``default_preset``); the flags after it override that preset's values, and ``--help`` there
+    shows them. With ``base`` (a resumed run's saved config) the flags override ``base`` and no
+    preset may be named. Booleans are flags (``--oir.keep-ungrounded`` /
+    ``--oir.no-keep-ungrounded``), enums take only their choices, numbers only numbers: anything
+    else is a usage error (exit status 2) before the script does anything.
+    """
+    import sys
+
+    import tyro
+
+    argv = list(sys.argv[1:] if args is None else args)
+    if base is not None:
+        if argv and argv[0] in PRESETS:
+            print(f"error: a resumed run keeps its saved config; preset {argv[0]!r} cannot be applied to it "
+                  "(override single fields instead, e.g. --eval.epsilon 0.05)", file=sys.stderr)
+            raise SystemExit(2)
+        return tyro.cli(options_type, default=options_type(config=base), args=argv, description=description)
+    if not argv or argv[0] not in PRESETS:
+        if not (argv and argv[0] in ("-h", "--help")):  # bare --help lists the presets
+            argv = [default_preset] + argv
+    configs = {name: (desc, options_type(config=factory())) for name, (desc, factory) in PRESETS.items()}
+    return tyro.extras.overridable_config_cli(configs, args=argv, description=description)

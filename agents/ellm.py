@@ -1,0 +1,134 @@
+"""Method ``ellm``: the ELLM baseline (Du et al. 2023) on the PQN backbone.
+
+After each rollout (:meth:`ELLMProposals.update_batch`) the batch is the original trajectories,
+and a :class:`~oir_gym.proposer.GoalProposer` proposes up to K goals from every env's CURRENT
+textual observation; they are registered in the instruction table and each env is pinned to one
+of its goals (drawn uniformly; it applies at the env's next reset). The reward is the env's
+cosine reward against that goal and, with ``ellm.reward="any"`` (default), against every other
+goal proposed for the env (``EnvState.also_pays``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from agents.methods import TrainingMethod
+from oir_gym import functional as F
+from oir_gym.text import batch_text
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agents.config import TrainConfig
+    from agents.oir import Trainer
+
+
+class ELLMProposals(TrainingMethod):
+    """``ellm``: envs pinned to goals an LLM (or the rules) proposes from their text observations.
+
+    Args:
+        trainer: the trainer.
+        proposer: the goal proposer of ``cfg.ellm.proposer``.
+    """
+
+    name = "ellm"
+    generated_file = "goals.json"
+
+    def __init__(self, trainer: "Trainer", proposer: Any) -> None:
+        super().__init__(trainer)
+        self.proposer = proposer
+        self.pinned_counts: Counter = Counter()  # goals envs were pinned to
+        self._goal_rng = np.random.default_rng(self.cfg.run.seed + 7919)
+
+    @staticmethod
+    def also_pays_slots(cfg: "TrainConfig") -> int:
+        return cfg.ellm.k if cfg.ellm.reward == "any" else 0
+
+    @classmethod
+    def table_capacity(cls, cfg: "TrainConfig", n_eval: int) -> int:
+        # rows in use (current + pinned goal [+ all K goals] of every env) beside the evaluation rows
+        return max(cfg.env.table_capacity,
+                   n_eval + (2 + cls.also_pays_slots(cfg)) * cfg.run.num_seeds * cfg.pqn.num_envs + 32)
+
+    def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
+        batch = self.trainer.build_batch(traj)
+        # goals for the next episodes, from the states the envs continue from
+        return batch, self.propose_goals(np.unique(host["instr"]))
+
+    def propose_goals(self, rollout_rows: np.ndarray) -> dict[str, float]:
+        """Goals from every env's current text observation; pin each env to one of them.
+
+        The rows of this rollout's instructions (``rollout_rows``) stay protected from reuse, so
+        the batch built from it still reads the right embeddings.
+        """
+        tr = self.trainer
+        t0 = time.time()
+        bstate = tr.runner[0]
+        texts, _ = batch_text(bstate.env.craftax)
+        goals = self.proposer.propose(texts)
+        chosen = [g[int(self._goal_rng.integers(len(g)))] if g else "" for g in goals]
+        for g in goals:
+            self.generated.update(dict.fromkeys(g, 1))
+        self.pinned_counts.update(t for t in chosen if t)
+        protected = set(tr.protected_rows()) | {int(r) for r in rollout_rows}
+        n_also = self.also_pays_slots(self.cfg)
+        # "any": every proposed goal needs a row (it pays); "pinned": only the chosen ones
+        uniq = sorted({t for g in goals for t in g[:n_also]} | {t for t in chosen if t})
+        try:
+            row_of = dict(zip(uniq, tr.registry.rows(uniq, protected=protected).tolist()))
+        except (ValueError, RuntimeError, KeyError) as e:  # table full or a bad text: keep what is there
+            tr.log(f"ellm: could not register the proposed goals ({type(e).__name__}: {e}); "
+                   "pinning only goals already in the table")
+            row_of = tr.registry.find(uniq)
+        pinned = np.array([row_of.get(t, -1) for t in chosen], np.int32)
+        bstate = F.set_pinned(bstate, jnp.asarray(pinned))
+        if n_also:  # from now on every goal proposed for an env pays its reward
+            also = np.full((len(goals), n_also), -1, np.int32)
+            for i, g in enumerate(goals):
+                rows = [row_of[t] for t in g[:n_also] if t in row_of]
+                also[i, : len(rows)] = rows
+            bstate = F.set_also_pays(bstate, jnp.asarray(also))
+        tr.runner = (bstate,) + tuple(tr.runner[1:])
+        ok = pinned[pinned >= 0]
+        groundable = 1.0 - tr.unpayable_frac(ok) if len(ok) else 0.0
+        stats = self.proposer.stats()
+        metrics = {
+            "ellm/distinct_goals": float(len(self.generated)),
+            "ellm/distinct_goals_update": float(len({t for g in goals for t in g})),
+            "ellm/distinct_pinned": float(len(set(ok.tolist()))),
+            "ellm/goals_per_env": float(np.mean([len(g) for g in goals])),
+            "ellm/pinned_frac": float(len(ok) / max(len(pinned), 1)),
+            # goals some caption matches above delta (others can never pay a reward)
+            "ellm/groundable_frac": float(groundable),
+            "ellm/propose_s": time.time() - t0,
+        }
+        for k in ("requests", "cache_hit_rate", "fallbacks", "llm_calls", "llm_prompts", "llm_timeouts", "llm_errors",
+                  "llm_busy", "llm_fraction", "latency_mean_s", "llm_restarts", "llm_down_seconds"):
+            if isinstance(stats.get(k), (int, float)):
+                metrics[f"ellm/{k}"] = float(stats[k])
+        return metrics
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"counts": dict(self.generated), "pinned": dict(self.pinned_counts),
+                "goal_rng": self._goal_rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.pinned_counts = Counter(state.get("pinned", {}))
+        if state.get("goal_rng") is not None:
+            self._goal_rng.bit_generator.state = state["goal_rng"]
+
+    def generated_payload(self) -> dict[str, Any]:
+        """Every goal proposed (``count``: per env and update) and how often an env was pinned to it."""
+        items = [{"text": t, "count": int(c), "pinned": int(self.pinned_counts.get(t, 0))}
+                 for t, c in sorted(self.generated.items(), key=lambda kv: (-kv[1], kv[0]))]
+        return {"method": "ellm", "source": f"proposer {self.cfg.ellm.proposer}",
+                "what": "goals proposed (one count per env and update)", "items": items}
+
+    def close(self) -> None:
+        if self.proposer is not None and hasattr(self.proposer, "close"):
+            self.proposer.close()

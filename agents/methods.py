@@ -1,0 +1,108 @@
+"""The per-method part of a PQN iteration, behind one small interface.
+
+:class:`~agents.oir.Trainer` runs what every method shares (rollout, return bookkeeping, the
+PQN update, evaluation, checkpoints) and asks its :class:`TrainingMethod` for the rest:
+
+* which instructions new episodes draw (:meth:`TrainingMethod.buffer_rows`),
+* the update batch built from a rollout, and the method's own metrics (:meth:`TrainingMethod.update_batch`),
+* which instruction-table rows can pay a reward (:meth:`TrainingMethod.payable_rows`),
+* its host state for checkpoints (:meth:`TrainingMethod.state_dict`) and the file of generated
+  instructions it writes (:meth:`TrainingMethod.generated_payload`).
+
+The methods: :class:`GroundTruth` (``gt``) and :class:`Cosine` (``cosine``) here, which train on
+the 22 original instructions; :class:`agents.oir_method.OIRRelabeling` (``oir``) and
+:class:`agents.ellm.ELLMProposals` (``ellm``). A method talks to the trainer only through the
+trainer's public attributes and methods.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agents.config import TrainConfig
+    from agents.oir import Trainer
+
+
+class TrainingMethod:
+    """Train on the original instructions with the env's reward (the base of every method).
+
+    Args:
+        trainer: the trainer this method belongs to (its public API only).
+    """
+
+    name: ClassVar[str] = ""
+    #: the env's reward: 0 cosine similarity of captions to the instruction, 1 the ground truth
+    reward_mode: ClassVar[int] = 0
+    #: file of the instructions this method generated (``None``: none)
+    generated_file: ClassVar[str | None] = None
+
+    def __init__(self, trainer: "Trainer") -> None:
+        self.trainer = trainer
+        self.cfg = trainer.cfg
+        #: generated instruction text -> count (oir: offered to the buffers; ellm: proposed)
+        self.generated: Counter = Counter()
+
+    # ------------------------------------------------------------ sizes (before the trainer exists)
+    @staticmethod
+    def table_capacity(cfg: "TrainConfig", n_eval: int) -> int:
+        """Rows of the instruction table this method needs (``n_eval`` evaluation rows included)."""
+        return cfg.env.table_capacity
+
+    @staticmethod
+    def also_pays_slots(cfg: "TrainConfig") -> int:
+        """Extra rows per env whose captions also pay (ELLM's other proposed goals); 0 for the rest."""
+        return 0
+
+    # ------------------------------------------------------------ per iteration
+    def buffer_rows(self, seed: int) -> np.ndarray:
+        """Table rows new episodes of seed ``seed`` draw their instruction from."""
+        return self.trainer.orig_rows
+
+    def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
+        """The PQN update batch from this iteration's rollout, and the method's metrics.
+
+        Args:
+            traj: the rollout on device (leaves ``[S, T, E, ...]``, see :func:`agents.oir.make_rollout`).
+            host: host copies of ``instr``, ``events``, ``action``, ``done``, ``reward``, ``ep_return``, ``success``.
+        """
+        return self.trainer.build_batch(traj), {}
+
+    def payable_rows(self) -> np.ndarray:
+        """``[capacity]`` bool: table rows whose instruction some caption can pay (above delta)."""
+        reg = self.trainer.registry
+        return reg.event_sim.max(axis=1) > self.cfg.env.delta
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON host state for checkpoints."""
+        return {"counts": dict(self.generated)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generated = Counter(state.get("counts", {}))
+
+    def generated_payload(self) -> dict[str, Any] | None:
+        """Contents of :attr:`generated_file` (``None``: the method writes none)."""
+        return None
+
+    def close(self) -> None:
+        """Stop background workers (LLM clients)."""
+
+
+class Cosine(TrainingMethod):
+    """``cosine``: PQN with the cosine reward on the 22 original instructions."""
+
+    name = "cosine"
+
+
+class GroundTruth(TrainingMethod):
+    """``gt``: PQN with the ground-truth reward (the instruction's achievement) on the 22 original instructions."""
+
+    name = "gt"
+    reward_mode = 1
+
+    def payable_rows(self) -> np.ndarray:
+        return self.trainer.registry.achievement >= 0

@@ -1,0 +1,246 @@
+"""Method ``oir``: hindsight instruction relabeling with an instruction buffer (steps 2-4 of the paper's loop).
+
+After each rollout (:meth:`OIRRelabeling.update_batch`):
+
+2. **Relabel** (host): every env's segment becomes a :class:`~oir_gym.trajectory.Trajectory`; the
+   relabeler proposes up to K instructions. Rule instructions come back at once; LLM answers run
+   in a background worker and are used one iteration later (their rollout is kept), so the loop
+   never waits on the LLM.
+3. **Ground** (device): each candidate's rewards and terminations along its trajectory are
+   recomputed from the stored events (:func:`agents.oir.build_batch`).
+4. **Buffer**: the candidates that paid a reward are inserted into each seed's PLR-style
+   :class:`~oir_gym.buffer.InstructionBuffer`, whose contents new episodes draw uniformly.
+
+The update batch D is the original trajectories plus the relabeled copies.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agents.methods import TrainingMethod
+from oir_gym.captions import NUM_EVENTS
+from oir_gym.trajectory import Trajectory
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agents.oir import Trainer
+
+
+def balanced_choice(candidates: Sequence[Sequence[str]], k: int) -> list[list[str]]:
+    """Up to ``k`` instructions per trajectory, spreading the rows over instructions.
+
+    Round by round, each trajectory in turn takes, among its candidates not yet taken, the one
+    with the fewest rows so far (ties: the candidate's own order). A frequent instruction then
+    fills a trajectory's slots only after the rarer ones it also accomplished.
+
+    Args:
+        candidates: per trajectory, its candidate texts in the relabeler's order (no repeats).
+        k: slots per trajectory.
+
+    Returns:
+        Per trajectory, the chosen texts in the order they were taken.
+    """
+    counts: Counter = Counter()
+    chosen: list[list[str]] = [[] for _ in candidates]
+    for _ in range(k):
+        for i, cands in enumerate(candidates):
+            left = [c for c in cands if c not in chosen[i]]
+            if left:
+                pick = min(left, key=lambda c: counts[c])  # min keeps the first of equal counts
+                chosen[i].append(pick)
+                counts[pick] += 1
+    return chosen
+
+
+class OIRRelabeling(TrainingMethod):
+    """``oir``: relabeled copies of the rollout's trajectories in the batch, an instruction buffer per seed.
+
+    Args:
+        trainer: the trainer.
+        relabeler: the relabeler of ``cfg.oir.relabeler`` (an LLM relabeler runs asynchronously).
+        rules: with an LLM relabeler and ``cfg.oir.relabeler == "both"`` or ``"llm"``: the rule
+            relabeler whose candidates are merged with the LLM's (``"both"``).
+    """
+
+    name = "oir"
+    generated_file = "instructions.json"
+
+    def __init__(self, trainer: "Trainer", relabeler: Any, rules: Any = None) -> None:
+        super().__init__(trainer)
+        self.relabeler = relabeler
+        self.rules = rules
+        self.async_llm = self.cfg.oir.relabeler in ("llm", "both")
+        #: recent rollouts, newest first (LLM answers arrive late)
+        self.history: list = []
+        self.history_len = self.cfg.oir.llm_lag if self.async_llm else 1
+        self.stale_llm = 0
+        #: the last iteration's relabeled texts per seed (one per batch row, "" for padding)
+        self.last_texts: list[list[str]] = []
+
+    # ------------------------------------------------------------ the hooks
+    def buffer_rows(self, seed: int) -> np.ndarray:
+        tr = self.trainer
+        return tr.registry.rows(tr.buffers[seed].contents(), protected=tr.protected_rows())
+
+    def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
+        slots, metrics = self.relabel(host)
+        self.history = [traj] + self.history[: self.history_len - 1]
+        ring = self.history + [traj] * (self.history_len - len(self.history))
+        stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)
+        batch = self.trainer.build_batch(stacked, slots)
+        # steps of relabeled copies without a target: after the copy's first success in an original
+        # episode, or where the original instruction's success ended the episode
+        metrics["relabel/cut_steps"] = float(jnp.sum(batch["cuts"]) / self.trainer.S)
+        return batch, metrics
+
+    def generated_payload(self) -> dict[str, Any]:
+        """Every relabeled instruction offered to a buffer, with counts (the buffer's priority order
+        decides which of them it keeps)."""
+        cfg = self.cfg
+        return {
+            "method": "oir", "source": f"relabeler {cfg.oir.relabeler}",
+            "what": ("instructions offered to the instruction buffers (one count per seed and update; "
+                     + ("grounded or not)" if cfg.oir.keep_ungrounded else "only those that paid a reward)")),
+            "items": [{"text": t, "count": int(c)} for t, c in sorted(self.generated.items(), key=lambda kv: (-kv[1], kv[0]))],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "stale_llm": self.stale_llm}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.stale_llm = int(state.get("stale_llm", 0))
+        # Rollouts awaiting LLM answers are not checkpointed: those answers are lost on resume.
+        self.history = []
+
+    def close(self) -> None:
+        for r in (self.relabeler, self.rules):
+            if r is not None and hasattr(r, "close"):
+                r.close()
+
+    # ------------------------------------------------------------ relabeling
+    def trajectories(self, host: dict, update: int) -> list[Trajectory]:
+        """Every env's segment of this rollout as a :class:`Trajectory` (``meta``: seed and update)."""
+        tr = self.trainer
+        out = []
+        for s in range(tr.S):
+            for e in range(self.cfg.pqn.num_envs):
+                out.append(Trajectory(
+                    instruction=tr.registry.text(host["instr"][s, 0, e]), events=host["events"][s, :, e],
+                    actions=host["action"][s, :, e], dones=host["done"][s, :, e], env_id=e,
+                    meta={"seed": s, "update": update},
+                ))
+        return out
+
+    def slots(self, results) -> tuple[dict, list[list[str]], np.ndarray]:
+        """Relabel rows per seed from results of this or recent rollouts (``meta["update"]``)."""
+        tr, cfg = self.trainer, self.cfg
+        S = tr.S
+        R = cfg.pqn.num_envs * cfg.oir.k
+        rows: list[list[tuple[int, int, str, bool]]] = [[] for _ in range(S)]
+        if cfg.oir.relabel_balance:  # every grounded event came back (make_relabeler); keep K per trajectory
+            by_seed: list[list] = [[] for _ in range(S)]
+            for r in results:
+                by_seed[r.trajectory.meta["seed"]].append(r)
+            for s, rs in enumerate(by_seed):
+                picks = balanced_choice([list(dict.fromkeys(c.text for c in r.candidates if c.grounded)) for r in rs],
+                                        cfg.oir.k)
+                for r, texts_r in zip(rs, picks):
+                    age = tr.update_idx - r.trajectory.meta["update"]
+                    rows[s] += [(age, r.trajectory.env_id, t, True) for t in texts_r]
+        else:
+            for r in results:
+                m = r.trajectory.meta
+                age = tr.update_idx - m["update"]
+                for c in r.candidates:
+                    rows[m["seed"]].append((age, r.trajectory.env_id, c.text, c.grounded))
+        src = np.zeros((S, R), np.int32)
+        env = np.zeros((S, R), np.int32)
+        valid = np.zeros((S, R), bool)
+        texts = [["" for _ in range(R)] for _ in range(S)]
+        for s in range(S):
+            # grounded candidates first (they carry reward), then older rollouts (LLM answers)
+            chosen = sorted(rows[s], key=lambda x: (not x[3], -x[0]))[:R]
+            for j, (sr, e, t, _) in enumerate(chosen):
+                src[s, j], env[s, j], valid[s, j], texts[s][j] = sr, e, True, t
+        uniq = sorted({t for ts in texts for t in ts if t})
+        emb = np.zeros((S, R, tr.encoder.dim), np.float32)
+        sim = np.full((S, R, NUM_EVENTS), -1.0, np.float32)
+        if uniq:
+            u_emb = tr.encoder.encode(uniq)
+            u_sim = tr.registry.similarity_to_events(u_emb)
+            pos = {t: i for i, t in enumerate(uniq)}
+            for s in range(S):
+                for j, t in enumerate(texts[s]):
+                    if t:
+                        emb[s, j], sim[s, j] = u_emb[pos[t]], u_sim[pos[t]]
+        slots = dict(src=jnp.asarray(src), env=jnp.asarray(env), emb=jnp.asarray(emb), sim=jnp.asarray(sim),
+                     valid=jnp.asarray(valid))
+        return slots, texts, valid
+
+    def llm_subset(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        """The ``llm.per_update`` trajectories per seed with the most distinct achievement events.
+
+        A small LLM on a CPU answers in seconds per trajectory while an update takes about a
+        second: asking about every trajectory would only queue answers that arrive too late to
+        use. Eventful trajectories are the ones worth an LLM's reading.
+        """
+        n = self.cfg.llm.per_update
+        if n >= self.cfg.pqn.num_envs:
+            return trajs
+        chosen = []
+        for s in range(self.trainer.S):
+            mine = [t for t in trajs if t.meta["seed"] == s]
+            score = [int(t.events[:, :22].any(axis=0).sum()) for t in mine]
+            order = np.argsort(score, kind="stable")[::-1][:n]
+            chosen += [mine[i] for i in order]
+        return chosen
+
+    def relabel(self, host: dict) -> tuple[dict, dict[str, float]]:
+        """Relabel this rollout (and collect late LLM answers): the batch's relabel slots and the
+        relabel metrics; grounded candidates go into the seeds' buffers."""
+        tr, cfg = self.trainer, self.cfg
+        trajs = self.trajectories(host, tr.update_idx)
+        stats: dict[str, float] = {}
+        if self.async_llm:
+            results = self.rules.relabel(trajs) if cfg.oir.relabeler == "both" else []
+            self.relabeler.submit(self.llm_subset(trajs))
+            late = self.relabeler.collect(block=False)
+            fresh = [r for r in late if tr.update_idx - r.trajectory.meta["update"] < self.history_len]
+            self.stale_llm += len(late) - len(fresh)
+            results += fresh
+            stats["relabel/llm_results"] = float(len(fresh))
+            stats["relabel/llm_stale"] = float(self.stale_llm)
+            stats["relabel/llm_pending"] = float(self.relabeler.pending)
+            llm_stats = self.relabeler.stats()
+            for k in ("calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
+                      "prompt_tokens_mean", "candidates_llm", "share", "restarts", "down_seconds"):
+                if isinstance(llm_stats.get(k), (int, float)):
+                    stats[f"relabel/llm_{k}"] = float(llm_stats[k])
+        else:
+            results = self.relabeler.relabel(trajs)
+        slots, texts, valid = self.slots(results)
+        self.last_texts = texts
+        stats["relabel/rows"] = float(valid.sum() / tr.S)
+        stats["relabel/grounded_frac"] = float(np.mean([c.grounded for r in results for c in r.candidates] or [0.0]))
+        # buffer: insert this iteration's candidates that paid a reward on their trajectory (all of
+        # them with cfg.oir.keep_ungrounded, as the paper's Alg. 1). An ungrounded one, such as the
+        # rules' "A then B" compounds that never exceed delta against any caption, can never succeed
+        # as an episode instruction, and its R = 0 would rank it ahead of every failing-but-learnable
+        # instruction (R in (0, tau_low]) in the buffer's priority order. The relabelers the trainer
+        # builds already drop ungrounded candidates unless cfg.oir.keep_ungrounded; this check holds
+        # the buffer to the config for a relabeler passed in (Trainer(relabeler=...)) as well.
+        grounded = [set() for _ in range(tr.S)]
+        for r in results:
+            grounded[r.trajectory.meta["seed"]].update(c.text for c in r.candidates if c.grounded)
+        for s in range(tr.S):
+            cands = [t for t in dict.fromkeys(texts[s]) if t and (cfg.oir.keep_ungrounded or t in grounded[s])]
+            if cands:
+                tr.buffers[s].insert(cands)
+                self.generated.update(cands)
+        return slots, stats

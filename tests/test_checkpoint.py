@@ -1,0 +1,154 @@
+"""Checkpoints: no code execution, atomic under a kill, checksums naming the damaged file, last N kept."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+from flax import struct  # noqa: E402
+
+from agents.checkpoint import (ARRAYS, HOST, MANIFEST, CheckpointError, latest_checkpoint, list_checkpoints,  # noqa: E402
+                               load_checkpoint, refuse_legacy, restore_tree, save_checkpoint)
+
+ROOT = Path(__file__).resolve().parents[1]
+Pair = namedtuple("Pair", "mu nu")
+
+
+@struct.dataclass
+class Box:
+    weights: np.ndarray
+    flags: np.ndarray
+
+
+def _tree(scale: float = 1.0, hidden: int = 8):
+    return {"box": Box(np.full((3, hidden), scale, np.float32), np.array([True, False])),
+            "opt": Pair(np.zeros(hidden, np.float32), np.ones(2, np.int32)),
+            "key": jax.random.PRNGKey(3), "carry": (np.zeros(2), np.ones(2))}
+
+
+def test_round_trip_restores_every_leaf_and_the_host_state(tmp_path):
+    tree = _tree(2.0)
+    folder = save_checkpoint(tmp_path, 7, tree, {"update": 7, "buffer": ["collect wood"], "rng": 2**100})
+    assert folder == tmp_path / "checkpoints" / "000007"
+    arrays, host = load_checkpoint(tmp_path)
+    assert host == {"update": 7, "buffer": ["collect wood"], "rng": 2**100}
+    out = restore_tree(_tree(0.0), arrays, folder / ARRAYS)
+    assert isinstance(out["box"], Box) and isinstance(out["opt"], Pair)
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(tree)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    for u in (2, 4, 6, 8):
+        save_checkpoint(tmp_path, u, _tree(u), {"update": u}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["000006", "000008"]
+    assert load_checkpoint(tmp_path)[1]["update"] == 8
+
+
+@pytest.mark.parametrize("target, damage", [(ARRAYS, "flip"), (ARRAYS, "truncate"), (HOST, "flip"),
+                                            (MANIFEST, "truncate")])
+def test_a_damaged_file_is_an_error_naming_it(tmp_path, target, damage):
+    folder = save_checkpoint(tmp_path, 1, _tree(), {"update": 1, "note": "x" * 100})
+    path = folder / target
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        for i in range(len(data) // 2, len(data) // 2 + 64):  # 64 flipped bytes (resumed silently before)
+            data[i] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=str(path)):
+        load_checkpoint(tmp_path)
+
+
+def test_another_network_size_is_an_error_naming_the_field(tmp_path):
+    folder = save_checkpoint(tmp_path, 1, _tree(hidden=8), {})
+    arrays, _ = load_checkpoint(folder)
+    with pytest.raises(CheckpointError, match=r"field box/weights has shape \(3, 8\) in the checkpoint and \(3, 16\)"):
+        restore_tree(_tree(hidden=16), arrays, folder / ARRAYS)
+    other = {"params": np.zeros(3)}
+    with pytest.raises(CheckpointError, match=r"field /: the checkpoint lacks \['params'\]"):
+        restore_tree(other, arrays, folder / ARRAYS)
+
+
+def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_readable(tmp_path):
+    """SIGKILL a process that keeps writing large checkpoints; what is on disk must load and verify."""
+    code = (
+        "import sys, numpy as np; sys.path.insert(0, %r)\n"
+        "from agents.checkpoint import save_checkpoint\n"
+        "big = {'w': np.random.default_rng(0).random(8_000_000).astype(np.float32)}\n"
+        "save_checkpoint(%r, 0, big, {'update': 0})\n"
+        "print('first', flush=True)\n"
+        "u = 1\n"
+        "while True:\n"
+        "    save_checkpoint(%r, u, {'w': big['w'] + u}, {'update': u}, keep=1)\n"
+        "    u += 1\n"
+    ) % (str(ROOT), str(tmp_path), str(tmp_path))
+    for delay in (0.05, 0.4, 0.9):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "first"
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        arrays, host = load_checkpoint(tmp_path)  # verifies sizes and checksums
+        base = np.random.default_rng(0).random(8_000_000).astype(np.float32)[:5]
+        np.testing.assert_array_equal(arrays["w"][:5], base + np.float32(host["update"]))
+        assert latest_checkpoint(tmp_path).name == f"{host['update']:06d}"
+    # a later save cleans up the temporary folders of killed writers
+    save_checkpoint(tmp_path, 10_000, {"w": np.zeros(2)}, {"update": 10_000}, keep=1)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["010000"]
+
+
+class _Payload:
+    """A pickle that runs code when loaded (what a malicious checkpoint.pkl would hold)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_crafted_checkpoint_cannot_run_code(tmp_path):
+    marker = tmp_path / "code_ran"
+    payload = pickle.dumps(_Payload(marker))
+    # (a) the pickle in place of the arrays, with a manifest whose checksums match it
+    folder = save_checkpoint(tmp_path / "run", 1, {"w": np.zeros(2)}, {"update": 1})
+    (folder / ARRAYS).write_bytes(payload)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    import hashlib
+
+    manifest["files"][ARRAYS] = {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="cannot be decoded"):
+        load_checkpoint(tmp_path / "run")
+    # (b) a legacy checkpoint.pkl: refused, never unpickled
+    legacy = tmp_path / "old"
+    legacy.mkdir()
+    (legacy / "checkpoint.pkl").write_bytes(payload)
+    with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*python -m agents.checkpoint convert"):
+        load_checkpoint(legacy)
+    with pytest.raises(CheckpointError, match="checkpoint.pkl"):
+        refuse_legacy(legacy)
+    assert not marker.exists()
+    pickle.loads(payload)  # the payload is live: loading it as a pickle would have run it
+    assert marker.exists()
+
+
+def test_a_foreign_manifest_is_refused(tmp_path):
+    folder = save_checkpoint(tmp_path, 1, {"w": np.zeros(2)}, {})
+    (folder / MANIFEST).write_text(json.dumps({"format": "something-else/9"}))
+    with pytest.raises(CheckpointError, match="is not an oir-gym checkpoint manifest"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "empty")

@@ -1,0 +1,179 @@
+"""The nested run config: validation before anything is written, presets, old flat files, the tyro CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import pytest
+import tyro
+
+from agents.config import FLAT_KEYS, MAX_EVAL_EPISODES, PRESETS, TrainConfig, cli, load_config, preset
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD_CONFIGS = sorted((ROOT / "results").glob("*/*config.json"))
+
+
+def _with(**changes) -> TrainConfig:
+    return TrainConfig().replace(**changes)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"run.method": "ppo"}, "run.method='ppo'"),
+    ({"oir.relabeler": "gpt"}, "oir.relabeler"),
+    ({"llm.backend": "gpt4all"}, "llm.backend"),
+    ({"ellm.proposer": "gpt"}, "ellm.proposer"),
+    ({"env.delta": 1.5}, "env.delta"),
+    ({"env.delta": -1.0}, "env.delta"),
+    ({"env.delta": math.nan}, "env.delta=nan must be a finite number"),
+    ({"pqn.num_envs": 0}, "pqn.num_envs"),
+    ({"pqn.num_minibatches": 3}, "pqn.num_minibatches=3 must divide the 80 trajectories"),
+    ({"oir.tau_low": 0.9, "oir.tau_high": 0.1}, "oir.tau_low"),
+    ({"pqn.lr": 0.0}, "pqn.lr"),
+    ({"pqn.lr": math.inf}, "pqn.lr=inf must be a finite number"),
+    ({"run.total_timesteps": 10}, "run.total_timesteps"),
+    ({"oir.relabel_balance": True, "oir.keep_ungrounded": True}, "oir.relabel_balance"),
+    # 17.8: values that were silently accepted
+    ({"pqn.max_grad_norm": -1.0}, "pqn.max_grad_norm=-1.0 must be > 0"),
+    ({"pqn.max_grad_norm": 0.0}, "pqn.max_grad_norm"),
+    ({"pqn.max_grad_norm": math.nan}, "pqn.max_grad_norm=nan must be a finite number"),
+    ({"pqn.gamma": math.nan}, "pqn.gamma"),
+    ({"eval.epsilon": math.nan}, "eval.epsilon"),
+    ({"ellm.timeout": math.nan}, "ellm.timeout"),
+    ({"llm.call_timeout": 0.0}, "llm.call_timeout"),
+    ({"llm.call_timeout": math.nan}, "llm.call_timeout"),
+    ({"llm.base_url": "127.0.0.1:8000"}, "llm.base_url"),
+    ({"eval.episodes": MAX_EVAL_EPISODES + 1}, "eval.episodes=33 must be <= 32"),
+    ({"eval.instruction_files": ("does/not/exist.json",)}, "does not exist"),
+    # wrong types (what a JSON file or Python caller may pass)
+    ({"pqn.num_envs": "16"}, "pqn.num_envs='16' has type str; expected int"),
+    ({"pqn.num_envs": 16.0}, "pqn.num_envs"),
+    ({"oir.keep_ungrounded": "false"}, "oir.keep_ungrounded"),
+    ({"pqn.norm_input": 1}, "pqn.norm_input"),
+])
+def test_bad_values_are_refused_naming_the_field(changes, match):
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        _with(**changes).validate()
+
+
+def test_every_preset_is_valid_for_every_method():
+    for name in PRESETS:
+        for method in ("gt", "cosine", "oir", "ellm"):
+            preset(name).replace(**{"run.method": method}).validate()
+
+
+def test_presets_hold_their_documented_values():
+    cpu = preset("cpu")
+    assert (cpu.oir.relabeler, cpu.run.total_timesteps, cpu.eval.every, cpu.eval.episodes) == ("both", 98_304, 48, 1)
+    smoke = preset("smoke")
+    assert smoke.num_updates == 4 and smoke.eval.every == 2 and smoke.run.checkpoint_every == 2
+    assert smoke.oir.relabeler == "rules" and smoke.rows_per_update() % smoke.pqn.num_minibatches == 0
+    assert preset("paper").pqn.hidden_size == 512
+    assert preset("cpu") is not preset("cpu")  # fresh copies
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset("huge")
+
+
+def test_unknown_fields_and_parts_are_named():
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['pqn.buffer_size'\]"):
+        TrainConfig.from_dict({"pqn": {"buffer_size": 3}})
+    with pytest.raises(ValueError, match="unknown config part"):
+        TrainConfig.from_dict({"ppo": {}})
+    with pytest.raises(ValueError, match="unknown config field 'lr'"):
+        TrainConfig().replace(lr=1.0)
+    with pytest.raises(ValueError, match=r"unknown config keys \['no_such'\]"):
+        TrainConfig.from_flat_dict({"no_such": 1})
+
+
+def test_nested_dict_round_trip_through_json():
+    cfg = preset("paper").replace(**{"run.method": "ellm", "eval.control": True, "llm.call_timeout": 3.0})
+    again = load_config(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+
+
+@pytest.mark.parametrize("path", OLD_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_old_flat_config_files_still_load(path):
+    flat = json.loads(path.read_text())
+    cfg = load_config(flat).validate()
+    for key, targets in FLAT_KEYS.items():
+        if key in flat:
+            for target in targets:
+                part, name = target.split(".")
+                assert getattr(getattr(cfg, part), name) == flat[key], target
+
+
+def test_flat_names_map_to_their_new_homes():
+    assert len(OLD_CONFIGS) >= 10  # the results/ folder holds the 42-, 44-, 45- and 46-key generations
+    cfg = TrainConfig.from_flat_dict({"buffer_size": 7, "k": 3, "llm_backend": "openai", "eval_every": 5, "lr": 1e-4})
+    assert (cfg.oir.instruction_buffer_size, cfg.oir.k, cfg.ellm.k) == (7, 3, 3)
+    assert (cfg.llm.backend, cfg.eval.every, cfg.pqn.lr) == ("openai", 5, 1e-4)
+    # keys the oldest runs did not have keep the defaults those runs ran with
+    assert TrainConfig.from_flat_dict({}) == TrainConfig()
+    assert (TrainConfig().pqn.scan_unroll, TrainConfig().ellm.reward, TrainConfig().oir.relabel_balance) == (1, "any",
+                                                                                                          False)
+
+
+# ----------------------------------------------------------------------------- CLI
+@dataclass
+class Opts:
+    config: Annotated[TrainConfig, tyro.conf.arg(name="")] = field(default_factory=TrainConfig)
+    run_dir: str = "x"
+
+
+def test_cli_starts_from_the_named_preset_and_overrides_fields():
+    o = cli(Opts, ["paper", "--pqn.num-envs", "32", "--oir.keep-ungrounded", "--run-dir", "r"])
+    assert o.config == preset("paper").replace(**{"pqn.num_envs": 32, "oir.keep_ungrounded": True})
+    assert o.run_dir == "r"
+    assert cli(Opts, []).config == preset("cpu")  # the default preset
+    assert cli(Opts, ["--run.method", "gt"]).config == preset("cpu").replace(**{"run.method": "gt"})
+    base = preset("smoke")
+    assert cli(Opts, ["--eval.epsilon", "0.05"], base=base).config == base.replace(**{"eval.epsilon": 0.05})
+
+
+def test_cli_help_shows_the_chosen_presets_values(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(Opts, ["paper", "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--run.total-timesteps INT Env steps per seed. (default: 10000000)" in out
+    assert "(default: 512)" in out and "{gt,cosine,oir,ellm}" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["--oir.keep-ungrounded", "ture"],  # a typo is not "false"
+    ["--run.method", "ppo"],
+    ["--llm.backend", "gpt"],
+    ["--pqn.num-envs", "many"],
+    ["--pqn.nnum-envs", "4"],
+])
+def test_cli_refuses_bad_input_with_a_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(Opts, argv)
+    assert e.value.code == 2
+    capsys.readouterr()
+
+
+def test_a_preset_cannot_be_applied_to_a_resumed_run(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(Opts, ["paper"], base=preset("smoke"))
+    assert e.value.code == 2 and "keeps its saved config" in capsys.readouterr().err
+
+
+def test_train_script_refuses_bad_values_before_writing_anything(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_pqn
+
+    run = tmp_path / "run"
+    for argv in (["--pqn.num-minibatches", "5"], ["--pqn.max-grad-norm", "nan"], ["--env.delta", "nan"],
+                 ["--pqn.max-grad-norm", "-1"], ["--eval.episodes", "64"], ["--max-updates", "0"]):
+        assert train_pqn.main(["smoke", "--run-dir", str(run), *argv]) == 2, argv
+        assert "error:" in capsys.readouterr().err
+        assert not run.exists(), argv
+    with pytest.raises(SystemExit) as e:
+        train_pqn.main(["smoke", "--run-dir", str(run), "--llm.backend", "gpt"])
+    assert e.value.code == 2 and not run.exists()
+    capsys.readouterr()

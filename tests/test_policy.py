@@ -1,0 +1,128 @@
+"""load_policy: a freshly trained PQN run acts in gym.make("OIR-CraftaxClassic-v0") on any instruction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import gymnasium as gym  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import oir_gym  # noqa: E402,F401  (registers the env id)
+from agents.config import preset  # noqa: E402
+from agents.oir import Trainer  # noqa: E402
+from agents.policy import Policy, PQNPolicy, is_sb3_run, load_policy  # noqa: E402
+from agents.run_dir import RunDir  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A smoke-sized OIR run of 2 seeds, trained 2 updates and checkpointed as train_pqn.py does."""
+    cfg = preset("smoke").replace(**{"run.num_seeds": 2}).validate()
+    run = RunDir.prepare(tmp_path_factory.mktemp("policy") / "run")
+    run.write_config(cfg.to_dict())
+    tr = Trainer(cfg, run.path, log=lambda s: None)
+    tr.init_state()
+    tr.iteration()
+    tr.iteration()
+    tr.save()
+    params = jax.device_get(tr.train_state.params)
+    tr.close()
+    return run.path, cfg, params
+
+
+def test_a_trained_pqn_run_acts_100_steps_on_a_custom_instruction(trained_run):
+    run, cfg, params = trained_run
+    policy = load_policy(run, seed=1)
+    assert isinstance(policy, Policy) and isinstance(policy, PQNPolicy)
+    assert policy.env_kwargs == {"obs_mode": "paper", "delta": 0.9}
+    env = gym.make("OIR-CraftaxClassic-v0", **policy.env_kwargs)
+    obs, info = env.reset(seed=3, options={"instruction": "chop a tree and build a crafting table"})
+    assert info["instruction"] == "chop a tree and build a crafting table"
+    policy.reset()
+    # the same greedy actions as the trained network of seed 1 (not seed 0), carry kept across steps
+    net = policy.net
+    apply = jax.jit(net.apply)
+    p1 = jax.tree_util.tree_map(lambda x: jnp.asarray(x[1]), params)
+    p0 = jax.tree_util.tree_map(lambda x: jnp.asarray(x[0]), params)
+    carry, carry0, start = net.initial_carry(1), net.initial_carry(1), True
+    differs_from_seed0 = 0
+    episodes = 0
+    for _ in range(100):
+        action = policy.act(obs)
+        assert isinstance(action, int) and env.action_space.contains(action)
+        o, i = jnp.asarray(obs["obs"])[None, None], jnp.asarray(obs["instruction"])[None, None]
+        s = jnp.array([[start]])
+        carry, q = apply(p1, carry, o, i, s)
+        carry0, q0 = apply(p0, carry0, o, i, s)
+        assert action == int(jnp.argmax(q[0, 0]))
+        differs_from_seed0 += int(jnp.argmax(q0[0, 0])) != action
+        obs, reward, terminated, truncated, info = env.step(action)
+        start = False
+        if terminated or truncated:
+            episodes += 1
+            obs, info = env.reset(options={"instruction": "drink some water"})
+            policy.reset()
+            start = True
+    env.close()
+    assert differs_from_seed0 > 0  # the seeds' networks differ, so the check above can tell them apart
+
+
+def test_a_vector_env_batch_with_episode_starts(trained_run):
+    run, _, _ = trained_run
+    policy = load_policy(run)
+    envs = gym.make_vec("OIR-CraftaxClassic-v0", num_envs=4, **policy.env_kwargs)  # 4: the shape conftest compiles
+    obs, _ = envs.reset(seed=0, options={"instruction": ["collect wood", "eat a cow", "place a stone", "sleep"]})
+    done = np.zeros(4, bool)
+    for _ in range(5):
+        actions = policy.act(obs, episode_start=done)
+        assert actions.shape == (4,) and actions.dtype == np.int64
+        obs, _, term, trunc, _ = envs.step(actions)
+        done = term | trunc
+    envs.close()
+
+
+def test_bad_inputs_are_named(trained_run, tmp_path):
+    run, _, _ = trained_run
+    with pytest.raises(ValueError, match=r"seed=2: the run .* trained seeds 0..1"):
+        load_policy(run, seed=2)
+    policy = load_policy(run)
+    with pytest.raises(ValueError, match="observation of 5 features; this policy was trained on 888"):
+        policy.act({"obs": np.zeros(5, np.float32), "instruction": np.zeros(384, np.float32)})
+    with pytest.raises(TypeError, match="observation dict"):
+        policy.act(np.zeros(888))
+    with pytest.raises(FileNotFoundError):
+        load_policy(tmp_path / "nothing")
+
+
+def test_an_sb3_run_goes_to_the_sb3_loader(tmp_path):
+    from agents import sb3_agents
+
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "qrdqn", "relabeler": "rules"}))
+    assert is_sb3_run(tmp_path)
+    if hasattr(sb3_agents, "load_sb3_policy"):
+        pytest.skip("agents.sb3_agents.load_sb3_policy exists: tests/test_sb3.py covers SB3 policies")
+    with pytest.raises(NotImplementedError, match="agents.sb3_agents.load_sb3_policy"):
+        load_policy(tmp_path)
+    assert not is_sb3_run(Path(__file__).parent)
+
+
+def test_record_video_writes_a_gif_of_the_policy(trained_run, tmp_path):
+    import sys
+
+    from PIL import Image
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import record_video
+
+    run, _, _ = trained_run
+    out = tmp_path / "v.gif"
+    res = record_video.record(run, "collect wood then place a table", out, steps=6, scale=1)
+    assert res["frames"] == 7 and res["path"] == str(out)
+    with Image.open(out) as im:
+        assert im.size == (144, 144)  # Craftax-Classic's 9x9 view of 16-px blocks (with the inventory rows)
+    assert record_video.main([str(run), "drink water", "--out", str(tmp_path / "v.avi")]) == 2

@@ -1,0 +1,186 @@
+"""The run directory shared by both trainers: flags checked before deleting, metrics resume, provenance."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.run_dir import (COMPLETE, CONFIG, CorruptFileError, MetricsPosition, RunDir, RunDirError,
+                            atomic_write_json, read_json)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rows(n: int, start: int = 1) -> list[dict]:
+    return [{"update": u, "env_steps": 128 * u, "loss": 1.0 / u} for u in range(start, start + n)]
+
+
+def _new_run(tmp_path: Path, rows: int = 3) -> tuple[RunDir, MetricsPosition]:
+    run = RunDir.prepare(tmp_path / "run")
+    run.write_config({"method": "oir", "lr": 1e-3})
+    with run.open_metrics(tensorboard=False) as m:
+        for r in _rows(rows):
+            m.write(r)
+        pos = m.sync()
+    return run, pos
+
+
+def test_a_folder_holding_a_run_is_never_reused_without_resume_or_overwrite(tmp_path):
+    run, _ = _new_run(tmp_path)
+    before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+    with pytest.raises(RunDirError, match="already holds a run; pass --resume"):
+        RunDir.prepare(run.path)
+    # --resume --overwrite is refused before anything is deleted
+    with pytest.raises(RunDirError, match="pass one of them"):
+        RunDir.prepare(run.path, resume=True, overwrite=True)
+    assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before
+    with pytest.raises(RunDirError, match="does not exist"):
+        RunDir.prepare(tmp_path / "nothing", resume=True)
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_overwrite_removes_the_old_runs_outputs_and_nothing_else(tmp_path):
+    run, _ = _new_run(tmp_path)
+    (run.path / "checkpoints" / "000003").mkdir(parents=True)
+    (run.path / "checkpoints" / "000003" / "state.msgpack").write_bytes(b"x")
+    for name in ("eval_final.json", "eval_final.md", "training.png", "instructions.json", "checkpoint.pkl",
+                 "model.zip", COMPLETE):
+        (run.path / name).write_text("old")
+    (run.path / "tb").mkdir()
+    (run.path / "tb" / "events").write_text("old")
+    (run.path / "notes.txt").write_text("mine")
+    again = RunDir.prepare(run.path, overwrite=True)
+    assert sorted(p.name for p in again.path.iterdir()) == ["notes.txt"]
+    assert not again.holds_run()
+
+
+def test_config_records_provenance_and_resumes_keep_the_first(tmp_path):
+    run, _ = _new_run(tmp_path)
+    data = read_json(run.path / CONFIG)
+    prov = data["provenance"]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert prov["git_commit"] == head and isinstance(prov["git_dirty"], bool)
+    for pkg in ("jax", "craftax", "torch"):
+        assert prov["packages"][pkg]
+    assert "transformers" in prov["packages"] or "llama_cpp_python" in prov["packages"]
+    assert run.read_config() == {"method": "oir", "lr": 1e-3}
+    run.write_config({"method": "oir", "lr": 1e-3})  # a resumed process
+    again = read_json(run.path / CONFIG)
+    assert again["provenance"] == prov and len(again["resumed"]) == 1
+
+
+def test_resume_cuts_the_rows_written_after_the_checkpoint(tmp_path):
+    run, pos = _new_run(tmp_path, rows=3)
+    with run.open_metrics(tensorboard=False) as m:  # the run went on past its checkpoint, then died
+        for r in _rows(2, start=4):
+            m.write(r)
+    with open(run.metrics_path, "ab") as f:
+        f.write(b'{"update": 6, "env_st')  # killed in the middle of a row
+    with run.open_metrics(position=pos.to_dict(), tensorboard=False) as m:
+        assert m.position() == pos
+        for r in _rows(3, start=4):
+            m.write(r)
+    assert [r["update"] for r in run.read_metrics()] == [1, 2, 3, 4, 5, 6]  # no duplicates
+
+
+def test_resume_without_a_recorded_position_keeps_rows_up_to_the_checkpoint_update(tmp_path):
+    run, _ = _new_run(tmp_path, rows=5)
+    with run.open_metrics(after_update=2, tensorboard=False) as m:
+        assert (m.position().rows, m.position().update) == (2, 2)
+        m.write(_rows(1, start=3)[0])
+    assert [r["update"] for r in run.read_metrics()] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("damage", ["bitflip", "truncate"])
+def test_a_damaged_metrics_file_is_an_error_naming_it(tmp_path, damage):
+    run, pos = _new_run(tmp_path, rows=3)
+    data = bytearray(run.metrics_path.read_bytes())
+    if damage == "bitflip":
+        i = data.index(b"0.5")
+        data[i + 2] ^= 0x01  # 0.5 -> 0.4: still valid JSON, only the checksum can tell
+    else:
+        data = data[:-10]
+    run.metrics_path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match=str(run.metrics_path)):
+        run.open_metrics(position=pos, tensorboard=False)
+    if damage == "truncate":
+        with pytest.raises(CorruptFileError, match="line 3 is cut short"):
+            run.read_metrics()
+
+
+def test_a_garbled_metrics_line_names_file_and_line(tmp_path):
+    run, _ = _new_run(tmp_path, rows=2)
+    with open(run.metrics_path, "ab") as f:
+        f.write(b"{not json}\n")
+    with pytest.raises(CorruptFileError, match=r"metrics.jsonl: line 3 is not valid JSON"):
+        run.read_metrics()
+    with pytest.raises(CorruptFileError, match="line 3"):
+        run.open_metrics(after_update=10, tensorboard=False)
+
+
+def test_rows_need_update_and_env_steps(tmp_path):
+    run, _ = _new_run(tmp_path, rows=0)
+    with run.open_metrics(tensorboard=False) as m:
+        with pytest.raises(ValueError, match="update"):
+            m.write({"loss": 1.0})
+
+
+def test_csv_eval_files_and_completion_marker(tmp_path):
+    run, _ = _new_run(tmp_path, rows=3)
+    with run.open_metrics(tensorboard=False) as m:
+        m.write({"update": 4, "env_steps": 512, "eval/original/mean_success_rate": 0.25})
+    rows = list(csv.DictReader(open(run.write_csv())))
+    assert [r["update"] for r in rows] == ["1", "2", "3", "4"]
+    assert rows[-1]["eval/original/mean_success_rate"] == "0.25" and rows[0]["eval/original/mean_success_rate"] == ""
+    run.write_eval("final", [{"original": {"rates": [0.5]}}], markdown="| a |")
+    assert run.read_eval("final")[0]["original"]["rates"] == [0.5]
+    assert (run.path / "eval_final.md").read_text() == "| a |"
+    with pytest.raises(ValueError, match="evaluation tag"):
+        run.eval_path("../escape")
+    assert not run.is_complete()
+    run.mark_complete(update=4)
+    assert run.is_complete() and run.completion()["update"] == 4
+    (run.path / COMPLETE).write_text('{"upd')
+    with pytest.raises(CorruptFileError, match=COMPLETE):
+        run.is_complete()
+
+
+def test_tensorboard_gets_the_numeric_values(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = RunDir.prepare(tmp_path / "run")
+    with run.open_metrics(tensorboard=True) as m:
+        for r in _rows(3):
+            m.write(r)
+    acc = EventAccumulator(str(run.path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [128, 256, 384]
+
+
+def test_atomic_json_write_killed_midway_leaves_the_old_file(tmp_path):
+    """A writer process killed (SIGKILL) while it rewrites a JSON file: the old contents stay readable."""
+    path = tmp_path / "state.json"
+    atomic_write_json(path, {"version": 1})
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from agents.run_dir import atomic_write_json\n"
+            "big = {'version': 2, 'pad': 'x' * 20_000_000}\n"
+            "print('ready', flush=True)\n"
+            "while True:\n"
+            "    atomic_write_json(%r, big)\n") % (str(ROOT), str(path))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    import time
+
+    time.sleep(0.3)  # mid-write with high probability (each write is 20 MB)
+    proc.kill()
+    proc.wait()
+    data = json.loads(path.read_text())
+    assert data["version"] in (1, 2)
+    # a killed write may leave its temporary file (".state.json.*.tmp"), never a broken state.json
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".tmp")) == ["state.json"]
