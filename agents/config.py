@@ -143,10 +143,10 @@ class OIRConfig:
 class LLMConfig:
     """The LLM backend, shared by the OIR relabeler, the ELLM proposer and the SB3 trainer."""
 
-    backend: str = "transformers"
+    backend: LLMBackend = "transformers"
     """transformers (the offline default) / llama_cpp: a local model, run in a child process;
-    openai: an OpenAI-compatible server at ``base_url``; vllm: vLLM in a child process; or
-    ``package.module:ClassName`` of any class with the backend protocol."""
+    openai: an OpenAI-compatible server at ``base_url``; vllm: vLLM in a child process. From
+    Python also ``package.module:ClassName`` of any class with the backend protocol."""
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = ""
     """Model path or name (empty: the backend's packaged default)."""
