@@ -116,6 +116,7 @@ def test_relabeler_gets_llm_candidates_for_a_real_trajectory(tf_backend, encoder
     assert s["calls"] == 1 and s["prompt_token_method"] == "model" and 300 < s["prompt_tokens"] < 1000, s
 
 
+@pytest.mark.slow  # ~12-25 s on 2 shared cores; the server test below batches 3 prompts in the default suite
 def test_batched_generation_returns_prompts_x_n_answers(tf_backend):
     tpl = load_template("segments")
     prompts = [tpl.render(make_trajectory(script, 128, seed=i), 2)
