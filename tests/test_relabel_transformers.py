@@ -211,12 +211,16 @@ def test_serve_request_validation_says_what_to_fix():
                   "max_tokens": 16, "seed": 3}
     assert parse_request({"messages": [{"role": "user", "content": "x"}],
                           "response_format": {"type": "json_object"}})["schema"] == {"type": "object"}
+    user = [{"role": "user", "content": "x"}]
     for body, msg in [
-        ([], "JSON object"), ({"messages": []}, "non-empty list"), ({"messages": [{"role": "bot", "content": "x"}]}, "role"),
-        ({"messages": [{"role": "user", "content": 3}]}, "content"), ({"messages": [{"role": "user", "content": "x"}], "n": 99}, "'n'"),
-        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "streaming"),
-        ({"messages": [{"role": "user", "content": "x"}], "temperature": 5}, "temperature"),
-        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}, "json_schema needs"),
+        ([], "JSON object"),
+        ({"messages": []}, "non-empty list"),
+        ({"messages": [{"role": "bot", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "user", "content": 3}]}, "content"),
+        ({"messages": user, "n": 99}, "'n'"),
+        ({"messages": user, "stream": True}, "streaming"),
+        ({"messages": user, "temperature": 5}, "temperature"),
+        ({"messages": user, "response_format": {"type": "json_schema"}}, "json_schema needs"),
     ]:
         with pytest.raises(RequestError, match=msg):
             parse_request(body)
