@@ -199,13 +199,15 @@ def main(argv=None) -> None:
     n_speed = args.n_speed
     speed_prompts = [tpl.render(t, args.k) for t in pool[-(2 * n_speed + args.batch + 1):]]
     speed = bench_speed(llms, speed_prompts, tpl.schema(args.k), n_speed, args.batch)
-    print(f"\n## LLM speed ({os.path.basename(backend.model_path if isinstance(backend, LlamaCppBackend) else backend.model)}, "
-          f"segments prompts, k={args.k}, grammar-constrained, {n_speed} + {n_speed} prompts, timed calls interleaved)\n")
+    model_file = backend.model_path if isinstance(backend, LlamaCppBackend) else backend.model
+    print(f"\n## LLM speed ({os.path.basename(model_file)}, segments prompts, k={args.k}, grammar-constrained, "
+          f"{n_speed} + {n_speed} prompts, timed calls interleaved)\n")
     print(f"| backend | load (s) | prompt tokens/s | generated tokens/s | s per call (1 prompt) "
           f"| s per trajectory, {args.batch} prompts per call | prompt tokens/call | generated tokens/call |")
     print("|---|---|---|---|---|---|---|---|")
     for (be, label, load_s), r in zip(llms, speed):
-        print(f"| {label} | {load_s:.1f} | {r['prompt_tokens'] / r['prefill_s']:.0f} | {r['gen_tokens'] / r['gen_s']:.1f} "
+        print(f"| {label} | {load_s:.1f} | {r['prompt_tokens'] / r['prefill_s']:.0f} "
+              f"| {r['gen_tokens'] / r['gen_s']:.1f} "
               f"| {r['full_s'] / n_speed:.2f} | {r['batch_s_per_traj']:.2f} | {r['full_prompt_tokens'] / n_speed:.0f} "
               f"| {r['gen_tokens'] / n_speed:.0f} |")
 
@@ -221,7 +223,8 @@ def main(argv=None) -> None:
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['template']} | {r['n']} | {r['traj_per_s']:.3f} | {r['tokens']:.0f} ({r['method']}) "
-                  f"| {r['llm_s']:.2f} | {r['llm_cands']:.2f} | {r['llm_ok']:.0%} | {r['grounded']:.2f} | {r['errors']} |")
+                  f"| {r['llm_s']:.2f} | {r['llm_cands']:.2f} | {r['llm_ok']:.0%} | {r['grounded']:.2f} "
+                  f"| {r['errors']} |")
         if len(rows) == 2 and rows[1]["tokens"]:
             print(f"\nprompt length ratio paper/segments: {rows[0]['tokens'] / rows[1]['tokens']:.1f}x; "
                   f"throughput ratio segments/paper: {rows[1]['traj_per_s'] / rows[0]['traj_per_s']:.1f}x")

@@ -259,8 +259,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     from oir_gym.relabel.backends.transformers import TransformersBackend
 
     try:
-        backend = TransformersBackend(args.model, device=args.device, dtype=args.dtype, num_threads=args.num_threads or None,
-                                      batch_size=args.batch_size).load()
+        backend = TransformersBackend(args.model, device=args.device, dtype=args.dtype,
+                                      num_threads=args.num_threads or None, batch_size=args.batch_size).load()
         server = make_server(backend, args.host, args.port, batch_size=args.batch_size, batch_wait=args.batch_wait,
                              model_name=args.model_name or os.path.basename(backend.model.rstrip("/")))
     except (FileNotFoundError, ValueError, BackendError, ImportError) as e:

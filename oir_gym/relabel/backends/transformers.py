@@ -176,6 +176,9 @@ class TransformersBackend:
         self.cache_dir = (os.path.join(os.path.expanduser("~"), ".cache", "oir_gym", "transformers")
                           if cache_dir == "auto" else cache_dir)
         self._lock = threading.RLock()  # one generation at a time (the model and matchers are shared)
+        # a fast tokenizer is not safe to call from two threads at once (padding settings live in
+        # the Rust object); held only while tokenizing, so counting never waits for a generation
+        self._tok_lock = threading.Lock()
         self._tok: Any = None
         self._model: Any = None
         self._device: Any = None
@@ -323,23 +326,23 @@ class TransformersBackend:
     # ------------------------------------------------------------------ prompts and tokens
     def format_prompt(self, prompt: str) -> str:
         """The text the model sees for one user prompt (chat turn format)."""
-        with self._lock:
-            if self._model is None:
-                self._load()
+        if self._tok is None:
+            self.load()
         if self.chat_template is None:
             return prompt
         if self.chat_template == "auto" and getattr(self._tok, "chat_template", None):
-            return self._tok.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+            with self._tok_lock:
+                return self._tok.apply_chat_template(
+                    [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
         return GEMMA_TURN.format(prompt=prompt)
 
     def count_tokens(self, text: str) -> int:
         """Exact length of ``text`` in this model's tokens (with ``<bos>``, without the chat turn
         around it, as :class:`LlamaCppBackend` counts)."""
-        with self._lock:
-            if self._model is None:
-                self._load()
-        return len(self._tok(text)["input_ids"])
+        if self._tok is None:  # checked first without the lock, which a running generation holds
+            self.load()
+        with self._tok_lock:
+            return len(self._tok(text)["input_ids"])
 
     def _has_bos(self, text: str) -> bool:
         bos = getattr(self._tok, "bos_token", None)
@@ -416,7 +419,8 @@ class TransformersBackend:
         import torch
 
         add_special = not self._has_bos(rows[0])
-        enc = self._tok(rows, return_tensors="pt", padding=True, add_special_tokens=add_special)
+        with self._tok_lock:
+            enc = self._tok(rows, return_tensors="pt", padding=True, add_special_tokens=add_special)
         limit = getattr(self._model.config.get_text_config(), "max_position_embeddings", None)
         if limit and enc["input_ids"].shape[1] + max_new > limit:
             raise BackendError(f"prompt of {enc['input_ids'].shape[1]} tokens + {max_new} new tokens exceeds the "
@@ -437,7 +441,8 @@ class TransformersBackend:
             torch.manual_seed(seed + offset)
             out = self._model.generate(**enc, **kw)
         new = out[:, enc["input_ids"].shape[1]:]
-        return self._tok.batch_decode(new, skip_special_tokens=True)
+        with self._tok_lock:
+            return self._tok.batch_decode(new, skip_special_tokens=True)
 
 
 class _GrammarMask:
