@@ -239,3 +239,14 @@ def test_duplicate_set_names_across_files_and_against_the_built_in_sets(tmp_path
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'none.json'}: cannot read the instruction file")):
         load_instruction_files([a, tmp_path / "none.json"])
     assert list(load_instruction_files(str(a))) == ["food"]  # one path as a string
+
+
+def test_the_packaged_example_file_loads_and_evaluates():
+    from oir_gym.evaluation import EvalConfig, eval_instructions
+
+    path = Path(oir_gym.instructions.__file__).parent / "data" / "example_instruction_sets.json"
+    sets = load_instruction_files([path])
+    assert list(sets) == ["own_words", "compound"]
+    assert all(len(e.targets) == 2 for e in sets["compound"])
+    texts, _, names = eval_instructions(EvalConfig(sets=(), instruction_files=(str(path),)))
+    assert len(texts) == 10 + 1 and names.count("own_words") == 7
