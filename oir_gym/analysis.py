@@ -149,8 +149,8 @@ def metric_points(rows: list[dict], key: str):
     steps = np.array([r["env_steps"] for r in pts])
     vals = []
     for r in pts:
-        seeds = sorted((k for k in r if k.startswith("seed") and k.endswith(f"/{key}") and k.count("/") == key.count("/") + 1),
-                       key=lambda k: int(k.split("/")[0][4:]))
+        seeds = [k for k in r if k.startswith("seed") and k.partition("/")[2] == key]
+        seeds.sort(key=lambda k: int(k.split("/")[0][4:]))
         vals.append([r[k] for k in seeds] if seeds else [r[key]])
     if len({len(v) for v in vals}) > 1:
         raise ValueError(f"'{key}' has a different number of seeds at different evaluations")

@@ -170,10 +170,10 @@ def related(a: Sequence[int], b: Sequence[int]) -> bool:
 def mismatch_pairing(targets: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[int, ...]]:
     """The fixed derangement of the control: for each distinct target, the target whose instruction stands in.
 
-    Among all derangements of the distinct targets (sorted), the one with the fewest
-    :func:`related` pairs, then the smallest total forward distance in that order (a linear
-    assignment, so deterministic). For the 22 achievements no pair is related (the table is in
-    ``docs/evaluation.md``).
+    Among all derangements of the distinct targets (sorted), those with the fewest :func:`related`
+    pairs; among them, the one that gives the first target the partner nearest after it (in that
+    order, cyclically), then the second, and so on. Well defined whatever solver finds the optimum.
+    For the 22 achievements no pair is related (the table is in ``docs/evaluation.md``).
 
     Args:
         targets: achievement-index tuples (repeats allowed: one per instruction).
@@ -181,16 +181,36 @@ def mismatch_pairing(targets: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...]
     Returns:
         ``{target: partner}``, a permutation without fixed points; empty for fewer than 2 distinct targets.
     """
+    return dict(_pairing(tuple(sorted(set(tuple(t) for t in targets)))))
+
+
+@lru_cache(maxsize=64)
+def _pairing(uniq: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
     from scipy.optimize import linear_sum_assignment
 
-    uniq = sorted(set(tuple(t) for t in targets))
     n = len(uniq)
     if n < 2:
-        return {}
-    cost = np.array([[10 * n * n if i == j else n * n * related(uniq[i], uniq[j]) + (j - i) % n
-                      for j in range(n)] for i in range(n)], dtype=np.int64)
-    rows, cols = linear_sum_assignment(cost)
-    return {uniq[i]: uniq[j] for i, j in zip(rows, cols)}
+        return ()
+    big = n + 1  # any assignment using a forbidden cell costs more than the worst allowed one (n related pairs)
+    cost = np.array([[big if i == j else int(related(uniq[i], uniq[j])) for j in range(n)] for i in range(n)])
+
+    def optimum(c: np.ndarray) -> int:
+        r, k = linear_sum_assignment(c)
+        return int(c[r, k].sum())
+
+    best = optimum(cost)  # the fewest related pairs: unique, unlike the assignment a solver returns
+    for i in range(n):  # fix each row to its nearest following partner that keeps the optimum
+        for d in range(1, n):
+            j = (i + d) % n
+            if cost[i, j] >= big:
+                continue
+            trial = cost.copy()
+            trial[i, :], trial[:, j] = big, big
+            trial[i, j] = cost[i, j]
+            if optimum(trial) == best:
+                cost = trial
+                break
+    return tuple((uniq[i], uniq[int(np.flatnonzero(cost[i] < big)[0])]) for i in range(n))
 
 
 def mismatch_partners(targets: Sequence[tuple[int, ...]]) -> list[int] | None:

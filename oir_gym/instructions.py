@@ -192,12 +192,14 @@ def _read_json(path: str | os.PathLike) -> Any:
 
 
 def _type_name(x: Any) -> str:
-    return "null" if x is None else {dict: "object", _Obj: "object", list: "list", str: "string"}.get(type(x), type(x).__name__)
+    names = {dict: "object", _Obj: "object", list: "list", str: "string", type(None): "null"}
+    return names.get(type(x), type(x).__name__)
 
 
 def _achievement_index(name: Any, where: str, field: str) -> int:
     if not isinstance(name, str):
-        raise ValueError(f"{where}: field {field!r}: expected an achievement name (a string), got {_type_name(name)} {name!r}")
+        raise ValueError(f"{where}: field {field!r}: expected an achievement name (a string), "
+                         f"got {_type_name(name)} {name!r}")
     if name not in ACHIEVEMENT_NAMES:
         raise ValueError(f"{where}: field {field!r}: unknown achievement {name!r}; known achievements: "
                          f"{', '.join(ACHIEVEMENT_NAMES)}")

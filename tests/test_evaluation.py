@@ -59,6 +59,29 @@ def test_the_pairing_of_the_22_achievements_is_a_derangement_without_prerequisit
     assert pairing[(A["collect_wood"],)] == (A["eat_cow"],)
     assert pairing[(A["place_table"],)] == (A["collect_sapling"],)
     assert pairing[(A["make_iron_sword"],)] == (A["make_iron_pickaxe"],)
+    assert pairing[(A["wake_up"],)] == (A["place_table"],)
+
+
+def test_ties_go_to_the_nearest_following_partner_row_by_row():
+    # four achievements without prerequisites among them: every derangement is free of related pairs,
+    # and the rule picks the cyclic shift by one
+    free = [(A[n],) for n in ("eat_cow", "collect_sapling", "collect_drink", "defeat_zombie")]
+    assert mismatch_pairing(free) == dict(zip(free, free[1:] + free[:1]))
+
+
+def test_the_pairing_table_in_the_docs_is_the_computed_one():
+    from pathlib import Path
+
+    from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text()
+    table = doc[doc.index("| asked for A | mismatched: given |"):].split("\n\n")[0]
+    pairs = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        pairs.update({a: b for a, b in (cells[0:2], cells[3:5]) if a})
+    pairing = mismatch_pairing([(i,) for i in range(22)])
+    assert pairs == {ORIGINAL_INSTRUCTIONS[a[0]]: ORIGINAL_INSTRUCTIONS[b[0]] for a, b in pairing.items()}
 
 
 def test_prerequisites_make_related_pairs_both_ways():
