@@ -140,13 +140,13 @@ class EvalConfig:
         return {s: list(self._user_sets[s] if s in self._user_sets else builtin[s]) for s in self.set_names}
 
 
-def eval_config(instruction_files: Sequence[str | os.PathLike] = (), **kwargs: Any) -> EvalConfig:
+def eval_config(instruction_files: Sequence[str | os.PathLike] | str | os.PathLike = (), **kwargs: Any) -> EvalConfig:
     """The evaluation config of a trainer: ``EvalConfig(instruction_files=..., **kwargs)``.
 
     What both trainers call with their ``eval.instruction_files`` (a list of paths, possibly empty);
     raises ValueError for a bad file before anything else runs.
     """
-    return EvalConfig(instruction_files=tuple(instruction_files), **kwargs)
+    return EvalConfig(instruction_files=instruction_files, **kwargs)  # one path or several: __post_init__ sorts it out
 
 
 # ----------------------------------------------------------------------------- the control pairing

@@ -154,6 +154,7 @@ def test_user_files_add_their_sets_after_the_built_in_ones(tmp_path):
     both = cfg.instruction_sets()["both"][0]
     assert both.achievement_index == -1 and both.targets == (A["place_table"], A["make_wood_sword"])
     assert EvalConfig(sets=(), instruction_files=(str(b),)).set_names == ("food",)
+    assert eval_config(b, sets=()).instruction_files == (str(b),)  # one path, not its characters
     assert EvalConfig(sets=("food", "original"), instruction_files=(str(b),)).set_names == ("food", "original")
     assert eval_instructions(EvalConfig(sets=("original",), control=False))[0] == eval_instructions(
         EvalConfig(sets=("original",)))[0][:-1]
