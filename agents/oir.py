@@ -45,7 +45,7 @@ from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.craftax_compat import NUM_ACTIONS
 from oir_gym.encoder import get_encoder
-from oir_gym.evaluation import EvalConfig, EvalResult, eval_instructions, evaluate_jax_seeds, make_jax_evaluator
+from oir_gym.evaluation import EvalConfig, EvalResult, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator
 from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import obs_dim
@@ -460,7 +460,7 @@ class Trainer:
         """Evaluate every seed's policy on the instruction sets (greedy unless ``cfg.eval.epsilon``),
         all seeds in one program."""
         params = self.base_params.replace(table=self.registry.device_table())
-        keys = jnp.stack([jax.random.PRNGKey(10_000 + self.update_idx * 31 + s) for s in range(self.S)])
+        keys = eval_keys(self.cfg.run.seed, self.S, self.update_idx)  # worlds differ per run seed, seed index and update
         return evaluate_jax_seeds(self._evaluate_seeds, keys, self.train_state.params, params, self.eval_rows,
                                   self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
 

@@ -290,10 +290,10 @@ class SB3Policy:
 
 
 def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str, Any]] = None):
-    """Greedy evaluation with ground-truth success (:func:`oir_gym.evaluation.evaluate_policy`)."""
-    from oir_gym.evaluation import EvalConfig, evaluate_policy
+    """Greedy evaluation with ground-truth success (:func:`oir_gym.evaluation.evaluate_python_policy`)."""
+    from oir_gym.evaluation import EvalConfig, evaluate_python_policy
 
-    return evaluate_policy(SB3Policy(model), eval_cfg or EvalConfig(), seed=seed, env_kwargs=env_kwargs)
+    return evaluate_python_policy(SB3Policy(model), eval_cfg or EvalConfig(), seed=seed, env_kwargs=env_kwargs)
 
 
 class SB3AgentPolicy:

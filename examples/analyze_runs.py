@@ -7,7 +7,12 @@ layout kept in ``results/``) or at a run directory holding ``metrics.jsonl`` and
 ``eval_final.json``; ``NAME=PREFIX#TAG`` reads ``eval_TAG.json`` instead of ``eval_final.json``
 (e.g. ``#000750``, the periodic evaluation at update 750, to compare runs at equal steps).
 Besides the end-of-run table it prints each method's mean over all of its periodic evaluations
-(a normalised area under the learning curve, far less noisy than one evaluation).
+(a normalised area under the learning curve, far less noisy than one evaluation), then the final
+point beside each seed's mean over its last 5 evaluations (``--last-k``; up to the tagged update
+for ``#NNNNNN``), with 95% bootstrap confidence intervals over seeds (scipy's percentile
+bootstrap), and, for evaluations with the control (``oir_gym.evaluation``), the
+instruction-following gain: success when asked for an achievement minus success when asked for
+another one (or given the neutral instruction).
 ``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and ``--tsne NAME=FILE``
 instruction lists (``instructions.json`` / ``goals.json`` of a run).
 """
@@ -68,6 +73,12 @@ def _load_metrics(prefixes: list[str]) -> list[list[dict]]:
     return [analysis.read_jsonl(_existing(_files(prefix)[0], "metrics file")) for prefix in prefixes]
 
 
+def _upto_tag(prefixes: list[str], metrics: list[list[dict]]) -> list[list[dict]]:
+    """Each run's rows up to its tagged update (``#000750``: updates <= 750; other tags: all rows)."""
+    tags = [p.partition("#")[2] for p in prefixes]
+    return [[r for r in rows if not t.isdigit() or r.get("update", 0) <= int(t)] for t, rows in zip(tags, metrics)]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, help="NAME=PREFIX per method")
@@ -75,10 +86,13 @@ def main(argv=None) -> int:
     p.add_argument("--tsne", nargs="*", help="NAME=instructions.json|goals.json")
     p.add_argument("--out", default="docs/img")
     p.add_argument("--table-only", action="store_true", help="print the tables, write no plots")
+    p.add_argument("--last-k", type=int, default=5, help="the last evaluations averaged beside the final point")
     p.add_argument("--curve-max-step", type=float, default=float("inf"),
                    help="the whole-run table keeps evaluations up to this many env steps (compare a short run "
                         "with the early part of long ones)")
     args = p.parse_args(argv)
+    if args.last_k < 1:
+        p.error(f"--last-k must be >= 1, got {args.last_k}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = _pairs(args.runs)
@@ -89,11 +103,21 @@ def main(argv=None) -> int:
         for s in ("original", "simple", "complex"):
             analysis.plot_learning_curves(metrics, out / f"curves_{s}.png", s)
         analysis.plot_instruction_bars(finals, out / "instruction_success.png")
+    sets = analysis.set_names(finals)
     print("## Evaluation (mean ± s.e. over seeds)\n")
-    print(analysis.final_table(finals))
+    print(analysis.final_table(finals, sets=sets))
     upto = "" if args.curve_max_step == float("inf") else f" up to {args.curve_max_step:,.0f} env steps"
     print(f"\n## Mean over the periodic evaluations of the whole run{upto} (mean ± s.e. over seeds)\n")
-    print(analysis.curve_mean_table(metrics, max_step=args.curve_max_step))
+    print(analysis.curve_mean_table(metrics, sets=sets, max_step=args.curve_max_step))
+    windows = {name: _upto_tag(runs[name], rows) for name, rows in metrics.items()}
+    print(f"\n## Final point and mean of the last {args.last_k} evaluations{upto} "
+          "(mean [95% bootstrap CI over seeds])\n")
+    print(analysis.final_and_last_table(finals, windows, sets=sets, k=args.last_k, max_step=args.curve_max_step))
+    control = analysis.control_table(finals, sets=sets)
+    if control:
+        print("\n## Instruction following at the final point: success of an achievement when asked for it, for "
+              "another one (mismatched) and with the neutral instruction (mean over seeds; gains with 95% bootstrap CI)\n")
+        print(control)
     if args.ablation:
         abl = {v: _load_evals(prefixes) for v, prefixes in _pairs(args.ablation).items()}
         if not args.table_only:

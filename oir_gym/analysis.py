@@ -12,9 +12,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from oir_gym.metrics import mean_and_stderr
+from oir_gym.metrics import bootstrap_ci, mean_and_stderr
 
 EVAL_METRICS = ("mean_success_rate", "num_completed", "aggregate_score")
+#: Set-level metrics of the evaluation's control (``eval/control/<set>/<metric>``; see oir_gym.evaluation).
+CONTROL_METRICS = ("gain", "gain_neutral", "mismatched_mean_success_rate", "neutral_mean_success_rate")
 
 
 def _save(fig, out: str | Path) -> Path:
@@ -132,6 +134,150 @@ def curve_mean_table(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] 
             per_seed = curve_means(rows, s, min_step, max_step)
             lines.append(f"| {m} | {s} | {n} | {_metric_cells(per_seed)} |")
     return "\n".join(lines)
+
+
+def metric_points(rows: list[dict], key: str):
+    """``steps [n_points], values [n_points, n_seeds]`` of one logged evaluation metric of one run.
+
+    ``key`` is a metric key such as ``"eval/original/mean_success_rate"`` or
+    ``"eval/control/original/gain"``; per-seed values (``seed<s>/<key>``) are used where the run
+    logged them, else the run-level value (one column).
+    """
+    pts = [r for r in rows if key in r or f"seed0/{key}" in r]
+    if not pts:
+        return np.zeros(0), np.zeros((0, 0))
+    steps = np.array([r["env_steps"] for r in pts])
+    vals = []
+    for r in pts:
+        seeds = [k for k in r if k.startswith("seed") and k.partition("/")[2] == key]
+        seeds.sort(key=lambda k: int(k.split("/")[0][4:]))
+        vals.append([r[k] for k in seeds] if seeds else [r[key]])
+    if len({len(v) for v in vals}) > 1:
+        raise ValueError(f"'{key}' has a different number of seeds at different evaluations")
+    return steps, np.array(vals, dtype=float).reshape(len(pts), -1)
+
+
+def last_evals_means(runs: Sequence[list[dict]], key: str, k: int = 5, max_step: float = float("inf")) -> np.ndarray:
+    """Each seed's mean over its last ``k`` evaluations of ``key`` (up to ``max_step`` env steps).
+
+    A steadier end-of-run summary than the final point alone (one evaluation of 4 episodes per
+    instruction moves a rate in steps of 0.25), still about the end of training, unlike
+    :func:`curve_means`. Each run keeps its own last ``k`` points (all of them when it has fewer:
+    :func:`last_evals_count` says how many); the seeds of all the runs are pooled.
+
+    Returns:
+        ``[n_seeds]``; empty when no run logged ``key``.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    out = []
+    for rows in runs:
+        steps, vals = metric_points(rows, key)
+        vals = vals[steps <= max_step]
+        if len(vals):
+            out.append(vals[-k:].mean(axis=0))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def last_evals_count(runs: Sequence[list[dict]], key: str, k: int = 5, max_step: float = float("inf")) -> int:
+    """How many evaluations :func:`last_evals_means` averages: ``k``, or fewer where a run has fewer (the
+    smallest over the runs that logged ``key``; 0 when none did)."""
+    counts = [int((metric_points(rows, key)[0] <= max_step).sum()) for rows in runs]
+    counts = [c for c in counts if c]
+    return min([k, *counts]) if counts else 0
+
+
+def final_values(results: Sequence[dict], set_name: str, metric: str) -> np.ndarray:
+    """Per-seed values of one metric from evaluation dicts (:meth:`EvalResult.to_dict`, one per seed).
+
+    ``metric`` is one of :data:`EVAL_METRICS`, or ``"control/<m>"`` for a control metric (NaN for a
+    seed without it: an evaluation made before the control existed, or a set without a mismatched
+    condition).
+    """
+    if metric.startswith("control/"):
+        m = metric.split("/", 1)[1]
+        return np.array([float(r[set_name].get("control", {}).get(m, np.nan)) if set_name in r else np.nan
+                         for r in results])
+    return np.array([float(r[set_name][metric]) if set_name in r else np.nan for r in results])
+
+
+def ci_cell(values: Sequence[float], fmt: str = "{:.3f}") -> str:
+    """``mean [low, high]`` with the 95% percentile bootstrap interval over seeds; ``-`` when absent."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0 or np.isnan(arr).any():
+        return "-"
+    low, high = bootstrap_ci(arr)
+    ci = "n/a" if np.isnan(low) else f"{fmt.format(low)}, {fmt.format(high)}"
+    return f"{fmt.format(arr.mean())} [{ci}]"
+
+
+def set_names(results: dict[str, Sequence[dict]]) -> list[str]:
+    """Every set some method's evaluation dicts hold: the built-in ones first, then user sets, in order."""
+    from oir_gym.instructions import SET_NAMES
+
+    seen = dict.fromkeys(s for seeds in results.values() for r in seeds for s in r)
+    return [s for s in SET_NAMES if s in seen] + [s for s in seen if s not in SET_NAMES]
+
+
+def final_and_last_table(finals: dict[str, Sequence[dict]], runs: dict[str, Sequence[list[dict]]],
+                         sets: Sequence[str] = ("original", "simple", "complex"), k: int = 5,
+                         max_step: float = float("inf")) -> str:
+    """Markdown table: per method and set, the final point beside the mean of the last ``k`` evaluations.
+
+    Cells are the mean over seeds with its 95% percentile bootstrap interval over seeds
+    (:func:`oir_gym.metrics.bootstrap_ci`); "last: evaluations" is how many evaluations the last-k
+    mean holds (fewer than ``k`` for a short run). Columns for the instruction-following gain (asked -
+    mismatched, :mod:`oir_gym.evaluation`) are added when some run has it.
+
+    Args:
+        finals: per method, the per-seed evaluation dicts of the final point (``eval_final.json``).
+        runs: per method, the metrics rows of each run (the periodic evaluations).
+        k: how many of the last evaluations to average.
+        max_step: ignore evaluations after this many env steps.
+    """
+    gain_key = "eval/control/{}/gain"
+    has_gain = any(np.isfinite(final_values(seeds, s, "control/gain")).any() for seeds in finals.values() for s in sets) \
+        or any(len(last_evals_means(rows, gain_key.format(s), k, max_step)) for rows in runs.values() for s in sets)
+    head = f"| method | set | seeds | final: mean success rate | last: evaluations | last {k}: mean success rate |"
+    if has_gain:
+        head += f" final: gain | last {k}: gain |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for m, seeds in finals.items():
+        for s in sets:
+            final = final_values(seeds, s, "mean_success_rate")
+            if np.isnan(final).all():
+                continue
+            key = f"eval/{s}/mean_success_rate"
+            last = last_evals_means(runs.get(m, []), key, k, max_step)
+            n_last = last_evals_count(runs.get(m, []), key, k, max_step)
+            row = f"| {m} | {s} | {len(final)} | {ci_cell(final)} | {n_last} | {ci_cell(last)} |"
+            if has_gain:
+                row += (f" {ci_cell(final_values(seeds, s, 'control/gain'), '{:+.3f}')} |"
+                        f" {ci_cell(last_evals_means(runs.get(m, []), gain_key.format(s), k, max_step), '{:+.3f}')} |")
+            lines.append(row)
+    return "\n".join(lines)
+
+
+def control_table(finals: dict[str, Sequence[dict]], sets: Sequence[str] = ("original", "simple", "complex")) -> str:
+    """Markdown table of the evaluation's control at the final point, per method and set.
+
+    Success when asked for the achievement, under the mismatched and the neutral instruction, and the
+    two gains with their 95% bootstrap intervals over seeds. Empty string when no evaluation has a control.
+    """
+    lines = ["| method | set | asked | mismatched | neutral | gain (asked - mismatched) | gain (asked - neutral) |",
+             "|---|---|---|---|---|---|---|"]
+    for m, seeds in finals.items():
+        for s in sets:
+            neutral = final_values(seeds, s, "control/neutral_mean_success_rate")
+            if np.isnan(neutral).any():
+                continue
+            asked = final_values(seeds, s, "mean_success_rate")
+            mism = final_values(seeds, s, "control/mismatched_mean_success_rate")
+            mism_cell = "-" if np.isnan(mism).any() else f"{mism.mean():.3f}"
+            lines.append(f"| {m} | {s} | {asked.mean():.3f} | {mism_cell} | {neutral.mean():.3f} | "
+                         f"{ci_cell(final_values(seeds, s, 'control/gain'), '{:+.3f}')} | "
+                         f"{ci_cell(final_values(seeds, s, 'control/gain_neutral'), '{:+.3f}')} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def _metric_cells(per_seed: dict[str, Sequence[float]]) -> str:

@@ -1,20 +1,43 @@
-"""The evaluation protocol of the paper (Sec. 5), shared by the PQN and SB3 agents.
+"""The evaluation protocol of the paper (Sec. 5), shared by the PQN and SB3 agents, plus a control.
 
 Every instruction of the chosen sets (``original``, ``simple``, ``complex``; see
-:mod:`oir_gym.instructions`) is given to ``episodes`` envs; the policy acts greedily for a
-fixed ``horizon`` (the env's cosine termination is off, so reward shaping cannot end an
-episode early); an episode succeeds when the instruction's ground-truth Craftax achievement
-happens before the horizon or the player's death. Metrics per set: per-instruction success
-rate, mean success rate, number of completed instructions, aggregate score.
+:mod:`oir_gym.instructions`; and any user sets, :attr:`EvalConfig.instruction_files`) is given to
+``episodes`` envs; the policy acts greedily for a fixed ``horizon`` (the env's cosine termination is
+off, so reward shaping cannot end an episode early); an episode succeeds when the instruction's
+ground-truth Craftax achievement (or all of its achievements) happens before the horizon or the
+player's death. Metrics per set: per-instruction success rate, mean success rate, number of
+completed instructions, aggregate score.
+
+**Control** (``EvalConfig.control``, on by default). Success alone cannot tell instruction
+following from a fixed routine that happens to complete some achievements. Every episode records
+all 22 achievement flags, so the success of achievement A is also read where the agent was asked
+for something else:
+
+* *mismatched*: in the episodes of the instruction of the same set paired with A by
+  :func:`mismatch_pairing` (a fixed derangement of the set's achievements that never pairs an
+  achievement with one of its prerequisites or consequences: asked for "place table", an agent
+  must collect wood, so "collect wood" is never paired with "place table");
+* *neutral*: in ``episodes`` extra episodes under :data:`NEUTRAL_TEXT` (an instruction that names
+  no task; see ``docs/evaluation.md`` for the choice).
+
+The instruction-following gain of an instruction is success(A | asked for A) - success(A | the
+mismatched instruction); the neutral gain is reported beside it. A policy that ignores its
+instruction has gains near 0 whatever it completes. The mismatched condition costs no episode;
+the neutral one ``episodes`` more envs in all.
 
 Two drivers: :func:`evaluate_jax` runs everything in one jitted ``lax.scan`` (PQN), and
-:func:`evaluate_policy` steps an :class:`~oir_gym.vector_env.InstructionCraftax` from Python for
-any policy object (SB3 agents).
+:func:`evaluate_python_policy` steps an :class:`~oir_gym.vector_env.InstructionCraftax` from Python
+for any policy object (SB3 agents).
+
+Evaluation worlds come from :func:`eval_key`: the run's seed, the seed's index inside a vmapped
+run and the update, so that the seeds of a run, and runs of different seeds, meet different worlds.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 import jax
@@ -22,8 +45,46 @@ import jax.numpy as jnp
 import numpy as np
 
 from oir_gym import functional as F
-from oir_gym.instructions import SET_NAMES, get_instruction_set
-from oir_gym.metrics import summarize
+from oir_gym.captions import ACHIEVEMENT_NAMES, NUM_ACHIEVEMENTS
+from oir_gym.instructions import SET_NAMES, EvalInstruction, load_instruction_files, load_instruction_sets
+from oir_gym.metrics import control_summary, following_gain, summarize
+
+#: The neutral instruction of the control: it names no task, and the sentence encoder puts it far
+#: from every evaluation instruction (max cosine 0.25) and every caption phrasing (max 0.33), so it
+#: neither points at an achievement nor could be paid by the cosine reward. "do nothing in
+#: particular" would be a poor choice: cosine 0.85 to the caption "do nothing" (docs/evaluation.md).
+NEUTRAL_TEXT = "no instruction"
+
+#: Set name of the neutral episodes in :func:`eval_instructions` (':' is not allowed in user set names).
+NEUTRAL_SET = "control:neutral"
+
+#: Direct prerequisites of each Craftax-Classic achievement (what must have happened first in the
+#: episode): the recipes of the game (table from wood; wooden tools at a table; stone with a wooden
+#: pickaxe; furnace from stone; iron with a stone pickaxe, iron tools with coal, iron and a furnace;
+#: a plant from a sapling; eating it once it is ripe; diamond with an iron pickaxe).
+PREREQUISITES: dict[str, tuple[str, ...]] = {
+    "place_table": ("collect_wood",),
+    "make_wood_pickaxe": ("place_table",),
+    "make_wood_sword": ("place_table",),
+    "place_plant": ("collect_sapling",),
+    "eat_plant": ("place_plant",),
+    "collect_stone": ("make_wood_pickaxe",),
+    "place_stone": ("collect_stone",),
+    "make_stone_pickaxe": ("collect_stone",),
+    "make_stone_sword": ("collect_stone",),
+    "place_furnace": ("collect_stone",),
+    "collect_coal": ("make_wood_pickaxe",),
+    "collect_iron": ("make_stone_pickaxe",),
+    "make_iron_pickaxe": ("collect_iron", "collect_coal", "place_furnace"),
+    "make_iron_sword": ("collect_iron", "collect_coal", "place_furnace"),
+    "collect_diamond": ("make_iron_pickaxe",),
+}
+
+#: Salt of the evaluation keys: keeps evaluation worlds apart from anything else made from the seed.
+EVAL_KEY_SALT = 0x0E7A1
+
+
+# ----------------------------------------------------------------------------- configuration
 
 
 @dataclass(frozen=True)
@@ -31,78 +92,358 @@ class EvalConfig:
     """Evaluation settings.
 
     Attributes:
-        sets: instruction sets to evaluate.
-        episodes: episodes per instruction.
+        sets: built-in instruction sets to evaluate (any of :data:`~oir_gym.instructions.SET_NAMES`;
+            user set names are accepted too, to fix their order). Every set of ``instruction_files``
+            is evaluated as well; ``sets=()`` with files evaluates only the files' sets.
+        episodes: episodes per instruction (1-32 measured; see ``docs/benchmarks.md`` for the cost).
         horizon: steps per episode (the paper does not state one; we document ours).
+        instruction_files: user files of named sets (``docs/evaluation.md``), read and checked when
+            the config is made, so a bad file stops a run before training or evaluation starts.
+        control: also measure each achievement under a mismatched and a neutral instruction.
+        neutral_text: the neutral instruction of the control.
     """
 
     sets: tuple[str, ...] = SET_NAMES
     episodes: int = 2
     horizon: int = 300
+    instruction_files: tuple[str, ...] = ()
+    control: bool = True
+    neutral_text: str = NEUTRAL_TEXT
+    _user_sets: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        files = self.instruction_files
+        files = (files,) if isinstance(files, (str, os.PathLike)) else tuple(files)
+        object.__setattr__(self, "instruction_files", tuple(str(f) for f in files))
+        object.__setattr__(self, "sets", tuple(self.sets))
+        user = load_instruction_files(self.instruction_files)
+        object.__setattr__(self, "_user_sets", user)
         for s in self.sets:
-            if s not in SET_NAMES:
-                raise ValueError(f"unknown instruction set {s!r}; expected some of {SET_NAMES}")
+            if s not in SET_NAMES and s not in user:
+                raise ValueError(f"unknown instruction set {s!r}; expected some of {SET_NAMES}"
+                                 + (f" or of the files' sets {tuple(user)}" if user else ""))
+        if not self.set_names:
+            raise ValueError("no instruction set to evaluate: give sets or instruction_files")
         if self.episodes < 1 or self.horizon < 1:
             raise ValueError(f"episodes ({self.episodes}) and horizon ({self.horizon}) must be >= 1")
+        if not isinstance(self.neutral_text, str) or not self.neutral_text.strip():
+            raise ValueError(f"neutral_text must be a non-empty string, got {self.neutral_text!r}")
+
+    @property
+    def set_names(self) -> tuple[str, ...]:
+        """Every evaluated set, in order: ``sets``, then the files' other sets."""
+        return tuple(dict.fromkeys((*self.sets, *self._user_sets)))
+
+    def instruction_sets(self) -> dict[str, list[EvalInstruction]]:
+        """``{set name: [EvalInstruction, ...]}`` of every evaluated set."""
+        builtin = load_instruction_sets()
+        return {s: list(self._user_sets[s] if s in self._user_sets else builtin[s]) for s in self.set_names}
+
+
+def eval_config(instruction_files: Sequence[str | os.PathLike] | str | os.PathLike = (), **kwargs: Any) -> EvalConfig:
+    """The evaluation config of a trainer: ``EvalConfig(instruction_files=..., **kwargs)``.
+
+    What both trainers call with their ``eval.instruction_files`` (a list of paths, possibly empty);
+    raises ValueError for a bad file before anything else runs.
+    """
+    return EvalConfig(instruction_files=instruction_files, **kwargs)  # one path or several: __post_init__ sorts it out
+
+
+# ----------------------------------------------------------------------------- the control pairing
+
+
+@lru_cache(maxsize=None)
+def _ancestors(a: int) -> frozenset[int]:
+    """Every achievement that must happen before achievement ``a`` (transitively)."""
+    out: set[int] = set()
+    for p in PREREQUISITES.get(ACHIEVEMENT_NAMES[a], ()):
+        i = ACHIEVEMENT_NAMES.index(p)
+        out |= {i} | _ancestors(i)
+    return frozenset(out)
+
+
+def related(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether two targets (tuples of achievement indices) share an achievement, or one needs the other."""
+    return any(x == y or x in _ancestors(y) or y in _ancestors(x) for x in a for y in b)
+
+
+def mismatch_pairing(targets: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """The fixed derangement of the control: for each distinct target, the target whose instruction stands in.
+
+    Among all derangements of the distinct targets (sorted), those with the fewest :func:`related`
+    pairs; among them, the one that gives the first target the partner nearest after it (in that
+    order, cyclically), then the second, and so on. Well defined whatever solver finds the optimum.
+    For the 22 achievements no pair is related (the table is in ``docs/evaluation.md``).
+
+    Args:
+        targets: achievement-index tuples (repeats allowed: one per instruction).
+
+    Returns:
+        ``{target: partner}``, a permutation without fixed points; empty for fewer than 2 distinct targets.
+    """
+    return dict(_pairing(tuple(sorted(set(tuple(t) for t in targets)))))
+
+
+@lru_cache(maxsize=64)
+def _pairing(uniq: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    from scipy.optimize import linear_sum_assignment
+
+    n = len(uniq)
+    if n < 2:
+        return ()
+    big = n + 1  # any assignment using a forbidden cell costs more than the worst allowed one (n related pairs)
+    cost = np.array([[big if i == j else int(related(uniq[i], uniq[j])) for j in range(n)] for i in range(n)])
+
+    def optimum(c: np.ndarray) -> int:
+        r, k = linear_sum_assignment(c)
+        return int(c[r, k].sum())
+
+    best = optimum(cost)  # the fewest related pairs: unique, unlike the assignment a solver returns
+    for i in range(n):  # fix each row to its nearest following partner that keeps the optimum
+        for d in range(1, n):
+            j = (i + d) % n
+            if cost[i, j] >= big:
+                continue
+            trial = cost.copy()
+            trial[i, :], trial[:, j] = big, big
+            trial[i, j] = cost[i, j]
+            if optimum(trial) == best:
+                cost = trial
+                break
+    return tuple((uniq[i], uniq[int(np.flatnonzero(cost[i] < big)[0])]) for i in range(n))
+
+
+def mismatch_partners(targets: Sequence[tuple[int, ...]]) -> list[int] | None:
+    """For each instruction of a set, the instruction of the same set given in its mismatched condition.
+
+    The k-th instruction of target A is paired with the (k mod m)-th of target B =
+    :func:`mismatch_pairing` (A), m being B's number of instructions (e.g. a paraphrase of
+    "collect wood" with the paraphrase of its partner at the same position). ``None`` when the set
+    has fewer than 2 distinct targets (no mismatched instruction exists).
+    """
+    pairing = mismatch_pairing(targets)
+    if not pairing:
+        return None
+    by_target: dict[tuple[int, ...], list[int]] = {}
+    rank = []
+    for i, t in enumerate(targets):
+        rank.append(len(by_target.setdefault(tuple(t), [])))
+        by_target[tuple(t)].append(i)
+    out = []
+    for i, t in enumerate(targets):
+        others = by_target[pairing[tuple(t)]]
+        out.append(others[rank[i] % len(others)])
+    return out
+
+
+# ----------------------------------------------------------------------------- evaluation keys
+
+
+def eval_key(seed: int, index: int = 0, update: int = 0) -> jax.Array:
+    """The key of one evaluation: it fixes the worlds (and the policy's noise, if any).
+
+    Args:
+        seed: the run's seed (``cfg.seed``).
+        index: the seed's index inside a run that trains several seeds side by side (vmapped).
+        update: the update at which the policy is evaluated (each evaluation of a run meets new
+            worlds; runs of the same seed meet the same ones at the same update).
+    """
+    key = jax.random.PRNGKey(EVAL_KEY_SALT)
+    for name, v in (("seed", seed), ("index", index), ("update", update)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= int(v) < 2**32:
+            raise ValueError(f"eval_key: {name} must be an integer in [0, 2**32), got {v!r}")
+        key = jax.random.fold_in(key, int(v))
+    return key
+
+
+def eval_keys(seed: int, num_seeds: int, update: int = 0) -> jax.Array:
+    """``[num_seeds, 2]`` keys of :func:`eval_key` for the seeds ``0..num_seeds-1`` of a run (for
+    :func:`evaluate_jax_seeds`)."""
+    return jnp.stack([eval_key(seed, s, update) for s in range(num_seeds)])
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class ControlResult:
+    """The control conditions of one set, aligned with the set's instructions.
+
+    Attributes:
+        mismatched_texts: the instruction given in the mismatched condition of each instruction
+            (``None`` when the set has fewer than 2 distinct targets).
+        mismatched_rates: success of each instruction's achievement(s) under that instruction.
+        neutral_text: the neutral instruction.
+        neutral_rates: success of each instruction's achievement(s) under the neutral instruction.
+    """
+
+    mismatched_texts: list[str] | None
+    mismatched_rates: np.ndarray | None
+    neutral_text: str
+    neutral_rates: np.ndarray
 
 
 @dataclass
 class EvalResult:
-    """Per-set results. ``rates[set]`` is a ``[n_instructions]`` array aligned with ``texts[set]``."""
+    """Per-set results. ``rates[set]`` is a ``[n_instructions]`` array aligned with ``texts[set]``.
+
+    ``achievements[set]`` holds each instruction's achievement index (-1 for one scored by
+    several, listed in ``targets[set]``); ``control[set]`` the control conditions (when run).
+    """
 
     texts: dict[str, list[str]] = field(default_factory=dict)
     achievements: dict[str, list[int]] = field(default_factory=dict)
     rates: dict[str, np.ndarray] = field(default_factory=dict)
+    targets: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    control: dict[str, ControlResult] = field(default_factory=dict)
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {s: summarize(r) for s, r in self.rates.items()}
 
+    def control_summary(self) -> dict[str, dict[str, float]]:
+        """Per set: ``gain`` (mean over instructions of asked - mismatched), ``gain_neutral``, and the
+        mean success rates of the two control conditions (:func:`oir_gym.metrics.control_summary`)."""
+        return {s: control_summary(self.rates[s], c.mismatched_rates, c.neutral_rates) for s, c in self.control.items()}
+
     def flat_metrics(self) -> dict[str, float]:
-        """``{"eval/original/mean_success_rate": ..., ...}`` for logging."""
+        """``{"eval/original/mean_success_rate": ..., "eval/control/original/gain": ...}`` for logging."""
         out = {}
         for s, m in self.summary().items():
             for k, v in m.items():
                 out[f"eval/{s}/{k}"] = float(v)
+        for s, m in self.control_summary().items():
+            for k, v in m.items():
+                out[f"eval/control/{s}/{k}"] = float(v)
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {s: {"texts": self.texts[s], "achievements": self.achievements[s],
-                    "rates": [float(x) for x in self.rates[s]], **self.summary()[s]} for s in self.rates}
+        """JSON-ready ``{set: {texts, achievements, rates, <summary>, [targets], [control]}}``."""
+        out: dict[str, Any] = {}
+        control = self.control_summary()
+        for s in self.rates:
+            d = {"texts": self.texts[s], "achievements": [int(a) for a in self.achievements[s]],
+                 "rates": [float(x) for x in self.rates[s]], **self.summary()[s]}
+            if any(len(t) > 1 for t in self.targets.get(s, [])):
+                d["targets"] = [[int(a) for a in t] for t in self.targets[s]]
+            if s in self.control:
+                c = self.control[s]
+                mism = c.mismatched_rates
+                d["control"] = {
+                    "mismatched_texts": c.mismatched_texts,
+                    "mismatched_rates": None if mism is None else [float(x) for x in mism],
+                    "neutral_text": c.neutral_text,
+                    "neutral_rates": [float(x) for x in c.neutral_rates],
+                    "gain_per_instruction": None if mism is None else
+                    [float(x) for x in following_gain(self.rates[s], mism)],
+                    "gain_neutral_per_instruction": [float(x) for x in following_gain(self.rates[s], c.neutral_rates)],
+                    **control[s],
+                }
+            out[s] = d
+        return out
 
     def to_markdown(self) -> str:
-        """Summary table plus the per-instruction table of the original set."""
+        """Summary table, the control table (when run), and the per-instruction table of the original set."""
         lines = ["| set | mean success rate | completed instructions | aggregate score |", "|---|---|---|---|"]
         for s, m in self.summary().items():
             lines.append(f"| {s} | {m['mean_success_rate']:.3f} | {m['num_completed']} / {len(self.rates[s])} | {m['aggregate_score']:.3f} |")
+        control = self.control_summary()
+        if control:
+            lines += ["", "Control: success of each instruction's achievement when asked for it, for the paired "
+                      "other achievement (mismatched) and with the neutral instruction; gain = asked - control.", "",
+                      "| set | asked | mismatched | neutral | gain (asked - mismatched) | gain (asked - neutral) |",
+                      "|---|---|---|---|---|---|"]
+            for s, c in control.items():
+                mism = f"{c['mismatched_mean_success_rate']:.3f}" if "gain" in c else "-"
+                gain = f"{c['gain']:+.3f}" if "gain" in c else "- (one achievement only)"
+                lines.append(f"| {s} | {self.summary()[s]['mean_success_rate']:.3f} | {mism} | "
+                             f"{c['neutral_mean_success_rate']:.3f} | {gain} | {c['gain_neutral']:+.3f} |")
         if "original" in self.rates:
-            lines += ["", "| instruction | success rate |", "|---|---|"]
-            lines += [f"| {t} | {r:.2f} |" for t, r in zip(self.texts["original"], self.rates["original"])]
+            c = self.control.get("original")
+            if c is not None and c.mismatched_rates is not None:
+                lines += ["", "| instruction | success rate | mismatched (instruction given) | neutral |", "|---|---|---|---|"]
+                lines += [f"| {t} | {r:.2f} | {m:.2f} ({mt}) | {n:.2f} |" for t, r, m, mt, n in
+                          zip(self.texts["original"], self.rates["original"], c.mismatched_rates, c.mismatched_texts,
+                              c.neutral_rates)]
+            else:
+                lines += ["", "| instruction | success rate |", "|---|---|"]
+                lines += [f"| {t} | {r:.2f} |" for t, r in zip(self.texts["original"], self.rates["original"])]
         return "\n".join(lines)
 
 
-def eval_instructions(cfg: EvalConfig) -> tuple[list[str], list[int], list[str]]:
-    """Texts, achievement indices and set names of all evaluated instructions, in order."""
-    texts, achs, sets = [], [], []
-    for s in cfg.sets:
-        for ins in get_instruction_set(s):
+# ----------------------------------------------------------------------------- the instructions of an evaluation
+
+
+def _plan(cfg: EvalConfig) -> tuple[list[str], list[int], list[str], list[tuple[int, ...]]]:
+    texts, achs, sets, targets = [], [], [], []
+    for s, items in cfg.instruction_sets().items():
+        for ins in items:
             texts.append(ins.text)
             achs.append(ins.achievement_index)
             sets.append(s)
+            targets.append(ins.targets)
+    if cfg.control:
+        texts.append(cfg.neutral_text)
+        achs.append(-1)
+        sets.append(NEUTRAL_SET)
+        targets.append(())
+    return texts, achs, sets, targets
+
+
+def eval_instructions(cfg: EvalConfig) -> tuple[list[str], list[int], list[str]]:
+    """Texts, achievement indices and set names of every instruction an evaluation gives, in order.
+
+    With ``cfg.control`` the last one is the neutral instruction (set :data:`NEUTRAL_SET`,
+    achievement -1). Register all of them (``registry.rows(texts, achs)``): their rows are the
+    ``rows`` of :func:`evaluate_jax`.
+    """
+    texts, achs, sets, _ = _plan(cfg)
     return texts, achs, sets
 
 
-def eval_result(cfg: EvalConfig, texts, achs, sets, success: np.ndarray) -> EvalResult:
-    """Per-set rates from ``success``: ``[n_instructions * episodes]`` bool, instruction-major."""
-    per = success.reshape(len(texts), cfg.episodes).mean(axis=1)
+def _outcomes(achieved: np.ndarray, target: tuple[int, ...]) -> np.ndarray:
+    """``[episodes]`` success of ``target`` (all its achievements) from ``[episodes, 22]`` flags."""
+    return achieved[:, list(target)].all(axis=1)
+
+
+def eval_result(cfg: EvalConfig, texts, achs, sets, achieved: np.ndarray) -> EvalResult:
+    """Per-set rates (and the control) from the achievements of every episode.
+
+    Args:
+        cfg: the evaluation config; ``texts, achs, sets`` must be :func:`eval_instructions` (cfg).
+        achieved: ``[n_instructions * episodes, 22]`` bool, instruction-major: which achievements
+            happened in each episode before the horizon or the player's death.
+    """
+    p_texts, _, p_sets, targets = _plan(cfg)
+    if list(texts) != p_texts or list(sets) != p_sets:
+        raise ValueError("texts and sets must be eval_instructions(cfg) of this config")
+    achieved = np.asarray(achieved, bool)
+    if achieved.shape != (len(texts) * cfg.episodes, NUM_ACHIEVEMENTS):
+        raise ValueError(f"achieved must be [n_instructions * episodes, {NUM_ACHIEVEMENTS}] = "
+                         f"[{len(texts) * cfg.episodes}, {NUM_ACHIEVEMENTS}], got {achieved.shape}")
+    per = achieved.reshape(len(texts), cfg.episodes, NUM_ACHIEVEMENTS)
+    neutral = p_sets.index(NEUTRAL_SET) if cfg.control else None
     res = EvalResult()
-    for s in cfg.sets:
+    for s in cfg.set_names:
         idx = [i for i, x in enumerate(sets) if x == s]
+        tg = [targets[i] for i in idx]
         res.texts[s] = [texts[i] for i in idx]
         res.achievements[s] = [achs[i] for i in idx]
-        res.rates[s] = per[idx]
+        res.targets[s] = tg
+        res.rates[s] = np.array([_outcomes(per[i], t).mean() for i, t in zip(idx, tg)])
+        if neutral is None:
+            continue
+        partners = mismatch_partners(tg)
+        res.control[s] = ControlResult(
+            mismatched_texts=None if partners is None else [texts[idx[j]] for j in partners],
+            mismatched_rates=None if partners is None else
+            np.array([_outcomes(per[idx[j]], t).mean() for j, t in zip(partners, tg)]),
+            neutral_text=texts[neutral],
+            neutral_rates=np.array([_outcomes(per[neutral], t).mean() for t in tg]),
+        )
     return res
+
+
+# ----------------------------------------------------------------------------- the JAX driver
 
 
 def eval_params(params: F.EnvParams, rows: np.ndarray, achievements: Sequence[int]) -> F.EnvParams:
@@ -114,50 +455,59 @@ def eval_params(params: F.EnvParams, rows: np.ndarray, achievements: Sequence[in
 
 def make_jax_evaluator(policy_step: Callable, init_carry: Callable, num_envs: int, horizon: int,
                        obs_mode: str = "paper", pool_size: int | None = None):
-    """Build a jitted ``evaluate(key, policy_params, env_params, pinned_rows) -> success [num_envs]``.
+    """Build a jitted ``evaluate(key, policy_params, env_params, pinned_rows) -> achieved [num_envs, 22]``.
+
+    ``achieved[e, a]``: achievement ``a`` happened in env ``e`` before the horizon or the player's
+    death (every achievement is recorded, so the control reads other instructions' episodes).
 
     Args:
         policy_step: ``(policy_params, carry, obs, done, key) -> (carry, actions)``, batched,
             greedy (the caller decides how greedy).
         init_carry: ``(num_envs) -> carry``.
+        pool_size: worlds pre-generated for resets; an evaluation never resets an env, so 1 by
+            default (the envs' own worlds do not depend on it).
     """
 
     def evaluate(key, policy_params, env_params, pinned):
         k_reset, k_run = jax.random.split(key)
-        obs, bstate = F.batch_reset(k_reset, env_params, num_envs, pool_size or num_envs, pinned, obs_mode)
-        ach = env_params.table.achievement[pinned]
+        obs, bstate = F.batch_reset(k_reset, env_params, num_envs, pool_size or 1, pinned, obs_mode)
 
         def body(c, k):
-            obs, bstate, carry, alive, success, done_prev = c
+            obs, bstate, carry, alive, achieved, done_prev = c
             k_pol, k_env = jax.random.split(k)
             carry, actions = policy_step(policy_params, carry, obs, done_prev, k_pol)
             obs, bstate, _, term, trunc, info, _ = F.batch_step(
                 k_env, bstate, actions, env_params, obs_mode=obs_mode, autoreset=False
             )
-            hit = jnp.take_along_axis(info.achievements, jnp.maximum(ach, 0)[:, None], axis=1)[:, 0]
-            success = success | (hit & alive & (ach >= 0))
+            achieved = achieved | (info.achievements & alive[:, None])
             alive = alive & ~term
-            return (obs, bstate, carry, alive, success, jnp.zeros_like(term)), None
+            return (obs, bstate, carry, alive, achieved, jnp.zeros_like(term)), None
 
-        init = (obs, bstate, init_carry(num_envs), jnp.ones(num_envs, bool), jnp.zeros(num_envs, bool),
-                jnp.ones(num_envs, bool))
+        init = (obs, bstate, init_carry(num_envs), jnp.ones(num_envs, bool),
+                jnp.zeros((num_envs, NUM_ACHIEVEMENTS), bool), jnp.ones(num_envs, bool))
         final, _ = jax.lax.scan(body, init, jax.random.split(k_run, horizon))
         return final[4]
 
     return jax.jit(evaluate)
 
 
-def _jax_success(evaluator, key, policy_params, env_params: F.EnvParams, rows: np.ndarray, cfg: EvalConfig,
-                 achs) -> np.ndarray:
+def _jax_achieved(evaluator, key, policy_params, env_params: F.EnvParams, rows: np.ndarray, cfg: EvalConfig,
+                  achs) -> np.ndarray:
+    if len(rows) != len(achs):
+        raise ValueError(f"{len(rows)} rows for {len(achs)} instructions: register eval_instructions(cfg) and pass "
+                         "their rows")
     pinned = jnp.repeat(jnp.asarray(rows, jnp.int32), cfg.episodes)
     return np.asarray(evaluator(key, policy_params, eval_params(env_params, rows, achs), pinned))
 
 
 def evaluate_jax(evaluator, key, policy_params, env_params: F.EnvParams, rows: np.ndarray,
                  cfg: EvalConfig, texts, achs, sets) -> EvalResult:
-    """Run a :func:`make_jax_evaluator` evaluator on the instructions (``rows`` in the table)."""
-    success = _jax_success(evaluator, key, policy_params, env_params, rows, cfg, achs)
-    return eval_result(cfg, texts, achs, sets, success)
+    """Run a :func:`make_jax_evaluator` evaluator on the instructions (``rows`` in the table).
+
+    ``texts, achs, sets`` are :func:`eval_instructions` (cfg); ``key`` is best made by :func:`eval_key`.
+    """
+    achieved = _jax_achieved(evaluator, key, policy_params, env_params, rows, cfg, achs)
+    return eval_result(cfg, texts, achs, sets, achieved)
 
 
 def evaluate_jax_seeds(evaluator, keys, policy_params, env_params: F.EnvParams, rows: np.ndarray,
@@ -167,20 +517,27 @@ def evaluate_jax_seeds(evaluator, keys, policy_params, env_params: F.EnvParams, 
     ``evaluator`` is a :func:`make_jax_evaluator` evaluator vmapped over its key and policy
     parameters (``jax.jit(jax.vmap(ev, in_axes=(0, 0, None, None)))``, built once and kept:
     the evaluation is a long sequential scan, so policies side by side cost about what one
-    does); ``keys`` and the leaves of ``policy_params`` have a leading policy axis.
+    does); ``keys`` (:func:`eval_keys` of the run's seed) and the leaves of ``policy_params`` have a
+    leading policy axis.
     """
-    success = _jax_success(evaluator, keys, policy_params, env_params, rows, cfg, achs)
-    return [eval_result(cfg, texts, achs, sets, s) for s in success]
+    achieved = _jax_achieved(evaluator, keys, policy_params, env_params, rows, cfg, achs)
+    return [eval_result(cfg, texts, achs, sets, a) for a in achieved]
 
 
-def evaluate_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), seed: int = 0,
-                    env_kwargs: dict | None = None) -> EvalResult:
-    """Evaluate any Python policy on a fresh :class:`InstructionCraftax`.
+# ----------------------------------------------------------------------------- the Python driver
+
+
+def evaluate_python_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), seed: int = 0,
+                           env_kwargs: dict | None = None) -> EvalResult:
+    """Evaluate any Python policy on a fresh :class:`InstructionCraftax` (the SB3 agents' driver).
+
+    Not SB3's ``evaluate_policy`` (a mean episode return): this runs the protocol above.
 
     Args:
         policy: ``policy(obs: dict[str, np.ndarray], state, episode_start: np.ndarray) ->
             (actions, state)``; ``state`` is whatever the policy keeps (e.g. LSTM states),
             ``None`` at the start.
+        seed: seeds the worlds (derive it from the run's seed).
         env_kwargs: extra keyword arguments of the env (``obs_mode``, ``encoder``...).
     """
     from oir_gym.vector_env import InstructionCraftax
@@ -192,20 +549,16 @@ def evaluate_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), seed: int 
     env.register_instructions(texts, achs)
     env_texts = [t for t in texts for _ in range(cfg.episodes)]
     obs, _ = env.reset(seed=seed, options={"instruction": env_texts})
-    rows = env.register_instructions(texts, achs)
-    target = np.repeat(np.asarray(achs), cfg.episodes)
     alive = np.ones(n, bool)
-    success = np.zeros(n, bool)
+    achieved = np.zeros((n, NUM_ACHIEVEMENTS), bool)
     state, start = None, np.ones(n, bool)
-    del rows
     for _ in range(cfg.horizon):
         actions, state = policy(obs, state, start)
         obs, _, term, trunc, info = env.step(np.asarray(actions))
-        hit = info["achievements"][np.arange(n), target]
-        success |= hit & alive
+        achieved |= np.asarray(info["achievements"], bool) & alive[:, None]
         alive &= ~(term | trunc)
         start = np.zeros(n, bool)
         if not alive.any():
             break
     env.close()
-    return eval_result(cfg, texts, achs, sets, success)
+    return eval_result(cfg, texts, achs, sets, achieved)

@@ -8,12 +8,18 @@ Success rates are fractions in ``[0, 1]`` (not percentages), one per instruction
   on low-success instructions. By Jensen's inequality it lies in ``[0, mean success rate]``, with
   equality iff all rates are equal.
 
-Seeds are aggregated with :func:`mean_and_stderr` (the paper's shaded areas are standard errors).
+Seeds are aggregated with :func:`mean_and_stderr` (the paper's shaded areas are standard errors)
+and, for confidence intervals, :func:`bootstrap_ci` (scipy's percentile bootstrap).
+
+The control of the evaluation (:mod:`oir_gym.evaluation`) adds the instruction-following gain
+(:func:`following_gain`, :func:`control_summary`): per instruction, its achievement's success rate
+when asked for it minus the rate when asked for something else (a mismatched instruction, or the
+neutral one). A policy that ignores its instruction has gains near 0 whatever it achieves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -123,3 +129,72 @@ def mean_and_stderr(values: Any, axis: int = 0) -> tuple[Any, Any]:
     if np.ndim(mean) == 0:
         return float(mean), float(stderr)
     return mean, stderr
+
+
+def following_gain(asked: Any, control: Any) -> np.ndarray:
+    """Per-instruction instruction-following gain: ``asked - control``, in ``[-1, 1]``.
+
+    Args:
+        asked: success rate of each instruction's achievement when the agent is asked for it.
+        control: success rate of the same achievement when asked for something else (the
+            mismatched or the neutral instruction), aligned with ``asked``.
+    """
+    a, c = _rates_array(asked), _rates_array(control)
+    if a.shape != c.shape:
+        raise ValueError(f"asked and control rates must be aligned, got {a.size} and {c.size} instructions")
+    return a - c
+
+
+def control_summary(asked: Any, mismatched: Any | None, neutral: Any) -> dict[str, float]:
+    """Set-level control metrics.
+
+    Returns:
+        ``gain`` (mean of :func:`following_gain` against the mismatched condition, the headline:
+        "success(A | asked for A) - success(A | asked for something else)") and
+        ``mismatched_mean_success_rate``, both absent when ``mismatched`` is None (a set with one
+        achievement has no mismatched instruction); ``gain_neutral`` and ``neutral_mean_success_rate``.
+        The mean gain equals the difference of the mean success rates.
+    """
+    out: dict[str, float] = {}
+    if mismatched is not None:
+        out["gain"] = float(following_gain(asked, mismatched).mean())
+        out["mismatched_mean_success_rate"] = mean_success_rate(mismatched)
+    out["gain_neutral"] = float(following_gain(asked, neutral).mean())
+    out["neutral_mean_success_rate"] = mean_success_rate(neutral)
+    return out
+
+
+def bootstrap_ci(values: Any, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0,
+                 statistic: Callable[..., Any] = np.mean) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of a statistic over seeds (``scipy.stats.bootstrap``).
+
+    The percentile method, as rliable uses, is well defined for the few seeds RL runs have (BCa
+    breaks down on 3 values); with n seeds only ``n**n`` resamples exist, so with 3 seeds the
+    interval is close to the range of the seeds: read it as such. Deterministic given ``seed``.
+
+    Args:
+        values: one value per seed (1-D, finite).
+
+    Returns:
+        ``(low, high)``; ``(nan, nan)`` for a single seed (no interval without spread to resample).
+    """
+    from scipy import stats
+
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"values must be a non-empty 1-D array of per-seed values, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError("values must be finite (no NaN or inf)")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if arr.size < 2:
+        return float("nan"), float("nan")
+    if np.all(arr == arr[0]):  # no spread: every resample gives the same value
+        v = float(statistic(arr))
+        return v, v
+    kwargs: dict[str, Any] = dict(confidence_level=confidence, n_resamples=n_resamples, method="percentile")
+    try:
+        res = stats.bootstrap((arr,), statistic, rng=np.random.default_rng(seed), **kwargs)
+    except TypeError:  # scipy < 1.15 names the generator random_state
+        res = stats.bootstrap((arr,), statistic, random_state=np.random.default_rng(seed), **kwargs)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)

@@ -97,3 +97,85 @@ def test_learning_curve_plot_takes_run_directories_and_metrics_files(tmp_path):
     assert out.stat().st_size > 10_000
     rows = analysis.plot_learning_curves({"a": [analysis.read_jsonl(flat)], "b": [flat, d]}, tmp_path / "r.png")
     assert rows.read_bytes() == out.read_bytes()  # rows already read draw the same figure
+
+
+# --------------------------------------------------------------------------- last evaluations, CIs, control
+
+
+def _control_rows(gains: list[list[float]], step: int = 100) -> list[dict]:
+    """Evaluation rows with per-seed mean success and control gain: ``gains[point][seed]``."""
+    rows = _rows(gains, step)
+    for r, seeds in zip([r for r in rows if "seed0/eval/original/mean_success_rate" in r], gains):
+        for s, g in enumerate(seeds):
+            r[f"seed{s}/eval/control/original/gain"] = g
+            r[f"seed{s}/eval/control/original/gain_neutral"] = g / 2
+        r["eval/control/original/gain"] = float(np.mean(seeds))
+    return rows
+
+
+def _eval_dict(rate: float, gain: float | None = None) -> dict:
+    d = {"original": {"texts": ["a"], "achievements": [0], "rates": [rate], "mean_success_rate": rate,
+                      "num_completed": int(rate > 0), "aggregate_score": rate}}
+    if gain is not None:
+        d["original"]["control"] = {"gain": gain, "gain_neutral": gain / 2, "mismatched_mean_success_rate": rate - gain,
+                                    "neutral_mean_success_rate": rate - gain / 2}
+    return d
+
+
+def test_metric_points_read_seed_columns_or_the_run_level_value():
+    steps, vals = analysis.metric_points(_control_rows([[0.1, 0.3], [0.2, 0.4]]), "eval/control/original/gain")
+    assert steps.tolist() == [100, 300] and vals.tolist() == [[0.1, 0.3], [0.2, 0.4]]
+    rows = [{"update": 1, "env_steps": 5, "eval/original/mean_success_rate": 0.5}]
+    assert analysis.metric_points(rows, "eval/original/mean_success_rate")[1].tolist() == [[0.5]]
+    steps, vals = analysis.metric_points(rows, "eval/control/original/gain")
+    assert steps.size == 0 and vals.size == 0
+
+
+def test_last_evals_means_average_each_seeds_last_k_points_per_run():
+    a = _rows([[0.0, 1.0], [0.2, 0.8], [0.4, 0.6], [0.6, 0.4]])  # 2 seeds, 4 evaluations
+    b = _rows([[0.9], [0.3]])  # 1 seed, 2 evaluations: a run keeps its own last points
+    key = "eval/original/mean_success_rate"
+    np.testing.assert_allclose(analysis.last_evals_means([a, b], key, k=2), [0.5, 0.5, 0.6])
+    np.testing.assert_allclose(analysis.last_evals_means([a], key, k=2, max_step=500), [0.3, 0.7])  # points <= 500
+    assert analysis.last_evals_means([a], "eval/control/original/gain").size == 0
+    # a run shorter than k contributes all of its points, and the count says so
+    np.testing.assert_allclose(analysis.last_evals_means([a, b], key, k=3), [0.4, 0.6, 0.6])
+    assert analysis.last_evals_count([a, b], key, k=3) == 2 and analysis.last_evals_count([a], key, k=3) == 3
+    assert analysis.last_evals_count([a], "eval/control/original/gain") == 0
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        analysis.last_evals_means([a], key, k=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.floats(0, 1), min_size=2, max_size=2), min_size=1, max_size=8), st.integers(1, 8))
+def test_the_last_k_mean_is_the_whole_run_mean_when_k_covers_the_run(curve, k):
+    rows = _rows(curve)
+    key = "eval/original/mean_success_rate"
+    last = analysis.last_evals_means([rows], key, k)
+    np.testing.assert_allclose(last, np.array(curve)[-k:].mean(axis=0))
+    if k >= len(curve):
+        np.testing.assert_allclose(last, analysis.curve_means([rows])["mean_success_rate"])
+
+
+def test_final_and_last_table_adds_gain_columns_only_when_some_run_has_them():
+    plain = {"m": [_eval_dict(0.3), _eval_dict(0.4), _eval_dict(0.5)]}
+    runs = {"m": [_rows([[0.1, 0.2, 0.3], [0.3, 0.4, 0.5]])]}
+    table = analysis.final_and_last_table(plain, runs, sets=("original",), k=2)
+    lines = table.splitlines()
+    assert lines[0] == "| method | set | seeds | final: mean success rate | last: evaluations | last 2: mean success rate |"
+    # 3 seeds: the percentile interval of the mean runs from the lowest to the highest seed
+    assert lines[2] == "| m | original | 3 | 0.400 [0.300, 0.500] | 2 | 0.300 [0.200, 0.400] |"
+    with_gain = {"m": [_eval_dict(0.3, 0.1), _eval_dict(0.4, 0.1), _eval_dict(0.5, 0.1)], "old": plain["m"]}
+    runs = {"m": [_control_rows([[0.1, 0.2, 0.3], [0.3, 0.4, 0.5]])], "old": runs["m"]}
+    lines = analysis.final_and_last_table(with_gain, runs, sets=("original",), k=2).splitlines()
+    assert lines[0].endswith("| final: gain | last 2: gain |")
+    assert lines[2] == ("| m | original | 3 | 0.400 [0.300, 0.500] | 2 | 0.300 [0.200, 0.400] | +0.100 [+0.100, +0.100] | "
+                        "+0.300 [+0.200, +0.400] |")
+    assert lines[3].endswith("| - | - |")  # a run from before the control
+
+
+def test_control_table_reports_the_final_gains():
+    assert analysis.control_table({"m": [_eval_dict(0.3)]}) == ""
+    table = analysis.control_table({"m": [_eval_dict(0.3, 0.2), _eval_dict(0.5, 0.0)]}, sets=("original",))
+    assert table.splitlines()[2] == "| m | original | 0.400 | 0.300 | 0.350 | +0.100 [+0.000, +0.200] | +0.050 [+0.000, +0.100] |"
+    assert analysis.ci_cell([0.5]) == "0.500 [n/a]" and analysis.ci_cell([]) == "-" and analysis.ci_cell([np.nan, 1]) == "-"

@@ -65,7 +65,7 @@ DOC = (ROOT / "docs" / "results.md").read_text()
 
 
 def test_end_of_run_and_whole_run_tables_in_results_doc_are_rebuilt_from_results(capsys):
-    final, whole = _tables(capsys, _runs("final"))
+    final, whole = _tables(capsys, _runs("final"))[:2]
     assert len(final) == 12 and len(whole) == 12  # 4 methods x 3 instruction sets
     for row in final + whole:
         assert _labelled(row) in DOC, row
@@ -86,7 +86,7 @@ def test_epsilon_equal_steps_and_earlier_run_tables_in_results_doc_are_rebuilt_f
 def test_early_curve_window_and_the_update_150_check_in_results_doc(capsys):
     """--curve-max-step keeps the first evaluations; the short GPU check and the full runs at update 150."""
     assert analyze_runs.main(["--table-only", "--curve-max-step", "1228800", "--runs", *_runs("final")]) == 0
-    out = capsys.readouterr().out.split("## Mean over")[1]
+    out = capsys.readouterr().out.split("## Mean over")[1].split("\n## ")[0]
     rows = [r for r in out.splitlines() if "| original |" in r]
     assert len(rows) == 4 and all("| 3 |" in r for r in rows)
     short = _table(capsys, [f"short={ROOT}/results/gpu_h100_short/oir#000150"])
@@ -167,3 +167,72 @@ def test_delta_ablation_table_and_plot_are_rebuilt_from_results(tmp_path, capsys
     for row in rows:
         assert row in DOC, row
     assert (tmp_path / "delta_ablation.png").stat().st_size > 10_000
+
+
+def _section(out: str, title: str) -> list[str]:
+    """The table rows of the printed section whose title starts with ``title``."""
+    body = out.split(f"## {title}")[1].split("\n## ")[0]
+    return [line for line in body.splitlines() if line.startswith("| ") and not line.startswith("| method")]
+
+
+def test_final_point_beside_the_mean_of_the_last_5_evaluations_with_bootstrap_intervals(capsys):
+    from oir_gym.metrics import bootstrap_ci
+
+    assert analyze_runs.main(["--table-only", "--runs", *_runs("final")]) == 0
+    out = capsys.readouterr().out
+    rows = _section(out, "Final point and mean of the last 5 evaluations")
+    assert len(rows) == 12 and all(r.split("|")[3].strip() == "3" and r.split("|")[5].strip() == "5" for r in rows)
+    oir = next(r for r in rows if r.startswith("| oir | original |"))
+    # OIR: each seed's last 5 evaluations (updates 1050-1220) averaged, then the 3 seeds
+    per_seed = []
+    for run in analyze_runs._load_metrics([str(p) for p in OIR]):
+        evals = [r["eval/original/mean_success_rate"] for r in run if "eval/original/mean_success_rate" in r]
+        per_seed.append(np.mean(evals[-5:]))
+    low, high = bootstrap_ci(per_seed)
+    assert f"| {np.mean(per_seed):.3f} [{low:.3f}, {high:.3f}] |" in oir
+    assert oir.split("|")[4].strip().startswith("0.352 [")  # the final point: the end-of-run table's mean
+    assert "gain" not in out  # these runs predate the control: no gain columns, no control table
+
+
+def test_a_numeric_tag_ends_the_last_evaluations_at_that_update(capsys):
+    assert analyze_runs.main(["--table-only", "--runs", f"oir={C}/oir_a#000750"]) == 0
+    row = _section(capsys.readouterr().out, "Final point")[0]
+    expected = np.mean([v for u in (550, 600, 650, 700, 750) for v in _at_update([C / "oir_a"], u)])
+    assert f"| 5 | {expected:.3f} [n/a] |" in row  # one seed: no interval
+
+
+def test_runs_with_the_control_get_gain_columns_and_the_control_table(tmp_path, capsys):
+    """A run directory as train_pqn.py writes it, with evaluations made by oir_gym.evaluation."""
+    from oir_gym.evaluation import EvalConfig, eval_instructions, eval_result
+
+    cfg = EvalConfig(sets=("original",), episodes=1)
+    texts, achs, sets = eval_instructions(cfg)
+    wood, drink = texts.index("collect wood"), texts.index("collect drink")
+
+    def seed_result(extra_wood: bool):
+        achieved = np.zeros((len(texts), 22), bool)
+        achieved[wood, 0] = True  # asked for wood: wood
+        achieved[drink, 4] = True  # asked for drink: drink
+        achieved[texts.index("eat cow"), 0] = extra_wood  # wood's mismatched instruction is "eat cow"
+        return eval_result(cfg, texts, achs, sets, achieved)
+
+    results = [seed_result(False), seed_result(True)]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval_final.json").write_text(json.dumps([r.to_dict() for r in results]))
+    rows = []
+    for u in range(1, 4):
+        row = {"update": u, "env_steps": 100 * u}
+        for s, r in enumerate(results):
+            row.update({f"seed{s}/{k}": v for k, v in r.flat_metrics().items()})
+        rows.append(row)
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert analyze_runs.main(["--table-only", "--runs", f"m={run}"]) == 0
+    out = capsys.readouterr().out
+    gain = [2 / 22, 1 / 22]  # seed 0: wood and drink only when asked; seed 1: wood also under "eat cow"
+    last = _section(out, "Final point")[0]
+    assert last.startswith(f"| m | original | 2 | {2 / 22:.3f} [") and "| 3 |" in last
+    assert last.endswith(f"| {np.mean(gain):+.3f} [{gain[1]:+.3f}, {gain[0]:+.3f}] | "
+                         f"{np.mean(gain):+.3f} [{gain[1]:+.3f}, {gain[0]:+.3f}] |")
+    control = _section(out, "Instruction following")
+    assert control[0].startswith(f"| m | original | {2 / 22:.3f} | {0.5 / 22:.3f} | 0.000 | {np.mean(gain):+.3f} [")

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
+import oir_gym.instructions
 from oir_gym.captions import ACHIEVEMENT_NAMES
+from oir_gym.instruction_registry import MAX_INSTRUCTION_CHARS
 from oir_gym.instructions import (
+    MAX_TEXT_CHARS,
     ORIGINAL_INSTRUCTIONS,
     SET_NAMES,
     EvalInstruction,
     UnknownInstructionSetError,
     get_instruction_set,
+    load_instruction_file,
+    load_instruction_files,
     load_instruction_sets,
 )
 
@@ -129,3 +136,117 @@ def test_user_file_invalid_json(tmp_path):
 
 def test_achievement_names_cover_craftax():
     assert len(ACHIEVEMENT_NAMES) == len(ORIGINAL_INSTRUCTIONS) == 22
+
+
+# --------------------------------------------------------------------------- user files of named sets
+
+
+def _named(tmp_path, content, name="user.json"):
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_named_sets_file_loads_in_file_order_with_single_and_several_achievements(tmp_path):
+    path = _named(tmp_path, {"description": "my sets", "_note": "ignored", "sets": {
+        "tools": [{"text": "  make a   wooden pickaxe ", "achievement": "make_wood_pickaxe"},
+                  {"text": "chop a tree", "achievements": ["collect_wood"]}],
+        "combo": [{"text": "table then sword", "achievements": ["make_wood_sword", "place_table"]}]}})
+    sets = load_instruction_file(path)
+    assert list(sets) == ["tools", "combo"]
+    assert sets["tools"] == [EvalInstruction("make a wooden pickaxe", 5, "tools"), EvalInstruction("chop a tree", 0, "tools")]
+    combo = sets["combo"][0]
+    assert combo == EvalInstruction("table then sword", -1, "combo", (1, 6))
+    assert combo.targets == (1, 6) and combo.achievement == "place_table+make_wood_sword"
+    assert load_instruction_files([path]) == sets
+
+
+def test_the_packaged_per_achievement_schema_is_a_valid_user_file_but_its_names_are_taken(tmp_path):
+    packaged = Path(oir_gym.instructions.__file__).parent / "data" / "instructions.json"
+    assert load_instruction_file(packaged) == load_instruction_sets()
+    with pytest.raises(ValueError, match=r"instructions.json: set 'original': duplicate set name \(a built-in set\)"):
+        load_instruction_files([packaged])
+    assert MAX_TEXT_CHARS == MAX_INSTRUCTION_CHARS  # the loader refuses what the env's registry would refuse
+
+
+def _entry_file(tmp_path, entry, set_name="mine"):
+    return _named(tmp_path, {"sets": {set_name: [{"text": "collect wood", "achievement": "collect_wood"}, entry]}})
+
+
+@pytest.mark.parametrize("entry,match", [
+    ({"text": "dig gold", "achievement": "collect_gold"},
+     r"entry 1 \('dig gold'\): field 'achievement': unknown achievement 'collect_gold'; known achievements: "
+     r"collect_wood, place_table"),
+    ({"text": "x", "achievements": ["eat_cow", "collect_gold"]},
+     r"entry 1 \('x'\): field 'achievements': unknown achievement 'collect_gold'"),
+    ({"text": "", "achievement": "eat_cow"}, r"entry 1: field 'text': empty text"),
+    ({"text": " \n\t ", "achievement": "eat_cow"}, r"entry 1: field 'text': empty text"),
+    ({"text": 3, "achievement": "eat_cow"}, r"entry 1: field 'text': expected a non-empty string, got int 3"),
+    ({"text": ["eat"], "achievement": "eat_cow"}, r"entry 1: field 'text': expected a non-empty string, got list"),
+    ({"text": "eat", "achievement": 2}, r"entry 1 \('eat'\): field 'achievement': expected an achievement name \(a string\), got int 2"),
+    ({"text": "eat", "achievement": None}, r"entry 1 \('eat'\): field 'achievement': expected an achievement name \(a string\), got null"),
+    ({"text": "eat", "achievements": "eat_cow"}, r"entry 1 \('eat'\): field 'achievements': expected a non-empty list of achievement names, got string"),
+    ({"text": "eat", "achievements": []}, r"entry 1 \('eat'\): field 'achievements': expected a non-empty list"),
+    ({"text": "eat", "achievements": ["eat_cow", "eat_cow"]}, r"entry 1 \('eat'\): field 'achievements': an achievement is listed twice"),
+    ({"text": "eat"}, r"entry 1 \('eat'\): give exactly one of the fields 'achievement' \(a name\) or 'achievements'"),
+    ({"text": "eat", "achievement": "eat_cow", "achievements": ["eat_cow"]}, r"entry 1 \('eat'\): give exactly one of the fields"),
+    ({"achievement": "eat_cow"}, r"entry 1: field 'text' is missing"),
+    ({"text": "eat", "achievment": "eat_cow"}, r"entry 1: unknown field 'achievment'"),
+    ("eat a cow", r"entry 1: expected an object .*, got string"),
+    ({"text": "collect  wood", "achievement": "collect_wood"}, r"entry 1 \('collect wood'\): field 'text': the same text as entry 0"),
+    ({"text": "x" * 501, "achievement": "eat_cow"}, r"entry 1: field 'text': 501 characters, more than the 500 allowed"),
+])
+def test_bad_entries_name_the_file_the_set_the_entry_and_the_field(tmp_path, entry, match):
+    path = _entry_file(tmp_path, entry)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ": set 'mine', " + match):
+        load_instruction_file(path)
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        load_instruction_files([path])  # what the trainers call
+
+
+@pytest.mark.parametrize("content,match", [
+    ('{"sets": {"a": [{"text": "chop", "achievement": "collect_wood"}], '
+     '"a": [{"text": "dig", "achievement": "collect_stone"}]}}', r"set 'a': duplicate set name \(given twice in this file\)"),
+    ('{"sets": {"a": [{"text": "chop", "text": "dig", "achievement": "collect_wood"}]}}',
+     r"set 'a', entry 0: field 'text' is given twice"),
+    ({"sets": {"original": [{"text": "chop", "achievement": "collect_wood"}]}}, r"set 'original': duplicate set name \(reserved"),
+    ({"sets": {"control": [{"text": "chop", "achievement": "collect_wood"}]}}, r"set 'control': duplicate set name \(reserved"),
+    ({"sets": {"my set": [{"text": "chop", "achievement": "collect_wood"}]}}, r"set 'my set': a set name is 1-64 letters"),
+    ({"sets": {"a:b": [{"text": "chop", "achievement": "collect_wood"}]}}, r"set 'a:b': a set name is"),
+    ({"sets": {"a": []}}, r"set 'a': expected a non-empty list of entries, got list"),
+    ({"sets": {"a": {"text": "chop"}}}, r"set 'a': expected a non-empty list of entries, got object"),
+    ({"sets": []}, r"field 'sets': expected a non-empty object \{set name: \[entries\]\}, got list"),
+    ({"sets": {}}, r"field 'sets': expected a non-empty object"),
+    ({"sets": {"a": [{"text": "chop", "achievement": "collect_wood"}]}, "set": 1}, r"unknown top-level field 'set'"),
+    ({"tasks": []}, r"expected an object \{\"sets\": .*got object with fields \['tasks'\]"),
+    ("3", r"expected an object .*got int"),
+    ("{not json", r"not valid JSON"),
+])
+def test_bad_files_name_the_file_and_what_is_wrong(tmp_path, content, match):
+    path = _named(tmp_path, content)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ": " + match):
+        load_instruction_file(path)
+
+
+def test_duplicate_set_names_across_files_and_against_the_built_in_sets(tmp_path):
+    a = _named(tmp_path, {"sets": {"food": [{"text": "eat a cow", "achievement": "eat_cow"}]}}, "a.json")
+    b = _named(tmp_path, {"sets": {"tools": [{"text": "make a sword", "achievement": "make_wood_sword"}],
+                                   "food": [{"text": "eat", "achievement": "eat_plant"}]}}, "b.json")
+    with pytest.raises(ValueError, match=re.escape(f"{b}: set 'food': duplicate set name (already defined in {a})")):
+        load_instruction_files([a, b])
+    with pytest.raises(ValueError, match=re.escape(f"{a}: set 'food': duplicate set name (a built-in set)")):
+        load_instruction_files([a], builtin=("original", "food"))
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'none.json'}: cannot read the instruction file")):
+        load_instruction_files([a, tmp_path / "none.json"])
+    assert list(load_instruction_files(str(a))) == ["food"]  # one path as a string
+
+
+def test_the_packaged_example_file_loads_and_evaluates():
+    from oir_gym.evaluation import EvalConfig, eval_instructions
+
+    path = Path(oir_gym.instructions.__file__).parent / "data" / "example_instruction_sets.json"
+    sets = load_instruction_files([path])
+    assert list(sets) == ["own_words", "compound"]
+    assert all(len(e.targets) == 2 for e in sets["compound"])
+    texts, _, names = eval_instructions(EvalConfig(sets=(), instruction_files=(str(path),)))
+    assert len(texts) == 10 + 1 and names.count("own_words") == 7

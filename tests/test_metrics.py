@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 
 from oir_gym.metrics import (
     aggregate_score,
+    bootstrap_ci,
+    control_summary,
+    following_gain,
     mean_and_stderr,
     mean_success_rate,
     num_completed,
@@ -108,3 +111,82 @@ def test_mean_and_stderr():
 def test_mean_and_stderr_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         mean_and_stderr(bad)
+
+
+# --------------------------------------------------------------------------- the control's gain
+
+
+def test_following_gain_and_control_summary_by_hand():
+    asked, mism, neutral = [1.0, 0.5, 0.0, 0.25], [0.0, 0.5, 0.25, 0.25], [0.5, 0.0, 0.0, 0.0]
+    np.testing.assert_allclose(following_gain(asked, mism), [1.0, 0.0, -0.25, 0.0])
+    assert control_summary(asked, mism, neutral) == {
+        "gain": pytest.approx(0.75 / 4), "mismatched_mean_success_rate": pytest.approx(0.25),
+        "gain_neutral": pytest.approx(1.25 / 4), "neutral_mean_success_rate": pytest.approx(0.125)}
+    # no mismatched condition (a set of one achievement): only the neutral gain
+    assert control_summary([0.5], None, [0.0]) == {"gain_neutral": 0.5, "neutral_mean_success_rate": 0.0}
+
+
+@pytest.mark.parametrize("asked,control,match", [
+    ([0.5, 0.5], [0.5], "aligned"), ([0.5], [1.5], r"\[0, 1\]"), ([], [], "at least one"), ([0.5], [float("nan")], "NaN")])
+def test_following_gain_errors(asked, control, match):
+    with pytest.raises(ValueError, match=match):
+        following_gain(asked, control)
+
+
+pairs = st.integers(1, 30).flatmap(lambda n: st.tuples(
+    st.lists(st.floats(0, 1), min_size=n, max_size=n), st.lists(st.floats(0, 1), min_size=n, max_size=n),
+    st.lists(st.floats(0, 1), min_size=n, max_size=n)))
+
+
+@FAST
+@given(pairs)
+def test_gain_properties(abc):
+    asked, mism, neutral = abc
+    g = following_gain(asked, mism)
+    assert np.all(g >= -1) and np.all(g <= 1)
+    np.testing.assert_allclose(following_gain(mism, asked), -g)  # antisymmetric
+    np.testing.assert_array_equal(following_gain(asked, asked), 0.0)  # a blind policy in identical worlds: 0
+    s = control_summary(asked, mism, neutral)
+    # the mean gain is the difference of the mean success rates
+    assert s["gain"] == pytest.approx(mean_success_rate(asked) - s["mismatched_mean_success_rate"], abs=1e-12)
+    assert s["gain_neutral"] == pytest.approx(mean_success_rate(asked) - s["neutral_mean_success_rate"], abs=1e-12)
+
+
+@FAST
+@given(pairs, st.integers(0, 29), st.floats(0, 1))
+def test_gain_rises_with_success_when_asked(abc, i, bump):
+    asked, mism, neutral = abc
+    i %= len(asked)
+    higher = list(asked)
+    higher[i] = max(asked[i], bump)
+    assert control_summary(higher, mism, neutral)["gain"] >= control_summary(asked, mism, neutral)["gain"] - 1e-12
+
+
+# --------------------------------------------------------------------------- bootstrap confidence intervals
+
+
+def test_bootstrap_ci_by_hand():
+    low, high = bootstrap_ci([0.30, 0.35, 0.37])
+    # 3 seeds: 27 equally likely resamples; the 2.5% and 97.5% percentiles of their means are the extremes
+    assert low == pytest.approx(0.30) and high == pytest.approx(0.37)
+    assert bootstrap_ci([0.3, 0.3, 0.3]) == (0.3, 0.3)
+    assert all(np.isnan(bootstrap_ci([0.4])))
+    assert bootstrap_ci([0.1, 0.5, 0.2, 0.9], seed=3) == bootstrap_ci([0.1, 0.5, 0.2, 0.9], seed=3)  # deterministic
+
+
+@pytest.mark.parametrize("bad,match", [([], "non-empty"), ([[0.1, 0.2]], "1-D"), ([0.1, float("inf")], "finite")])
+def test_bootstrap_ci_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        bootstrap_ci(bad)
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_ci([0.1, 0.2], confidence=1.5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=2, max_size=12))
+def test_bootstrap_ci_holds_the_mean_within_the_range_of_the_seeds(values):
+    low, high = bootstrap_ci(values, n_resamples=999)
+    assert min(values) - 1e-12 <= low <= high <= max(values) + 1e-12
+    # the interval of the mean holds the sample mean except for very skewed small samples
+    if len(set(values)) > 1 and len(values) >= 6:
+        assert low - 1e-9 <= float(np.mean(values)) <= high + 1e-9

@@ -145,7 +145,7 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
 
 
 def test_seeds_are_evaluated_together_exactly_as_one_by_one(tmp_path):
-    from oir_gym.evaluation import evaluate_jax
+    from oir_gym.evaluation import eval_key, evaluate_jax
 
     # epsilon 1 acts at random: over 50 steps some of the 154 envs succeed, so the comparison has content
     tr = Trainer(tiny(**{"run.num_seeds": 2, "eval.horizon": 50, "eval.epsilon": 1.0}), tmp_path, log=lambda s: None)
@@ -154,8 +154,8 @@ def test_seeds_are_evaluated_together_exactly_as_one_by_one(tmp_path):
     params = tr.base_params.replace(table=tr.registry.device_table())
     for s in range(2):
         p_s = jax.tree_util.tree_map(lambda x: x[s], tr.train_state.params)
-        one = evaluate_jax(tr.evaluator, jax.random.PRNGKey(10_000 + s), p_s, params, tr.eval_rows, tr.eval_cfg,
-                           tr.eval_texts, tr.eval_achs, tr.eval_sets)
+        one = evaluate_jax(tr.evaluator, eval_key(tr.cfg.run.seed, s, tr.update_idx), p_s, params, tr.eval_rows,
+                           tr.eval_cfg, tr.eval_texts, tr.eval_achs, tr.eval_sets)
         for name in one.rates:
             np.testing.assert_array_equal(together[s].rates[name], one.rates[name])
         assert sum(r.sum() for r in one.rates.values()) > 0
