@@ -185,8 +185,9 @@ class EvalSettings:
     epsilon: float = 0.0
     """0: greedy evaluation."""
     instruction_files: tuple[str, ...] = ()
-    """Further instruction sets, each ``NAME=PATH`` or ``PATH`` (named after the file); repeatable."""
-    control: bool = False
+    """JSON files of named instruction sets evaluated beside the built-in ones (schema:
+    docs/evaluation.md); repeatable."""
+    control: bool = True
     """Also evaluate each achievement under a mismatched and a neutral instruction (instruction-following gain)."""
 
 
@@ -324,7 +325,9 @@ class TrainConfig:
         need(el.timeout >= 0, f"ellm.timeout={el.timeout} must be >= 0")
         need(ev.episodes <= MAX_EVAL_EPISODES, f"eval.episodes={ev.episodes} must be <= {MAX_EVAL_EPISODES}")
         need(0 <= ev.epsilon <= 1, f"eval.epsilon={ev.epsilon} must be in [0, 1]")
-        eval_instruction_files(ev.instruction_files)  # format, duplicate names, files exist
+        from oir_gym.instructions import load_instruction_files
+
+        load_instruction_files(ev.instruction_files)  # ValueError naming the file, the entry and the field
         rows = self.rows_per_update()
         need(rows % p.num_minibatches == 0,
              f"pqn.num_minibatches={p.num_minibatches} must divide the {rows} trajectories of an update "
@@ -399,29 +402,6 @@ def _check_types(cfg: TrainConfig) -> None:
                 ok = isinstance(v, type(d))
             if not ok:
                 raise ValueError(f"{path}={v!r} has type {type(v).__name__}; expected {type(d).__name__}")
-
-
-def eval_instruction_files(entries: Sequence[str]) -> dict[str, Path]:
-    """``eval.instruction_files`` as ``{set name: path}``: each ``NAME=PATH`` or ``PATH`` (named after
-    the file's stem). Names must be unique and not shadow the built-in sets; the files must exist."""
-    out: dict[str, Path] = {}
-    if not entries:
-        return out
-    from oir_gym.instructions import SET_NAMES
-
-    for entry in entries:
-        name, sep, path = entry.partition("=")
-        if not sep:
-            name, path = Path(entry).stem, entry
-        if not name or not path:
-            raise ValueError(f"eval.instruction_files entry {entry!r}: expected NAME=PATH or PATH")
-        if name in out or name in SET_NAMES:
-            raise ValueError(f"eval.instruction_files: the set name {name!r} is used twice (built-in sets: "
-                             f"{SET_NAMES}); name it with NAME=PATH")
-        if not Path(path).is_file():
-            raise ValueError(f"eval.instruction_files: {path} (set {name!r}) does not exist")
-        out[name] = Path(path)
-    return out
 
 
 def load_config(d: Mapping[str, Any]) -> TrainConfig:

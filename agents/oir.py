@@ -45,7 +45,7 @@ from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.craftax_compat import NUM_ACTIONS
 from oir_gym.encoder import get_encoder
-from oir_gym.evaluation import EvalConfig, EvalResult, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator
+from oir_gym.evaluation import EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator
 from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import obs_dim
@@ -195,7 +195,8 @@ class Trainer:
         self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
         self.encoder = get_encoder()
         method_cls = METHOD_CLASSES[cfg.run.method]
-        self.eval_cfg = EvalConfig(episodes=cfg.eval.episodes, horizon=cfg.eval.horizon)
+        self.eval_cfg = eval_config(cfg.eval.instruction_files, episodes=cfg.eval.episodes, horizon=cfg.eval.horizon,
+                                    control=cfg.eval.control)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
         self.registry = InstructionRegistry(self.encoder, capacity=method_cls.table_capacity(cfg, len(self.eval_texts)))
         self.eval_rows = self.registry.rows(self.eval_texts, self.eval_achs)

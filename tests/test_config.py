@@ -48,7 +48,7 @@ def _with(**changes) -> TrainConfig:
     ({"llm.call_timeout": math.nan}, "llm.call_timeout"),
     ({"llm.base_url": "127.0.0.1:8000"}, "llm.base_url"),
     ({"eval.episodes": MAX_EVAL_EPISODES + 1}, "eval.episodes=33 must be <= 32"),
-    ({"eval.instruction_files": ("does/not/exist.json",)}, "does not exist"),
+    ({"eval.instruction_files": ("does/not/exist.json",)}, "does/not/exist.json"),
     # wrong types (what a JSON file or Python caller may pass)
     ({"pqn.num_envs": "16"}, "pqn.num_envs='16' has type str; expected int"),
     ({"pqn.num_envs": 16.0}, "pqn.num_envs"),

@@ -237,3 +237,22 @@ def test_a_converted_legacy_run_resumes_to_its_end_through_the_script(tmp_path):
     rows = [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2, 3, 4, 5, 6] and (tmp_path / "complete.json").exists()
     assert json.loads((tmp_path / "config.json").read_text())["pqn"]["num_envs"] == 4  # now nested
+
+
+def test_trainer_evaluates_user_instruction_files_with_the_control(tmp_path):
+    """``eval.instruction_files`` (13.3c) and ``eval.control`` (13.3a) reach the PQN trainer's
+    evaluation: the file's sets are evaluated beside the built-in ones and the gain is reported."""
+    from importlib import resources
+
+    path = str(resources.files("oir_gym.data").joinpath("example_instruction_sets.json"))
+    cfg = tiny(**{"eval.instruction_files": (path,), "eval.horizon": 20, "eval.control": True})
+    tr = Trainer(cfg, tmp_path, log=lambda s: None)
+    tr.init_state()
+    (res,) = tr.evaluate()
+    assert {"original", "own_words", "compound"} <= set(res.rates)
+    flat = res.flat_metrics()
+    assert "eval/own_words/mean_success_rate" in flat and "eval/control/original/gain" in flat
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_unobtainium"}]}}')
+    with pytest.raises(ValueError, match="bad.json.*collect_unobtainium"):
+        tiny(**{"eval.instruction_files": (str(bad),)}).validate()
