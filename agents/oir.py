@@ -347,7 +347,8 @@ class Trainer:
         host = {
             "config": self.cfg.to_dict(), "update": self.update_idx, "env_steps": self.env_steps,
             "buffers": [b.state_dict() for b in self.buffers],
-            "registry": {k: reg[k] for k in ("capacity", "texts", "rows")},
+            # bindings (event-bound grounding) as JSON; the registry rebuilds their pre_sim rows on load
+            "registry": {k: reg[k] for k in ("capacity", "texts", "rows", "bindings")},
             "generated": self.method.state_dict(),
             "metrics": pos, "metrics_after_update": metrics_after_update,
         }
