@@ -160,11 +160,12 @@ def test_registry_state_dict_round_trip_keeps_bindings(tmp_path):
         reg2.load_state_dict(bad)
 
 
+@pytest.mark.slow  # a whole smoke run in a fresh process (compiles: about a minute on 2 cores)
 def test_smoke_run_with_bound_grounding_writes_diversity(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, str(ROOT / "examples" / "train_pqn.py"), "smoke", "--run.method", "oir",
-                        "--oir.relabeler", "rules", "--oir.grounding", "bound", "--run.run-dir", str(run)],
+                        "--oir.relabeler", "rules", "--oir.grounding", "bound", "--run-dir", str(run)],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     d = json.loads((run / "diversity.json").read_text())
