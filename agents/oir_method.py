@@ -197,6 +197,10 @@ class OIRRelabeling(TrainingMethod):
             # grounded candidates first (they carry reward), then older rollouts (LLM answers)
             chosen = sorted(rows[s], key=lambda x: (not x[2].grounded, -x[0]))[:R]
             for j, (sr, e, c) in enumerate(chosen):
+                if c.emb is None or c.final_row is None or c.pre_row is None:
+                    raise ValueError(f"relabeled candidate {c.text!r} carries no embedding or grounding rows "
+                                     "(emb, final_row, pre_row): use oir_gym.relabel.HindsightRelabeler, whose "
+                                     "candidates carry them")
                 src[s, j], env[s, j], valid[s, j], texts[s][j] = sr, e, True, c.text
                 emb[s, j], final[s, j], pre[s, j] = c.emb, c.final_row, c.pre_row
             self.last_candidates[s] = [c for _, _, c in chosen]
