@@ -36,6 +36,7 @@ from typing import Any, Literal, Mapping, Sequence, get_args
 
 Method = Literal["gt", "cosine", "oir", "ellm"]
 Relabeler = Literal["rules", "llm", "both"]
+Grounding = Literal["cosine", "bound"]
 ProposerKind = Literal["rules", "llm"]
 LLMBackend = Literal["transformers", "llama_cpp", "openai", "vllm"]
 ObsMode = Literal["paper", "symbolic"]
@@ -137,6 +138,12 @@ class OIRConfig:
     """Spread the K slots over instructions (rare events kept); an extension, not in the paper."""
     llm_lag: int = 16
     """Rollouts kept for late LLM answers (older answers are dropped)."""
+    grounding: Grounding = "cosine"
+    """cosine: the paper's rule (an instruction pays where a caption matches it above ``env.delta``);
+    bound: event-bound, a relabeled instruction pays exactly at the event(s) it was accomplished with
+    on its trajectory, whatever its wording (:mod:`oir_gym.grounding`; an extension)."""
+    bind_threshold: float = 0.5
+    """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
 
 
 @dataclass
@@ -315,6 +322,8 @@ class TrainConfig:
              f"need 0 <= pqn.eps_finish ({p.eps_finish}) <= pqn.eps_start ({p.eps_start}) <= 1")
         need(0 < p.eps_decay <= 1, f"pqn.eps_decay={p.eps_decay} must be in (0, 1]")
         need(-1 < e.delta <= 1, f"env.delta={e.delta} is outside (-1, 1]")
+        need(o.grounding in get_args(Grounding), f"oir.grounding={o.grounding!r}; expected one of {get_args(Grounding)}")
+        need(-1 <= o.bind_threshold <= 1, f"oir.bind_threshold={o.bind_threshold} must be a cosine in [-1, 1]")
         need(0 <= o.tau_low < o.tau_high <= 1,
              f"need 0 <= oir.tau_low ({o.tau_low}) < oir.tau_high ({o.tau_high}) <= 1")
         need(not (o.relabel_balance and o.keep_ungrounded),
@@ -416,9 +425,10 @@ def load_config(d: Mapping[str, Any]) -> TrainConfig:
 # ----------------------------------------------------------------------------- presets
 def _cpu() -> TrainConfig:
     # Sized for a 2-core CPU: compile + train + evaluation in a few minutes; relabeling with the
-    # offline LLM (background worker) merged with rule instructions.
+    # offline LLM (background worker) merged with rule instructions. Event-bound grounding, so the
+    # LLM's own wordings (not only near-verbatim captions) can reach the batch and the buffer.
     return TrainConfig().replace(**{"oir.relabeler": "both", "run.total_timesteps": 98_304, "eval.every": 48,
-                                    "eval.episodes": 1, "run.checkpoint_every": 16})
+                                    "eval.episodes": 1, "run.checkpoint_every": 16, "oir.grounding": "bound"})
 
 
 def _paper() -> TrainConfig:

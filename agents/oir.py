@@ -49,7 +49,8 @@ from oir_gym.evaluation import EvalResult, eval_config, eval_instructions, eval_
 from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import obs_dim
-from oir_gym.reward import first_per_episode, relabel_rewards
+from oir_gym.grounding import paid_steps_jax
+from oir_gym.reward import first_per_episode
 
 #: Config fields a checkpoint must share with the run that loads it (they shape its arrays or meaning).
 STRUCTURAL_FIELDS = ("run.method", "run.num_seeds", "pqn.num_envs", "pqn.num_steps", "pqn.hidden_size",
@@ -119,7 +120,8 @@ def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
         trajs: the last ``L`` rollouts stacked on a leading axis, the current one first.
         table_emb: ``[N, D]`` instruction embeddings (originals are rows of the table).
         slots: relabel rows ``src [R]`` (age of the rollout: 0 current, 1 previous...), ``env [R]``,
-            ``emb [R, D]``, ``sim [R, E]``, ``valid [R]``.
+            ``emb [R, D]``, ``final [R, E]``, ``pre [R, E]`` (each candidate's grounding rows,
+            :mod:`oir_gym.grounding`), ``valid [R]``.
     """
     cur = jax.tree_util.tree_map(lambda x: x[0], trajs)
     orig = dict(
@@ -134,7 +136,8 @@ def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
     pick = lambda x: jnp.swapaxes(x[src, :, env], 0, 1)  # [L, T, E, ...] -> [T, R, ...]  # noqa: E731
     T = cfg.pqn.num_steps
     events = pick(trajs["events"])  # [T, R, Ev]
-    _, match = jax.vmap(relabel_rewards, in_axes=(1, 0, None), out_axes=1)(events, slots["sim"], cfg.env.delta)
+    # the one grounding rule (cosine rows, or a bound candidate's indicator rows; pre: ordered pairs)
+    match = paid_steps_jax(events, slots["final"], slots["pre"], pick(trajs["reset"]), cfg.env.delta)
     # The relabeled instruction pays at its first match in each original episode and its episode
     # ends there (the paper's reward); the rest of that original episode belongs to no episode of
     # it, so those steps get no target (a copy would otherwise pay at every drink by the water).
@@ -213,10 +216,7 @@ class Trainer:
         if method_cls is OIRRelabeling:
             rules = None
             if cfg.oir.relabeler in ("llm", "both"):
-                from oir_gym.relabel import HindsightRelabeler
-
-                rules = HindsightRelabeler("rules", k=_rules_k(cfg), delta=cfg.env.delta, encoder=self.encoder,
-                                           cache_size=0, keep_ungrounded=cfg.oir.keep_ungrounded)
+                rules = make_rules_relabeler(cfg, self.encoder)
             self.method: TrainingMethod = OIRRelabeling(self, relabeler or make_relabeler(cfg), rules)
         elif method_cls is ELLMProposals:
             self.method = ELLMProposals(self, proposer or make_proposer(cfg))
@@ -348,7 +348,8 @@ class Trainer:
         host = {
             "config": self.cfg.to_dict(), "update": self.update_idx, "env_steps": self.env_steps,
             "buffers": [b.state_dict() for b in self.buffers],
-            "registry": {k: reg[k] for k in ("capacity", "texts", "rows")},
+            # bindings (event-bound grounding) as JSON; the registry rebuilds their pre_sim rows on load
+            "registry": {k: reg[k] for k in ("capacity", "texts", "rows", "bindings")},
             "generated": self.method.state_dict(),
             "metrics": pos, "metrics_after_update": metrics_after_update,
         }
@@ -516,17 +517,25 @@ def _rules_k(cfg: TrainConfig) -> int:
     return 64 if cfg.oir.relabel_balance else cfg.oir.k
 
 
+def make_rules_relabeler(cfg: TrainConfig, encoder):
+    """The synchronous rule relabeler of a config (``oir.relabeler=rules``, or merged with the LLM's)."""
+    from oir_gym.relabel import HindsightRelabeler
+
+    # cfg.oir.keep_ungrounded (default False): under cosine grounding the rules' ungrounded candidates
+    # are their "A then B" compounds, which the single-caption cosine reward never pays; as rows of D
+    # they are zero-reward copies of exactly the trajectories where B happened ("collect wood then
+    # place table": cos 0.69 to "place table"). Under bound grounding they bind to the ordered pair.
+    return HindsightRelabeler("rules", k=_rules_k(cfg), delta=cfg.env.delta, encoder=encoder, cache_size=0,
+                              keep_ungrounded=cfg.oir.keep_ungrounded, grounding=cfg.oir.grounding,
+                              bind_threshold=cfg.oir.bind_threshold)
+
+
 def make_relabeler(cfg: TrainConfig):
     """The relabeler of ``cfg.oir.relabeler``: rules (sync), or an LLM backend (async worker)."""
     from oir_gym.relabel import HindsightRelabeler
 
     if cfg.oir.relabeler == "rules":
-        # cfg.oir.keep_ungrounded (default False): the rules' ungrounded candidates are their "A then B"
-        # compounds, which the single-caption cosine reward never pays; as rows of D they are
-        # zero-reward copies of exactly the trajectories where B happened ("collect wood then place
-        # table": cos 0.69 to "place table").
-        return HindsightRelabeler("rules", k=_rules_k(cfg), delta=cfg.env.delta, encoder=get_encoder(), cache_size=0,
-                                  keep_ungrounded=cfg.oir.keep_ungrounded)
+        return make_rules_relabeler(cfg, get_encoder())
     kwargs = llm_backend_kwargs(cfg)
     # LLM answers come from a background worker; rules of the current rollout are merged by
     # the trainer, so the LLM relabeler itself does not add rules.
@@ -534,6 +543,7 @@ def make_relabeler(cfg: TrainConfig):
     # instead of piling up answers that would arrive too late to train on.
     relabeler = HindsightRelabeler(cfg.llm.backend, k=cfg.oir.k, template=cfg.llm.template, use_rules=False,
                                    delta=cfg.env.delta, encoder=get_encoder(), on_full="replace", queue_size=1,
-                                   backend_kwargs=kwargs, keep_ungrounded=cfg.oir.keep_ungrounded)
+                                   backend_kwargs=kwargs, keep_ungrounded=cfg.oir.keep_ungrounded,
+                                   grounding=cfg.oir.grounding, bind_threshold=cfg.oir.bind_threshold)
     _check_llm(relabeler, cfg.oir.relabeler == "llm", "--oir.relabeler")
     return relabeler

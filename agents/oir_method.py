@@ -25,6 +25,8 @@ import numpy as np
 
 from agents.methods import TrainingMethod
 from oir_gym.captions import NUM_EVENTS
+from oir_gym.diversity import instruction_diversity, paying_event
+from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.trajectory import Trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,6 +83,14 @@ class OIRRelabeling(TrainingMethod):
         self.stale_llm = 0
         #: the last iteration's relabeled texts per seed (one per batch row, "" for padding)
         self.last_texts: list[list[str]] = []
+        #: the last iteration's chosen candidates per seed (the batch rows' order)
+        self.last_candidates: list[list[Any]] = []
+        #: every text offered to a buffer: (best cosine to any caption phrasing, paying event, source)
+        self.offered: dict[str, tuple[float, int, str]] = {}
+        self.offers_llm = 0
+        self.offers_total = 0
+        # evaluation and original instructions keep their own table rows (never bound)
+        self._fixed = set(trainer.eval_texts) | set(ORIGINAL_INSTRUCTIONS)
 
     # ------------------------------------------------------------ the hooks
     def buffer_rows(self, seed: int) -> np.ndarray:
@@ -110,11 +120,17 @@ class OIRRelabeling(TrainingMethod):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "stale_llm": self.stale_llm}
+        return {**super().state_dict(), "stale_llm": self.stale_llm,
+                "offers": {"llm": self.offers_llm, "total": self.offers_total,
+                           "texts": [[t, c, e, src] for t, (c, e, src) in self.offered.items()]},
+                "diversity": self.diversity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.stale_llm = int(state.get("stale_llm", 0))
+        offers = state.get("offers") or {}  # absent in checkpoints written before the offer counts
+        self.offers_llm, self.offers_total = int(offers.get("llm", 0)), int(offers.get("total", 0))
+        self.offered = {str(t): (float(c), int(e), str(src)) for t, c, e, src in offers.get("texts", [])}
         # Rollouts awaiting LLM answers are not checkpointed: those answers are lost on resume.
         self.history = []
 
@@ -138,49 +154,58 @@ class OIRRelabeling(TrainingMethod):
         return out
 
     def slots(self, results) -> tuple[dict, list[list[str]], np.ndarray]:
-        """Relabel rows per seed from results of this or recent rollouts (``meta["update"]``)."""
+        """Relabel rows per seed from results of this or recent rollouts (``meta["update"]``).
+
+        Each row carries its candidate's own embedding and grounding rows (``emb``, ``final``,
+        ``pre``; :mod:`oir_gym.grounding`): nothing is encoded or compared with captions again here.
+        Returns the slots, the texts per seed and row ("" for padding), and the valid mask; the
+        chosen candidates per seed are kept in :attr:`last_candidates`.
+        """
         tr, cfg = self.trainer, self.cfg
         S = tr.S
         R = cfg.pqn.num_envs * cfg.oir.k
-        rows: list[list[tuple[int, int, str, bool]]] = [[] for _ in range(S)]
+        rows: list[list[tuple[int, int, Any]]] = [[] for _ in range(S)]
         if cfg.oir.relabel_balance:  # every grounded event came back (make_relabeler); keep K per trajectory
             by_seed: list[list] = [[] for _ in range(S)]
             for r in results:
                 by_seed[r.trajectory.meta["seed"]].append(r)
             for s, rs in enumerate(by_seed):
-                picks = balanced_choice([list(dict.fromkeys(c.text for c in r.candidates if c.grounded)) for r in rs],
-                                        cfg.oir.k)
-                for r, texts_r in zip(rs, picks):
+                firsts = [{} for _ in rs]  # per trajectory: text -> its first grounded candidate
+                for f, r in zip(firsts, rs):
+                    for c in r.candidates:
+                        if c.grounded:
+                            f.setdefault(c.text, c)
+                picks = balanced_choice([list(f) for f in firsts], cfg.oir.k)
+                for r, f, texts_r in zip(rs, firsts, picks):
                     age = tr.update_idx - r.trajectory.meta["update"]
-                    rows[s] += [(age, r.trajectory.env_id, t, True) for t in texts_r]
+                    rows[s] += [(age, r.trajectory.env_id, f[t]) for t in texts_r]
         else:
             for r in results:
                 m = r.trajectory.meta
                 age = tr.update_idx - m["update"]
                 for c in r.candidates:
-                    rows[m["seed"]].append((age, r.trajectory.env_id, c.text, c.grounded))
+                    rows[m["seed"]].append((age, r.trajectory.env_id, c))
         src = np.zeros((S, R), np.int32)
         env = np.zeros((S, R), np.int32)
         valid = np.zeros((S, R), bool)
+        emb = np.zeros((S, R, tr.encoder.dim), np.float32)
+        final = np.full((S, R, NUM_EVENTS), -1.0, np.float32)
+        pre = np.full((S, R, NUM_EVENTS), -1.0, np.float32)
         texts = [["" for _ in range(R)] for _ in range(S)]
+        self.last_candidates = [[] for _ in range(S)]
         for s in range(S):
             # grounded candidates first (they carry reward), then older rollouts (LLM answers)
-            chosen = sorted(rows[s], key=lambda x: (not x[3], -x[0]))[:R]
-            for j, (sr, e, t, _) in enumerate(chosen):
-                src[s, j], env[s, j], valid[s, j], texts[s][j] = sr, e, True, t
-        uniq = sorted({t for ts in texts for t in ts if t})
-        emb = np.zeros((S, R, tr.encoder.dim), np.float32)
-        sim = np.full((S, R, NUM_EVENTS), -1.0, np.float32)
-        if uniq:
-            u_emb = tr.encoder.encode(uniq)
-            u_sim = tr.registry.similarity_to_events(u_emb)
-            pos = {t: i for i, t in enumerate(uniq)}
-            for s in range(S):
-                for j, t in enumerate(texts[s]):
-                    if t:
-                        emb[s, j], sim[s, j] = u_emb[pos[t]], u_sim[pos[t]]
-        slots = dict(src=jnp.asarray(src), env=jnp.asarray(env), emb=jnp.asarray(emb), sim=jnp.asarray(sim),
-                     valid=jnp.asarray(valid))
+            chosen = sorted(rows[s], key=lambda x: (not x[2].grounded, -x[0]))[:R]
+            for j, (sr, e, c) in enumerate(chosen):
+                if c.emb is None or c.final_row is None or c.pre_row is None:
+                    raise ValueError(f"relabeled candidate {c.text!r} carries no embedding or grounding rows "
+                                     "(emb, final_row, pre_row): use oir_gym.relabel.HindsightRelabeler, whose "
+                                     "candidates carry them")
+                src[s, j], env[s, j], valid[s, j], texts[s][j] = sr, e, True, c.text
+                emb[s, j], final[s, j], pre[s, j] = c.emb, c.final_row, c.pre_row
+            self.last_candidates[s] = [c for _, _, c in chosen]
+        slots = dict(src=jnp.asarray(src), env=jnp.asarray(env), emb=jnp.asarray(emb), final=jnp.asarray(final),
+                     pre=jnp.asarray(pre), valid=jnp.asarray(valid))
         return slots, texts, valid
 
     def llm_subset(self, trajs: list[Trajectory]) -> list[Trajectory]:
@@ -238,9 +263,46 @@ class OIRRelabeling(TrainingMethod):
         grounded = [set() for _ in range(tr.S)]
         for r in results:
             grounded[r.trajectory.meta["seed"]].update(c.text for c in r.candidates if c.grounded)
+        offers: list = []
         for s in range(tr.S):
+            first = {}  # text -> the first chosen candidate with it (its source, binding, rows)
+            for c in self.last_candidates[s]:
+                first.setdefault(c.text, c)
             cands = [t for t in dict.fromkeys(texts[s]) if t and (cfg.oir.keep_ungrounded or t in grounded[s])]
             if cands:
                 tr.buffers[s].insert(cands)
                 self.generated.update(cands)
+                if cfg.oir.grounding == "bound":
+                    # the env pays a buffer instruction at its bound event(s) (the first binding of a
+                    # text wins); the evaluation and original instructions keep their own rows
+                    tr.registry.rows(cands, protected=tr.protected_rows(),
+                                     bindings=[None if t in self._fixed else first[t].binding for t in cands])
+                offers += [first[t] for t in cands]
+        stats.update(self._count_offers(offers))
         return slots, stats
+
+    # ------------------------------------------------------------ offers and their diversity
+    def _count_offers(self, offers: Sequence[Any]) -> dict[str, float]:
+        """Record the candidates offered to the buffers this update (one per seed and text); their
+        LLM share this update (``relabel/llm_offer_share``) and, for :meth:`diversity`, each new
+        text's best cosine to any caption phrasing and the event it pays on."""
+        new = [c for c in dict((c.text, c) for c in offers).values() if c.text not in self.offered]
+        if new:
+            # the registry's cosine to the caption phrasings (a bound candidate's final_row is an
+            # indicator row, not a cosine); computed once per distinct text
+            best = self.trainer.registry.similarity_to_events(np.stack([c.emb for c in new])).max(axis=-1)
+            for c, b in zip(new, best):
+                self.offered[c.text] = (float(b), paying_event(c.final_row, self.cfg.env.delta), c.source)
+        n_llm = sum(c.source == "llm" for c in offers)
+        self.offers_llm += n_llm
+        self.offers_total += len(offers)
+        return {"relabel/llm_offer_share": n_llm / len(offers) if offers else 0.0}
+
+    def diversity(self) -> dict[str, float]:
+        """Diversity of every instruction offered to the buffers so far (:mod:`oir_gym.diversity`):
+        ``diversity/novelty_share``, ``diversity/wordings_per_event``, ``diversity/instructions``...,
+        and ``relabel/llm_offer_share_total`` (LLM share of all buffer offers of the run)."""
+        texts = list(self.offered)
+        stats = instruction_diversity(texts, [self.offered[t][0] for t in texts], [self.offered[t][1] for t in texts])
+        return {**stats.flat(), "relabel/llm_offer_share_total": self.offers_llm / max(self.offers_total, 1),
+                "relabel/offers_total": float(self.offers_total)}

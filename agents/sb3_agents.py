@@ -140,8 +140,13 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
 
 def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = None, llm_backend: str = "llama_cpp",
                    llm_model: str = "", llm_base_url: str = "http://127.0.0.1:8000/v1", template: str = "segments",
-                   cache_path: Optional[str] = None, **kwargs: Any):
-    """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (LLM + rules) or ``"none"``."""
+                   cache_path: Optional[str] = None, grounding: str = "cosine", bind_threshold: float = 0.5,
+                   **kwargs: Any):
+    """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (LLM + rules) or ``"none"``.
+
+    ``grounding``: ``"cosine"`` (the paper's rule) or ``"bound"`` (event-bound, with
+    ``bind_threshold``; :mod:`oir_gym.grounding`)."""
+    kwargs.update(grounding=grounding, bind_threshold=bind_threshold)
     if kind == "none":
         return None
     if kind not in RELABELERS:
@@ -525,6 +530,8 @@ class SB3Config:
     llm_model: str = ""
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_template: str = "segments"
+    grounding: str = "cosine"  # cosine (the paper's rule) | bound (event-bound; oir_gym.grounding)
+    bind_threshold: float = 0.5  # grounding=bound: loosest cosine that binds an instruction to an event
     # algorithm (overrides of DEFAULT_HYPERPARAMS[algo])
     hyperparams: dict = field(default_factory=dict)
     # bookkeeping (in env steps)
@@ -545,6 +552,8 @@ class SB3Config:
         need(self.algo in ALGOS, f"algo={self.algo!r}; expected one of {ALGOS}")
         need(self.relabeler in RELABELERS, f"relabeler={self.relabeler!r}; expected one of {RELABELERS}")
         need(self.reward in ("cosine", "gt"), f"reward={self.reward!r}; expected 'cosine' or 'gt'")
+        need(self.grounding in ("cosine", "bound"), f"grounding={self.grounding!r}; expected 'cosine' or 'bound'")
+        need(-1 <= self.bind_threshold <= 1, f"bind_threshold={self.bind_threshold} must be a cosine in [-1, 1]")
         for name in ("total_timesteps", "num_envs", "k", "segment_length", "log_every", "eval_episodes",
                      "eval_horizon", "checkpoint_every", "max_episode_steps"):
             need(int(getattr(self, name)) >= 1, f"{name}={getattr(self, name)!r} must be >= 1")
@@ -683,7 +692,8 @@ class _Trainer:
         self.model.set_logger(_sb3_logger(self.run / "tb" if _tensorboard_installed() else None))
         self.relabeler = make_relabeler(cfg.relabeler, cfg.k, cfg.delta, encoder=self.venv.encoder,
                                         llm_backend=cfg.llm_backend, llm_model=cfg.llm_model,
-                                        llm_base_url=cfg.llm_base_url, template=cfg.llm_template)
+                                        llm_base_url=cfg.llm_base_url, template=cfg.llm_template,
+                                        grounding=cfg.grounding, bind_threshold=cfg.bind_threshold)
         if self.relabeler is not None:
             kw: dict[str, Any] = {"segment_length": cfg.segment_length, "verbose": 1}
             if cfg.asynchronous is not None:

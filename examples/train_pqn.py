@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tyro  # noqa: E402
 
 from agents.config import TrainConfig, cli, load_config  # noqa: E402
-from agents.run_dir import CorruptFileError, RunDir, RunDirError, check_tag  # noqa: E402
+from agents.run_dir import CorruptFileError, RunDir, RunDirError, atomic_write_json, check_tag  # noqa: E402
 
 
 @dataclass
@@ -291,6 +291,8 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
                 if log.update % cfg.eval.every == 0 or last:
                     _, erow = run_eval("final" if last else f"{log.update:06d}")
                     row.update(erow)
+                if last and hasattr(trainer.method, "diversity"):  # oir: the diversity of all buffer offers
+                    row.update(trainer.method.diversity())
                 metrics.write(row)
                 line = summary_line(row, n)
                 if bar is None and opts.progress:  # started after the first update: its rate leaves out the compile
@@ -340,6 +342,15 @@ def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval) -> None:
         f"# Final evaluation ({cfg.run.method}, {cfg.run.num_seeds} seed(s), {trainer.env_steps:,} env steps, "
         f"{cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction)\n\n{table}\n"))
     print("\nFinal evaluation (mean over seeds):\n" + table)
+    if hasattr(trainer.method, "diversity"):  # oir: how far the buffer's instructions go beyond the captions
+        d = {"grounding": cfg.oir.grounding, "relabeler": cfg.oir.relabeler, "update": trainer.update_idx,
+             **trainer.method.diversity()}
+        atomic_write_json(run.path / "diversity.json", d)
+        print(f"relabeled instructions ({cfg.oir.grounding} grounding): novelty share "
+              f"{d['diversity/novelty_share']:.3f} of {int(d['diversity/instructions'])} distinct; LLM share of "
+              f"buffer offers {d['relabel/llm_offer_share_total']:.3f} of {int(d['relabel/offers_total'])}; "
+              f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
+              f"({int(d['diversity/events_named'])} events); wrote {run.path / 'diversity.json'}")
     run.mark_complete(update=trainer.update_idx, env_steps=trainer.env_steps)
 
 

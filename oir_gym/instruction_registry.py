@@ -137,15 +137,19 @@ class InstructionRegistry:
 
     def state_dict(self) -> dict[str, Any]:
         """A snapshot: ``capacity``, ``texts`` (per row, None when free), ``rows`` (``[text, row]`` pairs in
-        LRU order, least recent first), and the arrays ``emb``, ``event_sim``, ``achievement``, ``sample_mask``."""
+        LRU order, least recent first), ``bindings`` (``[text, [final, pre, step]]`` pairs of the bound
+        texts), and the arrays ``emb``, ``event_sim``, ``pre_sim``, ``achievement``, ``sample_mask``."""
         return {"capacity": self.capacity, "texts": list(self.texts), "rows": [[t, int(r)] for t, r in self._rows.items()],
-                "emb": self.emb.copy(), "event_sim": self.event_sim.copy(), "achievement": self.achievement.copy(),
-                "sample_mask": self.sample_mask.copy()}
+                "bindings": [[t, b.to_list()] for t, b in self.bindings.items()],
+                "emb": self.emb.copy(), "event_sim": self.event_sim.copy(), "pre_sim": self.pre_sim.copy(),
+                "achievement": self.achievement.copy(), "sample_mask": self.sample_mask.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (``rows`` may also be a ``{text: row}`` dict in LRU order, as older
-        checkpoints stored it; a missing ``sample_mask`` is all False). The capacity and the encoder's
-        dimension must match this registry's."""
+        checkpoints stored it; a missing ``sample_mask`` is all False; missing ``bindings``: none). A
+        missing ``pre_sim`` is rebuilt from the bindings (the rows are their indicator rows), so a
+        checkpoint may store only the bindings. The capacity and the encoder's dimension must match
+        this registry's."""
         emb = np.array(state["emb"], np.float32)  # a copy: restored arrays may be read-only
         if emb.shape != self.emb.shape:
             raise ValueError(f"instruction table of shape {emb.shape} does not fit this registry's {self.emb.shape} "
@@ -155,8 +159,20 @@ class InstructionRegistry:
         rows = OrderedDict((str(t), int(r)) for t, r in pairs)
         if len(texts) != self.capacity or any(not 0 <= r < self.capacity or texts[r] != t for t, r in rows.items()):
             raise ValueError("instruction registry state is inconsistent: its rows do not match its texts")
+        bindings = {str(t): Binding.from_list(b) for t, b in state.get("bindings") or []}
+        unknown = sorted(set(bindings) - set(rows))
+        if unknown:
+            raise ValueError(f"instruction registry state is inconsistent: bindings of texts it does not hold: {unknown[:3]}")
+        if state.get("pre_sim") is not None:
+            pre_sim = np.array(state["pre_sim"], np.float32).reshape(self.pre_sim.shape)
+        else:
+            pre_sim = np.full_like(self.pre_sim, -1.0)
+            for t, b in bindings.items():
+                pre_sim[rows[t]] = b.rows(NUM_EVENTS)[1]
         self.texts = texts
         self.emb = emb
+        self.bindings = bindings
+        self.pre_sim = pre_sim
         self.event_sim = np.array(state["event_sim"], np.float32).reshape(self.event_sim.shape)
         self.achievement = np.array(state["achievement"], np.int32).reshape(self.achievement.shape)
         mask = state.get("sample_mask")

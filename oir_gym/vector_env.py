@@ -191,9 +191,11 @@ class InstructionCraftax(VectorEnv):
         if table is not self._params.table:
             self._params = self._params.replace(table=table)
 
-    def register_instructions(self, texts: Sequence[str], achievements: Sequence[int] | None = None) -> np.ndarray:
-        """Add instructions to the device table (optionally mapped to ground-truth achievements)."""
-        rows = self.registry.rows(texts, achievements, protected=self._pinned[self._pinned >= 0])
+    def register_instructions(self, texts: Sequence[str], achievements: Sequence[int] | None = None,
+                              bindings: Sequence[Any] | None = None) -> np.ndarray:
+        """Add instructions to the device table (optionally mapped to ground-truth achievements, or
+        bound to events: one :class:`~oir_gym.grounding.Binding` or ``None`` per text)."""
+        rows = self.registry.rows(texts, achievements, protected=self._pinned[self._pinned >= 0], bindings=bindings)
         self._refresh_params()
         return rows
 

@@ -38,7 +38,7 @@ def test_rule_relabeling_trains_and_buffers_only_grounded_instructions(tmp_path)
     assert valid.any()
     for j in np.flatnonzero(valid):  # every training copy pays a reward somewhere on its trajectory
         events = host["events"][0, :, int(slots["env"][0, j])]
-        assert first_success_step(events, np.asarray(slots["sim"][0, j]), cfg.env.delta) >= 0
+        assert first_success_step(events, np.asarray(slots["final"][0, j]), cfg.env.delta) >= 0
     added = set(tr.buffers[0].contents()) - before
     assert "make wood pickaxe" in added
     assert not any(" then " in t for t in tr.buffers[0].contents())  # e.g. "collect wood then place table"
@@ -57,7 +57,7 @@ def test_ungrounded_candidates_are_rows_and_buffer_entries_only_when_asked(tmp_p
     compounds = [t for t in tr.buffers[0].contents() if " then " in t]
     assert bool(compounds) == keep_ungrounded
     valid = np.asarray(slots["valid"][0])
-    paid = [first_success_step(host["events"][0, :, int(slots["env"][0, j])], np.asarray(slots["sim"][0, j]),
+    paid = [first_success_step(host["events"][0, :, int(slots["env"][0, j])], np.asarray(slots["final"][0, j]),
                                tr.cfg.env.delta) >= 0 for j in np.flatnonzero(valid)]
     assert all(paid) != keep_ungrounded  # with keep_ungrounded some rows never pay
     tr.close()
@@ -89,7 +89,7 @@ def test_balanced_slots_spread_two_identical_trajectories_over_more_instructions
         texts = [t for t, v in zip(tr.method.last_texts[0], valid) if v]
         assert all((env[valid] == e).sum() <= 2 for e in range(2))  # at most K rows per trajectory
         for j in np.flatnonzero(valid):  # and every row pays
-            assert first_success_step(host["events"][0, :, env[j]], np.asarray(slots["sim"][0, j]), tr.cfg.env.delta) >= 0
+            assert first_success_step(host["events"][0, :, env[j]], np.asarray(slots["final"][0, j]), tr.cfg.env.delta) >= 0
         distinct[balance] = set(texts)
         tr.close()
     # the trajectory pays for wood, table and pickaxe: first K keeps two of them, balance all three

@@ -99,7 +99,8 @@ def test_relabeled_rows_get_reward_and_termination_at_matching_steps():
     sim_table[VOCAB.event_id("place_table")] = 0.99
     slots = dict(
         src=jnp.array([0, 0, 1, 0]), env=jnp.array([0, 1, 1, 0]),
-        emb=jnp.ones((4, 4)) * jnp.arange(4)[:, None], sim=jnp.asarray(np.stack([sim_wood, sim_table, sim_wood, sim_table])),
+        emb=jnp.ones((4, 4)) * jnp.arange(4)[:, None], final=jnp.asarray(np.stack([sim_wood, sim_table, sim_wood, sim_table])),
+        pre=-jnp.ones((4, NUM_EVENTS)),
         valid=jnp.array([True, True, True, False]),
     )
     table_emb = jnp.zeros((1, 4))
@@ -151,8 +152,8 @@ def test_relabeled_rows_are_cut_where_the_original_instruction_succeeded_and_the
         sim[name] = np.full(NUM_EVENTS, 0.1, np.float32)
         sim[name][VOCAB.event_id(name)] = 0.95
     slots = dict(src=jnp.array([0, 0, 0, 0]), env=jnp.array([0, 0, 1, 0]), emb=jnp.ones((4, 4)),
-                 sim=jnp.asarray(np.stack([sim["collect_wood"], sim["defeat_zombie"], sim["place_table"],
-                                           sim["defeat_zombie"]])),
+                 final=jnp.asarray(np.stack([sim["collect_wood"], sim["defeat_zombie"], sim["place_table"],
+                                             sim["defeat_zombie"]])), pre=-jnp.ones((4, NUM_EVENTS)),
                  valid=jnp.array([True, True, True, False]))
     b = build_batch(cfg, trajs, jnp.zeros((1, 4)), slots)
     cuts = np.asarray(b["cuts"])

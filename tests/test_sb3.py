@@ -409,3 +409,36 @@ def test_sb3_policy_keeps_and_resets_lstm_state(venv):
     _, s_reset = pol(obs, s1, np.ones(N_ENVS, bool))
     assert not np.allclose(s0[0], s1[0])  # the state is carried
     np.testing.assert_allclose(s_reset[0], s0[0], atol=1e-6)  # episode_start resets it
+
+
+def test_callback_in_bound_mode_pays_at_the_bound_step_and_binds_buffer_instructions(venv):
+    """Event-bound grounding (oir_gym.grounding): a relabeled copy ends at its candidate's bound step
+    (from the candidate's own rows, no second cosine), and the buffer's bound instructions get their
+    indicator rows in the env's table."""
+    from oir_gym.captions import NUM_EVENTS
+    from oir_gym.grounding import indicator_row
+
+    bound = HindsightRelabeler(backend="rules", k=4, cache_size=0, grounding="bound", encoder=venv.env.encoder)
+    model = DQN("MultiInputPolicy", venv, seed=0, learning_starts=10**9, buffer_size=20_000, verbose=0,
+                replay_buffer_class=RelabelReplayBuffer, replay_buffer_kwargs=dict(keep_history=True))
+    cb = HindsightRelabelCallback(bound, asynchronous=False, segment_length=32, keep_history=True)
+    model.learn(1200, callback=cb)
+    st = cb.stats
+    assert st["grounded"] > 0 and st["rows_added"] > 0 and st["first_step_mismatch"] == 0
+    steps = {}
+    for tid, traj in cb.trajectories.items():  # the rules relabeler is deterministic: the same candidates
+        for c in bound.relabel([traj])[0].candidates:
+            steps[(tid, c.text)] = c.binding
+    firsts = {h["tag"]: h["first_step"] for h in model.replay_buffer.history}
+    assert firsts
+    for tag, first in firsts.items():
+        assert first == steps[tag].step >= 0
+    env = venv.env
+    bound_texts = [t for t in venv.buffer.contents() if t in env.registry.bindings]
+    assert bound_texts, "no bound instruction reached the buffer"
+    for t in bound_texts:
+        row = env.registry.find([t])[t]
+        np.testing.assert_array_equal(env.registry.event_sim[row],
+                                      indicator_row(env.registry.bindings[t].final, NUM_EVENTS))
+    assert not set(ORIGINAL_INSTRUCTIONS) & set(env.registry.bindings)  # the originals keep their rows
+    bound.close()

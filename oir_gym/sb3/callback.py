@@ -32,7 +32,8 @@ from stable_baselines3.common.buffers import DictReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 
 from oir_gym.instruction_registry import validate_instruction
-from oir_gym.reward import first_success_step
+from oir_gym.grounding import episode_starts_from_dones, first_paid_step, no_precondition
+from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.sb3.replay import INSTRUCTION_KEY, RelabelReplayBuffer
 from oir_gym.sb3.vec_env import SB3VecEnv, find_instruction_env
 from oir_gym.trajectory import Trajectory
@@ -308,12 +309,17 @@ class HindsightRelabelCallback(BaseCallback):
         cfg = self.config
         env = self.instruction_env
         delta = float(env.params.delta)
-        texts = list(dict.fromkeys(t for r in results for c in r.candidates if (t := _clean(c.text))))
-        emb = self._encode(texts) if texts else np.zeros((0, env.encoder.dim), np.float32)
-        sims = env.registry.similarity_to_events(emb) if texts else np.zeros((0, 0), np.float32)
-        row = {t: j for j, t in enumerate(texts)}
+        # Candidates of a HindsightRelabeler carry their embedding and grounding rows
+        # (oir_gym.grounding); only a relabeler that hands back bare texts gets them here, once per
+        # text: the embedding and the cosine rows of the env's registry (the paper's rule).
+        bare = list(dict.fromkeys(t for r in results for c in r.candidates
+                                  if (t := _clean(c.text)) and getattr(c, "final_row", None) is None))
+        bare_emb = self._encode(bare) if bare else np.zeros((0, env.encoder.dim), np.float32)
+        bare_sim = env.registry.similarity_to_events(bare_emb) if bare else np.zeros((0, 0), np.float32)
+        bare_rows = {t: (bare_emb[j], bare_sim[j], no_precondition(bare_sim.shape[1])) for j, t in enumerate(bare)}
         recorded: list[tuple[str, float]] = []
         to_insert: list[str] = []
+        bindings: dict[str, Any] = {}  # text -> its first binding (event-bound grounding)
         for res in results:
             traj = res.trajectory
             self._counts["results"] += 1
@@ -325,9 +331,14 @@ class HindsightRelabelCallback(BaseCallback):
                 if text is None:
                     self._counts["invalid_candidates"] += 1
                     continue
-                j = row[text]
-                # the env's own reward decides where the relabeled instruction pays
-                first = first_success_step(traj.events, sims[j], delta)
+                if getattr(cand, "final_row", None) is not None and getattr(cand, "emb", None) is not None:
+                    emb_j, final, pre = cand.emb, cand.final_row, cand.pre_row
+                else:
+                    emb_j, final, pre = bare_rows[text]
+                if getattr(cand, "binding", None) is not None:
+                    bindings.setdefault(text, cand.binding)
+                # the env's own rule (oir_gym.grounding) decides where the relabeled instruction pays
+                first = first_paid_step(traj.events, final, pre, episode_starts_from_dones(traj.dones), delta)
                 self._counts["candidates"] += 1
                 if first != getattr(cand, "first_step", first):
                     self._counts["first_step_mismatch"] += 1
@@ -345,7 +356,7 @@ class HindsightRelabelCallback(BaseCallback):
                 elif not cfg.replay_ungrounded:
                     continue
                 self.replay_buffer.add_relabeled(
-                    traj.meta["obs"], traj.actions, emb[j], first, done=bool(traj.dones[-1]),
+                    traj.meta["obs"], traj.actions, emb_j, first, done=bool(traj.dones[-1]),
                     # the original instruction's success ended the episode: no terminal for this one
                     timeout=bool(traj.meta.get("timeout") or traj.meta.get("own_success")),
                     tag=(traj.meta.get("sb3_id"), text))
@@ -358,7 +369,11 @@ class HindsightRelabelCallback(BaseCallback):
                 if written:
                     # Put the new entries into the env's instruction table now (their embeddings
                     # are cached from above), so the env's next step does not encode them.
-                    env.register_instructions(list(dict.fromkeys(buf.contents())))
+                    # A bound instruction pays at its bound event(s) (the first binding of a text
+                    # wins); the original instructions keep their cosine rows.
+                    contents = list(dict.fromkeys(buf.contents()))
+                    env.register_instructions(contents, bindings=[
+                        None if t in ORIGINAL_INSTRUCTIONS else bindings.get(t) for t in contents])
 
     # ------------------------------------------------------------------ end and logging
     def _on_training_end(self) -> None:

@@ -1,0 +1,60 @@
+"""Host cost of grounding: ``HindsightRelabeler.relabel`` (rules) in ``cosine`` and ``bound`` mode.
+
+64 synthetic 128-step trajectories (the paper's PQN rollout length; event scripts from
+:mod:`oir_gym.relabel.synthetic`) are relabeled by the rule relabeler in each mode; the first call
+warms the encoder, then ``--repeats`` timed calls per mode, interleaved (cosine, bound, cosine...)
+so load on a shared machine hits both alike. Prints a markdown table (median and min seconds per
+call, per trajectory, candidates kept).
+
+Usage::
+
+    python bench/grounding_cost.py
+    python bench/grounding_cost.py --n 64 --length 128 --repeats 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from oir_gym.encoder import get_encoder  # noqa: E402
+from oir_gym.relabel import HindsightRelabeler  # noqa: E402
+from oir_gym.relabel.synthetic import random_trajectories  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=64, help="trajectories per call")
+    p.add_argument("--length", type=int, default=128, help="steps per trajectory")
+    p.add_argument("--k", type=int, default=64, help="candidates kept per trajectory (64: all, as relabel_balance)")
+    p.add_argument("--repeats", type=int, default=5)
+    a = p.parse_args(argv)
+    trajs = random_trajectories(a.n, a.length, seed=0, texts=False)
+    enc = get_encoder()
+    rel = {m: HindsightRelabeler("rules", k=a.k, cache_size=0, encoder=enc, grounding=m) for m in ("cosine", "bound")}
+    times: dict[str, list[float]] = {m: [] for m in rel}
+    kept: dict[str, int] = {}
+    for m, r in rel.items():  # warm-up: encoder and phrase embeddings
+        kept[m] = sum(len(x.candidates) for x in r.relabel(trajs))
+    for _ in range(a.repeats):
+        for m, r in rel.items():
+            t0 = time.perf_counter()
+            r.relabel(trajs)
+            times[m].append(time.perf_counter() - t0)
+    print(f"\n{a.n} trajectories x {a.length} steps, rule relabeler, {a.repeats} timed calls per mode\n")
+    print("| grounding | median s / call | min s / call | ms / trajectory (median) | candidates kept |")
+    print("|---|---|---|---|---|")
+    for m in rel:
+        med = statistics.median(times[m])
+        print(f"| {m} | {med:.4f} | {min(times[m]):.4f} | {1000 * med / a.n:.2f} | {kept[m]} |")
+    for r in rel.values():
+        r.close()
+
+
+if __name__ == "__main__":
+    main()
