@@ -138,7 +138,7 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
     return SB3VecEnv(env)
 
 
-def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = None, llm_backend: str = "llama_cpp",
+def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = None, llm_backend: str = "transformers",
                    llm_model: str = "", llm_base_url: str = "http://127.0.0.1:8000/v1", template: str = "segments",
                    cache_path: Optional[str] = None, grounding: str = "cosine", bind_threshold: float = 0.5,
                    **kwargs: Any):
@@ -526,7 +526,7 @@ class SB3Config:
     k: int = 4
     segment_length: int = 128
     asynchronous: Optional[bool] = None  # None: sync for rules, async for an LLM
-    llm_backend: str = "llama_cpp"
+    llm_backend: str = "transformers"
     llm_model: str = ""
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_template: str = "segments"
