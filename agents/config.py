@@ -63,6 +63,10 @@ class RunConfig:
     """Env steps per seed."""
     num_seeds: int = 1
     """Seeds trained side by side in one program."""
+    num_devices: int = 0
+    """Local devices (GPUs) the seeds are spread over in one program (``jax.sharding``): 0 = every
+    visible device, 1 = one device. Seeds must divide by it (each device runs whole seeds); with fewer
+    seeds than devices, each seed's envs are split instead (``pqn.num_envs`` must divide by it)."""
     seed: int = 0
     checkpoint_every: int = 25
     """Updates between checkpoints."""
@@ -305,6 +309,13 @@ class TrainConfig:
                 v = getattr(getattr(self, part), name)
                 need(v >= 1, f"{part}.{name}={v!r} must be >= 1")
         need(r.seed >= 0, f"run.seed={r.seed} must be >= 0")
+        need(r.num_devices >= 0, f"run.num_devices={r.num_devices} must be >= 0 (0: every visible device)")
+        if r.num_devices > 0:
+            # the layout's arithmetic only; the Trainer checks against the visible devices (asking JAX
+            # for them here would start its backend before a multi-host jax.distributed.initialize)
+            from agents.sharding import check_layout
+
+            check_layout(r.num_seeds, p.num_envs, r.num_devices, visible=r.num_devices)
         need(0 < p.lr < 1, f"pqn.lr={p.lr} must be in (0, 1)")
         need(p.max_grad_norm > 0, f"pqn.max_grad_norm={p.max_grad_norm} must be > 0 (a negative clip flips the "
                                   "gradient's sign)")
