@@ -192,6 +192,12 @@ class Trainer:
         self.S = cfg.run.num_seeds
         #: devices the seeds (or, with fewer seeds than devices, the envs) are split over; checked
         #: against the visible devices before anything is written or compiled
+        if jax.process_count() > 1:
+            # the host loop (relabeler, buffers, metrics, checkpoints) reads whole arrays, which a
+            # multi-host mesh does not hold in one process (docs/reproduce.md, "Multi-host")
+            raise ValueError(f"this run joined {jax.process_count()} processes (jax.distributed), but the trainer "
+                             "runs in one process per host for now: unset JAX_COORDINATOR_ADDRESS / "
+                             "OIR_GYM_DISTRIBUTED and start one run per host with its own --run.seed")
         self.num_devices = cfg.run.num_devices or len(jax.devices())
         check_layout(self.S, cfg.pqn.num_envs, self.num_devices)
         self.mesh = make_mesh(self.num_devices)
