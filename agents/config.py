@@ -12,7 +12,8 @@ One :class:`TrainConfig` holds every setting of a PQN run, in parts:
 * ``eval`` (:class:`EvalSettings`): periodic evaluation.
 
 ``PRESETS`` names whole configurations: ``cpu`` (the CLI's default, a few minutes on a small
-CPU), ``paper`` (the paper's Craftax-Classic table, for a GPU) and ``smoke`` (the smallest run
+CPU), ``paper`` (the paper's Craftax-Classic table, for a GPU), ``fast`` (purejaxql's 1,024-env
+batch with the paper's agent: a strong agent in minutes on one GPU) and ``smoke`` (the smallest run
 that goes through every part of the chosen method, seconds on a CPU; the tests use it).
 
 :meth:`TrainConfig.validate` refuses every bad value with one error naming the field, so a
@@ -64,6 +65,10 @@ class RunConfig:
     """Env steps per seed."""
     num_seeds: int = 1
     """Seeds trained side by side in one program."""
+    num_devices: int = 0
+    """Local devices (GPUs) the seeds are spread over in one program (``jax.sharding``): 0 = every
+    visible device, 1 = one device. Seeds must divide by it (each device runs whole seeds); with fewer
+    seeds than devices, each seed's envs are split instead (``pqn.num_envs`` must divide by it)."""
     seed: int = 0
     checkpoint_every: int = 25
     """Updates between checkpoints."""
@@ -313,6 +318,13 @@ class TrainConfig:
                 v = getattr(getattr(self, part), name)
                 need(v >= 1, f"{part}.{name}={v!r} must be >= 1")
         need(r.seed >= 0, f"run.seed={r.seed} must be >= 0")
+        need(r.num_devices >= 0, f"run.num_devices={r.num_devices} must be >= 0 (0: every visible device)")
+        if r.num_devices > 0:
+            # the layout's arithmetic only; the Trainer checks against the visible devices (asking JAX
+            # for them here would start its backend before a multi-host jax.distributed.initialize)
+            from agents.sharding import check_layout
+
+            check_layout(r.num_seeds, p.num_envs, r.num_devices, visible=r.num_devices)
         need(0 < p.lr < 1, f"pqn.lr={p.lr} must be in (0, 1)")
         need(p.max_grad_norm > 0, f"pqn.max_grad_norm={p.max_grad_norm} must be > 0 (a negative clip flips the "
                                   "gradient's sign)")
@@ -443,6 +455,21 @@ def _paper() -> TrainConfig:
     })
 
 
+def _fast() -> TrainConfig:
+    # Time-to-score on one GPU (issue 15): purejaxql's own PQN-RNN batch for Craftax (1,024 envs x
+    # 128 steps, 4 epochs) with the paper's agent and OIR settings (LSTM 512, buffer 10, delta 0.9,
+    # K 4). The batch of OIR is 1,024 x (1 + K) = 5,120 trajectories: 16 minibatches of 320.
+    # Length estimate (one H100, DESIGN 7: oir (rules) 80-93k env steps/s for one seed at this
+    # batch; 3 vmapped seeds taken as ~1.2-1.5x that in seed-steps/s): 40 updates = 5.24M steps per
+    # seed, ~15.7M seed-steps in ~2-2.5 min, plus compile (~1-2 min) and 20 evaluations of 88
+    # episodes x 1,000 steps (~1 min): about 5 min. Not yet tuned on the GPU.
+    return _paper().replace(**{
+        "run.total_timesteps": 40 * 1024 * 128, "run.num_seeds": 3, "pqn.num_envs": 1024, "pqn.num_steps": 128,
+        "pqn.num_epochs": 4, "pqn.num_minibatches": 16, "pqn.lr": 2.5e-4, "eval.every": 2,
+        "run.checkpoint_every": 10,
+    })
+
+
 def _smoke() -> TrainConfig:
     # The smallest run through every part of a method: 4 updates of 4 envs x 16 steps, relabeling
     # (rules), buffer, an evaluation and a checkpoint every 2 updates, the final evaluation.
@@ -457,6 +484,8 @@ def _smoke() -> TrainConfig:
 PRESETS: dict[str, tuple[str, Any]] = {
     "cpu": ("CPU default: OIR with the offline LLM + rules, 98,304 env steps (a few minutes on 2 cores)", _cpu),
     "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
+    "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, 3 seeds, 5.2M env steps "
+             "(about 5 min on an H100 by estimate; tuning pending on GPU)", _fast),
     "smoke": ("The smallest run through every part of the method (4 updates; seconds on a CPU)", _smoke),
 }
 DEFAULT_PRESET = "cpu"

@@ -41,6 +41,7 @@ from agents.oir_method import OIRRelabeling
 from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.config import TrainConfig, load_config
 from agents.run_dir import MetricsPosition, atomic_write_json
+from agents.sharding import check_layout, make_mesh, shard_leading
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.craftax_compat import NUM_ACTIONS
@@ -191,10 +192,21 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike, relabeler=None,
                  log: Callable[[str], None] = print, proposer=None) -> None:
         self.cfg = cfg.validate()
+        self.S = cfg.run.num_seeds
+        #: devices the seeds (or, with fewer seeds than devices, the envs) are split over; checked
+        #: against the visible devices before anything is written or compiled
+        if jax.process_count() > 1:
+            # the host loop (relabeler, buffers, metrics, checkpoints) reads whole arrays, which a
+            # multi-host mesh does not hold in one process (docs/reproduce.md, "Multi-host")
+            raise ValueError(f"this run joined {jax.process_count()} processes (jax.distributed), but the trainer "
+                             "runs in one process per host for now: unset JAX_COORDINATOR_ADDRESS / "
+                             "OIR_GYM_DISTRIBUTED and start one run per host with its own --run.seed")
+        self.num_devices = cfg.run.num_devices or len(jax.devices())
+        check_layout(self.S, cfg.pqn.num_envs, self.num_devices)
+        self.mesh = make_mesh(self.num_devices)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = log
-        self.S = cfg.run.num_seeds
         self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
         self.encoder = get_encoder()
         method_cls = METHOD_CLASSES[cfg.run.method]
@@ -319,6 +331,15 @@ class Trainer:
         done = jnp.ones((n,), bool)
         self.runner = (bstate, obs, carry, done, jnp.asarray(k_run[0]))
         self.key = key
+        self._place()
+
+    def _place(self) -> None:
+        """Put the per-seed state on the mesh: parameters and optimiser state split on the seed axis
+        ``[S, ...]``, the env batch on its ``[S * E, ...]`` axis (seed s's envs land on the device of
+        seed s), the rest (world pool, keys) replicated. The jitted programs follow this placement."""
+        sizes = (self.S, self.S * self.cfg.pqn.num_envs)
+        self.train_state = shard_leading(self.train_state, self.mesh, sizes)
+        self.runner = shard_leading(self.runner, self.mesh, sizes)
 
     # -------------------------------------------------------------- checkpoints
     def _arrays(self) -> dict[str, Any]:
@@ -401,6 +422,7 @@ class Trainer:
                                                     step=jnp.asarray(ts["step"]))
         self.runner = jax.tree_util.tree_map(jnp.asarray, restored["runner"])
         self.key = jnp.asarray(restored["key"])
+        self._place()  # a checkpoint holds host arrays: spread them over this run's devices again
         try:
             for b, sd in zip(self.buffers, host["buffers"], strict=True):
                 b.load_state_dict(sd)

@@ -36,19 +36,20 @@ def check_layout(num_seeds: int, num_envs: int, num_devices: int, visible: Optio
     """
     visible = len(jax.devices()) if visible is None else visible
     if num_devices < 1:
-        raise ValueError(f"num_devices={num_devices} must be >= 1")
+        raise ValueError(f"num_devices={num_devices} must be >= 1 (--run.num-devices 0 means every visible device)")
     if num_devices > visible:
         raise ValueError(f"num_devices={num_devices} but only {visible} device(s) are visible "
-                         f"({jax.default_backend()}); use --num-devices {visible} or fewer")
+                         f"({jax.default_backend()}); use --run.num-devices {visible} or fewer")
     if num_seeds >= num_devices:
         if num_seeds % num_devices:
+            fit = max(d for d in range(1, num_devices + 1) if num_seeds % d == 0)
             raise ValueError(f"num_seeds={num_seeds} is not divisible by num_devices={num_devices}: every device "
-                             f"runs whole seeds; use a multiple of {num_devices} seeds or "
-                             f"{max(d for d in range(1, num_devices + 1) if num_seeds % d == 0)} device(s)")
+                             f"runs whole seeds; use a multiple of {num_devices} seeds (--run.num-seeds) or "
+                             f"--run.num-devices {fit}")
     elif num_envs % num_devices:
         raise ValueError(f"num_seeds={num_seeds} < num_devices={num_devices}, so each seed's envs are split over the "
                          f"devices, but num_envs={num_envs} is not divisible by {num_devices}; use a multiple of "
-                         f"{num_devices} envs")
+                         f"{num_devices} envs (--pqn.num-envs) or --run.num-devices {num_seeds}")
 
 
 def make_mesh(num_devices: Optional[int] = None) -> Mesh:

@@ -8,16 +8,22 @@
 #   bash bench/gpu_session.sh bash bench/gpu_repro.sh collect /tmp/oir $OUT
 #
 # launch ROOT LIMIT METHOD:GPU[:NAME[:FLAGS]]...
-#        one process per spec on GPU index GPU: 3 seeds vmapped,
+#        one process per spec on the card(s) GPU (CUDA_VISIBLE_DEVICES; "0,1" for two): 3 seeds vmapped,
 #        the paper preset, stopping (with a checkpoint) after LIMIT seconds if 1e7 steps are not
 #        reached; then two evaluations of the last checkpoint, side by side on the same card:
 #        greedy (eval_end_greedy.json) and epsilon 0.05 (eval_end_eps0.05.json).
 #        ROOT/METHOD.log holds the output; ROOT/METHOD/DONE marks the end (ROOT/NAME when NAME
 #        is given). FLAGS are extra train_pqn.py flags with '+'
-#        for spaces; $EXTRA adds flags to every spec. A method's seeds split over two cards:
-#          launch /tmp/oir 1500 oir:0:oir_a:--run.num-seeds+2 oir:1:oir_b:--run.num-seeds+1+--run.seed+1000
-#        (analyze_runs.py --runs oir=ROOT/oir_a oir=ROOT/oir_b pools them). DRY_RUN=1 prints the
-#        commands instead of starting them.
+#        for spaces; $EXTRA adds flags to every spec. DRY_RUN=1 prints the commands instead of
+#        starting them.
+#
+# One method's seeds over several cards no longer need one process per card: the trainer shards
+# its seeds over every visible device in one program (--run.num-devices, default all visible),
+# e.g. GPU "0,1" in a spec: `launch /tmp/oir 1500 oir:0,1:oir:--run.num-seeds+6` runs 3 seeds on
+# each card (docs/reproduce.md). This launcher stays for running DIFFERENT methods side by side
+# (gt on card 0, oir on card 1): they are different programs with their own host loops (relabeler,
+# buffer, checkpoints, evaluation, time limit), and separate processes keep them independent (one
+# method's crash or resume touches nothing of the other) with no change to the trainer.
 # finish ROOT NAME:GPU...          for runs that hit LIMIT before 1e7 steps: stops the launch wrappers
 #        (so the stopped checkpoint is not evaluated), waits for training to checkpoint, resumes
 #        each run to the end on its card (its in-run final evaluation is greedy), then writes

@@ -2,6 +2,13 @@
 
     python bench/pqn_throughput.py                    # CPU-sized: 16 envs x 64 steps, LSTM 128
     python bench/pqn_throughput.py --preset paper     # 64 envs x 128 steps, LSTM 512 (GPU)
+    python bench/pqn_throughput.py --preset paper,fast --devices 2 --seeds 4   # + 1,024 envs, 2 GPUs
+
+Sizes (``--preset``, comma-separated, one table each): ``cpu``; ``paper`` (the paper's config:
+64 envs x 128 steps, 8 epochs x 4 minibatches); ``fast`` (purejaxql's own Craftax config and the
+``fast`` training preset: 1,024 envs x 128 steps, 4 epochs x 16 minibatches). ``--seeds S`` (default:
+``--devices``) seeds are vmapped in every loop and split over ``--devices N`` devices
+(``jax.sharding``, as ``--run.num-devices`` does in training); env steps / s count all seeds.
 
 Three loops, each timed per update (rollout + update), interleaved (a, b, c, a, b, c, ...) so
 that machine load hits them alike; medians are reported:
@@ -37,38 +44,71 @@ sys.path.insert(0, HERE)
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="sizes (see the module docstring)")
+    p.add_argument("--preset", default="cpu", help="sizes, comma-separated: cpu, paper, fast (module docstring)")
+    p.add_argument("--devices", type=int, default=1, help="devices the seeds are split over (default 1)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per loop (default: --devices)")
     p.add_argument("--iterations", type=int, default=6, help="timed updates per loop (median reported)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
+SIZES = {
+    "cpu": {"pqn.num_envs": 16, "pqn.num_steps": 64, "pqn.hidden_size": 128, "pqn.num_epochs": 2,
+            "pqn.num_minibatches": 4},
+    "paper": {"pqn.num_envs": 64, "pqn.num_steps": 128, "pqn.hidden_size": 512, "pqn.num_epochs": 8,
+              "pqn.num_minibatches": 4, "pqn.scan_unroll": 8},
+    "fast": {"pqn.num_envs": 1024, "pqn.num_steps": 128, "pqn.hidden_size": 512, "pqn.num_epochs": 4,
+             "pqn.num_minibatches": 16, "pqn.scan_unroll": 8},
+}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    names = [n.strip() for n in args.preset.split(",") if n.strip()]
+    bad = [n for n in names if n not in SIZES]
+    if bad or not names:
+        print(f"error: --preset {args.preset!r}: expected some of {sorted(SIZES)}, comma-separated", file=sys.stderr)
+        return 2
+    seeds = args.seeds or args.devices
+    from agents.sharding import check_layout
 
+    try:  # the layout before anything compiles
+        for n in names:
+            check_layout(seeds, SIZES[n]["pqn.num_envs"], args.devices)
+    except ValueError as e:
+        msg = str(e).replace("--run.num-devices", "--devices").replace("--run.num-seeds", "--seeds")
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+    for n in names:
+        bench_size(args, n, seeds)
+    return 0
+
+
+def bench_size(args, size: str, S: int) -> None:
+    """Time the three loops at one size and print its table."""
     import jax
     import jax.numpy as jnp
 
     from agents import pqn
     from agents.config import TrainConfig
     from agents.oir import Trainer
+    from agents.sharding import make_mesh, shard_leading
     from env_throughput import raw_reset, raw_step
     from oir_gym.craftax_compat import NUM_ACTIONS
     from oir_gym.observation import obs_dim
 
-    sizes = ({"pqn.num_envs": 16, "pqn.num_steps": 64, "pqn.hidden_size": 128, "pqn.num_epochs": 2,
-              "pqn.num_minibatches": 4}
-             if args.preset == "cpu" else
-             {"pqn.num_envs": 64, "pqn.num_steps": 128, "pqn.hidden_size": 512, "pqn.num_epochs": 8,
-              "pqn.num_minibatches": 4, "pqn.scan_unroll": 8})
+    sizes = SIZES[size]
     common = {"run.total_timesteps": 10_000_000, "env.obs_mode": "symbolic", "eval.every": 10**9,
-              "run.checkpoint_every": 10**9, "pqn.lr": 1e-5, "run.seed": args.seed, **sizes}
+              "run.checkpoint_every": 10**9, "pqn.lr": 1e-5, "run.seed": args.seed, "run.num_seeds": S,
+              "run.num_devices": args.devices, **sizes}
     cfg = TrainConfig().replace(**{"run.method": "gt", **common}).validate()
     E, T, D = cfg.pqn.num_envs, cfg.pqn.num_steps, obs_dim("symbolic")
 
     # ---------------------------------------------------------------- (a) plain PQN-RNN
     net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
-    ts = pqn.create_train_state(jax.random.PRNGKey(args.seed), cfg.pqn, net, D, 384, cfg.num_updates)
+    mesh = make_mesh(args.devices)
+    seed_keys = jax.random.split(jax.random.PRNGKey(args.seed), S)
+    ts = jax.vmap(lambda k: pqn.create_train_state(k, cfg.pqn, net, D, 384, cfg.num_updates))(seed_keys)
     zero_instr = jnp.zeros((E, 384))
 
     def rollout(params, runner, env_steps):
@@ -87,16 +127,19 @@ def main(argv=None) -> int:
                      weights=jnp.ones(E), carry0=carry)
         return (rb, obs, carry2, done_prev, key), batch
 
-    rollout = jax.jit(rollout)
-    update = jax.jit(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b))
-    obs, rb = jax.jit(raw_reset, static_argnums=(1, 2))(jax.random.PRNGKey(args.seed), E, 2 * E)
-    plain = {"ts": ts, "runner": (rb, obs, net.initial_carry(E), jnp.ones(E, bool), jax.random.PRNGKey(1)),
+    # seeds vmapped, the seed axis split over the devices (DESIGN 7: purejaxql's own multi-GPU form)
+    rollout = jax.jit(jax.vmap(rollout, in_axes=(0, 0, None)))
+    update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
+    obs, rb = jax.jit(jax.vmap(raw_reset, in_axes=(0, None, None)), static_argnums=(1, 2))(seed_keys, E, 2 * E)
+    runner = (rb, obs, jax.vmap(lambda _: net.initial_carry(E))(jnp.arange(S)), jnp.ones((S, E), bool),
+              jax.random.split(jax.random.PRNGKey(1), S))
+    plain = {"ts": shard_leading(ts, mesh, (S,)), "runner": shard_leading(runner, mesh, (S,)),
              "steps": 0, "key": jax.random.PRNGKey(2)}
 
     def plain_iteration():
         plain["runner"], batch = rollout(plain["ts"].params, plain["runner"], plain["steps"])
         plain["key"], k = jax.random.split(plain["key"])
-        plain["ts"], m = update(plain["ts"], k, batch)
+        plain["ts"], m = update(plain["ts"], jax.random.split(k, S), batch)
         jax.device_get(m["loss"])
         plain["steps"] += E * T
 
@@ -130,17 +173,17 @@ def main(argv=None) -> int:
         tr.close()
 
     dev = jax.devices()[0]
-    print(f"\nPQN training throughput | {args.preset} sizes: {E} envs x {T} steps, LSTM {cfg.pqn.hidden_size}, "
-          f"{cfg.pqn.num_epochs} epochs x {cfg.pqn.num_minibatches} minibatches | device {dev.platform} "
-          f"({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, {platform.machine()} | "
-          f"median of {args.iterations} interleaved updates\n")
+    print(f"\nPQN training throughput | {size} sizes: {E} envs x {T} steps, LSTM {cfg.pqn.hidden_size}, "
+          f"{cfg.pqn.num_epochs} epochs x {cfg.pqn.num_minibatches} minibatches | {S} seed(s) on {args.devices} "
+          f"device(s) {dev.platform} ({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, "
+          f"{platform.machine()} | median of {args.iterations} interleaved updates\n")
     base = statistics.median(times[next(iter(loops))])
     print("| loop | s / update | env steps / s | ratio to (a) | compile + first 2 updates (s) |")
     print("|---|---|---|---|---|")
     for name in loops:
         med = statistics.median(times[name])
-        print(f"| {name} | {med:.3f} | {E * T / med:,.0f} | {med / base:.2f} | {compile_s[name]:.1f} |")
-    return 0
+        print(f"| {name} | {med:.3f} | {S * E * T / med:,.0f} | {med / base:.2f} | {compile_s[name]:.1f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

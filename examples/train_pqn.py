@@ -201,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                   "CSV and plots written); nothing to resume. Evaluate it again with --eval-only TAG.", flush=True)
             return 0
     enable_compilation_cache()
+    from agents.sharding import initialize_distributed
 
+    initialize_distributed()  # a multi-host job (scheduler env vars) joins before JAX starts its backend
     import jax
 
     from agents.oir import Trainer
