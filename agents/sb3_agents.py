@@ -540,6 +540,7 @@ class SB3Config:
     eval_episodes: int = 1
     eval_horizon: int = 300
     eval_sets: str = "original,simple,complex"
+    eval_instructions: tuple = ()  # JSON files of named instruction sets also evaluated (docs/evaluation.md)
     checkpoint_every: int = 10_000
     threads: int = 0  # 0: automatic (see configure_torch_threads)
     progress_bar: bool = False  # SB3's progress bar (needs tqdm and rich)
@@ -563,6 +564,10 @@ class SB3Config:
         need(isinstance(self.hyperparams, dict), f"hyperparams must be a dict, got {self.hyperparams!r}")
         from oir_gym.instructions import SET_NAMES
 
+        from oir_gym.instructions import load_instruction_files
+
+        self.eval_instructions = tuple(str(p) for p in self.eval_instructions)
+        load_instruction_files(self.eval_instructions)  # ValueError naming the file, entry and field
         for s in self.eval_sets.split(","):
             need(s in SET_NAMES, f"eval set {s!r}; expected some of {SET_NAMES}")
         check_hyperparams(self.algo, self.hyperparams, self.device)
@@ -757,7 +762,8 @@ class _Trainer:
         from oir_gym.evaluation import EvalConfig
 
         c = self.cfg
-        ecfg = EvalConfig(sets=tuple(c.eval_sets.split(",")), episodes=c.eval_episodes, horizon=c.eval_horizon)
+        ecfg = EvalConfig(sets=tuple(c.eval_sets.split(",")), episodes=c.eval_episodes, horizon=c.eval_horizon,
+                          instruction_files=c.eval_instructions)
         res = evaluate(self.model, ecfg, seed=c.seed + 12345, env_kwargs={"obs_mode": c.obs_mode})
         self.run.write_eval(tag, [res.to_dict()])
         self._last_eval = res

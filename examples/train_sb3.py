@@ -70,6 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         if f.name == "asynchronous":
             p.add_argument(flag, type=_bool, default=None, help="relabel in a background worker (default: LLM yes, rules no)")
             continue
+        if f.name == "eval_instructions":
+            p.add_argument(flag, action="append", default=None, metavar="FILE",
+                           help="JSON file of named instruction sets to evaluate too (repeatable; docs/evaluation.md)")
+            continue
         typ = {int: int, float: float, bool: _bool, str: str}[type(default)]
         kw = {"choices": sb3_agents.ALGOS} if f.name == "algo" else {}
         if f.name == "relabeler":

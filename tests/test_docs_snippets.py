@@ -58,7 +58,13 @@ for doc, code in DOCS:
 
 def test_snippets_run_as_written(tmp_path):
     """Every document's blocks, in order, as one script each; one interpreter for all of them
-    (the documents then share one compiled env program: about 40 s instead of 70)."""
+    (the documents then share one compiled env program: about 40 s instead of 70). The README's
+    policy example loads ``runs/smoke``, which its text trains first with the smoke preset: so
+    does the test, in the snippets' working folder."""
+    env0 = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    smoke = subprocess.run([sys.executable, str(ROOT / "examples" / "train_pqn.py"), "smoke", "--run-dir", "runs/smoke"],
+                           cwd=tmp_path, env=env0, capture_output=True, text=True, timeout=600)
+    assert smoke.returncode == 0, smoke.stderr[-3000:]
     script = tmp_path / "snippets.py"
     docs = [(doc, "\n\n".join(python_blocks(doc))) for doc in DOCS]
     script.write_text(f"DOCS = {docs!r}\n{DRIVER}")

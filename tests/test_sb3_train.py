@@ -391,3 +391,19 @@ def test_train_sb3_example_writes_a_run_directory_and_resumes(tmp_path):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["env_steps"] >= 800
     assert [r["update"] for r in rows] == list(range(1, len(rows) + 1))
+
+
+def test_eval_instruction_files_reach_the_sb3_config_and_bad_files_are_refused(tmp_path):
+    """13.3c from the SB3 trainer: ``--eval-instructions FILE`` (repeatable) lands in the config,
+    which checks the files before anything runs."""
+    from importlib import resources
+
+    train_sb3 = _script()
+    good = str(resources.files("oir_gym.data").joinpath("example_instruction_sets.json"))
+    args = train_sb3.parse_args(["--eval-instructions", good])
+    cfg = train_sb3.build_config(args)
+    assert cfg.eval_instructions == (good,)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"sets": {"mine": [{"text": "", "achievement": "collect_wood"}]}}')
+    with pytest.raises(ValueError, match="bad.json"):
+        train_sb3.build_config(train_sb3.parse_args(["--eval-instructions", good, "--eval-instructions", str(bad)]))
