@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
-from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence, get_args
 
 Method = Literal["gt", "cosine", "oir", "ellm"]

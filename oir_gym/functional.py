@@ -15,13 +15,13 @@ rows marked ``sample_mask`` (the instruction buffer), unless the env has a pinne
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from oir_gym.captions import NUM_ACHIEVEMENTS, NUM_EVENTS
+from oir_gym.captions import NUM_ACHIEVEMENTS
 from oir_gym.craftax_compat import CraftaxParams, CraftaxState, CraftaxStaticParams, craftax_step, generate_world
 from oir_gym.events import detect_events
 from oir_gym.grounding import ordered_step

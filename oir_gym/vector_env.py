@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
-from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, NUM_ACHIEVEMENTS, NUM_EVENTS, VOCAB
+from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, NUM_ACHIEVEMENTS
 from oir_gym.craftax_compat import NUM_ACTIONS
 from oir_gym.encoder import DEFAULT_MODEL, InstructionEncoder, get_encoder
 from oir_gym.instruction_registry import InstructionRegistry, validate_instruction

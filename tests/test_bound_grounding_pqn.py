@@ -11,16 +11,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from test_oir_grounding import _trainer as _cosine_trainer
 import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from agents.config import TrainConfig, preset  # noqa: E402
+from agents.config import TrainConfig  # noqa: E402
 from agents.oir import Trainer, build_batch  # noqa: E402
 from oir_gym.captions import NUM_EVENTS, VOCAB  # noqa: E402
-from oir_gym.grounding import BOUND, Binding, indicator_row, no_precondition  # noqa: E402
-from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory  # noqa: E402
+from oir_gym.grounding import BOUND, Binding, indicator_row  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WOOD, TABLE = VOCAB.event_id("collect_wood"), VOCAB.event_id("place_table")
@@ -64,18 +64,8 @@ def test_a_bound_copy_pays_exactly_at_its_bound_step_and_an_ordered_pair_after_i
 
 
 def _trainer(tmp_path, **kw) -> tuple[Trainer, dict]:
-    cfg = preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "rules", "run.total_timesteps": 2 * 16 * 2,
-                                     "pqn.num_envs": 2, "pqn.num_epochs": 1, "oir.k": 4, "eval.every": 1000,
-                                     "run.checkpoint_every": 1000, "oir.grounding": "bound", **kw})
-    tr = Trainer(cfg, tmp_path, log=lambda s: None)
-    trajs = [make_trajectory(WOOD_TABLE_PICKAXE, cfg.pqn.num_steps, texts=False, seed=e, env_id=e) for e in range(2)]
-    host = {
-        "events": np.stack([t.events for t in trajs], axis=1)[None],  # [S, T, E, Ev]
-        "action": np.stack([t.actions for t in trajs], axis=1)[None],
-        "done": np.stack([t.dones for t in trajs], axis=1)[None],
-        "instr": np.zeros((1, cfg.pqn.num_steps, 2), np.int32),
-    }
-    return tr, host
+    """test_oir_grounding's tiny trainer and hand-built rollout, in bound mode."""
+    return _cosine_trainer(tmp_path, **{"oir.grounding": "bound", **kw})
 
 
 def test_bound_relabeling_uses_each_candidates_rows_and_binds_buffer_instructions(tmp_path):

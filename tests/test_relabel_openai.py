@@ -20,6 +20,7 @@ from email.utils import formatdate
 from typing import Callable, Optional
 
 import pytest
+from test_relabel_backends import _DummyEncoder
 
 from oir_gym.relabel import BackendError, HindsightRelabeler, OpenAIBackend, output_schema
 from oir_gym.relabel.backends import backend_kwargs
@@ -279,7 +280,7 @@ def test_the_key_never_appears_in_errors_logs_repr_or_stats(server, monkeypatch,
         seen += [str(ei.value), repr(ei.value), "".join(traceback.format_exception(ei.value)),
                  repr(be), str(vars(be)), json.dumps(be.stats())]
         # the relabeler's view of the failure (result error text and its stats)
-        rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_BagOfWords(), cache_size=0)
+        rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_DummyEncoder(), cache_size=0)
         (res,) = rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 32)])
         assert res.error and res.fallback == "rules"
         seen += [res.error, json.dumps(rl.stats())]
@@ -372,22 +373,6 @@ def test_retry_after_past_the_deadline_fails_the_call_at_once(server):
     with pytest.raises(BackendError, match="HTTP 503.*retry after 3600 s"):
         be.generate(["p"])
     assert len(srv.requests) == 1 and be.stats()["http_errors"] == 1
-
-
-class _BagOfWords:
-    """Deterministic bag-of-words embedding: enough for the fallback plumbing, no model to load."""
-
-    dim = 64
-
-    def encode(self, texts):
-        import numpy as np
-
-        out = np.zeros((len(texts), self.dim), np.float32)
-        for i, t in enumerate(texts):
-            for w in t.split():
-                out[i, hash(w) % self.dim] += 1.0
-        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-6)
-        return out
 
 
 def test_a_key_with_a_trailing_newline_is_stripped_and_a_broken_key_never_quoted(server, monkeypatch):

@@ -130,7 +130,7 @@ class HindsightRelabeler:
 
     def __init__(
         self,
-        backend: BackendSpec = "transformers",
+        backend: BackendArg = "transformers",
         k: int = 4,
         template: Union[str, PromptTemplate] = "segments",
         use_rules: bool = True,

@@ -66,3 +66,10 @@ def make_backend(name: str, **kwargs: Any) -> Optional[LLMBackend]:
         return None
     raise ValueError(f"unknown backend {name!r}: use one of {', '.join(map(repr, BACKEND_NAMES))} "
                      "or a backend object")
+
+
+__all__ = [
+    "BACKEND_NAMES", "BackendError", "BackendTimeout", "LLMBackend", "LlamaCppBackend", "OpenAIBackend",
+    "TransformersBackend", "VLLMBackend", "VLLM_INSTALL_HINT", "backend_kwargs", "default_gguf_path",
+    "default_max_tokens", "make_backend", "schema_shape",
+]
