@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 
 import pytest
+from test_relabel_llm import RecordingWithTokenizer
 
 from conftest_llm import gguf_path, tf_backend  # noqa: F401 - pytest fixtures
 from oir_gym.relabel import (
@@ -42,22 +43,6 @@ def _check_answer(raw: str, k: int) -> list[str]:
     cands, reasons = parse_candidates(raw)
     assert cands, (raw, reasons)
     return cands
-
-
-class Recording:
-    """Wraps a backend and keeps its raw completions (to check them without a second generation)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.raw: list[list[str]] = []
-
-    def generate(self, prompts, n=1, *, schema=None):
-        out = self.inner.generate(prompts, n, schema=schema)
-        self.raw += out
-        return out
-
-    def count_tokens(self, text):
-        return self.inner.count_tokens(text)
 
 
 # ------------------------------------------------------------------------------ bad input (no model load)
@@ -107,7 +92,7 @@ def test_backend_kwargs_for_transformers():
 
 # ------------------------------------------------------------------------------ real model
 def test_relabeler_gets_llm_candidates_for_a_real_trajectory(tf_backend, encoder):
-    rec = Recording(tf_backend)
+    rec = RecordingWithTokenizer(tf_backend)
     rl = HindsightRelabeler(backend=rec, k=4, encoder=encoder)
     (res,) = rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 128)])
     _check_answer(rec.raw[0][0], 4)

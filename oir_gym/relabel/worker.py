@@ -285,12 +285,7 @@ def _serve(conn: Connection, spec: BackendSpec) -> None:
             conn.send(reply)
         except OSError:  # the parent is gone
             break
-    close = getattr(backend, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception:  # noqa: BLE001 - exiting anyway
-            pass
+    close_llm(backend)
 
 
 # The child's first lines. The packages ``oir_gym`` and ``oir_gym.relabel`` are registered without
