@@ -19,8 +19,9 @@ import pytest
 
 from oir_gym.relabel import BackendError, BackendTimeout, HindsightRelabeler, OpenAIBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
+from test_relabel_backends import _DummyEncoder
 from test_relabel_openai import (  # noqa: F401 - the server and environment fixtures
-    ANSWER, CANARY, _BagOfWords, _no_openai_env, completion, http_bytes, openai_app, server,
+    ANSWER, CANARY, _no_openai_env, completion, http_bytes, openai_app, server,
 )
 
 MARGIN = 4.0  # seconds of slack on a deadline (loaded CI machine)
@@ -66,7 +67,7 @@ def test_a_trickled_answer_ends_at_the_deadline_and_the_llm_path_recovers(server
             if where == "body" else b"HTTP/1.1 200 OK\r\nX-Slow: ")
     srv.handler = lambda req, conn: trickle(srv.stop, conn, head)
     be = OpenAIBackend(srv.url, "m", timeout=1.0, max_retries=1, backoff=0.01)
-    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_BagOfWords(), cache_size=0)
+    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_DummyEncoder(), cache_size=0)
     traj = make_trajectory(WOOD_TABLE_PICKAXE, 32)
 
     t0 = time.monotonic()
@@ -171,7 +172,7 @@ def test_malformed_answers_raise_the_backends_own_error_and_are_counted(server, 
     assert s["failures"] == 1 and s["ok"] == 0
     assert s["unusable"] + s["connection_errors"] == 1, s
     # and the relabeler falls back to rules, counting the error
-    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_BagOfWords(), cache_size=0)
+    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_DummyEncoder(), cache_size=0)
     (res,) = rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 32)])
     assert res.fallback == "rules" and res.candidates and rl.stats()["errors"] == 1
 
