@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from agents import pqn
 from agents.ellm import ELLMProposals
@@ -41,7 +42,7 @@ from agents.oir_method import OIRRelabeling
 from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.config import TrainConfig, load_config
 from agents.run_dir import MetricsPosition, atomic_write_json
-from agents.sharding import check_layout, make_mesh, shard_leading
+from agents.sharding import Layout, check_layout
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.craftax_compat import NUM_ACTIONS
@@ -61,47 +62,52 @@ GENERATED_FILES = {"oir": "instructions.json", "ellm": "goals.json"}
 
 
 # ----------------------------------------------------------------------------- jitted pieces
-def make_rollout(cfg: TrainConfig, net: pqn.QNetwork):
-    """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``.
+def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = None):
+    """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``, jitted over ``layout``.
 
     The envs of all seeds form one batch of ``num_seeds * num_envs`` (seed s owns envs
-    ``[s*E, (s+1)*E)`` and draws from row s of the table's sample mask), so auto-resets stay a
-    real branch taken only when some env finished (under a vmap over seeds, ``lax.cond``
-    would turn into a select that generates worlds at every step). The network is vmapped
-    over seeds. ``traj`` leaves are ``[S, T, E, ...]``.
+    ``[s*E, (s+1)*E)`` and draws from row s of the table's sample mask), cut into independent
+    blocks (:class:`agents.sharding.Layout`: one per seed or seed part, each with its own world pool
+    and key), so auto-resets stay a real branch taken only when some env finished (under a vmap
+    over seeds, ``lax.cond`` would turn into a select that generates worlds at every step). Each
+    device runs the scan over its own blocks (``jax.shard_map``): nothing crosses devices inside
+    it. The network is vmapped over the device's seeds. ``traj`` leaves are ``[S, T, E, ...]``.
     """
-    S, E = cfg.run.num_seeds, cfg.pqn.num_envs
+    layout = layout or Layout(cfg.run.num_seeds, cfg.pqn.num_envs, 1)
+    S, E = layout.local_seeds, layout.local_envs  # per device
 
     def per_seed(x):
         return x.reshape((S, E) + x.shape[1:])
 
-    def policy(params, carry, obs, done_prev, key, eps):
+    def policy(params, carry, obs, done_prev, keys, eps):
         def one(p, c, o, i, d, k):
             c, q = net.apply(p, c, o[None], i[None], d[None])
             return c, pqn.eps_greedy(k, q[0], eps)
 
         carry, action = jax.vmap(one)(params, carry, per_seed(obs["obs"]), per_seed(obs["instruction"]),
-                                      per_seed(done_prev), jax.random.split(key, S))
+                                      per_seed(done_prev), keys)
         return carry, action.reshape(S * E)
 
     def rollout(params, runner, env_params, env_steps):
         def step(c, t):
-            bstate, obs, carry, done_prev, key = c
-            key, k_act, k_env = jax.random.split(key, 3)
-            eps = pqn.epsilon(cfg.pqn, cfg.run.total_timesteps, env_steps + t * E)
+            bstate, obs, carry, done_prev, keys = c
+            ks = jax.vmap(lambda k: jax.random.split(k, 3))(keys)  # per block (= per local seed)
+            keys, k_act, k_env = ks[:, 0], ks[:, 1], ks[:, 2]
+            eps = pqn.epsilon(cfg.pqn, cfg.run.total_timesteps, env_steps + t * cfg.pqn.num_envs)
             new_carry, action = policy(params, carry, obs, done_prev, k_act, eps)
-            next_obs, bstate, reward, term, trunc, info, _ = F.batch_step(
-                k_env, bstate, action, env_params, obs_mode=cfg.env.obs_mode, pool_refresh=max(1, min(4, S * E)))
+            next_obs, bstate, reward, term, trunc, info, _ = F.block_step(
+                k_env, bstate, action, env_params, obs_mode=cfg.env.obs_mode,
+                pool_refresh=max(1, min(4, layout.envs_per_block)))
             done = term | trunc
             rec = dict(obs=obs["obs"], instr=info.instr, action=action, reward=reward, done=done, reset=done_prev,
                        events=info.events, success=info.success, ep_return=info.ep_return, ep_length=info.ep_length,
                        achievements=info.achievements)
-            return (bstate, next_obs, new_carry, done, key), rec
+            return (bstate, next_obs, new_carry, done, keys), rec
 
-        bstate, obs, carry, done_prev, key = runner
+        bstate, obs, carry, done_prev, keys = runner
         carry0 = carry
-        (bstate, obs, carry, done_prev, key), traj = jax.lax.scan(
-            step, (bstate, obs, carry, done_prev, key), jnp.arange(cfg.pqn.num_steps))
+        (bstate, obs, carry, done_prev, keys), traj = jax.lax.scan(
+            step, (bstate, obs, carry, done_prev, keys), jnp.arange(cfg.pqn.num_steps))
         # [T, S*E, ...] -> [S, T, E, ...]
         traj = jax.tree_util.tree_map(
             lambda x: jnp.swapaxes(x.reshape((x.shape[0], S, E) + x.shape[2:]), 0, 1), traj)
@@ -109,9 +115,20 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork):
         traj["last_obs"] = per_seed(obs["obs"])
         traj["last_instr"] = per_seed(obs["instruction"])
         traj["last_done"] = per_seed(done_prev)
-        return (bstate, obs, carry, done_prev, key), traj
+        return (bstate, obs, carry, done_prev, keys), traj
 
-    return rollout
+    def sharded(params, runner, env_params, env_steps):
+        runner_spec = layout.runner_specs(runner)
+        traj_spec = {k: layout.traj_spec for k in ("obs", "instr", "action", "reward", "done", "reset", "events",
+                                                   "success", "ep_return", "ep_length", "achievements")}
+        traj_spec.update(carry0=layout.seed_env_spec, last_obs=layout.seed_env_spec,
+                         last_instr=layout.seed_env_spec, last_done=layout.seed_env_spec)
+        fn = jax.shard_map(rollout, mesh=layout.mesh(),
+                           in_specs=(layout.seed_spec, runner_spec, PartitionSpec(), PartitionSpec()),
+                           out_specs=(runner_spec, traj_spec), check_vma=False)
+        return fn(params, runner, env_params, env_steps)
+
+    return sharded
 
 
 def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
@@ -165,6 +182,31 @@ def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
     return out
 
 
+def relayout_runner(runner: dict, blocks: int, pool_per_block: int) -> dict:
+    """A checkpoint's runner state dict fitted to ``blocks`` env blocks of ``pool_per_block`` pool worlds.
+
+    Checkpoints written before the env batch had blocks hold one rollout key, one pool and one
+    cursor; a run resumed with a different block count (fewer seeds than devices, on another device
+    count) holds another number. Keys are re-split from the first, cursors restart at 0 and the
+    pool's worlds are reused in order (they are random worlds: which slot holds which does not
+    matter). The envs, observations and carries are kept as they are. Returns ``runner`` unchanged
+    when it already fits.
+    """
+    import numpy as np
+
+    keys = np.asarray(runner["4"])
+    bstate = runner["0"]
+    cursor = np.asarray(bstate["cursor"])
+    pool_len = len(np.asarray(jax.tree_util.tree_leaves(bstate["pool"])[0]))
+    if keys.ndim == 2 and keys.shape[0] == blocks and cursor.shape == (blocks,) and pool_len == blocks * pool_per_block:
+        return runner
+    first = keys if keys.ndim == 1 else keys[0]
+    new_keys = np.asarray(jax.random.split(jnp.asarray(first, jnp.uint32), blocks))
+    take = np.arange(blocks * pool_per_block) % pool_len
+    pool = jax.tree_util.tree_map(lambda x: np.asarray(x)[take], bstate["pool"])
+    return {**runner, "0": {**bstate, "pool": pool, "cursor": np.zeros((blocks,), cursor.dtype)}, "4": new_keys}
+
+
 # ----------------------------------------------------------------------------- trainer
 @dataclass
 class IterationLog:
@@ -203,7 +245,9 @@ class Trainer:
                              "OIR_GYM_DISTRIBUTED and start one run per host with its own --run.seed")
         self.num_devices = cfg.run.num_devices or len(jax.devices())
         check_layout(self.S, cfg.pqn.num_envs, self.num_devices)
-        self.mesh = make_mesh(self.num_devices)
+        #: seeds, env blocks and the device mesh (:class:`agents.sharding.Layout`)
+        self.layout = Layout(self.S, cfg.pqn.num_envs, self.num_devices)
+        self.mesh = self.layout.mesh()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = log
@@ -239,7 +283,7 @@ class Trainer:
             table=self.registry.device_table(), delta=cfg.env.delta, max_steps=cfg.env.max_episode_steps,
             reward_mode=self.method.reward_mode,
         )
-        self._rollout = jax.jit(make_rollout(cfg, self.net))
+        self._rollout = jax.jit(make_rollout(cfg, self.net, self.layout))
         self._update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
         self._all_finite = jax.jit(lambda tree: jnp.all(jnp.stack(
             [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)])))
@@ -324,22 +368,25 @@ class Trainer:
         params = self._env_params()
         n = self.S * cfg.pqn.num_envs
         groups = jnp.repeat(jnp.arange(self.S), cfg.pqn.num_envs)
-        reset = jax.jit(F.batch_reset, static_argnums=(2, 3, 5, 7))
-        obs, bstate = reset(jnp.asarray(k_env[0]), params, n, max(2 * n, 32), None, cfg.env.obs_mode, groups,
-                            self.num_also_pays)
+        lay = self.layout
+        reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
+        obs, bstate = reset(jax.random.split(jnp.asarray(k_env[0]), lay.blocks), params, lay.envs_per_block,
+                            lay.pool_per_block, None, cfg.env.obs_mode, groups, self.num_also_pays)
         carry = jax.vmap(lambda _: self.net.initial_carry(cfg.pqn.num_envs))(jnp.arange(self.S))
         done = jnp.ones((n,), bool)
-        self.runner = (bstate, obs, carry, done, jnp.asarray(k_run[0]))
+        self.runner = (bstate, obs, carry, done, jax.random.split(jnp.asarray(k_run[0]), lay.blocks))
         self.key = key
         self._place()
 
     def _place(self) -> None:
-        """Put the per-seed state on the mesh: parameters and optimiser state split on the seed axis
-        ``[S, ...]``, the env batch on its ``[S * E, ...]`` axis (seed s's envs land on the device of
-        seed s), the rest (world pool, keys) replicated. The jitted programs follow this placement."""
-        sizes = (self.S, self.S * self.cfg.pqn.num_envs)
-        self.train_state = shard_leading(self.train_state, self.mesh, sizes)
-        self.runner = shard_leading(self.runner, self.mesh, sizes)
+        """Put the per-seed state on the mesh (:class:`agents.sharding.Layout`): parameters and
+        optimiser state split on the seed axis ``[S, ...]``, the env batch, world pools and block keys
+        on their flat axis (seed s's envs land on the device(s) of seed s). The jitted programs follow
+        this placement."""
+        lay = self.layout
+        self.train_state = lay.place(self.train_state, jax.tree_util.tree_map(lambda _: lay.seed_spec,
+                                                                              self.train_state))
+        self.runner = lay.place(self.runner, lay.runner_specs(self.runner))
 
     # -------------------------------------------------------------- checkpoints
     def _arrays(self) -> dict[str, Any]:
@@ -415,6 +462,9 @@ class Trainer:
             if mine != theirs:
                 raise CheckpointError(host_file, f"the checkpoint has {k}={theirs!r}, this run {mine!r}")
         self.init_state()
+        if isinstance(arrays, dict) and isinstance(arrays.get("runner"), dict):
+            lay = self.layout
+            arrays = {**arrays, "runner": relayout_runner(arrays["runner"], lay.blocks, lay.pool_per_block)}
         restored = restore_tree(self._arrays(), arrays, folder / "arrays.msgpack")
         ts = restored["train_state"]
         self.train_state = self.train_state.replace(params=jax.tree_util.tree_map(jnp.asarray, ts["params"]),

@@ -2,12 +2,18 @@
 
 The trainer keeps every per-seed array with the seed axis first (parameters and optimiser state
 ``[S, ...]``) and the env batch of all seeds as one axis ``[S * E, ...]`` in which seed ``s`` owns
-envs ``[s*E, (s+1)*E)``. Sharding both leading axes over a one-axis :class:`~jax.sharding.Mesh`
-of ``D`` devices gives each device ``S/D`` whole seeds with their envs: the jitted rollout, update
-and evaluation then run side by side on every device with no traffic between them except the
-(tiny) world pool and the host transfers. When there are fewer seeds than devices
-(``S < D``), parameters are replicated and only the env axis is split, so one seed's envs spread
-over the devices (``E`` must then divide by ``D``).
+envs ``[s*E, (s+1)*E)``. :class:`Layout` lays a two-axis :class:`~jax.sharding.Mesh`
+``("seeds", "parts")`` over the ``D`` devices: with ``S >= D`` each device holds ``S/D`` whole
+seeds (``parts`` has size 1); with ``S < D`` each seed's envs are split over ``D/S`` devices and
+its parameters replicated over them.
+
+The env batch is cut into ``max(S, D)`` *blocks* (one per seed, or per seed part), each with its
+own world pool and rollout key (:func:`oir_gym.functional.block_step`), so a device's rollout
+depends on nothing held by another device: the trainer runs it with :func:`jax.shard_map`, one
+program per device and no traffic between them inside the 128-step scan. (Left to GSPMD, the
+shared pool, one rollout key and the "did any env finish" branch became an all-reduce and
+collective-permutes at every env step, which kept two GPUs in lock-step.) The update, batch
+building and evaluation are vmapped over seeds and sharded on that axis by jit.
 
 Multi-host: call :func:`initialize_distributed` (``jax.distributed.initialize``) at the top of the
 program on every host; a cluster scheduler sets the coordinator address, the process count and
@@ -19,6 +25,7 @@ the process id (SLURM and Open MPI are detected by JAX itself; otherwise set
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import jax
@@ -26,6 +33,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 AXIS = "devices"
+SEEDS, PARTS = "seeds", "parts"
 
 
 def check_layout(num_seeds: int, num_envs: int, num_devices: int, visible: Optional[int] = None) -> None:
@@ -46,10 +54,87 @@ def check_layout(num_seeds: int, num_envs: int, num_devices: int, visible: Optio
             raise ValueError(f"num_seeds={num_seeds} is not divisible by num_devices={num_devices}: every device "
                              f"runs whole seeds; use a multiple of {num_devices} seeds (--run.num-seeds) or "
                              f"--run.num-devices {fit}")
-    elif num_envs % num_devices:
-        raise ValueError(f"num_seeds={num_seeds} < num_devices={num_devices}, so each seed's envs are split over the "
-                         f"devices, but num_envs={num_envs} is not divisible by {num_devices}; use a multiple of "
-                         f"{num_devices} envs (--pqn.num-envs) or --run.num-devices {num_seeds}")
+    elif num_devices % num_seeds:
+        raise ValueError(f"num_seeds={num_seeds} < num_devices={num_devices}, so each seed's envs are split over "
+                         f"num_devices/num_seeds devices, but {num_devices} is not a multiple of {num_seeds}; use "
+                         f"--run.num-seeds {num_devices} or --run.num-devices {num_seeds}")
+    elif num_envs % (num_devices // num_seeds):
+        parts = num_devices // num_seeds
+        raise ValueError(f"num_seeds={num_seeds} < num_devices={num_devices}, so each seed's envs are split over "
+                         f"{parts} devices, but num_envs={num_envs} is not divisible by {parts}; use a multiple of "
+                         f"{parts} envs (--pqn.num-envs) or --run.num-devices {num_seeds}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a run's seeds and envs live: ``S`` seeds of ``E`` envs over ``D`` devices.
+
+    Attributes derived from ``(S, E, D)`` (checked by :func:`check_layout`):
+    ``blocks = max(S, D)`` independent env blocks of ``envs_per_block`` envs; per device
+    ``local_seeds`` seeds (= blocks) of ``local_envs`` envs.
+    """
+
+    num_seeds: int
+    num_envs: int
+    num_devices: int
+
+    @property
+    def seed_shards(self) -> int:
+        return min(self.num_seeds, self.num_devices)
+
+    @property
+    def parts(self) -> int:
+        return self.num_devices // self.seed_shards
+
+    @property
+    def blocks(self) -> int:
+        return max(self.num_seeds, self.num_devices)
+
+    @property
+    def envs_per_block(self) -> int:
+        return self.num_seeds * self.num_envs // self.blocks
+
+    @property
+    def pool_per_block(self) -> int:
+        """Pre-generated worlds each block resets its envs from."""
+        return max(2 * self.envs_per_block, 16)
+
+    @property
+    def local_seeds(self) -> int:
+        return self.num_seeds // self.seed_shards
+
+    @property
+    def local_envs(self) -> int:
+        return self.num_envs // self.parts
+
+    def mesh(self) -> Mesh:
+        """The ``("seeds", "parts")`` mesh over the first ``D`` devices."""
+        devices = np.asarray(jax.devices()[: self.num_devices]).reshape(self.seed_shards, self.parts)
+        return Mesh(devices, (SEEDS, PARTS))
+
+    #: ``[S, ...]`` (parameters, optimiser state, per-seed keys)
+    seed_spec = PartitionSpec(SEEDS)
+    #: flat env or block axis ``[S * E, ...]`` / ``[blocks, ...]`` (seed-major, then part)
+    flat_spec = PartitionSpec((SEEDS, PARTS))
+    #: ``[S, E, ...]`` (recurrent carries, last observations)
+    seed_env_spec = PartitionSpec(SEEDS, PARTS)
+    #: ``[S, T, E, ...]`` (trajectories)
+    traj_spec = PartitionSpec(SEEDS, None, PARTS)
+
+    def runner_specs(self, runner: Any) -> Any:
+        """Partition specs of the trainer's runner ``(bstate, obs, carry, done, keys)``: env, pool and
+        block leaves on the flat axis, carries on ``[S, E]``."""
+        bstate, obs, carry, done, keys = runner
+        flat = lambda tree: jax.tree_util.tree_map(lambda _: self.flat_spec, tree)  # noqa: E731
+        return (flat(bstate), flat(obs), jax.tree_util.tree_map(lambda _: self.seed_env_spec, carry),
+                self.flat_spec, self.flat_spec)
+
+    def place(self, tree: Any, specs: Any) -> Any:
+        """``jax.device_put`` every leaf of ``tree`` with its spec (a pytree prefix of ``tree``)."""
+        mesh = self.mesh()
+        shardings = jax.tree_util.tree_map(lambda p: NamedSharding(mesh, p), specs,
+                                           is_leaf=lambda x: isinstance(x, PartitionSpec))
+        return jax.device_put(tree, shardings)
 
 
 def make_mesh(num_devices: Optional[int] = None) -> Mesh:

@@ -315,21 +315,72 @@ def batch_step(key, bstate: BatchState, actions, params: EnvParams, obs_mode: st
     ``obs`` of a finished env is the first observation of its next episode (same-step
     autoreset) and ``final_obs`` is its last observation; otherwise both are the same.
     Observations are computed once per step; reset envs are re-observed only in steps where
-    some env finished.
+    some env finished. This is :func:`block_step` with one block.
     """
+    one = bstate.replace(cursor=bstate.cursor[None])
+    obs, one, *rest = block_step(key[None], one, actions, params, obs_mode, pool_refresh, autoreset)
+    return (obs, one.replace(cursor=one.cursor[0]), *rest)
+
+
+def block_reset(keys, params: EnvParams, envs_per_block: int, pool_per_block: int, pinned=None,
+                obs_mode: str = "paper", groups=None, num_also_pays: int = 0):
+    """Reset ``B = len(keys)`` independent blocks of ``envs_per_block`` envs, each with its own world
+    pool of ``pool_per_block`` worlds. Returns ``(obs, BatchState)`` with env leaves ``[B * envs_per_block]``
+    (block-major), pool leaves ``[B * pool_per_block]`` and ``cursor [B]``.
+
+    What happens in one block depends only on that block's key and state, so a batch split into
+    blocks can be spread over devices block by block (one program per device, no traffic between
+    them) and still reproduce the single-device run exactly. ``pinned``/``groups`` are ``[B * envs_per_block]``.
+    """
+    B, n = keys.shape[0], envs_per_block
+    pinned = jnp.full((B * n,), -1, jnp.int32) if pinned is None else jnp.asarray(pinned, jnp.int32)
+    groups = jnp.zeros((B * n,), jnp.int32) if groups is None else jnp.asarray(groups, jnp.int32)
+    obs, bstate = jax.vmap(lambda k, p, g: batch_reset(k, params, n, pool_per_block, p, obs_mode, g, num_also_pays))(
+        keys, pinned.reshape(B, n), groups.reshape(B, n))
+    flat = lambda x: x.reshape((B * x.shape[1],) + x.shape[2:])  # noqa: E731
+    return (jax.tree_util.tree_map(flat, obs),
+            BatchState(env=jax.tree_util.tree_map(flat, bstate.env), pool=jax.tree_util.tree_map(flat, bstate.pool),
+                       cursor=bstate.cursor))
+
+
+def block_step(keys, bstate: BatchState, actions, params: EnvParams, obs_mode: str = "paper",
+               pool_refresh: int = 4, autoreset: bool = True):
+    """:func:`batch_step` for a batch of ``B = len(keys)`` independent blocks (:func:`block_reset`):
+    block ``b`` owns envs ``[b*n, (b+1)*n)`` and pool slots ``[b*P, (b+1)*P)``, steps with its own key and
+    draws reset worlds from its own pool, so its result does not depend on the other blocks.
+
+    The reset runs as one branch taken when any env of the batch finished (a real branch, not a
+    select: generating worlds is the expensive part); inside it, a block whose envs all continue
+    keeps its pool and cursor.
+    """
+    B = keys.shape[0]
     num_envs = actions.shape[0]
-    k_step, k_reset = jax.random.split(key)
+    n = num_envs // B
+    split = jax.vmap(jax.random.split)(keys)  # [B, 2, 2]
+    k_step, k_reset = split[:, 0], split[:, 1]
+    step_keys = jax.vmap(lambda k: jax.random.split(k, n))(k_step).reshape((num_envs,) + k_step.shape[1:])
     _, env, reward, term, trunc, info = jax.vmap(step, in_axes=(0, 0, 0, None, None))(
-        jax.random.split(k_step, num_envs), bstate.env, actions, params, obs_mode
+        step_keys, bstate.env, actions, params, obs_mode
     )
     bstate = bstate.replace(env=env)
     final_obs = _observe_batch(env, params, obs_mode)
     if not autoreset:
         return final_obs, bstate, reward, term, trunc, info, final_obs
     done = jnp.logical_or(term, trunc)
+    blocks = lambda x: x.reshape((B, x.shape[0] // B) + x.shape[1:])  # noqa: E731
+    flat = lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])  # noqa: E731
 
     def _reset(b):
-        b = reset_done(k_reset, b, done, params, pool_refresh)
+        def one(k, env_b, pool_b, cursor_b, done_b):
+            new = reset_done(k, BatchState(env=env_b, pool=pool_b, cursor=cursor_b), done_b, params, pool_refresh)
+            any_b = jnp.any(done_b)  # a block with no finished env keeps its pool and cursor
+            return new.replace(pool=jax.tree_util.tree_map(lambda x, y: jnp.where(any_b, x, y), new.pool, pool_b),
+                               cursor=jnp.where(any_b, new.cursor, cursor_b))
+
+        out = jax.vmap(one)(k_reset, jax.tree_util.tree_map(blocks, b.env), jax.tree_util.tree_map(blocks, b.pool),
+                            b.cursor, blocks(done))
+        b = BatchState(env=jax.tree_util.tree_map(flat, out.env), pool=jax.tree_util.tree_map(flat, out.pool),
+                       cursor=out.cursor)
         return b, _tree_select(done, _observe_batch(b.env, params, obs_mode), final_obs)
 
     bstate, obs = jax.lax.cond(jnp.any(done), _reset, lambda b: (b, final_obs), bstate)

@@ -327,3 +327,44 @@ def test_bound_rows_pay_exactly_at_their_events_on_device(venv):
     np.testing.assert_array_equal(rewards[:, 1], [0, 0, 0, 1])  # wood then table: at the table
     np.testing.assert_array_equal(rewards[:, 2], [0, 0, 0, 0])  # table then wood: never in this order
     np.testing.assert_array_equal(rewards[:, 3], [0, 0, 0, 1])  # bound to the table
+
+
+def test_blocks_step_independently_of_each_other(venv):
+    """``F.block_step`` over 2 blocks gives, block by block, exactly what ``F.batch_step`` gives each
+    block alone (its own key and world pool): the property that lets the trainer run blocks on
+    different devices and still reproduce a one-device run. Short episodes force resets."""
+    params = venv.params.replace(max_steps=3)
+    n, pool = 3, 8
+    keys = jax.random.split(jax.random.PRNGKey(7), 2)
+    groups = jnp.zeros((2 * n,), jnp.int32)
+    reset_b = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
+    reset_1 = jax.jit(F.batch_reset, static_argnums=(2, 3, 5, 7))
+    step_b = jax.jit(F.block_step, static_argnames=("obs_mode", "pool_refresh"))
+    step_1 = jax.jit(F.batch_step, static_argnames=("obs_mode", "pool_refresh"))
+    _, both = reset_b(keys, params, n, pool, None, "paper", groups, 0)
+    alone = [reset_1(keys[b], params, n, pool, None, "paper", groups[:n], 0)[1] for b in range(2)]
+    # block 0 one step ahead: it resets in steps where block 1 does not (block 1 keeps its pool and cursor)
+    both = both.replace(env=both.env.replace(steps=both.env.steps.at[:n].set(1)))
+    alone[0] = alone[0].replace(env=alone[0].env.replace(steps=alone[0].env.steps + 1))
+    run_keys = jax.random.split(jax.random.PRNGKey(8), 2)
+    resets, lone_resets = 0, 0
+    for t in range(7):
+        actions = jax.random.randint(jax.random.PRNGKey(100 + t), (2 * n,), 0, 17)
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(run_keys)
+        obs, both, reward, term, trunc, *_ = step_b(step_keys, both, actions, params, obs_mode="paper", pool_refresh=2)
+        done = np.asarray(term | trunc).reshape(2, n)
+        resets += int(done.sum())
+        lone_resets += int(done[0].any() != done[1].any())
+        for b in range(2):
+            o, alone[b], r, *_ = step_1(step_keys[b], alone[b], actions[b * n:(b + 1) * n], params, obs_mode="paper",
+                                        pool_refresh=2)
+            sl = slice(b * n, (b + 1) * n)
+            np.testing.assert_array_equal(np.asarray(obs["obs"])[sl], np.asarray(o["obs"]))
+            np.testing.assert_array_equal(np.asarray(reward)[sl], np.asarray(r))
+            jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x)[sl], np.asarray(y)),
+                                   both.env, alone[b].env)
+            jax.tree_util.tree_map(
+                lambda x, y: np.testing.assert_array_equal(np.asarray(x)[b * pool:(b + 1) * pool], np.asarray(y)),
+                both.pool, alone[b].pool)
+            assert int(both.cursor[b]) == int(alone[b].cursor)
+    assert resets >= 2 * n and lone_resets >= 2  # every env reset; some steps reset one block only

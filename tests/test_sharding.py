@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from agents.config import preset
@@ -40,6 +41,7 @@ def _child(code: str, devices: int = 2, timeout: int = 600, env: dict | None = N
     (3, 8, 2, 2, "num_seeds=3 is not divisible by num_devices=2"),
     (2, 8, 4, 2, "only 2 device"),
     (1, 7, 2, 2, "num_envs=7 is not divisible by 2"),
+    (3, 8, 4, 4, "4 is not a multiple of 3"),
     (1, 8, 0, 2, "must be >= 1"),
 ])
 def test_bad_layouts_are_refused_with_the_numbers(seeds, envs, devices, visible, match):
@@ -113,6 +115,11 @@ def test_trainer_splits_seeds_or_envs_over_two_devices_and_restore_reshards(tmp_
         tr.init_state(); res["two_seeds"] = layout(tr); tr.save(); tr.close()
         tr = Trainer(base.replace(**{{"run.num_seeds": 1}}), {str(tmp_path / 'b')!r})
         tr.init_state(); res["one_seed"] = layout(tr); tr.close()
+        # 1 seed saved on 1 device (1 env block) resumes on 2 devices (2 blocks) and trains on
+        one = base.replace(**{{"run.num_seeds": 1, "run.num_devices": 1}})
+        tr = Trainer(one, {str(tmp_path / 'c')!r}); tr.init_state(); tr.save(); tr.close()
+        tr = Trainer(base.replace(**{{"run.num_seeds": 1}}), {str(tmp_path / 'c')!r}); tr.load()
+        res["one_to_two"] = [layout(tr), tr.iteration().env_steps]; tr.close()
         tr = Trainer(base.replace(**{{"run.num_seeds": 2}}), {str(tmp_path / 'a')!r})
         tr.load(); res["restored"] = layout(tr); tr.close()
         print(json.dumps(res))
@@ -121,6 +128,27 @@ def test_trainer_splits_seeds_or_envs_over_two_devices_and_restore_reshards(tmp_
     assert res["two_seeds"] == {"n": 2, "params": [1, 1], "envs": [4, 4], "devices": 2}
     assert res["one_seed"] == {"n": 2, "params": [1, 1], "envs": [2, 2], "devices": 2}  # params replicated
     assert res["restored"] == res["two_seeds"]
+    assert res["one_to_two"][0] == res["one_seed"] and res["one_to_two"][1] > 0
+
+
+def test_the_rollout_program_has_no_traffic_between_devices(tmp_path):
+    """2 seeds on 2 (virtual) devices: the compiled rollout (the 128-step scan, most of a run's time)
+    holds no collective operation, so each device runs its seeds without waiting for the other.
+    Left to GSPMD it had an all-reduce and collective-permutes at every env step (the shared world
+    pool, one rollout key, the any-env-finished branch), and two H100s ran no faster than one."""
+    out = _child(f"""
+        import re, jax
+        from agents.config import preset
+        from agents.oir import Trainer
+        cfg = preset("smoke").replace(**{{"run.method": "gt", "pqn.num_envs": 4, "pqn.num_steps": 4, "run.num_seeds": 2,
+                                          "pqn.num_minibatches": 1}})
+        tr = Trainer(cfg, {str(tmp_path / "run")!r})
+        tr.init_state()
+        hlo = tr._rollout.lower(tr.train_state.params, tr.runner, tr._env_params(), 0).compile().as_text()
+        ops = re.findall(r"\\b(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)(?:-start)?\\(", hlo)
+        print(tr.num_devices, len(ops), sorted(set(ops)))
+    """)
+    assert out.split()[-3:] == ["2", "0", "[]"], out
 
 
 # ----------------------------------------------------------------------------- same metrics
@@ -191,3 +219,18 @@ def test_two_processes_share_one_mesh_through_jax_distributed():
     for p, (so, se) in zip(procs, outs):
         assert p.returncode == 0, se[-3000:]
         assert so.split()[-4:] == ["2", "1", "2", "31.0"]
+
+
+def test_relayout_runner_fits_an_old_or_other_block_layout():
+    """A checkpoint's runner with one rollout key, a scalar cursor and one pool (written before env
+    blocks existed) is fitted to 2 blocks: keys re-split, cursors at 0, pool worlds reused in order."""
+    from agents.oir import relayout_runner
+
+    old = {"0": {"env": {"x": np.arange(8)}, "pool": {"map": np.arange(5 * 2).reshape(5, 2)}, "cursor": np.int32(3)},
+           "1": {}, "2": {}, "3": np.zeros(8, bool), "4": np.asarray(jax.random.PRNGKey(4))}
+    new = relayout_runner(old, blocks=2, pool_per_block=4)
+    assert new["4"].shape == (2, 2) and not np.array_equal(new["4"][0], new["4"][1])
+    assert new["0"]["cursor"].tolist() == [0, 0]
+    np.testing.assert_array_equal(new["0"]["pool"]["map"][:, 0], [0, 2, 4, 6, 8, 0, 2, 4])
+    np.testing.assert_array_equal(new["0"]["env"]["x"], old["0"]["env"]["x"])
+    assert relayout_runner(new, blocks=2, pool_per_block=4) is new  # already fits: untouched
