@@ -230,7 +230,9 @@ def provenance(source_root: str | os.PathLike | None = None,
         ``{"git_commit": str | None, "git_dirty": bool | None, "source": str, "python": str,
         "packages": {name: version}, "time": ISO-8601 UTC}``. ``git_commit`` is None outside a git
         checkout (e.g. an installed wheel); ``git_dirty`` says whether tracked files differ from
-        the commit (untracked files such as run folders do not count).
+        the commit (untracked files such as run folders do not count). A copy of the source without
+        its ``.git`` (a tree sent to a cluster node) can name its commit in the environment variable
+        ``OIR_GYM_SOURCE_COMMIT``; it is then recorded with ``"git_commit_from": "environment"``.
     """
     from importlib import metadata
 
@@ -243,8 +245,10 @@ def provenance(source_root: str | os.PathLike | None = None,
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
+    declared = os.environ.get("OIR_GYM_SOURCE_COMMIT", "").strip()
     return {
-        "git_commit": commit.strip() if commit else None,
+        "git_commit": commit.strip() if commit else (declared or None),
+        **({"git_commit_from": "environment"} if declared and not commit else {}),
         "git_dirty": (bool(status.strip()) if status is not None else None),
         "source": str(root),
         "python": sys.version.split()[0],

@@ -1,9 +1,32 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (see docs/results.md): installs the carried wheels, points the
+# Runs on the lent GPU machine (see docs/results.md): installs the carried wheels once, points the
 # encoder at the carried float16 MiniLM folder, then runs the command given as arguments.
 # Usage (from the device tool): bash bench/gpu_session.sh python examples/train_pqn.py ...
+#
+# Large files travel in pieces of an ignored folder over back-to-back calls (one call carries at
+# most 64 MiB) and are joined on the machine, which keeps /tmp while it stays warm:
+#   .device/p/minilm.tar.*  -> /tmp/minilm      (the encoder, when .device/minilm was not carried)
+#   .device/p/gemma.gguf.*  -> /tmp/gemma/gemma-3-270m-q4_k_m.gguf  (the LLM, checked by sha256)
 set -eo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+if [ ! -f /tmp/site/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    $(ls .whl/llm/*.whl 2>/dev/null | grep -v pydantic || true)
+  python3 -c "import pydantic" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target /tmp/site .whl/llm/pydantic*.whl .whl/llm/annotated_types*.whl \
+    .whl/llm/typing_inspection*.whl
+  touch /tmp/site/.done
+fi
+mkdir -p /tmp/p && { cp -n .device/p/* /tmp/p/ 2>/dev/null || true; }
+if [ ! -d /tmp/minilm ] && [ -f /tmp/p/minilm.tar.ab ]; then
+  cat /tmp/p/minilm.tar.* | tar -C /tmp -xf - && echo "minilm joined"
+fi
+if [ ! -f /tmp/gemma/gemma-3-270m-q4_k_m.gguf ] && [ -f /tmp/p/gemma.gguf.ag ]; then
+  mkdir -p /tmp/gemma && cat /tmp/p/gemma.gguf.* > /tmp/gemma/gemma-3-270m-q4_k_m.gguf
+  echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  /tmp/gemma/gemma-3-270m-q4_k_m.gguf" \
+    | sha256sum -c - || { rm -f /tmp/gemma/gemma-3-270m-q4_k_m.gguf; exit 3; }
+fi
+ENC=$PWD/.device/minilm; [ -d "$ENC" ] || ENC=/tmp/minilm
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-export OIR_GYM_ENCODER=$PWD/.device/minilm HF_HUB_OFFLINE=1 OIR_GYM_JAX_CACHE_DIR=$PWD/.device/jaxcache
+export OIR_GYM_ENCODER=$ENC HF_HUB_OFFLINE=1 OIR_GYM_JAX_CACHE_DIR=/tmp/jaxcache
 "$@"

@@ -184,3 +184,15 @@ def test_atomic_json_write_killed_midway_leaves_the_old_file(tmp_path):
     assert data["version"] in (1, 2)
     # a killed write may leave its temporary file (".state.json.*.tmp"), never a broken state.json
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".tmp")) == ["state.json"]
+
+
+def test_provenance_outside_git_takes_the_commit_declared_in_the_environment(tmp_path, monkeypatch):
+    from agents.run_dir import provenance
+
+    monkeypatch.delenv("OIR_GYM_SOURCE_COMMIT", raising=False)
+    assert provenance(tmp_path)["git_commit"] is None  # a copy of the source without .git
+    monkeypatch.setenv("OIR_GYM_SOURCE_COMMIT", "abc123")
+    prov = provenance(tmp_path)
+    assert prov["git_commit"] == "abc123" and prov["git_commit_from"] == "environment"
+    inside = provenance(ROOT)  # a real checkout: git wins over the environment
+    assert inside["git_commit"] != "abc123" and "git_commit_from" not in inside
