@@ -48,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--devices", type=int, default=1, help="devices the seeds are split over (default 1)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per loop (default: --devices)")
     p.add_argument("--iterations", type=int, default=6, help="timed updates per loop (median reported)")
+    p.add_argument("--loops", default="plain,gt,oir",
+                   help="loops to time, comma-separated: plain (a), gt (b), oir (c); ratios need plain")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -146,16 +148,21 @@ def bench_size(args, size: str, S: int) -> None:
     # ---------------------------------------------------------------- (b), (c) ours
     tmp = tempfile.mkdtemp(prefix="oir_bench_")
     ours = {}
-    for method in ("gt", "oir"):
+    chosen = [x.strip() for x in args.loops.split(",") if x.strip()]
+    unknown = sorted(set(chosen) - {"plain", "gt", "oir"})
+    if unknown or not chosen:
+        raise SystemExit(f"--loops {args.loops!r}: unknown {unknown}; choose from plain, gt, oir")
+    for method in [m for m in ("gt", "oir") if m in chosen]:
         extra = {"oir.relabeler": "rules"} if method == "oir" else {}
         tr = Trainer(TrainConfig().replace(**{"run.method": method, **common, **extra}), os.path.join(tmp, method),
                      log=lambda s: None)
         tr.init_state()
         ours[method] = tr
 
-    loops = {"(a) plain PQN-RNN, raw Craftax": plain_iteration,
-             "(b) ours, gt": lambda: ours["gt"].iteration(),
-             "(c) ours, oir (rules)": lambda: ours["oir"].iteration()}
+    loops = {name: fn for name, fn, key in (
+        ("(a) plain PQN-RNN, raw Craftax", plain_iteration, "plain"),
+        ("(b) ours, gt", lambda: ours["gt"].iteration(), "gt"),
+        ("(c) ours, oir (rules)", lambda: ours["oir"].iteration(), "oir")) if key in chosen}
     compile_s = {}
     for name, fn in loops.items():  # compile + one warm iteration each
         t = time.perf_counter()
@@ -177,7 +184,8 @@ def bench_size(args, size: str, S: int) -> None:
           f"{cfg.pqn.num_epochs} epochs x {cfg.pqn.num_minibatches} minibatches | {S} seed(s) on {args.devices} "
           f"device(s) {dev.platform} ({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, "
           f"{platform.machine()} | median of {args.iterations} interleaved updates\n")
-    base = statistics.median(times[next(iter(loops))])
+    first = next(iter(loops))
+    base = statistics.median(times[first]) if "plain" in chosen else float("nan")
     print("| loop | s / update | env steps / s | ratio to (a) | compile + first 2 updates (s) |")
     print("|---|---|---|---|---|")
     for name in loops:
