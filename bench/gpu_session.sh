@@ -10,11 +10,13 @@
 set -eo pipefail
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  if ls .whl/llm/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $(ls .whl/llm/*.whl 2>/dev/null | grep -v pydantic || true)
+    $(ls .whl/llm/*.whl | grep -v pydantic)
   python3 -c "import pydantic" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --upgrade --target /tmp/site .whl/llm/pydantic*.whl .whl/llm/annotated_types*.whl \
     .whl/llm/typing_inspection*.whl
+  fi
   touch /tmp/site/.done
 fi
 mkdir -p /tmp/p && { cp -n .device/p/* /tmp/p/ 2>/dev/null || true; }
