@@ -42,7 +42,7 @@ from agents.oir_method import OIRRelabeling
 from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.config import TrainConfig, load_config
 from agents.run_dir import MetricsPosition, atomic_write_json
-from agents.sharding import Layout, check_layout
+from agents.sharding import Layout, PerDevice, check_layout
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.craftax_compat import NUM_ACTIONS
@@ -70,8 +70,9 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
     blocks (:class:`agents.sharding.Layout`: one per seed or seed part, each with its own world pool
     and key), so auto-resets stay a real branch taken only when some env finished (under a vmap
     over seeds, ``lax.cond`` would turn into a select that generates worlds at every step). Each
-    device runs the scan over its own blocks (``jax.shard_map``): nothing crosses devices inside
-    it. The network is vmapped over the device's seeds. ``traj`` leaves are ``[S, T, E, ...]``.
+    device runs the scan over its own blocks as its own program (:class:`agents.sharding.PerDevice`):
+    nothing crosses devices inside it. The network is vmapped over the device's seeds. ``traj``
+    leaves are ``[S, T, E, ...]``.
     """
     layout = layout or Layout(cfg.run.num_seeds, cfg.pqn.num_envs, 1)
     S, E = layout.local_seeds, layout.local_envs  # per device
@@ -117,18 +118,19 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
         traj["last_done"] = per_seed(done_prev)
         return (bstate, obs, carry, done_prev, keys), traj
 
-    def sharded(params, runner, env_params, env_steps):
-        runner_spec = layout.runner_specs(runner)
-        traj_spec = {k: layout.traj_spec for k in ("obs", "instr", "action", "reward", "done", "reset", "events",
-                                                   "success", "ep_return", "ep_length", "achievements")}
-        traj_spec.update(carry0=layout.seed_env_spec, last_obs=layout.seed_env_spec,
-                         last_instr=layout.seed_env_spec, last_done=layout.seed_env_spec)
-        fn = jax.shard_map(rollout, mesh=layout.mesh(),
-                           in_specs=(layout.seed_spec, runner_spec, PartitionSpec(), PartitionSpec()),
-                           out_specs=(runner_spec, traj_spec), check_vma=False)
-        return fn(params, runner, env_params, env_steps)
+    traj_keys = ("obs", "instr", "action", "reward", "done", "reset", "events", "success", "ep_return", "ep_length",
+                 "achievements")
 
-    return sharded
+    def in_specs(params, runner, env_params, env_steps):
+        return (layout.seed_spec, layout.runner_specs(runner), PartitionSpec(), PartitionSpec())
+
+    def out_specs(params, runner, env_params, env_steps):
+        traj = {k: layout.traj_spec for k in traj_keys}
+        traj.update(carry0=layout.seed_env_spec, last_obs=layout.seed_env_spec, last_instr=layout.seed_env_spec,
+                    last_done=layout.seed_env_spec)
+        return (layout.runner_specs(runner), traj)
+
+    return PerDevice(rollout, layout.mesh(), in_specs, out_specs)
 
 
 def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
@@ -283,7 +285,7 @@ class Trainer:
             table=self.registry.device_table(), delta=cfg.env.delta, max_steps=cfg.env.max_episode_steps,
             reward_mode=self.method.reward_mode,
         )
-        self._rollout = jax.jit(make_rollout(cfg, self.net, self.layout))
+        self._rollout = make_rollout(cfg, self.net, self.layout)
         self._update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
         self._all_finite = jax.jit(lambda tree: jnp.all(jnp.stack(
             [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)])))

@@ -9,11 +9,13 @@ its parameters replicated over them.
 
 The env batch is cut into ``max(S, D)`` *blocks* (one per seed, or per seed part), each with its
 own world pool and rollout key (:func:`oir_gym.functional.block_step`), so a device's rollout
-depends on nothing held by another device: the trainer runs it with :func:`jax.shard_map`, one
-program per device and no traffic between them inside the 128-step scan. (Left to GSPMD, the
-shared pool, one rollout key and the "did any env finish" branch became an all-reduce and
-collective-permutes at every env step, which kept two GPUs in lock-step.) The update, batch
-building and evaluation are vmapped over seeds and sharded on that axis by jit.
+depends on nothing held by another device: :class:`PerDevice` runs it as one single-device program
+per device, dispatched side by side, with no traffic between them inside the 128-step scan. (Left
+to GSPMD, the shared pool, one rollout key and the "did any env finish" branch became an
+all-reduce and collective-permutes at every env step, which kept two GPUs in lock-step; the same
+scan under ``jax.shard_map`` crashed XLA's GPU compiler (jax 0.11.2, 2 x H100) with a segfault,
+while single-device programs are the path every one-GPU run takes.) The update, batch building
+and evaluation are vmapped over seeds and sharded on that axis by jit.
 
 Multi-host: call :func:`initialize_distributed` (``jax.distributed.initialize``) at the top of the
 program on every host; a cluster scheduler sets the coordinator address, the process count and
@@ -25,8 +27,10 @@ the process id (SLURM and Open MPI are detected by JAX itself; otherwise set
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
@@ -135,6 +139,85 @@ class Layout:
         shardings = jax.tree_util.tree_map(lambda p: NamedSharding(mesh, p), specs,
                                            is_leaf=lambda x: isinstance(x, PartitionSpec))
         return jax.device_put(tree, shardings)
+
+
+def _global_shape(local: tuple[int, ...], spec: PartitionSpec, mesh: Mesh) -> tuple[int, ...]:
+    shape = list(local)
+    for dim, axes in enumerate(spec):
+        for ax in (axes if isinstance(axes, tuple) else (axes,) if axes is not None else ()):
+            shape[dim] *= mesh.shape[ax]
+    return tuple(shape)
+
+
+def _specs_like(specs: Any, tree: Any) -> list[PartitionSpec]:
+    """The spec of every leaf of ``tree`` (``specs`` is a pytree prefix of it)."""
+    out: list[PartitionSpec] = []
+    jax.tree_util.tree_map(lambda p, sub: out.extend([p] * len(jax.tree_util.tree_leaves(sub))), specs, tree,
+                           is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return out
+
+
+class PerDevice:
+    """Run a program written for one device's share of the data on every device of a mesh, side by side.
+
+    ``fn(*local_args) -> local_out`` sees the arrays one device holds (its seeds' parameters, its
+    blocks of envs); ``in_specs(*args)`` / ``out_specs(*args)`` give the global arrays'
+    :class:`~jax.sharding.PartitionSpec` (pytree prefixes). Each call splits the arguments into their
+    device shards (no copy for arguments already placed that way), starts ``fn``'s executable on
+    every device (asynchronous dispatch: the devices run at once), and joins the per-device results
+    into global arrays placed by ``out_specs``. One executable per device, compiled in parallel
+    threads at the first call; a single-device mesh just runs ``jax.jit(fn)``.
+    """
+
+    def __init__(self, fn: Callable, mesh: Mesh, in_specs: Callable[..., Any], out_specs: Callable[..., Any]):
+        self.fn, self.mesh = fn, mesh
+        self.in_specs, self.out_specs = in_specs, out_specs
+        self.devices = list(mesh.devices.flat)
+        self._jit = jax.jit(fn)
+        #: device -> compiled executable, with the argument signature it was compiled for
+        self.compiled: dict[Any, Any] = {}
+        self._signature: Any = None
+        self._lock = threading.Lock()
+
+    def _split(self, args: tuple) -> list[tuple]:
+        specs = _specs_like(self.in_specs(*args), args)
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        per_dev: list[list] = [[] for _ in self.devices]
+        for x, spec in zip(leaves, specs):
+            want = NamedSharding(self.mesh, spec)
+            if not (isinstance(x, jax.Array) and x.sharding.is_equivalent_to(want, np.ndim(x))):
+                x = jax.device_put(x, want)
+            shards = {sh.device: sh.data for sh in x.addressable_shards}
+            for i, d in enumerate(self.devices):
+                per_dev[i].append(shards[d])
+        return [jax.tree_util.tree_unflatten(treedef, leaves_d) for leaves_d in per_dev]
+
+    def _compile(self, local_args: list[tuple]) -> None:
+        signature = [jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), a) for a in local_args[:1]]
+        if self.compiled and signature == self._signature:
+            return
+        with ThreadPoolExecutor(len(self.devices)) as pool:
+            done = pool.map(lambda a: self._jit.lower(*a).compile(), local_args)
+            self.compiled = dict(zip(self.devices, done))
+        self._signature = signature
+
+    def __call__(self, *args):
+        if len(self.devices) == 1:
+            return self._jit(*args)
+        local_args = self._split(args)
+        with self._lock:
+            self._compile(local_args)
+        outs = [self.compiled[d](*a) for d, a in zip(self.devices, local_args)]  # dispatched side by side
+        flat = [jax.tree_util.tree_flatten(o)[0] for o in outs]
+        treedef = jax.tree_util.tree_structure(outs[0])
+        specs = _specs_like(self.out_specs(*args), outs[0])
+        joined = []
+        for i, spec in enumerate(specs):
+            parts = [f[i] for f in flat]
+            sharding = NamedSharding(self.mesh, spec)
+            joined.append(jax.make_array_from_single_device_arrays(
+                _global_shape(parts[0].shape, spec, self.mesh), sharding, parts))
+        return jax.tree_util.tree_unflatten(treedef, joined)
 
 
 def make_mesh(num_devices: Optional[int] = None) -> Mesh:
