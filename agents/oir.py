@@ -301,7 +301,12 @@ class Trainer:
 
         self.evaluator = make_jax_evaluator(greedy, self.net.initial_carry, n_eval, self.eval_cfg.horizon,
                                              cfg.env.obs_mode)
-        self._evaluate_seeds = jax.jit(jax.vmap(self.evaluator, in_axes=(0, 0, None, None)))
+        # every device evaluates its own seeds as its own program, as the rollout does
+        lay = self.layout
+        self._evaluate_seeds = PerDevice(
+            jax.vmap(self.evaluator, in_axes=(0, 0, None, None)), self.mesh,
+            in_specs=lambda *a: (lay.seed_spec, lay.seed_spec, PartitionSpec(), PartitionSpec()),
+            out_specs=lambda *a: lay.seed_spec)
         self.update_idx = 0
         self.env_steps = 0
         # the last iteration's rollout (host arrays) and update batch, for diagnostics
