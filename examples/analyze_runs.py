@@ -13,6 +13,8 @@ for ``#NNNNNN``), with 95% bootstrap confidence intervals over seeds (scipy's pe
 bootstrap), and, for evaluations with the control (``oir_gym.evaluation``), the
 instruction-following gain: success when asked for an achievement minus success when asked for
 another one (or given the neutral instruction).
+``--time-target X`` adds mean success against wall clock (``time`` of the metrics rows, summed over
+resumes): the first evaluation reaching X and the best within ``--time-budget`` seconds.
 ``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and ``--tsne NAME=FILE``
 instruction lists (``instructions.json`` / ``goals.json`` of a run).
 """
@@ -90,6 +92,10 @@ def main(argv=None) -> int:
     p.add_argument("--curve-max-step", type=float, default=float("inf"),
                    help="the whole-run table keeps evaluations up to this many env steps (compare a short run "
                         "with the early part of long ones)")
+    p.add_argument("--time-target", type=float, default=None,
+                   help="also tabulate and plot mean success (original) against wall clock, with this target line")
+    p.add_argument("--time-budget", type=float, default=900.0,
+                   help="with --time-target: the best success within this many seconds (default 900)")
     args = p.parse_args(argv)
     if args.last_k < 1:
         p.error(f"--last-k must be >= 1, got {args.last_k}")
@@ -118,6 +124,11 @@ def main(argv=None) -> int:
         print("\n## Instruction following at the final point: success of an achievement when asked for it, for "
               "another one (mismatched) and with the neutral instruction (mean over seeds; gains with 95% bootstrap CI)\n")
         print(control)
+    if args.time_target is not None:
+        print(f"\n## Time to target: mean success (original) against wall clock, compile included\n")
+        print(analysis.time_to_target_table(metrics, args.time_target, args.time_budget))
+        if not args.table_only:
+            analysis.plot_time_to_target(metrics, out / "time_to_target.png", args.time_target)
     if args.ablation:
         abl = {v: _load_evals(prefixes) for v, prefixes in _pairs(args.ablation).items()}
         if not args.table_only:

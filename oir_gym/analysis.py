@@ -473,3 +473,87 @@ def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], delt
         ax.grid(alpha=0.3)
     axes[0].legend()
     return _save(fig, out)
+
+
+# ----------------------------------------------------------------------------- wall clock
+def cumulative_time(rows: Sequence[dict]) -> np.ndarray:
+    """Wall-clock seconds of each metrics row since the run first started, across resumes.
+
+    A row's ``time`` counts from the start of the process that wrote it (compile included); a
+    resumed process starts again from 0, so each drop adds the previous row's time as an offset.
+    (The time a process spent after its last row, e.g. its final checkpoint, is not counted.)
+    """
+    out, offset, last = [], 0.0, 0.0
+    for r in rows:
+        t = float(r.get("time", np.nan))
+        if t < last:
+            offset += last
+        last = t
+        out.append(offset + t)
+    return np.asarray(out)
+
+
+def time_curves(runs: Sequence[list[dict]], set_name: str = "original", metric: str = "mean_success_rate"):
+    """Evaluation points of several runs of one method against wall clock.
+
+    Returns ``times [n], steps [n], values [n, seeds]``: at each evaluation point (the runs are cut
+    to the points they all have, as in :func:`pooled_curves`) the mean wall-clock seconds of the
+    runs (runs made side by side on different cards), the env steps, and every seed's value.
+    """
+    per = []
+    for rows in runs:
+        t = cumulative_time(rows)
+        idx = [i for i, r in enumerate(rows) if any(k.startswith(f"eval/{set_name}/") or
+                                                    k.startswith(f"seed0/eval/{set_name}/") for k in r)]
+        per.append(t[idx])
+    steps, curves = pooled_curves(runs, set_name)
+    n = len(steps)
+    times = np.mean([p[:n] for p in per], axis=0) if n else np.zeros(0)
+    return times, steps, curves[metric]
+
+
+def time_to_target_table(runs: dict[str, Sequence[list[dict]]], target: float, budget_s: float,
+                         set_name: str = "original") -> str:
+    """Markdown: per method, the first evaluation whose seed-mean success reaches ``target`` (its
+    wall clock and env steps) and the best seed-mean success within ``budget_s`` seconds."""
+    lines = [f"| run | seeds | first eval >= {target:.2f} (wall s, env steps per seed) | best within {budget_s:.0f} s "
+             "(success, at s) | last eval (success, wall s) |", "|---|---|---|---|---|"]
+    for name, rs in runs.items():
+        times, steps, vals = time_curves(rs, set_name)
+        if len(times) == 0:
+            lines.append(f"| {name} | 0 | no evaluation | | |")
+            continue
+        mean = np.nanmean(vals, axis=1)
+        hit = np.flatnonzero(mean >= target)
+        first = f"{times[hit[0]]:.0f} s, {steps[hit[0]]:,.0f}" if len(hit) else "not reached"
+        inside = np.flatnonzero(times <= budget_s)
+        best = (f"{mean[inside].max():.3f} at {times[inside[np.argmax(mean[inside])]]:.0f} s" if len(inside)
+                else "no evaluation")
+        lines.append(f"| {name} | {vals.shape[1]} | {first} | {best} | {mean[-1]:.3f}, {times[-1]:.0f} s |")
+    return "\n".join(lines)
+
+
+def plot_time_to_target(runs: dict[str, Sequence[list[dict]]], out: str | Path, target: float | None = None,
+                        set_name: str = "original") -> Path:
+    """Mean success (over seeds, s.e. band) against wall-clock seconds, one line per method."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    for name, rs in runs.items():
+        times, _, vals = time_curves(rs, set_name)
+        if len(times) == 0:
+            continue
+        mean, se = mean_and_stderr(vals.T, axis=0)
+        mean, se = np.atleast_1d(mean), np.atleast_1d(se)
+        ax.plot(times / 60, mean, marker=".", label=name)
+        ax.fill_between(times / 60, mean - se, mean + se, alpha=0.2)
+    if target is not None:
+        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.2f}")
+    ax.set_xlabel("wall clock (min, compile included)")
+    ax.set_ylabel(f"mean success ({set_name})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return Path(out)

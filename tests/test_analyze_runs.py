@@ -236,3 +236,28 @@ def test_runs_with_the_control_get_gain_columns_and_the_control_table(tmp_path, 
                          f"{np.mean(gain):+.3f} [{gain[1]:+.3f}, {gain[0]:+.3f}] |")
     control = _section(out, "Instruction following")
     assert control[0].startswith(f"| m | original | {2 / 22:.3f} | {0.5 / 22:.3f} | 0.000 | {np.mean(gain):+.3f} [")
+
+
+def test_cumulative_time_adds_the_time_of_each_earlier_process_of_a_resumed_run():
+    rows = [{"time": 10.0}, {"time": 20.0}, {"time": 5.0}, {"time": 7.5}, {"time": 1.0}]
+    np.testing.assert_allclose(analysis.cumulative_time(rows), [10, 20, 25, 27.5, 28.5])
+
+
+TIME_RUNS = [f"paper (64 envs), oir rules={p}" for p in OIR] + [
+    f"fast (1,024 envs), oir rules, lr 2.5e-4={ROOT / 'results' / 'gpu_h100x2_fast' / 'fast_oir'}",
+    f"fast (1,024 envs), oir rules, lr 5e-4={ROOT / 'results' / 'gpu_h100x2_fast' / 'fast_oir_lr5e-4'}"]
+
+
+def test_time_to_target_table_in_results_doc_is_rebuilt_from_results(tmp_path, capsys):
+    """Issue 15: mean success against wall clock for the paper and fast presets (compile included,
+    resumes summed), the first evaluation at >= 0.33 and the best within 15 min; the plot is written."""
+    assert analyze_runs.main(["--runs", *TIME_RUNS, "--time-target", "0.33", "--time-budget", "900",
+                              "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.split("## Time to target")[1].splitlines() if ln.startswith("| ") and " s" in ln
+            and not ln.startswith("| run ")]
+    assert len(rows) == 3 and rows[0].startswith("| paper") and "not reached" in rows[2]
+    doc = (ROOT / "docs" / "results.md").read_text()
+    for row in rows:
+        assert row in doc, row
+    assert (tmp_path / "time_to_target.png").stat().st_size > 10_000
