@@ -19,13 +19,20 @@ EVAL_METRICS = ("mean_success_rate", "num_completed", "aggregate_score")
 CONTROL_METRICS = ("gain", "gain_neutral", "mismatched_mean_success_rate", "neutral_mean_success_rate")
 
 
-def _save(fig, out: str | Path) -> Path:
-    """Lay out, write and close a figure (every plot of this module is written the same way)."""
-    import matplotlib.pyplot as plt
+def _figure(ncols: int = 1, figsize: tuple[float, float] = (7, 4)):
+    """A figure of its own with ``ncols`` axes. Built from :class:`matplotlib.figure.Figure` with no
+    pyplot: no global figure registry and no backend switch, so plotting from a notebook leaves its
+    backend and figures alone."""
+    from matplotlib.figure import Figure
 
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(1, ncols)
+
+
+def _save(fig, out: str | Path) -> Path:
+    """Lay out and write a figure (every plot of this module is written the same way)."""
     fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return Path(out)
 
 
@@ -296,12 +303,8 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path | list[dict]]], out
     ``runs[method]`` lists run directories, ``metrics.jsonl`` files or metrics rows already read
     (:func:`read_jsonl`); several are pooled as seeds.
     """
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = _figure(3, (15, 4))
     for label, paths in runs.items():
         steps, curves = pooled_curves([d if isinstance(d, list) else read_jsonl(metrics_path(d)) for d in paths],
                                       set_name)
@@ -323,14 +326,10 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path | list[dict]]], out
 
 def plot_training(metrics: list[dict], out: str | Path) -> Path:
     """Loss, epsilon, training success and throughput vs env steps for one run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     keys = [k for k in ("loss", "train/success_rate", "train/reward_per_step", "curriculum/unpayable_step_frac",
                         "epsilon", "sps") if any(k in r for r in metrics)]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
+    fig, axes = _figure(len(keys), (4 * len(keys), 3.2))
     axes = np.atleast_1d(axes)
     rows = [r for r in metrics if "env_steps" in r]
     for ax, k in zip(axes, keys):
@@ -348,16 +347,12 @@ def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, s
     ``results[method]`` is a list of evaluation dicts (one per seed) as written by
     :meth:`oir_gym.evaluation.EvalResult.to_dict`.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     methods = list(results)
     first = next(iter(results.values()))
     first = list(first)
     texts = first[0][set_name]["texts"]
-    fig, ax = plt.subplots(figsize=(max(10, len(texts) * 0.6), 4.5))
+    fig, ax = _figure(1, (max(10, len(texts) * 0.6), 4.5))
     width = 0.8 / max(len(methods), 1)
     x = np.arange(len(texts))
     for i, m in enumerate(methods):
@@ -399,10 +394,6 @@ def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, s
               reference: Sequence[str] | None = None) -> Path:
     """t-SNE of instruction embeddings, one colour per group (e.g. OIR vs ELLM), with the 22
     achievements (``reference``, default :data:`oir_gym.instructions.ORIGINAL_INSTRUCTIONS`) marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from sklearn.manifold import TSNE
 
     from oir_gym.encoder import get_encoder
@@ -419,7 +410,7 @@ def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, s
         raise ValueError(f"need at least 5 instructions for a t-SNE, got {len(texts)}")
     emb = enc.encode(texts)
     xy = TSNE(n_components=2, perplexity=min(30, max(2, len(texts) // 4)), random_state=seed, init="pca").fit_transform(emb)
-    fig, ax = plt.subplots(figsize=(7, 6))
+    fig, ax = _figure(1, (7, 6))
     for g in dict.fromkeys(names):
         idx = [i for i, n in enumerate(names) if n == g]
         marker, size = ("*", 120) if g == "achievements" else ("o", 18)
@@ -432,13 +423,9 @@ def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, s
 def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_name: str = "original",
                          xlabel: str = "delta") -> Path:
     """Final metrics (mean +- s.e. over seeds) against a swept parameter (e.g. the delta ablation)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     xs = list(values)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = _figure(3, (13, 3.6))
     for ax, k in zip(axes, EVAL_METRICS):
         stats = [mean_and_stderr(np.array([r[set_name][k] for r in values[x]], dtype=float)) for x in xs]
         ax.errorbar(range(len(xs)), [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=4)
@@ -457,12 +444,8 @@ def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], delt
     ``curves[set_name]`` holds the ``recall`` and ``wrong_per_instruction`` arrays of
     :func:`oir_gym.reward.threshold_confusion`.
     """
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = _figure(2, (10, 3.6))
     titles = {"recall": "own event rewarded (fraction of instructions)",
               "wrong_per_instruction": "other events rewarded (per instruction)"}
     for ax, (key, title) in zip(axes, titles.items()):
@@ -536,10 +519,7 @@ def time_to_target_table(runs: dict[str, Sequence[list[dict]]], target: float, b
 def plot_time_to_target(runs: dict[str, Sequence[list[dict]]], out: str | Path, target: float | None = None,
                         set_name: str = "original") -> Path:
     """Mean success (over seeds, s.e. band) against wall-clock seconds, one line per method."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4))
-    ax = fig.subplots()
+    fig, ax = _figure(1, (7, 4))
     for name, rs in runs.items():
         times, _, vals = time_curves(rs, set_name)
         if len(times) == 0:
@@ -554,6 +534,4 @@ def plot_time_to_target(runs: dict[str, Sequence[list[dict]]], out: str | Path, 
     ax.set_ylabel(f"mean success ({set_name})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    return Path(out)
+    return _save(fig, out)

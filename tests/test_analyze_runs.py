@@ -261,3 +261,25 @@ def test_time_to_target_table_in_results_doc_is_rebuilt_from_results(tmp_path, c
     for row in rows:
         assert row in doc, row
     assert (tmp_path / "time_to_target.png").stat().st_size > 10_000
+
+
+def test_plots_leave_the_callers_matplotlib_backend_and_pyplot_figures_alone(tmp_path):
+    """A notebook's backend must survive our plots (they draw on Figure objects, not through pyplot)."""
+    import subprocess
+
+    code = f"""
+import sys, matplotlib
+sys.path.insert(0, {str(ROOT)!r})
+matplotlib.use("svg")
+import matplotlib.pyplot as plt
+from oir_gym import analysis
+rows = analysis.read_jsonl({str(ROOT / 'results' / 'gpu_h100x2_fast' / 'fast_oir' / 'metrics.jsonl')!r})
+analysis.plot_training(rows, {str(tmp_path / 't.png')!r})
+analysis.plot_learning_curves({{"a": [rows]}}, {str(tmp_path / 'c.png')!r})
+analysis.plot_time_to_target({{"a": [rows]}}, {str(tmp_path / 'w.png')!r}, 0.33)
+print(matplotlib.get_backend(), len(plt.get_fignums()))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["svg", "0"]
+    assert all((tmp_path / f).stat().st_size > 5_000 for f in ("t.png", "c.png", "w.png"))
