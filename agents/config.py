@@ -168,6 +168,18 @@ class LLMConfig:
     call_timeout: float | None = None
     """Seconds one relabeling LLM call may take (None: the backend's own limit)."""
 
+    def validate(self) -> "LLMConfig":
+        """Raise ``ValueError`` naming the field for a setting the LLM part cannot use; returns self."""
+        if not (self.backend in LLM_BACKENDS or ":" in self.backend):
+            raise ValueError(f"llm.backend={self.backend!r}; expected one of {LLM_BACKENDS} or package.module:ClassName")
+        if not (isinstance(self.per_update, int) and self.per_update >= 1):
+            raise ValueError(f"llm.per_update={self.per_update!r} must be >= 1")
+        if not (self.call_timeout is None or self.call_timeout > 0):
+            raise ValueError(f"llm.call_timeout={self.call_timeout} must be > 0 (or None)")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"llm.base_url={self.base_url!r} must be an http(s) URL")
+        return self
+
 
 @dataclass
 class ELLMConfig:
@@ -304,14 +316,13 @@ class TrainConfig:
                                     ("env", "obs_mode", get_args(ObsMode)), ("ellm", "reward", get_args(EllmReward))):
             v = getattr(getattr(self, part), name)
             need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
-        need(l.backend in LLM_BACKENDS or ":" in l.backend,
-             f"llm.backend={l.backend!r}; expected one of {LLM_BACKENDS} or package.module:ClassName")
+        l.validate()
         for part, names in (("run", ("total_timesteps", "num_seeds", "checkpoint_every", "keep_checkpoints")),
                             ("pqn", ("num_envs", "num_steps", "num_epochs", "num_minibatches", "hidden_size",
                                      "num_layers", "scan_unroll")),
                             ("env", ("max_episode_steps", "table_capacity")),
                             ("oir", ("k", "instruction_buffer_size", "llm_lag")),
-                            ("llm", ("per_update",)), ("ellm", ("k",)),
+                            ("ellm", ("k",)),
                             ("eval", ("every", "episodes", "horizon"))):
             for name in names:
                 v = getattr(getattr(self, part), name)
@@ -340,8 +351,6 @@ class TrainConfig:
         need(not (o.relabel_balance and o.keep_ungrounded),
              "oir.relabel_balance spreads slots over grounded instructions only; it cannot be combined with "
              "oir.keep_ungrounded=True")
-        need(l.call_timeout is None or l.call_timeout > 0, f"llm.call_timeout={l.call_timeout} must be > 0 (or None)")
-        need(l.base_url.startswith(("http://", "https://")), f"llm.base_url={l.base_url!r} must be an http(s) URL")
         need(el.timeout >= 0, f"ellm.timeout={el.timeout} must be >= 0")
         need(ev.episodes <= MAX_EVAL_EPISODES, f"eval.episodes={ev.episodes} must be <= {MAX_EVAL_EPISODES}")
         need(0 <= ev.epsilon <= 1, f"eval.epsilon={ev.epsilon} must be in [0, 1]")

@@ -623,6 +623,7 @@ def make_relabeler(cfg: TrainConfig):
     relabeler = HindsightRelabeler(cfg.llm.backend, k=cfg.oir.k, template=cfg.llm.template, use_rules=False,
                                    delta=cfg.env.delta, encoder=get_encoder(), on_full="replace", queue_size=1,
                                    backend_kwargs=kwargs, keep_ungrounded=cfg.oir.keep_ungrounded,
-                                   grounding=cfg.oir.grounding, bind_threshold=cfg.oir.bind_threshold)
+                                   grounding=cfg.oir.grounding, bind_threshold=cfg.oir.bind_threshold,
+                                   llm_timeout=cfg.llm.call_timeout)
     _check_llm(relabeler, cfg.oir.relabeler == "llm", "--oir.relabeler")
     return relabeler

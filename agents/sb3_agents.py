@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from agents.config import LLMConfig
 from agents.run_dir import (
     CorruptFileError, MetricsWriter, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes,
     sha256_file,
@@ -138,14 +139,16 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
     return SB3VecEnv(env)
 
 
-def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = None, llm_backend: str = "transformers",
-                   llm_model: str = "", llm_base_url: str = "http://127.0.0.1:8000/v1", template: str = "segments",
+def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = None, llm: Optional[LLMConfig] = None,
                    cache_path: Optional[str] = None, grounding: str = "cosine", bind_threshold: float = 0.5,
                    **kwargs: Any):
     """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (LLM + rules) or ``"none"``.
 
+    ``llm``: the LLM part shared with the PQN trainer (:class:`agents.config.LLMConfig`: backend,
+    model, server URL, prompt template, call timeout; default: the offline transformers backend).
     ``grounding``: ``"cosine"`` (the paper's rule) or ``"bound"`` (event-bound, with
     ``bind_threshold``; :mod:`oir_gym.grounding`)."""
+    llm = (llm or LLMConfig()).validate()
     kwargs.update(grounding=grounding, bind_threshold=bind_threshold)
     if kind == "none":
         return None
@@ -157,9 +160,10 @@ def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = 
         return HindsightRelabeler("rules", k=k, delta=delta, encoder=encoder, cache_size=0, **kwargs)
     from oir_gym.relabel.backends import backend_kwargs
 
-    return HindsightRelabeler(llm_backend, k=k, delta=delta, encoder=encoder, template=template,
+    kwargs.setdefault("llm_timeout", llm.call_timeout)
+    return HindsightRelabeler(llm.backend, k=k, delta=delta, encoder=encoder, template=llm.template,
                               use_rules=(kind == "both"), cache_path=cache_path,
-                              backend_kwargs=backend_kwargs(llm_backend, llm_model, llm_base_url), **kwargs)
+                              backend_kwargs=backend_kwargs(llm.backend, llm.model, llm.base_url), **kwargs)
 
 
 def make_relabel_callback(relabeler, algo: str, **kwargs: Any):
@@ -526,10 +530,7 @@ class SB3Config:
     k: int = 4
     segment_length: int = 128
     asynchronous: Optional[bool] = None  # None: sync for rules, async for an LLM
-    llm_backend: str = "transformers"
-    llm_model: str = ""
-    llm_base_url: str = "http://127.0.0.1:8000/v1"
-    llm_template: str = "segments"
+    llm: LLMConfig = field(default_factory=LLMConfig)  # the LLM part shared with the PQN trainer (llm.per_update unused)
     grounding: str = "cosine"  # cosine (the paper's rule) | bound (event-bound; oir_gym.grounding)
     bind_threshold: float = 0.5  # grounding=bound: loosest cosine that binds an instruction to an event
     # algorithm (overrides of DEFAULT_HYPERPARAMS[algo])
@@ -562,6 +563,8 @@ class SB3Config:
              "buffer_size, eval_every and threads must be >= 0")
         need(0 <= self.tau_low < self.tau_high, f"need 0 <= tau_low ({self.tau_low}) < tau_high ({self.tau_high})")
         need(isinstance(self.hyperparams, dict), f"hyperparams must be a dict, got {self.hyperparams!r}")
+        need(isinstance(self.llm, LLMConfig), f"llm must be an LLMConfig, got {type(self.llm).__name__}")
+        self.llm.validate()
         from oir_gym.instructions import SET_NAMES
 
         from oir_gym.instructions import load_instruction_files
@@ -578,11 +581,20 @@ class SB3Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SB3Config":
+        """A config from ``config.json``'s contents; the flat ``llm_*`` keys of older runs map to ``llm``."""
+        d = dict(d)
+        llm = dict(d.pop("llm", None) or {})
+        for old in ("llm_backend", "llm_model", "llm_base_url", "llm_template"):
+            if old in d:
+                llm.setdefault(old[len("llm_"):], d.pop(old))
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"unknown config keys {sorted(unknown)}")
-        return cls(**d)
+        llm_names = {f.name for f in dataclasses.fields(LLMConfig)}
+        if set(llm) - llm_names:
+            raise ValueError(f"unknown config keys {sorted('llm.' + k for k in set(llm) - llm_names)}")
+        return cls(**d, llm=LLMConfig(**llm))
 
     @property
     def resolved_device(self) -> str:
@@ -695,9 +707,7 @@ class _Trainer:
         else:
             self.model = make_model(cfg.algo, self.venv, cfg.seed, cfg.hyperparams, device=cfg.device)
         self.model.set_logger(_sb3_logger(self.run / "tb" if _tensorboard_installed() else None))
-        self.relabeler = make_relabeler(cfg.relabeler, cfg.k, cfg.delta, encoder=self.venv.encoder,
-                                        llm_backend=cfg.llm_backend, llm_model=cfg.llm_model,
-                                        llm_base_url=cfg.llm_base_url, template=cfg.llm_template,
+        self.relabeler = make_relabeler(cfg.relabeler, cfg.k, cfg.delta, encoder=self.venv.encoder, llm=cfg.llm,
                                         grounding=cfg.grounding, bind_threshold=cfg.bind_threshold)
         if self.relabeler is not None:
             kw: dict[str, Any] = {"segment_length": cfg.segment_length, "verbose": 1}

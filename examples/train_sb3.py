@@ -31,6 +31,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents import sb3_agents  # noqa: E402
+from agents.config import LLMConfig  # noqa: E402
+
+#: LLM settings the SB3 trainer has no use for (PQN's trajectories-per-update budget)
+LLM_UNUSED = ("per_update",)
 from agents.run_dir import CorruptFileError, RunDir, RunDirError  # noqa: E402
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -65,6 +69,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     for f in dataclasses.fields(sb3_agents.SB3Config):
         if f.name == "hyperparams":
             continue
+        if f.name == "llm":  # the LLM part shared with train_pqn.py: the same --llm.* flags
+            for lf in dataclasses.fields(LLMConfig):
+                if lf.name in LLM_UNUSED:
+                    continue
+                names = ["--llm." + lf.name.replace("_", "-")]
+                if lf.name in ("backend", "model", "base_url", "template"):
+                    names.append("--llm-" + lf.name.replace("_", "-"))  # the flags of earlier versions
+                typ = float if lf.name == "call_timeout" else str
+                p.add_argument(*names, dest="llm." + lf.name, type=typ, default=None,
+                               help=f"(default {lf.default!r}; as train_pqn.py's {names[0]})")
+            continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         if f.name == "asynchronous":
@@ -88,6 +103,14 @@ def build_config(args, saved: dict | None = None) -> sb3_agents.SB3Config:
     values.pop("resolved_hyperparams", None)
     for f in dataclasses.fields(sb3_agents.SB3Config):
         if f.name == "hyperparams":
+            continue
+        if f.name == "llm":
+            llm = dict(values.get("llm") or {})
+            for lf in dataclasses.fields(LLMConfig):
+                v = getattr(args, "llm." + lf.name, None)
+                if v is not None:
+                    llm[lf.name] = v
+            values["llm"] = llm
             continue
         v = getattr(args, f.name)
         if v is not None:

@@ -163,7 +163,7 @@ def test_no_model_given_uses_the_single_model_served(server):
     assert be.generate(["p"]) == [[ANSWER]]
     assert srv.requests[0].method == "GET" and srv.requests[0].path == "/v1/models"
     assert srv.requests[1].json()["model"] == "Qwen/Qwen3-8B"
-    # the trainers' settings with no --llm-model: the same, before any training starts
+    # the trainers' settings with no --llm.model: the same, before any training starts
     rl = HindsightRelabeler(backend="openai", backend_kwargs=backend_kwargs("openai", "", srv.url), encoder=object())
     assert rl.backend.llm.model == "Qwen/Qwen3-8B"
 

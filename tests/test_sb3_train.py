@@ -407,3 +407,46 @@ def test_eval_instruction_files_reach_the_sb3_config_and_bad_files_are_refused(t
     bad.write_text('{"sets": {"mine": [{"text": "", "achievement": "collect_wood"}]}}')
     with pytest.raises(ValueError, match="bad.json"):
         train_sb3.build_config(train_sb3.parse_args(["--eval-instructions", good, "--eval-instructions", str(bad)]))
+
+
+def test_the_llm_part_is_the_pqn_trainers_llm_config_with_its_flags_and_old_flat_keys():
+    """SB3 and PQN share agents.config.LLMConfig: the same --llm.* flags (the old --llm-* spellings
+    still parse), one validation, and the flat llm_* keys of older SB3 config.json files load."""
+    from agents.config import LLMConfig
+
+    script = _script()
+    cfg = script.build_config(script.parse_args(["--llm.model", "/m.gguf", "--llm-backend", "openai",
+                                                 "--llm.call-timeout", "5"]))
+    assert isinstance(cfg.llm, LLMConfig)
+    assert (cfg.llm.backend, cfg.llm.model, cfg.llm.call_timeout) == ("openai", "/m.gguf", 5.0)
+    assert sb3_agents.SB3Config.from_dict(cfg.to_dict()) == cfg  # config.json round trip (nested)
+    old = {k: v for k, v in cfg.to_dict().items() if k != "llm"}
+    old.update(llm_backend="openai", llm_model="x", llm_base_url="http://h:1/v1", llm_template="segments")
+    loaded = sb3_agents.SB3Config.from_dict(old)
+    assert (loaded.llm.backend, loaded.llm.model, loaded.llm.base_url) == ("openai", "x", "http://h:1/v1")
+    with pytest.raises(ValueError, match="llm.base_url='ftp://x' must be an http"):
+        script.build_config(script.parse_args(["--llm.base-url", "ftp://x"]))
+    with pytest.raises(ValueError, match=r"unknown config keys \['llm.temperature'\]"):
+        sb3_agents.SB3Config.from_dict({"llm": {"temperature": 0.3}})
+
+
+def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, capfd):
+    """``llm.call_timeout`` bounds each LLM call (it was a config field nothing read)."""
+    from agents.config import LLMConfig, preset
+    from agents.oir import make_relabeler as pqn_relabeler
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    llm = LLMConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", call_timeout=3.0)
+    rl = sb3_agents.make_relabeler("llm", llm=llm)
+    try:
+        assert rl.llm_timeout == 3.0
+    finally:
+        rl.close()
+    cfg = preset("smoke").replace(**{"oir.relabeler": "both", "llm.backend": "openai", "llm.model": "m",
+                                     "llm.base_url": "http://127.0.0.1:9/v1", "llm.call_timeout": 3.0})
+    rl = pqn_relabeler(cfg)  # no server there: 'both' warns and goes on with rules
+    assert "failed its start-up check" in capfd.readouterr().err
+    try:
+        assert rl.llm_timeout == 3.0
+    finally:
+        rl.close()

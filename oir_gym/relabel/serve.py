@@ -3,11 +3,11 @@
 Serves any model the transformers backend loads (default: the packaged Gemma 3 270M GGUF) on
 ``127.0.0.1`` with the standard library's HTTP server: no compiled inference library, so it runs
 on any x86-64 CPU (and on a GPU when torch sees one). Useful to share one loaded model between
-several training processes (``--llm-backend openai``) and as the real server of the tests::
+several training processes (``--llm.backend openai``) and as the real server of the tests::
 
     python -m oir_gym.relabel.serve --port 8000                  # packaged Gemma, CPU
     python -m oir_gym.relabel.serve --model /models/qwen3-0.6b   # any local transformers model
-    python examples/train_pqn.py --relabeler both --llm-backend openai --llm-base-url http://127.0.0.1:8000/v1
+    python examples/train_pqn.py --oir.relabeler both --llm.backend openai --llm.base-url http://127.0.0.1:8000/v1
 
 Endpoints: ``GET /v1/models``, ``GET /health``, ``POST /v1/chat/completions`` with ``messages``,
 ``n``, ``temperature``, ``top_p``, ``max_tokens`` (or ``max_completion_tokens``), ``seed`` and

@@ -178,25 +178,25 @@ def remedy_for(error: str) -> str:
         return ("the model's answers held no usable instruction: use a larger or instruction-tuned model, "
                 "a backend with constrained JSON output, or check the prompt template")
     if "cannot connect" in e or "connection refused" in e or "name or service not known" in e:
-        return "start the LLM server, or fix the URL (--llm-base-url, e.g. http://127.0.0.1:8000/v1)"
+        return "start the LLM server, or fix the URL (--llm.base-url, e.g. http://127.0.0.1:8000/v1)"
     if "http 401" in e or "http 403" in e:
         return "set the server's API key in OPENAI_API_KEY"
     if "http 404" in e:
-        return ("the server does not know this path or model: the base URL must end in /v1 and --llm-model "
+        return ("the server does not know this path or model: the base URL must end in /v1 and --llm.model "
                 "must be a model the server lists at /v1/models")
     if "http 5" in e or "unexpected answer" in e or "http 400" in e or "http 405" in e:
         return ("the URL does not answer like an OpenAI-compatible LLM server (POST <base_url>/chat/completions): "
-                "check --llm-base-url and the server's log")
+                "check --llm.base-url and the server's log")
     if "timeout" in e or "timed out" in e or "deadline" in e:
         return ("the LLM is too slow for its deadline: raise the timeout, send fewer prompts per update "
                 "(--llm-per-update) or use a faster backend or a smaller model")
     if "unknown backend" in e or "cannot import" in e:
         return "use one of the backend names listed above, or 'package.module:ClassName'"
     if "failed to load" in e or "not a gguf" in e or "invalid model" in e:
-        return ("the model file is broken or in a format the backend cannot read: point --llm-model at a good "
+        return ("the model file is broken or in a format the backend cannot read: point --llm.model at a good "
                 "model file, or leave it empty for the packaged default model")
     if "not found" in e or "no such file" in e:
-        return "fix the model path (--llm-model), or leave it empty for the packaged default model"
+        return "fix the model path (--llm.model), or leave it empty for the packaged default model"
     if "pip install" in e:
         return ""  # install hints of the backends
     return "see the error above; --relabeler rules trains without an LLM"

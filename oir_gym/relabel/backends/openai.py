@@ -569,11 +569,11 @@ class OpenAIBackend:
         ids = self.list_models()
         url = _safe_url(self.base_url)
         if not ids:
-            raise BackendError(f"the server at {url} serves no model; load one, or pass model=... (--llm-model)")
+            raise BackendError(f"the server at {url} serves no model; load one, or pass model=... (--llm.model)")
         if len(ids) > 1:
             shown = ", ".join(ids[:20]) + (f", ... ({len(ids) - 20} more)" if len(ids) > 20 else "")
             raise BackendError(self._redact(
-                f"the server at {url} serves {len(ids)} models ({shown}): choose one with model=... (--llm-model)"))
+                f"the server at {url} serves {len(ids)} models ({shown}): choose one with model=... (--llm.model)"))
         log.info("using model %r, the one served at %s", ids[0], url)
         return ids[0]
 
