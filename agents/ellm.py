@@ -1,8 +1,8 @@
 """Method ``ellm``: the ELLM baseline (Du et al. 2023) on the PQN backbone.
 
 After each rollout (:meth:`ELLMProposals.update_batch`) the batch is the original trajectories,
-and a :class:`~oir_gym.proposer.GoalProposer` proposes up to K goals from every env's CURRENT
-textual observation; they are registered in the instruction table and each env is pinned to one
+and a :class:`~agents.ellm_proposer.GoalProposer` proposes up to K goals from every env's CURRENT
+observation (read from the state arrays; the LLM gets its text); they are registered in the instruction table and each env is pinned to one
 of its goals (drawn uniformly; it applies at the env's next reset). The reward is the env's
 cosine reward against that goal and, with ``ellm.reward="any"`` (default), against every other
 goal proposed for the env (``EnvState.also_pays``).
@@ -19,7 +19,7 @@ import numpy as np
 
 from agents.methods import TrainingMethod
 from oir_gym import functional as F
-from oir_gym.text import batch_text
+from oir_gym.text import batch_observations
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.config import TrainConfig
@@ -59,7 +59,7 @@ class ELLMProposals(TrainingMethod):
         return batch, self.propose_goals(np.unique(host["instr"]))
 
     def propose_goals(self, rollout_rows: np.ndarray) -> dict[str, float]:
-        """Goals from every env's current text observation; pin each env to one of them.
+        """Goals from every env's current observation; pin each env to one of them.
 
         The rows of this rollout's instructions (``rollout_rows``) stay protected from reuse, so
         the batch built from it still reads the right embeddings.
@@ -67,8 +67,7 @@ class ELLMProposals(TrainingMethod):
         tr = self.trainer
         t0 = time.time()
         bstate = tr.runner[0]
-        texts, _ = batch_text(bstate.env.craftax)
-        goals = self.proposer.propose(texts)
+        goals = self.proposer.propose(batch_observations(bstate.env.craftax))
         chosen = [g[int(self._goal_rng.integers(len(g)))] if g else "" for g in goals]
         for g in goals:
             self.generated.update(dict.fromkeys(g, 1))

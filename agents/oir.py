@@ -229,7 +229,7 @@ class Trainer:
         relabeler: method ``oir``: a :class:`~oir_gym.relabel.HindsightRelabeler` (default: built from
             ``cfg.oir.relabeler``).
         log: callable receiving messages.
-        proposer: method ``ellm``: a :class:`~oir_gym.proposer.GoalProposer` (default: built from
+        proposer: method ``ellm``: a :class:`~agents.ellm_proposer.GoalProposer` (default: built from
             ``cfg.ellm.proposer``).
     """
 
@@ -564,7 +564,7 @@ def llm_backend_kwargs(cfg: TrainConfig) -> dict[str, Any]:
 
 def make_proposer(cfg: TrainConfig):
     """The ELLM goal proposer of ``cfg.ellm.proposer``: rules, or ``cfg.llm.backend`` (falls back to rules)."""
-    from oir_gym.proposer import GoalProposer
+    from agents.ellm_proposer import GoalProposer
 
     if cfg.ellm.proposer == "rules":
         return GoalProposer("rules", k=cfg.ellm.k)

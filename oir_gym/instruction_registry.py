@@ -18,22 +18,8 @@ from oir_gym.captions import NUM_EVENTS, VOCAB
 from oir_gym.encoder import InstructionEncoder
 from oir_gym.functional import InstructionTable, make_table
 from oir_gym.grounding import Binding
+from oir_gym.instructions import MAX_INSTRUCTION_CHARS, validate_instruction  # noqa: F401 - re-exported
 from oir_gym.reward import event_similarity
-
-MAX_INSTRUCTION_CHARS = 500
-
-
-def validate_instruction(text: object) -> str:
-    """Return a stripped instruction string, or raise a clear error."""
-    if not isinstance(text, str):
-        raise TypeError(f"an instruction must be a non-empty string, got {type(text).__name__}: {text!r}")
-    s = " ".join(text.split())
-    if not s:
-        raise ValueError(f"an instruction must be a non-empty string, got {text!r}")
-    if len(s) > MAX_INSTRUCTION_CHARS:
-        raise ValueError(f"instruction of {len(s)} characters exceeds the limit of {MAX_INSTRUCTION_CHARS}: {s[:60]!r}...")
-    return s
-
 
 class InstructionRegistry:
     """Fixed-capacity table of instructions with their embeddings and event similarities.

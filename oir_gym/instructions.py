@@ -166,8 +166,27 @@ def get_instruction_set(name: str, path: str | os.PathLike | None = None) -> lis
 
 # ----------------------------------------------------------------------------- user files of named sets
 
-#: Longest instruction text (characters, after whitespace is collapsed), as the env's registry allows.
-MAX_TEXT_CHARS = 500
+#: Longest instruction text (characters, after whitespace is collapsed).
+MAX_INSTRUCTION_CHARS = 500
+MAX_TEXT_CHARS = MAX_INSTRUCTION_CHARS  # the name the instruction-file loader used
+
+
+def validate_instruction(text: object, where: str = "instruction") -> str:
+    """Return the instruction with its whitespace collapsed, or raise an error that starts with
+    ``where`` and says what is wrong (the one rule for instructions: env, registry, files).
+
+    Raises:
+        TypeError: not a string.
+        ValueError: empty, or longer than :data:`MAX_INSTRUCTION_CHARS`.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"{where}: expected a non-empty string, got {_type_name(text)} {text!r}")
+    s = " ".join(text.split())
+    if not s:
+        raise ValueError(f"{where}: empty text (an instruction must be a non-empty string), got {text!r}")
+    if len(s) > MAX_INSTRUCTION_CHARS:
+        raise ValueError(f"{where}: {len(s)} characters, more than the {MAX_INSTRUCTION_CHARS} allowed: {s[:60]!r}...")
+    return s
 _ENTRY_FIELDS = ("text", "achievement", "achievements")
 
 
@@ -217,14 +236,10 @@ def _parse_entry(entry: Any, set_name: str, where: str) -> EvalInstruction:
                          "or 'achievements'")
     if "text" not in entry:
         raise ValueError(f"{where}: field 'text' is missing")
-    text = entry["text"]
-    if not isinstance(text, str):
-        raise ValueError(f"{where}: field 'text': expected a non-empty string, got {_type_name(text)} {text!r}")
-    text = " ".join(text.split())
-    if not text:
-        raise ValueError(f"{where}: field 'text': empty text")
-    if len(text) > MAX_TEXT_CHARS:
-        raise ValueError(f"{where}: field 'text': {len(text)} characters, more than the {MAX_TEXT_CHARS} allowed")
+    try:
+        text = validate_instruction(entry["text"], f"{where}: field 'text'")
+    except TypeError as e:
+        raise ValueError(str(e)) from None
     where = f"{where} ({text!r})"
     if ("achievement" in entry) == ("achievements" in entry):
         raise ValueError(f"{where}: give exactly one of the fields 'achievement' (a name) or 'achievements' "

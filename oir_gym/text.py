@@ -13,10 +13,15 @@ Action text names the action, with ``DO`` replaced by the faced object (``"inter
 
 A jitted JAX function extracts the few small arrays needed (:func:`text_features`); the strings
 are then formatted in Python, only for the steps that need text (LLM prompts, ``info``).
+:func:`describe` gives the same content in named form (:class:`Observation`), read from the arrays,
+for code that reasons about a state (the ELLM rule goals); :func:`parse_observation` reads it
+back from a text.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import jax
@@ -62,9 +67,8 @@ def _distances() -> np.ndarray:
     return _DIST
 
 
-def format_text(f: Mapping[str, np.ndarray]) -> str:
-    """Format one state's features (numpy, unbatched) as the paper's text observation."""
-    facing = FACING_NAMES[int(f["facing"])]
+def _nearby_groups(f: Mapping[str, np.ndarray]) -> list[set[str]]:
+    """Names of the non-ground blocks and live mobs at each Chebyshev distance 1..VIEW_RADIUS."""
     groups: list[set[str]] = [set() for _ in range(VIEW_RADIUS + 1)]
     window = np.asarray(f["window"])
     dist = _distances()
@@ -75,6 +79,13 @@ def format_text(f: Mapping[str, np.ndarray]) -> str:
         d = int(np.max(np.abs(rel)))
         if alive and 1 <= d <= VIEW_RADIUS:
             groups[d].add(MOB_NAMES[int(kind)])
+    return groups
+
+
+def format_text(f: Mapping[str, np.ndarray]) -> str:
+    """Format one state's features (numpy, unbatched) as the paper's text observation."""
+    facing = FACING_NAMES[int(f["facing"])]
+    groups = _nearby_groups(f)
     nearby = " ".join(f"[{d}] " + ", ".join(sorted(groups[d])) for d in range(1, VIEW_RADIUS + 1) if groups[d])
     inv = ", ".join(f"{name} {int(c)}" for name, c in zip(_ITEM_TEXT, np.asarray(f["inventory"])) if c > 0)
     h, fo, dr, en = (int(v) for v in np.asarray(f["vitals"]))
@@ -93,6 +104,88 @@ def action_text(action: int, facing: int | None = None) -> str:
     if action in (Action.LEFT.value, Action.RIGHT.value, Action.UP.value, Action.DOWN.value):
         return f"move {name}"
     return name.replace("_", " ")
+
+
+@dataclass
+class Observation:
+    """A textual observation in named form: what :func:`format_text` writes, as values.
+
+    Attributes:
+        facing: the block or mob ahead (``"tree"``, ``"crafting table"``, ``"zombie"``...).
+        nearby: name -> smallest Chebyshev distance (1..3) at which it is seen.
+        inventory: item (``"wood"``, ``"wood pickaxe"``...) -> count (only non-zero items).
+        status: ``health``, ``food``, ``drink``, ``energy`` -> value.
+        sleeping: whether the player sleeps.
+        text: the text observation itself (empty when built by hand).
+    """
+
+    facing: str = ""
+    nearby: dict[str, int] = field(default_factory=dict)
+    inventory: dict[str, int] = field(default_factory=dict)
+    status: dict[str, int] = field(default_factory=dict)
+    sleeping: bool = False
+    text: str = ""
+
+    def has(self, item: str, n: int = 1) -> bool:
+        return self.inventory.get(item, 0) >= n
+
+
+def describe(f: Mapping[str, np.ndarray]) -> Observation:
+    """One state's features (numpy, unbatched; :func:`text_features`) as an :class:`Observation`,
+    read from the arrays (its ``text`` is :func:`format_text` of the same features)."""
+    nearby: dict[str, int] = {}
+    for d, names in enumerate(_nearby_groups(f)):
+        for name in names:
+            nearby.setdefault(name, d)
+    h, fo, dr, en = (int(v) for v in np.asarray(f["vitals"]))
+    return Observation(
+        facing=FACING_NAMES[int(f["facing"])], nearby=nearby,
+        inventory={name: int(c) for name, c in zip(_ITEM_TEXT, np.asarray(f["inventory"])) if c > 0},
+        status={"health": h, "food": fo, "drink": dr, "energy": en}, sleeping=bool(f["sleeping"]),
+        text=format_text(f))
+
+
+def batch_observations(craftax_states) -> list[Observation]:
+    """:func:`describe` for a batch of Craftax states (one jitted feature extraction)."""
+    feats = jax.device_get(batch_text_features(craftax_states))
+    return [describe({k: v[i] for k, v in feats.items()}) for i in range(feats["facing"].shape[0])]
+
+
+_NAMES = r"(?:Facing|Nearby|Inventory|Status)"
+_FIELD = re.compile(rf"({_NAMES[3:-1]})\s*:\s*(.*?)\s*(?=(?:;\s*{_NAMES}\s*:)|$)", re.S)
+_GROUP = re.compile(r"\[(\d+)\]\s*([^\[]*)")
+_COUNT = re.compile(r"^(.*?)\s+(\d+)$")
+
+
+def parse_observation(text: str) -> Observation:
+    """Read a text observation back (the inverse of :func:`format_text`, for text from elsewhere);
+    tolerant: missing or odd fields are left empty, never raises."""
+    obs = Observation(text=text if isinstance(text, str) else "")
+    if not isinstance(text, str):
+        return obs
+    fields = {m.group(1).lower(): m.group(2).strip().rstrip(";").strip() for m in _FIELD.finditer(text)}
+    obs.facing = fields.get("facing", "").lower()
+    for m in _GROUP.finditer(fields.get("nearby", "")):
+        d = int(m.group(1))
+        for name in m.group(2).split(","):
+            name = name.strip().lower()
+            if name and (name not in obs.nearby or d < obs.nearby[name]):
+                obs.nearby[name] = d
+    inv = fields.get("inventory", "")
+    if inv.lower() not in ("", "empty"):
+        for part in inv.split(","):
+            m = _COUNT.match(part.strip())
+            if m:
+                obs.inventory[m.group(1).lower()] = int(m.group(2))
+    for part in fields.get("status", "").split(","):
+        bits = part.strip().split()
+        if len(bits) == 2:
+            key, val = bits[0].lower(), bits[1].lower()
+            if key == "sleeping":
+                obs.sleeping = val in ("yes", "true", "1")
+            elif val.lstrip("-").isdigit():
+                obs.status[key] = int(val)
+    return obs
 
 
 def batch_text(craftax_states) -> tuple[list[str], np.ndarray]:

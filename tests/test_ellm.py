@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from agents.config import METHODS, TrainConfig
-from oir_gym.proposer import FALLBACK_GOALS, GOALS, GoalProposer, load_prompt, parse_observation, rule_goals, signature
+from agents.ellm_proposer import FALLBACK_GOALS, GOALS, GoalProposer, load_prompt, rule_goals, signature
+from oir_gym.text import Observation, parse_observation
 
 ROOT = Path(__file__).resolve().parents[1]
 ST = "Status: health 9, food 8, drink 7, energy 9, sleeping no"
@@ -228,12 +229,12 @@ class Recording:
 
     def __init__(self, inner):
         self.inner = inner
-        self.texts: list[list[str]] = []
+        self.observations: list[list] = []
         self.goals: list[list[list[str]]] = []
 
-    def propose(self, texts, features=None):
-        out = self.inner.propose(texts, features)
-        self.texts.append(list(texts))
+    def propose(self, observations):
+        out = self.inner.propose(observations)
+        self.observations.append(list(observations))
         self.goals.append(out)
         return out
 
@@ -268,12 +269,18 @@ def test_ellm_trainer_pins_envs_to_proposed_goals_and_resumes(tmp_path):
     env = lambda: tr.runner[0].env  # noqa: E731
 
     log = tr.iteration()
-    assert len(rec.texts[-1]) == cfg.pqn.num_envs and rec.texts[-1][0].startswith("Facing: ")
+    seen = rec.observations[-1]
+    # the trainer hands the proposer values read from the state arrays (not text to parse back);
+    # they say what the text says
+    assert len(seen) == cfg.pqn.num_envs and all(isinstance(o, Observation) for o in seen)
+    assert seen[0].text.startswith("Facing: ")
+    for o in seen:
+        assert parse_observation(o.text) == o
     p1 = np.asarray(env().pinned)
     assert (p1 >= 0).all()
     for i, row in enumerate(p1):
         assert tr.registry.text(row) in rec.goals[-1][i]  # each env pinned to one of ITS goals
-    assert rec.goals[-1][0] == rule_goals(rec.texts[-1][0], cfg.ellm.k)
+    assert rec.goals[-1][0] == rule_goals(seen[0], cfg.ellm.k) == rule_goals(seen[0].text, cfg.ellm.k)
     m = log.metrics
     assert m["ellm/pinned_frac"] == 1.0 and m["ellm/groundable_frac"] == 1.0 and m["ellm/distinct_goals"] >= 1
     assert m["ellm/requests"] == cfg.pqn.num_envs and "relabel/rows" not in m and np.isfinite(m["loss"])

@@ -57,7 +57,7 @@ def test_unknown_render_mode():
     ([""], ValueError, "non-empty"),
     (["collect wood", "  \n "], ValueError, "non-empty"),
     (["collect wood", 7], TypeError, "string"),
-    (["x" * 501], ValueError, "exceeds the limit"),
+    (["x" * 501], ValueError, "501 characters, more than the 500 allowed"),
 ])
 def test_bad_initial_instructions(instructions, exc, match, encoder):
     with pytest.raises(exc, match=match):

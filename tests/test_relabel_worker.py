@@ -28,7 +28,7 @@ from oir_gym.relabel.worker import (
     BackendSpec, ChildConfig, ChildProcessBackend, LLMCheckError, LLMHealth, LLMProcessDied, LLMUnavailable,
     build_llm, describe_exit,
 )
-from oir_gym.proposer import GoalProposer, rule_goals
+from agents.ellm_proposer import GoalProposer, rule_goals
 
 SEGMENTS = "llm_child_backends:SegmentsBackend"
 FAST = ChildConfig(backoff=0.05, max_backoff=0.2, grace=2.0)

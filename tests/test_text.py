@@ -7,7 +7,11 @@ import pytest
 from conftest import A, B, Scene
 
 from oir_gym.craftax_compat import ACTION_NAMES
-from oir_gym.text import FACING_NAMES, action_text, batch_text, format_text
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oir_gym.craftax_compat import BLOCK_NAMES, MOB_NAMES
+from oir_gym.text import FACING_NAMES, action_text, batch_text, describe, format_text, parse_observation
 
 
 def features(window=None, facing=B.GRASS.value, mobs=(), inventory=None, vitals=(9, 9, 9, 9), sleeping=False):
@@ -116,3 +120,19 @@ def test_action_text_covers_every_action_and_rejects_others():
     for bad in (-1, 17, 100):
         with pytest.raises(ValueError, match=r"outside \[0, 16\]"):
             action_text(bad)
+
+
+@settings(max_examples=150, deadline=None)
+@given(window=st.lists(st.integers(0, len(BLOCK_NAMES) - 1), min_size=49, max_size=49),
+       facing=st.integers(0, len(FACING_NAMES) - 1),
+       mobs=st.lists(st.tuples(st.integers(0, len(MOB_NAMES) - 1), st.tuples(st.integers(-4, 4), st.integers(-4, 4)),
+                               st.booleans()), max_size=6),
+       inventory=st.lists(st.integers(0, 9), min_size=12, max_size=12),
+       vitals=st.tuples(*[st.integers(0, 9)] * 4), sleeping=st.booleans())
+def test_describe_reads_from_the_arrays_what_the_text_says(window, facing, mobs, inventory, vitals, sleeping):
+    """The values the ELLM rules read (``describe``, from the arrays) equal what the text
+    observation says (``parse_observation`` of ``format_text``), for any state's features."""
+    f = features(np.asarray(window).reshape(7, 7), facing, mobs, inventory, vitals, sleeping)
+    o = describe(f)
+    assert o.text == format_text(f)
+    assert parse_observation(o.text) == o

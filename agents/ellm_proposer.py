@@ -1,21 +1,25 @@
 """ELLM-style forward goal proposal (Du et al. 2023): goals suggested from the CURRENT observation.
 
+The proposer of method ``ellm`` (:mod:`agents.ellm`).
+
 Where OIR's relabeler (:mod:`oir_gym.relabel`) looks back at a finished trajectory and names what
 the agent did, ELLM looks at the state the agent is in and suggests what it could do next; the
 agent is then asked to do one of those goals and is rewarded when a transition's caption matches
 it, or by default any of the goals proposed for it (the env's usual cosine reward; see
 ``PQNConfig.ellm_reward``).
 
-:class:`GoalProposer` takes a batch of textual observations (:func:`oir_gym.text.format_text`)
-and returns up to ``k`` goals per observation::
+:class:`GoalProposer` takes a batch of observations (:class:`oir_gym.text.Observation`, read
+from the env's state arrays by :func:`oir_gym.text.batch_observations`; a text observation is
+read back with :func:`oir_gym.text.parse_observation`) and returns up to ``k`` goals for each::
 
     proposer = GoalProposer("rules", k=4)
-    goals = proposer.propose(["Facing: tree; Nearby: [1] tree [2] water; Inventory: empty; Status: ..."])
+    goals = proposer.propose(batch_observations(env_state.craftax))
+    proposer.propose(["Facing: tree; Nearby: [1] tree [2] water; Inventory: empty; Status: ..."])
     # [["collect wood", "drink water"]]
 
 Backends:
 
-* ``"rules"``: no LLM, deterministic: :func:`rule_goals` reads the observation and suggests
+* ``"rules"``: no LLM, deterministic: :func:`rule_goals` reads the observation's values and suggests
   achievable next steps (facing a tree -> ``"collect wood"``, wood in the inventory and no table
   nearby -> ``"place table"``, ...), worded as the 22 Craftax achievements (:data:`GOALS`).
 * ``"transformers"`` or ``"llama_cpp"`` (offline Gemma 3 270M), ``"openai"`` (any OpenAI-compatible server),
@@ -25,9 +29,9 @@ Backends:
   (:func:`oir_gym.relabel.prompts.output_schema`; the goals are its ``"Mid-Level"`` list), parsed
   and filtered with :mod:`oir_gym.relabel.parse` / :mod:`oir_gym.relabel.filters`.
 
-Batching and caching: observations are reduced to a signature (``"coarse"``: the text with
-vitals bucketed to ``low``/``ok`` and inventory counts capped at 2, which keeps every input the
-rules read; ``"text"``: the exact string); each distinct signature is looked up once in an LRU
+Batching and caching: observations are reduced to a signature (``"coarse"``: facing, nearby
+names and distances, inventory counts capped at 2, vitals bucketed to ``low``/``ok``, sleeping:
+every input the rules read; ``"text"``: the exact text); each distinct signature is looked up once in an LRU
 cache, and the misses go to the LLM in ONE batched ``generate`` call.
 
 Failure policy (an LLM backend): nothing is ever raised into the caller. When the LLM raises,
@@ -43,7 +47,6 @@ row (errors, deadlines, nothing usable) one console warning names the cause and 
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import warnings
@@ -59,6 +62,7 @@ from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
 from oir_gym.relabel.prompts import output_schema
+from oir_gym.text import Observation, parse_observation
 from oir_gym.relabel.worker import (
     BackendSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller, build_llm, close_llm,
     llm_process_stats, probe,
@@ -102,67 +106,8 @@ SIGNATURES = ("coarse", "text")
 DEFAULT_PROMPT = "ellm"
 
 
-# --------------------------------------------------------------------------------------------- parsing
-@dataclass
-class Observation:
-    """A textual observation, parsed (see :func:`oir_gym.text.format_text` for the format).
-
-    Attributes:
-        facing: the block or mob ahead (``"tree"``, ``"crafting table"``, ``"zombie"``...).
-        nearby: name -> smallest Chebyshev distance (1..3) at which it is seen.
-        inventory: item (``"wood"``, ``"wood pickaxe"``...) -> count (only non-zero items).
-        status: ``health``, ``food``, ``drink``, ``energy`` -> value.
-        sleeping: whether the player sleeps.
-    """
-
-    facing: str = ""
-    nearby: dict[str, int] = field(default_factory=dict)
-    inventory: dict[str, int] = field(default_factory=dict)
-    status: dict[str, int] = field(default_factory=dict)
-    sleeping: bool = False
-
-    def has(self, item: str, n: int = 1) -> bool:
-        return self.inventory.get(item, 0) >= n
-
-
-_NAMES = r"(?:Facing|Nearby|Inventory|Status)"
-_FIELD = re.compile(rf"({_NAMES[3:-1]})\s*:\s*(.*?)\s*(?=(?:;\s*{_NAMES}\s*:)|$)", re.S)
-_GROUP = re.compile(r"\[(\d+)\]\s*([^\[]*)")
-_COUNT = re.compile(r"^(.*?)\s+(\d+)$")
-
-
-def parse_observation(text: str) -> Observation:
-    """Parse a textual observation; tolerant (missing or odd fields are left empty, never raises)."""
-    obs = Observation()
-    if not isinstance(text, str):
-        return obs
-    fields = {m.group(1).lower(): m.group(2).strip().rstrip(";").strip() for m in _FIELD.finditer(text)}
-    obs.facing = fields.get("facing", "").lower()
-    for m in _GROUP.finditer(fields.get("nearby", "")):
-        d = int(m.group(1))
-        for name in m.group(2).split(","):
-            name = name.strip().lower()
-            if name and (name not in obs.nearby or d < obs.nearby[name]):
-                obs.nearby[name] = d
-    inv = fields.get("inventory", "")
-    if inv.lower() not in ("", "empty"):
-        for part in inv.split(","):
-            m = _COUNT.match(part.strip())
-            if m:
-                obs.inventory[m.group(1).lower()] = int(m.group(2))
-    for part in fields.get("status", "").split(","):
-        bits = part.strip().split()
-        if len(bits) == 2:
-            key, val = bits[0].lower(), bits[1].lower()
-            if key == "sleeping":
-                obs.sleeping = val in ("yes", "true", "1")
-            elif val.lstrip("-").isdigit():
-                obs.status[key] = int(val)
-    return obs
-
-
 # --------------------------------------------------------------------------------------------- rules
-def rule_goals(text: Union[str, Observation], k: Optional[int] = None) -> list[str]:
+def rule_goals(obs: Union[Observation, str], k: Optional[int] = None) -> list[str]:
     """Achievable next goals for one observation, most immediate first (deterministic, no LLM).
 
     Order: (1) asleep -> only ``"wake up"``; (2) what the agent faces (tree -> collect wood,
@@ -176,7 +121,7 @@ def rule_goals(text: Union[str, Observation], k: Optional[int] = None) -> list[s
     stone); (6) resources nearby (same conditions as facing); (7) energy <= 3 -> ``"wake up"``
     (sleep); (8) nothing -> :data:`FALLBACK_GOALS`. Duplicates are dropped; at most ``k``.
     """
-    o = text if isinstance(text, Observation) else parse_observation(text)
+    o = obs if isinstance(obs, Observation) else parse_observation(obs)
     G = GOALS
     out: list[str] = []
     if o.sleeping:
@@ -253,22 +198,17 @@ def rule_goals(text: Union[str, Observation], k: Optional[int] = None) -> list[s
 
 
 # --------------------------------------------------------------------------------------------- signature
-_VITAL = re.compile(r"\b(health|food|drink|energy) (-?\d+)")
-_INV_FIELD = re.compile(r"(Inventory:\s*)(.*?)(\s*;\s*Status:|$)", re.S)
-
-
-def signature(text: str, mode: str = "coarse") -> str:
-    """Cache key of an observation: ``"text"`` (exact) or ``"coarse"`` (vitals -> low/ok,
-    inventory counts capped at ``2+``: everything :func:`rule_goals` reads is kept)."""
-    if mode == "text" or not isinstance(text, str):
-        return str(text)
-
-    def inv(m: re.Match) -> str:
-        items = re.sub(r"\b(\d+)\b", lambda n: "2+" if int(n.group(1)) >= 2 else n.group(1), m.group(2))
-        return m.group(1) + items + m.group(3)
-
-    s = _VITAL.sub(lambda m: f"{m.group(1)} {'low' if int(m.group(2)) <= LOW_VITAL else 'ok'}", text)
-    return _INV_FIELD.sub(inv, s, count=1)
+def signature(obs: Union[Observation, str], mode: str = "coarse") -> str:
+    """Cache key of an observation: ``"text"`` (the exact text) or ``"coarse"`` (facing, nearby
+    names with their distances, inventory counts capped at ``2+``, vitals as ``low``/``ok``,
+    sleeping: everything :func:`rule_goals` reads)."""
+    o = obs if isinstance(obs, Observation) else parse_observation(obs)
+    if mode == "text":
+        return o.text
+    inv = ",".join(f"{k} {'2+' if v >= 2 else v}" for k, v in sorted(o.inventory.items()))
+    near = ",".join(f"{k} {v}" for k, v in sorted(o.nearby.items()))
+    vit = ",".join(f"{k} {'low' if v <= LOW_VITAL else 'ok'}" for k, v in sorted(o.status.items()))
+    return f"{o.facing}|{near}|{inv}|{vit}|{int(o.sleeping)}"
 
 
 # --------------------------------------------------------------------------------------------- prompt
@@ -289,7 +229,7 @@ def load_prompt(name_or_path: str = DEFAULT_PROMPT) -> str:
 
 # --------------------------------------------------------------------------------------------- proposer
 class GoalProposer:
-    """ELLM goal proposer: textual observations in, up to ``k`` goals per observation out.
+    """ELLM goal proposer: observations in, up to ``k`` goals per observation out.
 
     Args:
         backend: ``"rules"``, ``"transformers"``, ``"llama_cpp"``, ``"openai"``, ``"vllm"``, ``"package.module:ClassName"``,
@@ -358,12 +298,13 @@ class GoalProposer:
         return f"GoalProposer(backend={self.backend_name!r}, k={self.k}, signature={self.signature_mode!r})"
 
     # ------------------------------------------------------------------ helpers
-    def render_prompt(self, text: str) -> str:
-        """The LLM prompt for one observation."""
+    def render_prompt(self, obs: Union[Observation, str]) -> str:
+        """The LLM prompt for one observation (its text)."""
+        text = obs.text if isinstance(obs, Observation) else obs
         return self.template.replace("{{k}}", str(self.k)).replace("{{observation}}", text)
 
-    def signature(self, text: str) -> str:
-        return signature(text, self.signature_mode)
+    def signature(self, obs: Union[Observation, str]) -> str:
+        return signature(obs, self.signature_mode)
 
     @property
     def _inflight(self) -> Optional[Future]:
@@ -435,19 +376,18 @@ class GoalProposer:
             return None, "error"
 
     # ------------------------------------------------------------------ API
-    def propose(self, texts: Optional[Sequence[str]] = None, features: Optional[dict] = None) -> list[list[str]]:
-        """Up to ``k`` goals for each textual observation (never raises; never an empty list).
+    def propose(self, observations: Sequence[Union[Observation, str]]) -> list[list[str]]:
+        """Up to ``k`` goals for each observation (never raises; never an empty list).
 
         Args:
-            texts: textual observations (:func:`oir_gym.text.format_text`).
-            features: instead of ``texts``, batched :func:`oir_gym.text.text_features` arrays
-                (numpy, leading batch axis); they are formatted to text first.
+            observations: :class:`~oir_gym.text.Observation` values (e.g.
+                :func:`oir_gym.text.batch_observations` of the envs' states: the rules read their
+                values, the LLM gets their text), or text observations, which are read back with
+                :func:`oir_gym.text.parse_observation`.
         """
-        if texts is None:
-            texts = self._texts_from_features(features)
-        texts = list(texts)
+        obs = [o if isinstance(o, Observation) else parse_observation(o) for o in observations]
         try:
-            return self._propose(texts)
+            return self._propose(obs)
         except Exception as e:  # noqa: BLE001 - the training loop must go on
             if not self._warned:
                 warnings.warn(f"GoalProposer: proposal failed ({type(e).__name__}: {e}); using the rule goals",
@@ -455,26 +395,17 @@ class GoalProposer:
                 self._warned = True
             with self._lock:
                 self._errors[type(e).__name__] += 1
-                self._s["fallbacks"] += len(texts)
-            return [rule_goals(t, self.k) for t in texts]
+                self._s["fallbacks"] += len(obs)
+            return [rule_goals(o, self.k) for o in obs]
 
-    @staticmethod
-    def _texts_from_features(features: Optional[dict]) -> list[str]:
-        if features is None:
-            raise ValueError("propose needs texts or features")
-        from oir_gym.text import format_text
-
-        n = len(features["facing"])
-        return [format_text({key: v[i] for key, v in features.items()}) for i in range(n)]
-
-    def _propose(self, texts: list[str]) -> list[list[str]]:
-        keys = [self.signature(t) for t in texts]
+    def _propose(self, observations: list[Observation]) -> list[list[str]]:
+        keys = [self.signature(t) for t in observations]
         uniq: dict[str, int] = {}  # key -> first index
         freq: Counter = Counter(keys)
         for i, key in enumerate(keys):
             uniq.setdefault(key, i)
         answers: dict[str, list[str]] = {}
-        s: Counter = Counter(propose_calls=1, requests=len(texts), unique=len(uniq))
+        s: Counter = Counter(propose_calls=1, requests=len(observations), unique=len(uniq))
         misses = []
         for key in uniq:
             hit = self.cache.get(key) if self.cache.capacity > 0 else None
@@ -486,14 +417,14 @@ class GoalProposer:
                 s["cache_misses"] += 1
         if self.llm is None:
             for key in misses:
-                answers[key] = rule_goals(texts[uniq[key]], self.k)
+                answers[key] = rule_goals(observations[uniq[key]], self.k)
                 self.cache.put(key, answers[key])
         elif misses:
             order = sorted(misses, key=lambda kk: (-freq[kk], uniq[kk]))
             ask = order if self.max_prompts is None else order[: max(0, int(self.max_prompts))]
             s["not_asked"] += len(misses) - len(ask)
             if ask:
-                got, outcome = self._ask_llm(ask, [self.render_prompt(texts[uniq[kk]]) for kk in ask])
+                got, outcome = self._ask_llm(ask, [self.render_prompt(observations[uniq[kk]]) for kk in ask])
                 s[f"llm_{outcome}"] += 1
                 if got:
                     answers.update(got)
@@ -505,7 +436,7 @@ class GoalProposer:
                 if self.llm is not None:
                     s["fallbacks"] += freq[key]
                     s["llm_empty"] += key in answers  # the LLM answered, nothing usable survived
-                goals = rule_goals(texts[uniq[key]], self.k)
+                goals = rule_goals(observations[uniq[key]], self.k)
             else:
                 s["from_llm" if self.llm is not None else "from_rules"] += freq[key]
             by_key[key] = goals
