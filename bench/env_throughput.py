@@ -222,7 +222,7 @@ class OursScan(ScanRunner):
     def __init__(self, env, steps, seed):
         env.reset(seed=seed)
         fn = make_ours_scan(env.num_envs, steps, env.pool_refresh, env.obs_mode)
-        super().__init__(fn, (jax.random.PRNGKey(seed + 1), env._state, env.params))
+        super().__init__(fn, (jax.random.PRNGKey(seed + 1), env.state, env.params))
 
 
 class OursGym:

@@ -273,7 +273,8 @@ def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = N
     return obs, BatchState(env=env, pool=pool, cursor=jnp.zeros((), jnp.int32))
 
 
-def _tree_select(mask, a, b):
+def tree_select(mask, a, b):
+    """Leaf-wise ``where(mask, a, b)`` over two pytrees of batched arrays (``mask [B]``)."""
     def sel(x, y):
         m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
         return jnp.where(m, x, y)
@@ -299,7 +300,7 @@ def reset_done(key, bstate: BatchState, done, params: EnvParams, pool_refresh: i
     instr = jax.vmap(sample_instruction, in_axes=(0, None, 0, 0))(
         jax.random.split(k_instr, num_envs), params, env.pinned, env.group)
     fresh = jax.vmap(_fresh_state)(fresh_worlds, instr, env.pinned, env.group, env.also_pays)
-    env = _tree_select(done, fresh, env)
+    env = tree_select(done, fresh, env)
 
     new = _generate_worlds(k_pool, params, pool_refresh)
     idx = (bstate.cursor + jnp.arange(pool_refresh)) % pool_size
@@ -381,7 +382,7 @@ def block_step(keys, bstate: BatchState, actions, params: EnvParams, obs_mode: s
                             b.cursor, blocks(done))
         b = BatchState(env=jax.tree_util.tree_map(flat, out.env), pool=jax.tree_util.tree_map(flat, out.pool),
                        cursor=out.cursor)
-        return b, _tree_select(done, _observe_batch(b.env, params, obs_mode), final_obs)
+        return b, tree_select(done, _observe_batch(b.env, params, obs_mode), final_obs)
 
     bstate, obs = jax.lax.cond(jnp.any(done), _reset, lambda b: (b, final_obs), bstate)
     return obs, bstate, reward, term, trunc, info, final_obs

@@ -39,8 +39,8 @@ def _check_delta(delta: float) -> float:
 @jax.jit
 def _merge_next_step(reset_mask, fresh_env, fresh_obs, state, obs, reward, term, trunc):
     """Next-step autoreset: envs in ``reset_mask`` keep their fresh state and first obs, reward 0."""
-    state = state.replace(env=F._tree_select(reset_mask, fresh_env, state.env))
-    obs = F._tree_select(reset_mask, fresh_obs, obs)
+    state = state.replace(env=F.tree_select(reset_mask, fresh_env, state.env))
+    obs = F.tree_select(reset_mask, fresh_obs, obs)
     zero = jnp.zeros_like(term)
     reward = jnp.where(reset_mask, 0.0, reward)
     return state, obs, reward, jnp.where(reset_mask, zero, term), jnp.where(reset_mask, zero, trunc)
@@ -178,6 +178,11 @@ class InstructionCraftax(VectorEnv):
     def params(self) -> F.EnvParams:
         """Current functional parameters (for users of the JAX core)."""
         return self._params
+
+    @property
+    def state(self) -> F.BatchState | None:
+        """The batch's current functional state (for users of the JAX core; None before ``reset``)."""
+        return self._state
 
     def _sync_buffer(self) -> None:
         contents = self.buffer.contents()
