@@ -74,6 +74,15 @@ METRICS = "metrics.jsonl"
 METRICS_CSV = "metrics.csv"
 TENSORBOARD = "tb"
 WANDB = "wandb"
+
+
+def require_wandb() -> None:
+    """Raise ``ValueError`` with the install command when W&B logging is asked for without its package
+    (both trainers check this with their config, before anything is written)."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise ValueError("--wandb needs the wandb package (pip install 'oir-gym[wandb]')") from None
 CHECKPOINTS = "checkpoints"
 COMPLETE = "complete.json"
 

@@ -42,7 +42,7 @@ import numpy as np
 from agents.config import LLMConfig
 from agents.run_dir import (
     CorruptFileError, MetricsWriter, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes,
-    sha256_file,
+    require_wandb, sha256_file,
 )
 
 ALGOS = ("recurrent_ppo", "qrdqn", "dqn")
@@ -545,6 +545,7 @@ class SB3Config:
     checkpoint_every: int = 10_000
     threads: int = 0  # 0: automatic (see configure_torch_threads)
     progress_bar: bool = False  # SB3's progress bar (needs tqdm and rich)
+    wandb: bool = False  # also log the metrics rows to Weights & Biases (config = config.json; needs wandb)
 
     def validate(self) -> "SB3Config":
         def need(cond: bool, msg: str) -> None:
@@ -574,6 +575,8 @@ class SB3Config:
         for s in self.eval_sets.split(","):
             need(s in SET_NAMES, f"eval set {s!r}; expected some of {SET_NAMES}")
         check_hyperparams(self.algo, self.hyperparams, self.device)
+        if self.wandb:
+            require_wandb()
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -870,7 +873,7 @@ def train(cfg: SB3Config, run_dir: str | os.PathLike, resume: bool = False, over
                       "resolved_hyperparams": resolve_hyperparams(cfg.algo, cfg.num_envs, cfg.hyperparams)})
     trainer = _Trainer(cfg, run, print_fn)
     try:
-        trainer.metrics = run.open_metrics(**position, tensorboard=False)
+        trainer.metrics = run.open_metrics(**position, tensorboard=False, wandb=cfg.wandb)
         trainer.setup(state, model_path)
         print_fn(f"oir-gym SB3 | algo={cfg.algo} relabeler={cfg.relabeler} device={trainer.model.device} | "
                  f"{cfg.num_envs} envs | {cfg.total_timesteps:,} env steps | run dir {run.path}")

@@ -34,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tyro  # noqa: E402
 
 from agents.config import TrainConfig, cli, load_config  # noqa: E402
-from agents.run_dir import CorruptFileError, RunDir, RunDirError, atomic_write_json, check_tag  # noqa: E402
+from agents.run_dir import (  # noqa: E402
+    CorruptFileError, RunDir, RunDirError, atomic_write_json, check_tag, require_wandb,
+)
 
 
 @dataclass
@@ -160,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         if opts.time_limit is not None and not opts.time_limit > 0:
             raise ValueError(f"--time-limit={opts.time_limit} must be > 0")
         if opts.wandb:
-            try:
-                import wandb  # noqa: F401
-            except ImportError:
-                raise ValueError("--wandb needs the wandb package (pip install 'oir-gym[wandb]')") from None
+            require_wandb()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -450,3 +450,19 @@ def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, ca
         assert rl.llm_timeout == 3.0
     finally:
         rl.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="tests the missing-package path")
+def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_path, capsys):
+    """Both trainers: --wandb without the wandb package is one line with the install command, and
+    no run directory."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_pqn
+
+    run = tmp_path / "pqn"
+    assert train_pqn.main(["smoke", "--run-dir", str(run), "--wandb"]) == 2
+    assert "pip install 'oir-gym[wandb]'" in capsys.readouterr().err and not run.exists()
+    script = _script()
+    run = tmp_path / "sb3"
+    assert script.main(["--run-dir", str(run), "--wandb", "true"]) == 2
+    assert "pip install 'oir-gym[wandb]'" in capsys.readouterr().err and not run.exists()
