@@ -103,9 +103,12 @@ def summary_line(row: dict[str, Any], num_updates: int) -> str:
     if "ellm/distinct_goals" in row:
         rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
               f"cache hits {row['ellm/cache_hit_rate']:.2f}")
-    share = row.get("relabel/llm_share", row.get("ellm/llm_fraction"))
-    if share is not None:  # the LLM's part of the relabels (ELLM: of the goals); falls while it is down
-        rl += f" | LLM share {share:.0%}"
+    if "relabel/llm_share" in row:
+        # of the trajectories the LLM was asked about, the share it answered with candidates (falls
+        # while it is down), and the LLM's share of this update's buffer offers (what it added)
+        rl += f" | LLM answered {row['relabel/llm_share']:.0%}, offers {row.get('relabel/llm_offer_share', 0.0):.0%}"
+    elif "ellm/llm_fraction" in row:  # ELLM: the LLM's share of the goals
+        rl += f" | LLM goals {row['ellm/llm_fraction']:.0%}"
     if row.get("curriculum/unpayable_step_frac", 0.0) > 0:
         rl += f" | unpayable steps {row['curriculum/unpayable_step_frac']:.2f}"
     return (f"[{row['update']:5d}/{num_updates}] steps {row['env_steps']:>10,} | {row['sps']:8.0f} sps | "

@@ -256,3 +256,20 @@ def test_trainer_evaluates_user_instruction_files_with_the_control(tmp_path):
     bad.write_text('{"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_unobtainium"}]}}')
     with pytest.raises(ValueError, match="bad.json.*collect_unobtainium"):
         tiny(**{"eval.instruction_files": (str(bad),)}).validate()
+
+
+def test_progress_line_says_what_the_llm_answered_and_what_it_added():
+    """The per-update line separates the LLM's health (share of the trajectories it was asked about
+    that got candidates) from what it added (its share of the buffer offers)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import train_pqn
+
+    row = {"update": 3, "env_steps": 300, "sps": 10.0, "epsilon": 0.5, "loss": 0.1, "train/success_rate": 0.2,
+           "relabel/rows": 4, "relabel/grounded_frac": 1.0, "relabel/llm_share": 1.0, "relabel/llm_offer_share": 0.0}
+    line = train_pqn.summary_line(row, 10)
+    assert "LLM answered 100%, offers 0%" in line
+    row = {k: v for k, v in row.items() if not k.startswith("relabel/")} | {"ellm/distinct_goals": 3,
+                                                                           "ellm/distinct_pinned": 2,
+                                                                           "ellm/cache_hit_rate": 0.5,
+                                                                           "ellm/llm_fraction": 0.25}
+    assert "LLM goals 25%" in train_pqn.summary_line(row, 10)
