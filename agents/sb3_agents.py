@@ -97,20 +97,24 @@ def configure_torch_threads(n: Optional[int] = None) -> int:
 
 
 def algo_class(algo: str):
-    """The SB3 class of ``algo``."""
-    if algo == "recurrent_ppo":
-        from sb3_contrib import RecurrentPPO
+    """The SB3 class of ``algo``; ``ImportError`` naming the extra to install when SB3 is missing."""
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algo {algo!r}; expected one of {ALGOS}")
+    try:
+        if algo == "recurrent_ppo":
+            from sb3_contrib import RecurrentPPO
 
-        return RecurrentPPO
-    if algo == "qrdqn":
-        from sb3_contrib import QRDQN
+            return RecurrentPPO
+        if algo == "qrdqn":
+            from sb3_contrib import QRDQN
 
-        return QRDQN
-    if algo == "dqn":
+            return QRDQN
         from stable_baselines3 import DQN
 
         return DQN
-    raise ValueError(f"unknown algo {algo!r}; expected one of {ALGOS}")
+    except ImportError as e:
+        raise ImportError(f"algo {algo!r} needs stable-baselines3 and sb3-contrib: pip install 'oir-gym[sb3]' "
+                          f"({e})") from e
 
 
 # ----------------------------------------------------------------------------- env and relabeler

@@ -27,6 +27,7 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
 from agents import sb3_agents  # noqa: E402
+from agents.policy import Policy, load_policy  # noqa: E402
 from agents.run_dir import RunDir, RunDirError  # noqa: E402
 from oir_gym import ENV_ID  # noqa: E402
 from oir_gym.vector_env import InstructionCraftax  # noqa: E402
@@ -101,7 +102,8 @@ def _act_100_steps(policy, env, instruction: str = CUSTOM) -> list[int]:
 @pytest.mark.parametrize("algo", ["qrdqn", "recurrent_ppo"])
 def test_load_sb3_policy_acts_in_gym_make_with_any_instruction(algo, venv, gym_env, tmp_path):
     run = _checkpoint_only_run(tmp_path / "run", algo, venv)
-    policy = sb3_agents.load_sb3_policy(run, device="cpu")
+    policy = load_policy(run, device="cpu")  # the one loader of PQN and SB3 runs
+    assert isinstance(policy, sb3_agents.SB3AgentPolicy) and isinstance(policy, Policy)
     assert policy.algo == algo and policy.recurrent == (algo == "recurrent_ppo")
     first = _act_100_steps(policy, gym_env)
     assert first == _act_100_steps(policy, gym_env)  # reset() restarts the recurrent state: same actions again
@@ -257,7 +259,7 @@ def test_trained_run_loads_and_acts_in_gym_make(trained_run, gym_env):
               "eval_final.md", "training.png", "complete.json"):
         assert (run / f).exists(), f
     assert final["env_steps"] >= 400 and "eval/original/mean_success_rate" in final
-    policy = sb3_agents.load_sb3_policy(run)
+    policy = load_policy(run)
     _act_100_steps(policy, gym_env)
 
 
