@@ -123,6 +123,17 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(t
     load_checkpoint(run)  # verifies
 
 
+def test_an_llm_that_fails_its_start_up_check_leaves_no_run_behind(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    run = tmp_path / "run"
+    dead = ["--llm.backend", "openai", "--llm.model", "m", "--llm.base-url", "http://127.0.0.1:9/v1"]  # nothing listens
+    assert train_pqn.main(["smoke", "--run-dir", str(run), "--no-progress", "--oir.relabeler", "llm", *dead]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --oir.relabeler llm: ") and "--oir.relabeler rules" in err
+    assert not run.exists() or not any(run.iterdir())  # no config.json that would block a fresh start
+    assert train_pqn.main(["smoke", "--run-dir", str(run), "--no-progress", "--max-updates", "1"]) == 0
+
+
 def test_a_kill_just_after_the_final_save_is_finished_by_resume(run_copy, capsys):
     # what a kill after the last checkpoint but before the final outputs leaves
     for name in FINAL_OUTPUTS + ("complete.json",):

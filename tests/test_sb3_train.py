@@ -454,6 +454,25 @@ def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, ca
         rl.close()
 
 
+def test_an_llm_relabeler_is_checked_before_training_like_the_pqn_trainers(tmp_path, monkeypatch, capsys):
+    """--relabeler llm with an LLM that does not answer stops before config.json or metrics are
+    written (it trained on rule labels without a word before); 'both' warns and goes on with rules."""
+    from agents.config import LLMConfig
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    script = _script()
+    run = tmp_path / "run"
+    dead = ["--llm.backend", "openai", "--llm.model", "m", "--llm.base-url", "http://127.0.0.1:9/v1"]  # nothing listens
+    assert script.main(["--run-dir", str(run), "--relabeler", "llm", "--num-envs", "2", *dead]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --relabeler llm: ") and "--relabeler rules" in err
+    assert not (run / "config.json").exists() and not (run / "metrics.jsonl").exists()
+    cfg = _tiny_cfg(relabeler="both", total_timesteps=64, num_envs=2, llm=LLMConfig(
+        backend="openai", model="m", base_url="http://127.0.0.1:9/v1"))
+    final = sb3_agents.train(cfg, tmp_path / "both", print_fn=lambda s: None)
+    assert "--relabeler both" in capsys.readouterr().err and final["env_steps"] >= 64
+
+
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="tests the missing-package path")
 def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_path, capsys):
     """Both trainers: --wandb without the wandb package is one line with the install command, and
