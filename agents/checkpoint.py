@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from agents.run_dir import CHECKPOINTS, _fsync_dir, read_json, sha256_bytes, CorruptFileError
+from agents.run_dir import CHECKPOINTS, fsync_dir, read_json, sha256_bytes, CorruptFileError
 
 FORMAT = "oir-gym-checkpoint/1"
 ARRAYS = "arrays.msgpack"
@@ -120,12 +120,12 @@ def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: 
         _write_synced(tmp / ARRAYS, blob)
         _write_synced(tmp / HOST, host_bytes)
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         os.rename(tmp, final)  # atomic: the folder appears complete or not at all
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(root)
+    fsync_dir(root)
     _prune(root, keep)
     return final
 

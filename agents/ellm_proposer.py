@@ -101,6 +101,15 @@ LOW_ENERGY = 3
 #: Vitals at or below this are "low" in the coarse cache signature.
 LOW_VITAL = 3
 
+#: What facing or seeing a thing suggests: name -> (achievement, the tool it needs or ``None``).
+TARGETS: dict[str, tuple[str, Optional[str]]] = {
+    "tree": ("collect_wood", None), "water": ("collect_drink", None), "cow": ("eat_cow", None),
+    "zombie": ("defeat_zombie", None), "skeleton": ("defeat_skeleton", None),
+    "ripe plant": ("eat_plant", None), "stone": ("collect_stone", "wood pickaxe"),
+    "coal": ("collect_coal", "wood pickaxe"), "iron": ("collect_iron", "stone pickaxe"),
+    "diamond": ("collect_diamond", "iron pickaxe"),
+}
+
 BACKENDS = ("rules", "transformers", "llama_cpp", "openai", "vllm")
 SIGNATURES = ("coarse", "text")
 DEFAULT_PROMPT = "ellm"
@@ -128,27 +137,8 @@ def rule_goals(obs: Union[Observation, str], k: Optional[int] = None) -> list[st
         return [G["wake_up"]]
 
     def collectable(name: str) -> Optional[str]:
-        if name == "tree":
-            return G["collect_wood"]
-        if name == "water":
-            return G["collect_drink"]
-        if name == "cow":
-            return G["eat_cow"]
-        if name == "zombie":
-            return G["defeat_zombie"]
-        if name == "skeleton":
-            return G["defeat_skeleton"]
-        if name == "ripe plant":
-            return G["eat_plant"]
-        if name == "stone" and o.has("wood pickaxe"):
-            return G["collect_stone"]
-        if name == "coal" and o.has("wood pickaxe"):
-            return G["collect_coal"]
-        if name == "iron" and o.has("stone pickaxe"):
-            return G["collect_iron"]
-        if name == "diamond" and o.has("iron pickaxe"):
-            return G["collect_diamond"]
-        return None
+        achievement, tool = TARGETS.get(name, ("", None))
+        return G[achievement] if achievement and (tool is None or o.has(tool)) else None
 
     # (2) facing
     if o.facing == "grass":

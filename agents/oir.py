@@ -23,7 +23,6 @@ relabeler and the goal proposer a config names.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -555,39 +554,17 @@ METHOD_CLASSES: dict[str, type[TrainingMethod]] = {"gt": GroundTruth, "cosine": 
                                                    "ellm": ELLMProposals}
 
 
-def llm_backend_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-    """Constructor arguments of ``cfg.llm.backend`` from the config's ``llm_*`` fields."""
-    from oir_gym.relabel.backends import backend_kwargs
-
-    return backend_kwargs(cfg.llm.backend, cfg.llm.model, cfg.llm.base_url)
-
-
 def make_proposer(cfg: TrainConfig):
     """The ELLM goal proposer of ``cfg.ellm.proposer``: rules, or ``cfg.llm.backend`` (falls back to rules)."""
     from agents.ellm_proposer import GoalProposer
+    from agents.llm import backend_kwargs, check_llm
 
     if cfg.ellm.proposer == "rules":
         return GoalProposer("rules", k=cfg.ellm.k)
-    kwargs = llm_backend_kwargs(cfg)
     proposer = GoalProposer(cfg.llm.backend, k=cfg.ellm.k, timeout=cfg.ellm.timeout,
-                            max_prompts=cfg.llm.per_update * cfg.run.num_seeds, backend_kwargs=kwargs)
-    _check_llm(proposer, True, "--ellm.proposer")
+                            max_prompts=cfg.llm.per_update * cfg.run.num_seeds, backend_kwargs=backend_kwargs(cfg.llm))
+    check_llm(proposer, True, "--ellm.proposer")
     return proposer
-
-
-def _check_llm(component, required: bool, flag: str) -> None:
-    """One tiny real LLM call before training: a run that asked for the LLM stops here with the
-    cause and the fix; one with rules beside it (``both``) warns and relabels with rules."""
-    from oir_gym.relabel.worker import LLMCheckError
-
-    try:
-        component.check_llm()
-    except LLMCheckError as e:
-        if required:
-            component.close()
-            raise LLMCheckError(f"{flag} llm: {e} (or train without the LLM: {flag} rules)") from None
-        print(f"oir-gym: WARNING: {flag} both: {e}; relabeling with rules, the LLM is retried with backoff",
-              file=sys.stderr, flush=True)
 
 
 def _rules_k(cfg: TrainConfig) -> int:
@@ -611,19 +588,17 @@ def make_rules_relabeler(cfg: TrainConfig, encoder):
 
 def make_relabeler(cfg: TrainConfig):
     """The relabeler of ``cfg.oir.relabeler``: rules (sync), or an LLM backend (async worker)."""
-    from oir_gym.relabel import HindsightRelabeler
+    from agents.llm import check_llm, make_llm_relabeler
 
     if cfg.oir.relabeler == "rules":
         return make_rules_relabeler(cfg, get_encoder())
-    kwargs = llm_backend_kwargs(cfg)
     # LLM answers come from a background worker; rules of the current rollout are merged by
     # the trainer, so the LLM relabeler itself does not add rules.
     # queue_size=1 + on_full="replace": while the LLM is busy, newer rollouts replace older ones
     # instead of piling up answers that would arrive too late to train on.
-    relabeler = HindsightRelabeler(cfg.llm.backend, k=cfg.oir.k, template=cfg.llm.template, use_rules=False,
-                                   delta=cfg.env.delta, encoder=get_encoder(), on_full="replace", queue_size=1,
-                                   backend_kwargs=kwargs, keep_ungrounded=cfg.oir.keep_ungrounded,
-                                   grounding=cfg.oir.grounding, bind_threshold=cfg.oir.bind_threshold,
-                                   llm_timeout=cfg.llm.call_timeout)
-    _check_llm(relabeler, cfg.oir.relabeler == "llm", "--oir.relabeler")
+    relabeler = make_llm_relabeler(cfg.llm, k=cfg.oir.k, use_rules=False, delta=cfg.env.delta,
+                                   encoder=get_encoder(), on_full="replace", queue_size=1,
+                                   keep_ungrounded=cfg.oir.keep_ungrounded, grounding=cfg.oir.grounding,
+                                   bind_threshold=cfg.oir.bind_threshold)
+    check_llm(relabeler, cfg.oir.relabeler == "llm", "--oir.relabeler")
     return relabeler

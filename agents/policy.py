@@ -77,17 +77,14 @@ def load_policy(run_dir: str | os.PathLike, seed: int = 0, device: Any = None) -
     Raises:
         FileNotFoundError: no run or no checkpoint there.
         agents.checkpoint.CheckpointError: a damaged, legacy or mismatched checkpoint (names the file).
-        NotImplementedError: an SB3 run while ``agents.sb3_agents.load_sb3_policy`` is not available.
+        ImportError: an SB3 run without stable-baselines3 installed (the message names the extra).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory")
     if is_sb3_run(run_dir):
-        try:
-            from agents.sb3_agents import load_sb3_policy
-        except ImportError as e:
-            raise NotImplementedError(f"{run_dir} is an SB3 run; SB3 runs load through "
-                                      f"agents.sb3_agents.load_sb3_policy, which is not available here ({e})") from None
+        from agents.sb3_agents import load_sb3_policy
+
         return load_sb3_policy(run_dir, seed=seed, device=device)
     return PQNPolicy.load(run_dir, seed=seed, device=device)
 

@@ -65,8 +65,8 @@ from typing import Any, Iterable, Mapping
 __all__ = [
     "CONFIG", "METRICS", "METRICS_CSV", "TENSORBOARD", "WANDB", "CHECKPOINTS", "COMPLETE", "OUTPUT_PATTERNS",
     "RunDirError", "CorruptFileError", "MetricsPosition", "MetricsWriter", "RunDir",
-    "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "sha256_bytes", "sha256_file", "read_json",
-    "provenance", "check_tag",
+    "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "fsync_dir", "sha256_bytes", "sha256_file",
+    "read_json", "provenance", "check_tag",
 ]
 
 CONFIG = "config.json"
@@ -124,7 +124,8 @@ class CorruptFileError(ValueError):
 
 
 # ----------------------------------------------------------------------------- atomic files, checksums
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (a rename inside it) to disk; a no-op where the platform cannot."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # platforms without directory fds
@@ -154,7 +155,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 

@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from agents.config import LLMConfig
+from agents.llm import check_llm, make_llm_relabeler
 from agents.run_dir import (
     CorruptFileError, MetricsWriter, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes,
     require_wandb, sha256_file,
@@ -97,20 +98,24 @@ def configure_torch_threads(n: Optional[int] = None) -> int:
 
 
 def algo_class(algo: str):
-    """The SB3 class of ``algo``."""
-    if algo == "recurrent_ppo":
-        from sb3_contrib import RecurrentPPO
+    """The SB3 class of ``algo``; ``ImportError`` naming the extra to install when SB3 is missing."""
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algo {algo!r}; expected one of {ALGOS}")
+    try:
+        if algo == "recurrent_ppo":
+            from sb3_contrib import RecurrentPPO
 
-        return RecurrentPPO
-    if algo == "qrdqn":
-        from sb3_contrib import QRDQN
+            return RecurrentPPO
+        if algo == "qrdqn":
+            from sb3_contrib import QRDQN
 
-        return QRDQN
-    if algo == "dqn":
+            return QRDQN
         from stable_baselines3 import DQN
 
         return DQN
-    raise ValueError(f"unknown algo {algo!r}; expected one of {ALGOS}")
+    except ImportError as e:
+        raise ImportError(f"algo {algo!r} needs stable-baselines3 and sb3-contrib: pip install 'oir-gym[sb3]' "
+                          f"({e})") from e
 
 
 # ----------------------------------------------------------------------------- env and relabeler
@@ -158,12 +163,8 @@ def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = 
 
     if kind == "rules":
         return HindsightRelabeler("rules", k=k, delta=delta, encoder=encoder, cache_size=0, **kwargs)
-    from oir_gym.relabel.backends import backend_kwargs
-
-    kwargs.setdefault("llm_timeout", llm.call_timeout)
-    return HindsightRelabeler(llm.backend, k=k, delta=delta, encoder=encoder, template=llm.template,
-                              use_rules=(kind == "both"), cache_path=cache_path,
-                              backend_kwargs=backend_kwargs(llm.backend, llm.model, llm.base_url), **kwargs)
+    return make_llm_relabeler(llm, k=k, delta=delta, encoder=encoder, use_rules=(kind == "both"),
+                              cache_path=cache_path, **kwargs)
 
 
 def make_relabel_callback(relabeler, algo: str, **kwargs: Any):
@@ -700,6 +701,10 @@ class _Trainer:
                              max_episode_steps=cfg.max_episode_steps, reward=cfg.reward,
                              buffer_size=(cfg.buffer_size or None) if cfg.relabeler != "none" else None,
                              tau_low=cfg.tau_low, tau_high=cfg.tau_high)
+        self.relabeler = make_relabeler(cfg.relabeler, cfg.k, cfg.delta, encoder=self.venv.encoder, llm=cfg.llm,
+                                        grounding=cfg.grounding, bind_threshold=cfg.bind_threshold)
+        if self.relabeler is not None:  # the PQN trainer's start-up check: --relabeler llm stops, both warns
+            check_llm(self.relabeler, cfg.relabeler == "llm", "--relabeler")
         if model_path is not None:
             self.model = load_model(cfg.algo, model_path, self.venv, device=cfg.resolved_device)
             if "instruction_buffer" in state:
@@ -710,8 +715,6 @@ class _Trainer:
         else:
             self.model = make_model(cfg.algo, self.venv, cfg.seed, cfg.hyperparams, device=cfg.device)
         self.model.set_logger(_sb3_logger(self.run / "tb" if _tensorboard_installed() else None))
-        self.relabeler = make_relabeler(cfg.relabeler, cfg.k, cfg.delta, encoder=self.venv.encoder, llm=cfg.llm,
-                                        grounding=cfg.grounding, bind_threshold=cfg.bind_threshold)
         if self.relabeler is not None:
             kw: dict[str, Any] = {"segment_length": cfg.segment_length, "verbose": 1}
             if cfg.asynchronous is not None:
@@ -845,7 +848,10 @@ def train(cfg: SB3Config, run_dir: str | os.PathLike, resume: bool = False, over
     Every check runs before anything is written or deleted: the config, the flags against the
     folder (:meth:`RunDir.prepare`: ``resume`` with ``overwrite`` refused, an existing run never
     reused without one of them), and on ``resume`` the checkpoint (a ``model.zip`` without the
-    checksum the run recorded is refused, :class:`UntrustedModelError`). A resumed run continues
+    checksum the run recorded is refused, :class:`UntrustedModelError`); then the LLM's start-up
+    check (``relabeler="llm"`` with an LLM that does not answer: :class:`~agents.llm.LLMCheckError`
+    with the cause and the fix, before config.json or metrics are written; ``"both"``: a warning,
+    rules meanwhile), as in the PQN trainer. A resumed run continues
     from its checkpoint and cuts the metrics rows written after it; a complete run is left alone
     unless ``total_timesteps`` grew. ``KeyboardInterrupt`` (SIGINT; the script maps SIGTERM to it)
     saves a checkpoint first.
@@ -868,13 +874,13 @@ def train(cfg: SB3Config, run_dir: str | os.PathLike, resume: bool = False, over
     position = ({"position": state["metrics"]} if state is not None and "metrics" in state
                 else {"after_update": int(state.get("update", 0)) if state else 0})
     run.check_metrics(**position)  # a damaged metrics.jsonl: an error naming it, before anything is written
-    run.clear_complete()
-    run.write_config({**cfg.to_dict(),
-                      "resolved_hyperparams": resolve_hyperparams(cfg.algo, cfg.num_envs, cfg.hyperparams)})
     trainer = _Trainer(cfg, run, print_fn)
     try:
+        trainer.setup(state, model_path)  # env, relabeler (its LLM checked: LLMCheckError), model
+        run.clear_complete()
+        run.write_config({**cfg.to_dict(),
+                          "resolved_hyperparams": resolve_hyperparams(cfg.algo, cfg.num_envs, cfg.hyperparams)})
         trainer.metrics = run.open_metrics(**position, tensorboard=False, wandb=cfg.wandb)
-        trainer.setup(state, model_path)
         print_fn(f"oir-gym SB3 | algo={cfg.algo} relabeler={cfg.relabeler} device={trainer.model.device} | "
                  f"{cfg.num_envs} envs | {cfg.total_timesteps:,} env steps | run dir {run.path}")
         try:

@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     initialize_distributed()  # a multi-host job (scheduler env vars) joins before JAX starts its backend
     import jax
 
+    from agents.llm import LLMCheckError
     from agents.oir import Trainer
 
     t0 = time.time()
@@ -215,9 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         # evaluation needs no relabeler or goal proposer: build the rule ones, never an LLM
         trainer = Trainer(cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules"}), run.path)
     else:
+        try:
+            trainer = Trainer(cfg, run.path)  # builds the relabeler or proposer: an LLM is checked here
+        except LLMCheckError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         run.clear_complete()
         run.write_config(cfg.to_dict())
-        trainer = Trainer(cfg, run.path)
     source = {"oir": f" relabeler={cfg.oir.relabeler}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(cfg.run.method, "")
     print(f"oir-gym PQN | method={cfg.run.method}{source} | {cfg.run.num_seeds} seed(s) x {cfg.pqn.num_envs} envs x "
           f"{cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env steps | device "

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents import sb3_agents  # noqa: E402
 from agents.config import LLMConfig  # noqa: E402
+from agents.llm import LLMCheckError  # noqa: E402
 
 #: LLM settings the SB3 trainer has no use for (PQN's trajectories-per-update budget)
 LLM_UNUSED = ("per_update",)
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
     try:
         sb3_agents.train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite,
                          print_fn=lambda s: print(s, flush=True))
-    except (RunDirError, sb3_agents.UntrustedModelError, CorruptFileError) as e:
+    except (RunDirError, sb3_agents.UntrustedModelError, CorruptFileError, LLMCheckError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

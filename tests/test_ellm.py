@@ -52,6 +52,9 @@ RULE_CASES = [
      ["collect sapling", "make stone pickaxe", "make stone sword", "place furnace"]),
     (obs("iron", "[1] crafting table, furnace, iron", "wood 1, stone 1, coal 1, iron 1, stone pickaxe 1"),
      ["collect iron", "make wood pickaxe", "make wood sword", "make stone sword"]),
+    # diamond only with an iron pickaxe
+    (obs("diamond", "[1] diamond", "stone pickaxe 1"), list(FALLBACK_GOALS)),
+    (obs("diamond", "[1] diamond", "iron pickaxe 1"), ["collect diamond"]),
     (obs("sand", inventory="sapling 1"), ["place plant"]),
     (obs("sand", "[2] ripe plant"), ["eat plant"]),
     (obs("sand", status="Status: health 9, food 8, drink 7, energy 2, sleeping no"), ["wake up"]),

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,51 @@ def test_sigterm_stops_with_a_checkpoint_like_sigint(tmp_path):
     assert rows == list(range(1, len(rows) + 1)) and len(rows) < 200
     assert int(latest_checkpoint(run).name) == rows[-1]  # everything logged is in the checkpoint
     assert not (run / "complete.json").exists()
+
+
+@pytest.mark.slow  # two smoke runs in fresh processes (about 45 s on 2 cores)
+def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path, capsys):
+    run = tmp_path / "run"
+    # Fault injection: SIGKILL the training process itself halfway through writing checkpoint 3 (its
+    # arrays file written, host state and manifest not yet), a moment no real signal hits on demand.
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "examples")!r}]
+        import agents.checkpoint as ck
+        real = ck._write_synced
+        def write(path, data):
+            real(path, data)
+            if path.name == ck.ARRAYS and path.parent.name.startswith(".tmp-000003-"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        ck._write_synced = write
+        import train_pqn
+        sys.exit(train_pqn.main(["smoke", "--run-dir", {str(run)!r}, "--no-progress",
+                                 "--run.checkpoint-every", "1", "--run.keep-checkpoints", "3"]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == [".tmp-000003-" + p.name.rsplit("-", 1)[1]
+                                                        for p in ckpts.glob(".tmp-*")] + ["000001", "000002"]
+    assert latest_checkpoint(run).name == "000002" and not (run / "complete.json").exists()
+
+    assert train_pqn.main(["--run-dir", str(run), "--resume", "--no-progress"]) == 0
+    assert "resumed from update 2" in capsys.readouterr().out
+    assert _updates(run) == [1, 2, 3, 4]  # the rows of update 3 written before the kill are not repeated
+    assert (run / "complete.json").exists() and latest_checkpoint(run).name == "000004"
+    assert not list(ckpts.glob(".tmp-*"))  # the killed writer's half folder is cleaned up
+    load_checkpoint(run)  # verifies
+
+
+def test_an_llm_that_fails_its_start_up_check_leaves_no_run_behind(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    run = tmp_path / "run"
+    dead = ["--llm.backend", "openai", "--llm.model", "m", "--llm.base-url", "http://127.0.0.1:9/v1"]  # nothing listens
+    assert train_pqn.main(["smoke", "--run-dir", str(run), "--no-progress", "--oir.relabeler", "llm", *dead]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --oir.relabeler llm: ") and "--oir.relabeler rules" in err
+    assert not run.exists() or not any(run.iterdir())  # no config.json that would block a fresh start
+    assert train_pqn.main(["smoke", "--run-dir", str(run), "--no-progress", "--max-updates", "1"]) == 0
 
 
 def test_a_kill_just_after_the_final_save_is_finished_by_resume(run_copy, capsys):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -99,16 +101,23 @@ def test_bad_inputs_are_named(trained_run, tmp_path):
         load_policy(tmp_path / "nothing")
 
 
-def test_an_sb3_run_goes_to_the_sb3_loader(tmp_path):
-    from agents import sb3_agents
+def test_an_sb3_run_without_stable_baselines3_names_the_extra_to_install(tmp_path):
+    """load_policy sends an SB3 run to the SB3 loader; without the package the error says what to install."""
+    from agents.sb3_agents import SB3Config, trust_model_zip
 
-    (tmp_path / "config.json").write_text(json.dumps({"algo": "qrdqn", "relabeler": "rules"}))
-    assert is_sb3_run(tmp_path)
-    if hasattr(sb3_agents, "load_sb3_policy"):
-        pytest.skip("agents.sb3_agents.load_sb3_policy exists: tests/test_sb3.py covers SB3 policies")
-    with pytest.raises(NotImplementedError, match="agents.sb3_agents.load_sb3_policy"):
-        load_policy(tmp_path)
-    assert not is_sb3_run(Path(__file__).parent)
+    (tmp_path / "config.json").write_text(json.dumps(SB3Config().to_dict()))
+    (tmp_path / "model.zip").write_bytes(b"a checkpoint that is never unpickled here")
+    trust_model_zip(tmp_path)  # the run's own checksum, so loading gets as far as the SB3 class
+    assert is_sb3_run(tmp_path) and not is_sb3_run(Path(__file__).parent)
+    # Fault injection: stable-baselines3 and sb3-contrib absent (None in sys.modules blocks the import).
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "sys.modules['stable_baselines3'] = sys.modules['sb3_contrib'] = None\n"
+            "from agents.policy import load_policy\n"
+            "try:\n    load_policy(%r)\nexcept ImportError as e:\n    print('ImportError:', e)\n"
+            ) % (str(Path(__file__).resolve().parents[1]), str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ImportError:" in out.stdout and "oir-gym[sb3]" in out.stdout, out.stdout
 
 
 def test_record_video_writes_a_gif_of_the_policy(trained_run, tmp_path):

@@ -20,7 +20,7 @@ from email.utils import formatdate
 from typing import Callable, Optional
 
 import pytest
-from test_relabel_backends import _DummyEncoder
+from test_relabel_backends import _DummyEncoder, free_port
 
 from oir_gym.relabel import BackendError, HindsightRelabeler, OpenAIBackend, output_schema
 from oir_gym.relabel.backends import backend_kwargs
@@ -144,9 +144,7 @@ def server():
 
 
 def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ pytest.importorskip("sb3_contrib")
 
 import torch  # noqa: E402
 from stable_baselines3 import DQN  # noqa: E402
-from stable_baselines3.common.vec_env import VecEnvWrapper, VecMonitor  # noqa: E402
+from stable_baselines3.common.vec_env import VecEnvWrapper, VecMonitor, VecNormalize  # noqa: E402
 
 from oir_gym.buffer import InstructionBuffer  # noqa: E402
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS  # noqa: E402
@@ -334,6 +334,16 @@ def test_replay_needs_the_relabel_replay_buffer(venv, rules):
     model = DQN("MultiInputPolicy", venv, learning_starts=10**9, buffer_size=1_000)
     with pytest.raises(TypeError, match="RelabelReplayBuffer"):
         HindsightRelabelCallback(rules).init_callback(model)
+
+
+def test_replay_refuses_a_vecnormalize_env(venv, rules):
+    """Relabeled rows would be stored unnormalised beside SB3's normalised ones: refused before training."""
+    normed = VecNormalize(venv, norm_obs=False, norm_reward=True)
+    model = DQN("MultiInputPolicy", normed, learning_starts=10**9, buffer_size=1_000,
+                replay_buffer_class=RelabelReplayBuffer)
+    with pytest.raises(TypeError, match="VecNormalize is not supported"):
+        HindsightRelabelCallback(rules).init_callback(model)
+    HindsightRelabelCallback(rules, mode="curriculum").init_callback(model)  # no rows stored: fine
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -27,6 +27,7 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
 from agents import sb3_agents  # noqa: E402
+from agents.policy import Policy, load_policy  # noqa: E402
 from agents.run_dir import RunDir, RunDirError  # noqa: E402
 from oir_gym import ENV_ID  # noqa: E402
 from oir_gym.vector_env import InstructionCraftax  # noqa: E402
@@ -101,7 +102,8 @@ def _act_100_steps(policy, env, instruction: str = CUSTOM) -> list[int]:
 @pytest.mark.parametrize("algo", ["qrdqn", "recurrent_ppo"])
 def test_load_sb3_policy_acts_in_gym_make_with_any_instruction(algo, venv, gym_env, tmp_path):
     run = _checkpoint_only_run(tmp_path / "run", algo, venv)
-    policy = sb3_agents.load_sb3_policy(run, device="cpu")
+    policy = load_policy(run, device="cpu")  # the one loader of PQN and SB3 runs
+    assert isinstance(policy, sb3_agents.SB3AgentPolicy) and isinstance(policy, Policy)
     assert policy.algo == algo and policy.recurrent == (algo == "recurrent_ppo")
     first = _act_100_steps(policy, gym_env)
     assert first == _act_100_steps(policy, gym_env)  # reset() restarts the recurrent state: same actions again
@@ -257,7 +259,7 @@ def test_trained_run_loads_and_acts_in_gym_make(trained_run, gym_env):
               "eval_final.md", "training.png", "complete.json"):
         assert (run / f).exists(), f
     assert final["env_steps"] >= 400 and "eval/original/mean_success_rate" in final
-    policy = sb3_agents.load_sb3_policy(run)
+    policy = load_policy(run)
     _act_100_steps(policy, gym_env)
 
 
@@ -450,6 +452,25 @@ def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, ca
         assert rl.llm_timeout == 3.0
     finally:
         rl.close()
+
+
+def test_an_llm_relabeler_is_checked_before_training_like_the_pqn_trainers(tmp_path, monkeypatch, capsys):
+    """--relabeler llm with an LLM that does not answer stops before config.json or metrics are
+    written (it trained on rule labels without a word before); 'both' warns and goes on with rules."""
+    from agents.config import LLMConfig
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    script = _script()
+    run = tmp_path / "run"
+    dead = ["--llm.backend", "openai", "--llm.model", "m", "--llm.base-url", "http://127.0.0.1:9/v1"]  # nothing listens
+    assert script.main(["--run-dir", str(run), "--relabeler", "llm", "--num-envs", "2", *dead]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --relabeler llm: ") and "--relabeler rules" in err
+    assert not (run / "config.json").exists() and not (run / "metrics.jsonl").exists()
+    cfg = _tiny_cfg(relabeler="both", total_timesteps=64, num_envs=2, llm=LLMConfig(
+        backend="openai", model="m", base_url="http://127.0.0.1:9/v1"))
+    final = sb3_agents.train(cfg, tmp_path / "both", print_fn=lambda s: None)
+    assert "--relabeler both" in capsys.readouterr().err and final["env_steps"] >= 64
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="tests the missing-package path")

@@ -187,7 +187,7 @@ class HindsightRelabelCallback(BaseCallback):
                 )
             if buf.n_envs != self.n_envs:
                 raise ValueError(f"replay buffer has {buf.n_envs} env columns, the env {self.n_envs}")
-            if getattr(self.model, "_vec_normalize_env", None) is not None:
+            if self.model.get_vec_normalize_env() is not None:
                 raise TypeError("VecNormalize is not supported by HindsightRelabelCallback: relabeled rows would be "
                                 "stored unnormalised beside normalised ones")
             self.replay_buffer = buf

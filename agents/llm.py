@@ -1,0 +1,65 @@
+"""The LLM part both trainers share: what an :class:`~agents.config.LLMConfig` becomes.
+
+One implementation for the PQN trainer (:mod:`agents.oir`: the OIR relabeler and the ELLM goal
+proposer) and the SB3 trainer (:mod:`agents.sb3_agents`):
+
+* :func:`backend_kwargs`: the LLM backend's constructor arguments (model, server URL);
+* :func:`make_llm_relabeler`: a :class:`~oir_gym.relabel.HindsightRelabeler` on ``llm.backend``
+  with the config's template and call timeout (the caller adds what differs between trainers:
+  rules beside the LLM, queueing, grounding);
+* :func:`check_llm`: the start-up check, one tiny real LLM call before training. A run that
+  asked for the LLM alone stops with the cause and the fix (:class:`LLMCheckError`); one with
+  rules beside it (``both``) warns on stderr and goes on with rules (the LLM is retried with
+  backoff).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from agents.config import LLMConfig
+from oir_gym.relabel.worker import LLMCheckError
+
+__all__ = ["LLMCheckError", "backend_kwargs", "check_llm", "make_llm_relabeler"]
+
+
+def backend_kwargs(llm: LLMConfig) -> dict[str, Any]:
+    """Constructor arguments of ``llm.backend`` from ``llm.model`` and ``llm.base_url``."""
+    from oir_gym.relabel.backends import backend_kwargs as of_backend
+
+    return of_backend(llm.backend, llm.model, llm.base_url)
+
+
+def make_llm_relabeler(llm: LLMConfig, **kwargs: Any):
+    """A relabeler on the LLM of ``llm`` (validated first; ``ValueError`` names the field).
+
+    ``kwargs``: the other :class:`~oir_gym.relabel.HindsightRelabeler` arguments (``k``, ``delta``,
+    ``encoder``, ``use_rules``...); ``llm_timeout`` defaults to ``llm.call_timeout``. The LLM is not
+    called here: :func:`check_llm` makes the start-up call.
+    """
+    from oir_gym.relabel import HindsightRelabeler
+
+    llm.validate()
+    kwargs.setdefault("llm_timeout", llm.call_timeout)
+    return HindsightRelabeler(llm.backend, template=llm.template, backend_kwargs=backend_kwargs(llm), **kwargs)
+
+
+def check_llm(component: Any, required: bool, flag: str) -> None:
+    """One tiny real LLM call of ``component`` (a relabeler or goal proposer; nothing without an LLM).
+
+    Args:
+        component: has ``check_llm()`` (raises :class:`LLMCheckError`) and ``close()``.
+        required: the run asked for the LLM alone (``FLAG llm``): a failure closes ``component``
+            and raises :class:`LLMCheckError` naming the flag and the rule alternative. Otherwise
+            (``FLAG both``) a warning on stderr, and the run relabels with rules meanwhile.
+        flag: the command-line flag that chose the LLM (``--oir.relabeler``, ``--relabeler``...).
+    """
+    try:
+        component.check_llm()
+    except LLMCheckError as e:
+        if required:
+            component.close()
+            raise LLMCheckError(f"{flag} llm: {e} (or train without the LLM: {flag} rules)") from None
+        print(f"oir-gym: WARNING: {flag} both: {e}; relabeling with rules, the LLM is retried with backoff",
+              file=sys.stderr, flush=True)
