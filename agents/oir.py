@@ -193,8 +193,6 @@ def relayout_runner(runner: dict, blocks: int, pool_per_block: int) -> dict:
     matter). The envs, observations and carries are kept as they are. Returns ``runner`` unchanged
     when it already fits.
     """
-    import numpy as np
-
     keys = np.asarray(runner["4"])
     bstate = runner["0"]
     cursor = np.asarray(bstate["cursor"])

@@ -66,7 +66,7 @@ __all__ = [
     "CONFIG", "METRICS", "METRICS_CSV", "TENSORBOARD", "WANDB", "CHECKPOINTS", "COMPLETE", "OUTPUT_PATTERNS",
     "RunDirError", "CorruptFileError", "MetricsPosition", "MetricsWriter", "RunDir",
     "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "fsync_dir", "sha256_bytes", "sha256_file",
-    "read_json", "provenance", "check_tag",
+    "read_json", "provenance", "check_tag", "require_wandb",
 ]
 
 CONFIG = "config.json"
@@ -74,15 +74,6 @@ METRICS = "metrics.jsonl"
 METRICS_CSV = "metrics.csv"
 TENSORBOARD = "tb"
 WANDB = "wandb"
-
-
-def require_wandb() -> None:
-    """Raise ``ValueError`` with the install command when W&B logging is asked for without its package
-    (both trainers check this with their config, before anything is written)."""
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        raise ValueError("--wandb needs the wandb package (pip install 'oir-gym[wandb]')") from None
 CHECKPOINTS = "checkpoints"
 COMPLETE = "complete.json"
 
@@ -217,6 +208,15 @@ def check_tag(tag: str) -> str:
         raise ValueError(f"evaluation tag {tag!r} may hold only letters, digits, '.', '_' and '-' "
                          "(and must start with a letter or digit)")
     return tag
+
+
+def require_wandb() -> None:
+    """Raise ``ValueError`` with the install command when W&B logging is asked for without its package
+    (both trainers check this with their config, before anything is written)."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise ValueError("--wandb needs the wandb package (pip install 'oir-gym[wandb]')") from None
 
 
 # ----------------------------------------------------------------------------- provenance

@@ -170,7 +170,7 @@ class PerDevice:
     """
 
     def __init__(self, fn: Callable, mesh: Mesh, in_specs: Callable[..., Any], out_specs: Callable[..., Any]):
-        self.fn, self.mesh = fn, mesh
+        self.mesh = mesh
         self.in_specs, self.out_specs = in_specs, out_specs
         self.devices = list(mesh.devices.flat)
         self._jit = jax.jit(fn)
@@ -225,14 +225,6 @@ def make_mesh(num_devices: Optional[int] = None) -> Mesh:
     devices = jax.devices()
     n = len(devices) if num_devices is None else int(num_devices)
     return Mesh(np.asarray(devices[:n]), (AXIS,))
-
-
-def leading_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
-    """Split the leading axis over the mesh when it divides evenly, else replicate."""
-    n = mesh.devices.size
-    if len(shape) >= 1 and shape[0] % n == 0 and shape[0] >= n:
-        return NamedSharding(mesh, PartitionSpec(AXIS))
-    return NamedSharding(mesh, PartitionSpec())
 
 
 def shard_leading(tree: Any, mesh: Mesh, sizes: tuple[int, ...]) -> Any:

@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents import sb3_agents  # noqa: E402
 from agents.config import LLMConfig  # noqa: E402
 from agents.llm import LLMCheckError  # noqa: E402
+from agents.run_dir import CorruptFileError, RunDir, RunDirError  # noqa: E402
 
 #: LLM settings the SB3 trainer has no use for (PQN's trajectories-per-update budget)
 LLM_UNUSED = ("per_update",)
-from agents.run_dir import CorruptFileError, RunDir, RunDirError  # noqa: E402
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 

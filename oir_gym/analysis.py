@@ -303,7 +303,6 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path | list[dict]]], out
     ``runs[method]`` lists run directories, ``metrics.jsonl`` files or metrics rows already read
     (:func:`read_jsonl`); several are pooled as seeds.
     """
-
     fig, axes = _figure(3, (15, 4))
     for label, paths in runs.items():
         steps, curves = pooled_curves([d if isinstance(d, list) else read_jsonl(metrics_path(d)) for d in paths],
@@ -326,7 +325,6 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path | list[dict]]], out
 
 def plot_training(metrics: list[dict], out: str | Path) -> Path:
     """Loss, epsilon, training success and throughput vs env steps for one run."""
-
     keys = [k for k in ("loss", "train/success_rate", "train/reward_per_step", "curriculum/unpayable_step_frac",
                         "epsilon", "sps") if any(k in r for r in metrics)]
     fig, axes = _figure(len(keys), (4 * len(keys), 3.2))
@@ -347,7 +345,6 @@ def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, s
     ``results[method]`` is a list of evaluation dicts (one per seed) as written by
     :meth:`oir_gym.evaluation.EvalResult.to_dict`.
     """
-
     methods = list(results)
     first = next(iter(results.values()))
     first = list(first)
@@ -423,7 +420,6 @@ def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, s
 def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_name: str = "original",
                          xlabel: str = "delta") -> Path:
     """Final metrics (mean +- s.e. over seeds) against a swept parameter (e.g. the delta ablation)."""
-
     xs = list(values)
     fig, axes = _figure(3, (13, 3.6))
     for ax, k in zip(axes, EVAL_METRICS):
@@ -444,7 +440,6 @@ def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], delt
     ``curves[set_name]`` holds the ``recall`` and ``wrong_per_instruction`` arrays of
     :func:`oir_gym.reward.threshold_confusion`.
     """
-
     fig, axes = _figure(2, (10, 3.6))
     titles = {"recall": "own event rewarded (fraction of instructions)",
               "wrong_per_instruction": "other events rewarded (per instruction)"}

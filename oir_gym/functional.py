@@ -274,7 +274,8 @@ def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = N
 
 
 def tree_select(mask, a, b):
-    """Leaf-wise ``where(mask, a, b)`` over two pytrees of batched arrays (``mask [B]``)."""
+    """Leaf-wise ``where(mask, a, b)`` over two pytrees of batched arrays (``mask [B]``, or a scalar
+    that picks whole trees)."""
     def sel(x, y):
         m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
         return jnp.where(m, x, y)
@@ -323,6 +324,16 @@ def batch_step(key, bstate: BatchState, actions, params: EnvParams, obs_mode: st
     return (obs, one.replace(cursor=one.cursor[0]), *rest)
 
 
+def _blocks(x, B: int):
+    """``[B * n, ...] -> [B, n, ...]``: the block axis in front."""
+    return x.reshape((B, x.shape[0] // B) + x.shape[1:])
+
+
+def _flat(x):
+    """``[B, n, ...] -> [B * n, ...]``: blocks back to one batch axis (block-major)."""
+    return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
 def block_reset(keys, params: EnvParams, envs_per_block: int, pool_per_block: int, pinned=None,
                 obs_mode: str = "paper", groups=None, num_also_pays: int = 0):
     """Reset ``B = len(keys)`` independent blocks of ``envs_per_block`` envs, each with its own world
@@ -337,10 +348,9 @@ def block_reset(keys, params: EnvParams, envs_per_block: int, pool_per_block: in
     pinned = jnp.full((B * n,), -1, jnp.int32) if pinned is None else jnp.asarray(pinned, jnp.int32)
     groups = jnp.zeros((B * n,), jnp.int32) if groups is None else jnp.asarray(groups, jnp.int32)
     obs, bstate = jax.vmap(lambda k, p, g: batch_reset(k, params, n, pool_per_block, p, obs_mode, g, num_also_pays))(
-        keys, pinned.reshape(B, n), groups.reshape(B, n))
-    flat = lambda x: x.reshape((B * x.shape[1],) + x.shape[2:])  # noqa: E731
-    return (jax.tree_util.tree_map(flat, obs),
-            BatchState(env=jax.tree_util.tree_map(flat, bstate.env), pool=jax.tree_util.tree_map(flat, bstate.pool),
+        keys, _blocks(pinned, B), _blocks(groups, B))
+    return (jax.tree_util.tree_map(_flat, obs),
+            BatchState(env=jax.tree_util.tree_map(_flat, bstate.env), pool=jax.tree_util.tree_map(_flat, bstate.pool),
                        cursor=bstate.cursor))
 
 
@@ -368,19 +378,17 @@ def block_step(keys, bstate: BatchState, actions, params: EnvParams, obs_mode: s
     if not autoreset:
         return final_obs, bstate, reward, term, trunc, info, final_obs
     done = jnp.logical_or(term, trunc)
-    blocks = lambda x: x.reshape((B, x.shape[0] // B) + x.shape[1:])  # noqa: E731
-    flat = lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])  # noqa: E731
+    blocks = lambda x: _blocks(x, B)  # noqa: E731
 
     def _reset(b):
         def one(k, env_b, pool_b, cursor_b, done_b):
             new = reset_done(k, BatchState(env=env_b, pool=pool_b, cursor=cursor_b), done_b, params, pool_refresh)
             any_b = jnp.any(done_b)  # a block with no finished env keeps its pool and cursor
-            return new.replace(pool=jax.tree_util.tree_map(lambda x, y: jnp.where(any_b, x, y), new.pool, pool_b),
-                               cursor=jnp.where(any_b, new.cursor, cursor_b))
+            return new.replace(pool=tree_select(any_b, new.pool, pool_b), cursor=jnp.where(any_b, new.cursor, cursor_b))
 
         out = jax.vmap(one)(k_reset, jax.tree_util.tree_map(blocks, b.env), jax.tree_util.tree_map(blocks, b.pool),
                             b.cursor, blocks(done))
-        b = BatchState(env=jax.tree_util.tree_map(flat, out.env), pool=jax.tree_util.tree_map(flat, out.pool),
+        b = BatchState(env=jax.tree_util.tree_map(_flat, out.env), pool=jax.tree_util.tree_map(_flat, out.pool),
                        cursor=out.cursor)
         return b, tree_select(done, _observe_batch(b.env, params, obs_mode), final_obs)
 

@@ -84,8 +84,11 @@ def _nearby_groups(f: Mapping[str, np.ndarray]) -> list[set[str]]:
 
 def format_text(f: Mapping[str, np.ndarray]) -> str:
     """Format one state's features (numpy, unbatched) as the paper's text observation."""
+    return _format(f, _nearby_groups(f))
+
+
+def _format(f: Mapping[str, np.ndarray], groups: list[set[str]]) -> str:
     facing = FACING_NAMES[int(f["facing"])]
-    groups = _nearby_groups(f)
     nearby = " ".join(f"[{d}] " + ", ".join(sorted(groups[d])) for d in range(1, VIEW_RADIUS + 1) if groups[d])
     inv = ", ".join(f"{name} {int(c)}" for name, c in zip(_ITEM_TEXT, np.asarray(f["inventory"])) if c > 0)
     h, fo, dr, en = (int(v) for v in np.asarray(f["vitals"]))
@@ -133,8 +136,9 @@ class Observation:
 def describe(f: Mapping[str, np.ndarray]) -> Observation:
     """One state's features (numpy, unbatched; :func:`text_features`) as an :class:`Observation`,
     read from the arrays (its ``text`` is :func:`format_text` of the same features)."""
+    groups = _nearby_groups(f)
     nearby: dict[str, int] = {}
-    for d, names in enumerate(_nearby_groups(f)):
+    for d, names in enumerate(groups):
         for name in names:
             nearby.setdefault(name, d)
     h, fo, dr, en = (int(v) for v in np.asarray(f["vitals"]))
@@ -142,13 +146,18 @@ def describe(f: Mapping[str, np.ndarray]) -> Observation:
         facing=FACING_NAMES[int(f["facing"])], nearby=nearby,
         inventory={name: int(c) for name, c in zip(_ITEM_TEXT, np.asarray(f["inventory"])) if c > 0},
         status={"health": h, "food": fo, "drink": dr, "energy": en}, sleeping=bool(f["sleeping"]),
-        text=format_text(f))
+        text=_format(f, groups))
+
+
+def _state_features(craftax_states) -> list[dict[str, np.ndarray]]:
+    """:func:`text_features` of a batch of Craftax states (one jitted call), one dict per state."""
+    feats = jax.device_get(batch_text_features(craftax_states))
+    return [{k: v[i] for k, v in feats.items()} for i in range(feats["facing"].shape[0])]
 
 
 def batch_observations(craftax_states) -> list[Observation]:
     """:func:`describe` for a batch of Craftax states (one jitted feature extraction)."""
-    feats = jax.device_get(batch_text_features(craftax_states))
-    return [describe({k: v[i] for k, v in feats.items()}) for i in range(feats["facing"].shape[0])]
+    return [describe(f) for f in _state_features(craftax_states)]
 
 
 _NAMES = r"(?:Facing|Nearby|Inventory|Status)"
@@ -190,7 +199,5 @@ def parse_observation(text: str) -> Observation:
 
 def batch_text(craftax_states) -> tuple[list[str], np.ndarray]:
     """Text observations of a batch of Craftax states, and the faced ids (for action text)."""
-    feats = jax.device_get(batch_text_features(craftax_states))
-    n = feats["facing"].shape[0]
-    texts = [format_text({k: v[i] for k, v in feats.items()}) for i in range(n)]
-    return texts, np.asarray(feats["facing"])
+    feats = _state_features(craftax_states)
+    return [format_text(f) for f in feats], np.asarray([f["facing"] for f in feats])
