@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics.close()
     if stopped:
         run.write_csv()
+        _write_diversity(trainer, run, cfg)  # a stopped run's buffer is reported too (it may never resume)
         print(f"stopped ({stopped}) at update {trainer.update_idx}/{cfg.num_updates}; continue with: "
               f"python examples/train_pqn.py --run-dir {run.path} --resume", flush=True)
         return 0
@@ -351,16 +352,22 @@ def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval) -> None:
         f"# Final evaluation ({cfg.run.method}, {cfg.run.num_seeds} seed(s), {trainer.env_steps:,} env steps, "
         f"{cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction)\n\n{table}\n"))
     print("\nFinal evaluation (mean over seeds):\n" + table)
-    if hasattr(trainer.method, "diversity"):  # oir: how far the buffer's instructions go beyond the captions
-        d = {"grounding": cfg.oir.grounding, "relabeler": cfg.oir.relabeler, "update": trainer.update_idx,
-             **trainer.method.diversity()}
-        atomic_write_json(run.path / "diversity.json", d)
-        print(f"relabeled instructions ({cfg.oir.grounding} grounding): novelty share "
-              f"{d['diversity/novelty_share']:.3f} of {int(d['diversity/instructions'])} distinct; LLM share of "
-              f"buffer offers {d['relabel/llm_offer_share_total']:.3f} of {int(d['relabel/offers_total'])}; "
-              f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
-              f"({int(d['diversity/events_named'])} events); wrote {run.path / 'diversity.json'}")
+    _write_diversity(trainer, run, cfg)
     run.mark_complete(update=trainer.update_idx, env_steps=trainer.env_steps)
+
+
+def _write_diversity(trainer, run: RunDir, cfg: TrainConfig) -> None:
+    """oir: how far the buffer's instructions go beyond the captions (diversity.json and one line)."""
+    if not hasattr(trainer.method, "diversity"):
+        return
+    d = {"grounding": cfg.oir.grounding, "relabeler": cfg.oir.relabeler, "update": trainer.update_idx,
+         **trainer.method.diversity()}
+    atomic_write_json(run.path / "diversity.json", d)
+    print(f"relabeled instructions ({cfg.oir.grounding} grounding): novelty share "
+          f"{d['diversity/novelty_share']:.3f} of {int(d['diversity/instructions'])} distinct; LLM share of "
+          f"buffer offers {d['relabel/llm_offer_share_total']:.3f} of {int(d['relabel/offers_total'])}; "
+          f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
+          f"({int(d['diversity/events_named'])} events); wrote {run.path / 'diversity.json'}")
 
 
 if __name__ == "__main__":

@@ -129,6 +129,8 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
 
     run = tmp_path / "run"
     assert train_pqn.main(_script(run, "--max-updates", "1")) == 0
+    # a stopped run reports its buffer's diversity too: it may never be resumed
+    assert json.loads((run / "diversity.json").read_text())["update"] == 1
     config_before = (run / "config.json").read_text()
     metrics_before = (run / "metrics.jsonl").read_text()
     assert train_pqn.main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval.epsilon", "0.5"]) == 0
