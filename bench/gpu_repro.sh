@@ -15,7 +15,8 @@
 #        ROOT/METHOD.log holds the output; ROOT/METHOD/DONE marks the end (ROOT/NAME when NAME
 #        is given). FLAGS are extra train_pqn.py flags with '+'
 #        for spaces; $EXTRA adds flags to every spec. DRY_RUN=1 prints the commands instead of
-#        starting them.
+#        starting them; END_EVAL=0 skips the two evaluations after training (when the run's own
+#        evaluation schedule ends on its last update).
 #
 # One method's seeds over several cards no longer need one process per card: the trainer shards
 # its seeds over every visible device in one program (--run.num-devices, default all visible),
@@ -42,9 +43,11 @@ launch)
     job="export CUDA_VISIBLE_DEVICES=$gpu
       python examples/train_pqn.py paper --run.method $m --run.num-seeds 3 --run-dir $root/$name \
         --no-progress --time-limit $limit $flags ${EXTRA:-}
+      if [ \"${END_EVAL:-1}\" = 1 ]; then
       python examples/train_pqn.py --run-dir $root/$name --eval-only end_greedy --eval.epsilon 0 &
       python examples/train_pqn.py --run-dir $root/$name --eval-only end_eps0.05 --eval.epsilon 0.05
       wait
+      fi
       touch $root/$name/DONE"
     if [ -n "${DRY_RUN:-}" ]; then echo "$job"; continue; fi
     setsid nohup bash -c "$job" > "$root/$name.log" 2>&1 < /dev/null &
