@@ -247,6 +247,12 @@ class OIRRelabeling(TrainingMethod):
                       "prompt_tokens_mean", "candidates_llm", "share", "restarts", "down_seconds"):
                 if isinstance(llm_stats.get(k), (int, float)):
                     stats[f"relabel/llm_{k}"] = float(llm_stats[k])
+            # why answers fail and why candidates go: the run's record of what the LLM got wrong
+            for kind, n in llm_stats.get("errors_by_type", {}).items():
+                stats[f"relabel/llm_errors/{kind}"] = float(n)
+            for reason, n in llm_stats.get("dropped", {}).items():
+                stats[f"relabel/llm_dropped/{reason}"] = float(n)
+            stats["relabel/llm_warnings"] = float(llm_stats.get("llm_warnings", 0))
         else:
             results = self.relabeler.relabel(trajs)
         slots, texts, valid = self.slots(results)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.server
 import os
 import signal
+import json
 import socket
 import subprocess
 import sys
@@ -262,6 +263,49 @@ def test_garbage_answers_count_as_errors_fall_back_to_rules_and_warn_once(encode
     assert len(warnings) == 1 and "3 call(s) in a row" in warnings[0] and "instruction-tuned" in warnings[0]
 
 
+def test_a_model_that_fails_most_prompts_is_warned_about_once_and_its_errors_are_counted(encoder, capsys):
+    class MostlyBabbler:
+        """Fault injection: answers only the first prompt of each call, babbles on the others (as a
+        small model did on long GPU prompts; not reproducible on demand with a real one)."""
+
+        def generate(self, prompts, n=1, *, schema=None):
+            good = json.dumps({"Mid-Level": ["collect wood"], "High-Level": []})
+            return [[good if i == 0 else "I like trains."] * n for i in range(len(prompts))]
+
+    rl = HindsightRelabeler(MostlyBabbler(), use_rules=False, encoder=encoder, cache_size=0, warn_after=3)
+    scripts = [[(5, "collect_wood")], [(5, "collect_sapling")], [(5, "collect_drink")]]  # 3 distinct prompts
+    for call in range(4):  # 4 calls of 3 prompts: each call has a good answer, so none is an outage
+        rl.relabel([make_trajectory(sc, 32, seed=call) for sc in scripts])
+    s = rl.stats()
+    assert s["failed_calls"] == 0 and s["errors"] == 8 and s["errors_by_type"] == {"UnusableAnswer": 4}  # by call
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "6 of 9 LLM answers in the last 3 calls were unusable" in warnings[0]
+    assert "UnusableAnswer" in warnings[0] and s["llm_warnings"] == 1
+
+
+def test_answer_quality_warning_needs_a_majority_of_bad_answers_and_rearms_after_a_recovery():
+    lines: list[str] = []
+    h = LLMHealth("relabeler", warn_after=2, report=lines.append)
+    for _ in range(5):
+        h.answers(4, 1, "UnusableAnswer: x")  # a quarter: no warning
+    assert lines == []
+    h.answers(4, 3, "UnusableAnswer: x")
+    h.answers(4, 4, "BackendError: y")
+    assert len(lines) == 1 and "7 of 8" in lines[0] and "BackendError: y" in lines[0]
+    h.answers(4, 3, "BackendError: y")
+    assert len(lines) == 1  # once per bad spell
+    h.answers(4, 0)
+    h.answers(4, 0)  # recovered over a whole window
+    h.answers(4, 3, "UnusableAnswer: z")
+    h.answers(4, 4, "UnusableAnswer: z")
+    assert len(lines) == 2 and h.stats()["warnings"] == 2
+    h.answers(4, 4, "UnusableAnswer: z")
+    h.answers(4, 4, "UnusableAnswer: z")  # nothing answered: an outage, failed()'s warning
+    assert len(lines) == 2
+    h.answers(0, 0)  # a call without prompts changes nothing
+    assert len(lines) == 2
+
+
 def test_health_warns_once_per_outage_and_again_after_a_recovery():
     lines: list[str] = []
     h = LLMHealth("relabeler", warn_after=2, report=lines.append)
@@ -385,21 +429,25 @@ def test_training_whose_llm_child_is_killed_completes_every_update(tmp_path):
     tr = Trainer(cfg, tmp_path, log=lambda s: None)  # make_relabeler checks the LLM with one real call
     tr.init_state()
     logs = [tr.iteration() for _ in range(3)]
-    wait_for(lambda: tr.relabeler.pending == 0, "the first LLM answers")
-    os.kill(tr.relabeler.backend.llm.pid, signal.SIGKILL)
+    wait_for(lambda: tr.method.relabeler.pending == 0, "the first LLM answers")
+    os.kill(tr.method.relabeler.backend.llm.pid, signal.SIGKILL)
     logs.append(tr.iteration())  # its LLM call finds the child dead
-    wait_for(lambda: tr.relabeler.stats()["child_deaths"], "the death to be noticed")
+    wait_for(lambda: tr.method.relabeler.stats()["child_deaths"], "the death to be noticed")
     time.sleep(0.6)  # past the first restart backoff (0.5 s)
     while tr.update_idx < cfg.num_updates:
         logs.append(tr.iteration())
-    wait_for(lambda: tr.relabeler.pending == 0, "the last LLM answers")
+    wait_for(lambda: tr.method.relabeler.pending == 0, "the last LLM answers")
     assert [log.update for log in logs] == list(range(1, cfg.num_updates + 1))
     last = logs[-1].metrics
     assert last["relabel/llm_restarts"] >= 1 and last["relabel/llm_errors"] > logs[2].metrics["relabel/llm_errors"]
     assert 0 < last["relabel/llm_share"] < 1 and last["relabel/llm_down_seconds"] > 0
     assert all(np.isfinite(log.metrics["loss"]) for log in logs)
-    s = tr.relabeler.stats()
+    s = tr.method.relabeler.stats()
     assert s["child_deaths"] == {"SIGKILL": 1}
     # the LLM call after the kill failed on the dead child (a rules fallback where rules had anything)
     assert {"LLMProcessDied", "LLMUnavailable"} & set(s["errors_by_type"])
+    # the metrics name the failures by type (what a GPU run with a failing model left unexplained)
+    typed = {k.rsplit("/", 1)[-1]: v for k, v in last.items() if k.startswith("relabel/llm_errors/")}
+    assert {"LLMProcessDied", "LLMUnavailable"} & set(typed)
+    assert all(0 < v <= s["errors_by_type"][k] for k, v in typed.items())  # counts up to now
     tr.close()

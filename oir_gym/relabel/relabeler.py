@@ -405,11 +405,12 @@ class HindsightRelabeler:
         eligible = [i for i in range(n) if use_llm and not (self.skip_idle and is_idle(trajs[i]))]
         asked = [i for i in range(n) if prompts[i] is not None]
         if asked:  # one LLM call: healthy when any prompt got a usable answer
-            if any(errors[i] is None for i in asked):
+            bad = [errors[i] for i in asked if errors[i] is not None]
+            if len(bad) < len(asked):
                 self.health.ok()
             else:
-                cause = next(errors[i] for i in asked)
-                self.health.failed(cause, permanent=getattr(self.backend.llm, "fatal", None) is not None)
+                self.health.failed(bad[0], permanent=getattr(self.backend.llm, "fatal", None) is not None)
+            self.health.answers(len(asked), len(bad), Counter(bad).most_common(1)[0][0] if bad else None)
 
         # merge with rules, filter, de-duplicate
         merged: list[list[tuple[str, str]]] = []

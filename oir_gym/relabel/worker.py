@@ -832,6 +832,9 @@ class LLMHealth:
         self._down_total = 0.0
         self.last_cause: Optional[str] = None
         self._recent: deque = deque(maxlen=64)
+        self._quality: deque = deque(maxlen=self.warn_after)  # (asked, unusable) of the last calls
+        self._quality_warned = False
+        self._quality_cause: Optional[str] = None
 
     def ok(self) -> None:
         """A call gave a usable answer."""
@@ -860,6 +863,35 @@ class LLMHealth:
                 self.warnings += 1
                 self._report(f"oir-gym: WARNING: {self.who}: the LLM failed {self.consecutive} call(s) in a row; "
                              f"{self.fallback}. Cause: {_with_remedy(cause)}")
+
+    def answers(self, asked: int, unusable: int, cause: Optional[str] = None) -> None:
+        """One call's answer quality: ``unusable`` of its ``asked`` prompts gave nothing usable.
+
+        A call with some good answers counts as :meth:`ok`, so a model that fails most prompts would
+        never trip the outage warning: when more than half the prompts of the last ``warn_after``
+        calls were unusable (and some call did answer), ONE console line says so with a typical
+        ``cause`` (again only after the share has recovered).
+        """
+        if asked <= 0:
+            return
+        with self._lock:
+            self._quality.append((int(asked), int(unusable)))
+            if cause:
+                self._quality_cause = cause
+            if len(self._quality) < self._quality.maxlen:
+                return
+            n_asked = sum(a for a, _ in self._quality)
+            n_bad = sum(u for _, u in self._quality)
+            if 2 * n_bad <= n_asked:
+                self._quality_warned = False
+            elif all(u >= a for a, u in self._quality):
+                return  # no call answered at all: an outage, which failed() reports
+            elif not self._quality_warned:
+                self._quality_warned = True
+                self.warnings += 1
+                self._report(f"oir-gym: WARNING: {self.who}: {n_bad} of {n_asked} LLM answers in the last "
+                             f"{len(self._quality)} calls were unusable; {self.fallback} for those. A typical "
+                             f"cause: {self._quality_cause}")
 
     def _close_outage(self) -> None:
         if self._down_since is not None:
