@@ -164,9 +164,10 @@ class PerDevice:
     blocks of envs); ``in_specs(*args)`` / ``out_specs(*args)`` give the global arrays'
     :class:`~jax.sharding.PartitionSpec` (pytree prefixes). Each call splits the arguments into their
     device shards (no copy for arguments already placed that way), starts ``fn``'s executable on
-    every device (asynchronous dispatch: the devices run at once), and joins the per-device results
+    every device (each from its own thread: the devices run at once), and joins the per-device results
     into global arrays placed by ``out_specs``. One executable per device, compiled in parallel
-    threads at the first call; a single-device mesh just runs ``jax.jit(fn)``.
+    threads at the first call and started from one thread per device; a single-device mesh just
+    runs ``jax.jit(fn)``.
     """
 
     def __init__(self, fn: Callable, mesh: Mesh, in_specs: Callable[..., Any], out_specs: Callable[..., Any]):
@@ -178,6 +179,9 @@ class PerDevice:
         self.compiled: dict[Any, Any] = {}
         self._signature: Any = None
         self._lock = threading.Lock()
+        #: one starting thread per device (a shared pool may start two devices from one idle thread)
+        self._threads = ([ThreadPoolExecutor(1, thread_name_prefix=f"oir-device{d.id}") for d in self.devices]
+                         if len(self.devices) > 1 else [])
 
     def _split(self, args: tuple) -> list[tuple]:
         specs = _specs_like(self.in_specs(*args), args)
@@ -207,7 +211,12 @@ class PerDevice:
         local_args = self._split(args)
         with self._lock:
             self._compile(local_args)
-        outs = [self.compiled[d](*a) for d, a in zip(self.devices, local_args)]  # dispatched side by side
+        # One starting thread per device: a GPU program with host-driven control flow (the rollout's
+        # scan, its reset branch) can hold the thread that starts it until it ends. Started one
+        # after the other from one thread, 2 H100s ran no faster than one (gt: 1.34 s per update
+        # for 4 seeds, 0.67 s for 2 on one card). JAX releases the GIL while a program runs.
+        futures = [t.submit(self.compiled[d], *a) for t, d, a in zip(self._threads, self.devices, local_args)]
+        outs = [f.result() for f in futures]
         flat = [jax.tree_util.tree_flatten(o)[0] for o in outs]
         treedef = jax.tree_util.tree_structure(outs[0])
         specs = _specs_like(self.out_specs(*args), outs[0])

@@ -19,6 +19,7 @@ from oir_gym.relabel import (
     BackendError, HindsightRelabeler, TransformersBackend, load_template, make_backend, parse_candidates,
 )
 from oir_gym.relabel.backends import backend_kwargs
+from oir_gym.relabel.worker import ChildProcessBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
 
 pytestmark = pytest.mark.llm
@@ -126,10 +127,11 @@ def test_a_call_is_reproducible_from_its_seed(tf_backend):
 
 @pytest.mark.slow
 def test_relabeler_by_name_and_paper_template(encoder, gguf_path):  # noqa: F811
-    rl = HindsightRelabeler(backend="transformers", k=4, encoder=encoder, cache_size=0)
-    assert isinstance(rl.backend.llm, TransformersBackend)
+    rl = HindsightRelabeler(backend="transformers", k=4, encoder=encoder, cache_size=0, use_rules=False)
+    # by name, the in-process native LLM runs in a child process (its crash cannot end training)
+    assert isinstance(rl.backend.llm, ChildProcessBackend) and rl.backend.llm.spec.name == "transformers"
     (res,) = rl.relabel([make_trajectory(DRINK_EAT_SLEEP, 128)])
-    assert res.error is None and any(c.source == "llm" for c in res.candidates), res
+    assert res.error is None and res.num_scored > 0, res  # the LLM's own instructions (no rules here)
     # the paper's answer shape (analysis + lists) through the same grammar route; with the long
     # per-step prompt the 270M base model's instructions are poor, but the contract holds
     tpl = load_template("paper")

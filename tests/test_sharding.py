@@ -150,9 +150,17 @@ def test_the_rollout_runs_as_one_program_per_device_with_no_traffic_between_them
         ops = [re.findall(r"\\b(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)(?:-start)?\\(",
                           e.as_text()) for e in exes.values()]
         devs = sorted(d.id for d in exes)
-        print(tr.num_devices, devs, sum(map(len, ops)), log.env_steps)
+        # each device's program is started from its own thread (a GPU program with host-driven
+        # control flow holds the thread that starts it, so one thread would run the devices in turn)
+        import threading
+        seen = []
+        for d, exe in list(exes.items()):
+            exes[d] = lambda *a, _exe=exe: (seen.append(threading.current_thread().name), _exe(*a))[1]
+        tr.iteration()
+        threads = len(set(seen)) == 2 and threading.current_thread().name not in seen
+        print(tr.num_devices, devs, sum(map(len, ops)), log.env_steps, threads)
     """)
-    assert out.split()[-5:] == ["2", "[0,", "1]", "0", "16"], out
+    assert out.split()[-6:] == ["2", "[0,", "1]", "0", "16", "True"], out
 
 
 # ----------------------------------------------------------------------------- same metrics
