@@ -283,3 +283,23 @@ print(matplotlib.get_backend(), len(plt.get_fignums()))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["svg", "0"]
     assert all((tmp_path / f).stat().st_size > 5_000 for f in ("t.png", "c.png", "w.png"))
+
+
+L = ROOT / "results" / "gpu_h100_llm_vs_rules"  # Gemma 3 270M (bound) beside rules (bound, cosine), 306 updates
+
+
+def test_llm_against_rules_tables_in_results_doc_are_rebuilt_from_results(capsys):
+    """Issue 14: the three runs at update 306, their final/last-5/gain table and the control table."""
+    runs = [f"{n}={L}/{n}#000306" for n in ("oir_llm_bound", "oir_rules_bound", "oir_rules_cosine")]
+    assert analyze_runs.main(["--table-only", "--runs", *runs]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| oir_")]
+    ev = [r for r in rows if r.count("|") == 6 and any(f"| {s} |" in r for s in ("original", "own_words", "compound"))]
+    wanted = ev + [r for r in rows if r.count("|") in (8, 9) and "| original |" in r]
+    assert len(wanted) == 9 + 3 + 3  # evaluation table (3 sets) + final/last-5 + control (original)
+    for row in wanted:
+        assert row in DOC, row
+    # the LLM's share of buffer offers, as the doc states it, from the run's diversity file
+    import json
+    d = json.loads((L / "oir_llm_bound" / "diversity.json").read_text())
+    assert d["relabel/llm_offer_share_total"] == 0.0 and d["relabel/offers_total"] == 19647
+    assert "| `oir_llm_bound` | 19,647 | **0.000** | 107 | 0.561 | 7.13 |" in DOC
