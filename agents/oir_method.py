@@ -304,6 +304,18 @@ class OIRRelabeling(TrainingMethod):
         self.offers_total += len(offers)
         return {"relabel/llm_offer_share": n_llm / len(offers) if offers else 0.0}
 
+    def llm_report(self) -> dict[str, Any]:
+        """The LLM relabeler's run so far, for the run directory (empty without an LLM): calls,
+        prompts, latency, answers that came too late, errors by type with an example of each, and
+        candidates dropped by reason."""
+        if not self.async_llm:
+            return {}
+        st = self.relabeler.stats()
+        keys = ("calls", "prompts", "latency_mean_s", "prompt_tokens_mean", "errors", "errors_by_type",
+                "error_examples", "dropped", "candidates_llm", "restarts", "child_deaths", "down_seconds",
+                "llm_warnings")
+        return {**{k: st[k] for k in keys if k in st}, "stale": self.stale_llm}
+
     def diversity(self) -> dict[str, float]:
         """Diversity of every instruction offered to the buffers so far (:mod:`oir_gym.diversity`):
         ``diversity/novelty_share``, ``diversity/wordings_per_event``, ``diversity/instructions``...,

@@ -357,17 +357,23 @@ def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval) -> None:
 
 
 def _write_diversity(trainer, run: RunDir, cfg: TrainConfig) -> None:
-    """oir: how far the buffer's instructions go beyond the captions (diversity.json and one line)."""
+    """oir: how far the buffer's instructions go beyond the captions, and the LLM's record (errors
+    by type with an example, drops by reason, stale answers) in diversity.json; a line each."""
     if not hasattr(trainer.method, "diversity"):
         return
+    llm = trainer.method.llm_report()
     d = {"grounding": cfg.oir.grounding, "relabeler": cfg.oir.relabeler, "update": trainer.update_idx,
-         **trainer.method.diversity()}
+         **trainer.method.diversity(), **({"llm": llm} if llm else {})}
     atomic_write_json(run.path / "diversity.json", d)
     print(f"relabeled instructions ({cfg.oir.grounding} grounding): novelty share "
           f"{d['diversity/novelty_share']:.3f} of {int(d['diversity/instructions'])} distinct; LLM share of "
           f"buffer offers {d['relabel/llm_offer_share_total']:.3f} of {int(d['relabel/offers_total'])}; "
           f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
           f"({int(d['diversity/events_named'])} events); wrote {run.path / 'diversity.json'}")
+    if llm.get("errors_by_type"):  # what went wrong with the LLM, in one line
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(llm["errors_by_type"].items(), key=lambda kv: -kv[1]))
+        first = max(llm["errors_by_type"], key=llm["errors_by_type"].get)
+        print(f"LLM errors by type (calls): {kinds}; e.g. {llm['error_examples'].get(first, '')}")
 
 
 if __name__ == "__main__":

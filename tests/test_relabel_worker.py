@@ -278,6 +278,7 @@ def test_a_model_that_fails_most_prompts_is_warned_about_once_and_its_errors_are
         rl.relabel([make_trajectory(sc, 32, seed=call) for sc in scripts])
     s = rl.stats()
     assert s["failed_calls"] == 0 and s["errors"] == 8 and s["errors_by_type"] == {"UnusableAnswer": 4}  # by call
+    assert s["error_examples"]["UnusableAnswer"].startswith("UnusableAnswer: nothing usable in the LLM's answer")
     warnings = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and "6 of 9 LLM answers in the last 3 calls were unusable" in warnings[0]
     assert "UnusableAnswer" in warnings[0] and s["llm_warnings"] == 1
@@ -450,4 +451,7 @@ def test_training_whose_llm_child_is_killed_completes_every_update(tmp_path):
     typed = {k.rsplit("/", 1)[-1]: v for k, v in last.items() if k.startswith("relabel/llm_errors/")}
     assert {"LLMProcessDied", "LLMUnavailable"} & set(typed)
     assert all(0 < v <= s["errors_by_type"][k] for k, v in typed.items())  # counts up to now
+    report = tr.method.llm_report()  # what train_pqn.py writes under diversity.json's "llm"
+    assert report["errors_by_type"] == s["errors_by_type"] and set(report["error_examples"]) == set(s["errors_by_type"])
+    assert report["calls"] == s["calls"] and report["stale"] >= 0
     tr.close()

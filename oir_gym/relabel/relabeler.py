@@ -216,6 +216,7 @@ class HindsightRelabeler:
         self._s: Counter = Counter()
         self._dropped: Counter = Counter()
         self._errors: Counter = Counter()
+        self._error_examples: dict[str, str] = {}  # error type -> its first message
         self._latency_total = 0.0
         self._token_method = "none"
         self._next_id = 0
@@ -516,7 +517,7 @@ class HindsightRelabeler:
             for d in dropped:
                 self._dropped.update(d)
             for e in {errors[i] for i in range(n) if errors[i]}:
-                self._errors[e.split(":", 1)[0]] += 1
+                self._count_error(e)
         if self.cache.path is not None and self.cache.dirty >= self.cache_save_every:
             self.save_cache()
         return results
@@ -611,7 +612,7 @@ class HindsightRelabeler:
     def _empty_results(self, trajs: list[Trajectory], ids: list[int], err: str) -> list[RelabelResult]:
         with self._stats_lock:
             self._s["errors"] += len(trajs)
-            self._errors[err.split(":", 1)[0]] += 1
+            self._count_error(err)
         return [RelabelResult(trajectory=t, candidates=[], request_id=i, error=err) for t, i in zip(trajs, ids)]
 
     def _deliver(self, results: list[RelabelResult], n: int) -> None:
@@ -635,6 +636,13 @@ class HindsightRelabeler:
             self._deliver(res, len(trajs))
 
     # ------------------------------------------------------------------ stats and lifecycle
+    def _count_error(self, err: str) -> None:
+        """Count one failed call's error by type and keep the first message of each type (under
+        ``_stats_lock``): the run's record of what went wrong, not only how often."""
+        kind = err.split(":", 1)[0]
+        self._errors[kind] += 1
+        self._error_examples.setdefault(kind, err[:300])
+
     def stats(self) -> dict[str, Any]:
         """Counters for the run's metrics (flat dict; ``dropped``/``errors_by_type`` are dicts).
 
@@ -642,7 +650,8 @@ class HindsightRelabeler:
         ``cache_misses``, ``batch_dedup`` (trajectories sharing a prompt within a batch),
         ``cache_hit_rate`` (hits + batch duplicates over lookups), ``skipped_idle``, ``errors``
         (trajectories whose LLM answer failed), ``errors_by_type`` (failed LLM calls by exception
-        type), ``fallbacks``, ``latency_mean_s`` (per LLM call), ``latency_per_prompt_s``,
+        type), ``error_examples`` (the first message of each type), ``fallbacks``,
+        ``latency_mean_s`` (per LLM call), ``latency_per_prompt_s``,
         ``prompt_tokens`` (total) and ``prompt_tokens_mean`` with ``prompt_token_method``
         (``"llama"`` exact or ``"approx-regex"``), ``candidates`` (scored), ``candidates_llm``,
         ``candidates_rules``, ``candidates_kept``, ``dropped`` (by reason, including the parser's
@@ -663,6 +672,7 @@ class HindsightRelabeler:
             s = dict(self._s)
             dropped = dict(self._dropped)
             errors = dict(self._errors)
+            examples = dict(self._error_examples)
             lat = self._latency_total
             share = sum(self._share) / len(self._share) if self._share else 0.0
         health = self.health.stats()
@@ -684,6 +694,7 @@ class HindsightRelabeler:
             "skipped_idle": s.get("skipped_idle", 0),
             "errors": s.get("errors", 0),
             "errors_by_type": errors,
+            "error_examples": examples,
             "fallbacks": s.get("fallbacks", 0),
             "latency_mean_s": lat / calls if calls else 0.0,
             "latency_per_prompt_s": lat / s["prompts"] if s.get("prompts") else 0.0,
