@@ -251,7 +251,7 @@ class OIRRelabeling(TrainingMethod):
             for kind, n in llm_stats.get("errors_by_type", {}).items():
                 stats[f"relabel/llm_errors/{kind}"] = float(n)
             for reason, n in llm_stats.get("dropped", {}).items():
-                stats[f"relabel/llm_dropped/{reason}"] = float(n)
+                stats[f"relabel/dropped/{reason}"] = float(n)
             stats["relabel/llm_warnings"] = float(llm_stats.get("llm_warnings", 0))
         else:
             results = self.relabeler.relabel(trajs)
