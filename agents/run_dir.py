@@ -240,9 +240,11 @@ def provenance(source_root: str | os.PathLike | None = None,
         ``{"git_commit": str | None, "git_dirty": bool | None, "source": str, "python": str,
         "packages": {name: version}, "time": ISO-8601 UTC}``. ``git_commit`` is None outside a git
         checkout (e.g. an installed wheel); ``git_dirty`` says whether tracked files differ from
-        the commit (untracked files such as run folders do not count). A copy of the source without
-        its ``.git`` (a tree sent to a cluster node) can name its commit in the environment variable
-        ``OIR_GYM_SOURCE_COMMIT``; it is then recorded with ``"git_commit_from": "environment"``.
+        the commit (untracked files such as run folders do not count). A copy of the source sent to
+        another machine (a cluster node; a lent GPU whose copy may carry an older ``.git``) names its
+        commit in the environment variable ``OIR_GYM_SOURCE_COMMIT``: that commit is recorded, with
+        ``"git_commit_from": "environment"``, and a different commit of a ``.git`` found there as
+        ``"checkout_commit"`` (``git_dirty`` is then relative to it).
     """
     from importlib import metadata
 
@@ -256,9 +258,11 @@ def provenance(source_root: str | os.PathLike | None = None,
         except metadata.PackageNotFoundError:
             pass
     declared = os.environ.get("OIR_GYM_SOURCE_COMMIT", "").strip()
+    commit = commit.strip() if commit else None
     return {
-        "git_commit": commit.strip() if commit else (declared or None),
-        **({"git_commit_from": "environment"} if declared and not commit else {}),
+        "git_commit": declared or commit,
+        **({"git_commit_from": "environment"} if declared else {}),
+        **({"checkout_commit": commit} if declared and commit and not commit.startswith(declared) else {}),
         "git_dirty": (bool(status.strip()) if status is not None else None),
         "source": str(root),
         "python": sys.version.split()[0],

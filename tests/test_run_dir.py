@@ -186,7 +186,7 @@ def test_atomic_json_write_killed_midway_leaves_the_old_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".tmp")) == ["state.json"]
 
 
-def test_provenance_outside_git_takes_the_commit_declared_in_the_environment(tmp_path, monkeypatch):
+def test_provenance_takes_the_commit_declared_in_the_environment(tmp_path, monkeypatch):
     from agents.run_dir import provenance
 
     monkeypatch.delenv("OIR_GYM_SOURCE_COMMIT", raising=False)
@@ -194,5 +194,9 @@ def test_provenance_outside_git_takes_the_commit_declared_in_the_environment(tmp
     monkeypatch.setenv("OIR_GYM_SOURCE_COMMIT", "abc123")
     prov = provenance(tmp_path)
     assert prov["git_commit"] == "abc123" and prov["git_commit_from"] == "environment"
-    inside = provenance(ROOT)  # a real checkout: git wins over the environment
-    assert inside["git_commit"] != "abc123" and "git_commit_from" not in inside
+    # a copy with a .git of another commit (as on a lent GPU): the declared commit, the checkout's beside it
+    inside = provenance(ROOT)
+    assert inside["git_commit"] == "abc123" and inside["checkout_commit"] != "abc123"
+    monkeypatch.delenv("OIR_GYM_SOURCE_COMMIT")
+    plain = provenance(ROOT)  # nothing declared: the checkout's commit
+    assert plain["git_commit"] == inside["checkout_commit"] and "git_commit_from" not in plain
