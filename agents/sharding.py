@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -182,6 +183,8 @@ class PerDevice:
         #: one starting thread per device (a shared pool may start two devices from one idle thread)
         self._threads = ([ThreadPoolExecutor(1, thread_name_prefix=f"oir-device{d.id}") for d in self.devices]
                          if len(self.devices) > 1 else [])
+        for t in self._threads:  # the idle threads end with this object, not with the process
+            weakref.finalize(self, t.shutdown, wait=False)
 
     def _split(self, args: tuple) -> list[tuple]:
         specs = _specs_like(self.in_specs(*args), args)
