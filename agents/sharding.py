@@ -10,7 +10,7 @@ its parameters replicated over them.
 The env batch is cut into ``max(S, D)`` *blocks* (one per seed, or per seed part), each with its
 own world pool and rollout key (:func:`oir_gym.functional.block_step`), so a device's rollout
 depends on nothing held by another device: :class:`PerDevice` runs it as one single-device program
-per device, dispatched side by side, with no traffic between them inside the 128-step scan. (Left
+per device, each started from its own thread, with no traffic between them inside the 128-step scan. (Left
 to GSPMD, the shared pool, one rollout key and the "did any env finish" branch became an
 all-reduce and collective-permutes at every env step, which kept two GPUs in lock-step; the same
 scan under ``jax.shard_map`` crashed XLA's GPU compiler (jax 0.11.2, 2 x H100) with a segfault,
@@ -166,9 +166,8 @@ class PerDevice:
     :class:`~jax.sharding.PartitionSpec` (pytree prefixes). Each call splits the arguments into their
     device shards (no copy for arguments already placed that way), starts ``fn``'s executable on
     every device (each from its own thread: the devices run at once), and joins the per-device results
-    into global arrays placed by ``out_specs``. One executable per device, compiled in parallel
-    threads at the first call and started from one thread per device; a single-device mesh just
-    runs ``jax.jit(fn)``.
+    into global arrays placed by ``out_specs``. One executable per device, compiled at the first call
+    in the same per-device threads; a single-device mesh just runs ``jax.jit(fn)``.
     """
 
     def __init__(self, fn: Callable, mesh: Mesh, in_specs: Callable[..., Any], out_specs: Callable[..., Any]):
@@ -203,9 +202,8 @@ class PerDevice:
         signature = [jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), a) for a in local_args[:1]]
         if self.compiled and signature == self._signature:
             return
-        with ThreadPoolExecutor(len(self.devices)) as pool:
-            done = pool.map(lambda a: self._jit.lower(*a).compile(), local_args)
-            self.compiled = dict(zip(self.devices, done))
+        done = [t.submit(lambda a: self._jit.lower(*a).compile(), a) for t, a in zip(self._threads, local_args)]
+        self.compiled = {d: f.result() for d, f in zip(self.devices, done)}
         self._signature = signature
 
     def __call__(self, *args):

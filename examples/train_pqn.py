@@ -371,9 +371,9 @@ def _write_diversity(trainer, run: RunDir, cfg: TrainConfig) -> None:
           f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
           f"({int(d['diversity/events_named'])} events); wrote {run.path / 'diversity.json'}")
     if llm.get("errors_by_type"):  # what went wrong with the LLM, in one line
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(llm["errors_by_type"].items(), key=lambda kv: -kv[1]))
-        first = max(llm["errors_by_type"], key=llm["errors_by_type"].get)
-        print(f"LLM errors by type (calls): {kinds}; e.g. {llm['error_examples'].get(first, '')}")
+        kinds = sorted(llm["errors_by_type"].items(), key=lambda kv: -kv[1])
+        print(f"LLM errors by type (calls): {', '.join(f'{k} {n}' for k, n in kinds)}; "
+              f"e.g. {llm['error_examples'].get(kinds[0][0], '')}")
 
 
 if __name__ == "__main__":
