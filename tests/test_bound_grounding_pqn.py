@@ -82,14 +82,14 @@ def test_bound_relabeling_uses_each_candidates_rows_and_binds_buffer_instruction
         np.testing.assert_allclose(np.asarray(slots["emb"][0, j]), c.emb)
     # an ordered rule compound ("collect wood then place table") binds and becomes a row under bound grounding
     assert any(c.binding.pre >= 0 for c in cands)
-    stacked = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[:, None], {
+    rollout = jax.tree_util.tree_map(jnp.asarray, {
         "obs": np.zeros((1, 16, 2, 3), np.float32), "instr": host["instr"], "action": host["action"],
         "reward": np.zeros((1, 16, 2), np.float32), "done": host["done"],
         "reset": np.concatenate([np.ones((1, 1, 2), bool), host["done"][:, :-1]], axis=1), "events": host["events"],
         "last_obs": np.zeros((1, 2, 3), np.float32), "last_instr": np.zeros((1, 2, tr.encoder.dim), np.float32),
     })
-    stacked["carry0"] = jax.tree_util.tree_map(lambda x: jnp.zeros((1, 1) + x.shape), tr.net.initial_carry(2))
-    batch = tr._build(stacked, tr.registry.device_table().emb, slots)
+    rollout["carry0"] = jax.tree_util.tree_map(lambda x: jnp.zeros((1,) + x.shape), tr.net.initial_carry(2))
+    batch = tr.build_batch([rollout], slots)
     rew = np.asarray(batch["rewards"])[0, :, 2:]
     for j, c in enumerate(cands):  # each relabeled copy pays exactly at its bound step
         np.testing.assert_array_equal(np.flatnonzero(rew[:, j]), [c.binding.step])

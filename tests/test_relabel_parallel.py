@@ -1,0 +1,91 @@
+"""ParallelRelabeler: the rule relabeler over worker processes gives the in-process results."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+from oir_gym.relabel import HindsightRelabeler
+from oir_gym.relabel.parallel import ParallelRelabeler, default_workers
+from oir_gym.relabel.synthetic import random_trajectories
+
+
+def _summary(results):
+    return [[(c.text, c.source, c.first_step, c.grounded, c.binding) for c in r.candidates] for r in results]
+
+
+@pytest.mark.parametrize("grounding", ["cosine", "bound"])
+def test_workers_give_the_in_process_results_in_order_with_the_callers_trajectories(grounding):
+    trajs = random_trajectories(96, 64, seed=3, texts=False)
+    kw = dict(k=4, delta=0.9, cache_size=0, grounding=grounding)
+    ref = HindsightRelabeler("rules", **kw).relabel(trajs)
+    with ParallelRelabeler(functools.partial(HindsightRelabeler, "rules", **kw), workers=2, min_batch=64) as par:
+        got = par.relabel(trajs)
+        again = par.relabel(trajs[:10])  # below min_batch: in process
+        assert par.stats() == {"workers": 2, "in_workers": 96, "in_process": 10}
+    assert _summary(got) == _summary(ref)
+    assert sum(len(r.candidates) for r in got) > 96  # the comparison is not between empty lists
+    for r, t, r0 in zip(got, trajs, ref):
+        assert r.trajectory is t  # the caller's objects, not copies from the workers
+        for c, c0 in zip(r.candidates, r0.candidates):
+            np.testing.assert_allclose(c.emb, c0.emb, atol=1e-6)
+            np.testing.assert_array_equal(c.final_row, c0.final_row)
+            np.testing.assert_array_equal(c.pre_row, c0.pre_row)
+    assert [r.request_id for r in got] == list(range(96))
+    assert _summary(again) == _summary(ref[:10])
+
+
+class _DiesInWorker:
+    """Fault injection: a relabeler that ends its process when it runs in a worker (a real process
+    death, which a healthy relabeler cannot be made to produce on demand)."""
+
+    def __init__(self):
+        self.inner = HindsightRelabeler("rules", k=2, delta=0.9, cache_size=0)
+
+    def relabel(self, trajs):
+        if multiprocessing.parent_process() is not None:
+            os._exit(3)
+        return self.inner.relabel(trajs)
+
+
+def test_a_dead_worker_warns_once_and_the_batch_is_relabeled_in_process():
+    trajs = random_trajectories(64, 32, seed=1, texts=False)
+    par = ParallelRelabeler(_DiesInWorker, workers=2, min_batch=16)
+    try:
+        with pytest.warns(RuntimeWarning, match="worker process died"):
+            got = par.relabel(trajs)
+        assert _summary(got) == _summary(HindsightRelabeler("rules", k=2, delta=0.9, cache_size=0).relabel(trajs))
+        assert par.stats()["workers"] == 0 and "died" in par.stats()["broken"]
+        par.relabel(trajs)  # in process from now on, without a second warning
+    finally:
+        par.close()
+        par.close()  # idempotent
+
+
+def test_bad_arguments_and_the_automatic_worker_count():
+    with pytest.raises(ValueError, match="workers=0"):
+        ParallelRelabeler(functools.partial(HindsightRelabeler, "rules"), workers=0)
+    with pytest.raises(ValueError, match="min_batch"):
+        ParallelRelabeler(functools.partial(HindsightRelabeler, "rules"), workers=1, min_batch=0)
+    assert [default_workers(c) for c in (1, 2, 3, 4, 8, 16, 128)] == [0, 0, 0, 2, 6, 8, 8]
+
+
+def test_the_trainer_relabels_over_workers_when_asked_and_its_batch_is_large_enough(tmp_path):
+    from agents.config import TrainConfig
+    from agents.oir import make_rules_relabeler
+
+    base = TrainConfig().replace(**{"run.method": "oir", "oir.relabeler": "rules", "pqn.num_envs": 32,
+                                    "run.num_seeds": 2, "oir.relabel_workers": 2})
+    par = make_rules_relabeler(base.validate(), encoder=None)
+    try:
+        assert isinstance(par, ParallelRelabeler) and par.workers == 2
+    finally:
+        par.close()
+    for change in ({"run.num_seeds": 1}, {"oir.relabel_workers": 0}):  # 32 trajectories; in process
+        assert isinstance(make_rules_relabeler(base.replace(**change).validate(), encoder=None), HindsightRelabeler)
+    with pytest.raises(ValueError, match="relabel_workers=-2"):
+        base.replace(**{"oir.relabel_workers": -2}).validate()
