@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -549,6 +550,25 @@ class Trainer:
         keys = eval_keys(self.cfg.run.seed, self.S, self.update_idx)  # worlds differ per run seed, seed index and update
         return evaluate_jax_seeds(self._evaluate_seeds, keys, self.train_state.params, params, self.eval_rows,
                                   self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
+
+    def start_compiling_evaluation(self) -> Future:
+        """Compile the evaluation program on a side thread (one throwaway evaluation of the current
+        parameters), so its compile overlaps the first update's instead of delaying the first
+        evaluation (about 30 s of an H100 run's start). The arguments are read here, on the
+        caller's thread; the result is discarded, and a failure only leaves the compile to the
+        first :meth:`evaluate`."""
+        params = self.base_params.replace(table=self.registry.device_table())
+        keys = eval_keys(self.cfg.run.seed, self.S, self.update_idx)
+        policy = self.train_state.params
+
+        def compile_once() -> None:
+            evaluate_jax_seeds(self._evaluate_seeds, keys, policy, params, self.eval_rows, self.eval_cfg,
+                               self.eval_texts, self.eval_achs, self.eval_sets)
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="oir-eval-compile")
+        future = pool.submit(compile_once)
+        pool.shutdown(wait=False)  # the thread ends with its one job
+        return future
 
     def close(self) -> None:
         """Stop the method's background workers (LLM relabeler or proposer)."""

@@ -294,6 +294,12 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
             if trainer.update_idx < n:
                 print(f"update {trainer.update_idx + 1}: compiling the rollout and update programs (the first "
                       "update of a process takes tens of seconds on a CPU)...", flush=True)
+                import jax
+
+                if jax.default_backend() != "cpu":
+                    # on an accelerator the evaluation compiles beside the first update (a CPU has
+                    # no spare cores for the throwaway evaluation this costs)
+                    trainer.start_compiling_evaluation()
             while trainer.update_idx < n:
                 log = trainer.iteration()
                 row = {"update": log.update, "env_steps": log.env_steps, "time": time.time() - t0, **log.metrics}

@@ -275,3 +275,20 @@ def test_progress_line_says_what_the_llm_answered_and_what_it_added():
                                                                            "ellm/cache_hit_rate": 0.5,
                                                                            "ellm/llm_fraction": 0.25}
     assert "LLM goals 25%" in train_pqn.summary_line(row, 10)
+
+
+def test_compiling_the_evaluation_on_a_side_thread_leaves_training_and_evaluation_unchanged(tmp_path):
+    cfg = tiny(**{"eval.horizon": 5, "eval.epsilon": 1.0})
+    ref = Trainer(cfg, tmp_path / "ref", log=lambda s: None)
+    ref.init_state()
+    ref.iteration()
+    expected = [r.to_dict() for r in ref.evaluate()]
+    tr = Trainer(cfg, tmp_path / "warm", log=lambda s: None)
+    tr.init_state()
+    warm = tr.start_compiling_evaluation()
+    tr.iteration()  # the first update runs while the evaluation compiles
+    assert warm.result(timeout=300) is None
+    for a, b in zip(_params(tr), _params(ref), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [r.to_dict() for r in tr.evaluate()] == expected
+    assert tr.update_idx == 1
