@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
-from oir_gym.relabel.segments import ACTION_NAMES, segments_text
+from oir_gym.relabel.segments import ACTION_NAMES, compact_text, segments_text
 from oir_gym.trajectory import Trajectory
 
 TEMPLATE_NAMES = ("paper", "segments")
@@ -47,11 +47,32 @@ class PromptTemplate:
     view: str = "segments"
     analysis: bool = False
 
-    def render(self, traj: Trajectory, k: int = 4) -> str:
-        """The full prompt for one trajectory."""
-        block = timestep_lines(traj) if self.view == "timesteps" else segments_text(traj)
+    def render(self, traj: Trajectory, k: int = 4, max_tokens: Optional[int] = None,
+               count: Optional[Callable[[str], int]] = None) -> str:
+        """The full prompt for one trajectory (compacted to ``max_tokens``: see :meth:`render_fit`)."""
+        return self.render_fit(traj, k, max_tokens, count)[0]
+
+    def render_fit(self, traj: Trajectory, k: int = 4, max_tokens: Optional[int] = None,
+                   count: Optional[Callable[[str], int]] = None) -> tuple[str, int]:
+        """The prompt and its compaction level (0: none).
+
+        With ``max_tokens`` (and a ``segments`` view), the trajectory block is compacted
+        (:func:`~oir_gym.relabel.segments.compact_text`: background events merged into idle runs,
+        then idle runs left out, then one line per distinct event, then lines cut) until the whole
+        prompt counts at most ``max_tokens`` by ``count`` (default
+        :func:`~oir_gym.relabel.tokens.approx_token_count`). The ``timesteps`` view is never
+        compacted (it is the paper's per-step format).
+        """
+        head = self.text.replace("{{k}}", str(k))
         # str.replace, not str.format: the templates are full of JSON braces.
-        return self.text.replace("{{k}}", str(k)).replace("{{trajectory}}", block)
+        if self.view == "timesteps":
+            return head.replace("{{trajectory}}", timestep_lines(traj)), 0
+        if max_tokens is None:
+            return head.replace("{{trajectory}}", segments_text(traj)), 0
+        if count is None:
+            from oir_gym.relabel.tokens import approx_token_count as count
+        block, level = compact_text(traj, lambda b: count(head.replace("{{trajectory}}", b)) <= max_tokens)
+        return head.replace("{{trajectory}}", block), level
 
     def schema(self, k: int = 4) -> dict[str, Any]:
         """JSON schema of the expected answer (see :func:`output_schema`)."""

@@ -76,6 +76,10 @@ from oir_gym.grounding import (
 from oir_gym.reward import event_similarity, match_steps
 from oir_gym.trajectory import Trajectory
 
+#: Default prompt budget (tokens, template included) of :class:`HindsightRelabeler`: a longer
+#: ``segments`` prompt is compacted (docs/relabeling.md, "Prompt length").
+DEFAULT_MAX_PROMPT_TOKENS = 768
+
 BackendArg = Union[str, LLMSpec, LLMBackend, CompositeBackend, None]
 
 
@@ -126,6 +130,12 @@ class HindsightRelabeler:
             :mod:`oir_gym.grounding`).
         bind_threshold: loosest similarity between a candidate and an event of its trajectory that
             binds it (``grounding="bound"``).
+        max_prompt_tokens: token budget of one prompt, template included, counted with the
+            backend's tokenizer when it has one (else approximately): a ``segments`` prompt above
+            it is compacted (:func:`~oir_gym.relabel.segments.compact_text`: background events
+            merged into idle runs, then idle runs left out, then one line per distinct event,
+            then lines cut). Default :data:`DEFAULT_MAX_PROMPT_TOKENS`; ``None``: never compact.
+            Long prompts make Gemma 3 270M ignore the trajectory (docs/relabeling.md).
     """
 
     def __init__(
@@ -157,6 +167,7 @@ class HindsightRelabeler:
         warn_after: int = 3,
         grounding: str = "cosine",
         bind_threshold: float = 0.5,
+        max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS,
     ) -> None:
         if grounding not in GROUNDING_MODES:
             raise ValueError(f"grounding must be one of {GROUNDING_MODES}, got {grounding!r}")
@@ -182,6 +193,9 @@ class HindsightRelabeler:
         self.fallback = fallback
         self.llm_timeout = llm_timeout
         self.skip_idle = skip_idle
+        if max_prompt_tokens is not None and not (isinstance(max_prompt_tokens, int) and max_prompt_tokens >= 1):
+            raise ValueError(f"max_prompt_tokens must be a positive int or None, got {max_prompt_tokens!r}")
+        self.max_prompt_tokens = max_prompt_tokens
         self.filter = candidate_filter or CandidateFilter()
         self.on_full = on_full
         self.cache_save_every = int(cache_save_every)
@@ -261,8 +275,21 @@ class HindsightRelabeler:
                 f"{behaviour_key(traj, self.cache_key_mode)}")
 
     def render_prompt(self, traj: Trajectory) -> str:
-        """The prompt this relabeler would send for ``traj``."""
-        return self.template.render(traj, self.k)
+        """The prompt this relabeler would send for ``traj`` (compacted to ``max_prompt_tokens``)."""
+        return self._render(traj)[0]
+
+    def _render(self, traj: Trajectory) -> tuple[str, int, int]:
+        """``(prompt, compaction level, prompt tokens)``: each text counted once, in the backend's
+        own tokens where it can count them."""
+        counts: dict[str, int] = {}
+
+        def count(text: str) -> int:
+            if text not in counts:
+                counts[text] = self._count_tokens(text)
+            return counts[text]
+
+        prompt, level = self.template.render_fit(traj, self.k, self.max_prompt_tokens, count)
+        return prompt, level, count(prompt)
 
     def _count_tokens(self, prompt: str) -> int:
         n, self._token_method = backend_token_count(self.backend.llm, prompt)
@@ -358,9 +385,9 @@ class HindsightRelabeler:
                     s["batch_dedup"] += 1  # same behaviour twice in one batch: one prompt
                 else:
                     owner[key] = i
-                    prompts[i] = self.render_prompt(t)
-                    tokens[i] = self._count_tokens(prompts[i])
+                    prompts[i], level, tokens[i] = self._render(t)
                     s["cache_misses"] += 1
+                    s["prompts_compacted"] += level > 0
         else:
             s["rules_only"] += n
 
@@ -653,7 +680,8 @@ class HindsightRelabeler:
         type), ``error_examples`` (the first message of each type), ``fallbacks``,
         ``latency_mean_s`` (per LLM call), ``latency_per_prompt_s``,
         ``prompt_tokens`` (total) and ``prompt_tokens_mean`` with ``prompt_token_method``
-        (``"llama"`` exact or ``"approx-regex"``), ``candidates`` (scored), ``candidates_llm``,
+        (``"llama"`` exact or ``"approx-regex"``), ``prompts_compacted`` (prompts whose trajectory
+        was compacted to fit ``max_prompt_tokens``), ``candidates`` (scored), ``candidates_llm``,
         ``candidates_rules``, ``candidates_kept``, ``dropped`` (by reason, including the parser's
         notes such as ``salvaged_json``), ``dropped_total`` (without the notes),
         ``grounded_fraction`` (of scored candidates), ``kept_grounded_fraction``, and for async
@@ -701,6 +729,7 @@ class HindsightRelabeler:
             "prompt_tokens": s.get("prompt_tokens", 0),
             "prompt_tokens_mean": s.get("prompt_tokens", 0) / s["prompts"] if s.get("prompts") else 0.0,
             "prompt_token_method": self._token_method,
+            "prompts_compacted": s.get("prompts_compacted", 0),
             "candidates": scored,
             "candidates_llm": s.get("candidates_llm", 0),
             "candidates_rules": s.get("candidates_rules", 0),

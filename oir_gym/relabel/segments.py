@@ -12,6 +12,19 @@ Consecutive steps with the same label merge into one run ``"a-b: label"``, and s
 idle steps (``"move"`` if any of them moved, else ``"wait"``); a run of a repeated
 achievement keeps its count (``"5-6: collect wood (x2)"``) because counts matter for crafting.
 An episode end (``dones[t]``) closes the run and is marked ``", episode ends"``.
+
+**Compaction** (``level``; :func:`compact_text` picks the least compaction that fits a token
+budget). A busy 128-step trajectory has a segment on almost every step, and Gemma's tokenizer
+spends a token per digit of the step ranges: such a block costs 1,300-1,400 tokens, and a 270M
+model reading it stops looking at the trajectory (see docs/relabeling.md). Levels:
+
+* 0: every segment, as above;
+* 1: background events (:data:`BACKGROUND_EVENTS`: searching grass, hitting rock without a
+  pickaxe, taking damage) count as idle steps, so they merge into the move/wait runs;
+* 2: as 1, and idle runs are left out (episode ends stay, as ``"a: episode ends"``); a label
+  repeated with only idle steps between merges into one line ``"a-b: label (xN)"``;
+* 3: one line per distinct label, in order of first occurrence, at its first step, with its
+  count (``"16: collect wood (x6)"``); no episode ends.
 """
 
 from __future__ import annotations
@@ -30,6 +43,13 @@ _NOOP_EVENT = EVENT_NAMES.index("noop")
 _IDLE_EVENTS = (_MOVE_EVENT, _NOOP_EVENT)
 _MOVE_ACTIONS = (1, 2, 3, 4)
 EPISODE_END = "episode ends"
+#: Events that a busy agent triggers on step after step and that no instruction should ask for
+#: (the filters drop "take damage"; the others are side effects of pressing DO at the wrong
+#: thing): compaction level 1 and above renders them as idle steps.
+BACKGROUND_EVENTS: tuple[int, ...] = tuple(
+    EVENT_NAMES.index(e) for e in ("hit_hard_block", "search_grass", "take_damage"))
+#: Compaction levels of :func:`segments_text` / :func:`compact_text` (0: none).
+MAX_LEVEL = 3
 
 #: Craftax-Classic action names by id (the DO action is named after the faced object when known).
 ACTION_NAMES: tuple[str, ...] = (
@@ -48,6 +68,7 @@ class Segment:
     label: str
     events: tuple[int, ...]  # event ids of the label (empty for move/wait runs)
     episode_end: bool = False
+    count: int = 0  # occurrences of the label when compaction merged runs (0: the run's length)
 
     @property
     def idle(self) -> bool:
@@ -56,8 +77,10 @@ class Segment:
 
     def render(self) -> str:
         span = f"{self.start}" if self.start == self.end else f"{self.start}-{self.end}"
-        n = self.end - self.start + 1
+        n = self.count or self.end - self.start + 1
         label = self.label
+        if self.idle and self.episode_end:
+            return f"{span}: {EPISODE_END}" if label == "" else f"{span}: {label}, {EPISODE_END}"
         if not self.idle and n > 1:
             label = f"{label} (x{n})"
         if self.episode_end:
@@ -65,9 +88,11 @@ class Segment:
         return f"{span}: {label}"
 
 
-def step_label(traj: Trajectory, t: int) -> tuple[str, tuple[int, ...]]:
-    """The label of step ``t`` and the (non-idle) event ids it is made of."""
-    ids = tuple(int(e) for e in np.flatnonzero(traj.events[t]) if e not in _IDLE_EVENTS)
+def step_label(traj: Trajectory, t: int, background: bool = True) -> tuple[str, tuple[int, ...]]:
+    """The label of step ``t`` and the (non-idle) event ids it is made of (``background=False``:
+    :data:`BACKGROUND_EVENTS` count as idle)."""
+    ids = tuple(int(e) for e in np.flatnonzero(traj.events[t])
+                if e not in _IDLE_EVENTS and (background or e not in BACKGROUND_EVENTS))
     if ids:
         return ", ".join(VOCAB.canonical(e) for e in ids), ids
     moved = bool(traj.events[t, _MOVE_EVENT]) or (
@@ -76,12 +101,23 @@ def step_label(traj: Trajectory, t: int) -> tuple[str, tuple[int, ...]]:
     return (MOVE if moved else WAIT), ()
 
 
-def segments(traj: Trajectory) -> list[Segment]:
-    """Run-length segments of a trajectory (see the module docstring).
+def segments(traj: Trajectory, level: int = 0) -> list[Segment]:
+    """Run-length segments of a trajectory (see the module docstring), compacted to ``level``.
 
     Consecutive idle steps (moving or waiting) form one run labelled ``"move"`` if any of them
     moved, else ``"wait"``: how the agent wandered between events is not what gets relabeled.
     """
+    if not 0 <= int(level) <= MAX_LEVEL:
+        raise ValueError(f"compaction level must be in 0..{MAX_LEVEL}, got {level!r}")
+    out = _runs(traj, background=level < 1)
+    if level >= 2:
+        out = _merge_events(out)
+    if level >= 3:
+        out = _distinct(out)
+    return out
+
+
+def _runs(traj: Trajectory, background: bool) -> list[Segment]:
     out: list[Segment] = []
     cur: list | None = None  # [start, label, ids]
 
@@ -89,7 +125,7 @@ def segments(traj: Trajectory) -> list[Segment]:
         out.append(Segment(cur[0], end, cur[1], cur[2], episode_end))
 
     for t in range(len(traj)):
-        label, ids = step_label(traj, t)
+        label, ids = step_label(traj, t, background)
         if cur is not None:
             same = (not ids and not cur[2]) or (ids and label == cur[1])
             if not same:
@@ -107,9 +143,64 @@ def segments(traj: Trajectory) -> list[Segment]:
     return out
 
 
-def segments_text(traj: Trajectory, sep: str = "\n") -> str:
-    """Rendered segments, one per line by default (``"0-4: move\\n5: collect wood"``)."""
-    return sep.join(s.render() for s in segments(traj))
+def _merge_events(segs: list[Segment]) -> list[Segment]:
+    """Level 2: idle runs left out (an episode end stays as its own line); a label repeated with
+    only idle steps between merges into one segment counting its steps."""
+    out: list[Segment] = []
+    for s in segs:
+        n = s.count or s.end - s.start + 1
+        if s.idle:
+            if s.episode_end:
+                out.append(Segment(s.end, s.end, "", (), True))
+            continue
+        last = out[-1] if out else None
+        if last is not None and not last.idle and not last.episode_end and last.label == s.label:
+            m = last.count or last.end - last.start + 1
+            out[-1] = Segment(last.start, s.end, s.label, s.events, s.episode_end, m + n)
+        else:
+            out.append(Segment(s.start, s.end, s.label, s.events, s.episode_end, n))
+    return out
+
+
+def _distinct(segs: list[Segment]) -> list[Segment]:
+    """Level 3: one segment per distinct label (first occurrence order), at its first step, with
+    its total count; no episode ends."""
+    merged: dict[str, Segment] = {}
+    for s in segs:
+        if s.idle:
+            continue
+        n = s.count or s.end - s.start + 1
+        old = merged.get(s.label)
+        merged[s.label] = (Segment(s.start, s.start, s.label, s.events, False, n) if old is None else
+                           Segment(old.start, old.start, s.label, s.events, False, old.count + n))
+    return list(merged.values())
+
+
+def segments_text(traj: Trajectory, sep: str = "\n", level: int = 0) -> str:
+    """Rendered segments, one per line by default (``"0-4: move\\n5: collect wood"``), compacted
+    to ``level`` (see the module docstring)."""
+    return sep.join(s.render() for s in segments(traj, level))
+
+
+def compact_text(traj: Trajectory, fits, sep: str = "\n") -> tuple[str, int]:
+    """The least compacted segments text for which ``fits(text)`` is true, and its level.
+
+    Tries levels 0 to :data:`MAX_LEVEL`; when even the last does not fit, its lines are cut from
+    the end (a last line ``"..."`` says so) until it fits or one line is left; the level is then
+    ``MAX_LEVEL + 1``.
+    """
+    text = ""
+    for level in range(MAX_LEVEL + 1):
+        text = segments_text(traj, sep, level)
+        if fits(text):
+            return text, level
+    lines = text.split(sep)
+    while len(lines) > 1:
+        lines.pop()
+        text = sep.join(lines + ["..."])
+        if fits(text):
+            break
+    return text, MAX_LEVEL + 1
 
 
 KEY_MODES = ("behaviour", "events", "segments")
