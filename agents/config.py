@@ -171,6 +171,9 @@ class LLMConfig:
     """Trajectories (oir) or envs (ellm) per seed sent to the LLM each update (most eventful first)."""
     call_timeout: float | None = None
     """Seconds one relabeling LLM call may take (None: the backend's own limit)."""
+    max_prompt_tokens: int = 768
+    """Token budget of one relabeling prompt: longer trajectories are compacted to fit (past about
+    900 tokens Gemma 3 270M copies the prompt's examples; docs/relabeling.md). 0: never compact."""
 
     def validate(self) -> "LLMConfig":
         """Raise ``ValueError`` naming the field for a setting the LLM part cannot use; returns self."""
@@ -178,6 +181,9 @@ class LLMConfig:
             raise ValueError(f"llm.backend={self.backend!r}; expected one of {LLM_BACKENDS} or package.module:ClassName")
         if not (isinstance(self.per_update, int) and self.per_update >= 1):
             raise ValueError(f"llm.per_update={self.per_update!r} must be >= 1")
+        if not (isinstance(self.max_prompt_tokens, int) and self.max_prompt_tokens >= 0):
+            raise ValueError(f"llm.max_prompt_tokens={self.max_prompt_tokens!r} must be a number of tokens >= 1, "
+                             "or 0 (never compact)")
         if not (self.call_timeout is None or self.call_timeout > 0):
             raise ValueError(f"llm.call_timeout={self.call_timeout} must be > 0 (or None)")
         if not self.base_url.startswith(("http://", "https://")):

@@ -42,6 +42,7 @@ def make_llm_relabeler(llm: LLMConfig, **kwargs: Any):
 
     llm.validate()
     kwargs.setdefault("llm_timeout", llm.call_timeout)
+    kwargs.setdefault("max_prompt_tokens", llm.max_prompt_tokens or None)
     return HindsightRelabeler(llm.backend, template=llm.template, backend_kwargs=backend_kwargs(llm), **kwargs)
 
 

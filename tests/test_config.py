@@ -47,6 +47,8 @@ def _with(**changes) -> TrainConfig:
     ({"llm.call_timeout": 0.0}, "llm.call_timeout"),
     ({"llm.call_timeout": math.nan}, "llm.call_timeout"),
     ({"llm.base_url": "127.0.0.1:8000"}, "llm.base_url"),
+    ({"llm.max_prompt_tokens": -1}, "llm.max_prompt_tokens=-1 must be a number of tokens"),
+    ({"oir.relabel_workers": -3}, "oir.relabel_workers=-3 must be -1 (auto)"),
     ({"eval.episodes": MAX_EVAL_EPISODES + 1}, "eval.episodes=33 must be <= 32"),
     ({"eval.instruction_files": ("does/not/exist.json",)}, "does/not/exist.json"),
     # wrong types (what a JSON file or Python caller may pass)

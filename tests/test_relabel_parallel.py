@@ -89,3 +89,4 @@ def test_the_trainer_relabels_over_workers_when_asked_and_its_batch_is_large_eno
         assert isinstance(make_rules_relabeler(base.replace(**change).validate(), encoder=None), HindsightRelabeler)
     with pytest.raises(ValueError, match="relabel_workers=-2"):
         base.replace(**{"oir.relabel_workers": -2}).validate()
+

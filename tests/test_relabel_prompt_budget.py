@@ -162,3 +162,15 @@ def test_gemma_prompt_within_budget(tf_backend):  # noqa: F811
     (res,) = rl.relabel([traj])
     assert 0 < res.prompt_tokens <= DEFAULT_MAX_PROMPT_TOKENS
     assert res.error is None and rl.stats()["prompts_compacted"] == 1
+
+
+def test_the_llm_prompt_budget_reaches_the_relabeler_from_the_config():
+    from agents.config import LLMConfig
+    from agents.llm import make_llm_relabeler
+
+    for budget, expected in ((300, 300), (0, None)):
+        r = make_llm_relabeler(LLMConfig(backend="transformers", max_prompt_tokens=budget), k=2, use_rules=False)
+        try:
+            assert r.max_prompt_tokens == expected
+        finally:
+            r.close()
