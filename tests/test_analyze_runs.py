@@ -303,3 +303,15 @@ def test_llm_against_rules_tables_in_results_doc_are_rebuilt_from_results(capsys
     d = json.loads((L / "oir_llm_bound" / "diversity.json").read_text())
     assert d["relabel/llm_offer_share_total"] == 0.0 and d["relabel/offers_total"] == 19647
     assert "| `oir_llm_bound` | 19,647 | **0.000** | 107 | 0.561 | 7.13 |" in DOC
+
+
+def test_fast_preset_delta_tables_in_results_doc_are_rebuilt_from_results(capsys):
+    """Issue 14's delta ablation, partial: delta 0.5 against 0.9 at the fast preset, update 48."""
+    root = ROOT / "results" / "gpu_h100x2_fast_delta"
+    runs = [f"fast, delta {d}={root}/fast_d{tag}_lr2.5e-4#000048" for d, tag in (("0.9", "09"), ("0.5", "05"))]
+    assert analyze_runs.main(["--table-only", "--runs", *runs]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| fast, delta") and "| original |" in ln]
+    wanted = [r for r in rows if r.count("|") in (8, 9)]
+    assert len(wanted) == 4  # final/last-5 and control rows of both runs
+    for row in wanted:
+        assert row in DOC, row
