@@ -32,9 +32,10 @@ def test_workers_give_the_in_process_results_in_order_with_the_callers_trajector
     for r, t, r0 in zip(got, trajs, ref):
         assert r.trajectory is t  # the caller's objects, not copies from the workers
         for c, c0 in zip(r.candidates, r0.candidates):
-            np.testing.assert_allclose(c.emb, c0.emb, atol=1e-6)
-            np.testing.assert_array_equal(c.final_row, c0.final_row)
-            np.testing.assert_array_equal(c.pre_row, c0.pre_row)
+            # the encoder batches texts differently in each process: floats agree to rounding
+            np.testing.assert_allclose(c.emb, c0.emb, atol=1e-5)
+            np.testing.assert_allclose(c.final_row, c0.final_row, atol=1e-5)
+            np.testing.assert_allclose(c.pre_row, c0.pre_row, atol=1e-5)
     assert [r.request_id for r in got] == list(range(96))
     assert _summary(again) == _summary(ref[:10])
 

@@ -5,7 +5,9 @@ A rule relabeler spends about 0.7 ms of Python per trajectory (filters, groundin
 :class:`ParallelRelabeler` cuts the batch into contiguous chunks and relabels them in worker
 processes, each holding its own relabeler built by ``factory`` (a picklable callable, e.g.
 ``functools.partial(HindsightRelabeler, "rules", k=4)``), and returns the results in the
-batch's order, with the caller's own :class:`~oir_gym.trajectory.Trajectory` objects.
+batch's order, with the caller's own :class:`~oir_gym.trajectory.Trajectory` objects: the same
+candidates as in process, their embeddings and cosine rows equal to float rounding (the encoder
+batches texts differently in each process).
 
 Workers start with the ``spawn`` method (the parent may hold JAX or CUDA state, which ``fork``
 would copy half-initialised). A batch smaller than ``min_batch`` is relabeled in the calling
