@@ -96,6 +96,11 @@ class CandidateFilter:
     forbidden: Sequence[str] = FORBIDDEN_PATTERNS
     extra_forbidden: Sequence[str] = ()
     _re: re.Pattern = field(init=False, repr=False)
+    #: raw text -> (normalised text, drop reason or None): rule texts repeat in every batch
+    _memo: dict = field(init=False, repr=False, compare=False, default_factory=dict)
+
+    #: texts remembered before the memo starts over (LLM answers rarely repeat)
+    MEMO_SIZE = 4096
 
     def __post_init__(self) -> None:
         self._re = re.compile("|".join(f"(?:{p})" for p in (*self.forbidden, *self.extra_forbidden)), re.I)
@@ -135,11 +140,17 @@ class CandidateFilter:
             if not isinstance(raw, str):
                 dropped["not_a_string"] += 1
                 continue
-            if any(_bad_char(c) for c in raw if c not in " \t\n\r"):
-                dropped["non_printable"] += 1  # checked before NFKC could hide it
-                continue
-            t = normalise(raw)
-            reason = self.check(t)
+            hit = self._memo.get(raw)
+            if hit is None:
+                if any(_bad_char(c) for c in raw if c not in " \t\n\r"):
+                    hit = (raw, "non_printable")  # checked before NFKC could hide it
+                else:
+                    t = normalise(raw)
+                    hit = (t, self.check(t))
+                if len(self._memo) >= self.MEMO_SIZE:
+                    self._memo.clear()
+                self._memo[raw] = hit
+            t, reason = hit
             if reason is None and t in seen:
                 reason = "duplicate"
             if reason:

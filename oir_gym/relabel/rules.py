@@ -59,6 +59,10 @@ _CANONICAL_EVENT: dict[str, int] = {
 }
 
 
+#: per event id: whether it is an achievement event (the rule instructions name only those)
+_IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))
+
+
 @dataclass
 class RuleBackend:
     """Instructions read off the events of a trajectory; deterministic, no LLM.
@@ -86,7 +90,7 @@ class RuleBackend:
     def instructions(self, traj: Trajectory) -> list[str]:
         """The rule instructions of one trajectory."""
         out: list[str] = []
-        ach = [VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES))]
+        ach = _IS_ACHIEVEMENT
         episode = np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
         seq: list[tuple[int, int]] = []  # (event id, episode) of achievement events in time order
         ts, es = np.nonzero(np.asarray(traj.events))  # time-major: the order of the events in time
