@@ -22,6 +22,7 @@ relabeler and the goal proposer a config names.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections import Counter
@@ -546,10 +547,14 @@ class Trainer:
     def evaluate(self) -> list[EvalResult]:
         """Evaluate every seed's policy on the instruction sets (greedy unless ``cfg.eval.epsilon``),
         all seeds in one program."""
+        return self._evaluation()()
+
+    def _evaluation(self) -> Callable[[], list[EvalResult]]:
+        """The evaluation of the current parameters as a call, its arguments read now."""
         params = self.base_params.replace(table=self.registry.device_table())
         keys = eval_keys(self.cfg.run.seed, self.S, self.update_idx)  # worlds differ per run seed, seed index and update
-        return evaluate_jax_seeds(self._evaluate_seeds, keys, self.train_state.params, params, self.eval_rows,
-                                  self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
+        return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, self.train_state.params, params,
+                                 self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
 
     def start_compiling_evaluation(self) -> Future:
         """Compile the evaluation program on a side thread (one throwaway evaluation of the current
@@ -557,13 +562,10 @@ class Trainer:
         evaluation (about 30 s of an H100 run's start). The arguments are read here, on the
         caller's thread; the result is discarded, and a failure only leaves the compile to the
         first :meth:`evaluate`."""
-        params = self.base_params.replace(table=self.registry.device_table())
-        keys = eval_keys(self.cfg.run.seed, self.S, self.update_idx)
-        policy = self.train_state.params
+        evaluation = self._evaluation()
 
         def compile_once() -> None:
-            evaluate_jax_seeds(self._evaluate_seeds, keys, policy, params, self.eval_rows, self.eval_cfg,
-                               self.eval_texts, self.eval_achs, self.eval_sets)
+            evaluation()
 
         pool = ThreadPoolExecutor(1, thread_name_prefix="oir-eval-compile")
         future = pool.submit(compile_once)
@@ -602,8 +604,6 @@ def _rules_k(cfg: TrainConfig) -> int:
 def make_rules_relabeler(cfg: TrainConfig, encoder):
     """The synchronous rule relabeler of a config (``oir.relabeler=rules``, or merged with the LLM's);
     over worker processes (``oir.relabel_workers``) when a rollout holds at least 64 trajectories."""
-    import functools
-
     from oir_gym.relabel import HindsightRelabeler
     from oir_gym.relabel.parallel import ParallelRelabeler, default_workers
 

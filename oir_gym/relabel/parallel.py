@@ -87,7 +87,8 @@ class ParallelRelabeler:
         self._pool: Optional[ProcessPoolExecutor] = ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(factory,))
         # start the workers now (imports and the encoder take seconds), not at the first batch
-        self._warm = [self._pool.submit(_warmup) for _ in range(workers)]
+        for _ in range(workers):
+            self._pool.submit(_warmup)
         self.broken: Optional[str] = None
         self._counts: Counter = Counter()
         self._next_id = 0

@@ -71,13 +71,18 @@ class Segment:
     count: int = 0  # occurrences of the label when compaction merged runs (0: the run's length)
 
     @property
+    def occurrences(self) -> int:
+        """How many times the label happened: the merged count, else the run's length."""
+        return self.count or self.end - self.start + 1
+
+    @property
     def idle(self) -> bool:
         """True for move/wait runs (nothing but position changes or idling)."""
         return not self.events
 
     def render(self) -> str:
         span = f"{self.start}" if self.start == self.end else f"{self.start}-{self.end}"
-        n = self.count or self.end - self.start + 1
+        n = self.occurrences
         label = self.label
         if self.idle and self.episode_end:
             return f"{span}: {EPISODE_END}" if label == "" else f"{span}: {label}, {EPISODE_END}"
@@ -148,14 +153,14 @@ def _merge_events(segs: list[Segment]) -> list[Segment]:
     only idle steps between merges into one segment counting its steps."""
     out: list[Segment] = []
     for s in segs:
-        n = s.count or s.end - s.start + 1
+        n = s.occurrences
         if s.idle:
             if s.episode_end:
                 out.append(Segment(s.end, s.end, "", (), True))
             continue
         last = out[-1] if out else None
         if last is not None and not last.idle and not last.episode_end and last.label == s.label:
-            m = last.count or last.end - last.start + 1
+            m = last.occurrences
             out[-1] = Segment(last.start, s.end, s.label, s.events, s.episode_end, m + n)
         else:
             out.append(Segment(s.start, s.end, s.label, s.events, s.episode_end, n))
@@ -169,7 +174,7 @@ def _distinct(segs: list[Segment]) -> list[Segment]:
     for s in segs:
         if s.idle:
             continue
-        n = s.count or s.end - s.start + 1
+        n = s.occurrences
         old = merged.get(s.label)
         merged[s.label] = (Segment(s.start, s.start, s.label, s.events, False, n) if old is None else
                            Segment(old.start, old.start, s.label, s.events, False, old.count + n))
