@@ -507,18 +507,21 @@ class Trainer:
         self.runner, traj = self._rollout(self.train_state.params, self.runner, env_params, self.env_steps)
         host = jax.device_get({k: traj[k] for k in ("instr", "events", "action", "done", "reward", "ep_return",
                                                       "success")})
-        # returns of finished episodes -> instruction statistics (buffer ordering)
+        t_rollout = time.time()
+        # returns of finished episodes -> instruction statistics (buffer ordering), in step order
         for s in range(self.S):
             t_idx, e_idx = np.nonzero(host["done"][s])
-            for t, e in zip(t_idx, e_idx):
-                self.buffers[s].record(self.registry.text(host["instr"][s, t, e]), float(host["ep_return"][s, t, e]))
+            rows = host["instr"][s, t_idx, e_idx]
+            self.buffers[s].record_many([self.registry.text(r) for r in rows], host["ep_return"][s, t_idx, e_idx])
         metrics: dict[str, float] = {"curriculum/unpayable_step_frac": self.unpayable_frac(host["instr"])}
         batch, method_metrics = self.method.update_batch(traj, host)
         metrics.update(method_metrics)
         self.last_rollout, self.last_batch = host, batch
         self.key, k = jax.random.split(self.key)
         new_state, upd = self._update(self.train_state, jax.random.split(k, self.S), batch)
+        t_host = time.time()
         upd = jax.device_get(upd)
+        t_update = time.time()
         metrics = {k: float(v) for k, v in metrics.items()}  # device scalars, read after the update started
         if not (np.all(np.isfinite(upd["loss"])) and bool(self._all_finite(new_state.params))):
             # The diverged parameters are dropped, never checkpointed: the newest checkpoint on disk is
@@ -539,6 +542,9 @@ class Trainer:
             "train/success_rate": float(host["success"].sum() / max(n_done, 1)),
             "train/reward_per_step": float(host["reward"].mean()),
             "sps": cfg.batch_steps * self.S / max(time.time() - t0, 1e-9),
+            # where the update's wall time went: waiting for the rollout, host work (records,
+            # relabeling, batch dispatch), waiting for the update
+            "time/rollout_s": t_rollout - t0, "time/host_s": t_host - t_rollout, "time/update_s": t_update - t_host,
         })
         for s in range(self.S):
             metrics[f"seed{s}/loss"] = float(upd["loss"][s])

@@ -94,7 +94,7 @@ class OIRRelabeling(TrainingMethod):
     # ------------------------------------------------------------ the hooks
     def buffer_rows(self, seed: int) -> np.ndarray:
         tr = self.trainer
-        return tr.registry.rows(tr.buffers[seed].contents(), protected=tr.protected_rows())
+        return tr.registry.rows(tr.buffers[seed].contents(), protected=tr.protected_rows)
 
     def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
         slots, metrics = self.relabel(host)
@@ -280,7 +280,7 @@ class OIRRelabeling(TrainingMethod):
                 if cfg.oir.grounding == "bound":
                     # the env pays a buffer instruction at its bound event(s) (the first binding of a
                     # text wins); the evaluation and original instructions keep their own rows
-                    tr.registry.rows(cands, protected=tr.protected_rows(),
+                    tr.registry.rows(cands, protected=tr.protected_rows,
                                      bindings=[None if t in self._fixed else first[t].binding for t in cands])
                 offers += [first[t] for t in cands]
         stats.update(self._count_offers(offers))

@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
         else:
             trainer.init_state()
+        print(f"ready after {time.time() - t0:.0f} s (encoder, relabeler, initial state); the first update compiles",
+              flush=True)
     except (CheckpointError, ValueError) as e:
         trainer.close()
         print(f"error: {e}", file=sys.stderr)
@@ -305,8 +307,10 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
                 row = {"update": log.update, "env_steps": log.env_steps, "time": time.time() - t0, **log.metrics}
                 last = log.update == n
                 if log.update % cfg.eval.every == 0 or last:
+                    t_eval = time.time()
                     _, erow = run_eval("final" if last else f"{log.update:06d}")
                     row.update(erow)
+                    row["time/eval_s"] = time.time() - t_eval  # after this row's "time" (training time = time minus earlier evaluations)
                 if last and hasattr(trainer.method, "diversity"):  # oir: the diversity of all buffer offers
                     row.update(trainer.method.diversity())
                 metrics.write(row)

@@ -454,24 +454,30 @@ def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], delt
 
 
 # ----------------------------------------------------------------------------- wall clock
-def cumulative_time(rows: Sequence[dict]) -> np.ndarray:
+def cumulative_time(rows: Sequence[dict], exclude_eval: bool = False) -> np.ndarray:
     """Wall-clock seconds of each metrics row since the run first started, across resumes.
 
     A row's ``time`` counts from the start of the process that wrote it (compile included); a
     resumed process starts again from 0, so each drop adds the previous row's time as an offset.
     (The time a process spent after its last row, e.g. its final checkpoint, is not counted.)
+    ``exclude_eval``: training time only, less the periodic evaluations before each row (a row's
+    ``time/eval_s`` is the evaluation run after its ``time`` was taken; rows written before that
+    column existed count as 0).
     """
-    out, offset, last = [], 0.0, 0.0
+    out, offset, last, last_value, evals = [], 0.0, 0.0, 0.0, 0.0
     for r in rows:
         t = float(r.get("time", np.nan))
-        if t < last:
-            offset += last
-        last = t
-        out.append(offset + t)
+        if t < last:  # a resumed process: its clock starts again
+            offset += last_value
+            evals = 0.0
+        last, last_value = t, t - (evals if exclude_eval else 0.0)
+        out.append(offset + last_value)
+        evals += float(r.get("time/eval_s", 0.0))
     return np.asarray(out)
 
 
-def time_curves(runs: Sequence[list[dict]], set_name: str = "original", metric: str = "mean_success_rate"):
+def time_curves(runs: Sequence[list[dict]], set_name: str = "original", metric: str = "mean_success_rate",
+                exclude_eval: bool = False):
     """Evaluation points of several runs of one method against wall clock.
 
     Returns ``times [n], steps [n], values [n, seeds]``: at each evaluation point (the runs are cut
@@ -480,7 +486,7 @@ def time_curves(runs: Sequence[list[dict]], set_name: str = "original", metric: 
     """
     per = []
     for rows in runs:
-        t = cumulative_time(rows)
+        t = cumulative_time(rows, exclude_eval)
         idx = [i for i, r in enumerate(rows) if any(k.startswith(f"eval/{set_name}/") or
                                                     k.startswith(f"seed0/eval/{set_name}/") for k in r)]
         per.append(t[idx])
@@ -493,17 +499,21 @@ def time_curves(runs: Sequence[list[dict]], set_name: str = "original", metric: 
 def time_to_target_table(runs: dict[str, Sequence[list[dict]]], target: float, budget_s: float,
                          set_name: str = "original") -> str:
     """Markdown: per method, the first evaluation whose seed-mean success reaches ``target`` (its
-    wall clock and env steps) and the best seed-mean success within ``budget_s`` seconds."""
-    lines = [f"| run | seeds | first eval >= {target:.2f} (wall s, env steps per seed) | best within {budget_s:.0f} s "
-             "(success, at s) | last eval (success, wall s) |", "|---|---|---|---|---|"]
+    wall clock, its training time without the periodic evaluations, and env steps) and the best
+    seed-mean success within ``budget_s`` seconds of wall clock."""
+    lines = [f"| run | seeds | first eval >= {target:.2f} (wall s; training s without evaluations; env steps per "
+             f"seed) | best within {budget_s:.0f} s wall (success, at s) | last eval (success, wall s) |",
+             "|---|---|---|---|---|"]
     for name, rs in runs.items():
         times, steps, vals = time_curves(rs, set_name)
+        train_times, _, _ = time_curves(rs, set_name, exclude_eval=True)
         if len(times) == 0:
             lines.append(f"| {name} | 0 | no evaluation | | |")
             continue
         mean = np.nanmean(vals, axis=1)
         hit = np.flatnonzero(mean >= target)
-        first = f"{times[hit[0]]:.0f} s, {steps[hit[0]]:,.0f}" if len(hit) else "not reached"
+        first = (f"{times[hit[0]]:.0f} s; {train_times[hit[0]]:.0f} s; {steps[hit[0]]:,.0f}" if len(hit)
+                 else "not reached")
         inside = np.flatnonzero(times <= budget_s)
         best = (f"{mean[inside].max():.3f} at {times[inside[np.argmax(mean[inside])]]:.0f} s" if len(inside)
                 else "no evaluation")

@@ -10,7 +10,7 @@ instead of its cosine row: it pays exactly at its bound event(s) (the first bind
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -52,15 +52,18 @@ class InstructionRegistry:
         return event_similarity(np.asarray(emb, np.float32), self.phrase_emb, VOCAB.phrase_event, NUM_EVENTS)
 
     def rows(self, texts: Sequence[str], achievements: Sequence[int] | None = None,
-             protected: Iterable[int] = (), bindings: Sequence[Binding | None] | None = None) -> np.ndarray:
+             protected: Iterable[int] | Callable[[], Iterable[int]] = (),
+             bindings: Sequence[Binding | None] | None = None) -> np.ndarray:
         """Rows of ``texts``, adding the new ones (encoded in one batch).
 
-        ``bindings`` (one per text, ``None`` for cosine grounding) binds texts not bound yet.
+        ``protected``: rows a new text must not take, or a callable returning them, called only when
+        some text is new (finding them can cost device reads). ``bindings`` (one per text, ``None``
+        for cosine grounding) binds texts not bound yet.
         """
         clean = [validate_instruction(t) for t in texts]
         new = [t for t in dict.fromkeys(clean) if t not in self._rows]
         if new:
-            keep = set(protected) | set(np.flatnonzero(self.sample_mask).tolist())
+            keep = set(protected() if callable(protected) else protected) | set(np.flatnonzero(self.sample_mask).tolist())
             if len(new) > self.capacity - len(keep & set(self._rows.values())) and len(new) > self.capacity:
                 raise ValueError(f"{len(new)} new instructions do not fit a table of {self.capacity} rows; raise table_capacity")
             emb = self.encoder.encode(new)

@@ -243,6 +243,15 @@ def test_cumulative_time_adds_the_time_of_each_earlier_process_of_a_resumed_run(
     np.testing.assert_allclose(analysis.cumulative_time(rows), [10, 20, 25, 27.5, 28.5])
 
 
+def test_cumulative_training_time_leaves_out_the_evaluations_before_each_row():
+    """A row's ``time`` is taken before its own evaluation (``time/eval_s``), so only earlier
+    evaluations are subtracted; a resumed process starts its evaluation count again."""
+    rows = [{"time": 10.0, "time/eval_s": 2.0}, {"time": 20.0}, {"time": 30.0, "time/eval_s": 3.0},
+            {"time": 5.0, "time/eval_s": 1.0}, {"time": 9.0}]
+    np.testing.assert_allclose(analysis.cumulative_time(rows, exclude_eval=True), [10, 18, 28, 33, 36])
+    np.testing.assert_allclose(analysis.cumulative_time(rows), [10, 20, 30, 35, 39])
+
+
 TIME_RUNS = [f"paper (64 envs), oir rules={p}" for p in OIR] + [
     f"fast (1,024 envs), oir rules, lr 2.5e-4={ROOT / 'results' / 'gpu_h100x2_fast' / 'fast_oir'}",
     f"fast (1,024 envs), oir rules, lr 5e-4={ROOT / 'results' / 'gpu_h100x2_fast' / 'fast_oir_lr5e-4'}"]
