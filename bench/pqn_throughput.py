@@ -159,10 +159,18 @@ def bench_size(args, size: str, S: int) -> None:
         tr.init_state()
         ours[method] = tr
 
+    parts: dict[str, list[dict]] = {}  # ours: each timed update's time/* metrics (Trainer.iteration)
+
+    def ours_iteration(method: str, name: str):
+        def run():
+            parts.setdefault(name, []).append({k: v for k, v in ours[method].iteration().metrics.items()
+                                               if k.startswith("time/")})
+        return run
+
     loops = {name: fn for name, fn, key in (
         ("(a) plain PQN-RNN, raw Craftax", plain_iteration, "plain"),
-        ("(b) ours, gt", lambda: ours["gt"].iteration(), "gt"),
-        ("(c) ours, oir (rules)", lambda: ours["oir"].iteration(), "oir")) if key in chosen}
+        ("(b) ours, gt", ours_iteration("gt", "(b) ours, gt"), "gt"),
+        ("(c) ours, oir (rules)", ours_iteration("oir", "(c) ours, oir (rules)"), "oir")) if key in chosen}
     compile_s = {}
     for name, fn in loops.items():  # compile + one warm iteration each
         t = time.perf_counter()
@@ -192,6 +200,17 @@ def bench_size(args, size: str, S: int) -> None:
         med = statistics.median(times[name])
         print(f"| {name} | {med:.3f} | {S * E * T / med:,.0f} | {med / base:.2f} | {compile_s[name]:.1f} |",
               flush=True)
+    if parts:
+        # the timed updates only (the first two, with the compile, are left out)
+        print("\nWhere ours spend an update (median s over the timed updates): waiting for the rollout, host work "
+              "(episode records, relabeling, batch dispatch), waiting for the update\n")
+        print("| loop | rollout | host | update |")
+        print("|---|---|---|---|")
+        for name, rows in parts.items():
+            timed = rows[2:]
+            med = {k: statistics.median(r[k] for r in timed) for k in ("time/rollout_s", "time/host_s", "time/update_s")}
+            print(f"| {name} | {med['time/rollout_s']:.3f} | {med['time/host_s']:.3f} | {med['time/update_s']:.3f} |",
+                  flush=True)
 
 
 def _workers(ours: dict) -> str:
