@@ -375,8 +375,9 @@ class Trainer:
         key, *ks = jax.random.split(key, 1 + 3 * self.S)
         k_net, k_env, k_run = np.array(ks[: self.S]), np.array(ks[self.S: 2 * self.S]), np.array(ks[2 * self.S:])
         d_obs = obs_dim(cfg.env.obs_mode)
-        self.train_state = jax.vmap(lambda k: pqn.create_train_state(k, cfg.pqn, self.net, d_obs, self.encoder.dim,
-                                                                     cfg.num_updates))(jnp.asarray(k_net))
+        # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on a GPU)
+        self.train_state = jax.jit(jax.vmap(lambda k: pqn.create_train_state(
+            k, cfg.pqn, self.net, d_obs, self.encoder.dim, cfg.num_updates)))(jnp.asarray(k_net))
         self.runner = None
         params = self._env_params()
         n = self.S * cfg.pqn.num_envs
