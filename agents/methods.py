@@ -71,6 +71,12 @@ class TrainingMethod:
         """
         return self.trainer.build_batch(traj), {}
 
+    def warmup_batch(self, traj: dict) -> dict:
+        """An update batch shaped as :meth:`update_batch`'s, from a rollout of zeros and nothing
+        relabeled: what :meth:`agents.oir.Trainer.start_compiling` compiles the batch and update
+        programs with (no host work, no state touched)."""
+        return self.trainer.build_batch(traj)
+
     def payable_rows(self) -> np.ndarray:
         """``[capacity]`` bool: table rows whose instruction some caption can pay (above delta)."""
         reg = self.trainer.registry

@@ -313,6 +313,7 @@ class Trainer:
             out_specs=lambda *a: lay.seed_spec)
         self.update_idx = 0
         self.env_steps = 0
+        self._compiling: list[Future] = []  # start_compiling's rollout and update jobs
         # the last iteration's rollout (host arrays) and update batch, for diagnostics
         # (examples/batch_composition.py)
         self.last_rollout: dict | None = None
@@ -504,6 +505,10 @@ class Trainer:
         ``FloatingPointError`` and leaves the parameters as they were (never checkpointed)."""
         cfg = self.cfg
         t0 = time.time()
+        for f in self._compiling:  # start_compiling's programs: wait, never compile twice
+            if f.exception() is not None:
+                self.log(f"compiling ahead failed ({f.exception()!r}); the update compiles its own programs")
+        self._compiling = []
         env_params = self._env_params()
         self.runner, traj = self._rollout(self.train_state.params, self.runner, env_params, self.env_steps)
         host = jax.device_get({k: traj[k] for k in ("instr", "events", "action", "done", "reward", "ep_return",
@@ -578,6 +583,32 @@ class Trainer:
         future = pool.submit(compile_once)
         pool.shutdown(wait=False)  # the thread ends with its one job
         return future
+
+    def start_compiling(self) -> list[Future]:
+        """Compile the first update's programs side by side on side threads instead of one after the
+        other in it: the rollout (one throwaway rollout of the current state), the batch and update
+        programs (one throwaway update of a batch of zeros shaped as the method's, parameters
+        untouched) and the evaluation (:meth:`start_compiling_evaluation`). On an H100 each of the
+        three takes 30-40 s to compile. :meth:`iteration` waits for the first two before its rollout,
+        so nothing compiles twice; the arguments are read here, the results are discarded, no state
+        changes (no key is drawn), and a failure only leaves that compile to the first update."""
+        params, runner, env_params, steps = self.train_state.params, self.runner, self._env_params(), self.env_steps
+        train_state = self.train_state
+        keys = jax.random.split(jax.random.PRNGKey(0), self.S)
+
+        def rollout() -> None:
+            jax.block_until_ready(self._rollout(params, runner, env_params, steps))
+
+        def update() -> None:
+            shapes = self._rollout.eval_shape(params, runner, env_params, steps)[1]
+            traj = jax.tree_util.tree_map(lambda x: jax.device_put(jnp.zeros(x.shape, x.dtype), x.sharding), shapes)
+            new_state, _ = self._update(train_state, keys, self.method.warmup_batch(traj))
+            jax.block_until_ready(self._all_finite(new_state.params))
+
+        pool = ThreadPoolExecutor(2, thread_name_prefix="oir-compile")
+        self._compiling = [pool.submit(rollout), pool.submit(update)]
+        pool.shutdown(wait=False)  # the threads end with their jobs
+        return self._compiling + [self.start_compiling_evaluation()]
 
     def close(self) -> None:
         """Stop the method's background workers (LLM relabeler or proposer)."""

@@ -184,12 +184,7 @@ class OIRRelabeling(TrainingMethod):
                 age = tr.update_idx - m["update"]
                 for c in r.candidates:
                     rows[m["seed"]].append((age, r.trajectory.env_id, c))
-        src = np.zeros((S, R), np.int32)
-        env = np.zeros((S, R), np.int32)
-        valid = np.zeros((S, R), bool)
-        emb = np.zeros((S, R, tr.encoder.dim), np.float32)
-        final = np.full((S, R, NUM_EVENTS), -1.0, np.float32)
-        pre = np.full((S, R, NUM_EVENTS), -1.0, np.float32)
+        src, env, valid, emb, final, pre = self._empty_slots()
         texts = [["" for _ in range(R)] for _ in range(S)]
         self.last_candidates = [[] for _ in range(S)]
         for s in range(S):
@@ -203,9 +198,22 @@ class OIRRelabeling(TrainingMethod):
                 src[s, j], env[s, j], valid[s, j], texts[s][j] = sr, e, True, c.text
                 emb[s, j], final[s, j], pre[s, j] = c.emb, c.final_row, c.pre_row
             self.last_candidates[s] = [c for _, _, c in chosen]
-        slots = dict(src=jnp.asarray(src), env=jnp.asarray(env), emb=jnp.asarray(emb), final=jnp.asarray(final),
-                     pre=jnp.asarray(pre), valid=jnp.asarray(valid))
-        return slots, texts, valid
+        return self._device_slots(src, env, valid, emb, final, pre), texts, valid
+
+    def _empty_slots(self) -> tuple[np.ndarray, ...]:
+        """Host arrays of every relabel slot, none valid: src, env, valid, emb, final, pre."""
+        S, R = self.trainer.S, self.cfg.pqn.num_envs * self.cfg.oir.k
+        return (np.zeros((S, R), np.int32), np.zeros((S, R), np.int32), np.zeros((S, R), bool),
+                np.zeros((S, R, self.trainer.encoder.dim), np.float32), np.full((S, R, NUM_EVENTS), -1.0, np.float32),
+                np.full((S, R, NUM_EVENTS), -1.0, np.float32))
+
+    @staticmethod
+    def _device_slots(src, env, valid, emb, final, pre) -> dict:
+        return dict(src=jnp.asarray(src), env=jnp.asarray(env), emb=jnp.asarray(emb), final=jnp.asarray(final),
+                    pre=jnp.asarray(pre), valid=jnp.asarray(valid))
+
+    def warmup_batch(self, traj: dict) -> dict:
+        return self.trainer.build_batch([traj] * self.history_len, self._device_slots(*self._empty_slots()))
 
     def llm_subset(self, trajs: list[Trajectory]) -> list[Trajectory]:
         """The ``llm.per_update`` trajectories per seed with the most distinct achievement events.

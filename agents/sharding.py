@@ -206,6 +206,21 @@ class PerDevice:
         self.compiled = {d: f.result() for d, f in zip(self.devices, done)}
         self._signature = signature
 
+    def eval_shape(self, *args) -> Any:
+        """The global outputs' shapes, dtypes and shardings (:class:`jax.ShapeDtypeStruct`), as a call
+        would place them; nothing is compiled or run."""
+        if len(self.devices) == 1:
+            out = jax.eval_shape(self._jit, *args)
+            specs = [PartitionSpec()] * len(jax.tree_util.tree_leaves(out))  # what jit gives a 1-device mesh
+            local = out
+        else:
+            local = jax.eval_shape(self._jit, *self._split(args)[0])
+            specs = _specs_like(self.out_specs(*args), local)
+        leaves, treedef = jax.tree_util.tree_flatten(local)
+        return jax.tree_util.tree_unflatten(treedef, [
+            jax.ShapeDtypeStruct(_global_shape(x.shape, sp, self.mesh), x.dtype, sharding=NamedSharding(self.mesh, sp))
+            for x, sp in zip(leaves, specs)])
+
     def __call__(self, *args):
         if len(self.devices) == 1:
             return self._jit(*args)

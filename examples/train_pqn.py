@@ -302,7 +302,7 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
                 if jax.default_backend() != "cpu":
                     # on an accelerator the evaluation compiles beside the first update (a CPU has
                     # no spare cores for the throwaway evaluation this costs)
-                    trainer.start_compiling_evaluation()
+                    trainer.start_compiling()
             while trainer.update_idx < n:
                 log = trainer.iteration()
                 row = {"update": log.update, "env_steps": log.env_steps, "time": time.time() - t0, **log.metrics}

@@ -277,18 +277,37 @@ def test_progress_line_says_what_the_llm_answered_and_what_it_added():
     assert "LLM goals 25%" in train_pqn.summary_line(row, 10)
 
 
-def test_compiling_the_evaluation_on_a_side_thread_leaves_training_and_evaluation_unchanged(tmp_path):
+def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(tmp_path):
+    """Trainer.start_compiling compiles the rollout, batch, update and evaluation programs ahead
+    (throwaway calls): the first update then compiles none of them again, and parameters, metrics
+    and evaluation are those of a trainer that compiled nothing ahead."""
+    import jax.monitoring
+
     cfg = tiny(**{"eval.horizon": 5, "eval.epsilon": 1.0})
     ref = Trainer(cfg, tmp_path / "ref", log=lambda s: None)
     ref.init_state()
-    ref.iteration()
+    ref_logs = [ref.iteration().metrics for _ in range(2)]
     expected = [r.to_dict() for r in ref.evaluate()]
     tr = Trainer(cfg, tmp_path / "warm", log=lambda s: None)
     tr.init_state()
-    warm = tr.start_compiling_evaluation()
-    tr.iteration()  # the first update runs while the evaluation compiles
-    assert warm.result(timeout=300) is None
+    warm = tr.start_compiling()
+    assert len(warm) == 3
+    for f in warm[:2]:  # the rollout and the batch + update
+        assert f.result(timeout=300) is None
+    compiles: list[float] = []
+    listener = lambda event, secs, **kw: compiles.append(secs) if event.endswith("backend_compile_duration") else None  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        logs = [tr.iteration().metrics]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []  # everything the update runs was compiled ahead (or by the reference trainer)
+    logs.append(tr.iteration().metrics)
+    assert warm[2].result(timeout=300) is None
     for a, b in zip(_params(tr), _params(ref), strict=True):
         np.testing.assert_array_equal(a, b)
+    for got, want in zip(logs, ref_logs):
+        assert {k: v for k, v in got.items() if not k.startswith("time/") and k != "sps"} == \
+            {k: v for k, v in want.items() if not k.startswith("time/") and k != "sps"}
     assert [r.to_dict() for r in tr.evaluate()] == expected
-    assert tr.update_idx == 1
+    assert tr.update_idx == 2
