@@ -524,8 +524,8 @@ class Trainer:
         metrics.update(method_metrics)
         self.last_rollout, self.last_batch = host, batch
         self.key, k = jax.random.split(self.key)
-        new_state, upd = self._update(self.train_state, jax.random.split(k, self.S), batch)
         t_host = time.time()
+        new_state, upd = self._update(self.train_state, jax.random.split(k, self.S), batch)
         upd = jax.device_get(upd)
         t_update = time.time()
         metrics = {k: float(v) for k, v in metrics.items()}  # device scalars, read after the update started
@@ -549,7 +549,8 @@ class Trainer:
             "train/reward_per_step": float(host["reward"].mean()),
             "sps": cfg.batch_steps * self.S / max(time.time() - t0, 1e-9),
             # where the update's wall time went: waiting for the rollout, host work (records,
-            # relabeling, batch dispatch), waiting for the update
+            # relabeling, the batch program's dispatch), the update program (dispatch and wait: on a
+            # GPU its dispatch returns only near its end, as the host thread drives its loops)
             "time/rollout_s": t_rollout - t0, "time/host_s": t_host - t_rollout, "time/update_s": t_update - t_host,
         })
         for s in range(self.S):

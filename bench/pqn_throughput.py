@@ -203,7 +203,7 @@ def bench_size(args, size: str, S: int) -> None:
     if parts:
         # the timed updates only (the first two, with the compile, are left out)
         print("\nWhere ours spend an update (median s over the timed updates): waiting for the rollout, host work "
-              "(episode records, relabeling, batch dispatch), waiting for the update\n")
+              "(episode records, relabeling, the batch program's dispatch), the update program (dispatch and wait)\n")
         print("| loop | rollout | host | update |")
         print("|---|---|---|---|")
         for name, rows in parts.items():

@@ -324,3 +324,38 @@ def test_fast_preset_delta_tables_in_results_doc_are_rebuilt_from_results(capsys
     assert len(wanted) == 4  # final/last-5 and control rows of both runs
     for row in wanted:
         assert row in DOC, row
+
+
+TUNING = ROOT / "results" / "gpu_h100x2_fast_tuning"
+
+
+def test_fast_preset_tuning_tables_in_results_doc_are_rebuilt_from_results(tmp_path, capsys):
+    """Issue 15: the tuning rounds' time-to-target table, and the tuned preset beside gt, cosine and
+    the paper preset (time to target, final success and gain), as docs/results.md shows them."""
+    tuning = [f"r1 fast40 oir lr5e-4={TUNING / 'r1_fast40_oir_lr5e-4'}", f"r1 fast40 gt lr5e-4={TUNING / 'r1_fast40_gt_lr5e-4'}",
+              f"r2 fast64 oir 2 epochs={TUNING / 'r2_fast64_oir_ep2'}", f"r2 fast64 oir 4 epochs={TUNING / 'r2_fast64_oir_ep4'}",
+              f"r3 fast (tuned) oir={TUNING / 'r3_fast_oir'}"]
+    beside = [f"paper (64 envs), oir rules={p}" for p in OIR] + [
+        f"fast, last round (lr 2.5e-4, 40 updates), oir rules={ROOT / 'results' / 'gpu_h100x2_fast' / 'fast_oir'}",
+        f"fast, tuned, oir rules={TUNING / 'r3_fast_oir'}", f"fast, tuned, cosine={TUNING / 'r3_fast_cosine'}",
+        f"fast, tuned, gt={TUNING / 'r3_fast_gt'}"]
+    doc = (ROOT / "docs" / "results.md").read_text()
+    for runs, n in ((tuning, 5), (beside, 5)):
+        assert analyze_runs.main(["--runs", *runs, "--time-target", "0.33", "--time-budget", "300",
+                                  "--out", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        rows = [ln for ln in out.split("## Time to target")[1].splitlines() if ln.startswith("| ")
+                and not ln.startswith("| run ")]
+        assert len(rows) == n
+        for row in rows:
+            assert row in doc, row
+    # the final point of the tuned preset: success and gain per set, as the condensed table gives them
+    final = _section(out, "Final point")
+    for name, sets in (("fast, tuned, oir rules", ("original", "simple", "complex")),
+                       ("fast, tuned, cosine", ("original",)), ("fast, tuned, gt", ("original",))):
+        for s in sets:
+            cells = [c.strip() for c in next(r for r in final if r.startswith(f"| {name} | {s} |")).split("|")]
+            assert f"| {name} | {s} | {cells[4]} | {cells[7]} |" in doc, (name, s)
+    # gt and cosine at delta 0.9 got the same rewards: the same run, update by update
+    gt, cos = ([json.loads(line) for line in open(TUNING / n / "metrics.jsonl")] for n in ("r3_fast_gt", "r3_fast_cosine"))
+    assert [r["loss"] for r in gt] == [r["loss"] for r in cos]
