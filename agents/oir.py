@@ -253,7 +253,13 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = log
         self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
+        #: seconds each part of the start took (``encoder``, ``instructions``, ``method``; ``init_state``
+        #: adds ``initial_state``): what to shorten for a faster start
+        self.startup: dict[str, float] = {}
+        t = time.time()
         self.encoder = get_encoder()
+        self.startup["encoder"] = time.time() - t
+        t = time.time()
         method_cls = METHOD_CLASSES[cfg.run.method]
         self.eval_cfg = eval_config(cfg.eval.instruction_files, episodes=cfg.eval.episodes, horizon=cfg.eval.horizon,
                                     control=cfg.eval.control)
@@ -270,6 +276,8 @@ class Trainer:
             for s in range(self.S)
         ]
         self.runner = None
+        self.startup["instructions"] = time.time() - t
+        t = time.time()
         if method_cls is OIRRelabeling:
             rules = None
             if cfg.oir.relabeler in ("llm", "both"):
@@ -279,6 +287,7 @@ class Trainer:
             self.method = ELLMProposals(self, proposer or make_proposer(cfg))
         else:
             self.method = method_cls(self)
+        self.startup["method"] = time.time() - t
 
         self.base_params = F.EnvParams(
             table=self.registry.device_table(), delta=cfg.env.delta, max_steps=cfg.env.max_episode_steps,
@@ -371,6 +380,8 @@ class Trainer:
         return float(np.mean(~self.method.payable_rows()[np.asarray(instr_rows)]))
 
     def init_state(self) -> None:
+        """Fresh parameters, optimiser state, envs and key for every seed, placed on the mesh."""
+        t0 = time.time()
         cfg = self.cfg
         key = jax.random.PRNGKey(cfg.run.seed)
         key, *ks = jax.random.split(key, 1 + 3 * self.S)
@@ -392,6 +403,7 @@ class Trainer:
         self.runner = (bstate, obs, carry, done, jax.random.split(jnp.asarray(k_run[0]), lay.blocks))
         self.key = key
         self._place()
+        self.startup["initial_state"] = time.time() - t0
 
     def _place(self) -> None:
         """Put the per-seed state on the mesh (:class:`agents.sharding.Layout`): parameters and

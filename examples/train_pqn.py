@@ -223,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         run.clear_complete()
         run.write_config(cfg.to_dict())
-    t_built = time.time()
     source = {"oir": f" relabeler={cfg.oir.relabeler}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(cfg.run.method, "")
     print(f"oir-gym PQN | method={cfg.run.method}{source} | {cfg.run.num_seeds} seed(s) x {cfg.pqn.num_envs} envs x "
           f"{cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env steps | device "
@@ -235,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
         else:
             trainer.init_state()
-        print(f"ready after {time.time() - t0:.0f} s ({t_built - t0:.0f} s encoder, instruction table and relabeler, "
-              f"{time.time() - t_built:.0f} s initial state); the first update compiles", flush=True)
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in trainer.startup.items())
+        print(f"ready after {time.time() - t0:.0f} s ({parts}); the first update compiles", flush=True)
     except (CheckpointError, ValueError) as e:
         trainer.close()
         print(f"error: {e}", file=sys.stderr)
