@@ -43,7 +43,7 @@ from agents.oir_method import OIRRelabeling
 from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.config import TrainConfig, load_config
 from agents.run_dir import MetricsPosition, atomic_write_json
-from agents.sharding import Layout, PerDevice, check_layout
+from agents.sharding import Layout, PerDevice, check_layout, placeholder
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.craftax_compat import NUM_ACTIONS
@@ -253,6 +253,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = log
         self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
+        self._tx = pqn.make_optimizer(cfg.pqn, cfg.num_updates)  # one object: every train state shares its structure
         #: seconds each part of the start took (``encoder``, ``instructions``, ``method``; ``init_state``
         #: adds ``initial_state``): what to shorten for a faster start
         self.startup: dict[str, float] = {}
@@ -382,28 +383,41 @@ class Trainer:
     def init_state(self) -> None:
         """Fresh parameters, optimiser state, envs and key for every seed, placed on the mesh."""
         t0 = time.time()
-        cfg = self.cfg
-        key = jax.random.PRNGKey(cfg.run.seed)
+        key = jax.random.PRNGKey(self.cfg.run.seed)
         key, *ks = jax.random.split(key, 1 + 3 * self.S)
         k_net, k_env, k_run = np.array(ks[: self.S]), np.array(ks[self.S: 2 * self.S]), np.array(ks[2 * self.S:])
-        d_obs = obs_dim(cfg.env.obs_mode)
-        # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on a GPU)
-        self.train_state = jax.jit(jax.vmap(lambda k: pqn.create_train_state(
-            k, cfg.pqn, self.net, d_obs, self.encoder.dim, cfg.num_updates)))(jnp.asarray(k_net))
         self.runner = None
-        params = self._env_params()
-        n = self.S * cfg.pqn.num_envs
-        groups = jnp.repeat(jnp.arange(self.S), cfg.pqn.num_envs)
-        lay = self.layout
-        reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
-        obs, bstate = reset(jax.random.split(jnp.asarray(k_env[0]), lay.blocks), params, lay.envs_per_block,
-                            lay.pool_per_block, None, cfg.env.obs_mode, groups, self.num_also_pays)
-        carry = jax.vmap(lambda _: self.net.initial_carry(cfg.pqn.num_envs))(jnp.arange(self.S))
-        done = jnp.ones((n,), bool)
-        self.runner = (bstate, obs, carry, done, jax.random.split(jnp.asarray(k_run[0]), lay.blocks))
+        self.train_state, self.runner = self._initial_state(jnp.asarray(k_net), jnp.asarray(k_env[0]),
+                                                            jnp.asarray(k_run[0]), self._env_params())
         self.key = key
         self._place()
         self.startup["initial_state"] = time.time() - t0
+
+    def _initial_state(self, k_net, k_env, k_run, env_params: F.EnvParams) -> tuple[Any, tuple]:
+        """``(train_state, runner)`` from the seeds' network keys, the env key and the rollout key
+        (unplaced); under :func:`jax.eval_shape`, their shapes."""
+        cfg, lay = self.cfg, self.layout
+        d_obs = obs_dim(cfg.env.obs_mode)
+        # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on a GPU)
+        train_state = jax.jit(jax.vmap(lambda k: pqn.create_train_state(
+            k, cfg.pqn, self.net, d_obs, self.encoder.dim, cfg.num_updates, tx=self._tx)))(k_net)
+        groups = jnp.repeat(jnp.arange(self.S), cfg.pqn.num_envs)
+        reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
+        obs, bstate = reset(jax.random.split(k_env, lay.blocks), env_params, lay.envs_per_block,
+                            lay.pool_per_block, None, cfg.env.obs_mode, groups, self.num_also_pays)
+        carry = jax.vmap(lambda _: self.net.initial_carry(cfg.pqn.num_envs))(jnp.arange(self.S))
+        done = jnp.ones((self.S * cfg.pqn.num_envs,), bool)
+        return train_state, (bstate, obs, carry, done, jax.random.split(k_run, lay.blocks))
+
+    def _placeholder_state(self, env_params: F.EnvParams) -> tuple[Any, tuple]:
+        """A ``(train_state, runner)`` of zeros shaped and placed as :meth:`init_state` makes them,
+        built without running its programs (for compiling ahead while they run)."""
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        ts, runner = jax.eval_shape(self._initial_state, jax.ShapeDtypeStruct((self.S, 2), jnp.uint32), key, key,
+                                    env_params)
+        lay = self.layout
+        ts = lay.place(placeholder(ts), jax.tree_util.tree_map(lambda _: lay.seed_spec, ts))
+        return ts, lay.place(placeholder(runner), lay.runner_specs(runner))
 
     def _place(self) -> None:
         """Put the per-seed state on the mesh (:class:`agents.sharding.Layout`): parameters and
@@ -574,11 +588,13 @@ class Trainer:
         all seeds in one program."""
         return self._evaluation()()
 
-    def _evaluation(self) -> Callable[[], list[EvalResult]]:
-        """The evaluation of the current parameters as a call, its arguments read now."""
+    def _evaluation(self, policy_params: Any = None) -> Callable[[], list[EvalResult]]:
+        """The evaluation of ``policy_params`` (default: the current parameters) as a call, its
+        arguments read now."""
         params = self.base_params.replace(table=self.registry.device_table())
         keys = eval_keys(self.cfg.run.seed, self.S, self.update_idx)  # worlds differ per run seed, seed index and update
-        return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, self.train_state.params, params,
+        policy = self.train_state.params if policy_params is None else policy_params
+        return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, policy, params,
                                  self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
 
     def start_compiling_evaluation(self) -> Future:
@@ -599,29 +615,45 @@ class Trainer:
 
     def start_compiling(self) -> list[Future]:
         """Compile the first update's programs side by side on side threads instead of one after the
-        other in it: the rollout (one throwaway rollout of the current state), the batch and update
-        programs (one throwaway update of a batch of zeros shaped as the method's, parameters
-        untouched) and the evaluation (:meth:`start_compiling_evaluation`). On an H100 each of the
-        three takes 30-40 s to compile. :meth:`iteration` waits for the first two before its rollout,
-        so nothing compiles twice; the arguments are read here, the results are discarded, no state
-        changes (no key is drawn), and a failure only leaves that compile to the first update."""
-        params, runner, env_params, steps = self.train_state.params, self.runner, self._env_params(), self.env_steps
-        train_state = self.train_state
-        keys = jax.random.split(jax.random.PRNGKey(0), self.S)
+        other in it: the rollout (one throwaway rollout), the batch and update programs (one
+        throwaway update of a batch of zeros shaped as the method's) and the evaluation (one
+        throwaway evaluation). On an H100 each takes 30-40 s to compile.
+
+        Called before :meth:`init_state`, the throwaway calls run on a placeholder state of zeros
+        shaped and placed as ``init_state`` will make it, so the compiles also overlap its own (the
+        env reset's); called after it or :meth:`load`, on the current state. :meth:`iteration`
+        waits for the rollout and update jobs before its rollout, so nothing compiles twice. No
+        state changes (no key is drawn), results are discarded, and a failure only leaves that
+        compile to the first update. Returns the rollout, update and evaluation jobs."""
+        try:
+            env_params, steps = self._env_params(), self.env_steps
+            if self.runner is None:
+                train_state, runner = self._placeholder_state(env_params)
+            else:
+                train_state, runner = self.train_state, self.runner
+            params = train_state.params
+            keys = jax.random.split(jax.random.PRNGKey(0), self.S)
+            evaluation = self._evaluation(params)
+        except Exception as e:  # noqa: BLE001 - an optimisation: training compiles its own programs
+            self.log(f"compiling ahead failed ({e!r}); the first update compiles its own programs")
+            return []
 
         def rollout() -> None:
             jax.block_until_ready(self._rollout(params, runner, env_params, steps))
 
         def update() -> None:
             shapes = self._rollout.eval_shape(params, runner, env_params, steps)[1]
-            traj = jax.tree_util.tree_map(lambda x: jax.device_put(jnp.zeros(x.shape, x.dtype), x.sharding), shapes)
-            new_state, _ = self._update(train_state, keys, self.method.warmup_batch(traj))
+            new_state, _ = self._update(train_state, keys, self.method.warmup_batch(placeholder(shapes)))
             jax.block_until_ready(self._all_finite(new_state.params))
 
-        pool = ThreadPoolExecutor(2, thread_name_prefix="oir-compile")
-        self._compiling = [pool.submit(rollout), pool.submit(update)]
+        def evaluate() -> None:
+            evaluation()
+
+        pool = ThreadPoolExecutor(3, thread_name_prefix="oir-compile")
+        jobs = [pool.submit(rollout), pool.submit(update), pool.submit(evaluate)]
         pool.shutdown(wait=False)  # the threads end with their jobs
-        return self._compiling + [self.start_compiling_evaluation()]
+        self._compiling = jobs[:2]
+        return jobs
 
     def close(self) -> None:
         """Stop the method's background workers (LLM relabeler or proposer)."""

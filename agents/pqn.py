@@ -78,11 +78,13 @@ def make_optimizer(cfg: PQNConfig, num_updates: int):
 
 
 def create_train_state(key, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim: int,
-                       num_updates: int) -> TrainState:
-    """Initial parameters and optimiser state for ``obs_dim``-feature observations and ``emb_dim`` instructions."""
+                       num_updates: int, tx: optax.GradientTransformation | None = None) -> TrainState:
+    """Initial parameters and optimiser state for ``obs_dim``-feature observations and ``emb_dim``
+    instructions. ``tx`` (default :func:`make_optimizer`): pass one optimiser object to states that
+    must share a pytree structure (a jitted update compiled for one then serves the other)."""
     carry = net.initial_carry(1)
     params = net.init(key, carry, jnp.zeros((1, 1, obs_dim)), jnp.zeros((1, 1, emb_dim)), jnp.zeros((1, 1), bool))
-    return TrainState.create(apply_fn=net.apply, params=params, tx=make_optimizer(cfg, num_updates))
+    return TrainState.create(apply_fn=net.apply, params=params, tx=tx or make_optimizer(cfg, num_updates))
 
 
 # ----------------------------------------------------------------------------- acting

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -243,6 +244,19 @@ class PerDevice:
             joined.append(jax.make_array_from_single_device_arrays(
                 _global_shape(parts[0].shape, spec, self.mesh), sharding, parts))
         return jax.tree_util.tree_unflatten(treedef, joined)
+
+
+def placeholder(tree: Any) -> Any:
+    """Arrays of zeros for a pytree of :class:`jax.ShapeDtypeStruct`: each leaf's shape, dtype, weak
+    type and sharding (default placement where it has none). A jitted program called on them is
+    compiled exactly as for real arrays of that description (what compiling ahead relies on)."""
+    def zeros(x):
+        if getattr(x, "weak_type", False):  # a Python scalar's type: jnp.zeros would make it strong
+            z = jnp.broadcast_to(jnp.asarray(np.zeros((), x.dtype).item()), x.shape)
+        else:
+            z = jnp.zeros(x.shape, x.dtype)
+        return z if getattr(x, "sharding", None) is None else jax.device_put(z, x.sharding)
+    return jax.tree_util.tree_map(zeros, tree)
 
 
 def make_mesh(num_devices: Optional[int] = None) -> Mesh:

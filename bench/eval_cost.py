@@ -72,7 +72,7 @@ def bench_one(episodes: int, horizon: int, args, encoder) -> dict:
     pcfg = pqn.PQNConfig(hidden_size=args.hidden, num_layers=1)
     net = pqn.make_network(pcfg, NUM_ACTIONS)
     d_obs = obs_dim("paper")
-    params = jax.vmap(lambda k: pqn.create_train_state(k, pcfg, net, d_obs, encoder.dim).params)(
+    params = jax.vmap(lambda k: pqn.create_train_state(k, pcfg, net, d_obs, encoder.dim, 1).params)(
         jax.random.split(jax.random.PRNGKey(0), 1))
 
     def greedy(p, carry, obs, done_prev, key):  # as Trainer.evaluate's policy, epsilon 0

@@ -232,7 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         if resume:
             host = trainer.load()
             print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
+            if jax.default_backend() != "cpu" and opts.eval_only is None and trainer.update_idx < trainer.cfg.num_updates:
+                trainer.start_compiling()
         else:
+            if jax.default_backend() != "cpu" and trainer.cfg.num_updates > 0:
+                # on an accelerator the programs compile side by side, beside the initial state's own
+                # compile (a CPU has no spare cores for the throwaway calls this costs)
+                trainer.start_compiling()
             trainer.init_state()
         parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in trainer.startup.items())
         print(f"ready after {time.time() - t0:.0f} s ({parts}); the first update compiles", flush=True)
@@ -296,12 +302,6 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
             if trainer.update_idx < n:
                 print(f"update {trainer.update_idx + 1}: compiling the rollout and update programs (the first "
                       "update of a process takes tens of seconds on a CPU)...", flush=True)
-                import jax
-
-                if jax.default_backend() != "cpu":
-                    # on an accelerator the evaluation compiles beside the first update (a CPU has
-                    # no spare cores for the throwaway evaluation this costs)
-                    trainer.start_compiling()
             while trainer.update_idx < n:
                 log = trainer.iteration()
                 row = {"update": log.update, "env_steps": log.env_steps, "time": time.time() - t0, **log.metrics}

@@ -246,3 +246,24 @@ def test_relayout_runner_fits_an_old_or_other_block_layout():
     np.testing.assert_array_equal(new["0"]["pool"]["map"][:, 0], [0, 2, 4, 6, 8, 0, 2, 4])
     np.testing.assert_array_equal(new["0"]["env"]["x"], old["0"]["env"]["x"])
     assert relayout_runner(new, blocks=2, pool_per_block=4) is new  # already fits: untouched
+
+
+def test_placeholder_keeps_shape_dtype_weak_type_and_sharding():
+    """Compiling ahead runs programs on placeholder zeros: a leaf that differs from the real array in
+    weak type or placement would compile the program a second time."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from agents.sharding import make_mesh, placeholder
+
+    mesh = make_mesh(1)
+    real = {"step": jnp.broadcast_to(jnp.asarray(0), (2,)), "x": jnp.ones((2, 3), jnp.float32),
+            "placed": jax.device_put(jnp.ones((4,), jnp.int8), NamedSharding(mesh, PartitionSpec()))}
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type,
+                                                                   sharding=a.sharding), real)
+    out = placeholder(shapes)
+    for k, a in real.items():
+        assert (out[k].shape, out[k].dtype, out[k].weak_type) == (a.shape, a.dtype, a.weak_type), k
+        assert not out[k].any()
+    assert out["placed"].sharding == real["placed"].sharding

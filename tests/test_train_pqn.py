@@ -277,10 +277,12 @@ def test_progress_line_says_what_the_llm_answered_and_what_it_added():
     assert "LLM goals 25%" in train_pqn.summary_line(row, 10)
 
 
-def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(tmp_path):
+@pytest.mark.parametrize("when", ["before init_state", "after init_state"])
+def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(tmp_path, when):
     """Trainer.start_compiling compiles the rollout, batch, update and evaluation programs ahead
-    (throwaway calls): the first update then compiles none of them again, and parameters, metrics
-    and evaluation are those of a trainer that compiled nothing ahead."""
+    (throwaway calls; before init_state on a placeholder state of zeros, beside init_state's own
+    compile): the first update then compiles none of them again, and parameters, metrics and
+    evaluation are those of a trainer that compiled nothing ahead."""
     import jax.monitoring
 
     cfg = tiny(**{"eval.horizon": 5, "eval.epsilon": 1.0})
@@ -289,8 +291,12 @@ def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(tmp_
     ref_logs = [ref.iteration().metrics for _ in range(2)]
     expected = [r.to_dict() for r in ref.evaluate()]
     tr = Trainer(cfg, tmp_path / "warm", log=lambda s: None)
-    tr.init_state()
-    warm = tr.start_compiling()
+    if when == "before init_state":
+        warm = tr.start_compiling()
+        tr.init_state()
+    else:
+        tr.init_state()
+        warm = tr.start_compiling()
     assert len(warm) == 3
     for f in warm[:2]:  # the rollout and the batch + update
         assert f.result(timeout=300) is None
@@ -311,3 +317,25 @@ def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(tmp_
             {k: v for k, v in want.items() if not k.startswith("time/") and k != "sps"}
     assert [r.to_dict() for r in tr.evaluate()] == expected
     assert tr.update_idx == 2
+
+
+def test_train_pqn_compiles_ahead_on_an_accelerator_with_the_same_run(tmp_path, monkeypatch, capsys):
+    """On an accelerator train_pqn starts Trainer.start_compiling before init_state (a CPU skips it);
+    faked here on the CPU: the run's metrics and final evaluation are those of a run without it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import train_pqn
+
+    started = []
+    real = Trainer.start_compiling
+    monkeypatch.setattr(Trainer, "start_compiling", lambda self: started.append(self.runner is None) or real(self))
+    args = ["smoke", "--no-progress", "--eval.horizon", "4"]
+    assert train_pqn.main(args + ["--run-dir", str(tmp_path / "plain")]) == 0
+    assert started == []
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert train_pqn.main(args + ["--run-dir", str(tmp_path / "ahead")]) == 0
+    assert started == [True]  # before init_state
+    rows = [[json.loads(line) for line in open(tmp_path / n / "metrics.jsonl")] for n in ("plain", "ahead")]
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("sps", "time") and not k.startswith("time/")}  # noqa: E731
+    assert [strip(r) for r in rows[0]] == [strip(r) for r in rows[1]]
+    assert (json.loads((tmp_path / "plain" / "eval_final.json").read_text())
+            == json.loads((tmp_path / "ahead" / "eval_final.json").read_text()))
