@@ -1,10 +1,14 @@
-"""bench/gpu_repro.sh builds the right commands (checked with DRY_RUN, which starts nothing)."""
+"""The bench scripts: bench/gpu_repro.sh builds the right commands (DRY_RUN starts nothing); the
+throughput scripts run at their smallest sizes."""
 
 from __future__ import annotations
 
 import os
+import sys
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,3 +29,21 @@ def test_gpu_repro_launch_builds_one_job_per_spec_with_its_card_run_dir_and_flag
     assert "--eval-only end_greedy --eval.epsilon 0 &" in oir  # both evaluations at once
     assert "--eval-only end_eps0.05 --eval.epsilon 0.05" in oir and "wait" in oir
     assert not list(tmp_path.glob("*.log"))  # nothing was started
+
+
+def test_eval_cost_bench_runs_and_prints_its_table():
+    """The benchmarks are scripts nobody imports: run the cheapest size so a broken call shows here."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "eval_cost.py"), "--episodes", "1", "--horizon", "3",
+                          "--hidden", "16", "--no-control"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| 1 | 3 |" in out.stdout
+
+
+@pytest.mark.slow
+def test_pqn_throughput_bench_prints_ratios_and_where_an_update_goes():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--iterations", "3"],
+                         capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| (c) ours, oir (rules) |" in out.stdout
+    rows = [ln for ln in out.stdout.split("Where ours spend an update")[1].splitlines() if ln.startswith("| (")]
+    assert [r.split("|")[1].strip() for r in rows] == ["(b) ours, gt", "(c) ours, oir (rules)"]
