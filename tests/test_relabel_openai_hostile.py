@@ -191,3 +191,27 @@ def test_a_short_read_is_retried_and_then_succeeds(server):
     be = OpenAIBackend(srv.url, "m", max_retries=1, backoff=0.01)
     assert be.generate(["p"]) == [[ANSWER]]
     assert be.stats()["retries"] == 1 and be.stats()["failures"] == 0
+
+
+def test_a_call_cut_short_by_close_is_not_counted_as_an_llm_error(server):
+    """Closing a relabeler stops the LLM it owns, which fails a call in flight: that is the shutdown,
+    not the LLM's fault, so it must not show in the run's error counts or LLM health. The server
+    holds the call open (a real one answers when it is done); ``be.close()`` is what the relabeler's
+    close does to an LLM it started."""
+    from oir_gym.encoder import get_encoder
+
+    srv = server()
+    srv.handler = lambda req, conn: trickle(srv.stop, conn, b"HTTP/1.1 200 OK\r\nContent-Length: 9999\r\n\r\n")
+    be = OpenAIBackend(srv.url, "m", timeout=600, max_retries=0)
+    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=get_encoder(), cache_size=0)
+    rl.submit([make_trajectory(WOOD_TABLE_PICKAXE, 32)])
+    deadline = time.monotonic() + 15
+    while not [r for r in srv.requests if r.method == "POST"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rl.close(timeout=0.1)  # the worker is still in the call
+    be.close()  # the call fails now
+    while rl.stats()["closed_in_flight"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    s = rl.stats()
+    assert s["closed_in_flight"] == 1
+    assert s["errors"] == 0 and s["errors_by_type"] == {} and s["failed_calls"] == 0 and s["llm_down"] == 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest_llm import gguf_path, tf_backend  # noqa: F401 - pytest fixtures
 from oir_gym.captions import EVENT_NAMES
@@ -101,6 +103,33 @@ def test_compact_text_picks_the_least_compaction_that_fits():
         assert got <= lv and approx_token_count(text) <= limit
     text, got = compact_text(traj, lambda t: approx_token_count(t) <= 12)  # below level 3: lines cut
     assert got == MAX_LEVEL + 1 and text.endswith("...") and approx_token_count(text) <= 12
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 50), limit=st.integers(1, 200))
+def test_cutting_lines_keeps_the_most_lines_that_fit_with_few_token_counts(seed, limit):
+    """The line cut is a binary search: the same text as cutting one line at a time (the most lines
+    under the budget, at least one), with O(log lines) token counts instead of one per line."""
+    traj = busy_trajectory(seed % 5, length=64 + seed)
+    fits = lambda t: approx_token_count(t) <= limit  # noqa: E731
+    last = segments_text(traj, level=MAX_LEVEL)
+    lines = last.split("\n")
+    want = None  # the one-line-at-a-time rule
+    if fits(last):
+        want = None  # fits before any cut: compared by level below
+    else:
+        want = "\n".join(lines[:1] + ["..."])
+        for m in range(len(lines) - 1, 0, -1):
+            if fits("\n".join(lines[:m] + ["..."])):
+                want = "\n".join(lines[:m] + ["..."])
+                break
+    calls = []
+    text, level = compact_text(traj, lambda t: calls.append(t) or fits(t))
+    if want is None:
+        assert level <= MAX_LEVEL and fits(text)
+    else:
+        assert (text, level) == (want, MAX_LEVEL + 1)
+        assert len(calls) <= MAX_LEVEL + 1 + int(np.ceil(np.log2(max(len(lines), 2)))) + 1
 
 
 def test_template_budget():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -123,6 +124,22 @@ def test_cache_persisted(tmp_path, encoder):
     path.write_text("{ corrupt")
     rl3 = HindsightRelabeler(backend=llm, encoder=encoder, cache_path=path)
     assert rl3.cache.load_error and len(rl3.cache) == 0
+
+
+def test_a_cache_that_cannot_be_saved_is_counted_and_warned_once_not_an_llm_error(tmp_path, encoder):
+    """A real filesystem fault: the cache's folder is a file. Relabeling goes on from memory."""
+    (tmp_path / "not_a_folder").write_text("")
+    llm = Scripted()
+    rl = HindsightRelabeler(backend=llm, encoder=encoder, cache_path=tmp_path / "not_a_folder" / "cache.json",
+                            cache_save_every=1)
+    with pytest.warns(RuntimeWarning, match="could not save the relabel cache"):
+        rl.relabel([wtp()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second failure is counted, not warned again
+        rl.save_cache()
+    s = rl.stats()
+    assert s["cache_save_failures"] >= 2 and s["errors"] == 0 and s["errors_by_type"] == {}
+    assert rl.relabel([wtp()])[0].cache_hit  # the cache still works in memory
 
 
 def test_idle_trajectories_skip_the_llm(encoder):

@@ -395,6 +395,13 @@ class HindsightRelabeler:
         props = self._propose(trajs, prompts if any(p is not None for p in prompts) else None)
         latency = time.perf_counter() - t0
         n_prompts = sum(p is not None for p in prompts)
+        # close() cuts a call in flight (it stops the LLM): its failure is the shutdown, not the LLM's
+        closing = self._closed
+        if closing:
+            for i in range(n):
+                if prompts[i] is not None and props[i].error is not None:
+                    s["closed_in_flight"] += 1
+                    prompts[i] = None  # as if never asked: no error, no health change, no cache entry
 
         # parse fresh answers; cache them per key
         llm_cands: list[list[str]] = [[] for _ in range(n)]
@@ -534,7 +541,8 @@ class HindsightRelabeler:
 
         with self._stats_lock:
             self._s.update(s)
-            self._share.extend(bool(llm_cands[i]) and errors[i] is None for i in eligible)
+            if not closing:
+                self._share.extend(bool(llm_cands[i]) and errors[i] is None for i in eligible)
             self._s["batches"] += 1
             if n_prompts:
                 self._s["llm_calls"] += 1
@@ -686,7 +694,9 @@ class HindsightRelabeler:
         notes such as ``salvaged_json``), ``dropped_total`` (without the notes),
         ``grounded_fraction`` (of scored candidates), ``kept_grounded_fraction``, and for async
         mode ``submitted``, ``completed``, ``pending``, ``overflow_rules``, ``overflow_skipped``,
-        ``overflow_replaced``.
+        ``overflow_replaced``, ``closed_in_flight`` (trajectories whose LLM call :meth:`close` cut
+        short: not counted as errors), ``cache_save_failures`` (the cache file could not be written;
+        warned once).
 
         LLM health: ``errors`` counts unusable answers too (``errors_by_type["UnusableAnswer"]``);
         ``failed_calls`` (LLM calls with no usable answer for any prompt), ``consecutive_failures``,
@@ -730,6 +740,8 @@ class HindsightRelabeler:
             "prompt_tokens_mean": s.get("prompt_tokens", 0) / s["prompts"] if s.get("prompts") else 0.0,
             "prompt_token_method": self._token_method,
             "prompts_compacted": s.get("prompts_compacted", 0),
+            "closed_in_flight": s.get("closed_in_flight", 0),
+            "cache_save_failures": s.get("cache_save_failures", 0),
             "candidates": scored,
             "candidates_llm": s.get("candidates_llm", 0),
             "candidates_rules": s.get("candidates_rules", 0),
@@ -758,9 +770,14 @@ class HindsightRelabeler:
         """Write the cache to ``cache_path`` (no-op without one)."""
         try:
             self.cache.save()
-        except OSError as e:  # a full disk must not stop training
+        except OSError as e:  # a full disk must not stop training: counted, warned once, not an LLM error
             with self._stats_lock:
-                self._errors[f"cache_save:{type(e).__name__}"] += 1
+                first = self._s["cache_save_failures"] == 0
+                self._s["cache_save_failures"] += 1
+            if first:
+                warnings.warn(f"could not save the relabel cache to {self.cache.path} ({type(e).__name__}: {e}); "
+                              "training goes on with the cache in memory (stats()['cache_save_failures'])",
+                              RuntimeWarning, stacklevel=2)
 
     def check_llm(self, timeout: float = 900.0) -> Optional[str]:
         """One tiny real LLM call (a child process first starts and loads its model).

@@ -191,8 +191,10 @@ def compact_text(traj: Trajectory, fits, sep: str = "\n") -> tuple[str, int]:
     """The least compacted segments text for which ``fits(text)`` is true, and its level.
 
     Tries levels 0 to :data:`MAX_LEVEL`; when even the last does not fit, its lines are cut from
-    the end (a last line ``"..."`` says so) until it fits or one line is left; the level is then
-    ``MAX_LEVEL + 1``.
+    the end (a last line ``"..."`` says so): the most lines that fit, at least one; the level is
+    then ``MAX_LEVEL + 1``. The cut is a binary search (``fits`` may count tokens in an LLM
+    process: one call per line cut would cost a round trip each), exact for a ``fits`` that a
+    longer prefix never passes where a shorter one fails (a token budget).
     """
     text = ""
     for level in range(MAX_LEVEL + 1):
@@ -200,12 +202,17 @@ def compact_text(traj: Trajectory, fits, sep: str = "\n") -> tuple[str, int]:
         if fits(text):
             return text, level
     lines = text.split(sep)
-    while len(lines) > 1:
-        lines.pop()
-        text = sep.join(lines + ["..."])
-        if fits(text):
-            break
-    return text, MAX_LEVEL + 1
+    if len(lines) <= 1:
+        return text, MAX_LEVEL + 1
+    cut = lambda m: sep.join(lines[:m] + ["..."])  # noqa: E731
+    lo, hi = 1, len(lines) - 1  # the answer is the largest m in [lo, hi] that fits, else lo
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(cut(mid)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return cut(lo), MAX_LEVEL + 1
 
 
 KEY_MODES = ("behaviour", "events", "segments")
