@@ -3,6 +3,7 @@
     python bench/pqn_throughput.py                    # CPU-sized: 16 envs x 64 steps, LSTM 128
     python bench/pqn_throughput.py --preset paper     # 64 envs x 128 steps, LSTM 512 (GPU)
     python bench/pqn_throughput.py --preset paper,fast --devices 2 --seeds 4   # + 1,024 envs, 2 GPUs
+    python bench/pqn_throughput.py --preset paper --devices 1,2 --seeds-per-device 2   # + the scaling table
 
 Sizes (``--preset``, comma-separated, one table each): ``cpu``; ``paper`` (the paper's config:
 64 envs x 128 steps, 8 epochs x 4 minibatches); ``fast`` (purejaxql's own Craftax config and the
@@ -45,8 +46,12 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="cpu", help="sizes, comma-separated: cpu, paper, fast (module docstring)")
-    p.add_argument("--devices", type=int, default=1, help="devices the seeds are split over (default 1)")
+    p.add_argument("--devices", default="1",
+                   help="devices the seeds are split over (default 1); a list such as 1,2 times each count in "
+                        "turn with --seeds-per-device seeds each and prints the scaling table")
     p.add_argument("--seeds", type=int, default=None, help="seeds per loop (default: --devices)")
+    p.add_argument("--seeds-per-device", type=int, default=None,
+                   help="with a list of device counts: seeds per device (so 2 with --devices 1,2 times 2 and 4 seeds)")
     p.add_argument("--iterations", type=int, default=6, help="timed updates per loop (median reported)")
     p.add_argument("--loops", default="plain,gt,oir",
                    help="loops to time, comma-separated: plain (a), gt (b), oir (c); ratios need plain")
@@ -71,23 +76,53 @@ def main(argv=None) -> int:
     if bad or not names:
         print(f"error: --preset {args.preset!r}: expected some of {sorted(SIZES)}, comma-separated", file=sys.stderr)
         return 2
-    seeds = args.seeds or args.devices
+    try:
+        counts = [int(d) for d in str(args.devices).split(",") if d.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        print(f"error: --devices {args.devices!r}: expected device counts >= 1, comma-separated", file=sys.stderr)
+        return 2
+    if len(counts) > 1 and not (args.seeds_per_device and args.seeds_per_device >= 1 and args.seeds is None):
+        print("error: a list of device counts needs --seeds-per-device K (K >= 1) instead of --seeds",
+              file=sys.stderr)
+        return 2
+    plan = [(d, d * args.seeds_per_device if args.seeds_per_device else (args.seeds or d)) for d in counts]
     from agents.sharding import check_layout
 
     try:  # the layout before anything compiles
         for n in names:
-            check_layout(seeds, SIZES[n]["pqn.num_envs"], args.devices)
+            for d, seeds in plan:
+                check_layout(seeds, SIZES[n]["pqn.num_envs"], d)
     except ValueError as e:
         msg = str(e).replace("--run.num-devices", "--devices").replace("--run.num-seeds", "--seeds")
         print(f"error: {msg}", file=sys.stderr)
         return 2
     for n in names:
-        bench_size(args, n, seeds)
+        medians = {(d, seeds): bench_size(args, n, seeds, d) for d, seeds in plan}
+        if len(plan) > 1:
+            print(scaling_table(n, SIZES[n]["pqn.num_envs"] * SIZES[n]["pqn.num_steps"], medians), flush=True)
     return 0
 
 
-def bench_size(args, size: str, S: int) -> None:
-    """Time the three loops at one size and print its table."""
+def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]]) -> str:
+    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first."""
+    plan = list(medians)
+    head = " | ".join(f"{d} device(s) x {s} seeds (s/update, seed-steps/s)" for d, s in plan)
+    lines = [f"\nScaling | {size} sizes | seed-steps/s against the first column\n",
+             f"| loop | {head} | " + " | ".join(f"{d} / {plan[0][0]} device(s)" for d, _ in plan[1:]) + " |",
+             "|---" * (2 + 2 * (len(plan) - 1)) + "|"]
+    for loop in medians[plan[0]]:
+        rate = {k: k[1] * steps_per_seed / medians[k][loop] for k in plan}
+        cells = [f"{medians[k][loop]:.3f}, {rate[k]:,.0f}" for k in plan]
+        ratios = [f"{rate[k] / rate[plan[0]]:.2f}x" for k in plan[1:]]
+        lines.append(f"| {loop} | " + " | ".join(cells + ratios) + " |")
+    return "\n".join(lines)
+
+
+def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
+    """Time the three loops at one size on ``devices`` devices with ``S`` seeds, print its table and
+    return the median seconds per update of each loop."""
     import jax
     import jax.numpy as jnp
 
@@ -102,13 +137,13 @@ def bench_size(args, size: str, S: int) -> None:
     sizes = SIZES[size]
     common = {"run.total_timesteps": 10_000_000, "env.obs_mode": "symbolic", "eval.every": 10**9,
               "run.checkpoint_every": 10**9, "pqn.lr": 1e-5, "run.seed": args.seed, "run.num_seeds": S,
-              "run.num_devices": args.devices, **sizes}
+              "run.num_devices": devices, **sizes}
     cfg = TrainConfig().replace(**{"run.method": "gt", **common}).validate()
     E, T, D = cfg.pqn.num_envs, cfg.pqn.num_steps, obs_dim("symbolic")
 
     # ---------------------------------------------------------------- (a) plain PQN-RNN
     net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
-    mesh = make_mesh(args.devices)
+    mesh = make_mesh(devices)
     seed_keys = jax.random.split(jax.random.PRNGKey(args.seed), S)
     ts = jax.vmap(lambda k: pqn.create_train_state(k, cfg.pqn, net, D, 384, cfg.num_updates))(seed_keys)
     zero_instr = jnp.zeros((E, 384))
@@ -189,7 +224,7 @@ def bench_size(args, size: str, S: int) -> None:
 
     dev = jax.devices()[0]
     print(f"\nPQN training throughput | {size} sizes: {E} envs x {T} steps, LSTM {cfg.pqn.hidden_size}, "
-          f"{cfg.pqn.num_epochs} epochs x {cfg.pqn.num_minibatches} minibatches | {S} seed(s) on {args.devices} "
+          f"{cfg.pqn.num_epochs} epochs x {cfg.pqn.num_minibatches} minibatches | {S} seed(s) on {devices} "
           f"device(s) {dev.platform} ({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, "
           f"{platform.machine()} | rule relabeler in {_workers(ours)} | median of {args.iterations} interleaved updates\n")
     first = next(iter(loops))
@@ -211,6 +246,7 @@ def bench_size(args, size: str, S: int) -> None:
             med = {k: statistics.median(r[k] for r in timed) for k in ("time/rollout_s", "time/host_s", "time/update_s")}
             print(f"| {name} | {med['time/rollout_s']:.3f} | {med['time/host_s']:.3f} | {med['time/update_s']:.3f} |",
                   flush=True)
+    return {name: statistics.median(times[name]) for name in loops}
 
 
 def _workers(ours: dict) -> str:

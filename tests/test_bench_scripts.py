@@ -47,3 +47,18 @@ def test_pqn_throughput_bench_prints_ratios_and_where_an_update_goes():
     assert "| (c) ours, oir (rules) |" in out.stdout
     rows = [ln for ln in out.stdout.split("Where ours spend an update")[1].splitlines() if ln.startswith("| (")]
     assert [r.split("|")[1].strip() for r in rows] == ["(b) ours, gt", "(c) ours, oir (rules)"]
+
+
+def test_pqn_throughput_scaling_table_and_its_argument_checks(capsys):
+    """--devices 1,2 --seeds-per-device K: one table row per loop with each count's seed-steps/s and
+    the ratio to one device; a list of counts with --seeds, or a count of 0, is refused at once."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import pqn_throughput
+
+    med = {(1, 2): {"(b) ours, gt": 0.5}, (2, 4): {"(b) ours, gt": 0.55}}
+    table = pqn_throughput.scaling_table("paper", 64 * 128, med)
+    rate1, rate2 = 2 * 64 * 128 / 0.5, 4 * 64 * 128 / 0.55
+    assert f"| (b) ours, gt | 0.500, {rate1:,.0f} | 0.550, {rate2:,.0f} | {rate2 / rate1:.2f}x |" in table
+    assert pqn_throughput.main(["--devices", "1,2", "--seeds", "4"]) == 2
+    assert pqn_throughput.main(["--devices", "0"]) == 2
+    assert "--seeds-per-device" in capsys.readouterr().err
