@@ -532,8 +532,8 @@ class Trainer:
         cfg = self.cfg
         t0 = time.time()
         for f in self._compiling:  # start_compiling's programs: wait, never compile twice
-            if f.exception() is not None:
-                self.log(f"compiling ahead failed ({f.exception()!r}); the update compiles its own programs")
+            if (err := f.exception()) is not None:
+                self.log(f"compiling ahead failed ({err!r}); the update compiles its own programs")
         self._compiling = []
         env_params = self._env_params()
         self.runner, traj = self._rollout(self.train_state.params, self.runner, env_params, self.env_steps)
@@ -597,13 +597,13 @@ class Trainer:
         return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, policy, params,
                                  self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
 
-    def start_compiling_evaluation(self) -> Future:
-        """Compile the evaluation program on a side thread (one throwaway evaluation of the current
-        parameters), so its compile overlaps the first update's instead of delaying the first
-        evaluation (about 30 s of an H100 run's start). The arguments are read here, on the
-        caller's thread; the result is discarded, and a failure only leaves the compile to the
-        first :meth:`evaluate`."""
-        evaluation = self._evaluation()
+    def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
+        """Compile the evaluation program on a side thread (one throwaway evaluation of
+        ``policy_params``, default the current parameters), so its compile overlaps the first
+        update's instead of delaying the first evaluation (about 30 s of an H100 run's start). The
+        arguments are read here, on the caller's thread; the result is discarded, and a failure only
+        leaves the compile to the first :meth:`evaluate`."""
+        evaluation = self._evaluation(policy_params)
 
         def compile_once() -> None:
             evaluation()
@@ -633,7 +633,7 @@ class Trainer:
                 train_state, runner = self.train_state, self.runner
             params = train_state.params
             keys = jax.random.split(jax.random.PRNGKey(0), self.S)
-            evaluation = self._evaluation(params)
+            evaluation = self.start_compiling_evaluation(params)
         except Exception as e:  # noqa: BLE001 - an optimisation: training compiles its own programs
             self.log(f"compiling ahead failed ({e!r}); the first update compiles its own programs")
             return []
@@ -646,14 +646,10 @@ class Trainer:
             new_state, _ = self._update(train_state, keys, self.method.warmup_batch(placeholder(shapes)))
             jax.block_until_ready(self._all_finite(new_state.params))
 
-        def evaluate() -> None:
-            evaluation()
-
-        pool = ThreadPoolExecutor(3, thread_name_prefix="oir-compile")
-        jobs = [pool.submit(rollout), pool.submit(update), pool.submit(evaluate)]
+        pool = ThreadPoolExecutor(2, thread_name_prefix="oir-compile")
+        self._compiling = [pool.submit(rollout), pool.submit(update)]
         pool.shutdown(wait=False)  # the threads end with their jobs
-        self._compiling = jobs[:2]
-        return jobs
+        return self._compiling + [evaluation]
 
     def close(self) -> None:
         """Stop the method's background workers (LLM relabeler or proposer)."""

@@ -211,9 +211,8 @@ class PerDevice:
         """The global outputs' shapes, dtypes and shardings (:class:`jax.ShapeDtypeStruct`), as a call
         would place them; nothing is compiled or run."""
         if len(self.devices) == 1:
-            out = jax.eval_shape(self._jit, *args)
-            specs = [PartitionSpec()] * len(jax.tree_util.tree_leaves(out))  # what jit gives a 1-device mesh
-            local = out
+            local = jax.eval_shape(self._jit, *args)
+            specs = [PartitionSpec()] * len(jax.tree_util.tree_leaves(local))  # what jit gives a 1-device mesh
         else:
             local = jax.eval_shape(self._jit, *self._split(args)[0])
             specs = _specs_like(self.out_specs(*args), local)

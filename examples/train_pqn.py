@@ -228,16 +228,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env steps | device "
           f"{jax.devices()[0].platform} | run dir {run.path}", flush=True)
     host: dict[str, Any] = {}
+    # on an accelerator the programs compile side by side, beside the initial state's own compile
+    # (a CPU has no spare cores for the throwaway calls this costs)
+    compile_ahead = jax.default_backend() != "cpu" and opts.eval_only is None
     try:
         if resume:
             host = trainer.load()
             print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
-            if jax.default_backend() != "cpu" and opts.eval_only is None and trainer.update_idx < trainer.cfg.num_updates:
+            if compile_ahead and trainer.update_idx < trainer.cfg.num_updates:
                 trainer.start_compiling()
         else:
-            if jax.default_backend() != "cpu" and trainer.cfg.num_updates > 0:
-                # on an accelerator the programs compile side by side, beside the initial state's own
-                # compile (a CPU has no spare cores for the throwaway calls this costs)
+            if compile_ahead:
                 trainer.start_compiling()
             trainer.init_state()
         parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in trainer.startup.items())
