@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +104,9 @@ def test_main_job_script_writes_a_complete_run_directory(tmp_path):
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["env_steps"] == 256 and "eval/original/mean_success_rate" in rows[-1]
     assert "Final evaluation" in out.stdout and "compiling" in out.stdout
+    # the wall clock starts with the process: the imports are part of the startup it reports
+    imports = float(re.search(r"ready after \d+ s \(imports (\d+) s", out.stdout).group(1))
+    assert rows[0]["time"] >= imports
     config = json.loads((run / "config.json").read_text())
     assert config["pqn"]["num_envs"] == 4 and config["provenance"]["git_commit"]
     # --resume of a finished run is a no-op that still succeeds and says so
@@ -344,3 +349,18 @@ def test_train_pqn_compiles_ahead_on_an_accelerator_with_the_same_run(tmp_path, 
     assert [strip(r) for r in rows[0]] == [strip(r) for r in rows[1]]
     assert (json.loads((tmp_path / "plain" / "eval_final.json").read_text())
             == json.loads((tmp_path / "ahead" / "eval_final.json").read_text()))
+
+
+def test_wall_clock_and_time_limit_count_from_the_process_start(tmp_path, capsys):
+    """main(started=...) (the script passes its own start) puts the imports on the run's clock: the
+    metrics' time and --time-limit count from there, not from when main was called."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import train_pqn
+
+    run = tmp_path / "run"
+    args = ["smoke", "--no-progress", "--eval.horizon", "4", "--run-dir", str(run), "--time-limit", "1000"]
+    assert train_pqn.main(args, started=time.time() - 1000) == 0
+    out = capsys.readouterr().out
+    assert "imports 1000 s" in out and "stopped (--time-limit 1000s) at update 1/4" in out
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert len(rows) == 1 and rows[0]["time"] >= 1000
