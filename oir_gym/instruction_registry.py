@@ -63,13 +63,19 @@ class InstructionRegistry:
         clean = [validate_instruction(t) for t in texts]
         new = [t for t in dict.fromkeys(clean) if t not in self._rows]
         if new:
-            keep = set(protected() if callable(protected) else protected) | set(np.flatnonzero(self.sample_mask).tolist())
-            if len(new) > self.capacity - len(keep & set(self._rows.values())) and len(new) > self.capacity:
-                raise ValueError(f"{len(new)} new instructions do not fit a table of {self.capacity} rows; raise table_capacity")
+            # a new text must not take the row of a text of this same call (nor of another new one)
+            keep = (set(protected() if callable(protected) else protected) | set(np.flatnonzero(self.sample_mask).tolist())
+                    | {self._rows[t] for t in clean if t in self._rows})
+            free = self.capacity - len(keep & set(self._rows.values()))
+            if len(new) > free:
+                raise ValueError(f"{len(new)} new instructions do not fit a table of {self.capacity} rows "
+                                 f"({self.capacity - free} are in use by this call, the buffer and protected rows); "
+                                 "raise table_capacity (--env.table-capacity)")
             emb = self.encoder.encode(new)
             sims = self.similarity_to_events(emb)
             for t, e, s in zip(new, emb, sims):
                 r = self._free_row(keep)
+                keep.add(r)
                 self.texts[r] = t
                 self.emb[r], self.event_sim[r], self.achievement[r] = e, s, -1
                 self.pre_sim[r] = -1.0
