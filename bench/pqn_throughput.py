@@ -228,12 +228,13 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
           f"device(s) {dev.platform} ({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, "
           f"{platform.machine()} | rule relabeler in {_workers(ours)} | median of {args.iterations} interleaved updates\n")
     first = next(iter(loops))
-    base = statistics.median(times[first]) if "plain" in chosen else float("nan")
+    base = statistics.median(times[first]) if "plain" in chosen else None  # no (a): no ratio column values
     print("| loop | s / update | env steps / s | ratio to (a) | compile + first 2 updates (s) |")
     print("|---|---|---|---|---|")
     for name in loops:
         med = statistics.median(times[name])
-        print(f"| {name} | {med:.3f} | {S * E * T / med:,.0f} | {med / base:.2f} | {compile_s[name]:.1f} |",
+        ratio = f"{med / base:.2f}" if base else "- (no plain loop)"
+        print(f"| {name} | {med:.3f} | {S * E * T / med:,.0f} | {ratio} | {compile_s[name]:.1f} |",
               flush=True)
     if parts:
         # the timed updates only (the first two, with the compile, are left out)

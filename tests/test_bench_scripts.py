@@ -49,6 +49,14 @@ def test_pqn_throughput_bench_prints_ratios_and_where_an_update_goes():
     assert [r.split("|")[1].strip() for r in rows] == ["(b) ours, gt", "(c) ours, oir (rules)"]
 
 
+@pytest.mark.slow
+def test_pqn_throughput_without_the_plain_loop_says_so_instead_of_a_nan_ratio():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--iterations", "2", "--loops", "gt"],
+                         capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| (b) ours, gt |" in out.stdout and "- (no plain loop)" in out.stdout and "nan" not in out.stdout
+
+
 def test_pqn_throughput_scaling_table_and_its_argument_checks(capsys):
     """--devices 1,2 --seeds-per-device K: one table row per loop with each count's seed-steps/s and
     the ratio to one device; a list of counts with --seeds, or a count of 0, is refused at once."""
