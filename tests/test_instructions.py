@@ -250,3 +250,19 @@ def test_the_packaged_example_file_loads_and_evaluates():
     assert all(len(e.targets) == 2 for e in sets["compound"])
     texts, _, names = eval_instructions(EvalConfig(sets=(), instruction_files=(str(path),)))
     assert len(texts) == 10 + 1 and names.count("own_words") == 7
+
+
+def test_no_held_out_evaluation_wording_is_a_few_shot_example_of_a_packaged_prompt():
+    """The paraphrase sets and the example user file measure wordings the agent was not given: an
+    LLM relabeler copies its prompt's examples into the buffer (seen on the GPU), so none of them
+    may be one. The 22 original instructions are the paper's own phrasings and may appear."""
+    from oir_gym.instructions import SET_NAMES, get_instruction_set, load_instruction_file
+
+    held_out = {i.text.lower() for s in SET_NAMES if s != "original" for i in get_instruction_set(s)}
+    example = Path(__file__).resolve().parents[1] / "oir_gym" / "data" / "example_instruction_sets.json"
+    held_out |= {i.text.lower() for items in load_instruction_file(example).values() for i in items}
+    prompts = sorted((Path(__file__).resolve().parents[1] / "oir_gym" / "data" / "prompts").glob("*.txt"))
+    assert prompts
+    for p in prompts:
+        quoted = set(re.findall(r'"([^"]+)"', p.read_text().lower()))
+        assert not (quoted & held_out), (p.name, sorted(quoted & held_out))
