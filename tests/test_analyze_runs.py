@@ -359,3 +359,48 @@ def test_fast_preset_tuning_tables_in_results_doc_are_rebuilt_from_results(tmp_p
     # gt and cosine at delta 0.9 got the same rewards: the same run, update by update
     gt, cos = ([json.loads(line) for line in open(TUNING / n / "metrics.jsonl")] for n in ("r3_fast_gt", "r3_fast_cosine"))
     assert [r["loss"] for r in gt] == [r["loss"] for r in cos]
+
+
+H200 = ROOT / "results" / "gpu_h200x2_fast_llm_delta"
+
+
+def _condensed(rows: list[str]) -> list[str]:
+    """Final-point rows as the page condenses them: method, set, final success, final gain."""
+    cells = [[c.strip() for c in r.split("|")] for r in rows]
+    return [f"| {c[1]} | {c[2]} | {c[4]} | {c[7]} |" for c in cells]
+
+
+def test_latest_fast_preset_tables_in_results_doc_are_rebuilt_from_results(tmp_path, capsys):
+    """Issues 14 and 15 on 2 x H200: time to target, the delta ablation (with the user file's sets)
+    and the LLM relabeler beside rules, as docs/results.md shows them."""
+    doc = (ROOT / "docs" / "results.md").read_text()
+    ttt = [f"fast preset, oir rules, H200={H200 / 'fast_oir_k4'}", f"fast preset but K 2, oir rules, H200={H200 / 'fast_oir_k2'}",
+           f"fast preset, oir rules, H100 (last round)={ROOT / 'results' / 'gpu_h100x2_fast_tuning' / 'r3_fast_oir'}"]
+    assert analyze_runs.main(["--runs", *ttt, "--time-target", "0.33", "--time-budget", "300", "--out", str(tmp_path)]) == 0
+    rows = _section(capsys.readouterr().out, "Time to target")
+    assert len(rows) == 4 and all(r in doc for r in rows[1:]), rows  # rows[0]: the header
+    d09 = f"{H200 / 'fast_oir_k4'}#end_files"
+    assert analyze_runs.main(["--table-only", "--runs", f"d0.5={H200 / 'fast_d05'}", f"d0.7={H200 / 'fast_d07'}",
+                              f"d0.9={d09}", "--ablation", f"0.5={H200 / 'fast_d05'}", f"0.7={H200 / 'fast_d07'}",
+                              f"0.9={d09}"]) == 0
+    out = capsys.readouterr().out
+    ablation = _section(out, "Delta ablation")
+    assert len(ablation) == 3 and all(r in doc for r in ablation)
+    final = _condensed(_section(out, "Final point"))
+    assert len(final) == 15 and all(r in doc for r in final), [r for r in final if r not in doc]
+    llm = [f"oir llm+rules, bound={H200 / 'fast_bound_llm'}", f"oir rules, bound={H200 / 'fast_bound_rules'}",
+           f"oir rules, cosine={d09}"]
+    assert analyze_runs.main(["--table-only", "--runs", *llm]) == 0
+    final = _condensed(_section(capsys.readouterr().out, "Final point"))
+    assert len(final) == 15 and all(r in doc for r in final), [r for r in final if r not in doc]
+    # the relabeling table: offers, LLM share, distinct instructions, novelty, wordings per event
+    for name, run in (("oir llm+rules, bound", "fast_bound_llm"), ("oir rules, bound", "fast_bound_rules"),
+                      ("oir rules, cosine", "fast_oir_k4")):
+        d = json.loads((H200 / run / "diversity.json").read_text())
+        assert (f"| {name} | {d['relabel/offers_total']:,.0f} | {d['relabel/llm_offer_share_total']:.3f} | "
+                f"{d['diversity/instructions']:.0f} | {d['diversity/novelty_share']:.3f} | "
+                f"{d['diversity/wordings_per_event']:.2f} |") in doc, name
+    # the LLM run's calls, latency and answers as the page states them
+    last = [json.loads(line) for line in open(H200 / "fast_bound_llm" / "metrics.jsonl")][-1]
+    assert (last["relabel/llm_calls"], last["relabel/llm_candidates_llm"], last["relabel/dropped/unbound"]) == (16, 485, 1582)
+    assert round(last["relabel/llm_latency_mean_s"], 1) == 17.2 and last["relabel/llm_stale"] == 0
