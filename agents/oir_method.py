@@ -24,8 +24,9 @@ import numpy as np
 
 from agents.methods import TrainingMethod
 from oir_gym.captions import NUM_EVENTS
-from oir_gym.diversity import instruction_diversity, paying_event
+from oir_gym.diversity import echo_share, instruction_diversity, paying_event
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+from oir_gym.relabel.prompts import load_template
 from oir_gym.trajectory import Trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -326,8 +327,16 @@ class OIRRelabeling(TrainingMethod):
     def diversity(self) -> dict[str, float]:
         """Diversity of every instruction offered to the buffers so far (:mod:`oir_gym.diversity`):
         ``diversity/novelty_share``, ``diversity/wordings_per_event``, ``diversity/instructions``...,
-        and ``relabel/llm_offer_share_total`` (LLM share of all buffer offers of the run)."""
+        and ``relabel/llm_offer_share_total`` (LLM share of all buffer offers of the run); with an LLM
+        relabeler also ``diversity/llm_instructions`` (distinct texts the LLM offered first) and
+        ``diversity/llm_echo_share`` (the share of those copying the prompt's few-shot answers)."""
         texts = list(self.offered)
         stats = instruction_diversity(texts, [self.offered[t][0] for t in texts], [self.offered[t][1] for t in texts])
-        return {**stats.flat(), "relabel/llm_offer_share_total": self.offers_llm / max(self.offers_total, 1),
-                "relabel/offers_total": float(self.offers_total)}
+        out = {**stats.flat(), "relabel/llm_offer_share_total": self.offers_llm / max(self.offers_total, 1),
+               "relabel/offers_total": float(self.offers_total)}
+        if self.cfg.oir.relabeler in ("llm", "both"):
+            # the LLM's own instructions (first offered by it), and how many copy the prompt's examples
+            llm = [t for t in texts if self.offered[t][2] == "llm"]
+            out["diversity/llm_instructions"] = float(len(llm))
+            out["diversity/llm_echo_share"] = echo_share(llm, load_template(self.cfg.llm.template).examples())
+        return out

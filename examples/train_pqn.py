@@ -389,6 +389,9 @@ def _write_diversity(trainer, run: RunDir, cfg: TrainConfig) -> None:
           f"buffer offers {d['relabel/llm_offer_share_total']:.3f} of {int(d['relabel/offers_total'])}; "
           f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
           f"({int(d['diversity/events_named'])} events); wrote {run.path / 'diversity.json'}")
+    if "diversity/llm_echo_share" in d:  # a small LLM mostly copies its prompt's examples: say how much
+        print(f"LLM instructions: {int(d['diversity/llm_instructions'])} distinct, "
+              f"{d['diversity/llm_echo_share']:.3f} of them copies of the prompt's example answers")
     if llm.get("errors_by_type"):  # what went wrong with the LLM, in one line
         kinds = sorted(llm["errors_by_type"].items(), key=lambda kv: -kv[1])
         print(f"LLM errors by type (calls): {', '.join(f'{k} {n}' for k, n in kinds)}; "

@@ -8,12 +8,18 @@ Two numbers per run, both pure functions of the instructions offered to the buff
 * **distinct wordings per event**: for each event that instructions pay on (their binding's final
   event, or under cosine grounding the event of their best caption above delta), how many
   distinct texts name it.
+
+And one for an LLM relabeler: its **prompt echo**, the share of its instructions that are copies of
+the prompt's few-shot answers, exact or with a few characters changed (a small model at a sampling
+temperature writes "get out of bed in tthe morning"). Such instructions are the template's wording,
+not the model's.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +28,9 @@ from oir_gym.captions import EVENT_NAMES
 
 #: Below this best cosine to every caption phrasing an instruction counts as novel wording.
 NOVELTY_BAR = 0.8
+#: From this character similarity (difflib ratio) to a few-shot answer of the prompt an LLM
+#: instruction counts as a copy of it ("chop down a tree fop" against "chop down a tree for logs": 0.84).
+ECHO_BAR = 0.8
 
 
 @dataclass
@@ -84,3 +93,18 @@ def paying_event(final_row: np.ndarray, delta: float) -> int:
     row = np.asarray(final_row, np.float32)
     e = int(np.argmax(row))
     return e if row[e] > delta else -1
+
+
+def prompt_echo(text: str, examples: Sequence[str]) -> float:
+    """Highest character similarity (``difflib.SequenceMatcher`` ratio, case-folded, 0-1) of
+    ``text`` to any of ``examples`` (0 when there are none); from :data:`ECHO_BAR` on, a copy."""
+    a = " ".join(text.lower().split())
+    return max((SequenceMatcher(None, a, " ".join(e.lower().split())).ratio() for e in examples), default=0.0)
+
+
+def echo_share(texts: Sequence[str], examples: Sequence[str], bar: float = ECHO_BAR) -> float:
+    """Share of the distinct ``texts`` that copy one of ``examples`` (:func:`prompt_echo` >= ``bar``); 0 when empty."""
+    distinct = list(dict.fromkeys(texts))
+    if not distinct:
+        return 0.0
+    return sum(prompt_echo(t, examples) >= bar for t in distinct) / len(distinct)

@@ -48,3 +48,43 @@ def test_share_is_a_fraction_of_distinct_texts(items):
     assert 0.0 <= d.novelty_share <= 1.0
     assert sum(d.wordings_per_event.values()) <= d.instructions
     assert NOVELTY_BAR == 0.8
+
+
+SEGMENTS_EXAMPLES = ["chop down a tree for logs", "put down a crafting bench", "whittle a digging tool from logs",
+                     "chop down a tree for logs then put down a crafting bench", "quench your thirst at the lake",
+                     "fill your belly with cattle meat", "get out of bed in the morning",
+                     "take down a cow then fill your belly with its meat"]
+
+
+def test_the_segments_prompt_names_its_example_answers_and_a_template_without_any_names_none():
+    from oir_gym.relabel.prompts import load_template, parse_template
+
+    assert load_template("segments").examples() == SEGMENTS_EXAMPLES
+    assert load_template("paper").examples() == []
+    custom = parse_template('Segments:\n{{trajectory}}\nAnswer: {"Mid-Level": ["a", "b"], "High-Level": ["a then b"]}\n'
+                           'Answer: not json\nAnswer: {"Mid-Level": ["a"], "Analysis": "x"}')
+    assert custom.examples() == ["a", "b", "a then b"]
+
+
+def test_copies_of_the_prompt_examples_are_echoes_and_the_models_own_words_are_not():
+    from oir_gym.diversity import ECHO_BAR, echo_share, prompt_echo
+
+    # as the 270M model wrote them on the GPU (results/gpu_h200x2_fast_llm_delta)
+    for copy in ("get out of bed in tthe morning", "chop down a tree fop", "fill your belsly with its meat",
+                 "Quench  your thirst at the LAKE"):
+        assert prompt_echo(copy, SEGMENTS_EXAMPLES) >= ECHO_BAR, copy
+    for own in ("collect stone then defeat zombie", "build a workbench", "collect wood", "eat the cow"):
+        assert prompt_echo(own, SEGMENTS_EXAMPLES) < ECHO_BAR, own
+    assert prompt_echo("anything", []) == 0.0
+    assert echo_share(["chop down a tree fop", "chop down a tree fop", "collect wood"], SEGMENTS_EXAMPLES) == 0.5
+    assert echo_share([], SEGMENTS_EXAMPLES) == 0.0
+
+
+@given(st.text(max_size=40), st.lists(st.text(max_size=40), max_size=4))
+def test_prompt_echo_is_a_similarity_in_0_1_that_is_1_for_an_example_itself(text, examples):
+    from oir_gym.diversity import prompt_echo
+
+    v = prompt_echo(text, examples)
+    assert 0.0 <= v <= 1.0
+    assert prompt_echo(text, examples + [text]) == 1.0
+    assert prompt_echo(text, examples) == prompt_echo(text.upper(), examples) or not text.isascii()

@@ -454,4 +454,7 @@ def test_training_whose_llm_child_is_killed_completes_every_update(tmp_path):
     report = tr.method.llm_report()  # what train_pqn.py writes under diversity.json's "llm"
     assert report["errors_by_type"] == s["errors_by_type"] and set(report["error_examples"]) == set(s["errors_by_type"])
     assert report["calls"] == s["calls"] and report["stale"] >= 0
+    # this backend names the events it reads, never the prompt's example answers
+    div = tr.method.diversity()
+    assert div["diversity/llm_instructions"] > 0 and div["diversity/llm_echo_share"] == 0.0
     tr.close()

@@ -14,6 +14,7 @@ Two templates ship: ``paper`` (Appendix C) and ``segments`` (the default).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -73,6 +74,19 @@ class PromptTemplate:
             from oir_gym.relabel.tokens import approx_token_count as count
         block, level = compact_text(traj, lambda b: count(head.replace("{{trajectory}}", b)) <= max_tokens)
         return head.replace("{{trajectory}}", block), level
+
+    def examples(self) -> list[str]:
+        """The instructions of the template's few-shot answers (the JSON after each ``Answer:``), in
+        order: what a small LLM tends to copy (:func:`oir_gym.diversity.prompt_echo`)."""
+        out: list[str] = []
+        for m in re.finditer(r"^Answer:\s*(\{.*\})\s*$", self.text, re.M):
+            try:
+                answer = json.loads(m.group(1))
+            except json.JSONDecodeError:
+                continue
+            for v in answer.values() if isinstance(answer, dict) else ():
+                out += [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
+        return list(dict.fromkeys(out))
 
     def schema(self, k: int = 4) -> dict[str, Any]:
         """JSON schema of the expected answer (see :func:`output_schema`)."""
