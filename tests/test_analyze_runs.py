@@ -404,3 +404,12 @@ def test_latest_fast_preset_tables_in_results_doc_are_rebuilt_from_results(tmp_p
     last = [json.loads(line) for line in open(H200 / "fast_bound_llm" / "metrics.jsonl")][-1]
     assert (last["relabel/llm_calls"], last["relabel/llm_candidates_llm"], last["relabel/dropped/unbound"]) == (16, 485, 1582)
     assert round(last["relabel/llm_latency_mean_s"], 1) == 17.2 and last["relabel/llm_stale"] == 0
+    # what only the LLM run offered, and how much of it copies the prompt's example answers
+    from oir_gym.diversity import ECHO_BAR, prompt_echo
+    from oir_gym.relabel.prompts import load_template
+
+    items = {n: {i["text"]: i["count"] for i in json.loads((H200 / n / "instructions.json").read_text())["items"]}
+             for n in ("fast_bound_llm", "fast_bound_rules")}
+    only = {t: c for t, c in items["fast_bound_llm"].items() if t not in items["fast_bound_rules"]}
+    echo = {t: c for t, c in only.items() if prompt_echo(t, load_template("segments").examples()) >= ECHO_BAR}
+    assert (len(only), sum(only.values()), len(echo), sum(echo.values())) == (95, 374, 40, 307)
