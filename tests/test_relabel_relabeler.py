@@ -140,6 +140,13 @@ def test_a_cache_that_cannot_be_saved_is_counted_and_warned_once_not_an_llm_erro
     s = rl.stats()
     assert s["cache_save_failures"] >= 2 and s["errors"] == 0 and s["errors_by_type"] == {}
     assert rl.relabel([wtp()])[0].cache_hit  # the cache still works in memory
+    assert rl.cache.dirty >= 1  # the unsaved entries stay due: once the folder exists, the next save writes them
+    (tmp_path / "not_a_folder").unlink()
+    (tmp_path / "not_a_folder").mkdir()
+    rl.save_cache()
+    assert (tmp_path / "not_a_folder" / "cache.json").is_file() and rl.cache.dirty == 0
+    assert HindsightRelabeler(backend=llm, encoder=encoder, cache_path=tmp_path / "not_a_folder" / "cache.json").relabel(
+        [wtp()])[0].cache_hit
 
 
 def test_idle_trajectories_skip_the_llm(encoder):

@@ -82,14 +82,17 @@ class LRUCache:
             return
         with self._lock:
             payload = {"version": CACHE_FORMAT_VERSION, "entries": [[k, v] for k, v in self._data.items()]}
-            self.dirty = 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name, dir=str(self.path.parent))
+            taken, self.dirty = self.dirty, 0
+        tmp = None
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=self.path.name, dir=str(self.path.parent))
             with os.fdopen(fd, "w") as f:
                 json.dump(payload, f)
             os.replace(tmp, self.path)
         except BaseException:
-            if os.path.exists(tmp):
+            if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
+            with self._lock:  # not written: those entries are still unsaved, so the next save is due at once
+                self.dirty += taken
             raise

@@ -102,7 +102,8 @@ class HindsightRelabeler:
             shared all-MiniLM-L6-v2 of :func:`oir_gym.encoder.get_encoder`, loaded on first use).
         cache_size: LRU entries (0 disables the cache).
         cache_path: JSON file the cache is loaded from and saved to (on :meth:`close`,
-            :meth:`save_cache`, and every ``cache_save_every`` new entries).
+            :meth:`save_cache`, and every ``cache_save_every`` new entries; after a failed save,
+            counted in ``cache_save_failures``, the unsaved entries stay due and the next call tries again).
         cache_key: how trajectories are normalised into cache keys (see
             :func:`~oir_gym.relabel.segments.behaviour_key`): ``"behaviour"`` (default, ordered
             events without timing), ``"events"`` (coarser: no repeat counts) or ``"segments"``
