@@ -284,13 +284,14 @@ class OIRRelabeling(TrainingMethod):
                 first.setdefault(c.text, c)
             cands = [t for t in dict.fromkeys(texts[s]) if t and (cfg.oir.keep_ungrounded or t in grounded[s])]
             if cands:
-                tr.buffers[s].insert(cands)
+                written = tr.buffers[s].insert(cands)
                 self.generated.update(cands)
-                if cfg.oir.grounding == "bound":
+                if cfg.oir.grounding == "bound" and written:
                     # the env pays a buffer instruction at its bound event(s) (the first binding of a
-                    # text wins); the evaluation and original instructions keep their own rows
-                    tr.registry.rows(cands, protected=tr.protected_rows,
-                                     bindings=[None if t in self._fixed else first[t].binding for t in cands])
+                    # text wins); the evaluation and original instructions keep their own rows. Only
+                    # what the buffer took: new episodes draw from it, and a call stays within its size
+                    tr.registry.rows(written, protected=tr.protected_rows,
+                                     bindings=[None if t in self._fixed else first[t].binding for t in written])
                 offers += [first[t] for t in cands]
         stats.update(self._count_offers(offers))
         return slots, stats
