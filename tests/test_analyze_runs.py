@@ -413,3 +413,13 @@ def test_latest_fast_preset_tables_in_results_doc_are_rebuilt_from_results(tmp_p
     only = {t: c for t, c in items["fast_bound_llm"].items() if t not in items["fast_bound_rules"]}
     echo = {t: c for t, c in only.items() if prompt_echo(t, load_template("segments").examples()) >= ECHO_BAR}
     assert (len(only), sum(only.values()), len(echo), sum(echo.values())) == (95, 374, 40, 307)
+    # where an update went (medians of time/*), as the page states them
+    def medians(run: str) -> list[float]:
+        rows = [json.loads(line) for line in open(H200 / run / "metrics.jsonl")]
+        return [float(np.median([r[k] for r in rows if k in r])) for k in ("time/rollout_s", "time/host_s", "time/update_s")]
+
+    k4, k2, llm_run, rules_run = (medians(n) for n in ("fast_oir_k4", "fast_oir_k2", "fast_bound_llm", "fast_bound_rules"))
+    assert [round(v, 2) for v in k4] == [0.52, 0.53, 1.99] and round(sum(k4), 2) == 3.04
+    assert "0.52 s waiting for the rollout, 0.53 s of host work" in doc and "1.99 s for the update program; 3.04 s" in doc
+    assert round(k2[2], 2) == 1.43 and round(sum(k2), 2) == 2.33 and "(1.43 s for the update program, 2.33 s in" in doc
+    assert (round(sum(llm_run), 2), round(sum(rules_run), 2)) == (3.88, 3.74) and "3.88 s against 3.74 s" in doc
