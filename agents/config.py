@@ -148,6 +148,11 @@ class OIRConfig:
     on its trajectory, whatever its wording (:mod:`oir_gym.grounding`; an extension)."""
     bind_threshold: float = 0.5
     """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
+    relabel_lag: int = 0
+    """0: the paper's order, a rollout's relabeled copies train in its own update. 1: the rule relabeler
+    reads a rollout on a side thread while the device runs that update and the next rollout, and the
+    copies (and buffer offers) enter one update later: the relabeling leaves the update's critical
+    path. The first update then has no relabeled rows, and a resume loses one rollout's relabels."""
     relabel_workers: int = -1
     """Worker processes for the rule relabeler (:class:`oir_gym.relabel.parallel.ParallelRelabeler`):
     -1 chooses from the machine (none below 4 cores, else up to 8), 0 relabels in the training process.
@@ -357,6 +362,8 @@ class TrainConfig:
         need(-1 < e.delta <= 1, f"env.delta={e.delta} is outside (-1, 1]")
         need(o.grounding in get_args(Grounding), f"oir.grounding={o.grounding!r}; expected one of {get_args(Grounding)}")
         need(-1 <= o.bind_threshold <= 1, f"oir.bind_threshold={o.bind_threshold} must be a cosine in [-1, 1]")
+        need(o.relabel_lag in (0, 1), f"oir.relabel_lag={o.relabel_lag!r} must be 0 (relabel before the rollout's own "
+                                      "update) or 1 (one update later, on a side thread)")
         need(o.relabel_workers >= -1, f"oir.relabel_workers={o.relabel_workers} must be -1 (auto), 0 (in process) "
                                       "or a number of worker processes")
         need(0 <= o.tau_low < o.tau_high <= 1,

@@ -17,6 +17,7 @@ The update batch D is the original trajectories plus the relabeled copies.
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Sequence
 
 import jax.numpy as jnp
@@ -77,9 +78,12 @@ class OIRRelabeling(TrainingMethod):
         self.relabeler = relabeler
         self.rules = rules
         self.async_llm = self.cfg.oir.relabeler in ("llm", "both")
-        #: recent rollouts, newest first (LLM answers arrive late)
+        #: recent rollouts, newest first (LLM answers and lagged rule relabels arrive late)
         self.history: list = []
-        self.history_len = self.cfg.oir.llm_lag if self.async_llm else 1
+        self.history_len = max(self.cfg.oir.llm_lag if self.async_llm else 1, 1 + self.cfg.oir.relabel_lag)
+        #: oir.relabel_lag 1: the rule relabeling of the last rollout, running on a side thread
+        self._lagged: Future | None = None
+        self._lag_pool = ThreadPoolExecutor(1, thread_name_prefix="oir-relabel") if self.cfg.oir.relabel_lag else None
         self.stale_llm = 0
         #: the last iteration's relabeled texts per seed (one per batch row, "" for padding)
         self.last_texts: list[list[str]] = []
@@ -131,10 +135,13 @@ class OIRRelabeling(TrainingMethod):
         offers = state.get("offers") or {}  # absent in checkpoints written before the offer counts
         self.offers_llm, self.offers_total = int(offers.get("llm", 0)), int(offers.get("total", 0))
         self.offered = {str(t): (float(c), int(e), str(src)) for t, c, e, src in offers.get("texts", [])}
-        # Rollouts awaiting LLM answers are not checkpointed: those answers are lost on resume.
+        # Rollouts awaiting LLM answers or a lagged relabel are not checkpointed: those are lost on resume.
         self.history = []
+        self._lagged = None
 
     def close(self) -> None:
+        if self._lag_pool is not None:
+            self._lag_pool.shutdown(wait=True)  # a relabel in flight finishes before its relabeler closes
         for r in (self.relabeler, self.rules):
             if r is not None and hasattr(r, "close"):
                 r.close()
@@ -234,6 +241,14 @@ class OIRRelabeling(TrainingMethod):
             chosen += [mine[i] for i in order]
         return chosen
 
+    def _rule_results(self, relabeler: Any, trajs: list[Trajectory]) -> list:
+        """The rule relabeler's results for this update: of ``trajs`` now, or with ``oir.relabel_lag``
+        1 those of the previous rollout (``trajs`` start on the side thread meanwhile)."""
+        if self._lag_pool is None:
+            return relabeler.relabel(trajs)
+        previous, self._lagged = self._lagged, self._lag_pool.submit(relabeler.relabel, trajs)
+        return [] if previous is None else previous.result()
+
     def relabel(self, host: dict) -> tuple[dict, dict[str, float]]:
         """Relabel this rollout (and collect late LLM answers): the batch's relabel slots and the
         relabel metrics; grounded candidates go into the seeds' buffers."""
@@ -241,7 +256,7 @@ class OIRRelabeling(TrainingMethod):
         trajs = self.trajectories(host, tr.update_idx)
         stats: dict[str, float] = {}
         if self.async_llm:
-            results = self.rules.relabel(trajs) if cfg.oir.relabeler == "both" else []
+            results = self._rule_results(self.rules, trajs) if cfg.oir.relabeler == "both" else []
             self.relabeler.submit(self.llm_subset(trajs))
             late = self.relabeler.collect(block=False)
             fresh = [r for r in late if tr.update_idx - r.trajectory.meta["update"] < self.history_len]
@@ -262,7 +277,7 @@ class OIRRelabeling(TrainingMethod):
                 stats[f"relabel/dropped/{reason}"] = float(n)
             stats["relabel/llm_warnings"] = float(llm_stats.get("llm_warnings", 0))
         else:
-            results = self.relabeler.relabel(trajs)
+            results = self._rule_results(self.relabeler, trajs)
         slots, texts, valid = self.slots(results)
         self.last_texts = texts
         stats["relabel/rows"] = float(valid.sum() / tr.S)

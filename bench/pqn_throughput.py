@@ -24,6 +24,10 @@ that machine load hits them alike; medians are reported:
     and K relabeled copies per trajectory in the update batch, so its update trains on (1 + K)
     times the rows of (a) and (b).
 
+(d) ``--loops oir_lag``: (c) with ``oir.relabel_lag 1``, the relabeling of a rollout on a side
+    thread while the device runs the update and the next rollout (its copies train one update
+    later). Its "host" column is what stays on the update's critical path.
+
 The ratios (b)/(a) and (c)/(a) are the costs of the instruction layer and of OIR.
 """
 
@@ -54,7 +58,7 @@ def parse_args(argv=None):
                    help="with a list of device counts: seeds per device (so 2 with --devices 1,2 times 2 and 4 seeds)")
     p.add_argument("--iterations", type=int, default=6, help="timed updates per loop (median reported)")
     p.add_argument("--loops", default="plain,gt,oir",
-                   help="loops to time, comma-separated: plain (a), gt (b), oir (c); ratios need plain")
+                   help="loops to time, comma-separated: plain (a), gt (b), oir (c), oir_lag (d): oir with oir.relabel_lag 1; ratios need plain")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -184,15 +188,15 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
     tmp = tempfile.mkdtemp(prefix="oir_bench_")
     ours = {}
     chosen = [x.strip() for x in args.loops.split(",") if x.strip()]
-    unknown = sorted(set(chosen) - {"plain", "gt", "oir"})
+    unknown = sorted(set(chosen) - {"plain", "gt", "oir", "oir_lag"})
     if unknown or not chosen:
-        raise SystemExit(f"--loops {args.loops!r}: unknown {unknown}; choose from plain, gt, oir")
-    for method in [m for m in ("gt", "oir") if m in chosen]:
-        extra = {"oir.relabeler": "rules"} if method == "oir" else {}
-        tr = Trainer(TrainConfig().replace(**{"run.method": method, **common, **extra}), os.path.join(tmp, method),
-                     log=lambda s: None)
+        raise SystemExit(f"--loops {args.loops!r}: unknown {unknown}; choose from plain, gt, oir, oir_lag")
+    for key in [m for m in ("gt", "oir", "oir_lag") if m in chosen]:
+        extra = {"oir": {"oir.relabeler": "rules"}, "oir_lag": {"oir.relabeler": "rules", "oir.relabel_lag": 1}}.get(key, {})
+        tr = Trainer(TrainConfig().replace(**{"run.method": key.split("_")[0], **common, **extra}),
+                     os.path.join(tmp, key), log=lambda s: None)
         tr.init_state()
-        ours[method] = tr
+        ours[key] = tr
 
     parts: dict[str, list[dict]] = {}  # ours: each timed update's time/* metrics (Trainer.iteration)
 
@@ -205,7 +209,9 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
     loops = {name: fn for name, fn, key in (
         ("(a) plain PQN-RNN, raw Craftax", plain_iteration, "plain"),
         ("(b) ours, gt", ours_iteration("gt", "(b) ours, gt"), "gt"),
-        ("(c) ours, oir (rules)", ours_iteration("oir", "(c) ours, oir (rules)"), "oir")) if key in chosen}
+        ("(c) ours, oir (rules)", ours_iteration("oir", "(c) ours, oir (rules)"), "oir"),
+        ("(d) ours, oir (rules), relabel lag 1", ours_iteration("oir_lag", "(d) ours, oir (rules), relabel lag 1"),
+         "oir_lag")) if key in chosen}
     compile_s = {}
     for name, fn in loops.items():  # compile + one warm iteration each
         t = time.perf_counter()

@@ -51,10 +51,12 @@ def test_pqn_throughput_bench_prints_ratios_and_where_an_update_goes():
 
 @pytest.mark.slow
 def test_pqn_throughput_without_the_plain_loop_says_so_instead_of_a_nan_ratio():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--iterations", "2", "--loops", "gt"],
-                         capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--iterations", "2",
+                          "--loops", "gt,oir_lag"], capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| (b) ours, gt |" in out.stdout and "- (no plain loop)" in out.stdout and "nan" not in out.stdout
+    # the lagged relabeling loop (oir.relabel_lag 1) is timed and broken down like the others
+    assert out.stdout.count("| (d) ours, oir (rules), relabel lag 1 |") == 2
 
 
 def test_pqn_throughput_scaling_table_and_its_argument_checks(capsys):

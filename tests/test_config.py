@@ -37,6 +37,8 @@ def _with(**changes) -> TrainConfig:
     ({"pqn.lr": math.inf}, "pqn.lr=inf must be a finite number"),
     ({"run.total_timesteps": 10}, "run.total_timesteps"),
     ({"oir.relabel_balance": True, "oir.keep_ungrounded": True}, "oir.relabel_balance"),
+    ({"oir.relabel_lag": 2}, "oir.relabel_lag=2 must be 0"),
+    ({"oir.relabel_lag": -1}, "oir.relabel_lag=-1"),
     # 17.8: values that were silently accepted
     ({"pqn.max_grad_norm": -1.0}, "pqn.max_grad_norm=-1.0 must be > 0"),
     ({"pqn.max_grad_norm": 0.0}, "pqn.max_grad_norm"),

@@ -364,3 +364,32 @@ def test_wall_clock_and_time_limit_count_from_the_process_start(tmp_path, capsys
     assert "imports 1000 s" in out and "stopped (--time-limit 1000s) at update 1/4" in out
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert len(rows) == 1 and rows[0]["time"] >= 1000
+
+
+def test_relabel_lag_trains_each_rollouts_relabeled_copies_one_update_later(tmp_path):
+    """oir.relabel_lag 1: the rule relabeler reads a rollout on a side thread; its copies and buffer
+    offers enter the next update. The first rollouts of both runs are the same, so the lagged run's
+    second update trains on exactly the relabeled instructions the plain run's first update chose."""
+    cfg = tiny(**{"pqn.num_envs": 8, "pqn.num_steps": 64, "run.total_timesteps": 8 * 64 * 4})
+    plain = Trainer(cfg, tmp_path / "plain", log=lambda s: None)
+    lagged = Trainer(cfg.replace(**{"oir.relabel_lag": 1}), tmp_path / "lagged", log=lambda s: None)
+    for tr in (plain, lagged):
+        tr.init_state()
+    first = plain.iteration()
+    texts = plain.method.last_texts
+    assert first.metrics["relabel/rows"] > 0 and any(t for seed in texts for t in seed)
+    assert lagged.iteration().metrics["relabel/rows"] == 0  # nothing relabeled yet
+    assert plain.method.offered and not lagged.method.offered  # and nothing offered to the buffers
+    second = lagged.iteration()
+    assert lagged.method.last_texts == texts and second.metrics["relabel/rows"] == first.metrics["relabel/rows"]
+    logs = [lagged.iteration(), lagged.iteration()]
+    assert all(np.isfinite(log.metrics["loss"]) for log in [second, *logs])
+    # a checkpoint keeps no relabel in flight: the resumed run's first update has no relabeled rows
+    folder = lagged.save()
+    lagged.close()
+    plain.close()
+    resumed = Trainer(cfg.replace(**{"oir.relabel_lag": 1, "run.total_timesteps": 8 * 64 * 6}), tmp_path / "lagged",
+                      log=lambda s: None)
+    resumed.load(folder)
+    assert resumed.iteration().metrics["relabel/rows"] == 0 and resumed.iteration().metrics["relabel/rows"] > 0
+    resumed.close()
