@@ -13,7 +13,8 @@ the default route, and/or ``llama_cpp``; Gemma 3 270M Q4_K_M by default). Prints
    interleaved (a, b, a, b, ...), so load changes on a shared machine hit both alike;
 2. per backend and template: trajectories/s, prompt tokens per trajectory (exact, model
    tokenizer), LLM seconds per trajectory, LLM candidates per trajectory, parse success,
-   grounded fraction;
+   grounded fraction, and the echo share (the LLM instructions that copy the template's few-shot
+   answers, :func:`oir_gym.diversity.echo_share`);
 3. cache: hit rates of each cache-key mode over a long simulated training run (competence rising
    over iterations; keys only), and the relabeler's own cache statistics over a shorter run with
    the model (a scripted stand-in with ``--quick``, since answers do not change hit rates).
@@ -36,6 +37,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from oir_gym.diversity import echo_share  # noqa: E402
 from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache, TransformersBackend  # noqa: E402
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle  # noqa: E402
 from oir_gym.relabel.synthetic import (  # noqa: E402
@@ -64,6 +66,9 @@ def bench_template(template: str, trajs, backend, encoder, k: int) -> dict:
         "llm_ok": sum(1 for r in results if r.error is None and any(c.source == "llm" for c in r.candidates)) / n,
         "grounded": s["grounded_fraction"],
         "errors": s["errors"],
+        # the LLM's kept instructions that copy the template's few-shot answers (oir_gym.diversity)
+        "echo": echo_share([c.text for r in results for c in r.candidates if c.source == "llm"],
+                           rl.template.examples()),
         "example": results[0].instructions,
     }
 
@@ -219,12 +224,12 @@ def main(argv=None) -> None:
 
         print(f"\n## Relabeling throughput ({label}, k={args.k}, {args.length}-step trajectories, one per call)\n")
         print("| template | trajectories | traj/s | prompt tokens/traj | LLM s/traj | LLM candidates/traj "
-              "| trajs keeping an LLM candidate | grounded fraction | errors |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "| trajs keeping an LLM candidate | grounded fraction | errors | LLM echo share |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['template']} | {r['n']} | {r['traj_per_s']:.3f} | {r['tokens']:.0f} ({r['method']}) "
                   f"| {r['llm_s']:.2f} | {r['llm_cands']:.2f} | {r['llm_ok']:.0%} | {r['grounded']:.2f} "
-                  f"| {r['errors']} |")
+                  f"| {r['errors']} | {r['echo']:.2f} |")
         if len(rows) == 2 and rows[1]["tokens"]:
             print(f"\nprompt length ratio paper/segments: {rows[0]['tokens'] / rows[1]['tokens']:.1f}x; "
                   f"throughput ratio segments/paper: {rows[1]['traj_per_s'] / rows[0]['traj_per_s']:.1f}x")

@@ -72,3 +72,17 @@ def test_pqn_throughput_scaling_table_and_its_argument_checks(capsys):
     assert pqn_throughput.main(["--devices", "1,2", "--seeds", "4"]) == 2
     assert pqn_throughput.main(["--devices", "0"]) == 2
     assert "--seeds-per-device" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_relabel_throughput_bench_reports_the_llms_echo_of_its_prompt():
+    """The real packaged Gemma on two synthetic trajectories: the table carries the echo share."""
+    pytest.importorskip("transformers")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "relabel_throughput.py"), "--n-paper", "0",
+                          "--n-segments", "2", "--n-speed", "1", "--skip-cache"],
+                         capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    header = next(ln for ln in out.stdout.splitlines() if ln.startswith("| template |"))
+    row = next(ln for ln in out.stdout.splitlines() if ln.startswith("| segments | 2 |"))
+    assert header.split("|")[-2].strip() == "LLM echo share"
+    assert 0.0 <= float(row.split("|")[-2]) <= 1.0
