@@ -109,6 +109,14 @@ def main(argv=None) -> int:
     return 0
 
 
+#: our loops: key -> (row label, the settings that differ from the bench's common ones)
+OURS = {
+    "gt": ("(b) ours, gt", {"run.method": "gt"}),
+    "oir": ("(c) ours, oir (rules)", {"run.method": "oir", "oir.relabeler": "rules"}),
+    "oir_lag": ("(d) ours, oir (rules), relabel lag 1", {"run.method": "oir", "oir.relabeler": "rules", "oir.relabel_lag": 1}),
+}
+
+
 def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]]) -> str:
     """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first."""
     plan = list(medians)
@@ -184,34 +192,28 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
         jax.device_get(m["loss"])
         plain["steps"] += E * T
 
-    # ---------------------------------------------------------------- (b), (c) ours
+    # ---------------------------------------------------------------- (b)-(d) ours
     tmp = tempfile.mkdtemp(prefix="oir_bench_")
     ours = {}
     chosen = [x.strip() for x in args.loops.split(",") if x.strip()]
-    unknown = sorted(set(chosen) - {"plain", "gt", "oir", "oir_lag"})
+    unknown = sorted(set(chosen) - {"plain", *OURS})
     if unknown or not chosen:
-        raise SystemExit(f"--loops {args.loops!r}: unknown {unknown}; choose from plain, gt, oir, oir_lag")
-    for key in [m for m in ("gt", "oir", "oir_lag") if m in chosen]:
-        extra = {"oir": {"oir.relabeler": "rules"}, "oir_lag": {"oir.relabeler": "rules", "oir.relabel_lag": 1}}.get(key, {})
-        tr = Trainer(TrainConfig().replace(**{"run.method": key.split("_")[0], **common, **extra}),
-                     os.path.join(tmp, key), log=lambda s: None)
+        raise SystemExit(f"--loops {args.loops!r}: unknown {unknown}; choose from plain, {', '.join(OURS)}")
+    for key in [k for k in OURS if k in chosen]:
+        tr = Trainer(TrainConfig().replace(**{**common, **OURS[key][1]}), os.path.join(tmp, key), log=lambda s: None)
         tr.init_state()
         ours[key] = tr
 
     parts: dict[str, list[dict]] = {}  # ours: each timed update's time/* metrics (Trainer.iteration)
 
-    def ours_iteration(method: str, name: str):
+    def ours_iteration(key: str):
         def run():
-            parts.setdefault(name, []).append({k: v for k, v in ours[method].iteration().metrics.items()
-                                               if k.startswith("time/")})
+            parts.setdefault(OURS[key][0], []).append({k: v for k, v in ours[key].iteration().metrics.items()
+                                                       if k.startswith("time/")})
         return run
 
-    loops = {name: fn for name, fn, key in (
-        ("(a) plain PQN-RNN, raw Craftax", plain_iteration, "plain"),
-        ("(b) ours, gt", ours_iteration("gt", "(b) ours, gt"), "gt"),
-        ("(c) ours, oir (rules)", ours_iteration("oir", "(c) ours, oir (rules)"), "oir"),
-        ("(d) ours, oir (rules), relabel lag 1", ours_iteration("oir_lag", "(d) ours, oir (rules), relabel lag 1"),
-         "oir_lag")) if key in chosen}
+    loops = {"(a) plain PQN-RNN, raw Craftax": plain_iteration} if "plain" in chosen else {}
+    loops.update({OURS[key][0]: ours_iteration(key) for key in ours})
     compile_s = {}
     for name, fn in loops.items():  # compile + one warm iteration each
         t = time.perf_counter()
@@ -257,8 +259,8 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
 
 
 def _workers(ours: dict) -> str:
-    """Where (c)'s rule relabeler runs (``oir.relabel_workers``)."""
-    rel = getattr(ours.get("oir"), "method", None)
+    """Where the oir loops' rule relabeler runs (``oir.relabel_workers``)."""
+    rel = getattr(ours.get("oir", ours.get("oir_lag")), "method", None)
     rel = getattr(rel, "relabeler", None)
     n = getattr(rel, "workers", 0)
     return f"{n} worker processes" if n else "the training process"
