@@ -67,45 +67,6 @@ def test_a_dead_worker_warns_once_and_the_batch_is_relabeled_in_process():
         par.close()  # idempotent
 
 
-class _RecordsWarmUp:
-    """A real rule relabeler that also leaves a file named after its process when warmed up."""
-
-    def __init__(self, folder):
-        self.folder = folder
-        self.inner = HindsightRelabeler("rules", k=2, delta=0.9, cache_size=0)
-
-    def warm_up(self):
-        self.inner.warm_up()
-        open(os.path.join(self.folder, f"warm_{os.getpid()}"), "w").close()
-
-    def relabel(self, trajs):
-        return self.inner.relabel(trajs)
-
-
-def test_workers_warm_their_relabeler_up_before_the_first_batch(tmp_path):
-    # the encoder loads in each worker while the trainer compiles, not in the first update
-    par = ParallelRelabeler(functools.partial(_RecordsWarmUp, str(tmp_path)), workers=2, min_batch=16)
-    try:
-        assert par.wait_ready(timeout=300) >= 1
-        warmed = {p.name for p in tmp_path.iterdir()}
-        assert warmed and f"warm_{os.getpid()}" not in warmed  # in the workers, not the caller
-        assert par.stats() == {"workers": 2}  # nothing relabeled yet
-        trajs = random_trajectories(32, 32, seed=2, texts=False)
-        assert _summary(par.relabel(trajs)) == _summary(
-            HindsightRelabeler("rules", k=2, delta=0.9, cache_size=0).relabel(trajs))
-    finally:
-        par.close()
-
-
-def test_warm_up_loads_the_encoder_and_leaves_results_unchanged():
-    trajs = random_trajectories(8, 32, seed=4, texts=False)
-    cold = HindsightRelabeler("rules", k=2, delta=0.9, cache_size=0)
-    warm = HindsightRelabeler("rules", k=2, delta=0.9, cache_size=0)
-    assert warm.warm_up() is warm
-    assert warm.encode(["collect wood"]).shape == (1, warm.encoder.dim)
-    assert _summary(warm.relabel(trajs)) == _summary(cold.relabel(trajs))
-
-
 def test_bad_arguments_and_the_automatic_worker_count():
     with pytest.raises(ValueError, match="workers=0"):
         ParallelRelabeler(functools.partial(HindsightRelabeler, "rules"), workers=0)

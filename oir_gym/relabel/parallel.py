@@ -42,10 +42,6 @@ def _init_worker(factory: Callable[[], Any]) -> None:
     except ImportError:  # a relabeler without an encoder needs no torch
         pass
     _WORKER_RELABELER = factory()
-    # the encoder loads in the first relabel otherwise: seconds of the first update's host time
-    warm_up = getattr(_WORKER_RELABELER, "warm_up", None)
-    if callable(warm_up):
-        warm_up()
 
 
 def _relabel_chunk(trajs: list[Trajectory]) -> list[RelabelResult]:
@@ -90,23 +86,12 @@ class ParallelRelabeler:
         self.local = factory()
         self._pool: Optional[ProcessPoolExecutor] = ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(factory,))
-        # start the workers now (imports, the encoder and its first forward take seconds; their
-        # initializer warms the relabeler up), not at the first batch
-        self._warmups = [self._pool.submit(_warmup) for _ in range(workers)]
+        # start the workers now (imports and the encoder take seconds), not at the first batch
+        for _ in range(workers):
+            self._pool.submit(_warmup)
         self.broken: Optional[str] = None
         self._counts: Counter = Counter()
         self._next_id = 0
-
-    def wait_ready(self, timeout: Optional[float] = None) -> int:
-        """Wait until the workers started at construction are up, their relabelers warmed up
-        (``warm_up`` where the factory's relabeler has one); returns how many distinct worker
-        processes answered. Relabeling does not need it (a batch waits for its workers anyway).
-
-        Raises:
-            TimeoutError: not ready within ``timeout`` seconds.
-        """
-        pids = {f.result(timeout=timeout) for f in self._warmups} if self._pool is not None else set()
-        return len(pids)
 
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
         """Relabel ``trajectories``; the results are in their order and hold these very objects."""

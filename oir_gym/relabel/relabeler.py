@@ -257,13 +257,6 @@ class HindsightRelabeler:
             self._encoder = get_encoder()
         return self._encoder
 
-    def warm_up(self) -> "HindsightRelabeler":
-        """Load the encoder and embed the caption vocabulary now instead of in the first
-        :meth:`relabel` (seconds on a fresh process: imports, model load, the device's first
-        forward). Worker processes call it while the trainer compiles. Returns ``self``."""
-        self._encode([])
-        return self
-
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """``[n, dim]`` float32 embeddings of ``texts`` by the relabeler's encoder, serialised with
         its background worker (which shares the encoder): safe to call from any thread."""
