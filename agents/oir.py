@@ -518,6 +518,11 @@ class Trainer:
             for b, sd in zip(self.buffers, host["buffers"], strict=True):
                 b.load_state_dict(sd)
             self.registry.load_state_dict({**host["registry"], **restored["registry"]})
+            # the checkpoint's table replaced the one built at construction: instructions this run
+            # evaluates but the saved run did not (a user file added for --eval-only or a resume)
+            # get rows again, and every evaluation row must hold its own text
+            self.eval_rows = self.registry.rows(self.eval_texts, self.eval_achs, protected=self.protected_rows)
+            self.orig_rows = self.registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))))
             self.method.load_state_dict(host.get("generated") or {})
             self.update_idx, self.env_steps = int(host["update"]), int(host["env_steps"])
         except (KeyError, ValueError, TypeError) as e:

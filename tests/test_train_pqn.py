@@ -18,6 +18,7 @@ jax = pytest.importorskip("jax")
 from agents.checkpoint import CheckpointError  # noqa: E402
 from agents.config import TrainConfig, preset  # noqa: E402
 from agents.oir import Trainer  # noqa: E402
+from oir_gym.instructions import ORIGINAL_INSTRUCTIONS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -264,6 +265,30 @@ def test_trainer_evaluates_user_instruction_files_with_the_control(tmp_path):
     bad.write_text('{"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_unobtainium"}]}}')
     with pytest.raises(ValueError, match="bad.json.*collect_unobtainium"):
         tiny(**{"eval.instruction_files": (str(bad),)}).validate()
+
+
+def test_a_checkpoint_evaluates_instruction_files_its_run_never_saw(tmp_path):
+    """--eval-only with a user file the training run did not evaluate: the checkpoint's instruction
+    table replaces the trainer's, and each of the file's wordings must still be evaluated with its
+    own embedding (before the fix they read whatever text held their row in the saved table)."""
+    from importlib import resources
+
+    path = str(resources.files("oir_gym.data").joinpath("example_instruction_sets.json"))
+    trained = Trainer(tiny(), tmp_path, log=lambda s: None)
+    trained.init_state()
+    trained.iteration()
+    trained.save()
+    cfg = tiny(**{"eval.instruction_files": (path,), "eval.horizon": 20, "eval.episodes": 1})
+    later = Trainer(cfg, tmp_path, log=lambda s: None)
+    later.load()
+    assert [later.registry.text(r) for r in later.eval_rows] == later.eval_texts
+    assert [later.registry.text(r) for r in later.orig_rows] == list(ORIGINAL_INSTRUCTIONS)
+    table = later.registry.device_table()
+    fresh = Trainer(cfg, tmp_path / "fresh", log=lambda s: None)  # the same texts, encoded without a checkpoint
+    np.testing.assert_allclose(np.asarray(table.emb)[later.eval_rows],
+                               np.asarray(fresh.registry.device_table().emb)[fresh.eval_rows], atol=1e-5)
+    (res,) = later.evaluate()
+    assert "own_words" in res.rates
 
 
 def test_progress_line_says_what_the_llm_answered_and_what_it_added():
