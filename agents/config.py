@@ -514,7 +514,7 @@ PRESETS: dict[str, tuple[str, Any]] = {
     "cpu": ("CPU default: OIR with the offline LLM + rules, 98,304 env steps (a few minutes on 2 cores)", _cpu),
     "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
     "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, 3 seeds, 8.4M env steps per seed "
-             "(measured on an H100: about 6 min with compile and evaluations, 0.345-0.375 mean success at the end "
+             "(measured on an H100: about 5.5 min with compile and evaluations, 0.33-0.36 mean success at the end "
              "with rule labels)",
              _fast),
     "smoke": ("The smallest run through every part of the method (4 updates; seconds on a CPU)", _smoke),

@@ -386,13 +386,21 @@ def test_latest_fast_preset_tables_in_results_doc_are_rebuilt_from_results(tmp_p
     out = capsys.readouterr().out
     ablation = _section(out, "Delta ablation")
     assert len(ablation) == 3 and all(r in doc for r in ablation)
+    # the file's sets of the delta-0.9 (cosine) run came from --eval-only on its checkpoint, before the
+    # fix of that path (95b02fe): withdrawn, so the page must not show them
+    def withdrawn(row: str) -> bool:
+        return row.startswith(("| d0.9 | own_words", "| d0.9 | compound", "| oir rules, cosine | own_words",
+                               "| oir rules, cosine | compound"))
+
     final = _condensed(_section(out, "Final point"))
-    assert len(final) == 15 and all(r in doc for r in final), [r for r in final if r not in doc]
+    assert len(final) == 15 and all(r in doc for r in final if not withdrawn(r)), [r for r in final if r not in doc]
+    assert not any(r in doc for r in final if withdrawn(r)) and "**Withdrawn: the delta-0.9 rows" in doc
     llm = [f"oir llm+rules, bound={H200 / 'fast_bound_llm'}", f"oir rules, bound={H200 / 'fast_bound_rules'}",
            f"oir rules, cosine={d09}"]
     assert analyze_runs.main(["--table-only", "--runs", *llm]) == 0
     final = _condensed(_section(capsys.readouterr().out, "Final point"))
-    assert len(final) == 15 and all(r in doc for r in final), [r for r in final if r not in doc]
+    assert len(final) == 15 and all(r in doc for r in final if not withdrawn(r)), [r for r in final if r not in doc]
+    assert sum(withdrawn(r) for r in final) == 2 and not any(r in doc for r in final if withdrawn(r))
     # the relabeling table: offers, LLM share, distinct instructions, novelty, wordings per event
     for name, run in (("oir llm+rules, bound", "fast_bound_llm"), ("oir rules, bound", "fast_bound_rules"),
                       ("oir rules, cosine", "fast_oir_k4")):
@@ -423,3 +431,39 @@ def test_latest_fast_preset_tables_in_results_doc_are_rebuilt_from_results(tmp_p
     assert "0.52 s waiting for the rollout, 0.53 s of host work" in doc and "1.99 s for the update program; 3.04 s" in doc
     assert round(k2[2], 2) == 1.43 and round(sum(k2), 2) == 2.33 and "(1.43 s for the update program, 2.33 s in" in doc
     assert (round(sum(llm_run), 2), round(sum(rules_run), 2)) == (3.88, 3.74) and "3.88 s against 3.74 s" in doc
+
+
+H100_TIME = ROOT / "results" / "gpu_h100_fast_time"
+FAST_1E7 = ROOT / "results" / "gpu_h200x2_fast_1e7"
+
+
+def test_this_rounds_h100_time_to_target_and_1e7_delta_ablation_tables_are_rebuilt_from_results(tmp_path, capsys):
+    """Issue 15's H100 timing and issue 14's delta ablation to 1e7 steps, as docs/results.md shows them."""
+    doc = (ROOT / "docs" / "results.md").read_text()
+    R = ROOT / "results"
+    ttt = [f"fast preset, H100={H100_TIME / 'h100_fast_warm'}", f"fast preset + lag 1, H100={H100_TIME / 'h100_fast_lag'}",
+           f"fast preset (lag 0), H100 (round before)={R / 'gpu_h100x2_fast_tuning' / 'r3_fast_oir'}",
+           f"fast preset (lag 0), H200 (last round)={H200 / 'fast_oir_k4'}"]
+    assert analyze_runs.main(["--runs", *ttt, "--time-target", "0.33", "--time-budget", "300", "--out", str(tmp_path)]) == 0
+    rows = _section(capsys.readouterr().out, "Time to target")
+    assert len(rows) == 5 and all(r in doc for r in rows[1:]), rows
+    assert rows[1].startswith("| fast preset, H100 | 3 | not reached |")  # the page's headline: not within 300 s
+    runs = [f"d0.5={FAST_1E7 / 'e7_d05'}", f"d0.7={FAST_1E7 / 'e7_d07'}", f"d0.9={FAST_1E7 / 'e7_d09'}"]
+    assert analyze_runs.main(["--table-only", "--runs", *runs, "--ablation", *(r[1:] for r in runs)]) == 0
+    out = capsys.readouterr().out
+    ablation = _section(out, "Delta ablation")
+    assert len(ablation) == 3 and all(r in doc for r in ablation)
+    final = _condensed(_section(out, "Final point"))
+    assert len(final) == 15 and all(r in doc for r in final), [r for r in final if r not in doc]
+    # every run reached 1e7 steps, with the lag the preset now sets, and evaluated the user file during training
+    for n in ("e7_d05", "e7_d07", "e7_d09"):
+        cfg = json.loads((FAST_1E7 / n / "config.json").read_text())
+        assert (cfg["run"]["total_timesteps"], cfg["oir"]["relabel_lag"]) == (10_485_760, 1)
+        assert cfg["eval"]["instruction_files"] and "own_words" in json.loads((FAST_1E7 / n / "eval_final.json").read_text())[0]
+    # where an H100 update went (medians of time/*), as the page states them
+    def medians(run: Path) -> list[float]:
+        rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+        return [round(float(np.median([r[k] for r in rows if k in r])), 2) for k in ("time/rollout_s", "time/host_s", "time/update_s")]
+
+    assert medians(H100_TIME / "h100_fast_lag") == [0.54, 0.11, 2.32] and medians(H100_TIME / "h100_fast_warm") == [0.60, 0.13, 2.33]
+    assert "0.54 / 0.60 s waiting for the rollout, 0.11 / 0.13 s of host work, and 2.32 / 2.33 s" in doc
