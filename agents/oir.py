@@ -266,8 +266,7 @@ class Trainer:
                                     control=cfg.eval.control)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
         self.registry = InstructionRegistry(self.encoder, capacity=method_cls.table_capacity(cfg, len(self.eval_texts)))
-        self.eval_rows = self.registry.rows(self.eval_texts, self.eval_achs)
-        self.orig_rows = self.registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))))
+        self._register_fixed_rows()
         #: per seed, the PLR-style instruction buffer (method oir draws new episodes from it; every method
         #: records the returns of finished episodes in it)
         self.buffers = [
@@ -347,6 +346,13 @@ class Trainer:
             masks[s, self.method.buffer_rows(s)] = True
         table = self.registry.device_table()
         return self.base_params.replace(table=table.replace(sample_mask=jnp.asarray(masks)))
+
+    def _register_fixed_rows(self, protected: Any = ()) -> None:
+        """``eval_rows`` and ``orig_rows``: the table rows of the evaluation and original instructions,
+        registering those the table does not hold (``protected``: rows they must not take)."""
+        self.eval_rows = self.registry.rows(self.eval_texts, self.eval_achs, protected=protected)
+        self.orig_rows = self.registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))),
+                                            protected=protected)
 
     def protected_rows(self) -> list[int]:
         """Table rows that must not be reused for new instructions: evaluation and original rows, the
@@ -521,8 +527,7 @@ class Trainer:
             # the checkpoint's table replaced the one built at construction: instructions this run
             # evaluates but the saved run did not (a user file added for --eval-only or a resume)
             # get rows again, and every evaluation row must hold its own text
-            self.eval_rows = self.registry.rows(self.eval_texts, self.eval_achs, protected=self.protected_rows)
-            self.orig_rows = self.registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))))
+            self._register_fixed_rows(protected=self.protected_rows)
             self.method.load_state_dict(host.get("generated") or {})
             self.update_idx, self.env_steps = int(host["update"]), int(host["env_steps"])
         except (KeyError, ValueError, TypeError) as e:

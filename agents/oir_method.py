@@ -78,6 +78,8 @@ class OIRRelabeling(TrainingMethod):
         self.relabeler = relabeler
         self.rules = rules
         self.async_llm = self.cfg.oir.relabeler in ("llm", "both")
+        #: the LLM prompt's few-shot answers, which a small model copies (``diversity/llm_echo_share``)
+        self._prompt_examples = load_template(self.cfg.llm.template).examples() if self.async_llm else []
         #: recent rollouts, newest first (LLM answers and lagged rule relabels arrive late)
         self.history: list = []
         self.history_len = max(self.cfg.oir.llm_lag if self.async_llm else 1, 1 + self.cfg.oir.relabel_lag)
@@ -350,9 +352,9 @@ class OIRRelabeling(TrainingMethod):
         stats = instruction_diversity(texts, [self.offered[t][0] for t in texts], [self.offered[t][1] for t in texts])
         out = {**stats.flat(), "relabel/llm_offer_share_total": self.offers_llm / max(self.offers_total, 1),
                "relabel/offers_total": float(self.offers_total)}
-        if self.cfg.oir.relabeler in ("llm", "both"):
+        if self.async_llm:
             # the LLM's own instructions (first offered by it), and how many copy the prompt's examples
             llm = [t for t in texts if self.offered[t][2] == "llm"]
             out["diversity/llm_instructions"] = float(len(llm))
-            out["diversity/llm_echo_share"] = echo_share(llm, load_template(self.cfg.llm.template).examples())
+            out["diversity/llm_echo_share"] = echo_share(llm, self._prompt_examples)
         return out

@@ -364,6 +364,12 @@ def test_fast_preset_tuning_tables_in_results_doc_are_rebuilt_from_results(tmp_p
 H200 = ROOT / "results" / "gpu_h200x2_fast_llm_delta"
 
 
+def _update_medians(run: Path) -> list[float]:
+    """Where a run's updates went: the medians of its ``time/rollout_s``, ``time/host_s``, ``time/update_s``."""
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    return [float(np.median([r[k] for r in rows if k in r])) for k in ("time/rollout_s", "time/host_s", "time/update_s")]
+
+
 def _condensed(rows: list[str]) -> list[str]:
     """Final-point rows as the page condenses them: method, set, final success, final gain."""
     cells = [[c.strip() for c in r.split("|")] for r in rows]
@@ -422,11 +428,7 @@ def test_latest_fast_preset_tables_in_results_doc_are_rebuilt_from_results(tmp_p
     echo = {t: c for t, c in only.items() if prompt_echo(t, load_template("segments").examples()) >= ECHO_BAR}
     assert (len(only), sum(only.values()), len(echo), sum(echo.values())) == (95, 374, 40, 307)
     # where an update went (medians of time/*), as the page states them
-    def medians(run: str) -> list[float]:
-        rows = [json.loads(line) for line in open(H200 / run / "metrics.jsonl")]
-        return [float(np.median([r[k] for r in rows if k in r])) for k in ("time/rollout_s", "time/host_s", "time/update_s")]
-
-    k4, k2, llm_run, rules_run = (medians(n) for n in ("fast_oir_k4", "fast_oir_k2", "fast_bound_llm", "fast_bound_rules"))
+    k4, k2, llm_run, rules_run = (_update_medians(H200 / n) for n in ("fast_oir_k4", "fast_oir_k2", "fast_bound_llm", "fast_bound_rules"))
     assert [round(v, 2) for v in k4] == [0.52, 0.53, 1.99] and round(sum(k4), 2) == 3.04
     assert "0.52 s waiting for the rollout, 0.53 s of host work" in doc and "1.99 s for the update program; 3.04 s" in doc
     assert round(k2[2], 2) == 1.43 and round(sum(k2), 2) == 2.33 and "(1.43 s for the update program, 2.33 s in" in doc
@@ -461,9 +463,6 @@ def test_this_rounds_h100_time_to_target_and_1e7_delta_ablation_tables_are_rebui
         assert (cfg["run"]["total_timesteps"], cfg["oir"]["relabel_lag"]) == (10_485_760, 1)
         assert cfg["eval"]["instruction_files"] and "own_words" in json.loads((FAST_1E7 / n / "eval_final.json").read_text())[0]
     # where an H100 update went (medians of time/*), as the page states them
-    def medians(run: Path) -> list[float]:
-        rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
-        return [round(float(np.median([r[k] for r in rows if k in r])), 2) for k in ("time/rollout_s", "time/host_s", "time/update_s")]
-
-    assert medians(H100_TIME / "h100_fast_lag") == [0.54, 0.11, 2.32] and medians(H100_TIME / "h100_fast_warm") == [0.60, 0.13, 2.33]
+    lag, warm = ([round(v, 2) for v in _update_medians(H100_TIME / n)] for n in ("h100_fast_lag", "h100_fast_warm"))
+    assert lag == [0.54, 0.11, 2.32] and warm == [0.60, 0.13, 2.33]
     assert "0.54 / 0.60 s waiting for the rollout, 0.11 / 0.13 s of host work, and 2.32 / 2.33 s" in doc
