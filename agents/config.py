@@ -101,6 +101,9 @@ class PQNConfig:
     norm_input: bool = True
     scan_unroll: int = 1
     """LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)."""
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Input type of the hidden layer's and the LSTM's matmuls (``bfloat16``: float32 accumulation,
+    parameters, norms, gates and Q-values; half the bytes and twice the tensor-core rate)."""
 
     @property
     def batch_steps(self) -> int:
@@ -329,7 +332,8 @@ class TrainConfig:
 
         for part, name, allowed in (("run", "method", METHODS), ("oir", "relabeler", RELABELERS),
                                     ("ellm", "proposer", ELLM_PROPOSERS),
-                                    ("env", "obs_mode", get_args(ObsMode)), ("ellm", "reward", get_args(EllmReward))):
+                                    ("env", "obs_mode", get_args(ObsMode)), ("ellm", "reward", get_args(EllmReward)),
+                                    ("pqn", "compute_dtype", ("float32", "bfloat16"))):
             v = getattr(getattr(self, part), name)
             need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
         l.validate()

@@ -16,21 +16,70 @@ and linear LR decay.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from flax.linen.recurrent import DenseParams
 from flax.training.train_state import TrainState
 
 from agents.config import PQNConfig
 
 
 # ----------------------------------------------------------------------------- network
+def matmul(x, w, dtype=jnp.float32):
+    """``x @ w`` with both cast to ``dtype``, accumulated and returned in float32."""
+    return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+class SequenceLSTM(nn.Module):
+    """An LSTM over a ``[T, B, F]`` sequence with flax's ``OptimizedLSTMCell`` parameters and math.
+
+    The input projection ``x @ W_i`` of every step is one matmul before the scan, which then only
+    multiplies the hidden state (``h @ W_h + b``): the cell, called once per step, does both at
+    every step. The carry is ``(c, h)``, zeroed where ``resets [T, B]`` (episode starts).
+    ``dtype``: the matmuls' input type (``bfloat16``: half the bytes; float32 accumulation, float32
+    gates and carry).
+    """
+
+    features: int
+    unroll: int = 1
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, carry, x, resets):
+        gates = ("i", "f", "g", "o")
+        w_i = [DenseParams(self.features, use_bias=False, kernel_init=nn.initializers.lecun_normal(),
+                           name=f"i{g}")(x[0])[0] for g in gates]
+        w_h = [DenseParams(self.features, use_bias=True, kernel_init=nn.initializers.orthogonal(),
+                           bias_init=nn.initializers.zeros_init(), name=f"h{g}")(carry[1]) for g in gates]
+        mm = functools.partial(matmul, dtype=self.dtype)
+        x_proj = mm(x, jnp.concatenate(w_i, axis=-1))  # [T, B, 4H]
+        kernel_h = jnp.concatenate([k for k, _ in w_h], axis=-1).astype(self.dtype)
+        bias_h = jnp.concatenate([b for _, b in w_h], axis=-1)
+
+        def step(carry, inp):
+            xp_t, reset_t = inp
+            c, h = (jnp.where(reset_t[:, None], 0.0, v) for v in carry)
+            z = mm(h, kernel_h) + bias_h + xp_t
+            i, f, g, o = jnp.split(z, 4, axis=-1)
+            c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
+            h = nn.sigmoid(o) * jnp.tanh(c)
+            return (c, h), h
+
+        return jax.lax.scan(step, carry, (x_proj, resets), unroll=self.unroll)
+
+
 class QNetwork(nn.Module):
     """Instruction-conditioned recurrent Q-network.
 
     ``__call__(carry, obs_features [T, B, D], instruction [T, B, 384], resets [T, B])`` returns
     ``(carry, q [T, B, A])``; the LSTM carry is zeroed where ``resets`` (episode starts).
+    ``dtype``: the input type of the hidden layers' and the LSTM's matmuls (``pqn.compute_dtype``);
+    parameters, norms, gates and Q-values stay float32.
     """
 
     num_actions: int
@@ -38,6 +87,7 @@ class QNetwork(nn.Module):
     num_layers: int = 1
     norm_input: bool = True
     unroll: int = 1
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, carry, obs, instruction, resets):
@@ -45,18 +95,9 @@ class QNetwork(nn.Module):
         if self.norm_input:
             x = nn.LayerNorm()(x)
         for _ in range(self.num_layers):
-            x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden_size)(x)))
-        cell = nn.OptimizedLSTMCell(self.hidden_size)
-
-        def scan_fn(cell, carry, inp):
-            x_t, reset_t = inp
-            zero = jax.tree_util.tree_map(jnp.zeros_like, carry)
-            carry = jax.tree_util.tree_map(lambda z, c: jnp.where(reset_t[:, None], z, c), zero, carry)
-            carry, y = cell(carry, x_t)
-            return carry, y
-
-        scan = nn.scan(scan_fn, variable_broadcast="params", split_rngs={"params": False}, unroll=self.unroll)
-        carry, y = scan(cell, carry, (x, resets))
+            x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden_size, dtype=self.dtype)(x).astype(jnp.float32)))
+        # the parameters of flax's OptimizedLSTMCell under its name (checkpoints load either way)
+        carry, y = SequenceLSTM(self.hidden_size, self.unroll, self.dtype, name="OptimizedLSTMCell_0")(carry, x, resets)
         return carry, nn.Dense(self.num_actions)(y)
 
     def initial_carry(self, batch: int):
@@ -66,7 +107,8 @@ class QNetwork(nn.Module):
 
 def make_network(cfg: PQNConfig, num_actions: int) -> QNetwork:
     """The Q-network of ``cfg`` for ``num_actions`` actions."""
-    return QNetwork(num_actions, cfg.hidden_size, cfg.num_layers, cfg.norm_input, cfg.scan_unroll)
+    return QNetwork(num_actions, cfg.hidden_size, cfg.num_layers, cfg.norm_input, cfg.scan_unroll,
+                    jnp.dtype(cfg.compute_dtype))
 
 
 def make_optimizer(cfg: PQNConfig, num_updates: int):

@@ -249,3 +249,70 @@ def test_balanced_choice_fills_each_trajectory_from_its_own_candidates(trajs, k)
     assert len(chosen) == len(trajs)
     for cands, picks in zip(trajs, chosen):
         assert len(picks) == min(k, len(cands)) and len(set(picks)) == len(picks) and set(picks) <= set(cands)
+
+
+def _lstm_inputs(hidden=32, T=12, B=5):
+    k = jax.random.PRNGKey(3)
+    obs = jax.random.normal(k, (T, B, 10))
+    instr = jax.random.normal(jax.random.PRNGKey(4), (T, B, 384))
+    resets = jax.random.uniform(jax.random.PRNGKey(5), (T, B)) < 0.2
+    carry = (jax.random.normal(jax.random.PRNGKey(6), (B, hidden)), jax.random.normal(jax.random.PRNGKey(7), (B, hidden)))
+    return carry, obs, instr, resets
+
+
+def test_sequence_lstm_has_the_parameters_and_outputs_of_flax_optimized_lstm_cell():
+    """The network's LSTM projects every step's input before its scan; checkpoints written with
+    flax's OptimizedLSTMCell under nn.scan (the earlier network) must load and act the same."""
+    import flax.linen as nn
+
+    class CellNetwork(nn.Module):  # the earlier network, written out
+        @nn.compact
+        def __call__(self, carry, obs, instruction, resets):
+            x = nn.LayerNorm()(jnp.concatenate([obs, instruction], axis=-1))
+            x = nn.relu(nn.LayerNorm()(nn.Dense(32)(x)))
+
+            def scan_fn(cell, carry, inp):
+                x_t, reset_t = inp
+                carry = jax.tree_util.tree_map(lambda c: jnp.where(reset_t[:, None], 0.0, c), carry)
+                return cell(carry, x_t)
+
+            scan = nn.scan(scan_fn, variable_broadcast="params", split_rngs={"params": False}, unroll=4)
+            carry, y = scan(nn.OptimizedLSTMCell(32), carry, (x, resets))
+            return carry, nn.Dense(17)(y)
+
+    carry, obs, instr, resets = _lstm_inputs()
+    new, old = pqn.QNetwork(17, 32, 1, True, 4), CellNetwork()
+    p_new = new.init(jax.random.PRNGKey(0), carry, obs, instr, resets)
+    p_old = old.init(jax.random.PRNGKey(0), carry, obs, instr, resets)
+    assert jax.tree_util.tree_structure(p_new) == jax.tree_util.tree_structure(p_old)
+    for a, b in zip(jax.tree_util.tree_leaves(p_new), jax.tree_util.tree_leaves(p_old)):
+        np.testing.assert_array_equal(a, b)  # same names, shapes and initial values
+    (c1, h1), q1 = new.apply(p_new, carry, obs, instr, resets)
+    (c2, h2), q2 = old.apply(p_new, carry, obs, instr, resets)
+    for a, b in ((q1, q2), (c1, c2), (h1, h2)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    g1 = jax.grad(lambda p: new.apply(p, carry, obs, instr, resets)[1].sum())(p_new)
+    g2 = jax.grad(lambda p: old.apply(p, carry, obs, instr, resets)[1].sum())(p_new)
+    for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_close_q_values():
+    """pqn.compute_dtype bfloat16 casts only the matmuls' inputs: parameters, carry and Q-values
+    stay float32, and Q-values stay within bfloat16 rounding of the float32 network's."""
+    carry, obs, instr, resets = _lstm_inputs()
+    f32 = pqn.make_network(PQNConfig(hidden_size=32), 17)
+    bf16 = pqn.make_network(PQNConfig(hidden_size=32, compute_dtype="bfloat16"), 17)
+    params = f32.init(jax.random.PRNGKey(0), carry, obs, instr, resets)
+    p_bf16 = bf16.init(jax.random.PRNGKey(0), carry, obs, instr, resets)
+    assert {x.dtype for x in jax.tree_util.tree_leaves(p_bf16)} == {jnp.dtype("float32")}
+    (c, h), q = bf16.apply(params, carry, obs, instr, resets)
+    _, q32 = f32.apply(params, carry, obs, instr, resets)
+    assert q.dtype == c.dtype == h.dtype == jnp.float32
+    err = float(jnp.abs(q - q32).max())
+    assert 0 < err < 0.05 * float(jnp.abs(q32).max()) + 1e-3  # it does change the maths, a little
+
+
+def test_unknown_compute_dtype_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"pqn.compute_dtype='float16'; expected one of \('float32', 'bfloat16'\)"):
+        TrainConfig().replace(**{"pqn.compute_dtype": "float16"}).validate()

@@ -1,0 +1,141 @@
+"""The PQN update program alone: how its LSTM and its scan settings change its time, in one run.
+
+    python bench/update_cost.py                       # CPU-sized (LSTM 128, 64 x 16 trajectories)
+    python bench/update_cost.py --preset fast         # the fast preset's update: 3 seeds x 5,120 trajectories
+    python bench/update_cost.py --preset fast --unroll 8,16 --dtype float32,bfloat16
+    python bench/update_cost.py --preset fast --variants sequence:8:float32,cell:8:float32,sequence:8:bfloat16
+
+The update is :func:`agents.pqn.update`, vmapped over seeds and jitted as the trainer does, on a
+batch of random trajectories shaped as the preset's (OIR: ``num_envs * (1 + K)`` trajectories of
+``num_steps`` steps). Variants, timed interleaved (a, b, a, b, ...) so that machine load hits them
+alike; medians reported, with each variant's ratio to the first:
+
+* ``lstm``: ``sequence`` (:class:`agents.pqn.SequenceLSTM`: the input projection of all steps as
+  one matmul before the scan) or ``cell`` (flax's ``OptimizedLSTMCell`` called at every step under
+  ``nn.scan``: both matmuls per step). Same parameters, same math.
+* ``unroll``: the scan's unroll (``pqn.scan_unroll``).
+* ``dtype``: ``pqn.compute_dtype``, the matmuls' input type (``sequence`` only; float32
+  accumulation either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+SIZES = {
+    "cpu": dict(seeds=1, trajectories=64, steps=16, hidden=128, epochs=2, minibatches=4),
+    "paper": dict(seeds=1, trajectories=64 * 5, steps=128, hidden=512, epochs=8, minibatches=4),
+    "fast": dict(seeds=3, trajectories=1024 * 5, steps=128, hidden=512, epochs=4, minibatches=16),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="cpu", choices=sorted(SIZES))
+    p.add_argument("--lstm", default="sequence,cell", help="LSTM implementations, comma-separated")
+    p.add_argument("--unroll", default="8", help="scan unrolls, comma-separated")
+    p.add_argument("--dtype", default="float32", help="compute dtypes, comma-separated (float32, bfloat16)")
+    p.add_argument("--variants", default=None, help="explicit variants LSTM:UNROLL:DTYPE, comma-separated "
+                   "(instead of every combination of the three options)")
+    p.add_argument("--iterations", type=int, default=5, help="timed updates per variant (median reported)")
+    return p.parse_args(argv)
+
+
+def cell_network(num_actions: int, hidden: int, unroll: int):
+    """The Q-network with flax's cell called at every step (the other implementation)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    class CellQNetwork(nn.Module):
+        @nn.compact
+        def __call__(self, carry, obs, instruction, resets):
+            x = nn.LayerNorm()(jnp.concatenate([obs, instruction], axis=-1))
+            x = nn.relu(nn.LayerNorm()(nn.Dense(hidden)(x)))
+
+            def scan_fn(cell, carry, inp):
+                x_t, reset_t = inp
+                carry = jax.tree_util.tree_map(lambda c: jnp.where(reset_t[:, None], 0.0, c), carry)
+                return cell(carry, x_t)
+
+            scan = nn.scan(scan_fn, variable_broadcast="params", split_rngs={"params": False}, unroll=unroll)
+            carry, y = scan(nn.OptimizedLSTMCell(hidden), carry, (x, resets))
+            return carry, nn.Dense(num_actions)(y)
+
+    return CellQNetwork()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+    from flax.training.train_state import TrainState
+
+    from agents import pqn
+    from agents.config import PQNConfig, TrainConfig
+    from oir_gym.craftax_compat import NUM_ACTIONS
+    from oir_gym.observation import obs_dim
+
+    size = SIZES[args.preset]
+    S, N, T, H = size["seeds"], size["trajectories"], size["steps"], size["hidden"]
+    cfg = PQNConfig(hidden_size=H, num_epochs=size["epochs"], num_minibatches=size["minibatches"])
+    D = obs_dim(TrainConfig().env.obs_mode)
+    k = jax.random.PRNGKey(0)
+    batch = {
+        "obs": jax.random.normal(k, (S, T, N, D)), "instr": jax.random.normal(k, (S, T, N, 384)),
+        "actions": jax.random.randint(k, (S, T, N), 0, NUM_ACTIONS), "rewards": jnp.zeros((S, T, N)),
+        "dones": jax.random.uniform(k, (S, T, N)) < 0.01, "resets": jax.random.uniform(k, (S, T, N)) < 0.01,
+        "cuts": jnp.zeros((S, T, N), bool), "weights": jnp.ones((S, N)),
+        "next_obs_last": jnp.zeros((S, N, D)), "next_instr_last": jnp.zeros((S, N, 384)),
+        "carry0": (jnp.zeros((S, N, H)), jnp.zeros((S, N, H))),
+    }
+    if args.variants:
+        variants = [(lstm, int(unroll), dtype) for lstm, unroll, dtype in (v.split(":") for v in args.variants.split(","))]
+    else:
+        variants = list(itertools.product(args.lstm.split(","), [int(u) for u in args.unroll.split(",")],
+                                          args.dtype.split(",")))
+    programs = {}
+    for lstm, unroll, dtype in variants:
+        net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype)) if lstm == "sequence"
+               else cell_network(NUM_ACTIONS, H, unroll))
+        tx = pqn.make_optimizer(cfg, 100)
+
+        def init(key, net=net, tx=tx):
+            params = net.init(key, pqn.QNetwork(NUM_ACTIONS, H).initial_carry(1), jnp.zeros((1, 1, D)),
+                              jnp.zeros((1, 1, 384)), jnp.zeros((1, 1), bool))
+            return TrainState.create(apply_fn=net.apply, params=params, tx=tx)
+
+        state = jax.jit(jax.vmap(init))(jax.random.split(k, S))
+        fn = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, cfg, key, b)))
+        t = time.time()
+        compiled = fn.lower(state, jax.random.split(k, S), batch).compile()
+        programs[(lstm, unroll, dtype)] = (compiled, state, time.time() - t)
+        jax.block_until_ready(compiled(state, jax.random.split(k, S), batch))  # warm-up
+    times = {v: [] for v in variants}
+    for _ in range(args.iterations):
+        for v in variants:
+            compiled, state, _ = programs[v]
+            t = time.time()
+            jax.block_until_ready(compiled(state, jax.random.split(k, S), batch))
+            times[v].append(time.time() - t)
+    print(f"# update program, preset {args.preset}: {S} seed(s) x {N} trajectories x {T} steps, LSTM {H}, "
+          f"{size['epochs']} epochs x {size['minibatches']} minibatches; {jax.devices()[0].device_kind}, "
+          f"median of {args.iterations}")
+    print("| lstm | unroll | dtype | compile s | update s | ratio to first |\n|---|---|---|---|---|---|")
+    base = statistics.median(times[variants[0]])
+    for v in variants:
+        med = statistics.median(times[v])
+        print(f"| {v[0]} | {v[1]} | {v[2]} | {programs[v][2]:.1f} | {med:.3f} | {med / base:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
