@@ -491,16 +491,16 @@ def _fast() -> TrainConfig:
     # Time-to-score on one GPU (issue 15): purejaxql's own PQN-RNN batch for Craftax (1,024 envs x
     # 128 steps, 4 epochs) with the paper's agent and OIR settings (LSTM 512, buffer 10, delta 0.9,
     # K 4). The batch of OIR is 1,024 x (1 + K) = 5,120 trajectories: 16 minibatches of 320.
-    # Tuned on one H100 (docs/results.md, "Fast preset tuning"): lr 5e-4 learned faster than 2.5e-4;
-    # 2 epochs cost less per update but learned less per step; 64 updates (8.4M steps per seed)
-    # with an evaluation every 8 (each evaluation costs about 3.5 s, an update about 3.4 s). The
-    # rule relabeling of 3,072 trajectories (about 0.5 s on the host) runs beside the next rollout
-    # and update (oir.relabel_lag 1; its copies train one update later): host work on the update's
-    # path fell from 0.53 s (H200, lag 0) to 0.11-0.13 s (H100, lag 1).
+    # Tuned on H100s (docs/results.md): lr 5e-4 learned faster than 2.5e-4 and than 7e-4; 2 epochs
+    # cost less per update but learned less per step; 64 updates (8.4M steps per seed) with an
+    # evaluation every 8 (about 3 s each). The rule relabeling of 3,072 trajectories (about 0.5 s on
+    # the host) runs beside the next rollout and update (oir.relabel_lag 1; its copies train one
+    # update later). bfloat16 matmul inputs cut the update program from 2.24 to 1.88 s
+    # (bench/update_cost.py) and the run passed 0.33 at 265 s on an H100.
     return _paper().replace(**{
         "run.total_timesteps": 64 * 1024 * 128, "run.num_seeds": 3, "pqn.num_envs": 1024, "pqn.num_steps": 128,
         "pqn.num_epochs": 4, "pqn.num_minibatches": 16, "pqn.lr": 5e-4, "eval.every": 8,
-        "run.checkpoint_every": 16, "oir.relabel_lag": 1,
+        "run.checkpoint_every": 16, "oir.relabel_lag": 1, "pqn.compute_dtype": "bfloat16",
     })
 
 
@@ -518,9 +518,9 @@ def _smoke() -> TrainConfig:
 PRESETS: dict[str, tuple[str, Any]] = {
     "cpu": ("CPU default: OIR with the offline LLM + rules, 98,304 env steps (a few minutes on 2 cores)", _cpu),
     "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
-    "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, 3 seeds, 8.4M env steps per seed "
-             "(measured on an H100: about 5.5 min with compile and evaluations, 0.33-0.36 mean success at the end "
-             "with rule labels)",
+    "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, bfloat16 matmuls, 3 seeds, 8.4M "
+             "env steps per seed (measured on an H100: 4.5 min with compile and evaluations, 0.35 mean success "
+             "at the end with rule labels)",
              _fast),
     "smoke": ("The smallest run through every part of the method (4 updates; seconds on a CPU)", _smoke),
 }
