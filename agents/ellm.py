@@ -41,7 +41,7 @@ class ELLMProposals(TrainingMethod):
         super().__init__(trainer)
         self.proposer = proposer
         self.pinned_counts: Counter = Counter()  # goals envs were pinned to
-        self._goal_rng = np.random.default_rng(self.cfg.run.seed + 7919)
+        self._goal_rng = np.random.default_rng(self.cfg.run.seed + 7919 + trainer.seed_offset)
 
     @staticmethod
     def also_pays_slots(cfg: "TrainConfig") -> int:

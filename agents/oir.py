@@ -43,6 +43,7 @@ from agents.oir_method import OIRRelabeling
 from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.config import TrainConfig, load_config
 from agents.run_dir import MetricsPosition, atomic_write_json
+from agents.multihost import check_processes
 from agents.sharding import Layout, PerDevice, check_layout, placeholder
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
@@ -236,16 +237,17 @@ class Trainer:
                  log: Callable[[str], None] = print, proposer=None) -> None:
         self.cfg = cfg.validate()
         self.S = cfg.run.num_seeds
-        #: devices the seeds (or, with fewer seeds than devices, the envs) are split over; checked
-        #: against the visible devices before anything is written or compiled
-        if jax.process_count() > 1:
-            # the host loop (relabeler, buffers, metrics, checkpoints) reads whole arrays, which a
-            # multi-host mesh does not hold in one process (docs/reproduce.md, "Multi-host")
-            raise ValueError(f"this run joined {jax.process_count()} processes (jax.distributed), but the trainer "
-                             "runs in one process per host for now: unset JAX_COORDINATOR_ADDRESS / "
-                             "OIR_GYM_DISTRIBUTED and start one run per host with its own --run.seed")
-        self.num_devices = cfg.run.num_devices or len(jax.devices())
-        check_layout(self.S, cfg.pqn.num_envs, self.num_devices)
+        #: processes of this run (jax.distributed): each trains whole seeds on its own devices
+        #: (:mod:`agents.multihost`); ``S`` is this process's share, global seeds
+        #: ``[seed_offset, seed_offset + S)``
+        self.processes, self.process_index = jax.process_count(), jax.process_index()
+        check_processes(self.S, self.processes)
+        self.num_seeds = self.S
+        self.S //= self.processes
+        self.seed_offset = self.process_index * self.S
+        local = len(jax.local_devices())
+        self.num_devices = cfg.run.num_devices or local
+        check_layout(self.S, cfg.pqn.num_envs, self.num_devices, visible=local)
         #: seeds, env blocks and the device mesh (:class:`agents.sharding.Layout`)
         self.layout = Layout(self.S, cfg.pqn.num_envs, self.num_devices)
         self.mesh = self.layout.mesh()
@@ -272,7 +274,7 @@ class Trainer:
         self.buffers = [
             InstructionBuffer(cfg.oir.instruction_buffer_size, cfg.oir.tau_low, cfg.oir.tau_high,
                               initial=list(ORIGINAL_INSTRUCTIONS)[: cfg.oir.instruction_buffer_size],
-                              seed=cfg.run.seed + s)
+                              seed=cfg.run.seed + self.seed_offset + s)
             for s in range(self.S)
         ]
         self.runner = None
@@ -389,19 +391,24 @@ class Trainer:
     def init_state(self) -> None:
         """Fresh parameters, optimiser state, envs and key for every seed, placed on the mesh."""
         t0 = time.time()
+        # the keys of every seed of the run, this process's taken: global seed g draws what it
+        # draws in a one-process run
+        n, lay = self.num_seeds, self.layout
         key = jax.random.PRNGKey(self.cfg.run.seed)
-        key, *ks = jax.random.split(key, 1 + 3 * self.S)
-        k_net, k_env, k_run = np.array(ks[: self.S]), np.array(ks[self.S: 2 * self.S]), np.array(ks[2 * self.S:])
+        key, *ks = jax.random.split(key, 1 + 3 * n)
+        k_net = np.array(ks[:n])[self.seed_offset: self.seed_offset + self.S]
+        blocks = slice(self.process_index * lay.blocks, (self.process_index + 1) * lay.blocks)
+        k_env = jax.random.split(ks[n], lay.blocks * self.processes)[blocks]
+        k_run = jax.random.split(ks[2 * n], lay.blocks * self.processes)[blocks]
         self.runner = None
-        self.train_state, self.runner = self._initial_state(jnp.asarray(k_net), jnp.asarray(k_env[0]),
-                                                            jnp.asarray(k_run[0]), self._env_params())
+        self.train_state, self.runner = self._initial_state(jnp.asarray(k_net), k_env, k_run, self._env_params())
         self.key = key
         self._place()
         self.startup["initial_state"] = time.time() - t0
 
     def _initial_state(self, k_net, k_env, k_run, env_params: F.EnvParams) -> tuple[Any, tuple]:
-        """``(train_state, runner)`` from the seeds' network keys, the env key and the rollout key
-        (unplaced); under :func:`jax.eval_shape`, their shapes."""
+        """``(train_state, runner)`` from the seeds' network keys, the env blocks' reset keys and
+        their rollout keys (unplaced); under :func:`jax.eval_shape`, their shapes."""
         cfg, lay = self.cfg, self.layout
         d_obs = obs_dim(cfg.env.obs_mode)
         # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on a GPU)
@@ -409,17 +416,17 @@ class Trainer:
             k, cfg.pqn, self.net, d_obs, self.encoder.dim, cfg.num_updates, tx=self._tx)))(k_net)
         groups = jnp.repeat(jnp.arange(self.S), cfg.pqn.num_envs)
         reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
-        obs, bstate = reset(jax.random.split(k_env, lay.blocks), env_params, lay.envs_per_block,
+        obs, bstate = reset(k_env, env_params, lay.envs_per_block,
                             lay.pool_per_block, None, cfg.env.obs_mode, groups, self.num_also_pays)
         carry = jax.vmap(lambda _: self.net.initial_carry(cfg.pqn.num_envs))(jnp.arange(self.S))
         done = jnp.ones((self.S * cfg.pqn.num_envs,), bool)
-        return train_state, (bstate, obs, carry, done, jax.random.split(k_run, lay.blocks))
+        return train_state, (bstate, obs, carry, done, k_run)
 
     def _placeholder_state(self, env_params: F.EnvParams) -> tuple[Any, tuple]:
         """A ``(train_state, runner)`` of zeros shaped and placed as :meth:`init_state` makes them,
         built without running its programs (for compiling ahead while they run)."""
-        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-        ts, runner = jax.eval_shape(self._initial_state, jax.ShapeDtypeStruct((self.S, 2), jnp.uint32), key, key,
+        blocks = jax.ShapeDtypeStruct((self.layout.blocks, 2), jnp.uint32)
+        ts, runner = jax.eval_shape(self._initial_state, jax.ShapeDtypeStruct((self.S, 2), jnp.uint32), blocks, blocks,
                                     env_params)
         lay = self.layout
         ts = lay.place(placeholder(ts), jax.tree_util.tree_map(lambda _: lay.seed_spec, ts))
@@ -561,7 +568,7 @@ class Trainer:
         self.last_rollout, self.last_batch = host, batch
         self.key, k = jax.random.split(self.key)
         t_host = time.time()
-        new_state, upd = self._update(self.train_state, jax.random.split(k, self.S), batch)
+        new_state, upd = self._update(self.train_state, self._seed_keys(k), batch)
         upd = jax.device_get(upd)
         t_update = time.time()
         metrics = {k: float(v) for k, v in metrics.items()}  # device scalars, read after the update started
@@ -590,8 +597,12 @@ class Trainer:
             "time/rollout_s": t_rollout - t0, "time/host_s": t_host - t_rollout, "time/update_s": t_update - t_host,
         })
         for s in range(self.S):
-            metrics[f"seed{s}/loss"] = float(upd["loss"][s])
+            metrics[f"seed{self.seed_offset + s}/loss"] = float(upd["loss"][s])
         return IterationLog(self.update_idx, self.env_steps, metrics)
+
+    def _seed_keys(self, key) -> jax.Array:
+        """This process's seeds' keys of ``key`` split over every seed of the run."""
+        return jax.random.split(key, self.num_seeds)[self.seed_offset: self.seed_offset + self.S]
 
     def evaluate(self) -> list[EvalResult]:
         """Evaluate every seed's policy on the instruction sets (greedy unless ``cfg.eval.epsilon``),
@@ -602,7 +613,8 @@ class Trainer:
         """The evaluation of ``policy_params`` (default: the current parameters) as a call, its
         arguments read now."""
         params = self.base_params.replace(table=self.registry.device_table())
-        keys = eval_keys(self.cfg.run.seed, self.S, self.update_idx)  # worlds differ per run seed, seed index and update
+        # worlds differ per run seed, (global) seed index and update
+        keys = eval_keys(self.cfg.run.seed, self.seed_offset + self.S, self.update_idx)[self.seed_offset:]
         policy = self.train_state.params if policy_params is None else policy_params
         return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, policy, params,
                                  self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)

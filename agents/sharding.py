@@ -114,8 +114,8 @@ class Layout:
         return self.num_envs // self.parts
 
     def mesh(self) -> Mesh:
-        """The ``("seeds", "parts")`` mesh over the first ``D`` devices."""
-        devices = np.asarray(jax.devices()[: self.num_devices]).reshape(self.seed_shards, self.parts)
+        """The ``("seeds", "parts")`` mesh over this process's first ``D`` devices."""
+        devices = np.asarray(jax.local_devices()[: self.num_devices]).reshape(self.seed_shards, self.parts)
         return Mesh(devices, (SEEDS, PARTS))
 
     #: ``[S, ...]`` (parameters, optimiser state, per-seed keys)
@@ -284,15 +284,18 @@ def initialize_distributed() -> bool:
 
     Reads ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` (or lets JAX
     detect SLURM / Open MPI when ``OIR_GYM_DISTRIBUTED=auto``). Single-host runs need nothing.
+    CPU processes exchange through gloo (unless ``JAX_CPU_COLLECTIVES_IMPLEMENTATION`` names another).
     """
+    if not (os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("OIR_GYM_DISTRIBUTED") == "auto"):
+        return False
+    if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
     if os.environ.get("JAX_COORDINATOR_ADDRESS"):
         jax.distributed.initialize(
             coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
             num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
             process_id=int(os.environ["JAX_PROCESS_ID"]),
         )
-        return True
-    if os.environ.get("OIR_GYM_DISTRIBUTED") == "auto":
+    else:
         jax.distributed.initialize()
-        return True
-    return False
+    return True

@@ -157,6 +157,19 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     the metrics' ``time`` column and ``--time-limit`` count the imports too (default: from this call)."""
     opts = parse_options(argv)
     cfg = opts.config
+    from agents.multihost import allgather_json, check_processes, merge_evals, process_dir
+    from agents.sharding import initialize_distributed
+
+    # a multi-host job (scheduler env vars) joins before JAX starts its backend (which
+    # validating a config's instruction files would: oir_gym imports Craftax); every process
+    # trains its share of the seeds (agents.multihost), process 0 writes the run's merged files
+    if initialize_distributed():
+        import jax
+
+        procs, me = jax.process_count(), jax.process_index()
+    else:
+        procs, me = 1, 0
+
     # every check before anything is written or deleted
     try:
         cfg.validate()
@@ -178,38 +191,54 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         return 2
     resume = opts.resume or opts.eval_only is not None
     run_path = Path(opts.run_dir or f"runs/{cfg.run.method}_{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        run = RunDir.prepare(run_path, resume=resume, overwrite=opts.overwrite)
-    except RunDirError as e:
-        flag = "--eval-only" if opts.eval_only is not None else "--resume"
-        print(f"error: {str(e).replace('--resume', flag)}", file=sys.stderr)
+    if opts.run_dir is None and procs > 1:
+        print("error: a run over several processes needs --run-dir (one directory every host sees)", file=sys.stderr)
         return 2
+    try:
+        check_processes(cfg.run.num_seeds, procs)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    flag = "--eval-only" if opts.eval_only is not None else "--resume"
+    problem = None
+    if me == 0:
+        try:
+            run = RunDir.prepare(run_path, resume=resume, overwrite=opts.overwrite)
+        except RunDirError as e:
+            problem = f"error: {str(e).replace('--resume', flag)}"
+    problem = allgather_json(problem)[0]  # process 0 prepared the directory (or refused): every process knows
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    if me:
+        run = RunDir(run_path)
+    own_dir = process_dir(run.path, procs, me)  # this process's checkpoints (the run directory itself alone)
+    own_dir.mkdir(parents=True, exist_ok=True)
 
     from agents.checkpoint import CheckpointError, load_checkpoint
     from oir_gym import enable_compilation_cache
 
+    done = None
     if resume:
         # verify the checkpoint and the metrics it covers before anything is written
-        flag = "--eval-only" if opts.eval_only is not None else "--resume"
         try:
-            _, saved = load_checkpoint(run.path)
-            if opts.eval_only is None:
+            _, saved = load_checkpoint(own_dir)
+            if opts.eval_only is None and me == 0:
                 run.check_metrics(**_metrics_resume(saved))
             done = run.completion()
         except FileNotFoundError:
-            print(f"error: {flag} given but {run.path / 'checkpoints'} holds no checkpoint", file=sys.stderr)
-            return 2
+            problem = f"error: {flag} given but {own_dir / 'checkpoints'} holds no checkpoint"
         except (CorruptFileError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
+            problem = f"error: {e}"
+        problem = next((p for p in allgather_json(problem) if p), None)
+        if problem:
+            print(problem, file=sys.stderr)
             return 2
         if opts.eval_only is None and done is not None and done.get("update", 0) >= cfg.num_updates:
             print(f"{run.path} is already complete ({done['update']}/{cfg.num_updates} updates, final evaluation, "
                   "CSV and plots written); nothing to resume. Evaluate it again with --eval-only TAG.", flush=True)
             return 0
     enable_compilation_cache()
-    from agents.sharding import initialize_distributed
-
-    initialize_distributed()  # a multi-host job (scheduler env vars) joins before JAX starts its backend
     import jax
 
     from agents.llm import LLMCheckError
@@ -221,19 +250,24 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     imports = time.time() - t0
     if opts.eval_only is not None:
         # evaluation needs no relabeler or goal proposer: build the rule ones, never an LLM
-        trainer = Trainer(cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules"}), run.path)
+        trainer = Trainer(cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules"}), own_dir)
     else:
         try:
-            trainer = Trainer(cfg, run.path)  # builds the relabeler or proposer: an LLM is checked here
+            trainer = Trainer(cfg, own_dir)  # builds the relabeler or proposer: an LLM is checked here
         except LLMCheckError as e:
-            print(f"error: {e}", file=sys.stderr)
+            problem = f"error: {e}"
+        problem = next((p for p in allgather_json(problem) if p), None)
+        if problem:
+            print(problem, file=sys.stderr)
             return 2
-        run.clear_complete()
-        run.write_config(cfg.to_dict())
+        if me == 0:
+            run.clear_complete()
+            run.write_config(cfg.to_dict())
     source = {"oir": f" relabeler={cfg.oir.relabeler}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(cfg.run.method, "")
     print(f"oir-gym PQN | method={cfg.run.method}{source} | {cfg.run.num_seeds} seed(s) x {cfg.pqn.num_envs} envs x "
           f"{cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env steps | device "
-          f"{jax.devices()[0].platform} | run dir {run.path}", flush=True)
+          f"{jax.devices()[0].platform}{f' | {procs} processes' if procs > 1 else ''} | run dir {run.path}",
+          flush=True) if me == 0 else None
     host: dict[str, Any] = {}
     # on an accelerator the programs compile side by side, beside the initial state's own compile
     # (a CPU has no spare cores for the throwaway calls this costs)
@@ -241,6 +275,10 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     try:
         if resume:
             host = trainer.load()
+            updates = allgather_json(trainer.update_idx)
+            if len(set(updates)) > 1:  # a process stopped between its checkpoint and the others'
+                raise ValueError(f"the processes' newest checkpoints are at updates {updates}; resume each "
+                                 f"process's directory (process<i>/) from the same update (delete the newer ones)")
             print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
             if compile_ahead and trainer.update_idx < trainer.cfg.num_updates:
                 trainer.start_compiling()
@@ -256,29 +294,37 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    def run_eval(tag: str) -> tuple[list, dict[str, float]]:
+    def run_eval(tag: str) -> tuple[list[dict], dict[str, float]]:
+        """Every seed's evaluation (process 0 writes the run's eval file with all of them) and this
+        process's metrics row part (its seeds' columns and their means)."""
         results = trainer.evaluate()
         row: dict[str, float] = {}
         for s, r in enumerate(results):
             for k, v in r.flat_metrics().items():
-                row[f"seed{s}/{k}"] = v
+                row[f"seed{trainer.seed_offset + s}/{k}"] = v
         for k in results[0].flat_metrics():
             row[k] = float(sum(r.flat_metrics()[k] for r in results) / len(results))
-        run.write_eval(tag, [r.to_dict() for r in results])
-        return results, row
+        every = merge_evals(allgather_json([r.to_dict() for r in results]))
+        if me == 0:
+            run.write_eval(tag, every)
+        return every, row
 
     if opts.eval_only is not None:  # the run's metrics, config and TensorBoard files stay as they are
         trainer.close()
         results, _ = run_eval(opts.eval_only)
-        table = _mean_table([r.to_dict() for r in results])
-        run.write_eval(opts.eval_only, [r.to_dict() for r in results], markdown=(
+        if me:
+            return 0
+        table = _mean_table(results)
+        run.write_eval(opts.eval_only, results, markdown=(
             f"# Evaluation '{opts.eval_only}' ({cfg.run.method}, {cfg.run.num_seeds} seed(s), checkpoint at "
             f"{trainer.env_steps:,} env steps, {cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction, "
             f"epsilon {cfg.eval.epsilon})\n\n{table}\n"))
         print(table + f"\nwrote {run.eval_path(opts.eval_only)}", flush=True)
         return 0
 
-    metrics = run.open_metrics(**(_metrics_resume(host) if resume else {}), wandb=opts.wandb)
+    # process 0 writes the run's metrics (every process's rows merged); the others keep none
+    metrics = run.open_metrics(**(_metrics_resume(host) if resume else {}), wandb=opts.wandb) if me == 0 \
+        else _NoMetrics()
     stopped: str | None = None
     try:
         stopped = _train(trainer, run, metrics, opts, run_eval, t0)
@@ -289,26 +335,46 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         trainer.close()
         metrics.close()
     if stopped:
+        _write_diversity(trainer, own_dir, cfg)  # a stopped run's buffer is reported too (it may never resume)
+        if me:
+            return 0
         run.write_csv()
-        _write_diversity(trainer, run, cfg)  # a stopped run's buffer is reported too (it may never resume)
         print(f"stopped ({stopped}) at update {trainer.update_idx}/{cfg.num_updates}; continue with: "
               f"python examples/train_pqn.py --run-dir {run.path} --resume", flush=True)
         return 0
-    _finish(trainer, run, cfg, run_eval)
+    _finish(trainer, run, cfg, run_eval, own_dir)
+    if me:
+        return 0
     print(f"\ndone in {time.time() - t0:.0f}s; outputs in {run.path}/", flush=True)
     return 0
+
+
+class _NoMetrics:
+    """The metrics writer of a process other than 0 in a multi-process run: process 0 writes the rows."""
+
+    def write(self, row: dict[str, Any]) -> None:
+        pass
+
+    def sync(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
 
 
 def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) -> str | None:
     """The training loop; returns why it stopped early (None: it reached the last update)."""
     from tqdm import tqdm
 
+    from agents.multihost import allgather_json, merge_rows
+
     cfg = trainer.cfg
     n = cfg.num_updates
     bar = None
+    quiet = trainer.process_index > 0  # process 0 prints the run's progress
     with _StopRequest() as stop:
         try:
-            if trainer.update_idx < n:
+            if trainer.update_idx < n and not quiet:
                 print(f"update {trainer.update_idx + 1}: compiling the rollout and update programs (the first "
                       "update of a process takes tens of seconds on a CPU)...", flush=True)
             while trainer.update_idx < n:
@@ -322,9 +388,20 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
                     row["time/eval_s"] = time.time() - t_eval  # after this row's "time" (training time = time minus earlier evaluations)
                 if last and hasattr(trainer.method, "diversity"):  # oir: the diversity of all buffer offers
                     row.update(trainer.method.diversity())
+                why = stop.requested
+                if not why and opts.max_updates and trainer.update_idx >= opts.max_updates and not last:
+                    why = f"--max-updates {opts.max_updates}"
+                if not why and opts.time_limit and time.time() - t0 > opts.time_limit and not last:
+                    why = f"--time-limit {opts.time_limit:g}s"
+                # every process's row and stop reason (one process stopping stops them all)
+                gathered = allgather_json([row, why])
+                row = merge_rows([r for r, _ in gathered])
+                why = next((w for _, w in gathered if w), None)
                 metrics.write(row)
                 line = summary_line(row, n)
-                if bar is None and opts.progress:  # started after the first update: its rate leaves out the compile
+                if quiet:
+                    pass
+                elif bar is None and opts.progress:  # started after the first update: its rate leaves out the compile
                     bar = tqdm(total=n, initial=log.update, unit="update", dynamic_ncols=True, file=sys.stderr,
                                disable=None)  # None: off when stderr is not a terminal (then lines are printed)
                 elif bar is not None:
@@ -333,15 +410,11 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
                     bar.set_postfix_str(f"{row['sps']:.0f} sps, loss {row['loss']:.4f}", refresh=False)
                     if log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row:
                         bar.write(line)
-                elif log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row or last:
+                elif not quiet and (log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row
+                                    or last):
                     print(line, flush=True)
                 if log.update % cfg.run.checkpoint_every == 0 or last:
                     trainer.save(metrics=metrics.sync())
-                why = stop.requested
-                if not why and opts.max_updates and trainer.update_idx >= opts.max_updates and not last:
-                    why = f"--max-updates {opts.max_updates}"
-                if not why and opts.time_limit and time.time() - t0 > opts.time_limit and not last:
-                    why = f"--time-limit {opts.time_limit:g}s"
                 if why:
                     if not last:
                         trainer.save(metrics=metrics.sync())
@@ -354,12 +427,17 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
     return None
 
 
-def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval) -> None:
-    """The final outputs (evaluation, CSV, plots, table), then the completion marker, in that order."""
+def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval, own_dir: Path) -> None:
+    """The final outputs (evaluation, CSV, plots, table), then the completion marker, in that order
+    (process 0; the others evaluate with it and write their diversity.json)."""
+    from agents.multihost import allgather_json
     from oir_gym import analysis
 
-    if not run.eval_path("final").exists():  # killed between the last checkpoint and its evaluation file
+    if allgather_json(not run.eval_path("final").exists())[0]:  # killed between the last checkpoint and its evaluation file
         run_eval("final")
+    if trainer.process_index > 0:
+        _write_diversity(trainer, own_dir, cfg)
+        return
     run.write_csv()
     rows = run.read_metrics()
     analysis.plot_training(rows, run.path / "training.png")
@@ -371,11 +449,11 @@ def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval) -> None:
         f"# Final evaluation ({cfg.run.method}, {cfg.run.num_seeds} seed(s), {trainer.env_steps:,} env steps, "
         f"{cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction)\n\n{table}\n"))
     print("\nFinal evaluation (mean over seeds):\n" + table)
-    _write_diversity(trainer, run, cfg)
+    _write_diversity(trainer, own_dir, cfg)
     run.mark_complete(update=trainer.update_idx, env_steps=trainer.env_steps)
 
 
-def _write_diversity(trainer, run: RunDir, cfg: TrainConfig) -> None:
+def _write_diversity(trainer, folder: Path, cfg: TrainConfig) -> None:
     """oir: how far the buffer's instructions go beyond the captions, and the LLM's record (errors
     by type with an example, drops by reason, stale answers) in diversity.json; a line each."""
     if not hasattr(trainer.method, "diversity"):
@@ -383,12 +461,12 @@ def _write_diversity(trainer, run: RunDir, cfg: TrainConfig) -> None:
     llm = trainer.method.llm_report()
     d = {"grounding": cfg.oir.grounding, "relabeler": cfg.oir.relabeler, "update": trainer.update_idx,
          **trainer.method.diversity(), **({"llm": llm} if llm else {})}
-    atomic_write_json(run.path / "diversity.json", d)
+    atomic_write_json(folder / "diversity.json", d)
     print(f"relabeled instructions ({cfg.oir.grounding} grounding): novelty share "
           f"{d['diversity/novelty_share']:.3f} of {int(d['diversity/instructions'])} distinct; LLM share of "
           f"buffer offers {d['relabel/llm_offer_share_total']:.3f} of {int(d['relabel/offers_total'])}; "
           f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
-          f"({int(d['diversity/events_named'])} events); wrote {run.path / 'diversity.json'}")
+          f"({int(d['diversity/events_named'])} events); wrote {folder / 'diversity.json'}")
     if "diversity/llm_echo_share" in d:  # a small LLM mostly copies its prompt's examples: say how much
         print(f"LLM instructions: {int(d['diversity/llm_instructions'])} distinct, "
               f"{d['diversity/llm_echo_share']:.3f} of them copies of the prompt's example answers")
