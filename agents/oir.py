@@ -221,7 +221,9 @@ class Trainer:
     """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for ``cfg.run.num_seeds`` seeds side by side.
 
     What every method shares runs here (rollout, return bookkeeping, the PQN update, evaluation,
-    checkpoints); the per-method part is :attr:`method` (:mod:`agents.methods`).
+    checkpoints); the per-method part is :attr:`method` (:mod:`agents.methods`). In a run over
+    several processes (``jax.distributed``), each process's trainer holds its share of the seeds
+    (:attr:`S` of :attr:`num_seeds`, global indices from :attr:`seed_offset`; :mod:`agents.multihost`).
 
     Args:
         cfg: the run configuration.

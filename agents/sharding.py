@@ -20,8 +20,9 @@ and evaluation are vmapped over seeds and sharded on that axis by jit.
 Multi-host: call :func:`initialize_distributed` (``jax.distributed.initialize``) at the top of the
 program on every host; a cluster scheduler sets the coordinator address, the process count and
 the process id (SLURM and Open MPI are detected by JAX itself; otherwise set
-``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``). The mesh then spans
-``jax.devices()`` of every host.
+``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``). Each process then lays
+its own seeds over its own devices (:meth:`Layout.mesh` takes ``jax.local_devices()``);
+:mod:`agents.multihost` splits the seeds and merges what the processes write.
 """
 
 from __future__ import annotations

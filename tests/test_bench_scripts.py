@@ -86,3 +86,14 @@ def test_relabel_throughput_bench_reports_the_llms_echo_of_its_prompt():
     row = next(ln for ln in out.stdout.splitlines() if ln.startswith("| segments | 2 |"))
     assert header.split("|")[-2].strip() == "LLM echo share"
     assert 0.0 <= float(row.split("|")[-2]) <= 1.0
+
+
+def test_update_cost_bench_prints_each_variant_with_its_ratio_to_the_first():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "update_cost.py"), "--iterations", "1",
+                          "--variants", "sequence:1:float32,sequence:1:bfloat16,cell:1:float32"],
+                         capture_output=True, text=True, timeout=600, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith(("| sequence", "| cell"))]
+    assert [r.split("|")[1:4] for r in rows] == [[" sequence ", " 1 ", " float32 "], [" sequence ", " 1 ", " bfloat16 "],
+                                                 [" cell ", " 1 ", " float32 "]]
+    assert rows[0].rstrip(" |").endswith("1.00")
