@@ -111,6 +111,8 @@ def merge_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     rows = list(rows)
     if not rows:
         raise ValueError("no rows to merge")
+    if len(rows) == 1:  # a one-process run's row, as it wrote it
+        return dict(rows[0])
     for k in ("update", "env_steps"):
         values = {r.get(k) for r in rows}
         if len(values) > 1:

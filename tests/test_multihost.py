@@ -56,6 +56,12 @@ def test_merge_rows_keeps_seed_columns_adds_throughput_takes_the_slowest_time_an
                    "seed3/loss": 0.3, "eval/original/mean_success_rate": pytest.approx(0.375)}
 
 
+def test_one_process_row_is_kept_as_written():
+    row = {"update": 1, "env_steps": 8, "relabel/llm_calls": 16, "sps": 5.0, "flag": True}
+    out = merge_rows([row])
+    assert out == row and type(out["relabel/llm_calls"]) is int and out is not row
+
+
 def test_rows_of_different_updates_are_not_merged():
     with pytest.raises(ValueError, match="different update"):
         merge_rows([{"update": 1, "env_steps": 8}, {"update": 2, "env_steps": 16}])
