@@ -264,10 +264,11 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
             run.clear_complete()
             run.write_config(cfg.to_dict())
     source = {"oir": f" relabeler={cfg.oir.relabeler}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(cfg.run.method, "")
-    print(f"oir-gym PQN | method={cfg.run.method}{source} | {cfg.run.num_seeds} seed(s) x {cfg.pqn.num_envs} envs x "
-          f"{cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env steps | device "
-          f"{jax.devices()[0].platform}{f' | {procs} processes' if procs > 1 else ''} | run dir {run.path}",
-          flush=True) if me == 0 else None
+    if me == 0:
+        print(f"oir-gym PQN | method={cfg.run.method}{source} | {cfg.run.num_seeds} seed(s) x {cfg.pqn.num_envs} envs "
+              f"x {cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env steps | "
+              f"device {jax.devices()[0].platform}{f' | {procs} processes' if procs > 1 else ''} | run dir {run.path}",
+              flush=True)
     host: dict[str, Any] = {}
     # on an accelerator the programs compile side by side, beside the initial state's own compile
     # (a CPU has no spare cores for the throwaway calls this costs)
