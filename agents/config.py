@@ -496,7 +496,7 @@ def _fast() -> TrainConfig:
     # evaluation every 8 (about 3 s each). The rule relabeling of 3,072 trajectories (about 0.5 s on
     # the host) runs beside the next rollout and update (oir.relabel_lag 1; its copies train one
     # update later). bfloat16 matmul inputs cut the update program from 2.24 to 1.88 s
-    # (bench/update_cost.py) and the run passed 0.33 at 265 s on an H100.
+    # (bench/update_cost.py); two H100 runs passed 0.33 at 265 s and 295 s.
     return _paper().replace(**{
         "run.total_timesteps": 64 * 1024 * 128, "run.num_seeds": 3, "pqn.num_envs": 1024, "pqn.num_steps": 128,
         "pqn.num_epochs": 4, "pqn.num_minibatches": 16, "pqn.lr": 5e-4, "eval.every": 8,
@@ -519,7 +519,7 @@ PRESETS: dict[str, tuple[str, Any]] = {
     "cpu": ("CPU default: OIR with the offline LLM + rules, 98,304 env steps (a few minutes on 2 cores)", _cpu),
     "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
     "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, bfloat16 matmuls, 3 seeds, 8.4M "
-             "env steps per seed (measured on an H100: 4.5 min with compile and evaluations, 0.35 mean success "
+             "env steps per seed (measured on H100s: 4.5-5 min with compile and evaluations, 0.345-0.348 mean success "
              "at the end with rule labels)",
              _fast),
     "smoke": ("The smallest run through every part of the method (4 updates; seconds on a CPU)", _smoke),
