@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from run_metrics import assert_same_seeds_metrics, read_rows
+
 from agents.config import preset
 from agents.sharding import check_layout, make_mesh, shard_leading
 
@@ -185,21 +187,9 @@ def test_two_devices_give_the_metrics_of_one_device(tmp_path):
                                  "--oir.relabeler", "rules", "--run.num-seeds", "2", "--run.num-devices", str(nd)])
             assert rc == 0, rc
     """, timeout=900)
-    rows = [[json.loads(line) for line in open(tmp_path / f"d{nd}" / "metrics.jsonl")] for nd in (1, 2)]
-    assert len(rows[0]) == len(rows[1]) == 4
-    for one, two in zip(*rows):
-        assert one.keys() == two.keys()
-        for k, v in one.items():
-            if k in ("sps", "time") or k.startswith("time/"):  # wall clock
-                continue
-            if "loss" in k or k == "q_mean":
-                assert two[k] == pytest.approx(v, rel=1e-4), k
-            elif "/eval/" in f"/{k}" and "success" in k:
-                assert abs(two[k] - v) <= 0.05, k
-            elif "/eval/" in f"/{k}":
-                continue  # counts / aggregate scores follow the success rates
-            else:
-                assert two[k] == v, k
+    rows = [read_rows(tmp_path / f"d{nd}") for nd in (1, 2)]
+    assert len(rows[0]) == 4
+    assert_same_seeds_metrics(*rows)
 
 
 # ----------------------------------------------------------------------------- multi-host
