@@ -166,8 +166,7 @@ def test_the_rollout_runs_as_one_program_per_device_with_no_traffic_between_them
 
 
 # ----------------------------------------------------------------------------- same metrics
-@pytest.mark.slow
-def test_two_devices_give_the_metrics_of_one_device(tmp_path):
+def test_two_devices_give_the_metrics_of_one_device(tmp_path):  # ~100 s on 2 cores: issue 15 asks for it in CI
     """The smoke preset, OIR with the rule relabeler, 2 seeds, through examples/train_pqn.py on 1 and
     on 2 (virtual CPU) devices.
 
