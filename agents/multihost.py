@@ -32,13 +32,6 @@ def process_count() -> int:
     return jax.process_count()
 
 
-def process_index() -> int:
-    """This process's index (0: the one that writes the run's merged files)."""
-    import jax
-
-    return jax.process_index()
-
-
 def check_processes(num_seeds: int, processes: int) -> None:
     """Refuse a seed count the processes cannot split into whole seeds each.
 
@@ -83,14 +76,6 @@ def allgather_json(obj: Any) -> list[Any]:
     return [json.loads(bytes(every[i, : int(n)]).decode()) for i, n in enumerate(lengths)]
 
 
-def barrier(name: str) -> None:
-    """Wait until every process reached ``name`` (nothing in a one-process run)."""
-    if process_count() > 1:
-        from jax.experimental.multihost_utils import sync_global_devices
-
-        sync_global_devices(name)
-
-
 def _is_seed_key(key: str) -> bool:
     head = key.split("/", 1)[0]
     return head.startswith("seed") and head[4:].isdigit()
@@ -118,14 +103,9 @@ def merge_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if len(values) > 1:
             raise ValueError(f"processes wrote rows of different {k}: {sorted(values, key=str)}")
     out: dict[str, Any] = {}
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    for k in keys:
+    for k in dict.fromkeys(k for r in rows for k in r):  # every column, in first-seen order
         values = [r[k] for r in rows if k in r]
-        if k in ("update", "env_steps"):
-            out[k] = values[0]
-        elif _is_seed_key(k):
+        if k in ("update", "env_steps") or _is_seed_key(k):
             out[k] = values[0]
         elif k == "sps":
             out[k] = float(sum(values))

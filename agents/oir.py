@@ -43,7 +43,7 @@ from agents.oir_method import OIRRelabeling
 from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.config import TrainConfig, load_config
 from agents.run_dir import MetricsPosition, atomic_write_json
-from agents.multihost import check_processes
+from agents.multihost import seed_slice
 from agents.sharding import Layout, PerDevice, check_layout, placeholder
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
@@ -238,15 +238,13 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike, relabeler=None,
                  log: Callable[[str], None] = print, proposer=None) -> None:
         self.cfg = cfg.validate()
-        self.S = cfg.run.num_seeds
         #: processes of this run (jax.distributed): each trains whole seeds on its own devices
-        #: (:mod:`agents.multihost`); ``S`` is this process's share, global seeds
-        #: ``[seed_offset, seed_offset + S)``
+        #: (:mod:`agents.multihost`); ``seeds`` are this process's global seed indices, ``S`` of
+        #: the run's ``num_seeds``
         self.processes, self.process_index = jax.process_count(), jax.process_index()
-        check_processes(self.S, self.processes)
-        self.num_seeds = self.S
-        self.S //= self.processes
-        self.seed_offset = self.process_index * self.S
+        self.seeds = seed_slice(cfg.run.num_seeds, self.processes, self.process_index)
+        self.num_seeds = cfg.run.num_seeds
+        self.S = self.seeds.stop - self.seeds.start
         local = len(jax.local_devices())
         self.num_devices = cfg.run.num_devices or local
         check_layout(self.S, cfg.pqn.num_envs, self.num_devices, visible=local)
@@ -333,6 +331,11 @@ class Trainer:
         self.last_batch: dict | None = None
 
     @property
+    def seed_offset(self) -> int:
+        """The global index of this process's first seed (0 in a one-process run)."""
+        return self.seeds.start
+
+    @property
     def generated(self) -> Counter:
         """Generated instruction -> count (oir: offered to the buffers; ellm: proposed goals)."""
         return self.method.generated
@@ -398,7 +401,7 @@ class Trainer:
         n, lay = self.num_seeds, self.layout
         key = jax.random.PRNGKey(self.cfg.run.seed)
         key, *ks = jax.random.split(key, 1 + 3 * n)
-        k_net = np.array(ks[:n])[self.seed_offset: self.seed_offset + self.S]
+        k_net = np.array(ks[:n])[self.seeds]
         blocks = slice(self.process_index * lay.blocks, (self.process_index + 1) * lay.blocks)
         k_env = jax.random.split(ks[n], lay.blocks * self.processes)[blocks]
         k_run = jax.random.split(ks[2 * n], lay.blocks * self.processes)[blocks]
@@ -604,7 +607,7 @@ class Trainer:
 
     def _seed_keys(self, key) -> jax.Array:
         """This process's seeds' keys of ``key`` split over every seed of the run."""
-        return jax.random.split(key, self.num_seeds)[self.seed_offset: self.seed_offset + self.S]
+        return jax.random.split(key, self.num_seeds)[self.seeds]
 
     def evaluate(self) -> list[EvalResult]:
         """Evaluate every seed's policy on the instruction sets (greedy unless ``cfg.eval.epsilon``),
@@ -616,7 +619,7 @@ class Trainer:
         arguments read now."""
         params = self.base_params.replace(table=self.registry.device_table())
         # worlds differ per run seed, (global) seed index and update
-        keys = eval_keys(self.cfg.run.seed, self.seed_offset + self.S, self.update_idx)[self.seed_offset:]
+        keys = eval_keys(self.cfg.run.seed, self.seeds.stop, self.update_idx)[self.seeds]
         policy = self.train_state.params if policy_params is None else policy_params
         return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, policy, params,
                                  self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
