@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
             run = RunDir.prepare(run_path, resume=resume, overwrite=opts.overwrite)
         except RunDirError as e:
             problem = f"error: {str(e).replace('--resume', flag)}"
-    problem = allgather_json(problem)[0]  # process 0 prepared the directory (or refused): every process knows
+    problem = _any_problem(problem)  # process 0 prepared the directory (or refused): every process knows
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
             problem = f"error: {flag} given but {own_dir / 'checkpoints'} holds no checkpoint"
         except (CorruptFileError, ValueError) as e:
             problem = f"error: {e}"
-        problem = next((p for p in allgather_json(problem) if p), None)
+        problem = _any_problem(problem)
         if problem:
             print(problem, file=sys.stderr)
             return 2
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
             trainer = Trainer(cfg, own_dir)  # builds the relabeler or proposer: an LLM is checked here
         except LLMCheckError as e:
             problem = f"error: {e}"
-        problem = next((p for p in allgather_json(problem) if p), None)
+        problem = _any_problem(problem)
         if problem:
             print(problem, file=sys.stderr)
             return 2
@@ -350,6 +350,13 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     return 0
 
 
+def _any_problem(problem: str | None) -> str | None:
+    """The first process's problem (an error message) or None: every process stops on it alike."""
+    from agents.multihost import allgather_json
+
+    return next((p for p in allgather_json(problem) if p), None)
+
+
 class _NoMetrics:
     """The metrics writer of a process other than 0 in a multi-process run: process 0 writes the rows."""
 
@@ -400,9 +407,7 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
                 why = next((w for _, w in gathered if w), None)
                 metrics.write(row)
                 line = summary_line(row, n)
-                if quiet:
-                    pass
-                elif bar is None and opts.progress:  # started after the first update: its rate leaves out the compile
+                if bar is None and opts.progress and not quiet:  # started after the first update: its rate leaves out the compile
                     bar = tqdm(total=n, initial=log.update, unit="update", dynamic_ncols=True, file=sys.stderr,
                                disable=None)  # None: off when stderr is not a terminal (then lines are printed)
                 elif bar is not None:
