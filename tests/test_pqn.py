@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -263,25 +265,11 @@ def _lstm_inputs(hidden=32, T=12, B=5):
 def test_sequence_lstm_has_the_parameters_and_outputs_of_flax_optimized_lstm_cell():
     """The network's LSTM projects every step's input before its scan; checkpoints written with
     flax's OptimizedLSTMCell under nn.scan (the earlier network) must load and act the same."""
-    import flax.linen as nn
-
-    class CellNetwork(nn.Module):  # the earlier network, written out
-        @nn.compact
-        def __call__(self, carry, obs, instruction, resets):
-            x = nn.LayerNorm()(jnp.concatenate([obs, instruction], axis=-1))
-            x = nn.relu(nn.LayerNorm()(nn.Dense(32)(x)))
-
-            def scan_fn(cell, carry, inp):
-                x_t, reset_t = inp
-                carry = jax.tree_util.tree_map(lambda c: jnp.where(reset_t[:, None], 0.0, c), carry)
-                return cell(carry, x_t)
-
-            scan = nn.scan(scan_fn, variable_broadcast="params", split_rngs={"params": False}, unroll=4)
-            carry, y = scan(nn.OptimizedLSTMCell(32), carry, (x, resets))
-            return carry, nn.Dense(17)(y)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from update_cost import cell_network  # the earlier network (bench/update_cost.py times both)
 
     carry, obs, instr, resets = _lstm_inputs()
-    new, old = pqn.QNetwork(17, 32, 1, True, 4), CellNetwork()
+    new, old = pqn.QNetwork(17, 32, 1, True, 4), cell_network(17, 32, 4)
     p_new = new.init(jax.random.PRNGKey(0), carry, obs, instr, resets)
     p_old = old.init(jax.random.PRNGKey(0), carry, obs, instr, resets)
     assert jax.tree_util.tree_structure(p_new) == jax.tree_util.tree_structure(p_old)
