@@ -84,6 +84,49 @@ def test_a_trickled_answer_ends_at_the_deadline_and_the_llm_path_recovers(server
     assert res.error is None and res.fallback is None and any(c.source == "llm" for c in res.candidates)
 
 
+def _in_thread(fn):
+    """Run ``fn`` on a daemon thread; returns the thread and a list that receives its exception
+    (a call that never returns then fails the test at its join instead of hanging the suite)."""
+    caught: list[BaseException] = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001
+            caught.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, caught
+
+
+# With ``Connection: close`` (or no length at all) http.client hands the socket to the response:
+# the connection object no longer holds it, and the deadline must still reach the body read.
+HANDED_OVER = {
+    "Connection: close with a length": b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 100000\r\n\r\n{",
+    "no length, read to the end": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{",
+    "chunked, Connection: close": b"HTTP/1.1 200 OK\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("head", list(HANDED_OVER))
+def test_the_deadline_holds_for_a_body_trickled_after_the_socket_went_to_the_response(server, head):
+    srv = server()
+    srv.handler = lambda req, conn: trickle(srv.stop, conn, HANDED_OVER[head])
+    be = OpenAIBackend(srv.url, "m", timeout=2, max_retries=0)
+    t0 = time.monotonic()
+    call, caught = _in_thread(lambda: be.generate(["p"]))
+    call.join(2 + MARGIN)
+    assert not call.is_alive(), "generate() outlived its 2 s deadline while bytes kept coming"
+    assert time.monotonic() - t0 >= 1.5  # ended by the deadline, not by the server
+    assert isinstance(caught[0], BackendTimeout) and "no complete answer within 2.0 s" in str(caught[0])
+    assert be.stats()["timeouts"] == 1
+    # the model question at construction has the same deadline
+    made, caught = _in_thread(lambda: OpenAIBackend(srv.url, timeout=2, max_retries=0))
+    made.join(2 + MARGIN)
+    assert not made.is_alive() and isinstance(caught[0], BackendTimeout)
+
+
 def test_a_server_that_never_answers_times_out_and_is_counted(server):
     srv = server(lambda req, conn: srv.stop.wait(60))  # reads the request, then says nothing
     be = OpenAIBackend(srv.url, "m", timeout=0.5, max_retries=2, concurrency=2)
