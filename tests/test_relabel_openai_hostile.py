@@ -3,7 +3,9 @@
 Each server here is a real TCP server on loopback (:class:`FakeServer` of
 ``test_relabel_openai.py``) scripted to misbehave the way a probe found: a redirect to another
 host, an answer trickled forever, a 500 MB answer, short reads, bad status lines, deeply nested
-JSON, garbage, silence. No real LLM server does these on demand.
+JSON, garbage, silence. No real LLM server does these on demand. The last tests check that the
+relabeler's start-up check and ``close()`` stay within their bounds against such a server, and
+(``-m slow``) that ``examples/train_pqn.py`` then still writes its final outputs and exits.
 
 The time bounds asserted below are the backend's deadlines (its documented behaviour), with a
 wide margin for a loaded 2-core machine; they are not speed measurements.

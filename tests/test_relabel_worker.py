@@ -31,6 +31,7 @@ from oir_gym.relabel.worker import (
     build_llm, describe_exit,
 )
 from agents.ellm_proposer import GoalProposer, rule_goals
+from conftest_llm import gguf_path  # noqa: F401 - pytest fixture (skips without the offline model)
 
 SEGMENTS = "llm_child_backends:SegmentsBackend"
 FAST = ChildConfig(backoff=0.05, max_backoff=0.2, grace=2.0)
@@ -509,24 +510,23 @@ def _llm_child_of(pid: int) -> Optional[int]:
 
 
 @pytest.mark.slow
-def test_train_pqn_exits_with_its_outputs_when_its_llm_child_is_stopped_mid_run(tmp_path):
-    """A real SIGSTOP on the LLM child after two updates: the child never answers again but does
-    not die, and the call's deadline is an hour (``--llm.call-timeout 3600``, a slow model's). The
-    run still finishes, writes its final outputs and exits soon after its last update; the
-    stopped child is killed."""
+@pytest.mark.llm
+def test_train_pqn_exits_with_its_outputs_when_its_llm_child_is_stopped_mid_run(tmp_path, gguf_path):
+    """The offline default LLM (transformers with the packaged Gemma, in its child process) gets a
+    real SIGSTOP after two updates: it never answers again but does not die, and a call's deadline
+    is an hour (``--llm.call-timeout 3600``, as for a slow model). The run still finishes, writes
+    its final outputs and exits soon after its last update; the stopped child is killed."""
     pytest.importorskip("jax")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    here = os.path.join(root, "tests")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, here])}
     run = tmp_path / "run"
     cmd = [sys.executable, os.path.join(root, "examples", "train_pqn.py"), "smoke", "--run-dir", str(run),
            "--no-progress", "--eval.horizon", "4", "--run.total-timesteps", str(4 * 16 * 8),
-           "--oir.relabeler", "both", "--llm.backend", SEGMENTS, "--llm.call-timeout", "3600"]
+           "--oir.relabeler", "both", "--llm.backend", "transformers", "--llm.call-timeout", "3600"]
     with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=root)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=root)
     child = None
     last = None
-    limit = threading.Timer(600, proc.kill)  # a hung run fails the test instead of hanging it
+    limit = threading.Timer(840, proc.kill)  # a hung run fails the test instead of hanging it
     limit.start()
     try:
         for line in proc.stdout:
@@ -536,7 +536,7 @@ def test_train_pqn_exits_with_its_outputs_when_its_llm_child_is_stopped_mid_run(
                 os.kill(child, signal.SIGSTOP)
             if line.startswith("[    8/8]"):
                 last = time.monotonic()
-        rc = proc.wait(600)
+        rc = proc.wait(60)
     finally:
         limit.cancel()
         if proc.poll() is None:
