@@ -190,6 +190,7 @@ def main(argv=None) -> int:
         for s in ("original", "simple", "complex"):
             analysis.plot_learning_curves(metrics, out / f"curves_{s}.png", s)
         analysis.plot_instruction_bars(finals, out / "instruction_success.png")
+        analysis.write_overview_plots(metrics, out)  # success.png (every set), gain.png, relabeling.png
     sets = analysis.set_names(finals)
     print("## Evaluation (mean ± s.e. over seeds)\n")
     print(analysis.final_table(finals, sets=sets))
