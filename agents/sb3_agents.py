@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from agents.config import LLMConfig
+from agents.config import LLMConfig, redact_url
 from agents.llm import check_llm, make_llm_relabeler
 from agents.run_dir import (
     CorruptFileError, MetricsWriter, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes,
@@ -583,7 +583,10 @@ class SB3Config:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain dict (what ``config.json`` holds), credentials in ``llm.base_url`` redacted."""
+        d = asdict(self)
+        d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SB3Config":

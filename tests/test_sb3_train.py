@@ -513,3 +513,11 @@ def test_the_end_of_training_is_evaluated_and_logged_once(tmp_path):
     assert ["eval/mine/mean_success_rate" in r for r in rows] == [False, True, False, True]
     assert set(json.loads((tmp_path / "run" / "eval_final.json").read_text())[0]) == {"mine"}
     assert "epsilon" in rows[-1] and "sps" not in rows[-1]
+
+
+def test_a_key_inside_the_llm_url_is_redacted_from_the_sb3_config_json(tmp_path):
+    from agents.config import LLMConfig
+
+    cfg = _tiny_cfg(llm=LLMConfig(base_url="https://me:sk-SECRET@example.invalid/v1?token=sk-SECRET"))
+    assert cfg.to_dict()["llm"]["base_url"] == "https://REDACTED@example.invalid/v1?token=REDACTED"
+    assert cfg.llm.base_url.startswith("https://me:sk-SECRET")  # the running config keeps what was given
