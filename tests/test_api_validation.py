@@ -264,6 +264,17 @@ def test_relabel_and_submit_refuse_what_is_not_a_batch_of_trajectories(batch, en
         relabeler.close()
 
 
+@CHECKED
+@given(block=WEIRD, timeout=st.one_of(WEIRD, st.just(0.0)))
+def test_collect_checks_block_and_timeout(block, timeout, encoder):
+    relabeler = HindsightRelabeler("rules", encoder=encoder)
+    try:
+        out = refused_or_ok(("block", "timeout"), lambda: relabeler.collect(block=block, timeout=timeout))
+        assert out in (None, [])
+    finally:
+        relabeler.close()
+
+
 def test_a_non_trajectory_batch_is_an_error_not_a_warning_and_empty_results(encoder):
     relabeler = HindsightRelabeler("rules", encoder=encoder)
     with pytest.raises(TypeError, match=r"trajectories\[1\]=.* must be an oir_gym.Trajectory"):

@@ -632,6 +632,8 @@ class HindsightRelabeler:
             block: wait until every submitted trajectory is finished (or ``timeout`` passes).
             timeout: seconds to wait when ``block`` is True (``None``: no limit).
         """
+        block = check_bool("block", block)
+        timeout = check_real("timeout", timeout, low=0.0, none_ok=True)
         with self._done_cv:
             if block:
                 self._done_cv.wait_for(lambda: self._pending == 0, timeout=timeout)
