@@ -55,12 +55,12 @@ class InstructionCraftaxEnv(gym.Env):
         return _first(obs), _first_info(infos)
 
     def step(self, action):
-        # the argument first: a wrong action is wrong whatever the episode's state
-        if isinstance(action, (bool, np.bool_)) or not self.action_space.contains(action):
-            kind = (ArgumentTypeError if not isinstance(action, (int, np.integer)) or isinstance(action, (bool, np.bool_))
-                    else ValueError)
-            raise kind(f"action={show(action)} outside the action space Discrete({self.action_space.n}): "
-                       f"an action is an integer in [0, {self.action_space.n - 1}]")
+        # the argument first: a wrong action is wrong whatever the episode's state (a bool is not one)
+        integer = isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.bool_))
+        if not (integer and self.action_space.contains(action)):
+            raise (ValueError if integer else ArgumentTypeError)(
+                f"action={show(action)} outside the action space Discrete({self.action_space.n}): an action is an "
+                f"integer in [0, {self.action_space.n - 1}]")
         if self._done:
             raise RuntimeError("the episode has ended: call reset() before step()")
         obs, r, term, trunc, infos = self._venv.step(np.array([int(action)]))
