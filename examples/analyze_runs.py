@@ -13,6 +13,11 @@ for ``#NNNNNN``), with 95% bootstrap confidence intervals over seeds (scipy's pe
 bootstrap), and, for evaluations with the control (``oir_gym.evaluation``), the
 instruction-following gain: success when asked for an achievement minus success when asked for
 another one (or given the neutral instruction).
+``--interval t`` prints, instead of that table and with 95% Student's t intervals over seeds, the
+summary docs/results.md shows: the final point, the mean of the last k evaluations and of the whole
+run, completed instructions and aggregate score at the final point, and how much of its success on
+the original set a seed keeps on the paraphrase sets (``kept``: success on ``simple`` or ``complex`` /
+success on ``original``, per seed); the control table then also takes t intervals.
 ``--time-target X`` adds mean success against wall clock (``time`` of the metrics rows, summed over
 resumes): the first evaluation reaching X and the best within ``--time-budget`` seconds.
 ``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and ``--tsne NAME=FILE``
@@ -26,9 +31,12 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from oir_gym import analysis  # noqa: E402
+from oir_gym.metrics import t_interval  # noqa: E402
 
 
 def _files(prefix: str) -> tuple[Path, Path]:
@@ -81,6 +89,76 @@ def _upto_tag(prefixes: list[str], metrics: list[list[dict]]) -> list[list[dict]
     return [[r for r in rows if not t.isdigit() or r.get("update", 0) <= int(t)] for t, rows in zip(tags, metrics)]
 
 
+PARAPHRASE_SETS = ("simple", "complex")  # the built-in rewordings of the original set's 22 instructions
+
+
+def _t_cell(values, fmt: str = "{:.3f}") -> str:
+    """``mean [low, high]``, the 95% t interval over seeds; ``-`` when a value is missing."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0 or not np.isfinite(arr).all():
+        return "-"
+    low, high = t_interval(arr)
+    ci = "n/a" if np.isnan(low) else f"{fmt.format(low)}, {fmt.format(high)}"
+    return f"{fmt.format(arr.mean())} [{ci}]"
+
+
+def t_summary_table(finals: dict[str, list[dict]], runs: dict[str, list[list[dict]]], sets: list[str],
+                    k: int = 5, max_step: float = float("inf")) -> str:
+    """Per method and set, with 95% t intervals over seeds: the final point, the mean of each seed's
+    last ``k`` evaluations and of all its evaluations (up to ``max_step``), completed instructions and
+    aggregate score at the final point, the share of the original set's success kept on a paraphrase set, and
+    the instruction-following gains (asked - mismatched) when some run has the control."""
+    has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
+                   for seeds in finals.values() for s in sets)
+    head = (f"| method | set | seeds | final: success | last {k}: success | whole run: success | final: completed "
+            "| final: aggregate | final: kept vs original |")
+    if has_gain:
+        head += f" final: gain | last {k}: gain |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for m, seeds in finals.items():
+        original = analysis.final_values(seeds, "original", "mean_success_rate")
+        for s in sets:
+            final = analysis.final_values(seeds, s, "mean_success_rate")
+            if np.isnan(final).all():
+                continue
+            rows = runs.get(m, [])
+            last = analysis.last_evals_means(rows, f"eval/{s}/mean_success_rate", k, max_step)
+            try:
+                whole = analysis.curve_means(rows, s, max_step=max_step)["mean_success_rate"]
+            except (ValueError, KeyError):  # no periodic evaluation of this set
+                whole = []
+            with np.errstate(divide="ignore", invalid="ignore"):
+                kept = _t_cell(final / original) if s in PARAPHRASE_SETS else "-"
+            row = (f"| {m} | {s} | {len(final)} | {_t_cell(final)} | {_t_cell(last)} | {_t_cell(whole)} | "
+                   f"{_t_cell(analysis.final_values(seeds, s, 'num_completed'), '{:.1f}')} | "
+                   f"{_t_cell(analysis.final_values(seeds, s, 'aggregate_score'))} | {kept} |")
+            if has_gain:
+                gain_last = analysis.last_evals_means(rows, f"eval/control/{s}/gain", k, max_step)
+                row += (f" {_t_cell(analysis.final_values(seeds, s, 'control/gain'), '{:+.3f}')} |"
+                        f" {_t_cell(gain_last, '{:+.3f}')} |")
+            lines.append(row)
+    return "\n".join(lines)
+
+
+def t_control_table(finals: dict[str, list[dict]], sets: list[str]) -> str:
+    """The control at the final point (success when asked, mismatched, neutral: means over seeds) with
+    both gains' 95% t intervals over seeds; empty when no evaluation has the control."""
+    lines = ["| method | set | seeds | asked | mismatched | neutral | gain (asked - mismatched) | gain (asked - neutral) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m, seeds in finals.items():
+        for s in sets:
+            neutral = analysis.final_values(seeds, s, "control/neutral_mean_success_rate")
+            if np.isnan(neutral).any():
+                continue
+            asked = analysis.final_values(seeds, s, "mean_success_rate")
+            mism = analysis.final_values(seeds, s, "control/mismatched_mean_success_rate")
+            mism_cell = "-" if np.isnan(mism).any() else f"{mism.mean():.3f}"
+            lines.append(f"| {m} | {s} | {len(asked)} | {asked.mean():.3f} | {mism_cell} | {neutral.mean():.3f} | "
+                         f"{_t_cell(analysis.final_values(seeds, s, 'control/gain'), '{:+.3f}')} | "
+                         f"{_t_cell(analysis.final_values(seeds, s, 'control/gain_neutral'), '{:+.3f}')} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, help="NAME=PREFIX per method")
@@ -88,6 +166,9 @@ def main(argv=None) -> int:
     p.add_argument("--tsne", nargs="*", help="NAME=instructions.json|goals.json")
     p.add_argument("--out", default="docs/img")
     p.add_argument("--table-only", action="store_true", help="print the tables, write no plots")
+    p.add_argument("--interval", choices=("bootstrap", "t"), default="bootstrap",
+                   help="t: the summary table with 95%% t intervals over seeds (docs/results.md) instead of the "
+                        "final-point table with bootstrap intervals; the control table's gains likewise")
     p.add_argument("--last-k", type=int, default=5, help="the last evaluations averaged beside the final point")
     p.add_argument("--curve-max-step", type=float, default=float("inf"),
                    help="the whole-run table keeps evaluations up to this many env steps (compare a short run "
@@ -109,6 +190,7 @@ def main(argv=None) -> int:
         for s in ("original", "simple", "complex"):
             analysis.plot_learning_curves(metrics, out / f"curves_{s}.png", s)
         analysis.plot_instruction_bars(finals, out / "instruction_success.png")
+        analysis.write_overview_plots(metrics, out)  # success.png (every set), gain.png, relabeling.png
     sets = analysis.set_names(finals)
     print("## Evaluation (mean ± s.e. over seeds)\n")
     print(analysis.final_table(finals, sets=sets))
@@ -116,13 +198,20 @@ def main(argv=None) -> int:
     print(f"\n## Mean over the periodic evaluations of the whole run{upto} (mean ± s.e. over seeds)\n")
     print(analysis.curve_mean_table(metrics, sets=sets, max_step=args.curve_max_step))
     windows = {name: _upto_tag(runs[name], rows) for name, rows in metrics.items()}
-    print(f"\n## Final point and mean of the last {args.last_k} evaluations{upto} "
-          "(mean [95% bootstrap CI over seeds])\n")
-    print(analysis.final_and_last_table(finals, windows, sets=sets, k=args.last_k, max_step=args.curve_max_step))
-    control = analysis.control_table(finals, sets=sets)
+    if args.interval == "t":
+        print(f"\n## Summary: final point, last {args.last_k} evaluations and whole run{upto} "
+              "(mean [95% t interval over seeds])\n")
+        print(t_summary_table(finals, windows, sets, k=args.last_k, max_step=args.curve_max_step))
+        control = t_control_table(finals, sets)
+    else:
+        print(f"\n## Final point and mean of the last {args.last_k} evaluations{upto} "
+              "(mean [95% bootstrap CI over seeds])\n")
+        print(analysis.final_and_last_table(finals, windows, sets=sets, k=args.last_k, max_step=args.curve_max_step))
+        control = analysis.control_table(finals, sets=sets)
     if control:
         print("\n## Instruction following at the final point: success of an achievement when asked for it, for "
-              "another one (mismatched) and with the neutral instruction (mean over seeds; gains with 95% bootstrap CI)\n")
+              f"another one (mismatched) and with the neutral instruction (mean over seeds; gains with 95% {args.interval} "
+              "interval)\n")
         print(control)
     if args.time_target is not None:
         print(f"\n## Time to target: mean success (original) against wall clock, compile included\n")

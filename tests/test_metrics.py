@@ -19,6 +19,7 @@ from oir_gym.metrics import (
     num_completed,
     success_rates,
     summarize,
+    t_interval,
 )
 
 FAST = settings(max_examples=80, deadline=None)
@@ -190,3 +191,36 @@ def test_bootstrap_ci_holds_the_mean_within_the_range_of_the_seeds(values):
     # the interval of the mean holds the sample mean except for very skewed small samples
     if len(set(values)) > 1 and len(values) >= 6:
         assert low - 1e-9 <= float(np.mean(values)) <= high + 1e-9
+
+
+# --------------------------------------------------------------------------- t intervals
+
+
+def test_t_interval_by_hand():
+    # [1, 2, 3]: mean 2, std 1, s.e. 1/sqrt(3); t_{2, 0.975} = 4.302653
+    low, high = t_interval([1.0, 2.0, 3.0])
+    half = 4.302652729911275 / math.sqrt(3)
+    assert low == pytest.approx(2 - half) and high == pytest.approx(2 + half)
+    # 90%: t_{2, 0.95} = 2.919986
+    low, high = t_interval([1.0, 2.0, 3.0], confidence=0.9)
+    assert high - 2 == pytest.approx(2.919985580355516 / math.sqrt(3))
+    assert t_interval([0.3, 0.3, 0.3]) == (0.3, 0.3)
+    assert all(np.isnan(t_interval([0.4])))
+
+
+@pytest.mark.parametrize("bad,match", [([], "non-empty"), ([[0.1, 0.2]], "1-D"), ([0.1, float("nan")], "finite")])
+def test_t_interval_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        t_interval(bad)
+    with pytest.raises(ValueError, match="confidence"):
+        t_interval([0.1, 0.2], confidence=0.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=2, max_size=12))
+def test_t_interval_is_centred_on_the_mean_and_wider_than_the_standard_error(values):
+    low, high = t_interval(values)
+    mean, se = mean_and_stderr(np.asarray(values))
+    assert (low + high) / 2 == pytest.approx(mean, abs=1e-12)
+    # the 97.5% t quantile exceeds the normal's 1.96 at every sample size
+    assert high - mean >= 1.96 * se - 1e-12
