@@ -264,8 +264,8 @@ class Trainer:
         self.startup["encoder"] = time.time() - t
         t = time.time()
         method_cls = METHOD_CLASSES[cfg.run.method]
-        self.eval_cfg = eval_config(cfg.eval.instruction_files, episodes=cfg.eval.episodes, horizon=cfg.eval.horizon,
-                                    control=cfg.eval.control)
+        self.eval_cfg = eval_config(cfg.eval.instruction_files, sets=cfg.eval.sets, episodes=cfg.eval.episodes,
+                                    horizon=cfg.eval.horizon, control=cfg.eval.control)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
         self.registry = InstructionRegistry(self.encoder, capacity=method_cls.table_capacity(cfg, len(self.eval_texts)))
         self._register_fixed_rows()

@@ -147,7 +147,17 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
     # the run itself is untouched: same config (eval.epsilon 0), no new metrics rows
     assert (run / "config.json").read_text() == config_before
     assert (run / "metrics.jsonl").read_text() == metrics_before
+    # only a file's sets (the 155 built-in instructions are not run again), its table printed
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_wood"},
+                                                  {"text": "have a drink", "achievement": "collect_drink"}]}}))
     capsys.readouterr()
+    assert train_pqn.main(["--run-dir", str(run), "--eval-only", "mine", "--eval.instruction-files", str(mine),
+                           "--eval.sets"]) == 0
+    out = capsys.readouterr().out
+    assert set(json.loads((run / "eval_mine.json").read_text())[0]) == {"mine"}
+    assert "Set mine, per instruction:" in out and "| chop a tree |" in out and "| have a drink |" in out
+    assert (run / "config.json").read_text() == config_before
     assert train_pqn.main(["--run-dir", str(run), "--eval-only", "../x"]) == 2
     assert "evaluation tag" in capsys.readouterr().err
     assert train_pqn.main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2

@@ -50,7 +50,7 @@ import threading
 import time
 import warnings
 from collections import Counter, deque
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -75,6 +75,9 @@ from oir_gym.grounding import (
 )
 from oir_gym.reward import event_similarity, match_steps
 from oir_gym.trajectory import Trajectory
+from oir_gym.validation import (
+    ArgumentTypeError, check_bool, check_choice, check_instance, check_int, check_real, show,
+)
 
 #: Default longest wait (seconds) of :meth:`HindsightRelabeler.close` for the background worker to
 #: finish the queued batches; then queued batches are dropped and an LLM the relabeler started is
@@ -175,20 +178,23 @@ class HindsightRelabeler:
         bind_threshold: float = 0.5,
         max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS,
     ) -> None:
-        if grounding not in GROUNDING_MODES:
-            raise ValueError(f"grounding must be one of {GROUNDING_MODES}, got {grounding!r}")
-        if not -1.0 <= float(bind_threshold) <= 1.0:
-            raise ValueError(f"bind_threshold={bind_threshold} must be a cosine in [-1, 1]")
+        check_choice("grounding", grounding, GROUNDING_MODES)
+        bind_threshold = check_real("bind_threshold", bind_threshold, low=-1.0, high=1.0, hint=" (a cosine)")
         self.grounding = grounding
         self.bind_threshold = float(bind_threshold)
-        if fallback not in ("rules", "none"):
-            raise ValueError(f"fallback must be 'rules' or 'none', got {fallback!r}")
-        if on_full not in ("rules", "skip", "replace", "block"):
-            raise ValueError(f"on_full must be 'rules', 'skip', 'replace' or 'block', got {on_full!r}")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        check_choice("fallback", fallback, ("rules", "none"))
+        check_choice("on_full", on_full, ("rules", "skip", "replace", "block"))
+        k = check_int("k", k, minimum=1)
         _check_args(delta=delta, samples=samples, cache_size=cache_size, dedup_threshold=dedup_threshold,
                     llm_timeout=llm_timeout)
+        _check_more(backend=backend, template=template, encoder=encoder, cache_path=cache_path, rules=rules,
+                    candidate_filter=candidate_filter, backend_kwargs=backend_kwargs, child_config=child_config)
+        use_rules, keep_ungrounded, skip_idle = (check_bool(n, v) for n, v in (
+            ("use_rules", use_rules), ("keep_ungrounded", keep_ungrounded), ("skip_idle", skip_idle)))
+        isolate = check_bool("isolate", isolate, none_ok=True)
+        queue_size = check_int("queue_size", queue_size, minimum=1)
+        cache_save_every = check_int("cache_save_every", cache_save_every, minimum=1)
+        warn_after = check_int("warn_after", warn_after, minimum=1)
         self.k = int(k)
         self.template = template if isinstance(template, PromptTemplate) else load_template(str(template))
         self.schema = self.template.schema(self.k)
@@ -199,14 +205,12 @@ class HindsightRelabeler:
         self.fallback = fallback
         self.llm_timeout = llm_timeout
         self.skip_idle = skip_idle
-        if max_prompt_tokens is not None and not (isinstance(max_prompt_tokens, int) and max_prompt_tokens >= 1):
-            raise ValueError(f"max_prompt_tokens must be a positive int or None, got {max_prompt_tokens!r}")
+        check_int("max_prompt_tokens", max_prompt_tokens, minimum=1, none_ok=True)
         self.max_prompt_tokens = max_prompt_tokens
         self.filter = candidate_filter or CandidateFilter()
         self.on_full = on_full
         self.cache_save_every = int(cache_save_every)
-        if cache_key not in KEY_MODES:
-            raise ValueError(f"cache_key must be one of {KEY_MODES}, got {cache_key!r}")
+        check_choice("cache_key", cache_key, KEY_MODES)
         self.cache_key_mode = cache_key
         self._rules = rules or RuleBackend()
 
@@ -351,7 +355,7 @@ class HindsightRelabeler:
         Never raises for LLM faults (see the failure policy); an unexpected internal error is
         warned about, counted under ``errors_by_type`` and answered with empty results.
         """
-        trajs = list(trajectories)
+        trajs = _check_trajectories(trajectories)
         with self._stats_lock:
             ids = list(range(self._next_id, self._next_id + len(trajs)))
             self._next_id += len(trajs)
@@ -576,7 +580,7 @@ class HindsightRelabeler:
         """
         if self._closed:
             raise RuntimeError("relabeler is closed")
-        trajs = list(trajectories)
+        trajs = _check_trajectories(trajectories)
         with self._stats_lock:
             ids = list(range(self._next_id, self._next_id + len(trajs)))
             self._next_id += len(trajs)
@@ -633,6 +637,8 @@ class HindsightRelabeler:
             block: wait until every submitted trajectory is finished (or ``timeout`` passes).
             timeout: seconds to wait when ``block`` is True (``None``: no limit).
         """
+        block = check_bool("block", block)
+        timeout = check_real("timeout", timeout, low=0.0, none_ok=True)
         with self._done_cv:
             if block:
                 self._done_cv.wait_for(lambda: self._pending == 0, timeout=timeout)
@@ -861,6 +867,37 @@ class HindsightRelabeler:
     def __repr__(self) -> str:
         return (f"HindsightRelabeler(backend={self.backend!r}, k={self.k}, template={self.template.name!r}, "
                 f"use_rules={self.use_rules}, delta={self.delta})")
+
+
+def _check_trajectories(trajectories: Any) -> list[Trajectory]:
+    """The batch as a list of :class:`Trajectory` (anything else is a caller's mistake, not an LLM fault:
+    it raises here instead of becoming a warning and empty results)."""
+    if isinstance(trajectories, (Trajectory, str, bytes, dict)) or not isinstance(trajectories, Iterable):
+        raise ArgumentTypeError(f"trajectories={show(trajectories)} must be a list of oir_gym.Trajectory "
+                                f"(e.g. TrajectoryRecorder(envs).trajectories()), got {type(trajectories).__name__}")
+    trajs = list(trajectories)
+    for i, t in enumerate(trajs):
+        if not isinstance(t, Trajectory):
+            raise ArgumentTypeError(f"trajectories[{i}]={show(t)} must be an oir_gym.Trajectory, got {type(t).__name__}")
+    return trajs
+
+
+def _check_more(*, backend: Any, template: Any, encoder: Any, cache_path: Any, rules: Any, candidate_filter: Any,
+                backend_kwargs: Any, child_config: Any) -> None:
+    """The object arguments of the constructor: the right kinds, or an error naming the argument."""
+    if not (backend is None or isinstance(backend, (str, LLMSpec, CompositeBackend))
+            or callable(getattr(backend, "generate", None))):
+        raise ArgumentTypeError(f"backend={show(backend)} must be a backend name such as 'rules' or 'transformers', "
+                                "'package.module:ClassName', a BackendSpec, or an object with a generate() method")
+    check_instance("template", template, (str, PromptTemplate), what="a template name, a path or a PromptTemplate")
+    if encoder is not None and not callable(getattr(encoder, "encode", None)):
+        raise ArgumentTypeError(f"encoder={show(encoder)} must have an encode(list[str]) -> [n, dim] array method "
+                                "(e.g. oir_gym.get_encoder()) or be None")
+    check_instance("cache_path", cache_path, (str, os.PathLike), none_ok=True, what="a path")
+    check_instance("rules", rules, RuleBackend, none_ok=True)
+    check_instance("candidate_filter", candidate_filter, CandidateFilter, none_ok=True)
+    check_instance("backend_kwargs", backend_kwargs, dict, none_ok=True)
+    check_instance("child_config", child_config, ChildConfig, none_ok=True)
 
 
 def _check_args(*, delta: Any, samples: Any, cache_size: Any, dedup_threshold: Any, llm_timeout: Any) -> None:
