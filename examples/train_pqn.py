@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tyro  # noqa: E402
 
-from agents.config import TrainConfig, cli, load_config  # noqa: E402
+from agents.config import LLMConfig, TrainConfig, check_saved_backend, cli, load_config  # noqa: E402
 from agents.run_dir import (  # noqa: E402
     CorruptFileError, RunDir, RunDirError, atomic_write_json, check_tag, require_wandb,
 )
@@ -74,12 +74,19 @@ def parse_options(argv: list[str] | None = None) -> Options:
     pre.add_argument("--run-dir", "--run_dir")
     pre.add_argument("--resume", action="store_true")
     pre.add_argument("--eval-only", "--eval_only")
+    pre.add_argument("--llm.backend", dest="llm_backend")
     known, _ = pre.parse_known_args(argv)
     if (known.resume or known.eval_only) and known.run_dir and (Path(known.run_dir) / "config.json").is_file():
+        file = Path(known.run_dir) / "config.json"
         try:
             base = load_config(RunDir(known.run_dir).read_config())
         except (ValueError, CorruptFileError) as e:
-            raise SystemExit(f"error: {Path(known.run_dir) / 'config.json'}: {e}") from None
+            raise SystemExit(f"error: {file}: {e}") from None
+        if known.eval_only is None:  # an evaluation starts no LLM (main replaces the backend)
+            try:
+                check_saved_backend(base.llm, file, on_command_line=known.llm_backend is not None)
+            except ValueError as e:
+                raise SystemExit(f"error: {e}") from None
         return cli(Options, argv, base=base, description=__doc__)
     return cli(Options, argv, description=__doc__)
 
@@ -249,8 +256,10 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         t0 = started
     imports = time.time() - t0
     if opts.eval_only is not None:
-        # evaluation needs no relabeler or goal proposer: build the rule ones, never an LLM
-        trainer = Trainer(cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules"}), own_dir)
+        # evaluation needs no relabeler or goal proposer: build the rule ones, never an LLM (nor
+        # keep a backend the run's files name: nothing of it may be imported)
+        trainer = Trainer(cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules",
+                                         "llm.backend": LLMConfig.backend}), own_dir)
     else:
         try:
             trainer = Trainer(cfg, own_dir)  # builds the relabeler or proposer: an LLM is checked here
