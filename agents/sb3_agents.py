@@ -273,9 +273,14 @@ _PARAMETER_FILES = ("policy.pth", "policy.optimizer.pth")
 _PROGRESS_COUNTERS = ("num_timesteps", "_n_updates", "_episode_num", "_n_calls")
 
 
-def _plain_data(path: Path, archive) -> dict[str, Any]:
-    """The zip's ``data`` as JSON, without its pickled entries (SB3 stores objects JSON cannot hold,
-    such as spaces, schedules and classes, as base64 pickles under ``":serialized:"``: never read)."""
+def _is_pickled(v: Any) -> bool:
+    return isinstance(v, dict) and ":serialized:" in v
+
+
+def _zip_data(path: Path, archive) -> dict[str, Any]:
+    """The zip's ``data`` as JSON. SB3 stores objects JSON cannot hold (spaces, schedules, classes)
+    as base64 pickles under ``":serialized:"``, beside their readable members: nothing here
+    decodes those."""
     if "data" not in archive.namelist():
         return {}
     try:
@@ -284,7 +289,31 @@ def _plain_data(path: Path, archive) -> dict[str, Any]:
         raise CorruptFileError(path, f"its 'data' member is not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise CorruptFileError(path, "its 'data' member is not a JSON object")
-    return {k: v for k, v in data.items() if not (isinstance(v, dict) and ":serialized:" in v)}
+    return data
+
+
+def _policy_kwargs_from_data(path: Path, value: Any) -> dict[str, Any]:
+    """``policy_kwargs`` as ``data`` shows it. With a class among them (QR-DQN adds its optimizer),
+    SB3 pickles the whole dict and writes the readable members beside it, classes as their repr:
+    the default optimizer and a ``torch.nn`` activation are taken by name; any other class cannot
+    be rebuilt without unpickling (the caller then passes the hyperparameters)."""
+    if not _is_pickled(value):
+        return dict(value) if isinstance(value, dict) else {}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if k in (":type:", ":serialized:"):
+            continue
+        if isinstance(v, str) and v.startswith("<class "):
+            name = v[len("<class '"):-len("'>")]
+            if k == "optimizer_class" and name == "torch.optim.adam.Adam":  # every algo's default
+                continue
+            if k == "activation_fn" and name.startswith("torch.nn.modules.activation."):
+                out[k] = name.rsplit(".", 1)[1]  # by name: make_model resolves it in torch.nn
+                continue
+            raise CorruptFileError(path, f"its policy_kwargs.{k} is a class stored only as a pickle ({name}); "
+                                         "pass hyperparams= (the run's config) to load it")
+        out[k] = v
+    return out
 
 
 def spaces_only_venv(obs_mode: str = "paper"):
@@ -341,16 +370,19 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
     path = Path(path)
     try:
         with zipfile.ZipFile(path) as archive:
-            plain = _plain_data(path, archive)
+            data = _zip_data(path, archive)
             missing = [m for m in _PARAMETER_FILES if m not in archive.namelist()]
     except zipfile.BadZipFile:
         raise CorruptFileError(path, "is not a zip file (an SB3 model.zip)") from None
     if missing:
         raise CorruptFileError(path, f"lacks {missing}: it is not a model saved by stable-baselines3")
+    plain = {k: v for k, v in data.items() if not _is_pickled(v)}
     if hyperparams is None:
         accepted = set(inspect.signature(algo_class(algo).__init__).parameters) - set(RESERVED_HYPERPARAMS) - {
             "device", "_init_setup_model", "self"}
         hyperparams = {k: v for k, v in plain.items() if k in accepted}
+        if "policy_kwargs" in data:
+            hyperparams["policy_kwargs"] = _policy_kwargs_from_data(path, data["policy_kwargs"])
     if seed is None:
         seed = plain.get("seed") if isinstance(plain.get("seed"), int) else 0
     if device != "auto":  # the device asked for here wins over the one the model was trained on

@@ -154,6 +154,23 @@ def test_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.slow  # builds the run's env (about 30 s on 2 busy cores); the loader it reaches is tested above
+def test_sb3_resume_of_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path):
+    """train_sb3.py --resume (sb3_agents.train) builds the run's env, then loads the zip: no pickle read."""
+    run, _ = _sb3_run(tmp_path / "run")
+    marker = tmp_path / "code_ran"
+    payload = base64.b64encode(pickle.dumps(_Touch(marker))).decode()
+    with zipfile.ZipFile(run / "model.zip", "w") as z:
+        z.writestr("data", json.dumps({"policy_class": {":type:": "<class 'type'>", ":serialized:": payload}}))
+    sb3.trust_model_zip(run)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    cfg = sb3.SB3Config.from_dict(RunDir(run).read_config())
+    with pytest.raises(CorruptFileError, match="model.zip: lacks"):
+        sb3.train(cfg, run, resume=True, print_fn=lambda s: None)
+    assert not marker.exists()
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # nothing written
+
+
 def test_a_real_model_with_pickles_put_in_its_data_loads_its_weights_and_runs_none(tmp_path):
     run, model = _sb3_run(tmp_path / "run")
     marker = tmp_path / "code_ran"
@@ -193,3 +210,16 @@ def test_a_zip_of_another_network_size_is_refused_naming_the_file(tmp_path):
     (run / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CorruptFileError, match=r"model.zip: its parameters do not fit a qrdqn model"):
         sb3.load_sb3_policy(run, device="cpu")
+
+
+def test_load_model_without_a_config_rebuilds_the_network_from_the_readable_data(tmp_path):
+    """A bare zip (no run config): the hyperparameters come from data's plain JSON, QR-DQN's
+    policy_kwargs too (SB3 pickles that dict because QR-DQN adds its optimizer class to it)."""
+    _, model = _sb3_run(tmp_path / "run")
+    model.num_timesteps = 1234
+    model.save(tmp_path / "m.zip")
+    loaded = sb3.load_model("qrdqn", tmp_path / "m.zip", device="cpu")
+    assert loaded.policy.quantile_net.n_quantiles == 5 and loaded.num_timesteps == 1234
+    for seed in range(3):
+        obs = {k: v[None] for k, v in _obs(seed).items()}
+        assert loaded.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
