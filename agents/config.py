@@ -518,6 +518,36 @@ def _check_types(cfg: TrainConfig) -> None:
                 raise ValueError(f"{path}={v!r} has type {type(v).__name__}; expected {type(d).__name__}")
 
 
+def is_module_backend(backend: str) -> bool:
+    """Whether an ``llm.backend`` value names code to import (``package.module:ClassName``) rather
+    than one of the registered backends (:data:`LLM_BACKENDS`)."""
+    return ":" in backend
+
+
+def check_saved_backend(llm: LLMConfig, file: Any, *, on_command_line: bool) -> None:
+    """Refuse an LLM backend that a run's file names as code, unless this command line names it.
+
+    A resumed run takes ``llm.backend`` from its ``config.json``. A registered backend's name is
+    data, but ``package.module:ClassName`` is code, imported when the LLM starts; and anyone who
+    can write the run folder can change the file (a run folder under the working directory is
+    even importable itself). So a module path is used only when the command line of this
+    invocation passes ``--llm.backend`` (the value given there wins over the file).
+
+    Args:
+        llm: the LLM part read from ``file``.
+        file: the file it was read from (named in the message).
+        on_command_line: whether this invocation's command line passes ``--llm.backend``.
+
+    Raises:
+        ValueError: naming the file, the value and what to pass instead.
+    """
+    if on_command_line or not is_module_backend(llm.backend):
+        return
+    raise ValueError(f"{file}: llm.backend={llm.backend!r} is a Python module path, and a resumed run never imports "
+                     "code named by its files; pass --llm.backend on the command line to choose the backend for "
+                     f"this run: one of {', '.join(LLM_BACKENDS)}, or that module path if you trust the code it names")
+
+
 def load_config(d: Mapping[str, Any]) -> TrainConfig:
     """A config from ``config.json``'s contents, nested or flat (old runs); provenance keys are ignored."""
     d = {k: v for k, v in d.items() if k not in ("provenance", "resumed")}
