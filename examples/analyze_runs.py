@@ -17,6 +17,14 @@ another one (or given the neutral instruction).
 resumes): the first evaluation reaching X and the best within ``--time-budget`` seconds.
 ``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and ``--tsne NAME=FILE``
 instruction lists (``instructions.json`` / ``goals.json`` of a run).
+
+Two more tables use Student's t intervals over seeds (``oir_gym.metrics.t_interval``; with 3 seeds
+a percentile bootstrap covers the mean only about 76% of the time): per method and set, the final
+success, the paraphrase retention (over the achievements a seed learned on the original set,
+success >= 0.25: mean of paraphrase success / original success, ``oir_gym.metrics.paraphrase_retention``)
+and the instruction-following gain; and, where the ordered-compound sets were evaluated, success
+on "X then Y", on "Y then X", and the order gain (success of "X then Y" when asked for it minus the
+same order's success when asked "Y then X").
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
+
 from oir_gym import analysis  # noqa: E402
+from oir_gym.metrics import paraphrase_retention, t_interval  # noqa: E402
 
 
 def _files(prefix: str) -> tuple[Path, Path]:
@@ -81,6 +92,65 @@ def _upto_tag(prefixes: list[str], metrics: list[list[dict]]) -> list[list[dict]
     return [[r for r in rows if not t.isdigit() or r.get("update", 0) <= int(t)] for t, rows in zip(tags, metrics)]
 
 
+def t_cell(values, fmt: str = "{:.3f}") -> str:
+    """``mean [low, high]`` with the 95% t interval over the finite values (seeds); ``-`` when none;
+    ``(n of m seeds)`` appended when some seeds have no value."""
+    arr = np.asarray(values, dtype=float)
+    ok = arr[np.isfinite(arr)]
+    if ok.size == 0:
+        return "-"
+    low, high = t_interval(ok)
+    ci = "n/a" if np.isnan(low) else f"{fmt.format(low)}, {fmt.format(high)}"
+    missing = f" ({ok.size} of {arr.size} seeds)" if ok.size < arr.size else ""
+    return f"{fmt.format(ok.mean())} [{ci}]{missing}"
+
+
+def seed_retention(result: dict, set_name: str) -> float:
+    """One seed's paraphrase retention on ``set_name`` (NaN: no learned achievement, no original set,
+    or a set whose instructions do not each name one achievement) from its evaluation dict."""
+    if "original" not in result or set_name not in result or set_name == "original":
+        return float("nan")
+    o, p = result["original"], result[set_name]
+    if not p["achievements"] or min(p["achievements"]) < 0:
+        return float("nan")
+    return paraphrase_retention(o["rates"], o["achievements"], p["rates"], p["achievements"])
+
+
+def retention_table(finals: dict[str, list[dict]], sets) -> str:
+    """Per method and set: final success, paraphrase retention and gain (mean [95% t interval over seeds])."""
+    lines = ["| method | set | seeds | mean success rate | paraphrase retention | gain (asked - mismatched) |",
+             "|---|---|---|---|---|---|"]
+    for m, seeds in finals.items():
+        for s in sets:
+            success = analysis.final_values(seeds, s, "mean_success_rate")
+            if np.isnan(success).all():
+                continue
+            retention = [seed_retention(r, s) for r in seeds]
+            gain = analysis.final_values(seeds, s, "control/gain")
+            lines.append(f"| {m} | {s} | {len(seeds)} | {t_cell(success)} | "
+                         f"{'-' if s == 'original' else t_cell(retention)} | {t_cell(gain, '{:+.3f}')} |")
+    return "\n".join(lines)
+
+
+def order_table(finals: dict[str, list[dict]]) -> str | None:
+    """Per method: success on the ordered set, on its reverse-order control, and the order gain
+    (mean [95% t interval over seeds]); ``None`` when no run evaluated the ordered set."""
+    if not any("ordered" in r for seeds in finals.values() for r in seeds):
+        return None
+    lines = ["| method | seeds | \"X then Y\" success | \"Y then X\" success | X before Y when asked \"Y then X\" | "
+             "order gain |", "|---|---|---|---|---|---|"]
+    for m, seeds in finals.items():
+        fwd = analysis.final_values(seeds, "ordered", "mean_success_rate")
+        if np.isnan(fwd).all():
+            continue
+        rev = analysis.final_values(seeds, "ordered_reverse", "mean_success_rate")
+        crossed = analysis.final_values(seeds, "ordered", "control/reverse_mean_success_rate")
+        gain = analysis.final_values(seeds, "ordered", "control/order_gain")
+        lines.append(f"| {m} | {len(seeds)} | {t_cell(fwd)} | {t_cell(rev)} | {t_cell(crossed)} | "
+                     f"{t_cell(gain, '{:+.3f}')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, help="NAME=PREFIX per method")
@@ -124,6 +194,13 @@ def main(argv=None) -> int:
         print("\n## Instruction following at the final point: success of an achievement when asked for it, for "
               "another one (mismatched) and with the neutral instruction (mean over seeds; gains with 95% bootstrap CI)\n")
         print(control)
+    print("\n## Paraphrase retention at the final point: success, retention on the learned achievements "
+          "(original success >= 0.25) and gain (mean [95% t interval over seeds])\n")
+    print(retention_table(finals, sets))
+    order = order_table(finals)
+    if order:
+        print("\n## Ordered compounds at the final point (mean [95% t interval over seeds])\n")
+        print(order)
     if args.time_target is not None:
         print(f"\n## Time to target: mean success (original) against wall clock, compile included\n")
         print(analysis.time_to_target_table(metrics, args.time_target, args.time_budget))

@@ -190,3 +190,88 @@ def test_bootstrap_ci_holds_the_mean_within_the_range_of_the_seeds(values):
     # the interval of the mean holds the sample mean except for very skewed small samples
     if len(set(values)) > 1 and len(values) >= 6:
         assert low - 1e-9 <= float(np.mean(values)) <= high + 1e-9
+
+
+# --------------------------------------------------------------------------- paraphrase retention
+
+
+def test_paraphrase_retention_averages_per_learned_achievement_ratios():
+    from oir_gym.metrics import LEARNED_THRESHOLD, paraphrase_retention
+
+    assert LEARNED_THRESHOLD == 0.25
+    # achievement 0 learned (0.5): paraphrases 0.25 and 0.5 -> 0.375 / 0.5 = 0.75; achievement 1 not
+    # learned (0.2, left out); achievement 2 learned (1.0): 0.5 -> 0.5; retention (0.75 + 0.5) / 2
+    assert paraphrase_retention([0.5, 0.2, 1.0], [0, 1, 2], [0.25, 0.5, 0.1, 0.5], [0, 0, 1, 2]) == pytest.approx(0.625)
+    # exactly at the threshold counts as learned; a paraphrase followed better than the original: > 1
+    assert paraphrase_retention([0.25], [7], [0.5, 0.5], [7, 7]) == pytest.approx(2.0)
+    assert paraphrase_retention([0.5], [3], [0.5], [3], learned=0.6) != paraphrase_retention([0.5], [3], [0.5], [3])
+    # nothing learned, or no learned achievement asked in the set: undefined
+    assert math.isnan(paraphrase_retention([0.2, 0.1], [0, 1], [0.2], [0]))
+    assert math.isnan(paraphrase_retention([0.9, 0.1], [0, 1], [0.2], [1]))
+    for bad, match in [
+        (([0.5], [0, 1], [0.5], [0]), "aligned"),
+        (([0.5, 0.5], [0, 0], [0.5], [0]), "appears twice"),
+        (([50.0], [0], [0.5], [0]), "percentages"),
+        (([0.5], [0], [0.5], [0], 0.0), "learned=0.0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            paraphrase_retention(*bad)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=22), st.data())
+def test_paraphrase_retention_properties(original, data):
+    from oir_gym.metrics import paraphrase_retention
+
+    achs = list(range(len(original)))
+    per = data.draw(st.integers(1, 3))
+    para_achs = [a for a in achs for _ in range(per)]
+    # the original wordings asked again: retention 1 on whatever was learned
+    same = paraphrase_retention(original, achs, [original[a] for a in para_achs], para_achs)
+    learned = [o for o in original if o >= 0.25]
+    assert math.isnan(same) if not learned else same == pytest.approx(1.0)
+    # every paraphrase at c times the original success: retention c
+    c = data.draw(st.floats(0, 1))
+    scaled = paraphrase_retention(original, achs, [c * original[a] for a in para_achs], para_achs)
+    assert math.isnan(scaled) if not learned else scaled == pytest.approx(c, abs=1e-9)
+    # the order of the instructions does not matter; retention is >= 0
+    rates = data.draw(st.lists(st.floats(0, 1), min_size=len(para_achs), max_size=len(para_achs)))
+    perm = data.draw(st.permutations(range(len(para_achs))))
+    a = paraphrase_retention(original, achs, rates, para_achs)
+    b = paraphrase_retention(original, achs, [rates[i] for i in perm], [para_achs[i] for i in perm])
+    assert (math.isnan(a) and math.isnan(b)) or (a == pytest.approx(b) and a >= 0)
+
+
+# --------------------------------------------------------------------------- t intervals
+
+
+def test_t_interval_matches_the_t_table_and_handles_degenerate_seeds():
+    from oir_gym.metrics import t_interval
+
+    # 3 seeds: t(0.975, 2) = 4.303; mean 0.3, s = 0.1
+    low, high = t_interval([0.2, 0.3, 0.4])
+    assert (low, high) == pytest.approx((0.3 - 4.3027 * 0.1 / math.sqrt(3), 0.3 + 4.3027 * 0.1 / math.sqrt(3)), abs=1e-4)
+    # 6 seeds: t(0.975, 5) = 2.571; 90%: t(0.95, 5) = 2.015
+    v = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    s = float(np.std(v, ddof=1))
+    assert t_interval(v)[1] == pytest.approx(0.35 + 2.5706 * s / math.sqrt(6), abs=1e-4)
+    assert t_interval(v, 0.9)[1] == pytest.approx(0.35 + 2.0150 * s / math.sqrt(6), abs=1e-4)
+    assert all(math.isnan(x) for x in t_interval([0.4]))
+    assert t_interval([0.3, 0.3, 0.3]) == (0.3, 0.3)
+    for bad in ([], [[0.1, 0.2]], [0.1, float("nan")]):
+        with pytest.raises(ValueError):
+            t_interval(bad)
+    with pytest.raises(ValueError, match="confidence"):
+        t_interval([0.1, 0.2], confidence=1.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1, 1, allow_subnormal=False), min_size=2, max_size=12))
+def test_t_interval_is_centred_on_the_mean_and_wider_than_the_bootstrap(values):
+    from oir_gym.metrics import t_interval
+
+    low, high = t_interval(values)
+    m = float(np.mean(values))
+    assert low <= m + 1e-12 and high >= m - 1e-12 and (m - low) == pytest.approx(high - m, abs=1e-9)
+    if len(values) <= 3 and max(values) - min(values) > 1e-6:  # a bootstrap cannot reach past the seeds' range; t can
+        assert low < min(values) and high > max(values)
