@@ -357,3 +357,24 @@ def test_smoke_run_of_each_variant(tmp_path, oracle):
     offered = json.loads((run / "instructions.json").read_text())["items"]
     if oracle == "diverse":  # whatever the random policy did, it was named by pool wordings only
         assert all(i["text"] in load_pool().texts() for i in offered)
+
+
+def test_the_sb3_trainer_takes_the_same_oracle_flag(encoder):
+    pytest.importorskip("stable_baselines3")
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_sb3
+    from agents import sb3_agents
+
+    cfg = train_sb3.build_config(train_sb3.parse_args(["--oracle", "diverse", "--grounding", "bound"]))
+    assert cfg.validate().oracle == "diverse"
+    with pytest.raises(ValueError, match="oracle='diverse': oracle 'diverse' needs event-bound grounding"):
+        train_sb3.build_config(train_sb3.parse_args(["--oracle", "diverse"])).validate()
+    with pytest.raises(ValueError, match="needs relabeler rules or both"):
+        train_sb3.build_config(train_sb3.parse_args(["--oracle", "tasks", "--relabeler", "llm"])).validate()
+    with pytest.raises(SystemExit):
+        train_sb3.parse_args(["--oracle", "paraphrase"])
+    rl = sb3_agents.make_relabeler("rules", k=8, encoder=encoder, grounding="bound", oracle="diverse", seed=3)
+    (res,) = rl.relabel([traj_of(STEPS, DONES)])
+    assert res.candidates and all(c.text in load_pool().texts() for c in res.candidates)
+    assert [c.text for c in res.candidates] == [l.text for l in oracle_labels(traj_of(STEPS, DONES), "diverse", seed=3)]
+    rl.close()
