@@ -24,7 +24,8 @@ success, the paraphrase retention (over the achievements a seed learned on the o
 success >= 0.25: mean of paraphrase success / original success, ``oir_gym.metrics.paraphrase_retention``)
 and the instruction-following gain; and, where the ordered-compound sets were evaluated, success
 on "X then Y", on "Y then X", and the order gain (success of "X then Y" when asked for it minus the
-same order's success when asked "Y then X").
+same order's success when asked "Y then X"). With ``--baseline NAME`` each of their cells also gives
+the difference to that method (mean difference [95% Welch t interval], ``oir_gym.metrics.welch_interval``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from oir_gym import analysis  # noqa: E402
-from oir_gym.metrics import paraphrase_retention, t_interval  # noqa: E402
+from oir_gym.metrics import paraphrase_retention, t_interval, welch_interval  # noqa: E402
 
 
 def _files(prefix: str) -> tuple[Path, Path]:
@@ -105,6 +106,18 @@ def t_cell(values, fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(ok.mean())} [{ci}]{missing}"
 
 
+def diff_cell(values, baseline, fmt: str = "{:+.3f}") -> str:
+    """`` vs base: diff [low, high]`` (Welch t interval over the finite values of each arm), or ``""``."""
+    if baseline is None:
+        return ""
+    a, b = np.asarray(values, float), np.asarray(baseline, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size < 2 or b.size < 2:
+        return "; vs base: -"
+    d, low, high = welch_interval(a, b)
+    return f"; vs base: {fmt.format(d)} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
 def seed_retention(result: dict, set_name: str) -> float:
     """One seed's paraphrase retention on ``set_name`` (NaN: no learned achievement, no original set,
     or a set whose instructions do not each name one achievement) from its evaluation dict."""
@@ -116,23 +129,30 @@ def seed_retention(result: dict, set_name: str) -> float:
     return paraphrase_retention(o["rates"], o["achievements"], p["rates"], p["achievements"])
 
 
-def retention_table(finals: dict[str, list[dict]], sets) -> str:
-    """Per method and set: final success, paraphrase retention and gain (mean [95% t interval over seeds])."""
+def retention_table(finals: dict[str, list[dict]], sets, baseline: str | None = None) -> str:
+    """Per method and set: final success, paraphrase retention and gain (mean [95% t interval over
+    seeds]), and with ``baseline`` each one's difference to that method's (Welch t interval)."""
     lines = ["| method | set | seeds | mean success rate | paraphrase retention | gain (asked - mismatched) |",
              "|---|---|---|---|---|---|"]
+
+    def columns(seeds: list[dict], s: str):
+        return (analysis.final_values(seeds, s, "mean_success_rate"), [seed_retention(r, s) for r in seeds],
+                analysis.final_values(seeds, s, "control/gain"))
+
     for m, seeds in finals.items():
         for s in sets:
-            success = analysis.final_values(seeds, s, "mean_success_rate")
+            success, retention, gain = columns(seeds, s)
             if np.isnan(success).all():
                 continue
-            retention = [seed_retention(r, s) for r in seeds]
-            gain = analysis.final_values(seeds, s, "control/gain")
-            lines.append(f"| {m} | {s} | {len(seeds)} | {t_cell(success)} | "
-                         f"{'-' if s == 'original' else t_cell(retention)} | {t_cell(gain, '{:+.3f}')} |")
+            base = columns(finals[baseline], s) if baseline is not None and m != baseline else (None, None, None)
+            ret = "-" if s == "original" or np.isnan(retention).all() else \
+                t_cell(retention) + diff_cell(retention, base[1])
+            lines.append(f"| {m} | {s} | {len(seeds)} | {t_cell(success)}{diff_cell(success, base[0])} | {ret} | "
+                         f"{t_cell(gain, '{:+.3f}')}{diff_cell(gain, base[2])} |")
     return "\n".join(lines)
 
 
-def order_table(finals: dict[str, list[dict]]) -> str | None:
+def order_table(finals: dict[str, list[dict]], baseline: str | None = None) -> str | None:
     """Per method: success on the ordered set, on its reverse-order control, and the order gain
     (mean [95% t interval over seeds]); ``None`` when no run evaluated the ordered set."""
     if not any("ordered" in r for seeds in finals.values() for r in seeds):
@@ -146,8 +166,11 @@ def order_table(finals: dict[str, list[dict]]) -> str | None:
         rev = analysis.final_values(seeds, "ordered_reverse", "mean_success_rate")
         crossed = analysis.final_values(seeds, "ordered", "control/reverse_mean_success_rate")
         gain = analysis.final_values(seeds, "ordered", "control/order_gain")
+        base = None
+        if baseline is not None and m != baseline:
+            base = analysis.final_values(finals[baseline], "ordered", "control/order_gain")
         lines.append(f"| {m} | {len(seeds)} | {t_cell(fwd)} | {t_cell(rev)} | {t_cell(crossed)} | "
-                     f"{t_cell(gain, '{:+.3f}')} |")
+                     f"{t_cell(gain, '{:+.3f}')}{diff_cell(gain, base)} |")
     return "\n".join(lines)
 
 
@@ -166,12 +189,17 @@ def main(argv=None) -> int:
                    help="also tabulate and plot mean success (original) against wall clock, with this target line")
     p.add_argument("--time-budget", type=float, default=900.0,
                    help="with --time-target: the best success within this many seconds (default 900)")
+    p.add_argument("--baseline", default=None, metavar="NAME",
+                   help="the retention and ordered tables also give each method's difference to this one's "
+                        "(Welch t interval over seeds)")
     args = p.parse_args(argv)
     if args.last_k < 1:
         p.error(f"--last-k must be >= 1, got {args.last_k}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = _pairs(args.runs)
+    if args.baseline is not None and args.baseline not in runs:
+        p.error(f"--baseline {args.baseline!r} is not one of the --runs names {sorted(runs)}")
     # several runs under one NAME (e.g. 2 + 1 seeds on two cards) are pooled as seeds of one method
     finals = {name: _load_evals(prefixes) for name, prefixes in runs.items()}
     metrics = {name: _load_metrics(prefixes) for name, prefixes in runs.items()}
@@ -196,8 +224,8 @@ def main(argv=None) -> int:
         print(control)
     print("\n## Paraphrase retention at the final point: success, retention on the learned achievements "
           "(original success >= 0.25) and gain (mean [95% t interval over seeds])\n")
-    print(retention_table(finals, sets))
-    order = order_table(finals)
+    print(retention_table(finals, sets, args.baseline))
+    order = order_table(finals, args.baseline)
     if order:
         print("\n## Ordered compounds at the final point (mean [95% t interval over seeds])\n")
         print(order)

@@ -281,3 +281,32 @@ def t_interval(values: Any, confidence: float = 0.95) -> tuple[float, float]:
     mean = float(arr.mean())
     half = float(stats.t.ppf((1 + confidence) / 2, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size))
     return mean - half, mean + half
+
+
+def welch_interval(values: Any, baseline: Any, confidence: float = 0.95) -> tuple[float, float, float]:
+    """Difference of two arms' means over seeds, ``mean(values) - mean(baseline)``, with Welch's t
+    interval (unequal variances; Welch-Satterthwaite degrees of freedom).
+
+    Args:
+        values, baseline: one value per seed of each arm (1-D, finite, at least 2 each).
+
+    Returns:
+        ``(difference, low, high)``; ``low == high == difference`` when neither arm varies.
+    """
+    a, b = np.asarray(values, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    for name, arr in (("values", a), ("baseline", b)):
+        if arr.ndim != 1 or arr.size < 2:
+            raise ValueError(f"{name} must be a 1-D array of at least 2 per-seed values, got shape {arr.shape}")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{name} must be finite (no NaN or inf)")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    diff = float(a.mean() - b.mean())
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    if va + vb == 0:
+        return diff, diff, diff
+    from scipy import stats
+
+    df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1))
+    half = float(stats.t.ppf((1 + confidence) / 2, df) * np.sqrt(va + vb))
+    return diff, diff - half, diff + half

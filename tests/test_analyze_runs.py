@@ -550,4 +550,11 @@ def test_retention_and_ordered_tables_with_t_intervals(tmp_path, capsys):
     assert order == (f"| m | 2 | {1 / 22:.3f} [{1 / 22:.3f}, {1 / 22:.3f}] | {1 / 22:.3f} [{1 / 22:.3f}, {1 / 22:.3f}] "
                      f"| 0.000 [0.000, 0.000] | +{1 / 22:.3f} [+{1 / 22:.3f}, +{1 / 22:.3f}] |")
     assert results[0].flat_metrics()["eval/heldout/retention"] == pytest.approx(0.75)
+    # --baseline: each cell's difference to the baseline's, with a Welch t interval (here: itself, 0)
+    assert analyze_runs.main(["--table-only", "--runs", f"m={run}", f"b={run}", "--baseline", "b"]) == 0
+    rows = {(r.split("|")[1].strip(), r.split("|")[2].strip()): r for r in _section(capsys.readouterr().out,
+                                                                                  "Paraphrase retention")}
+    assert "; vs base: +0.000 [" in rows[("m", "heldout")] and "vs base" not in rows[("b", "heldout")]
+    with pytest.raises(SystemExit):
+        analyze_runs.main(["--table-only", "--runs", f"m={run}", "--baseline", "nope"])
     assert results[0].flat_metrics()["eval/control/ordered/order_gain"] == pytest.approx(1 / 22)

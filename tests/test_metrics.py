@@ -275,3 +275,20 @@ def test_t_interval_is_centred_on_the_mean_and_wider_than_the_bootstrap(values):
     assert low <= m + 1e-12 and high >= m - 1e-12 and (m - low) == pytest.approx(high - m, abs=1e-9)
     if len(values) <= 3 and max(values) - min(values) > 1e-6:  # a bootstrap cannot reach past the seeds' range; t can
         assert low < min(values) and high > max(values)
+
+
+def test_welch_interval_of_a_difference_between_two_arms():
+    from scipy import stats
+
+    from oir_gym.metrics import welch_interval
+
+    a, b = [0.5, 0.6, 0.7, 0.55, 0.65, 0.6], [0.4, 0.5, 0.45]
+    diff, low, high = welch_interval(a, b)
+    res = stats.ttest_ind(a, b, equal_var=False)  # scipy's Welch test agrees on the interval
+    ci = res.confidence_interval(0.95)
+    assert diff == pytest.approx(np.mean(a) - np.mean(b))
+    assert (low, high) == pytest.approx((ci.low, ci.high))
+    assert welch_interval([0.3, 0.3], [0.1, 0.1]) == pytest.approx((0.2, 0.2, 0.2))
+    for bad in (([0.1], [0.1, 0.2]), ([0.1, float("nan")], [0.1, 0.2])):
+        with pytest.raises(ValueError):
+            welch_interval(*bad)
