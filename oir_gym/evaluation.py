@@ -4,9 +4,13 @@ Every instruction of the chosen sets (``original``, ``simple``, ``complex``; see
 :mod:`oir_gym.instructions`; and any user sets, :attr:`EvalConfig.instruction_files`) is given to
 ``episodes`` envs; the policy acts greedily for a fixed ``horizon`` (the env's cosine termination is
 off, so reward shaping cannot end an episode early); an episode succeeds when the instruction's
-ground-truth Craftax achievement (or all of its achievements) happens before the horizon or the
-player's death. Metrics per set: per-instruction success rate, mean success rate, number of
-completed instructions, aggregate score.
+ground-truth Craftax achievement (or all of its achievements; for an ordered "X then Y", X strictly
+before Y; within the instruction's own horizon if it has one) happens before the horizon or the
+player's death. Every episode keeps a record of the first step of each achievement and of each
+achievement after each other one (:data:`RECORD_SHAPE`), from which everything is scored. Metrics
+per set: per-instruction success rate, mean success rate, number of completed instructions,
+aggregate score, and the paraphrase retention of sets of single-achievement wordings
+(:meth:`EvalResult.retention`).
 
 **Control** (``EvalConfig.control``, on by default). Success alone cannot tell instruction
 following from a fixed routine that happens to complete some achievements. Every episode records
@@ -21,7 +25,10 @@ for something else:
   no task; see ``docs/evaluation.md`` for the choice).
 
 The instruction-following gain of an instruction is success(A | asked for A) - success(A | the
-mismatched instruction); the neutral gain is reported beside it. A policy that ignores its
+mismatched instruction); the neutral gain is reported beside it. An ordered instruction "X then Y"
+whose reverse "Y then X" is evaluated too (the packaged ``ordered`` and ``ordered_reverse`` sets)
+also gets its order gain: its success minus the success of X-before-Y in the episodes asked "Y then X".
+A policy that ignores its
 instruction has gains near 0 whatever it completes. The mismatched condition costs no episode;
 the neutral one ``episodes`` more envs in all.
 
