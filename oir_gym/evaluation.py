@@ -28,9 +28,8 @@ The instruction-following gain of an instruction is success(A | asked for A) - s
 mismatched instruction); the neutral gain is reported beside it. An ordered instruction "X then Y"
 whose reverse "Y then X" is evaluated too (the packaged ``ordered`` and ``ordered_reverse`` sets)
 also gets its order gain: its success minus the success of X-before-Y in the episodes asked "Y then X".
-A policy that ignores its
-instruction has gains near 0 whatever it completes. The mismatched condition costs no episode;
-the neutral one ``episodes`` more envs in all.
+A policy that ignores its instruction has gains near 0 whatever it completes. The mismatched
+condition costs no episode; the neutral one ``episodes`` more envs in all.
 
 Two drivers: :func:`evaluate_jax` runs everything in one jitted ``lax.scan`` (PQN), and
 :func:`evaluate_python_policy` steps an :class:`~oir_gym.vector_env.InstructionCraftax` from Python
