@@ -7,7 +7,7 @@ carries the event(s) it is bound to, so under event-bound grounding (``grounding
 relabeled copy pays exactly at its event whatever its wording:
 
 * ``canonical``: each achievement event's canonical caption ("collect wood"), in order of first
-  occurrence, then the natural pair wordings of :data:`~oir_gym.relabel.rules.RULE_PAIRS`
+  occurrence, then the natural pair wordings of :data:`RULE_PAIRS`
   ("sleep and wake up"). The rule relabeler's labels, and the default.
 * ``diverse``: each achievement event named by one wording of a pool (``oir_gym/data/oracle_pool.json``,
   at least 15 per event, none of them an evaluation string or within cosine 0.85 of one), drawn
@@ -65,6 +65,16 @@ MAX_EVAL_COSINE = 0.85
 PACKAGED_POOL = "oracle_pool.json"
 
 _IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))
+#: Ordered event pairs with a natural combined instruction ("sleep and wake up"). Each wording must
+#: pay (cosine > 0.9) on its second event and not on its first, or its reward would land before the
+#: task is done ("collect a sapling and plant it" matched collecting the sapling; tested).
+RULE_PAIRS: dict[tuple[str, str], str] = {
+    ("fall_asleep", "wake_up"): "sleep and wake up",
+    ("attack_cow", "eat_cow"): "kill and eat a cow",
+    ("attack_zombie", "defeat_zombie"): "fight and defeat a zombie",
+    ("attack_skeleton", "defeat_skeleton"): "fight and defeat a skeleton",
+}
+
 # separate random streams per draw, so that one variant's draws never shift another's
 _STREAM_DIVERSE, _STREAM_NOISE, _STREAM_COMPOUND = 1, 2, 3
 
@@ -428,8 +438,6 @@ def oracle_labels(traj: Trajectory, oracle: str, *, seed: int = 0, pool: Optiona
     Canonical labels come first in ``tasks`` and ``compound``: with K slots per trajectory, the
     extra labels take the slots the canonical ones leave free.
     """
-    from oir_gym.relabel.rules import RULE_PAIRS
-
     check_oracle(oracle)
     pairs = RULE_PAIRS if pair_table is None else pair_table
     settings = settings or load_settings()

@@ -8,21 +8,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from oir_gym.captions import EVENT_NAMES, VOCAB
-from oir_gym.relabel.oracle import (
-    USES_POOL, Label, WordingPool, check_oracle, first_occurrence_events, load_pool, oracle_labels, unique,
+from oir_gym.relabel.oracle import (  # noqa: F401  (RULE_PAIRS: re-exported; defined beside the labelers)
+    RULE_PAIRS, USES_POOL, Label, WordingPool, check_oracle, first_occurrence_events, load_pool, oracle_labels, unique,
 )
 from oir_gym.trajectory import Trajectory
-
-#: Ordered event pairs with a natural combined instruction ("sleep and wake up"). Each wording must
-#: pay (cosine > 0.9) on its second event and not on its first, or its reward would land before the
-#: task is done ("collect a sapling and plant it" matched collecting the sapling; tested).
-RULE_PAIRS: dict[tuple[str, str], str] = {
-    ("fall_asleep", "wake_up"): "sleep and wake up",
-    ("attack_cow", "eat_cow"): "kill and eat a cow",
-    ("attack_zombie", "defeat_zombie"): "fight and defeat a zombie",
-    ("attack_skeleton", "defeat_skeleton"): "fight and defeat a skeleton",
-}
-
 
 def rule_events(text: str, pair_table: Optional[dict] = None) -> Optional[tuple[int, int]]:
     """``(pre, final)`` event ids of a rule instruction (``pre = -1`` for a single event), or ``None``.
