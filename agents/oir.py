@@ -273,8 +273,16 @@ class Trainer:
                                           episodes=cfg.eval.final_episodes, horizon=cfg.eval.horizon,
                                           control=cfg.eval.control)
         self.final_texts, self.final_achs, self.final_sets = eval_instructions(self.final_eval_cfg)
-        self.registry = InstructionRegistry(self.encoder, capacity=method_cls.table_capacity(
-            cfg, len(set(self.eval_texts) | set(self.final_texts))))
+        n_fixed = len(set(self.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS))
+        capacity = method_cls.table_capacity(cfg, n_fixed)
+        # the evaluation rows, each seed's buffer and (as many again) instructions envs still run after
+        # they left it: a table of runs made before the final sets (256 rows) may not hold them all
+        if capacity < n_fixed + 2 * self.S * cfg.oir.instruction_buffer_size:
+            raise ValueError(
+                f"env.table_capacity={capacity} holds too few rows for the {n_fixed} evaluation instructions and "
+                f"{self.S} buffer(s) of {cfg.oir.instruction_buffer_size}: raise env.table_capacity for a new run, or "
+                f"evaluate fewer sets at the end (--eval.final-sets with fewer of {cfg.eval.final_sets}, or none)")
+        self.registry = InstructionRegistry(self.encoder, capacity=capacity)
         self._register_fixed_rows()
         #: per seed, the PLR-style instruction buffer (method oir draws new episodes from it; every method
         #: records the returns of finished episodes in it)

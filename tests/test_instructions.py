@@ -280,3 +280,30 @@ def test_no_held_out_evaluation_wording_is_a_few_shot_example_of_a_packaged_prom
     for p in prompts:
         quoted = set(re.findall(r'"([^"]+)"', p.read_text().lower()))
         assert not (quoted & held_out), (p.name, sorted(quoted & held_out))
+
+
+def test_an_ordered_block_of_related_or_unknown_achievements_is_refused(tmp_path):
+    """The per-achievement schema's ordered pairs: a prerequisite pair (whose order the game decides)
+    or an unknown achievement stops the load with the file, the pair and the field named."""
+    packaged = json.loads((Path(oir_gym.instructions.__file__).parent / "data" / "instructions.json").read_text())
+
+    def write(pairs):
+        path = tmp_path / "sets.json"
+        path.write_text(json.dumps({**packaged, "ordered": {"horizon": 300, "pairs": pairs}}))
+        return path
+
+    pair = {"first": "collect_wood", "then": "place_table", "text": "wood then table", "reverse": "table then wood"}
+    with pytest.raises(ValueError, match=r"sets.json: 'ordered', pair 0: 'collect_wood' and 'place_table' are the "
+                                         r"same achievement or one is a prerequisite"):
+        load_instruction_sets(write([pair]))
+    with pytest.raises(ValueError, match=r"pair 0: field 'then': unknown achievement 'place_tabel'"):
+        load_instruction_sets(write([{**pair, "then": "place_tabel"}]))
+    with pytest.raises(ValueError, match=r"pair 1: the pair 'collect_drink', 'collect_wood' is listed twice"):
+        ok = {**pair, "first": "collect_wood", "then": "collect_drink"}
+        load_instruction_sets(write([ok, {**ok, "first": "collect_drink", "then": "collect_wood"}]))
+    with pytest.raises(ValueError, match=r"'ordered': field 'horizon': expected a number of steps >= 1"):
+        path = tmp_path / "h.json"
+        path.write_text(json.dumps({**packaged, "ordered": {**packaged["ordered"], "horizon": 0}}))
+        load_instruction_sets(path)
+    sets = load_instruction_sets(write([{**pair, "then": "collect_drink"}]))
+    assert [e.text for e in sets["ordered"]] == ["wood then table"] and sets["ordered_reverse"][0].targets == (4, 0)

@@ -378,3 +378,26 @@ def test_the_sb3_trainer_takes_the_same_oracle_flag(encoder):
     assert res.candidates and all(c.text in load_pool().texts() for c in res.candidates)
     assert [c.text for c in res.candidates] == [l.text for l in oracle_labels(traj_of(STEPS, DONES), "diverse", seed=3)]
     rl.close()
+
+
+def test_the_final_evaluation_adds_its_sets_and_episodes_and_the_table_must_hold_them(tmp_path):
+    from agents.config import preset
+    from agents.oir import Trainer
+
+    cfg = preset("smoke").replace(**{"eval.final_episodes": 3, "eval.instruction_files": (
+        str(ROOT / "oir_gym" / "data" / "example_instruction_sets.json"),)})
+    tr = Trainer(cfg, tmp_path / "a", log=lambda s: None)
+    assert tr.eval_cfg.set_names == ("original", "simple", "complex", "own_words", "compound")
+    assert tr.final_eval_cfg.set_names == ("original", "simple", "complex", "heldout", "ordered", "ordered_reverse",
+                                           "own_words", "compound")
+    assert (tr.eval_cfg.episodes, tr.final_eval_cfg.episodes) == (1, 3)
+    assert [tr.registry.text(r) for r in tr.final_rows] == tr.final_texts  # every final instruction has its row
+    assert set(tr.all_eval_texts) >= set(tr.final_texts) | set(tr.eval_texts)
+    tr.close()
+    # a table of 256 rows (runs made before the final sets) cannot hold them and the buffers: refused
+    # at construction, not halfway through training
+    with pytest.raises(ValueError, match=r"env.table_capacity=256 holds too few rows .* \(--eval.final-sets"):
+        Trainer(cfg.replace(**{"env.table_capacity": 256}), tmp_path / "b", log=lambda s: None)
+    tr = Trainer(cfg.replace(**{"env.table_capacity": 256, "eval.final_sets": ()}), tmp_path / "c", log=lambda s: None)
+    assert tr.final_texts == tr.eval_texts
+    tr.close()
