@@ -316,8 +316,9 @@ class OIRRelabeling(TrainingMethod):
     # ------------------------------------------------------------ offers and their diversity
     def _count_offers(self, offers: Sequence[Any]) -> dict[str, float]:
         """Record the candidates offered to the buffers this update (one per seed and text); their
-        LLM share this update (``relabel/llm_offer_share``) and, for :meth:`diversity`, each new
-        text's best cosine to any caption phrasing and the event it pays on."""
+        LLM share this update (``relabel/llm_offer_share``), how many texts no earlier update offered
+        (``relabel/new_instructions``) and, for :meth:`diversity`, each new text's best cosine to any
+        caption phrasing and the event it pays on."""
         new = [c for c in dict((c.text, c) for c in offers).values() if c.text not in self.offered]
         if new:
             # the registry's cosine to the caption phrasings (a bound candidate's final_row is an
@@ -328,7 +329,9 @@ class OIRRelabeling(TrainingMethod):
         n_llm = sum(c.source == "llm" for c in offers)
         self.offers_llm += n_llm
         self.offers_total += len(offers)
-        return {"relabel/llm_offer_share": n_llm / len(offers) if offers else 0.0}
+        # novelty: distinct texts offered to a buffer for the first time in the run
+        return {"relabel/llm_offer_share": n_llm / len(offers) if offers else 0.0,
+                "relabel/new_instructions": float(len(new))}
 
     def llm_report(self) -> dict[str, Any]:
         """The LLM relabeler's run so far, for the run directory (empty without an LLM): calls,

@@ -846,6 +846,7 @@ class _Trainer:
         analysis.plot_training(rows, self.run / "training.png")
         analysis.plot_learning_curves({self.cfg.algo: [rows]}, self.run / "learning_curves.png")
         analysis.plot_instruction_bars({self.cfg.algo: [res.to_dict()]}, self.run / "instruction_success.png")
+        analysis.write_overview_plots({self.cfg.algo: [rows]}, self.run.path)  # success.png, gain.png, relabeling.png
         self.run.mark_complete(update=self.update, env_steps=int(self.model.num_timesteps),
                                model_sha256=read_checkpoint_state(self.run.path)["model_sha256"])
         self.print("\nFinal evaluation:\n" + table)

@@ -13,19 +13,25 @@ for ``#NNNNNN``), with 95% bootstrap confidence intervals over seeds (scipy's pe
 bootstrap), and, for evaluations with the control (``oir_gym.evaluation``), the
 instruction-following gain: success when asked for an achievement minus success when asked for
 another one (or given the neutral instruction).
+``--interval t`` prints, instead of that table and with 95% Student's t intervals over seeds, the
+summary docs/results.md shows: the final point, the mean of the last k evaluations and of the whole
+run, completed instructions and aggregate score at the final point, and how much of its success on
+the original set a seed keeps on the paraphrase sets (``kept``: success on ``simple`` or ``complex`` /
+success on ``original``, per seed); the control table then also takes t intervals.
 ``--time-target X`` adds mean success against wall clock (``time`` of the metrics rows, summed over
 resumes): the first evaluation reaching X and the best within ``--time-budget`` seconds.
 ``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and ``--tsne NAME=FILE``
 instruction lists (``instructions.json`` / ``goals.json`` of a run).
 
-Two more tables use Student's t intervals over seeds (``oir_gym.metrics.t_interval``; with 3 seeds
-a percentile bootstrap covers the mean only about 76% of the time): per method and set, the final
-success, the paraphrase retention (over the achievements a seed learned on the original set,
-success >= 0.25: mean of paraphrase success / original success, ``oir_gym.metrics.paraphrase_retention``)
-and the instruction-following gain; and, where the ordered-compound sets were evaluated, success
-on "X then Y", on "Y then X", and the order gain (success of "X then Y" when asked for it minus the
-same order's success when asked "Y then X"). With ``--baseline NAME`` each of their cells also gives
-the difference to that method (mean difference [95% Welch t interval], ``oir_gym.metrics.welch_interval``).
+Two more tables use Student's t intervals over seeds (``oir_gym.metrics.t_interval``): per method
+and set, the final success, the paraphrase retention (over the achievements a seed learned on the
+original set, success >= 0.25: mean of paraphrase success / original success,
+``oir_gym.metrics.paraphrase_retention``; unlike ``kept``, it compares each learned achievement with
+itself) and the instruction-following gain; and, where the ordered-compound sets were evaluated,
+success on "X then Y", on "Y then X", and the order gain (success of "X then Y" when asked for it
+minus the same order's success when asked "Y then X"). With ``--baseline NAME`` each of their cells
+also gives the difference to that method (mean difference [95% Welch t interval],
+``oir_gym.metrics.welch_interval``).
 """
 
 from __future__ import annotations
@@ -35,9 +41,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from oir_gym import analysis  # noqa: E402
 from oir_gym.metrics import paraphrase_retention, t_interval, welch_interval  # noqa: E402
@@ -93,9 +99,79 @@ def _upto_tag(prefixes: list[str], metrics: list[list[dict]]) -> list[list[dict]
     return [[r for r in rows if not t.isdigit() or r.get("update", 0) <= int(t)] for t, rows in zip(tags, metrics)]
 
 
-def t_cell(values, fmt: str = "{:.3f}") -> str:
-    """``mean [low, high]`` with the 95% t interval over the finite values (seeds); ``-`` when none;
-    ``(n of m seeds)`` appended when some seeds have no value."""
+PARAPHRASE_SETS = ("simple", "complex")  # the built-in rewordings of the original set's 22 instructions
+
+
+def _t_cell(values, fmt: str = "{:.3f}") -> str:
+    """``mean [low, high]``, the 95% t interval over seeds; ``-`` when a value is missing."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0 or not np.isfinite(arr).all():
+        return "-"
+    low, high = t_interval(arr)
+    ci = "n/a" if np.isnan(low) else f"{fmt.format(low)}, {fmt.format(high)}"
+    return f"{fmt.format(arr.mean())} [{ci}]"
+
+
+def t_summary_table(finals: dict[str, list[dict]], runs: dict[str, list[list[dict]]], sets: list[str],
+                    k: int = 5, max_step: float = float("inf")) -> str:
+    """Per method and set, with 95% t intervals over seeds: the final point, the mean of each seed's
+    last ``k`` evaluations and of all its evaluations (up to ``max_step``), completed instructions and
+    aggregate score at the final point, the share of the original set's success kept on a paraphrase set, and
+    the instruction-following gains (asked - mismatched) when some run has the control."""
+    has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
+                   for seeds in finals.values() for s in sets)
+    head = (f"| method | set | seeds | final: success | last {k}: success | whole run: success | final: completed "
+            "| final: aggregate | final: kept vs original |")
+    if has_gain:
+        head += f" final: gain | last {k}: gain |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for m, seeds in finals.items():
+        original = analysis.final_values(seeds, "original", "mean_success_rate")
+        for s in sets:
+            final = analysis.final_values(seeds, s, "mean_success_rate")
+            if np.isnan(final).all():
+                continue
+            rows = runs.get(m, [])
+            last = analysis.last_evals_means(rows, f"eval/{s}/mean_success_rate", k, max_step)
+            try:
+                whole = analysis.curve_means(rows, s, max_step=max_step)["mean_success_rate"]
+            except (ValueError, KeyError):  # no periodic evaluation of this set
+                whole = []
+            with np.errstate(divide="ignore", invalid="ignore"):
+                kept = _t_cell(final / original) if s in PARAPHRASE_SETS else "-"
+            row = (f"| {m} | {s} | {len(final)} | {_t_cell(final)} | {_t_cell(last)} | {_t_cell(whole)} | "
+                   f"{_t_cell(analysis.final_values(seeds, s, 'num_completed'), '{:.1f}')} | "
+                   f"{_t_cell(analysis.final_values(seeds, s, 'aggregate_score'))} | {kept} |")
+            if has_gain:
+                gain_last = analysis.last_evals_means(rows, f"eval/control/{s}/gain", k, max_step)
+                row += (f" {_t_cell(analysis.final_values(seeds, s, 'control/gain'), '{:+.3f}')} |"
+                        f" {_t_cell(gain_last, '{:+.3f}')} |")
+            lines.append(row)
+    return "\n".join(lines)
+
+
+def t_control_table(finals: dict[str, list[dict]], sets: list[str]) -> str:
+    """The control at the final point (success when asked, mismatched, neutral: means over seeds) with
+    both gains' 95% t intervals over seeds; empty when no evaluation has the control."""
+    lines = ["| method | set | seeds | asked | mismatched | neutral | gain (asked - mismatched) | gain (asked - neutral) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m, seeds in finals.items():
+        for s in sets:
+            neutral = analysis.final_values(seeds, s, "control/neutral_mean_success_rate")
+            if np.isnan(neutral).any():
+                continue
+            asked = analysis.final_values(seeds, s, "mean_success_rate")
+            mism = analysis.final_values(seeds, s, "control/mismatched_mean_success_rate")
+            mism_cell = "-" if np.isnan(mism).any() else f"{mism.mean():.3f}"
+            lines.append(f"| {m} | {s} | {len(asked)} | {asked.mean():.3f} | {mism_cell} | {neutral.mean():.3f} | "
+                         f"{_t_cell(analysis.final_values(seeds, s, 'control/gain'), '{:+.3f}')} | "
+                         f"{_t_cell(analysis.final_values(seeds, s, 'control/gain_neutral'), '{:+.3f}')} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def finite_t_cell(values, fmt: str = "{:.3f}") -> str:
+    """``mean [low, high]`` with the 95% t interval over the finite values (seeds; a seed may have
+    none, e.g. no learned achievement); ``-`` when none; ``(n of m seeds)`` when some have none."""
     arr = np.asarray(values, dtype=float)
     ok = arr[np.isfinite(arr)]
     if ok.size == 0:
@@ -130,10 +206,14 @@ def seed_retention(result: dict, set_name: str) -> float:
 
 
 def retention_table(finals: dict[str, list[dict]], sets, baseline: str | None = None) -> str:
-    """Per method and set: final success, paraphrase retention and gain (mean [95% t interval over
-    seeds]), and with ``baseline`` each one's difference to that method's (Welch t interval)."""
-    lines = ["| method | set | seeds | mean success rate | paraphrase retention | gain (asked - mismatched) |",
-             "|---|---|---|---|---|---|"]
+    """Per method and set: final success, paraphrase retention and (runs with the control) gain (mean
+    [95% t interval over seeds]), and with ``baseline`` each one's difference to that method's
+    (Welch t interval)."""
+    has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
+                   for seeds in finals.values() for s in sets)
+    head = "| method | set | seeds | mean success rate | paraphrase retention |" + (
+        " gain (asked - mismatched) |" if has_gain else "")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
 
     def columns(seeds: list[dict], s: str):
         return (analysis.final_values(seeds, s, "mean_success_rate"), [seed_retention(r, s) for r in seeds],
@@ -146,9 +226,11 @@ def retention_table(finals: dict[str, list[dict]], sets, baseline: str | None = 
                 continue
             base = columns(finals[baseline], s) if baseline is not None and m != baseline else (None, None, None)
             ret = "-" if s == "original" or np.isnan(retention).all() else \
-                t_cell(retention) + diff_cell(retention, base[1])
-            lines.append(f"| {m} | {s} | {len(seeds)} | {t_cell(success)}{diff_cell(success, base[0])} | {ret} | "
-                         f"{t_cell(gain, '{:+.3f}')}{diff_cell(gain, base[2])} |")
+                finite_t_cell(retention) + diff_cell(retention, base[1])
+            row = f"| {m} | {s} | {len(seeds)} | {finite_t_cell(success)}{diff_cell(success, base[0])} | {ret} |"
+            if has_gain:
+                row += f" {finite_t_cell(gain, '{:+.3f}')}{diff_cell(gain, base[2])} |"
+            lines.append(row)
     return "\n".join(lines)
 
 
@@ -169,8 +251,8 @@ def order_table(finals: dict[str, list[dict]], baseline: str | None = None) -> s
         base = None
         if baseline is not None and m != baseline:
             base = analysis.final_values(finals[baseline], "ordered", "control/order_gain")
-        lines.append(f"| {m} | {len(seeds)} | {t_cell(fwd)} | {t_cell(rev)} | {t_cell(crossed)} | "
-                     f"{t_cell(gain, '{:+.3f}')}{diff_cell(gain, base)} |")
+        lines.append(f"| {m} | {len(seeds)} | {finite_t_cell(fwd)} | {finite_t_cell(rev)} | {finite_t_cell(crossed)} | "
+                     f"{finite_t_cell(gain, '{:+.3f}')}{diff_cell(gain, base)} |")
     return "\n".join(lines)
 
 
@@ -181,6 +263,9 @@ def main(argv=None) -> int:
     p.add_argument("--tsne", nargs="*", help="NAME=instructions.json|goals.json")
     p.add_argument("--out", default="docs/img")
     p.add_argument("--table-only", action="store_true", help="print the tables, write no plots")
+    p.add_argument("--interval", choices=("bootstrap", "t"), default="bootstrap",
+                   help="t: the summary table with 95%% t intervals over seeds (docs/results.md) instead of the "
+                        "final-point table with bootstrap intervals; the control table's gains likewise")
     p.add_argument("--last-k", type=int, default=5, help="the last evaluations averaged beside the final point")
     p.add_argument("--curve-max-step", type=float, default=float("inf"),
                    help="the whole-run table keeps evaluations up to this many env steps (compare a short run "
@@ -207,6 +292,7 @@ def main(argv=None) -> int:
         for s in ("original", "simple", "complex"):
             analysis.plot_learning_curves(metrics, out / f"curves_{s}.png", s)
         analysis.plot_instruction_bars(finals, out / "instruction_success.png")
+        analysis.write_overview_plots(metrics, out)  # success.png (every set), gain.png, relabeling.png
     sets = analysis.set_names(finals)
     print("## Evaluation (mean ± s.e. over seeds)\n")
     print(analysis.final_table(finals, sets=sets))
@@ -214,16 +300,23 @@ def main(argv=None) -> int:
     print(f"\n## Mean over the periodic evaluations of the whole run{upto} (mean ± s.e. over seeds)\n")
     print(analysis.curve_mean_table(metrics, sets=sets, max_step=args.curve_max_step))
     windows = {name: _upto_tag(runs[name], rows) for name, rows in metrics.items()}
-    print(f"\n## Final point and mean of the last {args.last_k} evaluations{upto} "
-          "(mean [95% bootstrap CI over seeds])\n")
-    print(analysis.final_and_last_table(finals, windows, sets=sets, k=args.last_k, max_step=args.curve_max_step))
-    control = analysis.control_table(finals, sets=sets)
+    if args.interval == "t":
+        print(f"\n## Summary: final point, last {args.last_k} evaluations and whole run{upto} "
+              "(mean [95% t interval over seeds])\n")
+        print(t_summary_table(finals, windows, sets, k=args.last_k, max_step=args.curve_max_step))
+        control = t_control_table(finals, sets)
+    else:
+        print(f"\n## Final point and mean of the last {args.last_k} evaluations{upto} "
+              "(mean [95% bootstrap CI over seeds])\n")
+        print(analysis.final_and_last_table(finals, windows, sets=sets, k=args.last_k, max_step=args.curve_max_step))
+        control = analysis.control_table(finals, sets=sets)
     if control:
         print("\n## Instruction following at the final point: success of an achievement when asked for it, for "
-              "another one (mismatched) and with the neutral instruction (mean over seeds; gains with 95% bootstrap CI)\n")
+              f"another one (mismatched) and with the neutral instruction (mean over seeds; gains with 95% {args.interval} "
+              "interval)\n")
         print(control)
-    print("\n## Paraphrase retention at the final point: success, retention on the learned achievements "
-          "(original success >= 0.25) and gain (mean [95% t interval over seeds])\n")
+    print("\n## Paraphrase retention at the final point: success and retention on the learned achievements "
+          "(original success >= 0.25) (mean [95% t interval over seeds])\n")
     print(retention_table(finals, sets, args.baseline))
     order = order_table(finals, args.baseline)
     if order:

@@ -54,6 +54,7 @@ def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int 
             frames.append(env.render())
     env.close()
     frames = [np.repeat(np.repeat(f, scale, axis=0), scale, axis=1) if scale > 1 else f for f in frames]
+    frames = captioned(frames, instruction)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".gif":
         from PIL import Image
@@ -69,6 +70,14 @@ def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int 
             raise RuntimeError(f"writing {out} needs imageio with an ffmpeg plugin (pip install imageio-ffmpeg); "
                                f"or write a .gif ({e})") from None
     return {"frames": len(frames), "episodes": done_episodes, "successes": successes, "return": total, "path": str(out)}
+
+
+def captioned(frames: list, instruction: str) -> list:
+    """The frames with the instruction written across their top (:func:`oir_gym.analysis.caption_frame`),
+    so a video says what the agent was asked to do; after scaling, where the text is legible."""
+    from oir_gym.analysis import caption_frame
+
+    return [caption_frame(f, instruction) for f in frames]
 
 
 def main(argv: list[str] | None = None) -> int:

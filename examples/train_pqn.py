@@ -453,6 +453,7 @@ def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval, own_dir: Path) -> 
     analysis.plot_learning_curves({cfg.run.method: [rows]}, run.path / "learning_curves.png")
     final = run.read_eval("final")
     analysis.plot_instruction_bars({cfg.run.method: final}, run.path / "instruction_success.png")
+    analysis.write_overview_plots({cfg.run.method: [rows]}, run.path)  # success.png, gain.png, relabeling.png
     table = _mean_table(final)
     run.write_eval("final", final, markdown=(
         f"# Final evaluation ({cfg.run.method}, {cfg.run.num_seeds} seed(s), {trainer.env_steps:,} env steps, "

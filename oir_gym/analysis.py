@@ -1,12 +1,17 @@
 """Plots and tables from run directories (``metrics.jsonl``, ``eval_*.json``).
 
 Works on any run directory written by ``examples/train_pqn.py`` or ``examples/train_sb3.py``;
-several runs (seeds, methods) are aggregated as mean +- standard error.
+several runs (seeds, methods) are aggregated as mean +- standard error. The figures a researcher
+looks at first (:func:`success_figure`, :func:`gain_figure`, :func:`relabeling_figure`) are pure
+functions of metrics rows that return a matplotlib Figure; :func:`write_overview_plots` writes them
+as PNGs into every run directory at the end of a run and for ``examples/analyze_runs.py``.
+:func:`caption_frame` writes an instruction onto a video frame (``examples/record_video.py``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -540,3 +545,304 @@ def plot_time_to_target(runs: dict[str, Sequence[list[dict]]], out: str | Path, 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, out)
+
+
+# ----------------------------------------------------------------------------- the plots a run writes
+#: Evaluation success of a set (``eval/<set>/mean_success_rate``, per seed ``seed<s>/eval/...``).
+_SUCCESS_KEY = re.compile(r"^(?:seed\d+/)?eval/([^/]+)/mean_success_rate$")
+#: The instruction-following gain of a set's control (asked - mismatched; ``oir_gym.evaluation``).
+_GAIN_KEY = re.compile(r"^(?:seed\d+/)?eval/control/([^/]+)/gain$")
+
+#: Where the relabeling panel reads each quantity, in order of preference: ``(key, how, what)``.
+#: ``how`` is ``"value"`` (logged per update) or ``"increment"`` (a running count, differenced).
+RELABEL_ROWS = (("relabel/rows", "value", "PQN: rows per seed"),
+                ("relabel/rows_added", "increment", "SB3: transitions per metrics row"))
+RELABEL_NOVELTY = (("relabel/new_instructions", "value", "texts offered to a buffer for the first time"),
+                   ("ellm/distinct_goals", "increment", "goals proposed for the first time"),
+                   ("relabel/buffer_inserted", "increment", "SB3: texts written to the buffer per metrics row"))
+
+
+def _ordered_sets(runs: Iterable[list[dict]], pattern: re.Pattern) -> list[str]:
+    """Set names some key of some row matches, the built-in sets first, then the others as found."""
+    from oir_gym.instructions import SET_NAMES
+
+    seen = dict.fromkeys(m.group(1) for rows in runs for r in rows for k in r if (m := pattern.match(k)))
+    return [s for s in SET_NAMES if s in seen] + [s for s in seen if s not in SET_NAMES]
+
+
+def evaluated_sets(runs: Iterable[list[dict]]) -> list[str]:
+    """Every instruction set the runs' metrics rows hold an evaluation of (``eval/<set>/mean_success_rate``):
+    the built-in sets first, then user sets (``compound``, ``own_words``...) in the order they appear."""
+    return _ordered_sets(runs, _SUCCESS_KEY)
+
+
+def gain_sets(runs: Iterable[list[dict]]) -> list[str]:
+    """The sets whose evaluation logged the instruction-following gain (``eval/control/<set>/gain``)."""
+    return _ordered_sets(runs, _GAIN_KEY)
+
+
+def pooled_points(runs: Sequence[list[dict]], key: str):
+    """``steps [n], values [n, seeds]`` of one logged metric (:func:`metric_points`) over several runs
+    of one method, their seeds side by side; cut to the points every run has (none when one lacks it)."""
+    series = [metric_points(rows, key) for rows in runs]
+    n = min((len(s) for s, _ in series), default=0)
+    if n == 0:
+        return np.zeros(0), np.zeros((0, 0))
+    return series[0][0][:n], np.concatenate([v[:n] for _, v in series], axis=1)
+
+
+def save_figure(fig, out: str | Path) -> Path:
+    """Lay out a figure and write it (PNG by ``out``'s suffix); returns ``out`` as a Path."""
+    return _save(fig, out)
+
+
+def _grid(n: int, ncols: int = 3, cell: tuple[float, float] = (4.6, 3.4)):
+    """A pyplot-free figure with ``n`` axes, ``ncols`` to a row (see :func:`_figure`)."""
+    from matplotlib.figure import Figure
+
+    ncols = max(1, min(ncols, n))
+    nrows = -(-n // ncols)
+    fig = Figure(figsize=(cell[0] * ncols, cell[1] * nrows))
+    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for ax in axes[n:]:
+        fig.delaxes(ax)
+    return fig, axes[:n]
+
+
+def _band(ax, steps: np.ndarray, vals: np.ndarray, label: str, color: str | None = None, ls: str = "-") -> None:
+    """The mean over the columns of ``vals [n, k]`` (seeds or runs) as a line, ± its standard error as a
+    band when k > 1; points where some column is NaN (nothing logged there) are left out."""
+    keep = np.isfinite(vals).all(axis=1)
+    steps, vals = np.asarray(steps)[keep], vals[keep]
+    if len(steps) == 0:
+        return
+    mean, se = mean_and_stderr(vals.T, axis=0)
+    mean, se = np.atleast_1d(mean), np.atleast_1d(se)
+    (line,) = ax.plot(steps, mean, marker="." if len(steps) < 40 else None, label=label, color=color, ls=ls)
+    if vals.shape[1] > 1:
+        ax.fill_between(steps, mean - se, mean + se, alpha=0.2, color=line.get_color())
+
+
+def _note(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="grey", wrap=True)
+
+
+def _per_set_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str], key: str, ylim: tuple[float, float],
+                    ylabel: str, title: str):
+    """One axes per set, one line per method (mean over seeds, ± s.e. band), y fixed to ``ylim``."""
+    fig, axes = _grid(len(sets))
+    for ax, s in zip(axes, sets):
+        for i, (label, rows) in enumerate(runs.items()):  # a method keeps its colour on every axes
+            steps, vals = pooled_points(rows, key.format(s))
+            if len(steps):
+                _band(ax, steps, vals, f"{label} ({vals.shape[1]} seed{'s' * (vals.shape[1] != 1)})", f"C{i}")
+        if ylim[0] < 0:
+            ax.axhline(0, color="grey", lw=0.8, ls="--", label="_zero")
+        if not [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]:
+            _note(ax, "not evaluated")
+        ax.set_ylim(*ylim)
+        ax.set_title(s)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def success_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | None = None):
+    """Mean success rate over training on every evaluated set, each on a y axis fixed to [0, 1].
+
+    Args:
+        runs: per method, the metrics rows of each run (:func:`read_jsonl`), pooled as seeds.
+        sets: the sets, one axes each; default every set the rows evaluated (:func:`evaluated_sets`).
+
+    Returns:
+        A :class:`matplotlib.figure.Figure` (no pyplot): x env steps, one line per method, the mean
+        over seeds with a ± standard-error band.
+
+    Raises:
+        ValueError: when no set is evaluated in the rows.
+    """
+    sets = list(sets) if sets is not None else evaluated_sets(r for rs in runs.values() for r in rs)
+    if not sets:
+        raise ValueError("no evaluation in these metrics rows (no eval/<set>/mean_success_rate key)")
+    return _per_set_figure(runs, sets, "eval/{}/mean_success_rate", (0.0, 1.0), "mean success rate",
+                           "success on every evaluated set (mean over seeds, band ± s.e.)")
+
+
+def gain_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | None = None):
+    """The instruction-following gain over training (success when asked for an achievement minus success
+    when asked for another one, ``eval/control/<set>/gain``; docs/evaluation.md), one axes per set, y
+    fixed to [-1, 1] with a dashed line at 0 (a policy that ignores its instruction).
+
+    Args:
+        runs: per method, the metrics rows of each run, pooled as seeds.
+        sets: default every set whose evaluation has the control's gain (:func:`gain_sets`).
+
+    Raises:
+        ValueError: when no evaluation in the rows has the control.
+    """
+    sets = list(sets) if sets is not None else gain_sets(r for rs in runs.values() for r in rs)
+    if not sets:
+        raise ValueError("no instruction-following gain in these metrics rows (no eval/control/<set>/gain key: "
+                         "the evaluation ran without its control, see docs/evaluation.md)")
+    return _per_set_figure(runs, sets, "eval/control/{}/gain", (-1.0, 1.0), "gain (asked - mismatched)",
+                           "instruction-following gain (mean over seeds, band ± s.e.)")
+
+
+def _series(rows: list[dict], key: str, how: str) -> tuple[np.ndarray, np.ndarray]:
+    """``steps, values`` of one per-update metric of a run (``how="increment"``: a running count's steps;
+    where the count dropped, a resumed process that counts from 0 again, its value is the step)."""
+    pts = [(r["env_steps"], float(r[key])) for r in rows if key in r and "env_steps" in r]
+    if not pts:
+        return np.zeros(0), np.zeros(0)
+    steps, vals = (np.asarray(a, dtype=float) for a in zip(*pts))
+    if how == "increment":
+        step = np.diff(vals, prepend=0.0)
+        vals = np.where(step < 0, vals, step)
+    return steps, vals
+
+
+def _pooled_series(rows_list: Sequence[list[dict]], key: str, how: str = "value"):
+    """:func:`_series` of several runs, ``steps [n], values [n, runs]``, cut to the shortest run."""
+    series = [_series(rows, key, how) for rows in rows_list]
+    n = min((len(s) for s, _ in series), default=0)
+    if n == 0:
+        return np.zeros(0), np.zeros((0, 0))
+    return series[0][0][:n], np.stack([v[:n] for _, v in series], axis=1)
+
+
+def _first_logged(rows_list: Sequence[list[dict]], specs) -> tuple[str, str, str] | None:
+    """The first ``(key, how, what)`` of ``specs`` that every run logged."""
+    for spec in specs:
+        if rows_list and all(any(spec[0] in r for r in rows) for rows in rows_list):
+            return spec
+    return None
+
+
+def has_relabeling(runs: Iterable[list[dict]]) -> bool:
+    """Whether some run logged a quantity of the relabeling panel (:func:`relabeling_figure`)."""
+    keys = {k for k, _, _ in RELABEL_ROWS + RELABEL_NOVELTY} | {"relabel/llm_offer_share", "ellm/pinned_frac"}
+    return any(k in r for rows in runs for r in rows for k in keys)
+
+
+def relabeling_figure(runs: dict[str, Sequence[list[dict]]]):
+    """What relabeling put into training, per update, from the metrics the trainers log.
+
+    Three axes against env steps, one line per method (mean over its runs, ± s.e. band):
+
+    * relabeled rows per update (PQN ``relabel/rows``, per seed; SB3: relabeled transitions);
+    * where the instructions come from: the share of an update's buffer offers from the rules and
+      from the LLM (``relabel/llm_offer_share``; the LLM's line only with an LLM relabeler; updates
+      without relabeled rows are left out), and for ELLM the share of envs pinned to a proposer goal
+      (``ellm/pinned_frac``), y fixed to [0, 1];
+    * novelty: instructions new to the run per update (``relabel/new_instructions``: texts offered to a
+      buffer for the first time; ELLM: goals proposed for the first time), with the run's final
+      novelty share beyond the caption phrasings (``diversity/novelty_share``) in the label when logged.
+
+    A quantity a run did not log leaves its axes with a note saying so.
+
+    Raises:
+        ValueError: when no run logged any of them (:func:`has_relabeling`).
+    """
+    if not has_relabeling(r for rs in runs.values() for r in rs):
+        raise ValueError("no relabeling metrics in these metrics rows (relabel/rows, relabel/llm_offer_share, "
+                         "relabel/new_instructions, ellm/...): a run without relabeling")
+    fig, (ax_rows, ax_src, ax_new) = _grid(3, 3, (5.0, 3.6))
+    for i, (label, rows_list) in enumerate(runs.items()):
+        c = f"C{i}"  # a method's colour on every axes; the sources differ by line style
+        spec = _first_logged(rows_list, RELABEL_ROWS)
+        if spec:
+            _band(ax_rows, *_pooled_series(rows_list, spec[0], spec[1]), f"{label} ({spec[2]})", c)
+        if _first_logged(rows_list, [("relabel/llm_offer_share", "", "")]):
+            steps, llm = _pooled_series(rows_list, "relabel/llm_offer_share")
+            _, relabeled = _pooled_series(rows_list, "relabel/rows")
+            if relabeled.shape == llm.shape:  # an update without relabeled rows offered nothing
+                llm = np.where(relabeled > 0, llm, np.nan)
+            _band(ax_src, steps, 1.0 - llm, f"{label}: rules", c)
+            if any("relabel/llm_results" in r for rows in rows_list for r in rows):  # an LLM relabeler ran
+                _band(ax_src, steps, llm, f"{label}: LLM", c, "--")
+        if _first_logged(rows_list, [("ellm/pinned_frac", "", "")]):
+            _band(ax_src, *_pooled_series(rows_list, "ellm/pinned_frac"), f"{label}: proposer", c, ":")
+        spec = _first_logged(rows_list, RELABEL_NOVELTY)
+        if spec:
+            final = [r["diversity/novelty_share"] for rows in rows_list for r in rows if "diversity/novelty_share" in r]
+            share = f"; final novelty share {np.mean(final):.2f}" if final else ""
+            _band(ax_new, *_pooled_series(rows_list, spec[0], spec[1]), f"{label} ({spec[2]}{share})", c)
+    titles = {ax_rows: ("relabeled rows per update", "rows", "relabel/rows"),
+              ax_src: ("instructions by source (share per update)", "share",
+                       "relabel/llm_offer_share or ellm/pinned_frac"),
+              ax_new: ("novelty: new instructions per update", "instructions", "relabel/new_instructions")}
+    for ax, (title, ylabel, key) in titles.items():
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=7)
+        else:
+            _note(ax, f"not logged by this run ({key})")
+    ax_src.set_ylim(0.0, 1.05)  # a share of 1 stays visible above the frame's edge
+    return fig
+
+
+def write_overview_plots(runs: dict[str, Sequence[list[dict]]], out_dir: str | Path) -> list[Path]:
+    """Write the figures a researcher looks at first into ``out_dir``: ``success.png``
+    (:func:`success_figure`), ``gain.png`` when the evaluation has the control (:func:`gain_figure`),
+    ``relabeling.png`` when some run relabels (:func:`relabeling_figure`). Returns the paths written."""
+    out = Path(out_dir)
+    every = [r for rs in runs.values() for r in rs]
+    figures = {"success.png": success_figure if evaluated_sets(every) else None,
+               "gain.png": gain_figure if gain_sets(every) else None,
+               "relabeling.png": relabeling_figure if has_relabeling(every) else None}
+    return [save_figure(make(runs), out / name) for name, make in figures.items() if make is not None]
+
+
+# ----------------------------------------------------------------------------- video frames
+def caption_frame(frame: np.ndarray, text: str, font_size: int | None = None) -> np.ndarray:
+    """``frame`` with ``text`` written in white on a dark translucent band across its top.
+
+    The frame keeps its size (the band covers the top rows of the view); the text wraps at word
+    boundaries to the frame's width and is cut with ``...`` past a third of its height.
+
+    Args:
+        frame: an ``[H, W, 3]`` uint8 RGB image (an env's ``rgb_array`` render).
+        text: the caption, e.g. the episode's instruction.
+        font_size: pixels; default ``max(8, W // 20)`` (14 px on a 288-px frame).
+
+    Returns:
+        A new ``[H, W, 3]`` uint8 array.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    arr = np.asarray(frame)
+    if arr.ndim != 3 or arr.shape[2] != 3 or arr.dtype != np.uint8:
+        raise ValueError(f"frame must be an [H, W, 3] uint8 RGB image, got shape {arr.shape} and dtype {arr.dtype}")
+    h, w = arr.shape[:2]
+    size = font_size or max(8, w // 20)
+    try:
+        font = ImageFont.load_default(size=size)  # a scalable font (Pillow >= 10.1 with FreeType)
+    except (TypeError, ImportError, OSError):
+        font = ImageFont.load_default()
+    img = Image.fromarray(arr).convert("RGBA")
+    draw = ImageDraw.Draw(img)
+    pad = max(2, size // 4)
+    lines: list[str] = []
+    for word in " ".join(text.split()).split(" "):
+        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= w - 2 * pad:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    line_h = size + pad
+    max_lines = max(1, (h // 3) // line_h)
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] += " ..."
+    band = Image.new("RGBA", img.size, (0, 0, 0, 0))
+    ImageDraw.Draw(band).rectangle([0, 0, w, len(lines) * line_h + pad], fill=(0, 0, 0, 170))
+    img = Image.alpha_composite(img, band)
+    draw = ImageDraw.Draw(img)
+    for i, line in enumerate(lines):
+        draw.text((pad, pad + i * line_h), line, fill=(255, 255, 255, 255), font=font)
+    return np.asarray(img.convert("RGB"))

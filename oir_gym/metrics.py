@@ -9,8 +9,9 @@ Success rates are fractions in ``[0, 1]`` (not percentages), one per instruction
   equality iff all rates are equal.
 
 Seeds are aggregated with :func:`mean_and_stderr` (the paper's shaded areas are standard errors)
-and, for confidence intervals, :func:`t_interval` (Student's t; with 3 seeds a percentile bootstrap
-covers only about 76% where it claims 95%) or :func:`bootstrap_ci` (scipy's percentile bootstrap).
+and, for confidence intervals, :func:`t_interval` (Student's t interval of the mean) or
+:func:`bootstrap_ci` (scipy's percentile bootstrap); the difference of two arms' means with
+:func:`welch_interval`.
 
 Paraphrase retention (:func:`paraphrase_retention`): over the achievements a policy has learned
 (success on the original wording at least :data:`LEARNED_THRESHOLD`), the mean of its success on a
@@ -206,6 +207,37 @@ def bootstrap_ci(values: Any, confidence: float = 0.95, n_resamples: int = 9999,
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def t_interval(values: Any, confidence: float = 0.95) -> tuple[float, float]:
+    """Student's t confidence interval of the mean over seeds: ``mean -+ t_{n-1} * std(ddof=1) / sqrt(n)``.
+
+    With the 3 seeds RL runs often have, the t quantile (4.30 at 95%) makes the interval about 4.3
+    standard errors wide on each side: unlike the percentile bootstrap (:func:`bootstrap_ci`), which
+    cannot leave the range of the seeds, it does not understate how little 3 values say.
+
+    Args:
+        values: one value per seed (1-D, finite).
+        confidence: the interval's coverage, in ``(0, 1)``.
+
+    Returns:
+        ``(low, high)``; ``(nan, nan)`` for a single seed (no spread to estimate), ``(v, v)`` when
+        every seed has the same value ``v``.
+    """
+    from scipy import stats
+
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"values must be a non-empty 1-D array of per-seed values, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError("values must be finite (no NaN or inf)")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if arr.size < 2:
+        return float("nan"), float("nan")
+    mean = float(arr.mean())
+    half = float(stats.t.ppf(0.5 + confidence / 2, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size))
+    return mean - half, mean + half
+
+
 #: Success on an achievement's original instruction from which it counts as learned (paraphrase retention).
 LEARNED_THRESHOLD = 0.25
 
@@ -251,36 +283,6 @@ def paraphrase_retention(original_rates: Any, original_achievements: Sequence[in
             para = float(np.mean([x for x, b in zip(r.tolist(), ra) if b == a]))
             ratios.append(para / base[a])
     return float(np.mean(ratios)) if ratios else float("nan")
-
-
-def t_interval(values: Any, confidence: float = 0.95) -> tuple[float, float]:
-    """Student's t confidence interval of the mean over seeds: ``mean -+ t * s / sqrt(n)``.
-
-    With the few seeds of RL runs it is wider, and closer to its nominal coverage, than a
-    percentile bootstrap (which, with 3 seeds, covers the mean about 76% of the time at a nominal
-    95%: it cannot reach beyond the seeds' range). ``t`` is the ``(1 + confidence) / 2`` quantile of
-    Student's t with ``n - 1`` degrees of freedom (``scipy.stats.t``).
-
-    Args:
-        values: one value per seed (1-D, finite).
-
-    Returns:
-        ``(low, high)``; ``(nan, nan)`` for a single seed; ``(v, v)`` when every seed gives ``v``.
-    """
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"values must be a non-empty 1-D array of per-seed values, got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError("values must be finite (no NaN or inf)")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if arr.size < 2:
-        return float("nan"), float("nan")
-    from scipy import stats
-
-    mean = float(arr.mean())
-    half = float(stats.t.ppf((1 + confidence) / 2, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size))
-    return mean - half, mean + half
 
 
 def welch_interval(values: Any, baseline: Any, confidence: float = 0.95) -> tuple[float, float, float]:

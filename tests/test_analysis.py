@@ -179,3 +179,181 @@ def test_control_table_reports_the_final_gains():
     table = analysis.control_table({"m": [_eval_dict(0.3, 0.2), _eval_dict(0.5, 0.0)]}, sets=("original",))
     assert table.splitlines()[2] == "| m | original | 0.400 | 0.300 | 0.350 | +0.100 [+0.000, +0.200] | +0.050 [+0.000, +0.100] |"
     assert analysis.ci_cell([0.5]) == "0.500 [n/a]" and analysis.ci_cell([]) == "-" and analysis.ci_cell([np.nan, 1]) == "-"
+
+
+# --------------------------------------------------------------------------- the plots a run writes
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _labels(ax) -> list[str]:
+    """Labels of an axes' data lines (reference lines such as the gain's zero are named ``_...``)."""
+    return [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+
+
+def _notes(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+def _multi_set_rows(n_points: int = 3, seeds: int = 2, sets=("compound", "original", "simple")) -> list[dict]:
+    """Evaluation rows of a run with a user set listed first, each set's success ``0.1 * point + 0.01 * seed``
+    and, per set, the control's gain half of it."""
+    rows = []
+    for i in range(n_points):
+        rows.append({"update": 2 * i, "env_steps": 100 * (2 * i), "loss": 0.1})
+        ev = {"update": 2 * i + 1, "env_steps": 100 * (2 * i + 1)}
+        for s in sets:
+            for seed in range(seeds):
+                v = 0.1 * i + 0.01 * seed
+                ev[f"seed{seed}/eval/{s}/mean_success_rate"] = v
+                ev[f"seed{seed}/eval/control/{s}/gain"] = v / 2
+                ev[f"seed{seed}/eval/control/{s}/mismatched_mean_success_rate"] = v / 2
+            ev[f"eval/{s}/mean_success_rate"] = 0.1 * i
+        rows.append(ev)
+    return rows
+
+
+def test_success_figure_has_an_axes_per_evaluated_set_fixed_to_0_1_with_the_seed_mean():
+    a = _multi_set_rows()
+    b = _multi_set_rows(seeds=1, sets=("original",))
+    assert analysis.evaluated_sets([a, b]) == ["original", "simple", "compound"]  # built-in sets first
+    fig = analysis.success_figure({"a": [a], "b": [b]})
+    axes = fig.get_axes()
+    assert [ax.get_title() for ax in axes] == ["original", "simple", "compound"]
+    for ax in axes:
+        assert ax.get_ylim() == (0.0, 1.0) and ax.get_xlabel() == "env steps"
+    assert _labels(axes[0]) == ["a (2 seeds)", "b (1 seed)"]
+    assert _labels(axes[2]) == ["a (2 seeds)"]  # b did not evaluate compound
+    x, y = axes[0].get_lines()[0].get_data()
+    np.testing.assert_allclose(x, [100, 300, 500])
+    np.testing.assert_allclose(y, [0.005, 0.105, 0.205])  # the mean of seeds 0 and 1
+    assert len(axes[0].collections) == 1  # a band for a (2 seeds), none for b (1 seed)
+    fig = analysis.success_figure({"b": [b]}, sets=["original", "heldout"])
+    assert _labels(fig.get_axes()[1]) == [] and _notes(fig.get_axes()[1]) == ["not evaluated"]
+    with pytest.raises(ValueError, match="no evaluation"):
+        analysis.success_figure({"a": [[{"update": 1, "env_steps": 4, "loss": 0.1}]]})
+
+
+def test_gain_figure_plots_asked_minus_mismatched_per_set_and_needs_the_control():
+    rows = _multi_set_rows()
+    fig = analysis.gain_figure({"oir": [rows, _multi_set_rows()]})  # two runs of 2 seeds: 4 seeds
+    axes = fig.get_axes()
+    assert [ax.get_title() for ax in axes] == ["original", "simple", "compound"]
+    for ax in axes:
+        assert ax.get_ylim() == (-1.0, 1.0) and _labels(ax) == ["oir (4 seeds)"]
+        assert any(ln.get_label() == "_zero" for ln in ax.get_lines())  # the no-following line
+    np.testing.assert_allclose(axes[0].get_lines()[0].get_ydata(), [0.0025, 0.0525, 0.1025])
+    no_control = [{k: v for k, v in r.items() if "/control/" not in k} for r in rows]
+    assert analysis.gain_sets([no_control]) == []
+    with pytest.raises(ValueError, match="no instruction-following gain.*control"):
+        analysis.gain_figure({"oir": [no_control]})
+
+
+def _relabel_rows(n: int = 4, llm: bool = True) -> list[dict]:
+    """Per-update rows of an OIR run: rows, the LLM's offer share, new instructions; diversity at the end."""
+    rows = []
+    for u in range(1, n + 1):
+        r = {"update": u, "env_steps": 10 * u, "relabel/rows": 0.0 if u == 1 else 5.0 * u,
+             "relabel/llm_offer_share": 0.0 if u == 1 else 0.25, "relabel/new_instructions": float(8 - u)}
+        if llm:
+            r["relabel/llm_results"] = 1.0
+        rows.append(r)
+    rows[-1]["diversity/novelty_share"] = 0.5
+    return rows
+
+
+def _ellm_rows(n: int = 4) -> list[dict]:
+    return [{"update": u, "env_steps": 10 * u, "ellm/pinned_frac": 0.75, "ellm/distinct_goals": 3.0 * u}
+            for u in range(1, n + 1)]
+
+
+def test_relabeling_figure_shows_rows_sources_and_novelty_per_update():
+    fig = analysis.relabeling_figure({"oir": [_relabel_rows(), _relabel_rows()], "rules": [_relabel_rows(llm=False)],
+                                      "ellm": [_ellm_rows()]})
+    rows_ax, src_ax, new_ax = fig.get_axes()
+    assert _labels(rows_ax) == ["oir (PQN: rows per seed)", "rules (PQN: rows per seed)"]
+    np.testing.assert_allclose(rows_ax.get_lines()[0].get_ydata(), [0, 10, 15, 20])
+    assert _labels(src_ax) == ["oir: rules", "oir: LLM", "rules: rules", "ellm: proposer"]
+    assert src_ax.get_ylim()[0] == 0.0 and src_ax.get_ylim()[1] <= 1.05
+    rules_line, llm_line = src_ax.get_lines()[:2]
+    # the update without relabeled rows offered nothing: left out rather than drawn as all-rules
+    np.testing.assert_allclose(rules_line.get_xdata(), [20, 30, 40])
+    np.testing.assert_allclose(rules_line.get_ydata(), [0.75] * 3)
+    np.testing.assert_allclose(llm_line.get_ydata(), [0.25] * 3)
+    np.testing.assert_allclose(src_ax.get_lines()[3].get_ydata(), [0.75] * 4)
+    assert _labels(new_ax) == ["oir (texts offered to a buffer for the first time; final novelty share 0.50)",
+                               "rules (texts offered to a buffer for the first time; final novelty share 0.50)",
+                               "ellm (goals proposed for the first time)"]
+    np.testing.assert_allclose(new_ax.get_lines()[0].get_ydata(), [7, 6, 5, 4])
+    np.testing.assert_allclose(new_ax.get_lines()[2].get_ydata(), [3, 3, 3, 3])  # a running count, differenced
+    # a run that did not log a quantity says so on its axes
+    old = [{k: v for k, v in r.items() if k != "relabel/new_instructions"} for r in _relabel_rows()]
+    _, _, new_ax = analysis.relabeling_figure({"old": [old]}).get_axes()
+    assert _labels(new_ax) == [] and _notes(new_ax) == ["not logged by this run (relabel/new_instructions)"]
+    with pytest.raises(ValueError, match="no relabeling metrics"):
+        analysis.relabeling_figure({"gt": [_rows([[0.5]])]})
+
+
+@pytest.mark.parametrize("run, files", [
+    # a run directory whose evaluation has the control and the user sets own_words and compound
+    ("gpu_h200x2_fast_llm_delta/fast_bound_llm/metrics.jsonl", ["success.png", "gain.png", "relabeling.png"]),
+    # a flat file of a run from before the control: no gain plot
+    ("gpu_h100_short/oir_metrics.jsonl", ["success.png", "relabeling.png"]),
+])
+def test_write_overview_plots_on_committed_runs(tmp_path, run, files):
+    from PIL import Image
+
+    rows = analysis.read_jsonl(ROOT / "results" / run)
+    written = analysis.write_overview_plots({"oir": [rows]}, tmp_path)
+    assert [p.name for p in written] == files and sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
+    for p in written:
+        with Image.open(p) as im:
+            assert im.format == "PNG" and im.size[0] > 500
+    sets = analysis.evaluated_sets([rows])
+    assert sets[:3] == ["original", "simple", "complex"]
+    if "gain.png" in files:
+        assert sets[3:] == ["own_words", "compound"] and analysis.gain_sets([rows]) == sets
+        fig = analysis.success_figure({"oir": [rows]})
+        assert len(fig.get_axes()) == 5 and all(ax.get_ylim() == (0.0, 1.0) for ax in fig.get_axes())
+        assert all(_labels(ax) == ["oir (3 seeds)"] for ax in fig.get_axes())
+    rows_ax, src_ax, new_ax = analysis.relabeling_figure({"oir": [rows]}).get_axes()
+    assert _labels(rows_ax) == ["oir (PQN: rows per seed)"]
+    if "gain.png" in files:
+        assert _labels(src_ax) == ["oir: rules", "oir: LLM"]
+    else:  # before relabel/llm_offer_share was logged
+        assert _notes(src_ax) == ["not logged by this run (relabel/llm_offer_share or ellm/pinned_frac)"]
+    assert _notes(new_ax) == ["not logged by this run (relabel/new_instructions)"]  # logged from this version on
+
+
+def test_caption_frame_writes_the_instruction_across_the_top_of_the_frame():
+    rng = np.random.default_rng(0)
+    frame = rng.integers(0, 120, size=(288, 288, 3), dtype=np.uint8)  # darker than the white text
+    out = analysis.caption_frame(frame, "collect wood then place a table")
+    assert out.shape == frame.shape and out.dtype == np.uint8
+    changed = np.flatnonzero((out != frame).any(axis=(1, 2)))
+    assert changed.min() == 0 and changed.max() < 288 // 3  # a band at the top, the rest of the view untouched
+    np.testing.assert_array_equal(out[changed.max() + 1:], frame[changed.max() + 1:])
+    assert (out[: changed.max() + 1] > 200).all(axis=-1).sum() > 50  # white text pixels in the band
+    assert not np.array_equal(analysis.caption_frame(frame, "drink water"), out)  # the text, not just a band
+    np.testing.assert_array_equal(analysis.caption_frame(frame, "collect wood then place a table"), out)
+    # a long instruction wraps onto more lines, and stops at a third of the frame
+    long = analysis.caption_frame(frame, " ".join(["collect wood then place a table"] * 20))
+    band = np.flatnonzero((long != frame).any(axis=(1, 2)))
+    assert changed.max() < band.max() < 288 // 3
+    small = analysis.caption_frame(frame[:144, :144], "drink water")  # record_video --scale 1
+    assert small.shape == (144, 144, 3) and (small != frame[:144, :144]).any()
+    with pytest.raises(ValueError, match=r"frame must be an \[H, W, 3\] uint8"):
+        analysis.caption_frame(frame.astype(np.float32), "x")
+
+
+def test_relabeling_figure_reads_the_running_counts_of_an_sb3_run():
+    """SB3 logs running counts (relabeled transitions, texts written to the instruction buffer) that a
+    resumed process starts again from 0 (its replay buffer is not saved)."""
+    added, inserted = [40, 100, 30, 90], [3, 5, 1, 2]  # the process resumed before the third row
+    rows = [{"update": u, "env_steps": 100 * u, "relabel/rows_added": float(a), "relabel/buffer_inserted": float(i)}
+            for u, a, i in zip(range(1, 5), added, inserted)]
+    rows_ax, src_ax, new_ax = analysis.relabeling_figure({"qrdqn": [rows]}).get_axes()
+    assert _labels(rows_ax) == ["qrdqn (SB3: transitions per metrics row)"]
+    np.testing.assert_allclose(rows_ax.get_lines()[0].get_ydata(), [40, 60, 30, 60])
+    np.testing.assert_allclose(new_ax.get_lines()[0].get_ydata(), [3, 2, 1, 1])
+    assert _labels(src_ax) == []  # SB3 does not log where its relabeled texts came from

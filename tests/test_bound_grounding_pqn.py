@@ -107,6 +107,9 @@ def test_bound_relabeling_uses_each_candidates_rows_and_binds_buffer_instruction
     div = tr.method.diversity()
     assert div["diversity/instructions"] == len(tr.method.offered) > 0
     assert 0.0 <= div["diversity/novelty_share"] <= 1.0 and div["diversity/wordings_per_event"] >= 1.0
+    # novelty per update (the relabeling plot): the first offers are all new; the same rollout again adds none
+    assert stats["relabel/new_instructions"] == len(tr.method.offered)
+    assert tr.method.relabel(host)[1]["relabel/new_instructions"] == 0
     tr.close()
 
 

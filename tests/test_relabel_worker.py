@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from oir_gym.relabel.worker import (
     build_llm, describe_exit,
 )
 from agents.ellm_proposer import GoalProposer, rule_goals
+from conftest_llm import gguf_path  # noqa: F401 - pytest fixture (skips without the offline model)
 
 SEGMENTS = "llm_child_backends:SegmentsBackend"
 FAST = ChildConfig(backoff=0.05, max_backoff=0.2, grace=2.0)
@@ -246,6 +248,36 @@ def test_a_hung_child_is_abandoned_and_relabel_answers_with_rules(encoder):
     rl.close()
 
 
+def test_close_kills_a_child_that_stopped_answering_without_dying(encoder):
+    """A real SIGSTOP after a few answers: the child is alive but silent, the worker waits in a call
+    with an hour's deadline and the next batch waits in the trainer's full queue (one slot, newer
+    rollouts replace older ones). close() returns within its bound and the child is gone."""
+    grace = 1.0
+    rl = HindsightRelabeler(SEGMENTS, use_rules=False, encoder=encoder, cache_size=0, on_full="replace",
+                            queue_size=1, child_config=ChildConfig(timeout=3600, grace=grace))
+    pid = None
+    try:
+        for i in range(3):
+            (res,) = rl.relabel([traj(i)])
+            assert res.error is None and res.candidates[0].source == "llm"
+        pid, calls = rl.backend.llm.pid, rl.backend.llm.stats()["calls"]
+        os.kill(pid, signal.SIGSTOP)
+        rl.submit([traj(10)])
+        wait_for(lambda: rl.backend.llm.stats()["calls"] > calls, "the worker's call to the stopped child")
+        rl.submit([traj(11)])  # waits in the full queue
+        t0 = time.monotonic()
+        closing = threading.Thread(target=rl.close, kwargs={"timeout": 1.0}, daemon=True)
+        closing.start()
+        closing.join(1.0 + 3 * grace + 1.0 + 10)  # close's documented bound, with slack
+        assert not closing.is_alive(), "close() waited on the stopped child"
+        assert time.monotonic() - t0 >= 0.9
+        wait_for(lambda: _gone(pid), "the stopped child to be killed", 10)
+        assert rl.pending == 0 and rl.stats()["closed_in_flight"] == 2
+    finally:
+        if pid is not None and not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_garbage_answers_count_as_errors_fall_back_to_rules_and_warn_once(encoder, capsys):
     class Babbler:
         """Fault injection: a model that only talks nonsense (real small models do, not on demand)."""
@@ -458,3 +490,62 @@ def test_training_whose_llm_child_is_killed_completes_every_update(tmp_path):
     div = tr.method.diversity()
     assert div["diversity/llm_instructions"] > 0 and div["diversity/llm_echo_share"] == 0.0
     tr.close()
+
+
+def _llm_child_of(pid: int) -> Optional[int]:
+    """The process id of the LLM child that process ``pid`` started (None while there is none)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"_child_entry" in cmdline:
+            return int(entry)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.llm
+def test_train_pqn_exits_with_its_outputs_when_its_llm_child_is_stopped_mid_run(tmp_path, gguf_path):
+    """The offline default LLM (transformers with the packaged Gemma, in its child process) gets a
+    real SIGSTOP after two updates: it never answers again but does not die, and a call's deadline
+    is an hour (``--llm.call-timeout 3600``, as for a slow model). The run still finishes, writes
+    its final outputs and exits soon after its last update; the stopped child is killed."""
+    pytest.importorskip("jax")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = tmp_path / "run"
+    cmd = [sys.executable, os.path.join(root, "examples", "train_pqn.py"), "smoke", "--run-dir", str(run),
+           "--no-progress", "--eval.horizon", "4", "--run.total-timesteps", str(4 * 16 * 8),
+           "--oir.relabeler", "both", "--llm.backend", "transformers", "--llm.call-timeout", "3600"]
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=root)
+    child = None
+    last = None
+    limit = threading.Timer(840, proc.kill)  # a hung run fails the test instead of hanging it
+    limit.start()
+    try:
+        for line in proc.stdout:
+            if line.startswith("[    2/8]") and child is None:
+                child = _llm_child_of(proc.pid)
+                assert child is not None, "no LLM child found"
+                os.kill(child, signal.SIGSTOP)
+            if line.startswith("[    8/8]"):
+                last = time.monotonic()
+        rc = proc.wait(60)
+    finally:
+        limit.cancel()
+        if proc.poll() is None:
+            proc.kill()
+        if child is not None and not _gone(child):
+            os.kill(child, signal.SIGKILL)
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()[-3000:]
+    assert child is not None and last is not None
+    assert time.monotonic() - last < 120  # close's bound and the plots, not the hour
+    for name in ("eval_final.md", "metrics.csv", "training.png", "learning_curves.png", "complete.json"):
+        assert (run / name).exists(), name
+    wait_for(lambda: _gone(child), "the stopped child to be killed", 10)

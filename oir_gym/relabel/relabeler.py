@@ -77,6 +77,11 @@ from oir_gym.grounding import (
 from oir_gym.reward import event_similarity, match_steps
 from oir_gym.trajectory import Trajectory
 
+#: Default longest wait (seconds) of :meth:`HindsightRelabeler.close` for the background worker to
+#: finish the queued batches; then queued batches are dropped and an LLM the relabeler started is
+#: stopped (see :meth:`~HindsightRelabeler.close` for the whole bound).
+CLOSE_TIMEOUT = 10.0
+
 #: Default prompt budget (tokens, template included) of :class:`HindsightRelabeler`: a longer
 #: ``segments`` prompt is compacted (docs/relabeling.md, "Prompt length").
 DEFAULT_MAX_PROMPT_TOKENS = 768
@@ -714,7 +719,7 @@ class HindsightRelabeler:
         ``grounded_fraction`` (of scored candidates), ``kept_grounded_fraction``, and for async
         mode ``submitted``, ``completed``, ``pending``, ``overflow_rules``, ``overflow_skipped``,
         ``overflow_replaced``, ``closed_in_flight`` (trajectories whose LLM call :meth:`close` cut
-        short: not counted as errors), ``cache_save_failures`` (the cache file could not be written;
+        short, or still queued when it stopped waiting: not counted as errors), ``cache_save_failures`` (the cache file could not be written;
         warned once).
 
         LLM health: ``errors`` counts unusable answers too (``errors_by_type["UnusableAnswer"]``);
@@ -798,33 +803,72 @@ class HindsightRelabeler:
                               "training goes on with the cache in memory (stats()['cache_save_failures'])",
                               RuntimeWarning, stacklevel=2)
 
-    def check_llm(self, timeout: float = 900.0) -> Optional[str]:
+    def check_llm(self, timeout: Optional[float] = None) -> Optional[str]:
         """One tiny real LLM call (a child process first starts and loads its model).
 
-        Returns the completion (``None`` without an LLM). Raises
+        Returns the completion (``None`` without an LLM) within ``timeout`` seconds. Default: for
+        an LLM in a child process :data:`~oir_gym.relabel.worker.CHILD_CHECK_TIMEOUT` (start, model
+        load and one call); for one in this process (``openai``) ``llm_timeout`` when set, else
+        :data:`~oir_gym.relabel.worker.CHECK_TIMEOUT`. Raises
         :class:`~oir_gym.relabel.worker.LLMCheckError` (a ``RuntimeError``) with a one-line cause
-        and remedy when the backend cannot be built, crashes, hangs, cannot be reached, or is not
-        an LLM server. Call it before training when the run needs the LLM.
+        and remedy when the backend cannot be built, crashes, hangs, passes the timeout, cannot be
+        reached, or is not an LLM server. Call it before training when the run needs the LLM.
         """
-        if self.backend.llm is None:
+        llm = self.backend.llm
+        if llm is None:
             return None
-        return probe(self.backend.llm, timeout)
+        if timeout is None and self.llm_timeout is not None and not isinstance(llm, ChildProcessBackend):
+            timeout = self.llm_timeout
+        return probe(llm, timeout)
 
-    def close(self, timeout: Optional[float] = 10.0) -> None:
-        """Stop the worker (after the queued jobs, for up to ``timeout`` s), stop an LLM child this
-        relabeler started (bounded by its grace), save the cache. Idempotent."""
+    def close(self, timeout: Optional[float] = CLOSE_TIMEOUT) -> None:
+        """Stop the worker, stop an LLM this relabeler started, save the cache. Idempotent.
+
+        The worker first finishes the queued batches, for up to ``timeout`` seconds in all
+        (``None``: as long as they take); batches still queued then are dropped (no results;
+        counted in ``closed_in_flight``). Then an LLM this relabeler built is stopped, which fails
+        a call in flight at once: an HTTP request is aborted; a child process is asked to stop (or,
+        inside a call, terminated) and, if it still does not end (a hung or stopped child),
+        killed, each step waiting at most ``ChildConfig.grace``. So with a ``timeout``, ``close``
+        returns within about ``timeout + 3 * grace + 1`` seconds whatever the LLM does.
+        """
         if self._closed:
             return
         self._closed = True
+        end = None if timeout is None else time.monotonic() + timeout
         if self._worker is not None and self._worker.is_alive():
-            self._queue.put(None)
-            self._worker.join(timeout)
+            self._stop_worker(end)
+            self._worker.join(None if end is None else max(0.0, end - time.monotonic()))
         self._caller.close(0)
         if self._owns_llm:
             close_llm(self.backend.llm)  # a call still running fails now, so the worker ends
         if self._worker is not None and self._worker.is_alive():
             self._worker.join(1.0)
         self.save_cache()
+
+    def _stop_worker(self, end: Optional[float]) -> None:
+        """Queue the worker's stop marker behind the queued batches. When there is no room by
+        ``end`` (the worker is stuck in an LLM call), drop queued batches to make room: a full
+        queue never holds up :meth:`close`."""
+        while True:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            try:
+                self._queue.put(None, timeout=left)
+                return
+            except queue.Full:
+                pass
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:  # the worker took one meanwhile: there is room now
+                continue
+            if job is None:
+                continue
+            trajs, _ = job
+            with self._stats_lock:
+                self._s["closed_in_flight"] += len(trajs)
+            with self._done_cv:
+                self._pending -= len(trajs)
+                self._done_cv.notify_all()
 
     def __enter__(self) -> "HindsightRelabeler":
         return self

@@ -718,18 +718,32 @@ def close_llm(llm: Any) -> None:
             pass
 
 
+#: Longest wait (seconds) of the start-up check (:func:`probe`) on a backend in this process (an
+#: HTTP server): one tiny call. :meth:`~oir_gym.relabel.HindsightRelabeler.check_llm` waits the
+#: relabeler's ``llm_timeout`` instead when one is set.
+CHECK_TIMEOUT = 60.0
+#: Longest wait (seconds) of the start-up check on a backend in a child process: starting the
+#: child, loading its model (``ChildConfig.start_timeout``) and one call.
+CHILD_CHECK_TIMEOUT = 900.0
+
 #: The start-up check's prompt: short, with the one-instruction answer schema.
 PROBE_PROMPT = ('A player in a Minecraft-like game chopped a tree. Answer in JSON with one short instruction '
                 'that describes what it did, e.g. {"Mid-Level": ["collect wood"], "High-Level": []}.')
 
 
-def probe(llm: Any, timeout: float = 900.0) -> str:
+def probe(llm: Any, timeout: Optional[float] = None) -> str:
     """One tiny real call through ``llm`` (a child starts and loads its model first).
 
-    Returns the completion; raises :class:`LLMCheckError` with the cause and the remedy when the
-    backend cannot be built, dies, hangs, cannot be reached or answers in a wrong shape.
+    Returns the completion within ``timeout`` seconds (default :data:`CHILD_CHECK_TIMEOUT` for a
+    :class:`ChildProcessBackend`, else :data:`CHECK_TIMEOUT`); raises :class:`LLMCheckError` with
+    the cause and the remedy when the backend cannot be built, dies, hangs, passes ``timeout``,
+    cannot be reached or answers in a wrong shape. A call past ``timeout`` is abandoned on its
+    thread (a backend's own deadline or its ``close`` ends it).
     """
     from oir_gym.relabel.prompts import output_schema
+
+    if timeout is None:
+        timeout = CHILD_CHECK_TIMEOUT if isinstance(llm, ChildProcessBackend) else CHECK_TIMEOUT
 
     name = llm.spec.label if isinstance(llm, ChildProcessBackend) else type(llm).__name__
     caller = OffThreadCaller("oir-llm-probe")

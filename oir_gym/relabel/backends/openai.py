@@ -5,7 +5,9 @@ hurt the training run (each rule is tested against a real fake server on loopbac
 ``tests/test_relabel_openai_hostile.py``):
 
 * every request has a **total** deadline (connect + send + the whole answer), enforced by a
-  watchdog that shuts the socket down, so an answer trickled a byte at a time ends on time;
+  watchdog that shuts the socket down, so an answer trickled a byte at a time ends on time (the
+  backend keeps its own reference to the socket: :mod:`http.client` hands it over to the response
+  when the answer says ``Connection: close`` or has no length);
 * answers are read in chunks and capped (``max_response_bytes``, 4 MiB by default);
 * redirects are never followed: a redirect could carry the API key to another host;
 * malformed HTTP, short reads and unparsable or absurdly nested JSON raise :class:`BackendError`;
@@ -211,7 +213,7 @@ class OpenAIBackend:
         self._ssl: Optional[ssl.SSLContext] = None
 
         self._lock = threading.Lock()
-        self._inflight: set[http.client.HTTPConnection] = set()
+        self._inflight: set[_Link] = set()
         self._closed = threading.Event()
         self._counts: dict[str, int] = dict.fromkeys(
             ("calls", "ok", "failures", *_FAILURE_KINDS, "requests", "retries", "format_step_downs"), 0)
@@ -313,9 +315,9 @@ class OpenAIBackend:
         """
         self._closed.set()
         with self._lock:
-            conns = list(self._inflight)
-        for conn in conns:
-            _abort(conn)
+            links = list(self._inflight)
+        for link in links:
+            link.abort()
 
     # ------------------------------------------------------------------ one completion
     def _response_format(self, mode: str, schema: Optional[dict]) -> Optional[dict]:
@@ -464,23 +466,26 @@ class OpenAIBackend:
         if budget <= 0:
             raise _Failure("timeouts", "timed out (no time left in this call)")
         conn, prefix = self._connection(budget)
+        link = _Link(conn)
         expired = threading.Event()
 
         def expire() -> None:
             expired.set()
-            _abort(conn)
+            link.abort()
 
         # The socket timeout only bounds each read; the watchdog bounds the whole exchange.
         watchdog = threading.Timer(budget, expire)
         watchdog.daemon = True
         with self._lock:
-            self._inflight.add(conn)
+            self._inflight.add(link)
             self._counts["requests"] += 1
         watchdog.start()
         connected = False
+        resp = None
         try:
             conn.connect()
-            if expired.is_set():
+            link.sock = conn.sock  # before the check below: an expiry from now on reaches the socket
+            if expired.is_set() or self._closed.is_set():
                 raise TimeoutError
             connected = True
             conn.request(method, prefix + path, body=data, headers=self._headers(data is not None))
@@ -512,7 +517,9 @@ class OpenAIBackend:
         finally:
             watchdog.cancel()
             with self._lock:
-                self._inflight.discard(conn)
+                self._inflight.discard(link)
+            if resp is not None:
+                resp.close()
             conn.close()
 
     def _classify(self, e: Exception, expired: bool, connected: bool, budget: float) -> _Failure:
@@ -578,14 +585,28 @@ class OpenAIBackend:
         return ids[0]
 
 
-def _abort(conn: http.client.HTTPConnection) -> None:
-    """Wake any thread blocked on ``conn``'s socket (shutdown, not close: close may not wake it)."""
-    sock = conn.sock
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+class _Link:
+    """The socket of one HTTP exchange, held by the backend itself.
+
+    :mod:`http.client` drops the connection's reference (``conn.sock`` becomes ``None``) when it
+    hands the socket to the response (an answer with ``Connection: close`` or without a length),
+    so a deadline or :meth:`OpenAIBackend.close` that looked only at ``conn.sock`` would abort
+    nothing while a body trickles in: :meth:`abort` reaches the socket either way.
+    """
+
+    __slots__ = ("conn", "sock")
+
+    def __init__(self, conn: http.client.HTTPConnection) -> None:
+        self.conn = conn
+        self.sock: Optional[socket.socket] = None  # set once connected
+
+    def abort(self) -> None:
+        """Wake any thread blocked on the socket (shutdown, not close: close may not wake it)."""
+        for sock in {id(s): s for s in (self.sock, self.conn.sock) if s is not None}.values():
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def _hint(status: int) -> str:
