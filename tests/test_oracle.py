@@ -91,6 +91,21 @@ def test_the_heldout_set_is_in_no_prompt_pool_or_few_shot_example(encoder):
     assert not (low & {w.lower() for w in load_pool().texts()})
 
 
+def test_no_label_of_any_variant_is_one_the_relabelers_filter_drops():
+    """Every text an oracle can give passes the relabeler's candidate filter (movement words,
+    self-harm, idle...): a dropped label would silently thin out an arm."""
+    from oir_gym.relabel.filters import CandidateFilter
+
+    settings_ = load_settings()
+    texts = load_pool().texts() + list(settings_.noise.echo_examples.values())
+    texts += [VOCAB.canonical(e) for e in settings_.task_events]
+    texts += [VOCAB.canonical(e) for e in range(NUM_EVENTS) if VOCAB.achievement_of_event[e] >= 0]
+    texts += [f"{VOCAB.canonical(a)} then {VOCAB.canonical(b)}" for a in range(NUM_EVENTS) for b in range(NUM_EVENTS)
+              if VOCAB.achievement_of_event[a] >= 0 and VOCAB.achievement_of_event[b] >= 0 and a != b]
+    kept, why = CandidateFilter().filter(texts)
+    assert len(kept) == len(texts), (why, [t for t in texts if t not in kept][:5])
+
+
 def test_the_noise_profiles_echo_examples_are_the_segments_prompts_few_shot_answers():
     examples = load_template("segments").examples()
     echo = load_settings().noise.echo_examples
@@ -121,6 +136,8 @@ def test_bad_pool_files_stop_with_an_error_naming_the_file_and_what_is_wrong(tmp
         ({"collect_wood": None}, r"no wordings for the achievement event\(s\) collect_wood"),
         ({"place_table": {**wood}}, r"wording 'cut a wooden log' is given for both 'collect_wood' and 'place_table'"),
         ({"collect_wood": {**wood, "wordings": ["chop wood then rest"]}}, r"'chop wood then rest' contains 'then'"),
+        ({"collect_wood": {**wood, "wordings": ["walk to a tree for wood"]}},
+         r"event 'collect_wood': the relabeler's filter drops the wording 'walk to a tree for wood' \(forbidden_word"),
     ]
     for change, match in cases:
         path = _pool_file(tmp_path, **change)
@@ -182,9 +199,10 @@ def test_tasks_adds_the_non_achievement_events_but_not_moving_or_waiting():
     canonical = oracle_labels(traj_of(STEPS, DONES), "canonical")
     assert labels[:len(canonical)] == canonical
     assert [(l.text, l.final) for l in labels[len(canonical):]] == [("attack cow", E["attack_cow"])]
-    steps = [["fall_asleep"], ["search_grass"], ["take_damage"], ["move"], ["noop"], ["hit_hard_block"]]
+    steps = [["fall_asleep"], ["search_grass"], ["take_damage"], ["move"], ["noop"], ["hit_hard_block"], ["die"]]
+    # not moving or waiting, nor taking damage or dying (the relabeler's filter refuses self-harm)
     assert [l.text for l in oracle_labels(traj_of(steps), "tasks")] == [
-        "fall asleep", "search the grass", "take damage", "hit a rock without the right pickaxe"]
+        "fall asleep", "search the grass", "hit a rock without the right pickaxe"]
 
 
 def test_compound_names_unrelated_pairs_in_their_order_within_an_episode():

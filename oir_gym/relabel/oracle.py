@@ -43,6 +43,7 @@ import numpy as np
 
 from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, VOCAB
 from oir_gym.prerequisites import related_achievements
+from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.trajectory import Trajectory
 
 #: The oracle variants, in the order of the ladder.
@@ -65,6 +66,7 @@ MAX_EVAL_COSINE = 0.85
 PACKAGED_POOL = "oracle_pool.json"
 
 _IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))
+_ACHIEVEMENT_EVENTS = tuple(e for e in range(len(EVENT_NAMES)) if _IS_ACHIEVEMENT[e])
 #: Ordered event pairs with a natural combined instruction ("sleep and wake up"). Each wording must
 #: pay (cosine > 0.9) on its second event and not on its first, or its reward would land before the
 #: task is done ("collect a sapling and plant it" matched collecting the sapling; tested).
@@ -131,8 +133,9 @@ def load_pool(path: Optional[str | os.PathLike] = None) -> WordingPool:
     Raises:
         ValueError: naming the file and the event or wording: unreadable or invalid JSON, an
             unknown or non-achievement event, an achievement event missing or with fewer than
-            :data:`MIN_WORDINGS` wordings, a wording given for two events, or a wording with
-            " then " in it (reserved for ordered compounds).
+            :data:`MIN_WORDINGS` wordings, a wording given for two events, a wording with " then "
+            in it (reserved for ordered compounds), or one the relabeler's candidate filter
+            would drop (:class:`~oir_gym.relabel.filters.CandidateFilter`: movement words...).
     """
     if path is None:
         return _packaged_pool()
@@ -182,6 +185,11 @@ def _parse_pool(raw: Any, source: str) -> WordingPool:
             if w in owner:
                 raise ValueError(f"{source}: wording {w!r} is given for both {owner[w]!r} and {name!r}")
             owner[w] = name
+        kept, why = CandidateFilter().filter(ws)
+        if len(kept) < len(ws):
+            dropped = next(w for w in ws if w not in kept)
+            raise ValueError(f"{source}: event {name!r}: the relabeler's filter drops the wording {dropped!r} "
+                             f"({', '.join(why)}); reword it")
         wordings[EVENT_NAMES.index(name)] = tuple(ws)
     missing = [a for a in ACHIEVEMENT_NAMES if EVENT_NAMES.index(a) not in wordings]
     if missing:
@@ -276,6 +284,9 @@ def load_settings() -> OracleSettings:
     for name in raw["task_events"]:
         if name not in EVENT_NAMES or _IS_ACHIEVEMENT[EVENT_NAMES.index(name)]:
             raise ValueError(f"{src}: task event {name!r} is not a non-achievement event of the vocabulary")
+        if not CandidateFilter().filter([VOCAB.canonical(name)])[0]:
+            raise ValueError(f"{src}: task event {name!r}: the relabeler's filter drops its caption "
+                             f"{VOCAB.canonical(name)!r}")
         tasks.append(EVENT_NAMES.index(name))
     n = raw["noise"]
     rates = {k: float(n[k]) for k in ("drop", "echo", "wrong")}
@@ -312,28 +323,34 @@ def trajectory_rng(traj: Trajectory, seed: int, stream: int) -> np.random.Genera
     return np.random.default_rng(key)
 
 
+def _episodes(traj: Trajectory) -> np.ndarray:
+    """``[T]`` episode index of each step (a step after a ``done`` starts the next episode)."""
+    return np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
+
+
 def achievement_sequence(traj: Trajectory) -> list[tuple[int, int, int]]:
     """``(event, episode, step)`` of the achievement events in time order, repeats of an event
     within an episode collapsed to their first step."""
-    episode = np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
+    episode = _episodes(traj)
     seq, seen = [], set()
-    ts, es = np.nonzero(np.asarray(traj.events))  # time-major: the order of the events in time
-    for t, e in zip(ts.tolist(), es.tolist()):
-        if _IS_ACHIEVEMENT[e] and (e, int(episode[t])) not in seen:
+    # only the achievement columns: moving and waiting fill most steps, and a loop over them is slow
+    ts, cs = np.nonzero(np.asarray(traj.events)[:, _ACHIEVEMENT_EVENTS])  # time-major, then event id
+    for t, c in zip(ts.tolist(), cs.tolist()):
+        e = _ACHIEVEMENT_EVENTS[c]
+        if (e, int(episode[t])) not in seen:
             seen.add((e, int(episode[t])))
             seq.append((e, int(episode[t]), t))
     return seq
 
 
 def first_occurrence_events(traj: Trajectory, events: Optional[Iterable[int]] = None) -> list[int]:
-    """The events of ``traj`` (achievement events, or those of ``events``) in order of first occurrence."""
-    allowed = None if events is None else set(events)
-    out: dict[int, None] = {}
-    for t, e in zip(*np.nonzero(np.asarray(traj.events))):
-        e = int(e)
-        if (_IS_ACHIEVEMENT[e] if allowed is None else e in allowed):
-            out.setdefault(e, None)
-    return list(out)
+    """The events of ``traj`` (achievement events, or those of ``events``) in order of first
+    occurrence (events of one step in event-id order)."""
+    cols = list(_ACHIEVEMENT_EVENTS) if events is None else sorted(set(events))
+    ev = np.asarray(traj.events)[:, cols]
+    happened = np.flatnonzero(ev.any(axis=0))
+    first = ev.argmax(axis=0)
+    return [cols[i] for i in sorted(happened.tolist(), key=lambda i: (int(first[i]), cols[i]))]
 
 
 def canonical_labels(traj: Trajectory, pair_table: Mapping[tuple[str, str], str]) -> list[Label]:
@@ -345,13 +362,21 @@ def canonical_labels(traj: Trajectory, pair_table: Mapping[tuple[str, str], str]
 
 def pair_labels(traj: Trajectory, pair_table: Mapping[tuple[str, str], str]) -> list[Label]:
     """The natural pair wordings ("sleep and wake up") whose events happened in order in one episode."""
-    episode = np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
+    ev = np.asarray(traj.events)
+    episode = None
     out = []
     for (first, second), text in pair_table.items():
         i, j = EVENT_NAMES.index(first), EVENT_NAMES.index(second)
-        t_first = np.flatnonzero(traj.events[:, i])
-        t_second = np.flatnonzero(traj.events[:, j])
-        if any(((t_second > t0) & (episode[t_second] == episode[t0])).any() for t0 in t_first):
+        t_first = np.flatnonzero(ev[:, i])
+        t_second = np.flatnonzero(ev[:, j])
+        if not len(t_first) or not len(t_second):
+            continue
+        episode = _episodes(traj) if episode is None else episode
+        # each episode's first occurrence of the first event; a second event after it in its episode
+        earliest = {}
+        for t in t_first.tolist():
+            earliest.setdefault(int(episode[t]), t)
+        if any(earliest.get(int(episode[t]), t) < t for t in t_second.tolist()):
             out.append(Label(text, j, i))
     return out
 

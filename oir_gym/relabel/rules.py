@@ -126,9 +126,11 @@ def _consecutive_compounds(traj: Trajectory) -> list[Label]:
     """``"A then B"`` for consecutive distinct achievement events of one episode (repeats collapsed)."""
     episode = np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
     seq: list[tuple[int, int]] = []
-    ts, es = np.nonzero(np.asarray(traj.events))
-    for t, e in zip(ts.tolist(), es.tolist()):
-        if _IS_ACHIEVEMENT[e] and (not seq or seq[-1] != (e, int(episode[t]))):
+    cols = [e for e in range(len(EVENT_NAMES)) if _IS_ACHIEVEMENT[e]]
+    ts, cs = np.nonzero(np.asarray(traj.events)[:, cols])  # time-major, then event id
+    for t, c in zip(ts.tolist(), cs.tolist()):
+        e = cols[c]
+        if not seq or seq[-1] != (e, int(episode[t])):
             seq.append((e, int(episode[t])))
     return [Label(f"{VOCAB.canonical(a)} then {VOCAB.canonical(b)}", b, a)
             for (a, ea), (b, eb) in zip(seq, seq[1:]) if ea == eb and a != b]
