@@ -96,7 +96,7 @@ class OIRRelabeling(TrainingMethod):
         self.offers_llm = 0
         self.offers_total = 0
         # evaluation and original instructions keep their own table rows (never bound)
-        self._fixed = set(trainer.eval_texts) | set(ORIGINAL_INSTRUCTIONS)
+        self._fixed = set(trainer.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS)
 
     # ------------------------------------------------------------ the hooks
     def buffer_rows(self, seed: int) -> np.ndarray:

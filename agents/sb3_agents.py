@@ -39,7 +39,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -150,17 +150,28 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
 
 def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = None, llm: Optional[LLMConfig] = None,
                    cache_path: Optional[str] = None, grounding: str = "cosine", bind_threshold: float = 0.5,
-                   **kwargs: Any):
+                   oracle: str = "canonical", seed: int = 0, eval_files: Sequence[str] = (), **kwargs: Any):
     """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (LLM + rules) or ``"none"``.
 
     ``llm``: the LLM part shared with the PQN trainer (:class:`agents.config.LLMConfig`: backend,
     model, server URL, prompt template, call timeout; default: the offline transformers backend).
     ``grounding``: ``"cosine"`` (the paper's rule) or ``"bound"`` (event-bound, with
-    ``bind_threshold``; :mod:`oir_gym.grounding`)."""
+    ``bind_threshold``; :mod:`oir_gym.grounding`). ``oracle``: the rule relabeler's variant
+    (:mod:`oir_gym.relabel.oracle`), its draws seeded by ``seed``; a wording pool is checked against
+    every evaluation string (``eval_files`` too) before anything runs."""
     llm = (llm or LLMConfig()).validate()
     kwargs.update(grounding=grounding, bind_threshold=bind_threshold)
     if kind == "none":
         return None
+    if oracle != "canonical":
+        from oir_gym.encoder import get_encoder
+        from oir_gym.relabel.oracle import check_pool, evaluation_texts
+        from oir_gym.relabel.rules import RuleBackend
+
+        rules = RuleBackend(oracle=oracle, seed=seed)
+        if rules.wording_pool is not None:
+            check_pool(rules.wording_pool, evaluation_texts(eval_files), encoder or get_encoder())
+        kwargs["rules"] = rules
     if kind not in RELABELERS:
         raise ValueError(f"unknown relabeler {kind!r}; expected one of {RELABELERS}")
     from oir_gym.relabel import HindsightRelabeler
@@ -676,6 +687,7 @@ class SB3Config:
     llm: LLMConfig = field(default_factory=LLMConfig)  # the LLM part shared with the PQN trainer (llm.per_update unused)
     grounding: str = "cosine"  # cosine (the paper's rule) | bound (event-bound; oir_gym.grounding)
     bind_threshold: float = 0.5  # grounding=bound: loosest cosine that binds an instruction to an event
+    oracle: str = "canonical"  # canonical | diverse | tasks | compound | noisy (the rule labels; oir_gym.relabel.oracle)
     # algorithm (overrides of DEFAULT_HYPERPARAMS[algo])
     hyperparams: dict = field(default_factory=dict)
     # bookkeeping (in env steps)
@@ -700,6 +712,14 @@ class SB3Config:
         need(self.reward in ("cosine", "gt"), f"reward={self.reward!r}; expected 'cosine' or 'gt'")
         need(self.grounding in ("cosine", "bound"), f"grounding={self.grounding!r}; expected 'cosine' or 'bound'")
         need(-1 <= self.bind_threshold <= 1, f"bind_threshold={self.bind_threshold} must be a cosine in [-1, 1]")
+        from oir_gym.relabel.oracle import check_oracle
+
+        try:
+            check_oracle(self.oracle, self.grounding)
+        except ValueError as e:
+            raise ValueError(f"oracle={self.oracle!r}: {e}") from None
+        need(self.oracle == "canonical" or self.relabeler in ("rules", "both"),
+             f"oracle={self.oracle!r} picks the rule relabeler's labels: it needs relabeler rules or both")
         for name in ("total_timesteps", "num_envs", "k", "segment_length", "log_every", "eval_episodes",
                      "eval_horizon", "checkpoint_every", "max_episode_steps"):
             need(int(getattr(self, name)) >= 1, f"{name}={getattr(self, name)!r} must be >= 1")
@@ -709,14 +729,12 @@ class SB3Config:
         need(isinstance(self.hyperparams, dict), f"hyperparams must be a dict, got {self.hyperparams!r}")
         need(isinstance(self.llm, LLMConfig), f"llm must be an LLMConfig, got {type(self.llm).__name__}")
         self.llm.validate()
-        from oir_gym.instructions import SET_NAMES
-
-        from oir_gym.instructions import load_instruction_files
+        from oir_gym.instructions import PACKAGED_SET_NAMES, load_instruction_files
 
         self.eval_instructions = tuple(str(p) for p in self.eval_instructions)
         load_instruction_files(self.eval_instructions)  # ValueError naming the file, entry and field
         for s in self.eval_set_names:
-            need(s in SET_NAMES, f"eval set {s!r}; expected some of {SET_NAMES}")
+            need(s in PACKAGED_SET_NAMES, f"eval set {s!r}; expected some of {PACKAGED_SET_NAMES}")
         need(bool(self.eval_set_names or self.eval_instructions),
              "eval_sets is empty and no eval_instructions file is given: nothing to evaluate")
         check_hyperparams(self.algo, self.hyperparams, self.device)
@@ -859,7 +877,8 @@ class _Trainer:
                              buffer_size=(cfg.buffer_size or None) if cfg.relabeler != "none" else None,
                              tau_low=cfg.tau_low, tau_high=cfg.tau_high)
         self.relabeler = make_relabeler(cfg.relabeler, cfg.k, cfg.delta, encoder=self.venv.encoder, llm=cfg.llm,
-                                        grounding=cfg.grounding, bind_threshold=cfg.bind_threshold)
+                                        grounding=cfg.grounding, bind_threshold=cfg.bind_threshold, oracle=cfg.oracle,
+                                        seed=cfg.seed, eval_files=cfg.eval_instructions)
         if self.relabeler is not None:  # the PQN trainer's start-up check: --relabeler llm stops, both warns
             check_llm(self.relabeler, cfg.relabeler == "llm", "--relabeler")
         if model_path is not None:

@@ -60,7 +60,9 @@ class Options:
     time_limit: Optional[float] = None
     """Stop (with a checkpoint) after this many seconds; resume later."""
     eval_only: Optional[str] = None
-    """No training: evaluate the newest checkpoint with this run's --eval.* settings and write eval_TAG.json/.md."""
+    """No training: evaluate the newest checkpoint as the final evaluation does (this run's --eval.* settings:
+    eval.final_sets too, eval.final_episodes per instruction, any --eval.instruction-files) and write
+    eval_TAG.json/.md."""
     wandb: bool = False
     """Also log to Weights & Biases (config = config.json; needs the wandb package)."""
     progress: bool = True
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     else:
         try:
             trainer = Trainer(cfg, own_dir)  # builds the relabeler or proposer: an LLM is checked here
-        except LLMCheckError as e:
+        except (LLMCheckError, ValueError) as e:  # ValueError: e.g. a wording pool too close to an evaluation string
             problem = f"error: {e}"
         problem = _any_problem(problem)
         if problem:
@@ -358,10 +360,11 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    def run_eval(tag: str) -> tuple[list[dict], dict[str, float]]:
+    def run_eval(tag: str, final: bool = False) -> tuple[list[dict], dict[str, float]]:
         """Every seed's evaluation (process 0 writes the run's eval file with all of them) and this
-        process's metrics row part (its seeds' columns and their means)."""
-        results = trainer.evaluate()
+        process's metrics row part (its seeds' columns and their means); ``final``: the final
+        evaluation (eval.final_sets, eval.final_episodes)."""
+        results = trainer.evaluate(final=final)
         row: dict[str, float] = {}
         for s, r in enumerate(results):
             for k, v in r.flat_metrics().items():
@@ -375,14 +378,14 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
 
     if opts.eval_only is not None:  # the run's metrics, config and TensorBoard files stay as they are
         trainer.close()
-        results, _ = run_eval(opts.eval_only)
+        results, _ = run_eval(opts.eval_only, final=True)
         if me:
             return 0
         table = _mean_table(results)
         run.write_eval(opts.eval_only, results, markdown=(
             f"# Evaluation '{opts.eval_only}' ({cfg.run.method}, {cfg.run.num_seeds} seed(s), checkpoint at "
-            f"{trainer.env_steps:,} env steps, {cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction, "
-            f"epsilon {cfg.eval.epsilon})\n\n{table}\n"))
+            f"{trainer.env_steps:,} env steps, {cfg.eval.final_episodes} episodes x {cfg.eval.horizon} steps per "
+            f"instruction, epsilon {cfg.eval.epsilon})\n\n{table}\n"))
         print(table + f"\nwrote {run.eval_path(opts.eval_only)}", flush=True)
         return 0
 
@@ -467,7 +470,7 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
                 last = log.update == n
                 if log.update % cfg.eval.every == 0 or last:
                     t_eval = time.time()
-                    _, erow = run_eval("final" if last else f"{log.update:06d}")
+                    _, erow = run_eval("final" if last else f"{log.update:06d}", final=last)
                     row.update(erow)
                     row["time/eval_s"] = time.time() - t_eval  # after this row's "time" (training time = time minus earlier evaluations)
                 if last and hasattr(trainer.method, "diversity"):  # oir: the diversity of all buffer offers
@@ -514,7 +517,7 @@ def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval, own_dir: Path) -> 
     from oir_gym import analysis
 
     if allgather_json(not run.eval_path("final").exists())[0]:  # killed between the last checkpoint and its evaluation file
-        run_eval("final")
+        run_eval("final", final=True)
     if trainer.process_index > 0:
         _write_diversity(trainer, own_dir, cfg)
         return
@@ -528,7 +531,7 @@ def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval, own_dir: Path) -> 
     table = _mean_table(final)
     run.write_eval("final", final, markdown=(
         f"# Final evaluation ({cfg.run.method}, {cfg.run.num_seeds} seed(s), {trainer.env_steps:,} env steps, "
-        f"{cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction)\n\n{table}\n"))
+        f"{cfg.eval.final_episodes} episodes x {cfg.eval.horizon} steps per instruction)\n\n{table}\n"))
     print("\nFinal evaluation (mean over seeds):\n" + table)
     _write_diversity(trainer, own_dir, cfg)
     run.mark_complete(update=trainer.update_idx, env_steps=trainer.env_steps)

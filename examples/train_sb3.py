@@ -94,6 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         kw = {"choices": sb3_agents.ALGOS} if f.name == "algo" else {}
         if f.name == "relabeler":
             kw = {"choices": sb3_agents.RELABELERS}
+        if f.name == "oracle":
+            from oir_gym.relabel.oracle import ORACLES
+
+            kw = {"choices": ORACLES}
         p.add_argument(flag, type=typ, default=None, help=f"(default {default!r})", **kw)
     return p.parse_args(argv)
 

@@ -57,6 +57,7 @@ import numpy as np
 from oir_gym.captions import NUM_EVENTS, VOCAB
 from oir_gym.relabel.backends import BackendTimeout, LLMBackend
 from oir_gym.relabel.composite import CompositeBackend, Proposal
+from oir_gym.relabel.oracle import check_oracle
 from oir_gym.relabel.rules import RuleBackend, rule_events, rule_final_event
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
@@ -139,6 +140,10 @@ class HindsightRelabeler:
             :mod:`oir_gym.grounding`).
         bind_threshold: loosest similarity between a candidate and an event of its trajectory that
             binds it (``grounding="bound"``).
+        oracle: build the rule relabeler as this oracle variant (``"canonical"``, ``"diverse"``,
+            ``"tasks"``, ``"compound"`` or ``"noisy"``; :mod:`oir_gym.relabel.oracle`), e.g.
+            ``HindsightRelabeler("rules", oracle="diverse", grounding="bound")``; same as passing
+            ``rules=RuleBackend(oracle=...)``. ``"diverse"`` and ``"noisy"`` need ``grounding="bound"``.
         max_prompt_tokens: token budget of one prompt, template included, counted with the
             backend's tokenizer when it has one (else approximately): a ``segments`` prompt above
             it is compacted (:func:`~oir_gym.relabel.segments.compact_text`: background events
@@ -177,6 +182,7 @@ class HindsightRelabeler:
         grounding: str = "cosine",
         bind_threshold: float = 0.5,
         max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS,
+        oracle: Optional[str] = None,
     ) -> None:
         check_choice("grounding", grounding, GROUNDING_MODES)
         bind_threshold = check_real("bind_threshold", bind_threshold, low=-1.0, high=1.0, hint=" (a cosine)")
@@ -212,7 +218,10 @@ class HindsightRelabeler:
         self.cache_save_every = int(cache_save_every)
         check_choice("cache_key", cache_key, KEY_MODES)
         self.cache_key_mode = cache_key
-        self._rules = rules or RuleBackend()
+        if oracle is not None and rules is not None:
+            raise ValueError("give the oracle variant either as oracle= or in rules=RuleBackend(oracle=...), not both")
+        self._rules = rules or RuleBackend(oracle=oracle or "canonical")
+        check_oracle(getattr(self._rules, "oracle", "canonical"), grounding)
 
         # a backend built here is closed here; objects passed in belong to the caller
         self._owns_llm = isinstance(backend, (str, LLMSpec))
@@ -331,11 +340,19 @@ class HindsightRelabeler:
         paid = match_steps(events, sim, self.delta)
         return bool((paid & ~np.asarray(events[:, final], bool)).any())
 
+    def _rule_table(self, traj: Trajectory) -> Optional[dict[str, tuple[int, int]]]:
+        """``{text: (pre, final)}`` of the rule labels of ``traj`` when the rules can say it
+        (:meth:`RuleBackend.label_events`: any wording binds to its own event), else ``None``."""
+        label_events = getattr(self._rules, "label_events", None)
+        return label_events(traj) if callable(label_events) else None
+
     def _bind(self, text: str, src: str, sim: np.ndarray, traj: Trajectory, starts: np.ndarray,
-              half_sims: dict[str, np.ndarray]) -> Optional[Binding]:
+              half_sims: dict[str, np.ndarray], rule_table: Optional[dict[str, tuple[int, int]]] = None
+              ) -> Optional[Binding]:
         """The event(s) of ``traj`` that candidate ``text`` is bound to (``grounding="bound"``)."""
         if src == "rules":
-            ev = rule_events(text, getattr(self._rules, "pair_table", None))
+            ev = (rule_table.get(text) if rule_table is not None
+                  else rule_events(text, getattr(self._rules, "pair_table", None)))
             if ev is None:
                 return None
             pre, final = ev
@@ -503,8 +520,9 @@ class HindsightRelabeler:
             # every candidate here (unbound: dropped), cosine mode drops premature rule compounds.
             bindings: dict[str, Binding] = {}
             if bound:
+                table = self._rule_table(trajs[i]) if any(src == "rules" for _, src in merged[i]) else None
                 for t, src in merged[i]:
-                    b = self._bind(t, src, sim_all[row[t]], trajs[i], starts, half_sims)
+                    b = self._bind(t, src, sim_all[row[t]], trajs[i], starts, half_sims, table)
                     if b is not None:
                         bindings[t] = b
                 items = [(t, src) for t, src in merged[i] if t in bindings]
