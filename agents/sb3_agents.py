@@ -376,6 +376,8 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
     import zipfile
 
     import torch
+
+    algo_class(algo)  # without SB3: the ImportError that names the extra to install
     from stable_baselines3.common.save_util import load_from_zip_file
 
     path = Path(path)
