@@ -155,7 +155,7 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
                                                   {"text": "have a drink", "achievement": "collect_drink"}]}}))
     capsys.readouterr()
     assert train_pqn.main(["--run-dir", str(run), "--eval-only", "mine", "--eval.instruction-files", str(mine),
-                           "--eval.sets"]) == 0
+                           "--eval.sets", "--eval.final-sets"]) == 0
     out = capsys.readouterr().out
     assert set(json.loads((run / "eval_mine.json").read_text())[0]) == {"mine"}
     assert "Set mine, per instruction:" in out and "| chop a tree |" in out and "| have a drink |" in out
