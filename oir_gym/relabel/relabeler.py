@@ -56,6 +56,10 @@ import numpy as np
 
 from oir_gym.captions import NUM_EVENTS, VOCAB
 from oir_gym.relabel.backends import BackendTimeout, LLMBackend
+from oir_gym.relabel.config import (
+    DEFAULT_MAX_PROMPT_TOKENS, CacheSettings, GroundingSettings, LLMSettings, PromptSettings, RelabelerConfig,
+    SelectionSettings,
+)
 from oir_gym.relabel.composite import CompositeBackend, Proposal
 from oir_gym.relabel.rules import RuleBackend, rule_events, rule_final_event
 from oir_gym.relabel.cache import LRUCache
@@ -64,13 +68,13 @@ from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
 from oir_gym.relabel.prompts import PromptTemplate, load_template
 from oir_gym.relabel.tokens import backend_token_count
 from oir_gym.relabel.results import Candidate, RelabelResult
-from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle
+from oir_gym.relabel.segments import behaviour_key, is_idle
 from oir_gym.relabel.worker import (
     BackendSpec as LLMSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller,
     backend_identity, build_llm, close_llm, llm_process_stats, probe,
 )
 from oir_gym.grounding import (
-    GROUNDING_MODES, Binding, bind, bind_ordered, episode_starts_from_dones, first_paid_step, indicator_row,
+    Binding, bind, bind_ordered, episode_starts_from_dones, first_paid_step, indicator_row,
     no_precondition, split_ordered,
 )
 from oir_gym.reward import event_similarity, match_steps
@@ -81,9 +85,8 @@ from oir_gym.trajectory import Trajectory
 #: stopped (see :meth:`~HindsightRelabeler.close` for the whole bound).
 CLOSE_TIMEOUT = 10.0
 
-#: Default prompt budget (tokens, template included) of :class:`HindsightRelabeler`: a longer
-#: ``segments`` prompt is compacted (docs/relabeling.md, "Prompt length").
-DEFAULT_MAX_PROMPT_TOKENS = 768
+
+_UNSET: Any = object()  # no positional argument: tells the config form from the keyword form
 
 BackendArg = Union[str, LLMSpec, LLMBackend, CompositeBackend, None]
 
@@ -92,143 +95,77 @@ class HindsightRelabeler:
     """LLM hindsight instruction relabeling as a library component.
 
     Args:
-        backend: a backend name for :func:`~oir_gym.relabel.make_backend` (``"transformers"``, the
-            default: the offline Gemma 3 270M; ``"llama_cpp"``, ``"openai"``, ``"vllm"``...), ``"package.module:ClassName"``
-            of any class with the backend protocol, ``"rules"`` (no LLM), a
-            :class:`~oir_gym.relabel.worker.BackendSpec`, an
-            :class:`~oir_gym.relabel.backends.LLMBackend` object (used as is, in this process), or a
-            :class:`~oir_gym.relabel.backends.CompositeBackend`.
-        k: candidates kept per trajectory (the paper's K).
-        template: ``"segments"`` (default, compressed) or ``"paper"`` (Appendix C, per-timestep),
-            a path to a template file, or a :class:`PromptTemplate`.
-        use_rules: merge rule instructions into the LLM candidates.
-        delta: grounding threshold (strict ``>``), as the env's reward.
+        config: every setting (:class:`~oir_gym.relabel.config.RelabelerConfig`; validated here).
+            Default: ``RelabelerConfig()``, the offline Gemma 3 270M with rules beside it.
+        llm: an LLM backend object to use as is, in this process (an
+            :class:`~oir_gym.relabel.backends.LLMBackend`, or a
+            :class:`~oir_gym.relabel.composite.CompositeBackend`), instead of building
+            ``config.llm.backend``; it belongs to the caller (not closed here).
         encoder: sentence encoder with ``encode(list[str]) -> [n, D]`` unit-norm (default: the
             shared all-MiniLM-L6-v2 of :func:`oir_gym.encoder.get_encoder`, loaded on first use).
-        cache_size: LRU entries (0 disables the cache).
-        cache_path: JSON file the cache is loaded from and saved to (on :meth:`close`,
-            :meth:`save_cache`, and every ``cache_save_every`` new entries; after a failed save,
-            counted in ``cache_save_failures``, the unsaved entries stay due and the next call tries again).
-        cache_key: how trajectories are normalised into cache keys (see
-            :func:`~oir_gym.relabel.segments.behaviour_key`): ``"behaviour"`` (default, ordered
-            events without timing), ``"events"`` (coarser: no repeat counts) or ``"segments"``
-            (exact segment text with timing). Coarser keys hit more often; a reused answer that
-            does not fit a trajectory simply ends up ungrounded, since grounding is per trajectory.
-        samples: completions per prompt (``n`` of the backend protocol).
-        keep_ungrounded: fill up to ``k`` with ungrounded candidates after the grounded ones.
-        dedup_threshold: cosine at or above which a later candidate is a near-duplicate.
-        fallback: ``"rules"`` (answer with rule instructions when the LLM fails) or ``"none"``.
-        llm_timeout: seconds one batched LLM call may take (``None``: no limit beyond the backend's).
-            For a backend this relabeler runs in a child process it is the child's deadline (a
-            call past it kills the child, which restarts); otherwise the call is abandoned on its
-            thread (later calls fail at once while it still runs).
-        skip_idle: do not ask the LLM about trajectories where nothing but moving/waiting happened.
-        candidate_filter: text filter (forbidden words, lengths).
-        queue_size: pending batches in async mode before ``on_full`` applies.
-        on_full: async overflow policy: ``"rules"``, ``"skip"``, ``"replace"`` or ``"block"``
-            (see :meth:`submit`).
-        backend_kwargs: passed to the backend constructor when ``backend`` is a name.
-        isolate: run a named backend in a child process (default: every backend but ``openai``,
-            whose HTTP client does no native work; ``False`` builds it in this process, for debugging).
-        child_config: the child's deadlines and restart backoff (:class:`~oir_gym.relabel.worker.ChildConfig`).
-        warn_after: failed LLM calls in a row before the one console warning of an outage.
-        grounding: ``"cosine"`` (the paper's rule, default) or ``"bound"`` (event-bound; see
-            :mod:`oir_gym.grounding`).
-        bind_threshold: loosest similarity between a candidate and an event of its trajectory that
-            binds it (``grounding="bound"``).
-        max_prompt_tokens: token budget of one prompt, template included, counted with the
-            backend's tokenizer when it has one (else approximately): a ``segments`` prompt above
-            it is compacted (:func:`~oir_gym.relabel.segments.compact_text`: background events
-            merged into idle runs, then idle runs left out, then one line per distinct event,
-            then lines cut). Default :data:`DEFAULT_MAX_PROMPT_TOKENS`; ``None``: never compact.
-            Long prompts make Gemma 3 270M ignore the trajectory (docs/relabeling.md).
+        rules: the rule instructions (:class:`~oir_gym.relabel.rules.RuleBackend`; default one).
+
+    The keyword form of earlier releases (``HindsightRelabeler(backend="rules", k=4, delta=0.9,
+    ...)``) still works for one release and emits a ``DeprecationWarning``; its keywords map onto
+    the config as :func:`legacy_config` shows.
     """
 
-    def __init__(
-        self,
-        backend: BackendArg = "transformers",
-        k: int = 4,
-        template: Union[str, PromptTemplate] = "segments",
-        use_rules: bool = True,
-        delta: float = 0.9,
-        encoder: Any = None,
-        cache_size: int = 4096,
-        cache_path: Optional[str | os.PathLike] = None,
-        *,
-        samples: int = 1,
-        keep_ungrounded: bool = True,
-        dedup_threshold: float = 0.95,
-        fallback: str = "rules",
-        llm_timeout: Optional[float] = None,
-        skip_idle: bool = True,
-        candidate_filter: Optional[CandidateFilter] = None,
-        rules: Optional[RuleBackend] = None,
-        queue_size: int = 8,
-        on_full: str = "rules",
-        cache_save_every: int = 256,
-        cache_key: str = "behaviour",
-        backend_kwargs: Optional[dict] = None,
-        isolate: Optional[bool] = None,
-        child_config: Optional[ChildConfig] = None,
-        warn_after: int = 3,
-        grounding: str = "cosine",
-        bind_threshold: float = 0.5,
-        max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS,
-    ) -> None:
-        if grounding not in GROUNDING_MODES:
-            raise ValueError(f"grounding must be one of {GROUNDING_MODES}, got {grounding!r}")
-        if not -1.0 <= float(bind_threshold) <= 1.0:
-            raise ValueError(f"bind_threshold={bind_threshold} must be a cosine in [-1, 1]")
-        self.grounding = grounding
-        self.bind_threshold = float(bind_threshold)
-        if fallback not in ("rules", "none"):
-            raise ValueError(f"fallback must be 'rules' or 'none', got {fallback!r}")
-        if on_full not in ("rules", "skip", "replace", "block"):
-            raise ValueError(f"on_full must be 'rules', 'skip', 'replace' or 'block', got {on_full!r}")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        _check_args(delta=delta, samples=samples, cache_size=cache_size, dedup_threshold=dedup_threshold,
-                    llm_timeout=llm_timeout)
-        self.k = int(k)
-        self.template = template if isinstance(template, PromptTemplate) else load_template(str(template))
+    def __init__(self, config: Union[RelabelerConfig, BackendArg] = _UNSET, *args: Any, llm: Any = None,
+                 encoder: Any = None, rules: Optional[RuleBackend] = None, **legacy: Any) -> None:
+        if not isinstance(config, RelabelerConfig):
+            if config is _UNSET and not args and not legacy:
+                config = RelabelerConfig()
+            else:
+                warnings.warn("HindsightRelabeler(backend, k=..., ...) is deprecated: pass a RelabelerConfig "
+                              "(oir_gym.relabel.config), or use HindsightRelabeler.rules(k=...)",
+                              DeprecationWarning, stacklevel=2)
+                config, obj = legacy_config(*(() if config is _UNSET else (config,)), *args, **legacy)
+                llm = obj if llm is None else llm
+        elif args or legacy:
+            raise TypeError(f"HindsightRelabeler(config, ...) takes only llm=, encoder=, rules= after the config; "
+                            f"got {len(args)} more positional and {sorted(legacy)} (set them on the config)")
+        self.config = cfg = config.validate()
+        p, lc, cc, g, sel = cfg.prompt, cfg.llm, cfg.cache, cfg.grounding, cfg.selection
+        self.grounding = g.mode
+        self.bind_threshold = float(g.bind_threshold)
+        self.k = int(sel.k)
+        self.template = p.template if isinstance(p.template, PromptTemplate) else load_template(str(p.template))
         self.schema = self.template.schema(self.k)
-        self.delta = float(delta)
-        self.samples = int(samples)
-        self.keep_ungrounded = keep_ungrounded
-        self.dedup_threshold = float(dedup_threshold)
-        self.fallback = fallback
-        self.llm_timeout = llm_timeout
-        self.skip_idle = skip_idle
-        if max_prompt_tokens is not None and not (isinstance(max_prompt_tokens, int) and max_prompt_tokens >= 1):
-            raise ValueError(f"max_prompt_tokens must be a positive int or None, got {max_prompt_tokens!r}")
-        self.max_prompt_tokens = max_prompt_tokens
-        self.filter = candidate_filter or CandidateFilter()
-        self.on_full = on_full
-        self.cache_save_every = int(cache_save_every)
-        if cache_key not in KEY_MODES:
-            raise ValueError(f"cache_key must be one of {KEY_MODES}, got {cache_key!r}")
-        self.cache_key_mode = cache_key
+        self.delta = float(g.delta)
+        self.samples = int(lc.samples)
+        self.keep_ungrounded = sel.keep_ungrounded
+        self.dedup_threshold = float(sel.dedup_threshold)
+        self.fallback = lc.fallback
+        self.llm_timeout = lc.timeout
+        self.skip_idle = p.skip_idle
+        self.max_prompt_tokens = p.max_prompt_tokens
+        self.filter = sel.candidate_filter or CandidateFilter()
+        self.on_full = lc.on_full
+        self.cache_save_every = int(cc.save_every)
+        self.cache_key_mode = cc.key
         self._rules = rules or RuleBackend()
 
         # a backend built here is closed here; objects passed in belong to the caller
-        self._owns_llm = isinstance(backend, (str, LLMSpec))
+        backend: Any = lc.backend if llm is None else llm
+        self._owns_llm = llm is None and isinstance(backend, (str, LLMSpec))
         if isinstance(backend, CompositeBackend):
             self.backend = backend
         else:
-            if child_config is None and llm_timeout is not None:
-                child_config = ChildConfig(timeout=float(llm_timeout), per_prompt_timeout=0.0)
-            llm = build_llm(backend, backend_kwargs, isolate=isolate, config=child_config)
-            self.backend = CompositeBackend(llm, self._rules if (use_rules or llm is None) else None)
+            child_config = lc.child_config
+            if child_config is None and lc.timeout is not None:
+                child_config = ChildConfig(timeout=float(lc.timeout), per_prompt_timeout=0.0)
+            built = build_llm(backend, lc.backend_kwargs, isolate=lc.isolate, config=child_config)
+            self.backend = CompositeBackend(built, self._rules if (sel.use_rules or built is None) else None)
         self.use_rules = self.backend.rules is not None
         self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, LLMSpec)
                              else type(self.backend.llm or self._rules).__name__)
-        self.health = LLMHealth("relabeler", warn_after, fallback="relabeling with rules meanwhile"
-                                if fallback == "rules" else "those trajectories get no instructions")
+        self.health = LLMHealth("relabeler", lc.warn_after, fallback="relabeling with rules meanwhile"
+                                if lc.fallback == "rules" else "those trajectories get no instructions")
 
         self._encoder = encoder
         self._phrase_emb: Optional[np.ndarray] = None
         self._enc_lock = threading.Lock()
-        self.cache = LRUCache(cache_size, cache_path)
+        self.cache = LRUCache(cc.size, cc.path)
         self._caller = OffThreadCaller("oir-llm")
         self._share: deque = deque(maxlen=64)  # recent LLM-eligible trajectories: did the LLM answer?
 
@@ -242,12 +179,31 @@ class HindsightRelabeler:
         self._next_id = 0
 
         # async state
-        self._queue: "queue.Queue[Optional[tuple[list[Trajectory], list[int]]]]" = queue.Queue(max(1, queue_size))
+        self._queue: "queue.Queue[Optional[tuple[list[Trajectory], list[int]]]]" = queue.Queue(max(1, lc.queue_size))
         self._done: deque[RelabelResult] = deque()
         self._done_cv = threading.Condition()
         self._pending = 0
         self._worker: Optional[threading.Thread] = None
         self._closed = False
+
+    @classmethod
+    def rules(cls, k: int = 4, *, encoder: Any = None, **settings: Any) -> "HindsightRelabeler":
+        """A rule relabeler (no LLM, no cache) keeping ``k`` candidates per trajectory.
+
+        ``settings``: ``delta``, ``grounding``, ``bind_threshold``, ``keep_ungrounded``,
+        ``dedup_threshold`` (the grounding and selection fields that matter without an LLM).
+        """
+        cfg = RelabelerConfig()
+        cfg.llm.backend = "rules"
+        cfg.cache.size = 0
+        cfg.selection.k = k
+        for name, value in settings.items():
+            part = {"delta": cfg.grounding, "bind_threshold": cfg.grounding, "grounding": cfg.grounding,
+                    "keep_ungrounded": cfg.selection, "dedup_threshold": cfg.selection}.get(name)
+            if part is None:
+                raise TypeError(f"HindsightRelabeler.rules() got an unexpected setting {name!r}")
+            setattr(part, "mode" if name == "grounding" else name, value)
+        return cls(cfg, encoder=encoder)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -863,22 +819,45 @@ class HindsightRelabeler:
                 f"use_rules={self.use_rules}, delta={self.delta})")
 
 
-def _check_args(*, delta: Any, samples: Any, cache_size: Any, dedup_threshold: Any, llm_timeout: Any) -> None:
-    """Refuse constructor values that would silently misbehave (each error names the value and the range)."""
-    def real(x: Any) -> bool:
-        return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and np.isfinite(x)
-
-    def whole(x: Any) -> bool:
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-    if not (real(delta) and -1.0 < float(delta) <= 1.0):
-        raise ValueError(f"delta={delta!r} is outside the allowed range (-1, 1] (cosine similarity threshold)")
-    if not (whole(samples) and samples >= 1):
-        raise ValueError(f"samples={samples!r} must be an integer >= 1 (completions per prompt)")
-    if not (whole(cache_size) and cache_size >= 0):
-        raise ValueError(f"cache_size={cache_size!r} must be an integer >= 0 (0 disables the cache)")
-    if not (real(dedup_threshold) and 0.0 < float(dedup_threshold) <= 1.0):
-        raise ValueError(f"dedup_threshold={dedup_threshold!r} must be a cosine in (0, 1] "
-                         "(candidates at least this similar to an earlier one are dropped)")
-    if llm_timeout is not None and not (real(llm_timeout) and llm_timeout > 0):
-        raise ValueError(f"llm_timeout={llm_timeout!r} must be a number of seconds > 0, or None (no limit)")
+def legacy_config(
+    backend: BackendArg = "transformers",
+    k: int = 4,
+    template: Union[str, PromptTemplate] = "segments",
+    use_rules: bool = True,
+    delta: float = 0.9,
+    cache_size: int = 4096,
+    cache_path: Optional[str | os.PathLike] = None,
+    *,
+    samples: int = 1,
+    keep_ungrounded: bool = True,
+    dedup_threshold: float = 0.95,
+    fallback: str = "rules",
+    llm_timeout: Optional[float] = None,
+    skip_idle: bool = True,
+    candidate_filter: Optional[CandidateFilter] = None,
+    queue_size: int = 8,
+    on_full: str = "rules",
+    cache_save_every: int = 256,
+    cache_key: str = "behaviour",
+    backend_kwargs: Optional[dict] = None,
+    isolate: Optional[bool] = None,
+    child_config: Optional[ChildConfig] = None,
+    warn_after: int = 3,
+    grounding: str = "cosine",
+    bind_threshold: float = 0.5,
+    max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS,
+) -> tuple[RelabelerConfig, Any]:
+    """The deprecated keyword constructor's arguments as ``(RelabelerConfig, backend object or None)``
+    (``encoder`` and ``rules`` are keywords of :class:`HindsightRelabeler` in both forms)."""
+    obj = None if isinstance(backend, (str, LLMSpec)) or backend is None else backend
+    cfg = RelabelerConfig(
+        prompt=PromptSettings(template=template, max_prompt_tokens=max_prompt_tokens, skip_idle=skip_idle),
+        llm=LLMSettings(backend=None if obj is not None else backend, backend_kwargs=backend_kwargs,
+                        isolate=isolate, child_config=child_config, timeout=llm_timeout, samples=samples,
+                        fallback=fallback, warn_after=warn_after, queue_size=queue_size, on_full=on_full),
+        cache=CacheSettings(size=cache_size, path=cache_path, key=cache_key, save_every=cache_save_every),
+        grounding=GroundingSettings(mode=grounding, delta=delta, bind_threshold=bind_threshold),
+        selection=SelectionSettings(k=k, use_rules=use_rules, keep_ungrounded=keep_ungrounded,
+                                    dedup_threshold=dedup_threshold, candidate_filter=candidate_filter),
+    )
+    return cfg, obj
