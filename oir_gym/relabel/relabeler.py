@@ -54,30 +54,26 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from oir_gym.captions import NUM_EVENTS, VOCAB
+from oir_gym.captions import VOCAB
 from oir_gym.relabel.backends import BackendTimeout, LLMBackend
 from oir_gym.relabel.config import (
     DEFAULT_MAX_PROMPT_TOKENS, CacheSettings, GroundingSettings, LLMSettings, PromptSettings, RelabelerConfig,
     SelectionSettings,
 )
 from oir_gym.relabel.composite import CompositeBackend, Proposal
-from oir_gym.relabel.rules import RuleBackend, rule_events, rule_final_event
+from oir_gym.relabel.rules import RuleBackend
 from oir_gym.relabel.cache import LRUCache
-from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
-from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
+from oir_gym.relabel.filters import CandidateFilter
+from oir_gym.relabel.pipeline import Answers, ground, merge_rules, plan_prompts, read_answers, select
+from oir_gym.relabel.stats import RelabelStats
 from oir_gym.relabel.prompts import PromptTemplate, load_template
 from oir_gym.relabel.tokens import backend_token_count
-from oir_gym.relabel.results import Candidate, RelabelResult
-from oir_gym.relabel.segments import behaviour_key, is_idle
+from oir_gym.relabel.results import RelabelResult
+from oir_gym.relabel.segments import behaviour_key
 from oir_gym.relabel.worker import (
     BackendSpec as LLMSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller,
     backend_identity, build_llm, close_llm, llm_process_stats, probe,
 )
-from oir_gym.grounding import (
-    Binding, bind, bind_ordered, episode_starts_from_dones, first_paid_step, indicator_row,
-    no_precondition, split_ordered,
-)
-from oir_gym.reward import event_similarity, match_steps
 from oir_gym.trajectory import Trajectory
 
 #: Default longest wait (seconds) of :meth:`HindsightRelabeler.close` for the background worker to
@@ -167,15 +163,8 @@ class HindsightRelabeler:
         self._enc_lock = threading.Lock()
         self.cache = LRUCache(cc.size, cc.path)
         self._caller = OffThreadCaller("oir-llm")
-        self._share: deque = deque(maxlen=64)  # recent LLM-eligible trajectories: did the LLM answer?
-
-        self._stats_lock = threading.Lock()
-        self._s: Counter = Counter()
-        self._dropped: Counter = Counter()
-        self._errors: Counter = Counter()
-        self._error_examples: dict[str, str] = {}  # error type -> its first message
-        self._latency_total = 0.0
-        self._token_method = "none"
+        self._stats = RelabelStats()
+        self._id_lock = threading.Lock()
         self._next_id = 0
 
         # async state
@@ -223,13 +212,25 @@ class HindsightRelabeler:
         its background worker (which shares the encoder): safe to call from any thread."""
         return self._encode(list(texts))
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
+    def _phrases(self) -> np.ndarray:
+        """Embeddings of the caption vocabulary (encoded once)."""
         with self._enc_lock:  # the shared encoder's string cache is not thread-safe
             if self._phrase_emb is None:
                 self._phrase_emb = np.asarray(self.encoder.encode(list(VOCAB.phrases)), dtype=np.float32)
+            return self._phrase_emb
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        phrases = self._phrases()
+        with self._enc_lock:
             if not texts:
-                return np.zeros((0, self._phrase_emb.shape[1]), np.float32)
+                return np.zeros((0, phrases.shape[1]), np.float32)
             return np.asarray(self.encoder.encode(list(texts)), dtype=np.float32)
+
+    def _take_ids(self, n: int) -> list[int]:
+        with self._id_lock:
+            ids = list(range(self._next_id, self._next_id + n))
+            self._next_id += n
+        return ids
 
     def cache_key(self, traj: Trajectory) -> str:
         """Cache key: backend, template, k, key mode and the normalised behaviour of the trajectory."""
@@ -254,7 +255,7 @@ class HindsightRelabeler:
         return prompt, level, count(prompt)
 
     def _count_tokens(self, prompt: str) -> int:
-        n, self._token_method = backend_token_count(self.backend.llm, prompt)
+        n, self._stats.token_method = backend_token_count(self.backend.llm, prompt)
         return n
 
     def _propose(self, trajs: list[Trajectory], prompts: Optional[list[Optional[str]]]) -> list[Proposal]:
@@ -274,32 +275,6 @@ class HindsightRelabeler:
                 p.error = err if pr is not None else None
             return props
 
-    def _premature(self, events: np.ndarray, text: str, sim: np.ndarray) -> bool:
-        """True for a two-event rule instruction that the reward pays where its final event did not
-        happen (the wording matches its first event's captions): it would teach the first half."""
-        final = rule_final_event(text, getattr(self._rules, "pair_table", None))
-        if final is None:
-            return False
-        paid = match_steps(events, sim, self.delta)
-        return bool((paid & ~np.asarray(events[:, final], bool)).any())
-
-    def _bind(self, text: str, src: str, sim: np.ndarray, traj: Trajectory, starts: np.ndarray,
-              half_sims: dict[str, np.ndarray]) -> Optional[Binding]:
-        """The event(s) of ``traj`` that candidate ``text`` is bound to (``grounding="bound"``)."""
-        if src == "rules":
-            ev = rule_events(text, getattr(self._rules, "pair_table", None))
-            if ev is None:
-                return None
-            pre, final = ev
-            step = first_paid_step(traj.events, indicator_row(final, NUM_EVENTS), indicator_row(pre, NUM_EVENTS),
-                                   starts, self.delta)
-            return Binding(final=final, pre=pre, step=step) if step >= 0 else None
-        halves = split_ordered(text)
-        if halves is not None:
-            return bind_ordered(half_sims[halves[0]], half_sims[halves[1]], traj.events, starts,
-                                threshold=self.bind_threshold)
-        return bind(sim, traj.events, threshold=self.bind_threshold)
-
     # ------------------------------------------------------------------ sync API
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
         """Relabel a batch synchronously (lock-step, as in the paper).
@@ -308,9 +283,7 @@ class HindsightRelabeler:
         warned about, counted under ``errors_by_type`` and answered with empty results.
         """
         trajs = list(trajectories)
-        with self._stats_lock:
-            ids = list(range(self._next_id, self._next_id + len(trajs)))
-            self._next_id += len(trajs)
+        ids = self._take_ids(len(trajs))
         try:
             return self._process(trajs, ids, llm_allowed=True)
         except Exception as e:  # noqa: BLE001 - the training loop must go on
@@ -325,199 +298,68 @@ class HindsightRelabeler:
         return [r.instructions for r in self.relabel(trajectories)]
 
     def _process(self, trajs: list[Trajectory], ids: list[int], llm_allowed: bool) -> list[RelabelResult]:
-        n = len(trajs)
+        """The pipeline (:mod:`oir_gym.relabel.pipeline`) over one batch, with its one LLM call."""
         use_llm = llm_allowed and self.backend.llm is not None
-        # cache keys only matter for LLM answers (rules are cheaper than the key itself)
-        keys: list = [self.cache_key(t) for t in trajs] if use_llm else [None] * n
-        cached: list[Optional[list[str]]] = [None] * n
-        prompts: list[Optional[str]] = [None] * n
-        owner: dict[str, int] = {}  # key -> index of the trajectory that carries the prompt
-        tokens = [0] * n
-        s = Counter(trajectories=n)
-        if use_llm:
-            for i, (t, key) in enumerate(zip(trajs, keys)):
-                if self.skip_idle and is_idle(t):
-                    s["skipped_idle"] += 1
-                    continue
-                hit = self.cache.get(key) if self.cache.capacity > 0 else None
-                if hit is not None:
-                    cached[i] = hit
-                    s["cache_hits"] += 1
-                elif key in owner:
-                    s["batch_dedup"] += 1  # same behaviour twice in one batch: one prompt
-                else:
-                    owner[key] = i
-                    prompts[i], level, tokens[i] = self._render(t)
-                    s["cache_misses"] += 1
-                    s["prompts_compacted"] += level > 0
-        else:
-            s["rules_only"] += n
-
+        lookup = self.cache.get if self.cache.capacity > 0 else (lambda key: None)
+        plan = plan_prompts(trajs, use_llm=use_llm, skip_idle=self.skip_idle, key_of=self.cache_key,
+                            lookup=lookup, render=self._render)
         t0 = time.perf_counter()
-        props = self._propose(trajs, prompts if any(p is not None for p in prompts) else None)
+        props = self._propose(trajs, plan.asked)
         latency = time.perf_counter() - t0
-        n_prompts = sum(p is not None for p in prompts)
         # close() cuts a call in flight (it stops the LLM): its failure is the shutdown, not the LLM's
         closing = self._closed
-        if closing:
-            for i in range(n):
-                if prompts[i] is not None and props[i].error is not None:
-                    s["closed_in_flight"] += 1
-                    prompts[i] = None  # as if never asked: no error, no health change, no cache entry
+        answers = read_answers(plan, props, self.filter, closing=closing)
+        for key, texts in answers.to_cache:
+            self.cache.put(key, texts)
+        self._report_health(answers)
+        merged = merge_rules(trajs, answers, [p.rules for p in props], rules_of=self._rules.instructions,
+                             use_rules=self.use_rules, fallback=self.fallback, candidate_filter=self.filter)
+        grounded = ground(trajs, merged, encode=self._encode, phrase_emb=self._phrases(), mode=self.grounding,
+                          delta=self.delta, bind_threshold=self.bind_threshold,
+                          pair_table=getattr(self._rules, "pair_table", None))
+        chosen = [select(g, k=self.k, keep_ungrounded=self.keep_ungrounded, dedup_threshold=self.dedup_threshold)
+                  for g in grounded]
 
-        # parse fresh answers; cache them per key
-        llm_cands: list[list[str]] = [[] for _ in range(n)]
-        dropped = [Counter() for _ in range(n)]
-        errors: list[Optional[str]] = [None] * n
-        fresh: dict[str, tuple[list[str], Counter, Optional[str]]] = {}
-        for i in range(n):
-            if prompts[i] is None:
-                continue
-            err = props[i].error
-            texts: list[str] = []
-            reasons: Counter = Counter()
-            if err is None:
-                for raw in props[i].llm_raw:
-                    c, r = parse_candidates(raw, self.filter)
-                    texts.extend(c)
-                    reasons += r
-                texts = list(dict.fromkeys(texts))
-                if texts:
-                    self.cache.put(keys[i], texts)
-                else:  # garbage, or only filtered words: a failed answer (not cached: ask again)
-                    why = ", ".join(f"{k} {v}" for k, v in reasons.most_common(3)) or "empty"
-                    err = f"UnusableAnswer: nothing usable in the LLM's answer ({why})"
-            fresh[keys[i]] = (texts, reasons, err)
-        for i in range(n):
-            if cached[i] is not None:
-                llm_cands[i] = cached[i]
-            elif keys[i] in fresh and use_llm and not (self.skip_idle and is_idle(trajs[i])):
-                texts, reasons, err = fresh[keys[i]]
-                llm_cands[i] = texts
-                errors[i] = err
-                if prompts[i] is not None:  # count parse drops once per prompt
-                    dropped[i] += reasons
-            if errors[i] is not None:
-                s["errors"] += 1
-        eligible = [i for i in range(n) if use_llm and not (self.skip_idle and is_idle(trajs[i]))]
-        asked = [i for i in range(n) if prompts[i] is not None]
-        if asked:  # one LLM call: healthy when any prompt got a usable answer
-            bad = [errors[i] for i in asked if errors[i] is not None]
-            if len(bad) < len(asked):
-                self.health.ok()
-            else:
-                self.health.failed(bad[0], permanent=getattr(self.backend.llm, "fatal", None) is not None)
-            self.health.answers(len(asked), len(bad), Counter(bad).most_common(1)[0][0] if bad else None)
-
-        # merge with rules, filter, de-duplicate
-        merged: list[list[tuple[str, str]]] = []
-        fallbacks: list[Optional[str]] = [None] * n
-        for i in range(n):
-            items = [(c, "llm") for c in llm_cands[i]]
-            rules = props[i].rules
-            if errors[i] is not None and self.fallback == "rules" and not rules:
-                rules = self._rules.instructions(trajs[i])
-            if errors[i] is not None and rules and self.fallback == "rules":
-                fallbacks[i] = "rules"
-            if rules and (self.use_rules or fallbacks[i]):
-                kept, r = self.filter.filter(rules)
-                dropped[i] += r
-                items += [(c, "rules") for c in kept]
-            seen: set[str] = set()
-            uniq = []
-            for text, src in items:
-                if text in seen:
-                    dropped[i]["duplicate"] += 1
-                    continue
-                seen.add(text)
-                uniq.append((text, src))
-            merged.append(uniq)
-
-        # ground every candidate (oir_gym.grounding): cosine rows, or bound to this trajectory's events
-        all_texts = list(dict.fromkeys(t for items in merged for t, _ in items))
-        bound = self.grounding == "bound"
-        halves = [h for t in all_texts for h in (split_ordered(t) or ())] if bound else []
-        enc_texts = all_texts + [h for h in dict.fromkeys(halves) if h not in set(all_texts)]
-        emb_all = self._encode(enc_texts)
-        row = {t: j for j, t in enumerate(enc_texts)}
-        sim_all = (
-            np.asarray(event_similarity(emb_all, self._phrase_emb, VOCAB.phrase_event, NUM_EVENTS))
-            if len(enc_texts) else np.zeros((0, NUM_EVENTS), np.float32)
-        )
-        half_sims = {h: sim_all[row[h]] for h in halves}
-        emb = emb_all[: len(all_texts)]
-        no_pre = no_precondition(NUM_EVENTS)
-        results = []
-        for i in range(n):
-            starts = episode_starts_from_dones(trajs[i].dones)
-            # Checks that remove a candidate run before the near-duplicate pass, or a removed
-            # wording could shadow its valid reverse ("A then B" ~ "B then A"): bound mode binds
-            # every candidate here (unbound: dropped), cosine mode drops premature rule compounds.
-            bindings: dict[str, Binding] = {}
-            if bound:
-                for t, src in merged[i]:
-                    b = self._bind(t, src, sim_all[row[t]], trajs[i], starts, half_sims)
-                    if b is not None:
-                        bindings[t] = b
-                items = [(t, src) for t, src in merged[i] if t in bindings]
-                reason = "unbound"
-            else:
-                items = [(t, src) for t, src in merged[i]
-                         if not (src == "rules" and self._premature(trajs[i].events, t, sim_all[row[t]]))]
-                reason = "premature"
-            if len(items) < len(merged[i]):
-                dropped[i][reason] += len(merged[i]) - len(items)
-            rows = [row[t] for t, _ in items]
-            if len(rows) > 1:
-                keep = near_duplicate_mask(emb[rows], self.dedup_threshold)
-                dropped[i]["near_duplicate"] += int((~keep).sum())
-                items = [it for it, kk in zip(items, keep) if kk]
-                rows = [r for r, kk in zip(rows, keep) if kk]
-            happened = trajs[i].events.any(axis=0)
-            cands = []
-            for (text, src), r in zip(items, rows):
-                sim = sim_all[r]
-                best = min(1.0, float(sim[happened].max())) if happened.any() else -1.0
-                if bound:
-                    b = bindings[text]
-                    final, pre = b.rows(NUM_EVENTS)
-                    cands.append(Candidate(text, src, b.step, True, best, b, emb[r], final, pre))
-                else:
-                    step = first_paid_step(trajs[i].events, sim, no_pre, starts, self.delta)
-                    cands.append(Candidate(text, src, step, step >= 0, best, None, emb[r], sim, no_pre))
-            grounded = [c for c in cands if c.grounded]
-            chosen = grounded + ([c for c in cands if not c.grounded] if self.keep_ungrounded else [])
+        s = plan.counts + answers.counts
+        results, dropped = [], []
+        for i, (traj, g, sel) in enumerate(zip(trajs, grounded, chosen)):
+            d = answers.dropped[i] + merged.dropped[i] + g.dropped + sel.dropped
+            for c in (merged.dropped[i], g.dropped, sel.dropped):  # keep reasons counted as 0 (Counter + drops them)
+                for key in c:
+                    d.setdefault(key, 0)
+            dropped.append(d)
             res = RelabelResult(
-                trajectory=trajs[i], candidates=chosen[: self.k], request_id=ids[i], num_scored=len(cands),
-                num_grounded=len(grounded), dropped=dropped[i], cache_hit=cached[i] is not None,
-                error=errors[i], fallback=fallbacks[i], prompt_tokens=tokens[i],
+                trajectory=traj, candidates=sel.chosen, request_id=ids[i], num_scored=len(sel.scored),
+                num_grounded=len(sel.grounded), dropped=d, cache_hit=plan.cached[i] is not None,
+                error=answers.errors[i], fallback=merged.fallbacks[i], prompt_tokens=plan.tokens[i],
             )
             results.append(res)
-            s["candidates_scored"] += len(cands)
-            s["candidates_grounded"] += len(grounded)
+            s["candidates_scored"] += len(sel.scored)
+            s["candidates_grounded"] += len(sel.grounded)
             s["candidates_kept"] += len(res.candidates)
             s["candidates_kept_grounded"] += len(res.grounded)
-            s["candidates_llm"] += sum(c.source == "llm" for c in cands)
-            s["candidates_rules"] += sum(c.source == "rules" for c in cands)
-            s["fallbacks"] += fallbacks[i] is not None
-
-        with self._stats_lock:
-            self._s.update(s)
-            if not closing:
-                self._share.extend(bool(llm_cands[i]) and errors[i] is None for i in eligible)
-            self._s["batches"] += 1
-            if n_prompts:
-                self._s["llm_calls"] += 1
-                self._s["prompts"] += n_prompts
-                self._s["prompt_tokens"] += sum(tokens)
-                self._latency_total += latency
-            for d in dropped:
-                self._dropped.update(d)
-            for e in {errors[i] for i in range(n) if errors[i]}:
-                self._count_error(e)
+            s["candidates_llm"] += sum(c.source == "llm" for c in sel.scored)
+            s["candidates_rules"] += sum(c.source == "rules" for c in sel.scored)
+            s["fallbacks"] += merged.fallbacks[i] is not None
+        share = None if closing else [bool(answers.llm[i]) and answers.errors[i] is None
+                                      for i in range(len(trajs)) if plan.eligible[i]]
+        self._stats.record_batch(s, dropped=dropped, errors={e for e in answers.errors if e}, share=share,
+                                 prompts=sum(p is not None for p in plan.prompts), tokens=sum(plan.tokens),
+                                 latency=latency)
         if self.cache.path is not None and self.cache.dirty >= self.cache_save_every:
             self.save_cache()
         return results
+
+    def _report_health(self, answers: Answers) -> None:
+        """One LLM call's outcome for :class:`LLMHealth`: healthy when any prompt got a usable answer."""
+        if not answers.asked:
+            return
+        bad = [answers.errors[i] for i in answers.asked if answers.errors[i] is not None]
+        if len(bad) < len(answers.asked):
+            self.health.ok()
+        else:
+            self.health.failed(bad[0], permanent=getattr(self.backend.llm, "fatal", None) is not None)
+        self.health.answers(len(answers.asked), len(bad), Counter(bad).most_common(1)[0][0] if bad else None)
 
     # ------------------------------------------------------------------ async API
     def submit(self, trajectories: Sequence[Trajectory]) -> list[int]:
@@ -533,10 +375,8 @@ class HindsightRelabeler:
         if self._closed:
             raise RuntimeError("relabeler is closed")
         trajs = list(trajectories)
-        with self._stats_lock:
-            ids = list(range(self._next_id, self._next_id + len(trajs)))
-            self._next_id += len(trajs)
-            self._s["submitted"] += len(trajs)
+        ids = self._take_ids(len(trajs))
+        self._stats.add(submitted=len(trajs))
         self._ensure_worker()
         with self._done_cv:
             self._pending += len(trajs)
@@ -549,8 +389,7 @@ class HindsightRelabeler:
             else:
                 self._queue.put_nowait((trajs, ids))
         except queue.Full:
-            with self._stats_lock:
-                self._s[f"overflow_{self.on_full}"] += len(trajs)
+            self._stats.add({f"overflow_{self.on_full}": len(trajs)})
             if self.on_full == "rules":
                 try:
                     res = self._process(trajs, ids, llm_allowed=False)
@@ -576,8 +415,7 @@ class HindsightRelabeler:
                     old_trajs, _ = self._queue.get_nowait()
                 except queue.Empty:  # the worker took one meanwhile: try again
                     continue
-                with self._stats_lock:
-                    self._s["overflow_replace"] += len(old_trajs)
+                self._stats.add(overflow_replace=len(old_trajs))
                 with self._done_cv:
                     self._pending -= len(old_trajs)
                     self._done_cv.notify_all()
@@ -607,9 +445,8 @@ class HindsightRelabeler:
             self._worker.start()
 
     def _empty_results(self, trajs: list[Trajectory], ids: list[int], err: str) -> list[RelabelResult]:
-        with self._stats_lock:
-            self._s["errors"] += len(trajs)
-            self._count_error(err)
+        self._stats.add(errors=len(trajs))
+        self._stats.count_error(err)
         return [RelabelResult(trajectory=t, candidates=[], request_id=i, error=err) for t, i in zip(trajs, ids)]
 
     def _deliver(self, results: list[RelabelResult], n: int) -> None:
@@ -617,8 +454,7 @@ class HindsightRelabeler:
             self._done.extend(results)
             self._pending -= n
             self._done_cv.notify_all()
-        with self._stats_lock:
-            self._s["completed"] += len(results)
+        self._stats.add(completed=len(results))
 
     def _work(self) -> None:
         while True:
@@ -633,109 +469,19 @@ class HindsightRelabeler:
             self._deliver(res, len(trajs))
 
     # ------------------------------------------------------------------ stats and lifecycle
-    def _count_error(self, err: str) -> None:
-        """Count one failed call's error by type and keep the first message of each type (under
-        ``_stats_lock``): the run's record of what went wrong, not only how often."""
-        kind = err.split(":", 1)[0]
-        self._errors[kind] += 1
-        self._error_examples.setdefault(kind, err[:300])
-
     def stats(self) -> dict[str, Any]:
-        """Counters for the run's metrics (flat dict; ``dropped``/``errors_by_type`` are dicts).
-
-        Keys: ``calls`` (batched LLM calls), ``prompts`` (prompts sent), ``cache_hits``,
-        ``cache_misses``, ``batch_dedup`` (trajectories sharing a prompt within a batch),
-        ``cache_hit_rate`` (hits + batch duplicates over lookups), ``skipped_idle``, ``errors``
-        (trajectories whose LLM answer failed), ``errors_by_type`` (failed LLM calls by exception
-        type), ``error_examples`` (the first message of each type), ``fallbacks``,
-        ``latency_mean_s`` (per LLM call), ``latency_per_prompt_s``,
-        ``prompt_tokens`` (total) and ``prompt_tokens_mean`` with ``prompt_token_method``
-        (``"llama"`` exact or ``"approx-regex"``), ``prompts_compacted`` (prompts whose trajectory
-        was compacted to fit ``max_prompt_tokens``), ``candidates`` (scored), ``candidates_llm``,
-        ``candidates_rules``, ``candidates_kept``, ``dropped`` (by reason, including the parser's
-        notes such as ``salvaged_json``), ``dropped_total`` (without the notes),
-        ``grounded_fraction`` (of scored candidates), ``kept_grounded_fraction``, and for async
-        mode ``submitted``, ``completed``, ``pending``, ``overflow_rules``, ``overflow_skipped``,
-        ``overflow_replaced``, ``closed_in_flight`` (trajectories whose LLM call :meth:`close` cut
-        short, or still queued when it stopped waiting: not counted as errors), ``cache_save_failures`` (the cache file could not be written;
-        warned once).
-
-        LLM health: ``errors`` counts unusable answers too (``errors_by_type["UnusableAnswer"]``);
-        ``failed_calls`` (LLM calls with no usable answer for any prompt), ``consecutive_failures``,
-        ``llm_down`` (1 while the last call failed), ``down_seconds`` (from a failed call to the
-        next good one, summed), ``llm_warnings`` (console warnings printed), ``share`` (of the last
-        64 trajectories the LLM was asked about or answered from the cache, the fraction that got
-        LLM candidates), and for a backend in a child process ``restarts`` and ``child_deaths``
-        (by cause: ``SIGILL``, ``SIGKILL``, ``hang``, ``init:<error>``...).
-        """
-        with self._stats_lock:
-            s = dict(self._s)
-            dropped = dict(self._dropped)
-            errors = dict(self._errors)
-            examples = dict(self._error_examples)
-            lat = self._latency_total
-            share = sum(self._share) / len(self._share) if self._share else 0.0
-        health = self.health.stats()
-        child = llm_process_stats(self.backend.llm)
-        calls = s.get("llm_calls", 0)
-        lookups = s.get("cache_hits", 0) + s.get("cache_misses", 0) + s.get("batch_dedup", 0)
-        scored = s.get("candidates_scored", 0)
-        kept = s.get("candidates_kept", 0)
-        return {
-            "trajectories": s.get("trajectories", 0),
-            "batches": s.get("batches", 0),
-            "calls": calls,
-            "prompts": s.get("prompts", 0),
-            "cache_hits": s.get("cache_hits", 0),
-            "cache_misses": s.get("cache_misses", 0),
-            "cache_hit_rate": (s.get("cache_hits", 0) + s.get("batch_dedup", 0)) / lookups if lookups else 0.0,
-            "cache_entries": len(self.cache),
-            "batch_dedup": s.get("batch_dedup", 0),
-            "skipped_idle": s.get("skipped_idle", 0),
-            "errors": s.get("errors", 0),
-            "errors_by_type": errors,
-            "error_examples": examples,
-            "fallbacks": s.get("fallbacks", 0),
-            "latency_mean_s": lat / calls if calls else 0.0,
-            "latency_per_prompt_s": lat / s["prompts"] if s.get("prompts") else 0.0,
-            "prompt_tokens": s.get("prompt_tokens", 0),
-            "prompt_tokens_mean": s.get("prompt_tokens", 0) / s["prompts"] if s.get("prompts") else 0.0,
-            "prompt_token_method": self._token_method,
-            "prompts_compacted": s.get("prompts_compacted", 0),
-            "closed_in_flight": s.get("closed_in_flight", 0),
-            "cache_save_failures": s.get("cache_save_failures", 0),
-            "candidates": scored,
-            "candidates_llm": s.get("candidates_llm", 0),
-            "candidates_rules": s.get("candidates_rules", 0),
-            "candidates_kept": kept,
-            "dropped": dropped,
-            "dropped_total": sum(v for k, v in dropped.items() if k not in NOTE_REASONS),
-            "grounded_fraction": s.get("candidates_grounded", 0) / scored if scored else 0.0,
-            "kept_grounded_fraction": s.get("candidates_kept_grounded", 0) / kept if kept else 0.0,
-            "submitted": s.get("submitted", 0),
-            "completed": s.get("completed", 0),
-            "pending": self._pending,
-            "overflow_rules": s.get("overflow_rules", 0),
-            "overflow_skipped": s.get("overflow_skip", 0),
-            "overflow_replaced": s.get("overflow_replace", 0),
-            "share": share,
-            "failed_calls": health["failures"],
-            "consecutive_failures": health["consecutive_failures"],
-            "llm_down": int(health["down"]),
-            "down_seconds": health["down_seconds"],
-            "llm_warnings": health["warnings"],
-            "restarts": child["restarts"],
-            "child_deaths": child["child_deaths"],
-        }
+        """The run's counters: one flat dict with the keys of :data:`oir_gym.relabel.stats.STAT_KEYS`
+        (each documented there); ``dropped``, ``errors_by_type``, ``error_examples`` and
+        ``child_deaths`` are dicts. Safe to call from any thread."""
+        return self._stats.snapshot(cache_entries=len(self.cache), pending=self._pending, health=self.health.stats(),
+                                    child=llm_process_stats(self.backend.llm))
 
     def save_cache(self) -> None:
         """Write the cache to ``cache_path`` (no-op without one)."""
         try:
             self.cache.save()
         except OSError as e:  # a full disk must not stop training: counted, warned once, not an LLM error
-            with self._stats_lock:
-                first = self._s["cache_save_failures"] == 0
-                self._s["cache_save_failures"] += 1
+            first = self._stats.increment("cache_save_failures") == 1
             if first:
                 warnings.warn(f"could not save the relabel cache to {self.cache.path} ({type(e).__name__}: {e}); "
                               "training goes on with the cache in memory (stats()['cache_save_failures'])",
@@ -802,8 +548,7 @@ class HindsightRelabeler:
             if job is None:
                 continue
             trajs, _ = job
-            with self._stats_lock:
-                self._s["closed_in_flight"] += len(trajs)
+            self._stats.add(closed_in_flight=len(trajs))
             with self._done_cv:
                 self._pending -= len(trajs)
                 self._done_cv.notify_all()
