@@ -338,6 +338,7 @@ class HindsightRelabeler:
             s["candidates_grounded"] += len(sel.grounded)
             s["candidates_kept"] += len(res.candidates)
             s["candidates_kept_grounded"] += len(res.grounded)
+            s["candidates_kept_llm"] += sum(c.source == "llm" for c in res.candidates)
             s["candidates_llm"] += sum(c.source == "llm" for c in sel.scored)
             s["candidates_rules"] += sum(c.source == "rules" for c in sel.scored)
             s["fallbacks"] += merged.fallbacks[i] is not None

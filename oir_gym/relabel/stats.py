@@ -42,6 +42,8 @@ STAT_KEYS: dict[str, str] = {
     "candidates_llm": "scored candidates from the LLM",
     "candidates_rules": "scored candidates from the rules",
     "candidates_kept": "candidates kept (at most k per trajectory)",
+    "candidates_kept_llm": "kept candidates from the LLM: its instructions the relabeler handed on (0 while "
+                           "the LLM contributes nothing)",
     "dropped": "candidates dropped, by reason (parser notes such as salvaged_json included; a dict)",
     "dropped_total": "candidates dropped (without the parser's notes)",
     "grounded_fraction": "grounded / scored candidates",
@@ -164,6 +166,7 @@ class RelabelStats:
             "candidates_llm": g("candidates_llm", 0),
             "candidates_rules": g("candidates_rules", 0),
             "candidates_kept": kept,
+            "candidates_kept_llm": g("candidates_kept_llm", 0),
             "dropped": dropped,
             "dropped_total": sum(v for k, v in dropped.items() if k not in NOTE_REASONS),
             "grounded_fraction": g("candidates_grounded", 0) / scored if scored else 0.0,
