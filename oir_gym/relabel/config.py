@@ -28,7 +28,8 @@ from oir_gym.grounding import GROUNDING_MODES
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.prompts import PromptTemplate
 from oir_gym.relabel.segments import KEY_MODES
-from oir_gym.relabel.worker import BackendSpec, ChildConfig
+from oir_gym.relabel.llm.child import ChildConfig
+from oir_gym.relabel.llm.spec import BackendSpec
 
 #: Default prompt budget (tokens, template included): a longer ``segments`` prompt is compacted
 #: (docs/relabeling.md, "Prompt length").

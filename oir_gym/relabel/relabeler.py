@@ -70,10 +70,11 @@ from oir_gym.relabel.prompts import PromptTemplate, load_template
 from oir_gym.relabel.tokens import backend_token_count
 from oir_gym.relabel.results import RelabelResult
 from oir_gym.relabel.segments import behaviour_key
-from oir_gym.relabel.worker import (
-    BackendSpec as LLMSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller,
-    backend_identity, build_llm, close_llm, llm_process_stats, probe,
-)
+from oir_gym.relabel.llm.build import build_llm, probe
+from oir_gym.relabel.llm.caller import OffThreadCaller
+from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend, llm_process_stats
+from oir_gym.relabel.llm.health import LLMHealth
+from oir_gym.relabel.llm.spec import BackendSpec as LLMSpec, LLMBusy, backend_identity, close_llm
 from oir_gym.trajectory import Trajectory
 
 #: Default longest wait (seconds) of :meth:`HindsightRelabeler.close` for the background worker to
