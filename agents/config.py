@@ -172,6 +172,9 @@ class LLMConfig:
     openai: an OpenAI-compatible server at ``base_url``; vllm: vLLM in a child process. From
     Python also ``package.module:ClassName`` of any class with the backend protocol."""
     base_url: str = "http://127.0.0.1:8000/v1"
+    """The OpenAI-compatible server (backend openai). The API key goes in the environment
+    (``OPENAI_API_KEY``), never in the URL: a ``user:key@`` part or a query string is not sent to
+    the server, and is replaced by ``REDACTED`` in ``config.json`` and checkpoints."""
     model: str = ""
     """Model path or name (empty: the backend's packaged default)."""
     template: str = "segments"
@@ -196,7 +199,13 @@ class LLMConfig:
         if not (self.call_timeout is None or self.call_timeout > 0):
             raise ValueError(f"llm.call_timeout={self.call_timeout} must be > 0 (or None)")
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"llm.base_url={self.base_url!r} must be an http(s) URL")
+            raise ValueError(f"llm.base_url={redact_url(self.base_url)!r} must be an http(s) URL")
+        from oir_gym.relabel.prompts import load_template
+
+        try:  # a template that does not exist or does not parse stops the run now, whichever relabeler it uses
+            load_template(self.template)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"llm.template={self.template!r}: {e}") from None
         return self
 
 
@@ -228,7 +237,10 @@ class EvalSettings:
     """0: greedy evaluation."""
     instruction_files: tuple[str, ...] = ()
     """JSON files of named instruction sets evaluated beside the built-in ones (schema:
-    docs/evaluation.md); repeatable."""
+    docs/evaluation.md); several after one flag or the flag repeated."""
+    sets: tuple[str, ...] = ("original", "simple", "complex")
+    """Built-in sets to evaluate (any of original, simple, complex); the files' sets are always
+    evaluated. ``--eval.sets`` with no name evaluates only the files' sets."""
     control: bool = True
     """Also evaluate each achievement under a mismatched and a neutral instruction (instruction-following gain)."""
 
@@ -265,8 +277,11 @@ class TrainConfig:
 
     # ------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        """Nested plain dict (what ``config.json`` holds)."""
-        return asdict(self)
+        """Nested plain dict (what ``config.json`` and checkpoints hold), credentials in
+        ``llm.base_url`` redacted (:func:`redact_url`)."""
+        d = asdict(self)
+        d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
@@ -277,9 +292,10 @@ class TrainConfig:
         if not isinstance(d, Mapping):
             raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
         parts = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(d) - set(parts))
+        unknown = sorted(set(d) - set(parts), key=str)
         if unknown:
-            raise ValueError(f"unknown config part(s) {unknown}; expected some of {sorted(parts)}")
+            raise ValueError(f"unknown config section {unknown[0]!r}{_did_you_mean(unknown[0], parts)} (the "
+                             f"sections are {', '.join(parts)})")
         kwargs = {}
         for name, value in d.items():
             kwargs[name] = _part_from_dict(parts[name].default_factory, name, value)  # type: ignore[misc]
@@ -293,9 +309,10 @@ class TrainConfig:
         runs did not have yet keep their defaults, which are the old defaults. Unknown keys are a
         ValueError naming them.
         """
-        unknown = sorted(set(d) - set(FLAT_KEYS))
+        unknown = sorted(set(d) - set(FLAT_KEYS), key=str)
         if unknown:
-            raise ValueError(f"unknown config keys {unknown} in a flat (pre-nested) config")
+            raise ValueError(f"unknown config key {unknown[0]!r} in a flat (pre-nested) config"
+                             f"{_did_you_mean(unknown[0], list(FLAT_KEYS))}")
         nested: dict[str, dict[str, Any]] = {}
         for key, value in d.items():
             for path in FLAT_KEYS[key]:
@@ -347,7 +364,12 @@ class TrainConfig:
             for name in names:
                 v = getattr(getattr(self, part), name)
                 need(v >= 1, f"{part}.{name}={v!r} must be >= 1")
-        need(r.seed >= 0, f"run.seed={r.seed} must be >= 0")
+        from oir_gym.validation import MAX_SEED  # JAX keys hold 32 bits: seed 2**32 would meet seed 0's worlds
+
+        need(0 <= r.seed and r.seed + r.num_seeds - 1 <= MAX_SEED,
+             f"run.seed={r.seed} must be in [0, {MAX_SEED - r.num_seeds + 1}] (seeds run.seed to run.seed + "
+             f"run.num_seeds - 1 must fit JAX's 32-bit keys)")
+        need(e.max_episode_steps <= 2**31 - 1, f"env.max_episode_steps={e.max_episode_steps} must be < 2**31")
         need(r.num_devices >= 0, f"run.num_devices={r.num_devices} must be >= 0 (0: every visible device)")
         if r.num_devices > 0:
             # the layout's arithmetic only; the Trainer checks against the visible devices (asking JAX
@@ -378,9 +400,15 @@ class TrainConfig:
         need(el.timeout >= 0, f"ellm.timeout={el.timeout} must be >= 0")
         need(ev.episodes <= MAX_EVAL_EPISODES, f"eval.episodes={ev.episodes} must be <= {MAX_EVAL_EPISODES}")
         need(0 <= ev.epsilon <= 1, f"eval.epsilon={ev.epsilon} must be in [0, 1]")
-        from oir_gym.instructions import load_instruction_files
+        from oir_gym.instructions import SET_NAMES, load_instruction_files
 
-        load_instruction_files(ev.instruction_files)  # ValueError naming the file, the entry and the field
+        user_sets = load_instruction_files(ev.instruction_files)  # ValueError naming the file, the entry and the field
+        for s in ev.sets:
+            need(s in SET_NAMES, f"eval.sets: unknown built-in set {s!r}; expected some of {SET_NAMES} (the sets of "
+                                 "eval.instruction_files are always evaluated)")
+        need(len(set(ev.sets)) == len(ev.sets), f"eval.sets={ev.sets} names a set twice")
+        need(bool(ev.sets or user_sets), "eval.sets is empty and eval.instruction_files gives no set: nothing to "
+                                         "evaluate")
         rows = self.rows_per_update()
         need(rows % p.num_minibatches == 0,
              f"pqn.num_minibatches={p.num_minibatches} must divide the {rows} trajectories of an update "
@@ -416,15 +444,48 @@ def _part_from_dict(factory: Any, part: str, value: Any) -> Any:
     default = factory()
     if not isinstance(value, Mapping):
         raise ValueError(f"config part {part!r} must be an object, got {type(value).__name__}")
-    names = {f.name for f in fields(default)}
-    unknown = sorted(set(value) - names)
+    names = [f.name for f in fields(default)]
+    unknown = sorted(set(value) - set(names), key=str)
     if unknown:
-        raise ValueError(f"unknown config key(s) {[f'{part}.{k}' for k in unknown]}")
+        raise ValueError(f"unknown config key {f'{part}.{unknown[0]}'!r} in section {part!r}"
+                         f"{_did_you_mean(unknown[0], names, prefix=part + '.')}")
     vals = dict(value)
     for f in fields(default):
         if f.name in vals and isinstance(getattr(default, f.name), tuple) and isinstance(vals[f.name], list):
             vals[f.name] = tuple(vals[f.name])  # JSON has lists only
     return replace(default, **vals)
+
+
+def _did_you_mean(name: Any, choices: Sequence[str], prefix: str = "") -> str:
+    """``"; did you mean 'pqn.lr'?"`` for the closest of ``choices`` (or ``""``)."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
+
+
+#: Query-string names whose values :func:`redact_url` hides.
+_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "auth", "sig", "credential")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any ``user:password@`` part and every query value that names a key, token,
+    secret, password or signature replaced by ``REDACTED`` (what a file may keep of a server URL)."""
+    import urllib.parse
+
+    try:
+        p = urllib.parse.urlsplit(url)
+        netloc = p.netloc
+        if "@" in netloc:
+            netloc = "REDACTED@" + netloc.rpartition("@")[2]
+        query = p.query
+        if query:
+            pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+            query = "&".join(f"{k}={'REDACTED' if any(w in k.lower() for w in _SECRET_WORDS) else v}"
+                             for k, v in pairs)
+        return urllib.parse.urlunsplit((p.scheme, netloc, p.path, query, p.fragment))
+    except ValueError:  # not a URL at all: keep nothing that could be a secret
+        return "REDACTED"
 
 
 def _check_types(cfg: TrainConfig) -> None:
@@ -461,7 +522,8 @@ def load_config(d: Mapping[str, Any]) -> TrainConfig:
     """A config from ``config.json``'s contents, nested or flat (old runs); provenance keys are ignored."""
     d = {k: v for k, v in d.items() if k not in ("provenance", "resumed")}
     parts = {f.name for f in fields(TrainConfig)}
-    if d and set(d) <= parts:
+    # a flat config (old runs) holds only values; a nested one names sections holding objects
+    if d and (set(d) & parts or any(isinstance(v, Mapping) for v in d.values())):
         return TrainConfig.from_dict(d)
     return TrainConfig.from_flat_dict(d)
 
@@ -543,7 +605,8 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: TrainCon
     Without ``base``, the first argument may name a preset (``cpu``, ``paper``, ``smoke``; default
     ``default_preset``); the flags after it override that preset's values, and ``--help`` there
     shows them. With ``base`` (a resumed run's saved config) the flags override ``base`` and no
-    preset may be named. Booleans are flags (``--oir.keep-ungrounded`` /
+    preset may be named. A flag of several values (``--eval.instruction-files a.json b.json``) may
+    also be repeated: its values add up (:func:`merge_repeated_flags`). Booleans are flags (``--oir.keep-ungrounded`` /
     ``--oir.no-keep-ungrounded``), enums take only their choices, numbers only numbers: anything
     else is a usage error (exit status 2) before the script does anything.
     """
@@ -551,7 +614,7 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: TrainCon
 
     import tyro
 
-    argv = list(sys.argv[1:] if args is None else args)
+    argv = merge_repeated_flags(list(sys.argv[1:] if args is None else args))
     if base is not None:
         if argv and argv[0] in PRESETS:
             print(f"error: a resumed run keeps its saved config; preset {argv[0]!r} cannot be applied to it "
@@ -563,3 +626,53 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: TrainCon
             argv = [default_preset] + argv
     configs = {name: (desc, options_type(config=factory())) for name, (desc, factory) in PRESETS.items()}
     return tyro.extras.overridable_config_cli(configs, args=argv, description=description)
+
+
+def _multi_value_flags() -> dict[str, str]:
+    """Every spelling of the flags of tuple fields (``--eval.instruction-files``...) -> one spelling."""
+    out: dict[str, str] = {}
+    for part in fields(TrainConfig):
+        for f in fields(part.default_factory()):  # type: ignore[misc]
+            if isinstance(getattr(part.default_factory(), f.name), tuple):  # type: ignore[misc]
+                canonical = f"--{part.name}.{f.name.replace('_', '-')}"
+                out[canonical] = out[f"--{part.name}.{f.name}"] = canonical
+    return out
+
+
+def merge_repeated_flags(argv: Sequence[str]) -> list[str]:
+    """``--eval.instruction-files a.json --eval.instruction-files b.json`` -> ``--eval.instruction-files
+    a.json b.json``: a flag of several values keeps every value of every occurrence (the parser alone
+    would keep the last occurrence's), in order, at its first occurrence. ``--flag=value`` counts as one
+    value; a bare ``--eval.sets`` adds none (alone, it gives the empty tuple)."""
+    multi = _multi_value_flags()
+    argv = list(argv)
+    values: dict[str, list[str]] = {}
+    out: list[Any] = []
+    i = 0
+    while i < len(argv):
+        name, eq, val = argv[i].partition("=")
+        flag = multi.get(name)
+        if flag is None or argv[i] == "--":
+            if argv[i] == "--":
+                out.extend(argv[i:])
+                break
+            out.append(argv[i])
+            i += 1
+            continue
+        if flag not in values:
+            values[flag] = []
+            out.append((flag,))  # where its values go
+        i += 1
+        if eq:
+            values[flag].append(val)
+            continue
+        while i < len(argv) and not argv[i].startswith("-"):
+            values[flag].append(argv[i])
+            i += 1
+    merged: list[str] = []
+    for item in out:
+        if isinstance(item, tuple):
+            merged += [item[0], *values[item[0]]]
+        else:
+            merged.append(item)
+    return merged

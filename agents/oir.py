@@ -264,8 +264,8 @@ class Trainer:
         self.startup["encoder"] = time.time() - t
         t = time.time()
         method_cls = METHOD_CLASSES[cfg.run.method]
-        self.eval_cfg = eval_config(cfg.eval.instruction_files, episodes=cfg.eval.episodes, horizon=cfg.eval.horizon,
-                                    control=cfg.eval.control)
+        self.eval_cfg = eval_config(cfg.eval.instruction_files, sets=cfg.eval.sets, episodes=cfg.eval.episodes,
+                                    horizon=cfg.eval.horizon, control=cfg.eval.control)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
         self.registry = InstructionRegistry(self.encoder, capacity=method_cls.table_capacity(cfg, len(self.eval_texts)))
         self._register_fixed_rows()
@@ -416,9 +416,10 @@ class Trainer:
         their rollout keys (unplaced); under :func:`jax.eval_shape`, their shapes."""
         cfg, lay = self.cfg, self.layout
         d_obs = obs_dim(cfg.env.obs_mode)
-        # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on a GPU)
-        train_state = jax.jit(jax.vmap(lambda k: pqn.create_train_state(
-            k, cfg.pqn, self.net, d_obs, self.encoder.dim, cfg.num_updates, tx=self._tx)))(k_net)
+        # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on a GPU),
+        # the seeds one after another (pqn.create_train_states says why)
+        train_state = jax.jit(lambda ks: pqn.create_train_states(
+            ks, cfg.pqn, self.net, d_obs, self.encoder.dim, cfg.num_updates, tx=self._tx))(k_net)
         groups = jnp.repeat(jnp.arange(self.S), cfg.pqn.num_envs)
         reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
         obs, bstate = reset(k_env, env_params, lay.envs_per_block,

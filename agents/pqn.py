@@ -129,6 +129,22 @@ def create_train_state(key, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim
     return TrainState.create(apply_fn=net.apply, params=params, tx=tx or make_optimizer(cfg, num_updates))
 
 
+def create_train_states(keys, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim: int, num_updates: int,
+                        tx: optax.GradientTransformation | None = None) -> TrainState:
+    """One :func:`create_train_state` per key of ``keys [S, 2]``, stacked on a leading seed axis
+    (the same values as ``jax.vmap`` of it, and as each key's own call).
+
+    The seeds are initialised one after another (``jax.lax.map``), never as a batch: the LSTM's
+    orthogonal initialiser is a QR decomposition, and jaxlib 0.10's CPU LAPACK kernels split a
+    batch of matrices over XLA's intra-op thread pool, then block the pool thread that called them
+    until the pieces finish. The four gates' batched QRs run side by side, so on a small CPU (a pool
+    of 2 threads) every pool thread waits for pieces that no thread is left to run, forever: the
+    first update of the ``paper`` and ``fast`` presets (3 seeds, LSTM 512) never returned. One
+    matrix per call runs on its calling thread. Initialising is a one-off of milliseconds.
+    """
+    return jax.lax.map(lambda k: create_train_state(k, cfg, net, obs_dim, emb_dim, num_updates, tx), keys)
+
+
 # ----------------------------------------------------------------------------- acting
 def epsilon(cfg: PQNConfig, total_timesteps: int, env_steps):
     """Linear decay from eps_start to eps_finish over ``eps_decay * total_timesteps`` env steps."""

@@ -53,10 +53,11 @@ import io
 import json
 import os
 import re
+import secrets
 import shutil
+import string
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -132,11 +133,13 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, ``os.replace``.
 
-    A kill at any moment leaves either the previous file or the new one.
+    A kill at any moment leaves either the previous file or the new one. The file gets the
+    permissions of any file the user creates (``0o666`` less the umask), as the plots and logs
+    beside it do; ``tempfile.mkstemp`` would make it readable by its owner only.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _new_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -148,6 +151,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         raise
     fsync_dir(path.parent)
     return path
+
+
+def _new_temp(path: Path) -> tuple[int, str]:
+    """A new, exclusively created ``.<name>.<random>.tmp`` beside ``path``: ``(fd, its path)``."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:  # mode 0o666: the kernel applies the user's umask, as for any new file
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), str(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -591,7 +605,9 @@ class RunDir:
         if id_file.exists():
             run_id = id_file.read_text().strip()
         else:
-            run_id = wandb.util.generate_id()
+            # W&B's own id helper moved between versions (wandb.util.generate_id is gone): its format,
+            # 8 lower-case letters and digits, made here
+            run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
             atomic_write_text(id_file, run_id)
         kwargs: dict[str, Any] = dict(config=self.read_config() if (self.path / CONFIG).exists() else {},
                                       dir=str(self.path), name=self.path.name, id=run_id, resume="allow")

@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from agents.config import LLMConfig
+from agents.config import LLMConfig, redact_url
 from agents.llm import check_llm, relabeler_config
 from agents.run_dir import (
     CorruptFileError, MetricsWriter, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes,
@@ -539,7 +539,7 @@ class SB3Config:
     eval_every: int = 0  # 0: final evaluation only
     eval_episodes: int = 1
     eval_horizon: int = 300
-    eval_sets: str = "original,simple,complex"
+    eval_sets: str = "original,simple,complex"  # comma-separated built-in sets; "": only eval_instructions' sets
     eval_instructions: tuple = ()  # JSON files of named instruction sets also evaluated (docs/evaluation.md)
     checkpoint_every: int = 10_000
     threads: int = 0  # 0: automatic (see configure_torch_threads)
@@ -571,15 +571,20 @@ class SB3Config:
 
         self.eval_instructions = tuple(str(p) for p in self.eval_instructions)
         load_instruction_files(self.eval_instructions)  # ValueError naming the file, entry and field
-        for s in self.eval_sets.split(","):
+        for s in self.eval_set_names:
             need(s in SET_NAMES, f"eval set {s!r}; expected some of {SET_NAMES}")
+        need(bool(self.eval_set_names or self.eval_instructions),
+             "eval_sets is empty and no eval_instructions file is given: nothing to evaluate")
         check_hyperparams(self.algo, self.hyperparams, self.device)
         if self.wandb:
             require_wandb()
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain dict (what ``config.json`` holds), credentials in ``llm.base_url`` redacted."""
+        d = asdict(self)
+        d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SB3Config":
@@ -597,6 +602,11 @@ class SB3Config:
         if set(llm) - llm_names:
             raise ValueError(f"unknown config keys {sorted('llm.' + k for k in set(llm) - llm_names)}")
         return cls(**d, llm=LLMConfig(**llm))
+
+    @property
+    def eval_set_names(self) -> tuple[str, ...]:
+        """The built-in sets of ``eval_sets`` (comma-separated; empty: only the files' sets)."""
+        return tuple(s for s in self.eval_sets.split(",") if s)
 
     @property
     def resolved_device(self) -> str:
@@ -642,6 +652,10 @@ def _make_callbacks(trainer: "_Trainer"):
         def _on_step(self) -> bool:
             t = self.num_timesteps
             c = trainer.cfg
+            if t >= c.total_timesteps:
+                # the last steps of learn(): finish() writes the final row, evaluation and checkpoint
+                # (a row and an evaluation here too would repeat them at the same step)
+                return True
             if t >= self._next_log:
                 self._next_log += c.log_every
                 row = trainer.metrics_row(self.capture.values)
@@ -690,6 +704,7 @@ class _Trainer:
         self.relabel_cb = None
         self.metrics: Optional[MetricsWriter] = None
         self._last_eval = None
+        self._run_callback = None  # made by learn(); its captured SB3 values fill the final row
 
     # ---------------------------------------------------------------- setup
     def setup(self, state: Optional[dict[str, Any]], model_path: Optional[Path]) -> None:
@@ -776,7 +791,7 @@ class _Trainer:
         from oir_gym.evaluation import EvalConfig
 
         c = self.cfg
-        ecfg = EvalConfig(sets=tuple(c.eval_sets.split(",")), episodes=c.eval_episodes, horizon=c.eval_horizon,
+        ecfg = EvalConfig(sets=c.eval_set_names, episodes=c.eval_episodes, horizon=c.eval_horizon,
                           instruction_files=c.eval_instructions)
         res = evaluate(self.model, ecfg, seed=c.seed + 12345, env_kwargs={"obs_mode": c.obs_mode})
         self.run.write_eval(tag, [res.to_dict()])
@@ -799,7 +814,8 @@ class _Trainer:
         remaining = self.cfg.total_timesteps - int(self.model.num_timesteps)
         if remaining <= 0:
             return
-        cbs = [_make_callbacks(self)]
+        self._run_callback = _make_callbacks(self)
+        cbs = [self._run_callback]
         if self.relabel_cb is not None:
             cbs.insert(0, self.relabel_cb)
         self.model.learn(remaining, callback=CallbackList(cbs), reset_num_timesteps=self.model.num_timesteps == 0,
@@ -810,7 +826,7 @@ class _Trainer:
         from oir_gym import analysis
 
         self.save()
-        row = self.metrics_row({})
+        row = self.metrics_row(self._run_callback.capture.values if self._run_callback is not None else {})
         row.pop("sps", None)  # not a training throughput: the row is written after learn()
         row.update(self.run_eval("final"))
         self.write_row(row)

@@ -157,7 +157,7 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
     net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
     mesh = make_mesh(devices)
     seed_keys = jax.random.split(jax.random.PRNGKey(args.seed), S)
-    ts = jax.vmap(lambda k: pqn.create_train_state(k, cfg.pqn, net, D, 384, cfg.num_updates))(seed_keys)
+    ts = pqn.create_train_states(seed_keys, cfg.pqn, net, D, 384, cfg.num_updates)
     zero_instr = jnp.zeros((E, 384))
 
     def rollout(params, runner, env_steps):

@@ -5,7 +5,9 @@
 
 Works for PQN and SB3 run directories (:func:`agents.policy.load_policy`). Each episode starts
 with the instruction; the video ends after ``--episodes`` episodes or ``--steps`` steps. MP4
-needs the ``imageio-ffmpeg`` package; GIFs are written with Pillow.
+needs imageio with its ffmpeg plugin (``pip install 'oir-gym[video]'``); GIFs are written with
+Pillow. Every argument, the output folder (which must exist) and the MP4 writer are checked
+before the policy is loaded or the rollout starts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,40 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+#: Highest ``--fps``: a GIF stores a frame's duration in hundredths of a second.
+MAX_FPS = 100
+
+
+def check_int(name: str, value, *, minimum: int, maximum: int | None = None, none_ok: bool = False):
+    """An integer argument in range, or ValueError naming the flag."""
+    from oir_gym.validation import check_int as check
+
+    return check(f"--{name.replace('_', '-')}", value, minimum=minimum, maximum=maximum, none_ok=none_ok)
+
+
+def check_output(out: str | Path) -> Path:
+    """The video path, checked before any work: a .gif or .mp4 in an existing folder, and for an MP4
+    a writer that can write it (imageio's ffmpeg plugin)."""
+    out = Path(out)
+    if out.suffix.lower() not in (".gif", ".mp4"):
+        raise ValueError(f"--out {out}: the video must end in .gif or .mp4")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {out}: the folder {out.parent} does not exist (create it first, or write the "
+                         "video to an existing folder)")
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give a file name ending in .gif or .mp4")
+    if out.suffix.lower() == ".mp4":
+        try:
+            import imageio.v2  # noqa: F401
+            import imageio_ffmpeg
+
+            imageio_ffmpeg.get_ffmpeg_exe()  # the packaged ffmpeg binary (or one on PATH)
+        except (ImportError, RuntimeError, OSError) as e:
+            raise RuntimeError(f"--out {out}: writing an MP4 needs imageio and its ffmpeg plugin: pip install "
+                               f"'oir-gym[video]' (or write a .gif; {type(e).__name__}: {e})") from None
+    return out
 
 
 def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int = 0, env_seed: int = 0,
@@ -30,9 +66,10 @@ def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int 
     import oir_gym  # noqa: F401  (registers the env id)
     from agents.policy import load_policy
 
-    out = Path(out)
-    if out.suffix.lower() not in (".gif", ".mp4"):
-        raise ValueError(f"--out {out}: the video must end in .gif or .mp4")
+    out = check_output(out)
+    for name, value in (("steps", steps), ("episodes", episodes), ("scale", scale)):
+        check_int(name, value, minimum=1)
+    fps = check_int("fps", fps, minimum=1, maximum=MAX_FPS, none_ok=True)
     policy = load_policy(run_dir, seed=seed)
     env = gym.make("OIR-CraftaxClassic-v0", render_mode="rgb_array", **policy.env_kwargs)
     fps = fps or env.metadata.get("render_fps", 10)
@@ -55,7 +92,6 @@ def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int 
     env.close()
     frames = [np.repeat(np.repeat(f, scale, axis=0), scale, axis=1) if scale > 1 else f for f in frames]
     frames = captioned(frames, instruction)
-    out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".gif":
         from PIL import Image
 
@@ -97,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("steps", "episodes", "scale"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
+    if args.fps is not None and not 1 <= args.fps <= MAX_FPS:
+        p.error(f"--fps {args.fps} must be in [1, {MAX_FPS}]")
+    try:  # the output before the policy is loaded and the rollout runs
+        check_output(args.out)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from oir_gym import enable_compilation_cache
 
     enable_compilation_cache()

@@ -16,14 +16,17 @@ versions), metrics.jsonl / metrics.csv, TensorBoard events (if installed; ``--wa
 Weights & Biases), checkpoints/ (:mod:`agents.checkpoint`), eval_<update>.json, eval_final.md,
 PNG plots, and complete.json last; method ``oir`` also instructions.json (every instruction
 inserted into the buffer, with counts), method ``ellm`` goals.json. SIGINT and SIGTERM stop after
-the current update with a checkpoint (a second signal stops at once, keeping the last checkpoint).
+the current update with a checkpoint; a second signal ends the process at once, whatever it is
+waiting on (exit status 128 + the signal's number; the newest checkpoint on disk is the last state).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,29 +127,62 @@ def summary_line(row: dict[str, Any], num_updates: int) -> str:
 
 
 class _StopRequest:
-    """SIGINT / SIGTERM: the first asks the loop to stop after the current update (with a checkpoint),
-    a second one stops at once (the newest checkpoint on disk stays the last state)."""
+    """SIGINT / SIGTERM: the first asks the loop to stop after the current update (with a checkpoint);
+    a second one ends the process at once with exit status 128 + its number (the newest checkpoint
+    on disk stays the last state), whatever the main thread is doing.
+
+    Python runs a signal handler only on the main thread, between two bytecodes: while that thread
+    waits in C (a compile, a device transfer, a program that never finishes) the handler would wait
+    with it. So a watcher thread counts the signals: the C-level handler writes each signal's number
+    to a pipe (``signal.set_wakeup_fd``) and the watcher, blocked on that pipe, runs as soon as it
+    arrives (JAX's compiles and transfers release the GIL).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested: str | None = None
         self._old: dict[int, Any] = {}
+        self._old_wakeup = -1
+        self._write_fd = -1
 
     def __enter__(self) -> "_StopRequest":
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)  # the C handler must never block
+        self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        for sig in self.SIGNALS:
             self._old[sig] = signal.signal(sig, self._handle)
+        threading.Thread(target=self._watch, args=(read_fd,), name="stop-request", daemon=True).start()
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if self.requested:
-            raise KeyboardInterrupt(f"second {name}")
-        self.requested = name
-        print(f"\n{name}: stopping after this update with a checkpoint (send it again to stop at once)",
-              file=sys.stderr, flush=True)
+        # the watcher counts and reports; this (main-thread) handler only makes sure that the loop's
+        # next check sees the request even if the watcher has not run yet
+        self.requested = self.requested or signal.Signals(signum).name
+
+    def _watch(self, read_fd: int) -> None:
+        count = 0
+        with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+            while data := pipe.read(64):  # b"": __exit__ closed the write end
+                for signum in data:
+                    if signum not in self.SIGNALS:  # another signal with a Python handler
+                        continue
+                    name = signal.Signals(signum).name
+                    count += 1
+                    if count == 1:
+                        self.requested = self.requested or name
+                        print(f"\n{name}: stopping after this update with a checkpoint (send it again to stop "
+                              "at once)", file=sys.stderr, flush=True)
+                    else:
+                        print(f"\n{name}, a second signal: exiting now; the newest checkpoint on disk is the last "
+                              "state", file=sys.stderr, flush=True)
+                        os._exit(128 + signum)
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+        signal.set_wakeup_fd(self._old_wakeup)
+        os.close(self._write_fd)
 
 
 def _metrics_resume(host: dict[str, Any]) -> dict[str, Any]:
@@ -430,8 +466,6 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
                     if not last:
                         trainer.save(metrics=metrics.sync())
                     return why
-        except KeyboardInterrupt as e:  # a second signal: stop now, keep the newest checkpoint on disk
-            return f"{e or 'interrupted'}; the newest checkpoint is the last saved state"
         finally:
             if bar is not None:
                 bar.close()

@@ -348,11 +348,14 @@ def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, s
     """Per-instruction success rates, one bar group per instruction, one bar per method.
 
     ``results[method]`` is a list of evaluation dicts (one per seed) as written by
-    :meth:`oir_gym.evaluation.EvalResult.to_dict`.
+    :meth:`oir_gym.evaluation.EvalResult.to_dict`. Results without ``set_name`` (a run that
+    evaluated only the sets of its instruction files: ``--eval.sets`` empty) plot their first set.
     """
     methods = list(results)
     first = next(iter(results.values()))
     first = list(first)
+    if set_name not in first[0]:
+        set_name = next(iter(first[0]))
     texts = first[0][set_name]["texts"]
     fig, ax = _figure(1, (max(10, len(texts) * 0.6), 4.5))
     width = 0.8 / max(len(methods), 1)

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from oir_gym.validation import ArgumentTypeError, check_bool, check_int, check_real, show
+
 #: Instruction statuses of the paper, in priority order.
 LEARNING_BOUNDARY, FAILING, MASTERED = 0, 1, 2
 STATUS_NAMES: tuple[str, ...] = ("learning_boundary", "failing", "mastered")
@@ -68,9 +70,7 @@ class InstructionStats:
 
 
 def _check_thresholds(tau_low: float, tau_high: float) -> tuple[float, float]:
-    tl, th = float(tau_low), float(tau_high)
-    if not (math.isfinite(tl) and math.isfinite(th)):
-        raise ValueError(f"tau_low and tau_high must be finite, got tau_low={tau_low!r}, tau_high={tau_high!r}")
+    tl, th = check_real("tau_low", tau_low), check_real("tau_high", tau_high)
     if not 0.0 <= tl < th:
         raise ValueError(
             f"thresholds must satisfy 0 <= tau_low < tau_high, got tau_low={tau_low!r}, tau_high={tau_high!r}"
@@ -125,7 +125,7 @@ def priority_order(candidates: Sequence[tuple[str, float, int]], tau_low: float,
 
 def _check_instruction(instruction: Any, what: str = "instruction") -> str:
     if not isinstance(instruction, str) or not instruction.strip():
-        raise ValueError(f"{what} must be a non-empty string, got {instruction!r}")
+        raise ValueError(f"{what} must be a non-empty string, got {show(instruction)}")
     return instruction
 
 
@@ -165,14 +165,15 @@ class InstructionBuffer:
         allow_duplicates: bool = False,
         max_tracked: int = 100_000,
     ) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
-            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
-        if isinstance(max_tracked, bool) or not isinstance(max_tracked, (int, np.integer)) or max_tracked < 1:
-            raise ValueError(f"max_tracked must be an integer >= 1, got {max_tracked!r}")
-        self._capacity = int(capacity)
+        self._capacity = check_int("capacity", capacity, minimum=1)
+        self._max_tracked = check_int("max_tracked", max_tracked, minimum=1)
         self._tau_low, self._tau_high = _check_thresholds(tau_low, tau_high)
-        self._allow_duplicates = bool(allow_duplicates)
-        self._max_tracked = int(max_tracked)
+        self._allow_duplicates = check_bool("allow_duplicates", allow_duplicates)
+        check_int("seed", seed, minimum=0, none_ok=True)  # numpy's generators take any non-negative int
+        if initial is not None and (isinstance(initial, (str, bytes)) or not isinstance(initial, Iterable)):
+            raise ArgumentTypeError(f"initial={show(initial)} must be a list of instructions or None"
+                                    + (", not a single string" if isinstance(initial, (str, bytes)) else
+                                       f", got {type(initial).__name__}"))
         self._slots: list[str | None] = [None] * self._capacity
         self._size = 0
         self._cursor = 0  # next slot to write; once full, also the oldest slot
@@ -180,9 +181,8 @@ class InstructionBuffer:
         self._stats: OrderedDict[str, list] = OrderedDict()
         self._rng = np.random.default_rng(seed)
         if initial is not None:
-            if isinstance(initial, str):
-                raise ValueError("initial must be a list of instructions, not a single string")
-            self.insert(list(initial))
+            initial = [_check_instruction(t, f"initial[{i}]") for i, t in enumerate(initial)]
+            self.insert(initial)
 
     # ---- properties ------------------------------------------------------------------------
 

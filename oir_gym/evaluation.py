@@ -342,7 +342,8 @@ class EvalResult:
         return out
 
     def to_markdown(self) -> str:
-        """Summary table, the control table (when run), and the per-instruction table of the original set."""
+        """Summary table, the control table (when run), and the per-instruction tables of the original
+        set and of every user set (the built-in paraphrase sets, 66 instructions each, only in the summary)."""
         lines = ["| set | mean success rate | completed instructions | aggregate score |", "|---|---|---|---|"]
         for s, m in self.summary().items():
             lines.append(f"| {s} | {m['mean_success_rate']:.3f} | {m['num_completed']} / {len(self.rates[s])} | {m['aggregate_score']:.3f} |")
@@ -357,16 +358,19 @@ class EvalResult:
                 gain = f"{c['gain']:+.3f}" if "gain" in c else "- (one achievement only)"
                 lines.append(f"| {s} | {self.summary()[s]['mean_success_rate']:.3f} | {mism} | "
                              f"{c['neutral_mean_success_rate']:.3f} | {gain} | {c['gain_neutral']:+.3f} |")
-        if "original" in self.rates:
-            c = self.control.get("original")
+        for s in self.rates:
+            if s in ("simple", "complex"):
+                continue
+            if s != "original":
+                lines += ["", f"Set {s}, per instruction:"]
+            c = self.control.get(s)
             if c is not None and c.mismatched_rates is not None:
                 lines += ["", "| instruction | success rate | mismatched (instruction given) | neutral |", "|---|---|---|---|"]
                 lines += [f"| {t} | {r:.2f} | {m:.2f} ({mt}) | {n:.2f} |" for t, r, m, mt, n in
-                          zip(self.texts["original"], self.rates["original"], c.mismatched_rates, c.mismatched_texts,
-                              c.neutral_rates)]
+                          zip(self.texts[s], self.rates[s], c.mismatched_rates, c.mismatched_texts, c.neutral_rates)]
             else:
                 lines += ["", "| instruction | success rate |", "|---|---|"]
-                lines += [f"| {t} | {r:.2f} |" for t, r in zip(self.texts["original"], self.rates["original"])]
+                lines += [f"| {t} | {r:.2f} |" for t, r in zip(self.texts[s], self.rates[s])]
         return "\n".join(lines)
 
 

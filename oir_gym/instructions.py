@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from oir_gym.captions import ACHIEVEMENT_NAMES
+from oir_gym.validation import show
 
 #: Valid instruction-set names, in the order the paper reports them.
 SET_NAMES: tuple[str, ...] = ("original", "simple", "complex")
@@ -116,6 +118,10 @@ def _parse(raw: Any, source: str) -> dict[str, list[EvalInstruction]]:
             texts = entry[key]
             if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
                 raise ValueError(f"{where} ({name}): {key!r} must be a non-empty list of non-empty strings")
+        for key, texts in (("original", [entry["original"]]), ("simple", entry["simple"]),
+                           ("complex", entry["complex"])):
+            for t in texts:  # the rule every instruction follows (length, control characters)
+                validate_instruction(t, f"{where} ({name}): {key!r}")
         parsed.append((idx, entry))
     parsed.sort(key=lambda p: p[0])  # Craftax order, so per-instruction results line up across files
     sets: dict[str, list[EvalInstruction]] = {s: [] for s in SET_NAMES}
@@ -146,11 +152,7 @@ def load_instruction_sets(path: str | os.PathLike | None = None) -> dict[str, li
     """
     if path is None:
         return {k: list(v) for k, v in _packaged().items()}
-    try:
-        raw = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    return _parse(raw, str(path))
+    return _parse(_read_json(path), str(path))
 
 
 def get_instruction_set(name: str, path: str | os.PathLike | None = None) -> list[EvalInstruction]:
@@ -177,13 +179,19 @@ def validate_instruction(text: object, where: str = "instruction") -> str:
 
     Raises:
         TypeError: not a string.
-        ValueError: empty, or longer than :data:`MAX_INSTRUCTION_CHARS`.
+        ValueError: empty, longer than :data:`MAX_INSTRUCTION_CHARS`, or holding a control
+            character other than whitespace (a NUL byte, an escape...: no instruction is typed
+            with one, and they cut or garble text in terminals, files and prompts).
     """
     if not isinstance(text, str):
-        raise TypeError(f"{where}: expected a non-empty string, got {_type_name(text)} {text!r}")
+        raise TypeError(f"{where}: expected a non-empty string, got {_type_name(text)} {show(text)}")
     s = " ".join(text.split())
     if not s:
         raise ValueError(f"{where}: empty text (an instruction must be a non-empty string), got {text!r}")
+    bad = next((c for c in s if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise ValueError(f"{where}: holds the control character {bad!r} at position {s.index(bad)}; "
+                         f"an instruction is plain text: {s[:60]!r}")
     if len(s) > MAX_INSTRUCTION_CHARS:
         raise ValueError(f"{where}: {len(s)} characters, more than the {MAX_INSTRUCTION_CHARS} allowed: {s[:60]!r}...")
     return s
@@ -208,6 +216,9 @@ def _read_json(path: str | os.PathLike) -> Any:
         return json.loads(text, object_pairs_hook=_Obj)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # Python's JSON reader recurses once per nesting level
+        raise ValueError(f"{path}: nested too deeply to be an instruction file (objects and lists inside each "
+                         "other a thousand levels or more); see docs/evaluation.md for the schema") from None
 
 
 def _type_name(x: Any) -> str:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from oir_gym.craftax_compat import NUM_BLOCKS, BlockType, render_craftax_symbolic
 from oir_gym.events import facing_position
+from oir_gym.validation import check_choice
 
 OBS_MODES = ("paper", "symbolic")
 VIEW_RADIUS = 3
@@ -40,8 +41,8 @@ def obs_dim(mode: str) -> int:
 
 
 def check_obs_mode(mode: str) -> None:
-    if mode not in OBS_MODES:
-        raise ValueError(f"unknown observation mode {mode!r}; expected one of {OBS_MODES}")
+    """Raise ValueError naming ``obs_mode`` unless ``mode`` is one of :data:`OBS_MODES`."""
+    check_choice("obs_mode", mode, OBS_MODES)
 
 
 def _mobs(state):

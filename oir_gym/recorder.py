@@ -26,6 +26,7 @@ import numpy as np
 
 from oir_gym.captions import NUM_EVENTS
 from oir_gym.trajectory import Trajectory
+from oir_gym.validation import MAX_NUM_ENVS, ArgumentTypeError, check_int, show
 
 
 class _Segment:
@@ -63,11 +64,13 @@ class TrajectoryRecorder:
     def __init__(self, envs: Any = None, *, max_length: Optional[int] = None, num_envs: Optional[int] = None) -> None:
         if envs is None and num_envs is None:
             raise ValueError("give the vector env (TrajectoryRecorder(envs)) or num_envs=")
-        n = int(num_envs if num_envs is not None else envs.num_envs)
-        if n < 1:
-            raise ValueError(f"num_envs must be >= 1, got {n}")
-        if max_length is not None and max_length < 1:
-            raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
+        if num_envs is not None:
+            n = check_int("num_envs", num_envs, minimum=1, maximum=MAX_NUM_ENVS)
+        elif not hasattr(envs, "num_envs"):
+            raise ArgumentTypeError(f"envs={show(envs)} must be a vector env (with num_envs), got {type(envs).__name__}")
+        else:
+            n = check_int("envs.num_envs", envs.num_envs, minimum=1, maximum=MAX_NUM_ENVS)
+        max_length = check_int("max_length", max_length, minimum=1, none_ok=True)
         mode = getattr(envs, "metadata", {}).get("autoreset_mode") if envs is not None else None
         self.num_envs = n
         self.max_length = max_length
@@ -86,11 +89,11 @@ class TrajectoryRecorder:
             raise ValueError("info must be the info dict of an oir_gym vector env step "
                              "(with 'events' and 'instruction'); got keys "
                              f"{sorted(info) if isinstance(info, dict) else type(info).__name__}")
-        acts = np.asarray(actions).reshape(-1)
-        events = np.asarray(info["events"], dtype=bool)
-        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
-        term = np.asarray(terminated, dtype=bool).reshape(-1)
-        trunc = np.asarray(truncated, dtype=bool).reshape(-1)
+        acts = _array("actions", actions, np.int64).reshape(-1)
+        events = _array("info['events']", info["events"], bool)
+        rewards = _array("rewards", rewards, np.float64).reshape(-1)
+        term = _array("terminated", terminated, bool).reshape(-1)
+        trunc = _array("truncated", truncated, bool).reshape(-1)
         if events.shape != (n, NUM_EVENTS):
             raise ValueError(f"info['events'] must be [{n}, {NUM_EVENTS}] bool, got shape {events.shape}")
         for name, arr in (("actions", acts), ("rewards", rewards), ("terminated", term), ("truncated", trunc)):
@@ -152,6 +155,21 @@ class TrajectoryRecorder:
         return len(self._done)
 
 
+def _array(name: str, value: Any, dtype: Any) -> np.ndarray:
+    """``value`` as a numpy array of ``dtype``; what cannot be one is an error naming the argument."""
+    try:
+        a = np.asarray(value)
+        if dtype is np.int64 and a.size and not (np.issubdtype(a.dtype, np.integer) or (
+                np.issubdtype(a.dtype, np.floating) and np.all(np.mod(a, 1) == 0))):
+            raise TypeError(f"dtype {a.dtype}")
+        if dtype is bool and a.size and not (a.dtype == bool or np.issubdtype(a.dtype, np.number)):
+            raise TypeError(f"dtype {a.dtype}")
+        return a.astype(dtype)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ArgumentTypeError(f"{name}={show(value)} must be an array of {np.dtype(dtype).name} values, one per "
+                                f"env ({e})") from None
+
+
 def rollout(
     envs: Any,
     policy: Optional[Callable[[Any], Any]] = None,
@@ -173,8 +191,9 @@ def rollout(
     Returns:
         Every finished episode, then the running ones cut at the last step.
     """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    steps = check_int("steps", steps, minimum=1)
+    if policy is not None and not callable(policy):
+        raise ArgumentTypeError(f"policy={show(policy)} must be a callable policy(obs) -> actions or None")
     recorder = TrajectoryRecorder(envs, max_length=max_length)
     obs, _ = envs.reset(seed=seed, options=options)
     for _ in range(int(steps)):

@@ -12,7 +12,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from oir_gym.vector_env import InstructionCraftax
+from oir_gym.validation import ArgumentTypeError, check_int, check_seed, show
+from oir_gym.vector_env import InstructionCraftax, check_reset_options
 
 
 class InstructionCraftaxEnv(gym.Env):
@@ -21,7 +22,9 @@ class InstructionCraftaxEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
     def __init__(self, render_mode: str | None = None, **kwargs: Any) -> None:
-        kwargs.pop("num_envs", None)
+        if "num_envs" in kwargs and check_int("num_envs", kwargs.pop("num_envs"), minimum=1) != 1:
+            raise ValueError("num_envs: the single env holds one env; for several use "
+                             "gym.make_vec('OIR-CraftaxClassic-v0', num_envs=n)")
         kwargs.setdefault("autoreset_mode", "next_step")
         self._venv = InstructionCraftax(num_envs=1, render_mode=render_mode, **kwargs)
         self.render_mode = render_mode
@@ -42,8 +45,9 @@ class InstructionCraftaxEnv(gym.Env):
         self._venv.set_instructions(instruction if instruction is None else [instruction])
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        options = check_reset_options(options)
+        check_seed("seed", seed)
         super().reset(seed=seed)
-        options = dict(options or {})
         if isinstance(options.get("instruction"), str):
             options["instruction"] = [options["instruction"]]
         obs, infos = self._venv.reset(seed=seed, options=options)
@@ -51,10 +55,14 @@ class InstructionCraftaxEnv(gym.Env):
         return _first(obs), _first_info(infos)
 
     def step(self, action):
+        # the argument first: a wrong action is wrong whatever the episode's state (a bool is not one)
+        integer = isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.bool_))
+        if not (integer and self.action_space.contains(action)):
+            raise (ValueError if integer else ArgumentTypeError)(
+                f"action={show(action)} outside the action space Discrete({self.action_space.n}): an action is an "
+                f"integer in [0, {self.action_space.n - 1}]")
         if self._done:
             raise RuntimeError("the episode has ended: call reset() before step()")
-        if not self.action_space.contains(action):
-            raise ValueError(f"action {action!r} outside the action space Discrete({self.action_space.n})")
         obs, r, term, trunc, infos = self._venv.step(np.array([int(action)]))
         self._done = bool(term[0] or trunc[0])
         return _first(obs), float(r[0]), bool(term[0]), bool(trunc[0]), _first_info(infos)

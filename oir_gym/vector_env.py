@@ -25,15 +25,37 @@ from oir_gym.instruction_registry import InstructionRegistry, validate_instructi
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import check_obs_mode, obs_dim
 from oir_gym.text import action_text, batch_text
+from oir_gym.validation import (
+    MAX_NUM_ENVS, ArgumentTypeError, check_bool, check_choice, check_instance, check_int, check_real, check_seed,
+    show,
+)
 
 REWARD_MODES = ("cosine", "gt")
 AUTORESET_MODES = {"same_step": AutoresetMode.SAME_STEP, "next_step": AutoresetMode.NEXT_STEP}
+#: Step counters, world and table rows live in int32 on the device.
+_MAX_INT32 = 2**31 - 1
+
+
+#: The keys ``reset(options=...)`` understands.
+RESET_OPTIONS = ("instruction",)
+
+
+def check_reset_options(options: Any) -> dict[str, Any]:
+    """``options`` of ``reset`` as a dict: ``None`` or a mapping whose keys are :data:`RESET_OPTIONS`
+    (an unknown key, e.g. a typo of ``"instruction"``, would otherwise be ignored silently)."""
+    if options is None:
+        return {}
+    if not isinstance(options, abc.Mapping):
+        raise ArgumentTypeError(f"options={show(options)} must be a dict such as {{'instruction': 'collect wood'}} "
+                                f"or None, got {type(options).__name__}")
+    unknown = [k for k in options if k not in RESET_OPTIONS]
+    if unknown:
+        raise ValueError(f"options: unknown key {show(unknown[0])}; reset understands {RESET_OPTIONS}")
+    return dict(options)
 
 
 def _check_delta(delta: float) -> float:
-    if not isinstance(delta, (int, float)) or not (-1.0 < float(delta) <= 1.0) or np.isnan(delta):
-        raise ValueError(f"delta={delta!r} is outside the allowed range (-1, 1] (cosine similarity threshold)")
-    return float(delta)
+    return check_real("delta", delta, low=-1.0, high=1.0, low_open=True, hint=" (cosine similarity threshold)")
 
 
 @jax.jit
@@ -108,20 +130,26 @@ class InstructionCraftax(VectorEnv):
         pool_refresh: int | None = None,
         table_capacity: int = 256,
     ) -> None:
-        if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
-            raise ValueError(f"num_envs={num_envs!r} must be an integer >= 1")
+        num_envs = check_int("num_envs", num_envs, minimum=1, maximum=MAX_NUM_ENVS)
         check_obs_mode(obs_mode)
         delta = _check_delta(delta)
-        if not isinstance(max_episode_steps, (int, np.integer)) or max_episode_steps < 1:
-            raise ValueError(f"max_episode_steps={max_episode_steps!r} must be an integer >= 1")
-        if reward not in REWARD_MODES:
-            raise ValueError(f"unknown reward {reward!r}; expected one of {REWARD_MODES}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"unsupported render_mode {render_mode!r}; expected None or 'rgb_array'")
+        max_episode_steps = check_int("max_episode_steps", max_episode_steps, minimum=1, maximum=_MAX_INT32)
+        check_choice("reward", reward, REWARD_MODES)
+        check_choice("render_mode", render_mode, (None, "rgb_array"))
+        terminate_on_success = check_bool("terminate_on_success", terminate_on_success)
+        info_text = check_bool("info_text", info_text)
+        seed = check_seed("seed", seed)
+        pool_size = check_int("pool_size", pool_size, minimum=1, maximum=_MAX_INT32, none_ok=True)
+        pool_refresh = check_int("pool_refresh", pool_refresh, minimum=1, none_ok=True)
+        if pool_refresh is not None and pool_refresh > (pool_size or max(2 * num_envs, 32)):
+            raise ValueError(f"pool_refresh={pool_refresh} must be <= pool_size ({pool_size or max(2 * num_envs, 32)}): "
+                             "a step regenerates at most the whole pool")
+        table_capacity = check_int("table_capacity", table_capacity, minimum=1, maximum=_MAX_INT32)
+        check_instance("buffer", buffer, InstructionBuffer, none_ok=True)
+        check_instance("encoder", encoder, (InstructionEncoder, str), what="an InstructionEncoder or a model path")
         if isinstance(autoreset_mode, AutoresetMode):
             autoreset_mode = {v: k for k, v in AUTORESET_MODES.items()}.get(autoreset_mode, str(autoreset_mode))
-        if autoreset_mode not in AUTORESET_MODES:
-            raise ValueError(f"unknown autoreset_mode {autoreset_mode!r}; expected one of {tuple(AUTORESET_MODES)}")
+        check_choice("autoreset_mode", autoreset_mode, tuple(AUTORESET_MODES))
 
         self.num_envs = int(num_envs)
         self.obs_mode = obs_mode
@@ -133,15 +161,18 @@ class InstructionCraftax(VectorEnv):
         self.pool_size = int(pool_size or max(2 * self.num_envs, 32))
 
         if isinstance(instructions, (str, bytes)):
-            raise TypeError(f"instructions must be a list of strings, got the string {instructions!r}; "
-                            f"for one instruction pass [{instructions!r}]")
+            raise ArgumentTypeError(f"instructions must be a list of strings, got the string {show(instructions)}; "
+                                    f"for one instruction pass [{show(instructions)}]")
+        if instructions is not None and not isinstance(instructions, (abc.Iterable)):
+            raise ArgumentTypeError(f"instructions={show(instructions)} must be a list of strings or None, "
+                                    f"got {type(instructions).__name__}")
         self.encoder = encoder if isinstance(encoder, InstructionEncoder) else get_encoder(encoder)
         self.registry = InstructionRegistry(self.encoder, capacity=table_capacity)
         if buffer is None:
             initial = list(ORIGINAL_INSTRUCTIONS if instructions is None else instructions)
             if not initial:
                 raise ValueError("instructions must hold at least one instruction")
-            initial = [validate_instruction(t) for t in initial]
+            initial = [validate_instruction(t, f"instructions[{i}]") for i, t in enumerate(initial)]
             buffer = InstructionBuffer(capacity=len(dict.fromkeys(initial)), initial=initial, seed=seed)
         self.buffer = buffer
         # Rows of the 22 original wordings carry their achievement, so ground-truth reward and
@@ -238,17 +269,19 @@ class InstructionCraftax(VectorEnv):
     # ------------------------------------------------------------------ gym API
     def _batch_seed(self, seed: Any) -> int | None:
         """The one seed of the JAX batch: an int, or a list of one seed per env (``[s, s + 1, ...]``)."""
-        if seed is None or isinstance(seed, (int, np.integer)):
-            return None if seed is None else int(seed)
+        if seed is None or isinstance(seed, (int, np.integer, bool, np.bool_)):
+            return check_seed("seed", seed)
         if not isinstance(seed, (abc.Sequence, np.ndarray)) or isinstance(seed, (str, bytes)):
-            raise TypeError(f"seed must be an int, a list of {self.num_envs} ints or None, got {seed!r}")
+            raise ArgumentTypeError(f"seed must be an int, a list of {self.num_envs} ints or None, got {show(seed)}")
         seeds = list(seed)
         if len(seeds) != self.num_envs:
-            raise ValueError(f"got {len(seeds)} seeds for {self.num_envs} envs")
+            raise ValueError(f"seed: got {len(seeds)} seeds for {self.num_envs} envs")
         if all(x is None for x in seeds):
             return None
-        if any(not isinstance(x, (int, np.integer)) for x in seeds) or any(
-                int(x) != int(seeds[0]) + i for i, x in enumerate(seeds)):
+        for i, x in enumerate(seeds):
+            check_int(f"seed[{i}]", x)
+        check_seed("seed[0]", seeds[0])
+        if any(int(x) != int(seeds[0]) + i for i, x in enumerate(seeds)):
             raise ValueError(
                 f"seed={seeds!r}: InstructionCraftax is one JAX batch seeded by one key, so per-env seeds "
                 f"must be consecutive ([s, s + 1, ..., s + {self.num_envs - 1}], what Gymnasium's vector envs "
@@ -263,10 +296,10 @@ class InstructionCraftax(VectorEnv):
         lists cannot be honoured by one JAX batch and raise ``ValueError``.
         """
         seed = self._batch_seed(seed)
+        options = check_reset_options(options)
         if seed is not None:
             self._key = jax.random.PRNGKey(int(seed))
             self.buffer.rng.bit_generator.state = np.random.default_rng(int(seed)).bit_generator.state
-        options = options or {}
         if "instruction" in options:
             self.set_instructions(options["instruction"])
         self._refresh_params()
@@ -282,19 +315,23 @@ class InstructionCraftax(VectorEnv):
         return obs_np, infos
 
     def _check_actions(self, actions) -> jax.Array:
-        a = np.asarray(actions)
+        try:
+            a = np.asarray(actions)
+        except (ValueError, TypeError) as e:  # ragged lists and the like
+            raise ValueError(f"actions: expected {self.num_envs} integers in [0, {NUM_ACTIONS - 1}], got "
+                             f"{show(actions)} ({e})") from None
         if a.shape == () and self.num_envs == 1:
             a = a.reshape(1)
         if a.shape != (self.num_envs,):
-            raise ValueError(f"expected {self.num_envs} actions, got an array of shape {a.shape}")
+            raise ValueError(f"actions: expected {self.num_envs} actions, got an array of shape {a.shape}")
         if not np.issubdtype(a.dtype, np.integer):
             if np.issubdtype(a.dtype, np.floating) and np.all(np.mod(a, 1) == 0):
                 a = a.astype(np.int64)
             else:
-                raise ValueError(f"actions must be integers in [0, {NUM_ACTIONS - 1}], got dtype {a.dtype}")
+                raise ArgumentTypeError(f"actions must be integers in [0, {NUM_ACTIONS - 1}], got dtype {a.dtype}")
         bad = (a < 0) | (a >= NUM_ACTIONS)
         if bad.any():
-            raise ValueError(f"action {a[bad][0]} outside the action space [0, {NUM_ACTIONS - 1}]")
+            raise ValueError(f"actions: action {a[bad][0]} outside the action space [0, {NUM_ACTIONS - 1}]")
         return jnp.asarray(a, jnp.int32)
 
     def step(self, actions):

@@ -566,3 +566,38 @@ print(matplotlib.get_backend(), len(plt.get_fignums()))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["svg", "0"]
     assert all((tmp_path / f).stat().st_size > 5_000 for f in ("t.png", "c.png", "w.png"))
+
+
+LADDER = RES / "oracle_ladder"
+
+
+def _ladder_rows(capsys) -> tuple[list[str], list[str]]:
+    """analyze_runs' retention and ordered-compound rows for the oracle ladder's runs (the page's command)."""
+    runs = [f"canonical={LADDER}/canonical_s0", f"canonical={LADDER}/canonical_s1", f"diverse={LADDER}/diverse_s0",
+            f"diverse={LADDER}/diverse_s1", f"tasks={LADDER}/tasks_s0", f"compound={LADDER}/compound_s0",
+            f"noisy={LADDER}/noisy_s0"]
+    out = _out(capsys, "--table-only", "--baseline", "canonical", "--runs", *runs)
+    return _section(out, "Paraphrase retention"), _section(out, "Ordered compounds")
+
+
+def test_oracle_ladder_tables_in_results_doc_are_rebuilt_from_results(capsys):
+    retention, ordered = _ladder_rows(capsys)
+    cells = {(c[0], c[1]): c for c in ([x.strip() for x in row.strip("|").split("|")] for row in retention)}
+
+    def own(cell: str) -> str:  # the arm's own value, without its difference to the baseline
+        return cell.split("; vs base")[0]
+
+    for arm in ("canonical", "diverse", "tasks", "compound", "noisy"):
+        seeds = cells[(arm, "original")][2]
+        row = [arm, seeds, own(cells[(arm, "original")][3]), own(cells[(arm, "heldout")][3]),
+               *(own(cells[(arm, s)][4]) for s in ("simple", "complex", "heldout")),
+               own(cells[(arm, "original")][5]), own(cells[(arm, "heldout")][5])]
+        assert "| " + " | ".join(row) + " |" in RESULTS, arm
+    diff = {s: cells[("diverse", s)][4].split("vs base: ")[1] for s in ("simple", "complex", "heldout")}
+    assert _says(RESULTS, f"retention {diff['simple']} (simple), {diff['complex']} (complex), {diff['heldout']} (heldout)")
+    assert _says(RESULTS, f"original success {cells[('diverse', 'original')][3].split('vs base: ')[1]}")
+    assert _says(RESULTS, f"the original set {cells[('diverse', 'original')][5].split('vs base: ')[1]}")
+    for row in ordered:
+        c = [x.strip() for x in row.strip("|").split("|")]
+        if c[0] in ("canonical", "compound"):
+            assert "| " + " | ".join([*c[:5], own(c[5])]) + " |" in RESULTS, c[0]

@@ -13,8 +13,10 @@ import pytest
 import tyro
 
 from agents.config import FLAT_KEYS, MAX_EVAL_EPISODES, PRESETS, TrainConfig, cli, load_config, preset
+from agents.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))  # train_pqn's command line
 OLD_CONFIGS = sorted((ROOT / "results").glob("*/*config.json"))
 
 
@@ -83,14 +85,106 @@ def test_presets_hold_their_documented_values():
 
 
 def test_unknown_fields_and_parts_are_named():
-    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['pqn.buffer_size'\]"):
+    with pytest.raises(ValueError, match=r"unknown config key 'pqn.buffer_size' in section 'pqn'"):
         TrainConfig.from_dict({"pqn": {"buffer_size": 3}})
-    with pytest.raises(ValueError, match="unknown config part"):
+    with pytest.raises(ValueError, match="unknown config section 'ppo'"):
         TrainConfig.from_dict({"ppo": {}})
     with pytest.raises(ValueError, match="unknown config field 'lr'"):
         TrainConfig().replace(lr=1.0)
-    with pytest.raises(ValueError, match=r"unknown config keys \['no_such'\]"):
+    with pytest.raises(ValueError, match=r"unknown config key 'no_such' in a flat"):
         TrainConfig.from_flat_dict({"no_such": 1})
+
+
+def test_an_unknown_key_of_a_nested_config_json_is_named_with_its_section_and_a_close_match():
+    """A typo in a nested config.json used to be read as a flat (old) config: the message listed every
+    section as an unknown flat key. Now it names the key, its section and the closest known name."""
+    good = preset("smoke").to_dict()
+    for broken, expected in (
+        ({**good, "pqnn": {"lr": 1e-3}}, r"unknown config section 'pqnn'; did you mean 'pqn'\?"),
+        ({**good, "pqn": {**good["pqn"], "lrr": 1e-3}}, r"unknown config key 'pqn.lrr' in section 'pqn'; did you mean "
+                                                         r"'pqn.lr'\?"),
+        ({"pqnn": {"lr": 1e-3}}, r"unknown config section 'pqnn'"),
+    ):
+        with pytest.raises(ValueError, match=expected) as e:
+            load_config(broken)
+        assert "flat" not in str(e.value) and "'run'" not in str(e.value)
+    assert load_config({"method": "gt", "lr": 1e-3}).run.method == "gt"  # a flat (old) config still loads
+
+
+def test_an_out_of_range_seed_is_refused_before_anything_is_written(tmp_path, capsys):
+    """--run.seed 99999999999999999999 used to pass validation and overflow in JAX after config.json
+    was written; seeds 2**32 and up would also meet seed 0's worlds (JAX keys hold 32 bits)."""
+    import train_pqn
+
+    for seed, seeds in ((99999999999999999999, 1), (2**32, 1), (-1, 1), (2**32 - 1, 2)):
+        with pytest.raises(ValueError, match=rf"run.seed={seed} must be in \[0, {2**32 - seeds}\]"):
+            TrainConfig().replace(**{"run.seed": seed, "run.num_seeds": seeds}).validate()
+    TrainConfig().replace(**{"run.seed": 2**32 - 1}).validate()
+    run = tmp_path / "run"
+    assert train_pqn.main(["smoke", "--run-dir", str(run), "--run.seed", "99999999999999999999"]) == 2
+    assert "run.seed=99999999999999999999" in capsys.readouterr().err and not run.exists()
+
+
+def test_a_missing_prompt_template_is_refused_whichever_relabeler_runs():
+    for relabeler in ("rules", "llm", "both"):
+        with pytest.raises(ValueError, match=r"llm.template='/nonexistent.txt': unknown prompt template"):
+            TrainConfig().replace(**{"oir.relabeler": relabeler, "llm.template": "/nonexistent.txt"}).validate()
+
+
+def test_a_key_inside_the_llm_url_never_reaches_config_json_or_a_checkpoint(tmp_path):
+    """The key belongs in OPENAI_API_KEY; one typed into --llm.base-url (user:key@ or ?api_key=) is
+    redacted from everything a run writes (config.json, and checkpoints, which store to_dict())."""
+    import train_pqn
+
+    url = "http://me:sk-SECRET1@127.0.0.1:8000/v1?api_key=sk-SECRET2&version=3"
+    opts = train_pqn.parse_options(["smoke", "--llm.base-url", url])
+    d = opts.config.to_dict()
+    assert d["llm"]["base_url"] == "http://REDACTED@127.0.0.1:8000/v1?api_key=REDACTED&version=3"
+    run = RunDir.prepare(tmp_path / "run")
+    run.write_config(d)
+    assert "SECRET" not in (tmp_path / "run" / "config.json").read_text()
+    assert load_config(run.read_config()).llm.base_url == d["llm"]["base_url"]
+    plain = "http://127.0.0.1:8000/v1"
+    assert TrainConfig().replace(**{"llm.base_url": plain}).to_dict()["llm"]["base_url"] == plain
+
+
+def test_a_repeated_multi_value_flag_keeps_every_value(tmp_path):
+    """--eval.instruction-files a.json --eval.instruction-files b.json used to keep only b.json; both
+    spellings (several values after one flag, or the flag repeated, or mixed) now add up."""
+    import train_pqn
+
+    files = []
+    for name in ("a", "b", "c"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"sets": {f"set_{name}": [{"text": f"chop a tree {name}",
+                                                                 "achievement": "collect_wood"}]}}))
+        files.append(str(path))
+    a, b, c = files
+    for argv in (["--eval.instruction-files", a, "--eval.instruction-files", b, c],
+                 ["--eval.instruction-files", a, b, "--pqn.lr", "0.001", "--eval.instruction_files", c],
+                 [f"--eval.instruction-files={a}", "--eval.instruction-files", b, f"--eval.instruction-files={c}"]):
+        cfg = train_pqn.parse_options(["smoke", *argv]).config
+        assert cfg.eval.instruction_files == (a, b, c), argv
+        cfg.validate()
+    assert train_pqn.parse_options(["smoke", "--eval.instruction-files", a]).config.eval.instruction_files == (a,)
+
+
+def test_eval_sets_chooses_the_built_in_sets_and_can_leave_only_the_files_sets(tmp_path):
+    import train_pqn
+
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_wood"}]}}))
+    cfg = train_pqn.parse_options(["smoke", "--eval.instruction-files", str(path), "--eval.sets"]).config.validate()
+    assert cfg.eval.sets == ()
+    from oir_gym.evaluation import eval_config
+
+    assert eval_config(cfg.eval.instruction_files, sets=cfg.eval.sets).set_names == ("mine",)
+    assert train_pqn.parse_options(["smoke", "--eval.sets", "original"]).config.eval.sets == ("original",)
+    assert preset("smoke").eval.sets == ("original", "simple", "complex")
+    with pytest.raises(ValueError, match="eval.sets: unknown built-in set 'mine'"):
+        cfg.replace(**{"eval.sets": ("mine",)}).validate()  # a file's sets are always evaluated: not named here
+    with pytest.raises(ValueError, match="nothing to evaluate"):
+        preset("smoke").replace(**{"eval.sets": ()}).validate()
 
 
 def test_nested_dict_round_trip_through_json():

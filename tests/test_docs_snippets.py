@@ -57,7 +57,7 @@ for doc, code in DOCS:
 
 
 def test_snippets_run_as_written(tmp_path):
-    """Every document's blocks, in order, as one script each; one interpreter for all of them
+    """Every document's blocks, in order (the README's each on its own); one interpreter for all of them
     (the documents then share one compiled env program: about 40 s instead of 70). The README's
     policy example loads ``runs/smoke``, which its text trains first with the smoke preset: so
     does the test, in the snippets' working folder."""
@@ -66,7 +66,10 @@ def test_snippets_run_as_written(tmp_path):
                            cwd=tmp_path, env=env0, capture_output=True, text=True, timeout=600)
     assert smoke.returncode == 0, smoke.stderr[-3000:]
     script = tmp_path / "snippets.py"
-    docs = [(doc, "\n\n".join(python_blocks(doc))) for doc in DOCS]
+    # the README's blocks each in a fresh namespace (as pasted into a new interpreter, one after the
+    # other); the quickstart's as one script (its text runs them in one session)
+    docs = [(f"README.md#{i}", block) for i, block in enumerate(python_blocks("README.md"))]
+    docs += [(doc, "\n\n".join(python_blocks(doc))) for doc in DOCS if doc != "README.md"]
     script.write_text(f"DOCS = {docs!r}\n{DRIVER}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -74,7 +77,37 @@ def test_snippets_run_as_written(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, f"a documented Python example failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     out = proc.stdout.split("=== ")
-    assert [part.splitlines()[0] for part in out[1:]] == DOCS
-    readme, quickstart = out[1:]
+    assert [part.splitlines()[0] for part in out[1:]] == [label for label, _ in docs]
+    readme, quickstart = "".join(out[1:-1]), out[-1]
     assert " -> [" in readme  # the relabeler printed what some episodes achieved
     assert "grounded instructions: [" in quickstart
+
+
+def _free_names(code: str, filename: str) -> set[str]:
+    """Names a block reads that it neither imports nor assigns, and that are not builtins."""
+    import builtins
+
+    tree = ast.parse(code, filename=filename)
+    bound: set[str] = set()
+    loaded: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Name):
+            (bound if isinstance(node.ctx, (ast.Store, ast.Del)) else loaded).add(node.id)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return loaded - bound - set(dir(builtins))
+
+
+@pytest.mark.parametrize("doc", ["README.md"])
+def test_each_readme_block_runs_when_pasted_on_its_own(doc):
+    """Each ```python block of the README imports what it uses: pasted into a fresh interpreter (the
+    second block, after a training command, typically is) it needs nothing from an earlier block."""
+    for i, block in enumerate(python_blocks(doc)):
+        free = _free_names(block, f"{doc} block {i}")
+        assert not free, f"{doc}, python block {i} uses {sorted(free)} without importing or defining them"

@@ -67,8 +67,9 @@ def test_reset_step_contract(single, encoder):
     env.step(np.int64(A.LEFT.value))
 
 
-@pytest.mark.parametrize("action", [17, -1, 2.5, "up"])
+@pytest.mark.parametrize("action", [17, -1, 2.5, "up", True, np.bool_(False), None, [1]])
 def test_action_outside_space_raises(single, action):
+    """A bool is not an action (``step(True)`` used to take action 1)."""
     env = single
     env.reset(seed=0)
     with pytest.raises(ValueError, match="outside the action space"):

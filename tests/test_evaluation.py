@@ -220,6 +220,24 @@ def test_control_rates_and_gains_from_hand_built_episodes(tmp_path):
     assert "| s | 0.667 | 0.500 | 0.167 | +0.167 | +0.500 |" in res.to_markdown()
 
 
+def test_the_table_lists_every_instruction_of_a_user_set(tmp_path):
+    """--eval-only with a user file prints that file's per-instruction table (only the original set's
+    was printed), with and without the control, and with the built-in sets left out."""
+    f = _user_file(tmp_path, {"mine": [{"text": "chop a tree", "achievement": "collect_wood"},
+                                       {"text": "have a drink", "achievement": "collect_drink"}]})
+    for control in (True, False):
+        cfg = EvalConfig(sets=(), instruction_files=(str(f),), episodes=2, control=control)
+        res = eval_result(cfg, *eval_instructions(cfg), _achieved(cfg, {"chop a tree": [["collect_wood"], []]}))
+        table = res.to_markdown()
+        assert "Set mine, per instruction:" in table
+        assert ("| chop a tree | 0.50 | 0.00 (have a drink) | 0.00 |" if control else "| chop a tree | 0.50 |") in table
+        assert "| have a drink | 0.00 |" in table
+    both = EvalConfig(sets=("original", "simple"), instruction_files=(str(f),), episodes=1, control=False)
+    table = eval_result(both, *eval_instructions(both), np.zeros((22 + 66 + 2, 22), bool)).to_markdown()
+    assert "| collect wood | 0.00 |" in table and "| chop a tree | 0.00 |" in table
+    assert "Set simple" not in table  # the paraphrase sets (66 rows) stay in the summary
+
+
 def test_a_set_of_one_achievement_reports_only_the_neutral_gain(tmp_path):
     f = _user_file(tmp_path, {"one": [{"text": "chop", "achievement": "collect_wood"},
                                       {"text": "get logs", "achievement": "collect_wood"}]})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from oir_gym.instructions import (
     load_instruction_file,
     load_instruction_files,
     load_instruction_sets,
+    validate_instruction,
 )
 
 # The paper's Appendix A list, verbatim and in order.
@@ -226,6 +228,33 @@ def test_bad_files_name_the_file_and_what_is_wrong(tmp_path, content, match):
     path = _named(tmp_path, content)
     with pytest.raises(ValueError, match=re.escape(str(path)) + ": " + match):
         load_instruction_file(path)
+
+
+def test_a_deeply_nested_file_is_an_error_naming_the_file(tmp_path):
+    """A RecursionError from Python's JSON reader used to escape without the file's name."""
+    for loader in (load_instruction_file, load_instruction_sets):
+        path = _named(tmp_path, '{"sets": ' + "[" * 100_000 + "]" * 100_000 + "}", f"deep_{loader.__name__}.json")
+        with pytest.raises(ValueError, match=re.escape(str(path)) + ": nested too deeply"):
+            loader(path)
+
+
+@pytest.mark.parametrize("text", ["collect\x00 wood", "\x1b[31mcollect wood", "collect wood\x7f"])
+def test_a_control_character_in_an_instruction_is_refused_everywhere(tmp_path, text, encoder):
+    """A NUL byte (or another control character) in an instruction was accepted; it is refused by the
+    one rule every instruction follows: in files, the env's instructions and reset's options."""
+    from oir_gym.vector_env import InstructionCraftax
+
+    path = _named(tmp_path, {"sets": {"mine": [{"text": text, "achievement": "collect_wood"}]}})
+    with pytest.raises(ValueError, match=re.escape(str(path)) + r": set 'mine', entry 0: field 'text': holds the "
+                                                                r"control character"):
+        load_instruction_file(path)
+    with pytest.raises(ValueError, match=r"instructions\[1\]: holds the control character"):
+        InstructionCraftax(num_envs=2, instructions=["collect wood", text], encoder=encoder)
+    packaged = json.loads(resources.files("oir_gym.data").joinpath("instructions.json").read_text())
+    packaged["instructions"][0]["simple"][0] = text
+    with pytest.raises(ValueError, match=r"'simple': holds the control character"):
+        load_instruction_sets(_named(tmp_path, packaged, "per_achievement.json"))
+    assert validate_instruction("collect\t wood \n") == "collect wood"  # whitespace is collapsed, not refused
 
 
 def test_duplicate_set_names_across_files_and_against_the_built_in_sets(tmp_path):

@@ -89,6 +89,92 @@ def test_sigterm_stops_with_a_checkpoint_like_sigint(tmp_path):
     assert not (run / "complete.json").exists()
 
 
+def _lines_until(proc: subprocess.Popen, pattern: str, seconds: float) -> str:
+    """The child's output lines read until one holds ``pattern`` (returned); fails after ``seconds``."""
+    import queue
+    import threading
+    import time
+
+    if not hasattr(proc, "_lines"):  # one reader thread per child, kept for later calls
+        proc._lines = queue.Queue()
+        threading.Thread(target=lambda: [proc._lines.put(line) for line in proc.stdout] + [proc._lines.put(None)],
+                         daemon=True).start()
+    seen, end = [], time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        try:
+            line = proc._lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if pattern in line:
+            return line
+    proc.kill()
+    pytest.fail(f"no line with {pattern!r} within {seconds} s; output:\n{''.join(seen)[-3000:]}")
+
+
+def test_a_second_signal_ends_the_run_while_the_main_thread_waits_on_the_device(tmp_path):
+    run = tmp_path / "run"
+    # Fault injection: the first update waits in jax.device_get for a program that never finishes, as
+    # the paper preset's first update once did (a deadlocked XLA program; that deadlock needs a given
+    # jaxlib and core count, this wait happens anywhere). The program behind it waits in a host
+    # callback that never returns, on an XLA thread (its input comes from a program still running, so
+    # it is not run on the caller's thread); the main thread then waits for a buffer that is never
+    # allocated, in C, where JAX checks for no signal.
+    code = textwrap.dedent(f"""
+        import sys, threading
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "examples")!r}]
+        import jax, jax.numpy as jnp
+        from agents.oir import Trainer
+        never = threading.Event()
+        def wait_forever(v):
+            assert threading.current_thread() is not threading.main_thread()
+            never.wait()
+        def iteration(self):
+            x = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+            busy, stuck, after = (jax.jit(f).lower(x).compile() for f in (
+                lambda x: jax.lax.fori_loop(0, 20, lambda i, a: jnp.tanh(a @ a), x),
+                lambda x: jax.pure_callback(wait_forever, x, x),
+                lambda x: x + 1))
+            y = after(stuck(busy(jnp.ones(x.shape))))
+            print("waiting on the device", flush=True)
+            jax.device_get(y)
+        Trainer.iteration = iteration
+        Trainer.init_state = lambda self: None  # (no state needed: saves its compile)
+        import train_pqn
+        sys.exit(train_pqn.main(["smoke", "--run-dir", {str(run)!r}, "--no-progress"]))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+    _lines_until(proc, "waiting on the device", 600)
+    proc.send_signal(signal.SIGTERM)
+    _lines_until(proc, "SIGTERM: stopping after this update with a checkpoint", 10)
+    proc.send_signal(signal.SIGINT)
+    _lines_until(proc, "SIGINT, a second signal: exiting now; the newest checkpoint on disk is the last state", 10)
+    assert proc.wait(timeout=10) == 128 + signal.SIGINT
+
+
+@pytest.mark.slow  # a smoke run without the compilation cache: its first update compiles for a minute
+def test_a_second_sigint_during_the_first_compile_ends_the_run_at_once(tmp_path):
+    import os
+    import time
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "examples" / "train_pqn.py"), "smoke", "--run-dir", str(run), "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "OIR_GYM_JAX_CACHE": "0"})
+    _lines_until(proc, "compiling the rollout and update programs", 900)
+    time.sleep(3)  # past the tracing, into XLA's compile
+    proc.send_signal(signal.SIGINT)
+    _lines_until(proc, "SIGINT: stopping after this update with a checkpoint", 10)
+    t = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 128 + signal.SIGINT
+    assert time.monotonic() - t < 10
+    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+
+
 @pytest.mark.slow  # two smoke runs in fresh processes (about 45 s on 2 cores)
 def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path, capsys):
     run = tmp_path / "run"

@@ -135,3 +135,6 @@ def test_record_video_writes_a_gif_of_the_policy(trained_run, tmp_path):
     with Image.open(out) as im:
         assert im.size == (144, 144)  # Craftax-Classic's 9x9 view of 16-px blocks (with the inventory rows)
     assert record_video.main([str(run), "drink water", "--out", str(tmp_path / "v.avi")]) == 2
+    pytest.importorskip("imageio_ffmpeg")  # the `video` extra
+    mp4 = record_video.record(run, "drink water", tmp_path / "v.mp4", steps=4, scale=1, fps=5)
+    assert mp4["frames"] >= 2 and (tmp_path / "v.mp4").stat().st_size > 0

@@ -229,6 +229,27 @@ def test_initial_q_values_are_small_next_to_the_unit_reward():
     assert float(jnp.abs(q).max(-1).mean()) < 0.5
 
 
+def test_seeds_are_initialised_one_matrix_per_qr_call_with_a_vmaps_values():
+    # jaxlib 0.10's CPU QR of a batch of matrices splits the batch over XLA's intra-op pool and
+    # blocks the calling pool thread until the pieces finish; the LSTM's four orthogonal
+    # initialisers run side by side, so on a 2-core CPU (2 pool threads) a vmap over 3 seeds waited
+    # for ever (the paper and fast presets' first update). The rule: no QR call gets a batch.
+    cfg = PQNConfig(hidden_size=32)
+    net = pqn.make_network(cfg, 17)
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    init = jax.jit(lambda ks: pqn.create_train_states(ks, cfg, net, 5, 3, num_updates=10))
+    hlo = init.lower(keys).as_text()
+    qr_calls = [line for line in hlo.splitlines() if "custom_call" in line and "geqrf" in line]
+    if jax.default_backend() == "cpu":
+        assert qr_calls  # the gates' orthogonal hidden-to-hidden kernels (LAPACK geqrf)
+    assert all('num_batch_dims = "0"' in line for line in qr_calls), qr_calls
+    # the values of a vmap (at this size jaxlib runs the batch on one thread: no hazard here)
+    batched = jax.jit(jax.vmap(lambda k: pqn.create_train_state(k, cfg, net, 5, 3, num_updates=10)))(keys)
+    states = init(keys)
+    for got, want in ((states.params, batched.params), (states.opt_state, batched.opt_state)):
+        jax.tree_util.tree_map(np.testing.assert_array_equal, got, want)
+
+
 def test_balanced_choice_keeps_the_rare_event_that_first_k_would_drop():
     # every trajectory woke up and collected wood first; one also placed a table, late
     trajs = [["wake up", "collect wood", "collect sapling"], ["wake up", "collect wood", "place table"],

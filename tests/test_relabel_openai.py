@@ -162,7 +162,7 @@ def test_no_model_given_uses_the_single_model_served(server):
     assert srv.requests[0].method == "GET" and srv.requests[0].path == "/v1/models"
     assert srv.requests[1].json()["model"] == "Qwen/Qwen3-8B"
     # the trainers' settings with no --llm.model: the same, before any training starts
-    rl = HindsightRelabeler(backend="openai", backend_kwargs=backend_kwargs("openai", "", srv.url), encoder=object())
+    rl = HindsightRelabeler(backend="openai", backend_kwargs=backend_kwargs("openai", "", srv.url))
     assert rl.backend.llm.model == "Qwen/Qwen3-8B"
 
 
@@ -173,7 +173,7 @@ def test_several_models_served_fails_at_construction_with_the_list(server):
     assert "llama-3-8b" in str(ei.value) and "qwen3-8b" in str(ei.value) and "model=" in str(ei.value)
     # through the relabeler the same error comes from its start-up check (a `both` run warns and
     # continues on rules, an `llm` run stops with it; see tests/test_relabel_worker.py)
-    rl = HindsightRelabeler(backend="openai", backend_kwargs=backend_kwargs("openai", "", srv.url), encoder=object())
+    rl = HindsightRelabeler(backend="openai", backend_kwargs=backend_kwargs("openai", "", srv.url))
     with pytest.raises(RuntimeError, match="llama-3-8b, qwen3-8b"):
         rl.check_llm()
     assert all(r.method == "GET" for r in srv.requests)  # nothing was generated

@@ -200,3 +200,52 @@ def test_provenance_takes_the_commit_declared_in_the_environment(tmp_path, monke
     monkeypatch.delenv("OIR_GYM_SOURCE_COMMIT")
     plain = provenance(ROOT)  # nothing declared: the checkout's commit
     assert plain["git_commit"] == inside["checkout_commit"] and "git_commit_from" not in plain
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_run_files_take_the_users_umask_like_every_other_file(tmp_path, umask):
+    """config.json, eval_*, metrics.csv, state.json, model.zip... were written owner-only (0600,
+    mkstemp's mode) beside plots and logs of 0644: every atomic write now gets 0666 less the umask."""
+    import os
+
+    from agents.run_dir import atomic_write_bytes
+
+    old = os.umask(umask)
+    try:
+        run = RunDir.prepare(tmp_path / "run")
+        run.write_config({"method": "oir"})
+        with run.open_metrics(tensorboard=False) as m:
+            m.write({"update": 1, "env_steps": 8})
+        run.write_csv()
+        run.write_eval("final", [{"original": {}}], markdown="# table\n")
+        atomic_write_bytes(run.path / "model.zip", b"zip")
+        run.mark_complete(update=1, env_steps=8)
+        (run.path / "plain.txt").write_text("as open() makes it")  # the reference: any file the user creates
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in run.path.iterdir()}
+    expected = 0o666 & ~umask
+    assert modes == dict.fromkeys(modes, expected), {k: oct(v) for k, v in modes.items()}
+    assert set(modes) >= {"config.json", "metrics.jsonl", "metrics.csv", "eval_final.json", "eval_final.md",
+                          "model.zip", "complete.json"}
+
+
+def test_wandb_logs_offline_and_a_resumed_run_keeps_its_wandb_id(tmp_path, monkeypatch):
+    """--wandb crashed with the wandb of today (wandb.util.generate_id is gone) right after config.json
+    was written. Offline mode: the real package writes its run files under the run directory."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = RunDir.prepare(tmp_path / "run")
+    run.write_config({"method": "oir", "lr": 1e-3})
+    with run.open_metrics(tensorboard=False, wandb=True) as m:
+        m.write({"update": 1, "env_steps": 64, "loss": 0.5})
+        pos = m.sync()
+    run_id = (run.path / "wandb" / "run_id").read_text().strip()
+    assert len(run_id) == 8 and run_id.isalnum() and run_id == run_id.lower()
+    offline = sorted((run.path / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert offline and list(offline[0].glob(f"run-{run_id}.wandb"))
+    with run.open_metrics(position=pos, tensorboard=False, wandb=True) as m:  # a resume: the same W&B run
+        m.write({"update": 2, "env_steps": 128, "loss": 0.4})
+    assert (run.path / "wandb" / "run_id").read_text().strip() == run_id
+    assert [r["update"] for r in run.read_metrics()] == [1, 2]

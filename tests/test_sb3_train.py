@@ -473,10 +473,12 @@ def test_an_llm_relabeler_is_checked_before_training_like_the_pqn_trainers(tmp_p
     assert "--relabeler both" in capsys.readouterr().err and final["env_steps"] >= 64
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="tests the missing-package path")
-def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_path, capsys):
+def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
     """Both trainers: --wandb without the wandb package is one line with the install command, and
     no run directory."""
+    # CI installs wandb (the `all` extra): a None entry in sys.modules makes `import wandb` fail as
+    # it does where the package is missing (a real package cannot be uninstalled for one test)
+    monkeypatch.setitem(sys.modules, "wandb", None)
     sys.path.insert(0, str(ROOT / "examples"))
     import train_pqn
 
@@ -487,3 +489,35 @@ def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_pat
     run = tmp_path / "sb3"
     assert script.main(["--run-dir", str(run), "--wandb", "true"]) == 2
     assert "pip install 'oir-gym[wandb]'" in capsys.readouterr().err and not run.exists()
+
+
+def test_the_end_of_training_is_evaluated_and_logged_once(tmp_path):
+    """SB3 runs evaluated twice at the end: the callback at the last step (a row and eval_<step>.json)
+    and finish() again, a second row at the same env step (duplicate rows, a jump in the curves).
+    Kept cheap: the evaluation runs 3
+    instructions of a user file plus the neutral one, 4 envs like the training env (one compiled
+    program for both, shared with the other tests' 4-env envs)."""
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_wood"},
+                                                  {"text": "drink water", "achievement": "collect_drink"},
+                                                  {"text": "eat a cow", "achievement": "eat_cow"}]}}))
+    cfg = _tiny_cfg(total_timesteps=64, num_envs=N_ENVS, log_every=16, eval_every=32, checkpoint_every=1000,
+                    relabeler="rules", eval_horizon=5, eval_sets="", eval_instructions=(str(mine),))
+    final = sb3_agents.train(cfg, tmp_path / "run", print_fn=lambda s: None)
+    rows = RunDir(tmp_path / "run").read_metrics()
+    steps = [r["env_steps"] for r in rows]
+    assert steps == [16, 32, 48, 64] and final["env_steps"] == 64
+    assert sorted(p.name for p in (tmp_path / "run").glob("eval_*.json")) == ["eval_000000032.json",
+                                                                                "eval_final.json"]
+    assert [r["update"] for r in rows] == [1, 2, 3, 4]
+    assert ["eval/mine/mean_success_rate" in r for r in rows] == [False, True, False, True]
+    assert set(json.loads((tmp_path / "run" / "eval_final.json").read_text())[0]) == {"mine"}
+    assert "epsilon" in rows[-1] and "sps" not in rows[-1]
+
+
+def test_a_key_inside_the_llm_url_is_redacted_from_the_sb3_config_json(tmp_path):
+    from agents.config import LLMConfig
+
+    cfg = _tiny_cfg(llm=LLMConfig(base_url="https://me:sk-SECRET@example.invalid/v1?token=sk-SECRET"))
+    assert cfg.to_dict()["llm"]["base_url"] == "https://REDACTED@example.invalid/v1?token=REDACTED"
+    assert cfg.llm.base_url.startswith("https://me:sk-SECRET")  # the running config keeps what was given

@@ -147,7 +147,17 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
     # the run itself is untouched: same config (eval.epsilon 0), no new metrics rows
     assert (run / "config.json").read_text() == config_before
     assert (run / "metrics.jsonl").read_text() == metrics_before
+    # only a file's sets (the 155 built-in instructions are not run again), its table printed
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_wood"},
+                                                  {"text": "have a drink", "achievement": "collect_drink"}]}}))
     capsys.readouterr()
+    assert train_pqn.main(["--run-dir", str(run), "--eval-only", "mine", "--eval.instruction-files", str(mine),
+                           "--eval.sets"]) == 0
+    out = capsys.readouterr().out
+    assert set(json.loads((run / "eval_mine.json").read_text())[0]) == {"mine"}
+    assert "Set mine, per instruction:" in out and "| chop a tree |" in out and "| have a drink |" in out
+    assert (run / "config.json").read_text() == config_before
     assert train_pqn.main(["--run-dir", str(run), "--eval-only", "../x"]) == 2
     assert "evaluation tag" in capsys.readouterr().err
     assert train_pqn.main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2
@@ -418,3 +428,37 @@ def test_relabel_lag_trains_each_rollouts_relabeled_copies_one_update_later(tmp_
     resumed.load(folder)
     assert resumed.iteration().metrics["relabel/rows"] == 0 and resumed.iteration().metrics["relabel/rows"] > 0
     resumed.close()
+
+
+def _on_two_cpus(cmd: list[str]) -> list[str]:
+    """``cmd`` (a Python command line) run on two CPUs: XLA sizes its CPU thread pool from the
+    affinity, and a pool of two threads is where the presets' first update once waited for ever
+    (:func:`agents.pqn.create_train_states`)."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs to pin a 2-thread XLA pool")
+    pin = f"import os, sys; os.sched_setaffinity(0, {cpus[:2]}); os.execv(sys.executable, sys.argv[1:])"
+    return [sys.executable, "-c", pin, *cmd]
+
+
+@pytest.mark.slow  # the preset's LSTM 512 x 3 seeds on a CPU: minutes on 2 cores
+@pytest.mark.parametrize("name,envs", [("paper", 4), ("fast", 16)])  # fast: 16 minibatches of 16 x (1 + K) rows
+def test_the_gpu_presets_first_update_runs_on_a_small_cpu(tmp_path, name, envs):
+    run = tmp_path / "run"
+    # the preset's network, seeds, scan and update settings as they are; fewer envs and steps
+    cmd = [sys.executable, str(ROOT / "examples" / "train_pqn.py"), name, "--run.num-seeds", "3",
+           "--pqn.num-envs", str(envs), "--pqn.num-steps", "16", "--run.total-timesteps", str(envs * 16 * 10),
+           "--max-updates", "1", "--run-dir", str(run), "--no-progress"]
+    try:
+        out = subprocess.run(_on_two_cpus(cmd), capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{name}: no first update within {e.timeout} s (a deadlock?): {str(e.stdout)[-2000:]}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "stopped (--max-updates 1) at update 1/10" in out.stdout
+    config = json.loads((run / "config.json").read_text())
+    want = preset(name).pqn
+    assert (config["pqn"]["hidden_size"], config["pqn"]["scan_unroll"], config["run"]["num_seeds"]) == (
+        want.hidden_size, want.scan_unroll, 3) == (512, 8, 3)
+    assert (run / "checkpoints" / "000001" / "manifest.json").exists()

@@ -19,17 +19,21 @@ candidate is paid) and :class:`SelectionSettings` (which candidates are kept).
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 
 from oir_gym.grounding import GROUNDING_MODES
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.prompts import PromptTemplate
-from oir_gym.relabel.segments import KEY_MODES
 from oir_gym.relabel.llm.child import ChildConfig
 from oir_gym.relabel.llm.spec import BackendSpec
+from oir_gym.relabel.segments import KEY_MODES
+from oir_gym.validation import (
+    ArgumentTypeError, check_bool, check_choice, check_instance, check_int, check_real, show,
+)
 
 #: Default prompt budget (tokens, template included): a longer ``segments`` prompt is compacted
 #: (docs/relabeling.md, "Prompt length").
@@ -141,41 +145,78 @@ class RelabelerConfig:
     selection: SelectionSettings = field(default_factory=SelectionSettings)
 
     def validate(self) -> "RelabelerConfig":
-        """Raise ``ValueError`` for a value that would silently misbehave (the message names the
-        value, its keyword and its field here, and the allowed range); returns ``self``."""
+        """Raise ``ValueError`` (``TypeError`` too, for a value of the wrong kind:
+        :class:`~oir_gym.validation.ArgumentTypeError` is both) for a value that would misbehave.
+        The message names the value by its keyword (``k=2.5``, ``cache_size=-1``...) and ends with
+        its field here (``(RelabelerConfig.selection.k)``). Values are normalised in place
+        (``k=4.0`` stays refused; ``np.float32`` thresholds become floats). Returns ``self``."""
         g, s, l, c, p = self.grounding, self.selection, self.llm, self.cache, self.prompt
-        if g.mode not in GROUNDING_MODES:
-            raise ValueError(f"grounding must be one of {GROUNDING_MODES}, got {g.mode!r} (grounding.mode)")
-        if not (_real(g.bind_threshold) and -1.0 <= float(g.bind_threshold) <= 1.0):
-            raise ValueError(f"bind_threshold={g.bind_threshold} must be a cosine in [-1, 1] "
-                             "(grounding.bind_threshold)")
-        if not (_real(g.delta) and -1.0 < float(g.delta) <= 1.0):
-            raise ValueError(f"delta={g.delta!r} is outside the allowed range (-1, 1] "
-                             "(cosine similarity threshold; grounding.delta)")
-        if l.fallback not in FALLBACKS:
-            raise ValueError(f"fallback must be 'rules' or 'none', got {l.fallback!r} (llm.fallback)")
-        if l.on_full not in ON_FULL:
-            raise ValueError(f"on_full must be 'rules', 'skip', 'replace' or 'block', got {l.on_full!r} (llm.on_full)")
-        if s.k < 1:
-            raise ValueError(f"k must be >= 1, got {s.k} (selection.k)")
-        if not (_whole(l.samples) and l.samples >= 1):
-            raise ValueError(f"samples={l.samples!r} must be an integer >= 1 (completions per prompt; llm.samples)")
-        if not (_whole(c.size) and c.size >= 0):
-            raise ValueError(f"cache_size={c.size!r} must be an integer >= 0 (0 disables the cache; cache.size)")
-        if not (_real(s.dedup_threshold) and 0.0 < float(s.dedup_threshold) <= 1.0):
-            raise ValueError(f"dedup_threshold={s.dedup_threshold!r} must be a cosine in (0, 1] "
-                             "(candidates at least this similar to an earlier one are dropped; "
-                             "selection.dedup_threshold)")
-        if l.timeout is not None and not (_real(l.timeout) and l.timeout > 0):
-            raise ValueError(f"llm_timeout={l.timeout!r} must be a number of seconds > 0, or None (no limit; "
-                             "llm.timeout)")
-        mpt = p.max_prompt_tokens
-        if mpt is not None and not (isinstance(mpt, int) and not isinstance(mpt, bool) and mpt >= 1):
-            raise ValueError(f"max_prompt_tokens must be a positive int or None, got {mpt!r} "
-                             "(prompt.max_prompt_tokens)")
-        if c.key not in KEY_MODES:
-            raise ValueError(f"cache_key must be one of {KEY_MODES}, got {c.key!r} (cache.key)")
+        with _field("grounding.mode"):
+            check_choice("grounding", g.mode, GROUNDING_MODES)
+        with _field("grounding.bind_threshold"):
+            g.bind_threshold = check_real("bind_threshold", g.bind_threshold, low=-1.0, high=1.0, hint=" (a cosine)")
+        with _field("llm.fallback"):
+            check_choice("fallback", l.fallback, FALLBACKS)
+        with _field("llm.on_full"):
+            check_choice("on_full", l.on_full, ON_FULL)
+        with _field("selection.k"):
+            s.k = check_int("k", s.k, minimum=1)
+        with _field("grounding.delta"):
+            if not (_real(g.delta) and -1.0 < float(g.delta) <= 1.0):
+                raise ValueError(f"delta={g.delta!r} is outside the allowed range (-1, 1] (cosine similarity threshold)")
+        with _field("llm.samples"):
+            if not (_whole(l.samples) and l.samples >= 1):
+                raise ValueError(f"samples={l.samples!r} must be an integer >= 1 (completions per prompt)")
+        with _field("cache.size"):
+            if not (_whole(c.size) and c.size >= 0):
+                raise ValueError(f"cache_size={c.size!r} must be an integer >= 0 (0 disables the cache)")
+        with _field("selection.dedup_threshold"):
+            if not (_real(s.dedup_threshold) and 0.0 < float(s.dedup_threshold) <= 1.0):
+                raise ValueError(f"dedup_threshold={s.dedup_threshold!r} must be a cosine in (0, 1] "
+                                 "(candidates at least this similar to an earlier one are dropped)")
+        with _field("llm.timeout"):
+            if l.timeout is not None and not (_real(l.timeout) and l.timeout > 0):
+                raise ValueError(f"llm_timeout={l.timeout!r} must be a number of seconds > 0, or None (no limit)")
+        with _field("llm.backend"):
+            if not (l.backend is None or isinstance(l.backend, (str, BackendSpec))):
+                raise ArgumentTypeError(f"backend={show(l.backend)} must be a backend name such as 'rules' or "
+                                        "'transformers', 'package.module:ClassName' or a BackendSpec (a backend "
+                                        "object goes to HindsightRelabeler(config, llm=...))")
+        with _field("prompt.template"):
+            check_instance("template", p.template, (str, PromptTemplate), what="a template name, a path or a PromptTemplate")
+        with _field("cache.path"):
+            check_instance("cache_path", c.path, (str, os.PathLike), none_ok=True, what="a path")
+        with _field("selection.candidate_filter"):
+            check_instance("candidate_filter", s.candidate_filter, CandidateFilter, none_ok=True)
+        with _field("llm.backend_kwargs"):
+            check_instance("backend_kwargs", l.backend_kwargs, dict, none_ok=True)
+        with _field("llm.child_config"):
+            check_instance("child_config", l.child_config, ChildConfig, none_ok=True)
+        for part, name in ((s, "use_rules"), (s, "keep_ungrounded"), (p, "skip_idle")):
+            with _field(f"{'selection' if part is s else 'prompt'}.{name}"):
+                setattr(part, name, check_bool(name, getattr(part, name)))
+        with _field("llm.isolate"):
+            l.isolate = check_bool("isolate", l.isolate, none_ok=True)
+        with _field("llm.queue_size"):
+            l.queue_size = check_int("queue_size", l.queue_size, minimum=1)
+        with _field("cache.save_every"):
+            c.save_every = check_int("cache_save_every", c.save_every, minimum=1)
+        with _field("llm.warn_after"):
+            l.warn_after = check_int("warn_after", l.warn_after, minimum=1)
+        with _field("prompt.max_prompt_tokens"):
+            check_int("max_prompt_tokens", p.max_prompt_tokens, minimum=1, none_ok=True)
+        with _field("cache.key"):
+            check_choice("cache_key", c.key, KEY_MODES)
         return self
+
+
+@contextmanager
+def _field(path: str) -> Iterator[None]:
+    """Re-raise a check's error with the field it is about appended (same exception type)."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{e} (RelabelerConfig.{path})") from None
 
 
 def _real(x: Any) -> bool:

@@ -50,7 +50,7 @@ import threading
 import time
 import warnings
 from collections import Counter, deque
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -76,6 +76,7 @@ from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend, llm_proc
 from oir_gym.relabel.llm.health import LLMHealth
 from oir_gym.relabel.llm.spec import BackendSpec as LLMSpec, LLMBusy, backend_identity, close_llm
 from oir_gym.trajectory import Trajectory
+from oir_gym.validation import ArgumentTypeError, check_bool, check_instance, check_real, show
 
 #: Default longest wait (seconds) of :meth:`HindsightRelabeler.close` for the background worker to
 #: finish the queued batches; then queued batches are dropped and an LLM the relabeler started is
@@ -122,6 +123,7 @@ class HindsightRelabeler:
             raise TypeError(f"HindsightRelabeler(config, ...) takes only llm=, encoder=, rules= after the config; "
                             f"got {len(args)} more positional and {sorted(legacy)} (set them on the config)")
         self.config = cfg = config.validate()
+        _check_objects(llm=llm, encoder=encoder, rules=rules)
         p, lc, cc, g, sel = cfg.prompt, cfg.llm, cfg.cache, cfg.grounding, cfg.selection
         self.grounding = g.mode
         self.bind_threshold = float(g.bind_threshold)
@@ -283,7 +285,7 @@ class HindsightRelabeler:
         Never raises for LLM faults (see the failure policy); an unexpected internal error is
         warned about, counted under ``errors_by_type`` and answered with empty results.
         """
-        trajs = list(trajectories)
+        trajs = _check_trajectories(trajectories)
         ids = self._take_ids(len(trajs))
         try:
             return self._process(trajs, ids, llm_allowed=True)
@@ -376,7 +378,7 @@ class HindsightRelabeler:
         """
         if self._closed:
             raise RuntimeError("relabeler is closed")
-        trajs = list(trajectories)
+        trajs = _check_trajectories(trajectories)
         ids = self._take_ids(len(trajs))
         self._stats.add(submitted=len(trajs))
         self._ensure_worker()
@@ -429,6 +431,8 @@ class HindsightRelabeler:
             block: wait until every submitted trajectory is finished (or ``timeout`` passes).
             timeout: seconds to wait when ``block`` is True (``None``: no limit).
         """
+        block = check_bool("block", block)
+        timeout = check_real("timeout", timeout, low=0.0, none_ok=True)
         with self._done_cv:
             if block:
                 self._done_cv.wait_for(lambda: self._pending == 0, timeout=timeout)
@@ -597,6 +601,9 @@ def legacy_config(
     """The deprecated keyword constructor's arguments as ``(RelabelerConfig, backend object or None)``
     (``encoder`` and ``rules`` are keywords of :class:`HindsightRelabeler` in both forms)."""
     obj = None if isinstance(backend, (str, LLMSpec)) or backend is None else backend
+    if obj is not None and not (isinstance(obj, CompositeBackend) or callable(getattr(obj, "generate", None))):
+        raise ArgumentTypeError(f"backend={show(backend)} must be a backend name such as 'rules' or 'transformers', "
+                                "'package.module:ClassName', a BackendSpec, or an object with a generate() method")
     cfg = RelabelerConfig(
         prompt=PromptSettings(template=template, max_prompt_tokens=max_prompt_tokens, skip_idle=skip_idle),
         llm=LLMSettings(backend=None if obj is not None else backend, backend_kwargs=backend_kwargs,
@@ -608,3 +615,27 @@ def legacy_config(
                                     dedup_threshold=dedup_threshold, candidate_filter=candidate_filter),
     )
     return cfg, obj
+
+
+def _check_trajectories(trajectories: Any) -> list[Trajectory]:
+    """The batch as a list of :class:`Trajectory` (anything else is a caller's mistake, not an LLM fault:
+    it raises here instead of becoming a warning and empty results)."""
+    if isinstance(trajectories, (Trajectory, str, bytes, dict)) or not isinstance(trajectories, Iterable):
+        raise ArgumentTypeError(f"trajectories={show(trajectories)} must be a list of oir_gym.Trajectory "
+                                f"(e.g. TrajectoryRecorder(envs).trajectories()), got {type(trajectories).__name__}")
+    trajs = list(trajectories)
+    for i, t in enumerate(trajs):
+        if not isinstance(t, Trajectory):
+            raise ArgumentTypeError(f"trajectories[{i}]={show(t)} must be an oir_gym.Trajectory, got {type(t).__name__}")
+    return trajs
+
+
+def _check_objects(*, llm: Any, encoder: Any, rules: Any) -> None:
+    """The object arguments of the constructor: the right kinds, or an error naming the argument."""
+    if not (llm is None or isinstance(llm, CompositeBackend) or callable(getattr(llm, "generate", None))):
+        raise ArgumentTypeError(f"llm={show(llm)} must be an object with a generate() method (the backend "
+                                "protocol), a CompositeBackend, or None (build config.llm.backend)")
+    if encoder is not None and not callable(getattr(encoder, "encode", None)):
+        raise ArgumentTypeError(f"encoder={show(encoder)} must have an encode(list[str]) -> [n, dim] array method "
+                                "(e.g. oir_gym.get_encoder()) or be None")
+    check_instance("rules", rules, RuleBackend, none_ok=True)

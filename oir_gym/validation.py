@@ -1,0 +1,168 @@
+"""Argument checks at the public boundary: one rule per kind of value, one style of error.
+
+Every public constructor and method of the library checks its arguments with these functions
+before it does any work, so a wrong value fails at once with an error that starts with the
+argument's name and says what is allowed, instead of deep inside JAX or Craftax, or not at all
+(``bool("no")`` is True; ``int(2.5)`` is 2; ``True`` is an ``int``).
+
+* A value of the wrong type raises :class:`ArgumentTypeError`: a ``TypeError`` that is also a
+  ``ValueError``, so code that caught ``ValueError`` for a bad argument keeps working.
+* A value of the right type outside its range raises ``ValueError``.
+
+Booleans are never numbers here (``num_envs=True`` is refused), and numbers are never booleans
+(``terminate_on_success=1`` is refused): numpy's integer, floating and bool scalars count as
+Python's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = ["ArgumentTypeError", "show", "check_int", "check_real", "check_bool", "check_choice", "check_str",
+           "check_instance", "check_seed", "MAX_SEED", "MAX_NUM_ENVS"]
+
+#: Seeds are ``0 <= seed <= MAX_SEED``: JAX keys hold 32 bits (``PRNGKey(2**32)`` is ``PRNGKey(0)``).
+MAX_SEED = 2**32 - 1
+#: The most envs of one batch: env indices are int32 on the device.
+MAX_NUM_ENVS = 2**31 - 1
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type (catchable as ``TypeError`` or ``ValueError``)."""
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a message stays one readable line)."""
+    try:
+        r = repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        r = f"<{type(value).__name__}>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return "any finite number"
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,
+              none_ok: bool = False, hint: str = "") -> int | None:
+    """``value`` as an ``int`` (``None`` passes when ``none_ok``).
+
+    Raises:
+        ArgumentTypeError: not an integer (a bool, a float such as 2.5 or 2.0, a string...).
+        ValueError: below ``minimum`` or above ``maximum``.
+    """
+    if value is None and none_ok:
+        return None
+    bounds = " and ".join(b for b in (f">= {minimum}" if minimum is not None else "",
+                                      f"<= {maximum}" if maximum is not None else "") if b)
+    what = f"an integer{' ' + bounds if bounds else ''}{' or None' if none_ok else ''}"
+    if not _is_int(value):
+        raise ArgumentTypeError(f"{name}={show(value)} must be {what}, got {type(value).__name__}{hint}")
+    v = int(value)
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        raise ValueError(f"{name}={show(value)} must be {what}{hint}")
+    return v
+
+
+def check_real(name: str, value: Any, *, low: float | None = None, high: float | None = None,
+               low_open: bool = False, high_open: bool = False, none_ok: bool = False, hint: str = "") -> float | None:
+    """``value`` as a finite ``float`` in the interval (``None`` passes when ``none_ok``).
+
+    Raises:
+        ArgumentTypeError: not a number (a bool, a string...).
+        ValueError: NaN, infinite, or outside the interval.
+    """
+    if value is None and none_ok:
+        return None
+    rng = _interval(low, high, low_open, high_open)
+    if not _is_real(value):
+        raise ArgumentTypeError(f"{name}={show(value)} must be a number in {rng}"
+                                f"{' or None' if none_ok else ''}, got {type(value).__name__}{hint}")
+    v = float(value)
+    ok = math.isfinite(v)
+    if ok and low is not None:
+        ok = v > low if low_open else v >= low
+    if ok and high is not None:
+        ok = v < high if high_open else v <= high
+    if not ok:
+        if low is None and high is None:
+            raise ValueError(f"{name}={show(value)} must be a finite number{hint}")
+        raise ValueError(f"{name}={show(value)} is outside the allowed range {rng}{hint}")
+    return v
+
+
+def check_bool(name: str, value: Any, *, none_ok: bool = False) -> bool | None:
+    """``value`` as a ``bool``: only ``True``/``False`` (numpy's too), never ``"no"`` or ``1``."""
+    if value is None and none_ok:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name}={show(value)} must be True or False{' or None' if none_ok else ''}, "
+                                f"got {type(value).__name__}")
+    return bool(value)
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """``value`` if it is one of ``choices`` (compared by equality; unhashable values are fine)."""
+    choices = tuple(choices)
+    if not any(_same(value, c) for c in choices):
+        raise ValueError(f"{name}={show(value)} is not one of {choices}")
+    return value
+
+
+def _same(value: Any, choice: Any) -> bool:
+    if choice is None:
+        return value is None
+    try:  # an array or an object whose __eq__ raises is simply not the choice
+        return isinstance(value, type(choice)) and bool(value == choice)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def check_str(name: str, value: Any, *, non_empty: bool = True, none_ok: bool = False) -> str | None:
+    """``value`` if it is a string (non-blank when ``non_empty``; no NUL character)."""
+    if value is None and none_ok:
+        return None
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{name}={show(value)} must be a string{' or None' if none_ok else ''}, "
+                                f"got {type(value).__name__}")
+    if non_empty and not value.strip():
+        raise ValueError(f"{name}={show(value)} must be a non-empty string")
+    if "\x00" in value:
+        raise ValueError(f"{name}={show(value)} holds a NUL character")
+    return value
+
+
+def check_instance(name: str, value: Any, types: type | tuple[type, ...], *, none_ok: bool = False,
+                   what: str | None = None) -> Any:
+    """``value`` if it is an instance of ``types`` (or ``None`` when ``none_ok``)."""
+    if value is None and none_ok:
+        return None
+    if not isinstance(value, types):
+        names = what or " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise ArgumentTypeError(f"{name}={show(value)} must be {names}{' or None' if none_ok else ''}, "
+                                f"got {type(value).__name__}")
+    return value
+
+
+def check_seed(name: str, value: Any, *, none_ok: bool = True) -> int | None:
+    """A seed: an integer in ``[0, MAX_SEED]`` (or ``None``). Larger seeds would collide in JAX's
+    32-bit keys (``2**32`` gives the worlds of ``0``); negative ones are refused by numpy."""
+    return check_int(name, value, minimum=0, maximum=MAX_SEED, none_ok=none_ok)
