@@ -14,7 +14,14 @@ Writing is atomic: the three files go to a temporary folder, are fsynced, and th
 renamed into place (one ``os.rename``), so a kill at any moment leaves every earlier checkpoint
 as it was and at most a temporary folder, which readers ignore. Reading checks the manifest's
 sizes and checksums first: a truncated or bit-flipped file raises :class:`CheckpointError`
-naming it. The newest ``keep`` checkpoints are kept.
+naming it; then the content: the manifest's update is the folder's, ``host.json`` is a JSON
+object whose ``update`` and ``env_steps`` are counts that agree with it, and every floating-point
+array is finite (a checkpoint of diverged weights is never loaded). The newest ``keep``
+checkpoints are kept.
+
+A checkpoint folder without its manifest (a copy that stopped part way) is not a checkpoint:
+readers skip it, and a later save of the same update moves it aside to ``<update>.incomplete``
+(:func:`incomplete_checkpoints` lists them) instead of failing on it.
 
 Old runs wrote ``checkpoint.pkl`` (a pickle). It is refused with a message; converting it is an
 explicit command, because unpickling runs whatever code the file names (only for files you trust)::
@@ -43,7 +50,8 @@ LEGACY_PICKLE = "checkpoint.pkl"
 _STEP_DIR = re.compile(r"\d{6,}")
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "list_checkpoints", "latest_checkpoint",
-           "restore_tree", "refuse_legacy", "convert_legacy", "FORMAT", "LEGACY_PICKLE"]
+           "incomplete_checkpoints", "remove_checkpoints_after", "restore_tree", "refuse_legacy", "convert_legacy",
+           "FORMAT", "LEGACY_PICKLE"]
 
 
 class CheckpointError(CorruptFileError):
@@ -68,6 +76,33 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint folder of a run, or None."""
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def incomplete_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Checkpoint folders of a run without a manifest (copies that stopped part way), oldest first.
+
+    They are never loaded; :func:`save_checkpoint` moves one aside when it writes its update.
+    """
+    root = _checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and not (p / MANIFEST).exists()),
+                  key=lambda p: int(p.name))
+
+
+def remove_checkpoints_after(run_dir: str | os.PathLike, update: int) -> list[Path]:
+    """Delete the complete checkpoints of a run newer than ``update``; returns them.
+
+    A run resumed from an older checkpoint (the newest one every process of a multi-process run
+    holds) replays those updates, and its own saves must not find a checkpoint of another history
+    in their place (:func:`save_checkpoint` keeps a complete one that is already there).
+    """
+    newer = [p for p in list_checkpoints(run_dir) if int(p.name) > update]
+    for p in newer:
+        shutil.rmtree(p)
+    if newer:
+        fsync_dir(_checkpoint_root(run_dir))
+    return newer
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -104,6 +139,11 @@ def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: 
     if (final / MANIFEST).exists():
         _prune(root, keep)
         return final
+    if final.exists():  # no manifest: a copy that stopped part way, never loaded; kept aside, not in the way
+        aside = root / f"{final.name}.incomplete"
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.rename(final, aside)
     state = serialization.to_state_dict(jax.device_get(arrays))
     blob = serialization.msgpack_serialize(state)
     host_bytes = json.dumps(dict(host), indent=1, default=_json_default, allow_nan=False).encode("utf-8")
@@ -216,7 +256,51 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
         host = json.loads(host_bytes)
     except json.JSONDecodeError as e:
         raise CheckpointError(folder / HOST, f"is not valid JSON ({e})") from None
+    _check_content(folder, manifest, arrays, host)
     return arrays, host
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check_content(folder: Path, manifest: Mapping[str, Any], arrays: Any, host: Any) -> None:
+    """What a consistent manifest cannot vouch for: the files say what a checkpoint holds.
+
+    The checksums only show that the files are the ones the manifest lists; a writer with bad
+    state, or someone who rewrote a file and its manifest, passes them. Raises
+    :class:`CheckpointError` naming the file and the field.
+    """
+    import numpy as np
+
+    update = manifest.get("update")
+    if not _is_count(update):
+        raise CheckpointError(folder / MANIFEST, f"update={update!r} is not a count of updates (an integer >= 0)")
+    if _STEP_DIR.fullmatch(folder.name) and int(folder.name) != update:
+        raise CheckpointError(folder / MANIFEST, f"says update {update} but lies in the folder of update "
+                                                 f"{int(folder.name)}")
+    if not isinstance(host, dict):
+        raise CheckpointError(folder / HOST, f"holds a JSON {type(host).__name__}, not an object of host state")
+    for key in ("update", "env_steps"):
+        if key in host and not _is_count(host[key]):
+            raise CheckpointError(folder / HOST, f"{key}={host[key]!r} is not a count (an integer >= 0)")
+    if "update" in host and host["update"] != update:
+        raise CheckpointError(folder / HOST, f"update={host['update']} but its manifest says {update}")
+    if not isinstance(arrays, dict):
+        raise CheckpointError(folder / ARRAYS, f"holds a {type(arrays).__name__}, not a group of named arrays")
+
+    def finite(t: Any, path: str) -> None:
+        if isinstance(t, dict):
+            for k, v in t.items():
+                finite(v, f"{path}/{k}" if path else str(k))
+            return
+        a = np.asarray(t)
+        if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+            raise CheckpointError(folder / ARRAYS, f"field {path} holds NaN or infinite values: the state diverged "
+                                                   "or the file was changed (move this checkpoint folder away to resume "
+                                                   "from the one before it)")
+
+    finite(arrays, "")
 
 
 def restore_tree(template: Any, state: Any, file: str | os.PathLike, prefix: str = "") -> Any:

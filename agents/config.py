@@ -37,6 +37,7 @@ from typing import Any, Literal, Mapping, Sequence, get_args
 Method = Literal["gt", "cosine", "oir", "ellm"]
 Relabeler = Literal["rules", "llm", "both"]
 Grounding = Literal["cosine", "bound"]
+Oracle = Literal["canonical", "diverse", "tasks", "compound", "noisy"]
 ProposerKind = Literal["rules", "llm"]
 LLMBackend = Literal["transformers", "llama_cpp", "openai", "vllm"]
 ObsMode = Literal["paper", "symbolic"]
@@ -44,6 +45,7 @@ EllmReward = Literal["any", "pinned"]
 
 METHODS: tuple[str, ...] = get_args(Method)
 RELABELERS: tuple[str, ...] = get_args(Relabeler)
+ORACLES: tuple[str, ...] = get_args(Oracle)
 ELLM_PROPOSERS: tuple[str, ...] = get_args(ProposerKind)
 LLM_BACKENDS: tuple[str, ...] = get_args(LLMBackend)
 
@@ -119,8 +121,9 @@ class EnvConfig:
     delta: float = 0.9
     """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
     max_episode_steps: int = 10_000
-    table_capacity: int = 256
-    """Rows of the device instruction table."""
+    table_capacity: int = 512
+    """Rows of the device instruction table: every evaluation instruction (periodic and final, about 250
+    with the packaged sets), the buffers' instructions and those the envs run."""
 
 
 @dataclass
@@ -156,6 +159,15 @@ class OIRConfig:
     reads a rollout on a side thread while the device runs that update and the next rollout, and the
     copies (and buffer offers) enter one update later: the relabeling leaves the update's critical
     path. The first update then has no relabeled rows, and a resume loses one rollout's relabels."""
+    oracle: Oracle = "canonical"
+    """The rule relabeler's labels (oir_gym.relabel.oracle; docs/relabeling.md, "Oracle relabelers"):
+    canonical: each event's caption; diverse: each event named by a wording drawn per trajectory from a
+    pool kept away from the evaluation sets; tasks: canonical plus the events outside the 22 achievements;
+    compound: canonical plus "A then B" for unrelated events in their order; noisy: diverse with the
+    measured errors of the 270M LLM relabeler. diverse and noisy need oir.grounding bound."""
+    oracle_pool: str = ""
+    """Wording pool file of oir.oracle diverse and noisy (schema: oir_gym/data/oracle_pool.json; empty: that
+    packaged pool). A wording equal or too close (cosine >= 0.85) to an evaluation string stops the run."""
     relabel_workers: int = -1
     """Worker processes for the rule relabeler (:class:`oir_gym.relabel.parallel.ParallelRelabeler`):
     -1 chooses from the machine (none below 4 cores, else up to 8), 0 relabels in the training process.
@@ -243,6 +255,11 @@ class EvalSettings:
     evaluated. ``--eval.sets`` with no name evaluates only the files' sets."""
     control: bool = True
     """Also evaluate each achievement under a mismatched and a neutral instruction (instruction-following gain)."""
+    final_episodes: int = 16
+    """Episodes per instruction of the final evaluation (the end of a run, and --eval-only; at most 32)."""
+    final_sets: tuple[str, ...] = ("heldout", "ordered", "ordered_reverse")
+    """Packaged sets the final evaluation adds to the periodic ones: the held-out paraphrases and the
+    ordered compounds with their reverse-order control (docs/evaluation.md)."""
 
 
 @dataclass
@@ -390,6 +407,23 @@ class TrainConfig:
         need(-1 <= o.bind_threshold <= 1, f"oir.bind_threshold={o.bind_threshold} must be a cosine in [-1, 1]")
         need(o.relabel_lag in (0, 1), f"oir.relabel_lag={o.relabel_lag!r} must be 0 (relabel before the rollout's own "
                                       "update) or 1 (one update later, on a side thread)")
+        need(o.oracle in ORACLES, f"oir.oracle={o.oracle!r}; expected one of {ORACLES}")
+        from oir_gym.relabel.oracle import USES_POOL, check_oracle, check_pool, evaluation_texts, load_pool
+
+        try:
+            check_oracle(o.oracle, o.grounding)
+        except ValueError as err:
+            raise ValueError(f"oir.oracle={o.oracle!r}: {err}") from None
+        need(o.oracle == "canonical" or r.method == "oir" and o.relabeler != "llm",
+             f"oir.oracle={o.oracle!r} picks the rule relabeler's labels: it needs run.method oir and oir.relabeler "
+             "rules or both")
+        need(not o.oracle_pool or o.oracle in USES_POOL,
+             f"oir.oracle_pool is read by oir.oracle diverse or noisy only (oir.oracle={o.oracle!r})")
+        if o.oracle in USES_POOL:
+            try:  # the file and its verbatim collisions now; the cosine check when the relabeler is built
+                check_pool(load_pool(o.oracle_pool or None), evaluation_texts(ev.instruction_files))
+            except ValueError as err:
+                raise ValueError(f"oir.oracle_pool: {err}") from None
         need(o.relabel_workers >= -1, f"oir.relabel_workers={o.relabel_workers} must be -1 (auto), 0 (in process) "
                                       "or a number of worker processes")
         need(0 <= o.tau_low < o.tau_high <= 1,
@@ -399,6 +433,14 @@ class TrainConfig:
              "oir.keep_ungrounded=True")
         need(el.timeout >= 0, f"ellm.timeout={el.timeout} must be >= 0")
         need(ev.episodes <= MAX_EVAL_EPISODES, f"eval.episodes={ev.episodes} must be <= {MAX_EVAL_EPISODES}")
+        need(1 <= ev.final_episodes <= MAX_EVAL_EPISODES,
+             f"eval.final_episodes={ev.final_episodes} must be in [1, {MAX_EVAL_EPISODES}]")
+        from oir_gym.instructions import EXTRA_SET_NAMES, SET_NAMES
+
+        for name in ev.final_sets:
+            need(name in EXTRA_SET_NAMES, f"eval.final_sets: unknown set {name!r}; expected some of {EXTRA_SET_NAMES} "
+                                          f"(the periodic evaluations already hold {SET_NAMES})")
+        need(len(set(ev.final_sets)) == len(ev.final_sets), f"eval.final_sets={ev.final_sets}: a set is listed twice")
         need(0 <= ev.epsilon <= 1, f"eval.epsilon={ev.epsilon} must be in [0, 1]")
         from oir_gym.instructions import SET_NAMES, load_instruction_files
 
@@ -518,6 +560,36 @@ def _check_types(cfg: TrainConfig) -> None:
                 raise ValueError(f"{path}={v!r} has type {type(v).__name__}; expected {type(d).__name__}")
 
 
+def is_module_backend(backend: str) -> bool:
+    """Whether an ``llm.backend`` value names code to import (``package.module:ClassName``) rather
+    than one of the registered backends (:data:`LLM_BACKENDS`)."""
+    return ":" in backend
+
+
+def check_saved_backend(llm: LLMConfig, file: Any, *, on_command_line: bool) -> None:
+    """Refuse an LLM backend that a run's file names as code, unless this command line names it.
+
+    A resumed run takes ``llm.backend`` from its ``config.json``. A registered backend's name is
+    data, but ``package.module:ClassName`` is code, imported when the LLM starts; and anyone who
+    can write the run folder can change the file (a run folder under the working directory is
+    even importable itself). So a module path is used only when the command line of this
+    invocation passes ``--llm.backend`` (the value given there wins over the file).
+
+    Args:
+        llm: the LLM part read from ``file``.
+        file: the file it was read from (named in the message).
+        on_command_line: whether this invocation's command line passes ``--llm.backend``.
+
+    Raises:
+        ValueError: naming the file, the value and what to pass instead.
+    """
+    if on_command_line or not is_module_backend(llm.backend):
+        return
+    raise ValueError(f"{file}: llm.backend={llm.backend!r} is a Python module path, and a resumed run never imports "
+                     "code named by its files; pass --llm.backend on the command line to choose the backend for "
+                     f"this run: one of {', '.join(LLM_BACKENDS)}, or that module path if you trust the code it names")
+
+
 def load_config(d: Mapping[str, Any]) -> TrainConfig:
     """A config from ``config.json``'s contents, nested or flat (old runs); provenance keys are ignored."""
     d = {k: v for k, v in d.items() if k not in ("provenance", "resumed")}
@@ -533,8 +605,10 @@ def _cpu() -> TrainConfig:
     # Sized for a 2-core CPU: compile + train + evaluation in a few minutes; relabeling with the
     # offline LLM (background worker) merged with rule instructions. Event-bound grounding, so the
     # LLM's own wordings (not only near-verbatim captions) can reach the batch and the buffer.
+    # The final evaluation at 4 episodes per instruction (about 40 s here, docs/benchmarks.md), not 16.
     return TrainConfig().replace(**{"oir.relabeler": "both", "run.total_timesteps": 98_304, "eval.every": 48,
-                                    "eval.episodes": 1, "run.checkpoint_every": 16, "oir.grounding": "bound"})
+                                    "eval.episodes": 1, "run.checkpoint_every": 16, "oir.grounding": "bound",
+                                    "eval.final_episodes": 4})
 
 
 def _paper() -> TrainConfig:
@@ -572,7 +646,7 @@ def _smoke() -> TrainConfig:
     return TrainConfig().replace(**{
         "run.total_timesteps": 4 * 4 * 16, "pqn.num_envs": 4, "pqn.num_steps": 16, "pqn.hidden_size": 32,
         "pqn.num_epochs": 2, "pqn.num_minibatches": 2, "pqn.lr": 1e-3, "oir.k": 2, "ellm.k": 2,
-        "eval.every": 2, "eval.episodes": 1, "eval.horizon": 8, "run.checkpoint_every": 2,
+        "eval.every": 2, "eval.episodes": 1, "eval.horizon": 8, "run.checkpoint_every": 2, "eval.final_episodes": 1,
     })
 
 

@@ -14,6 +14,12 @@ programs (:class:`agents.sharding.PerDevice`) only run on devices their process 
 
 The run directory must be on a file system every host sees (process 0 prepares it and writes the
 merged files; each process writes its checkpoints).
+
+When a process dies, the others find out at their next meeting: the collective fails and
+:func:`allgather_json` raises :class:`ProcessLost` (one line; ``examples/train_pqn.py`` prints it
+and exits at once, before ``jax.distributed``'s exit barrier would wait for the dead process and
+abort with a stack dump). Each process keeps its own checkpoints, so they can stop at different
+updates; a resume continues every process from :func:`newest_common_update`.
 """
 
 from __future__ import annotations
@@ -58,22 +64,47 @@ def process_dir(run_dir: str | Path, processes: int, index: int) -> Path:
     return Path(run_dir) if processes == 1 else Path(run_dir) / f"process{index}"
 
 
+class ProcessLost(RuntimeError):
+    """A collective of a multi-process run failed: another process stopped (died, was killed or
+    lost its connection). This process cannot go on either; the message is one line."""
+
+
 def allgather_json(obj: Any) -> list[Any]:
     """``obj`` (JSON-serialisable) of every process, in process order; every process must call it.
 
     Two ``process_allgather`` collectives (the lengths, then the padded bytes); in a one-process
     run, ``[obj]`` without any collective.
+
+    Raises:
+        ProcessLost: a collective failed (another process is gone).
     """
     if process_count() == 1:
         return [obj]
     from jax.experimental.multihost_utils import process_allgather
 
     data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-    lengths = np.asarray(process_allgather(np.asarray([data.size], np.int64))).reshape(-1)
-    buf = np.zeros(int(lengths.max()), np.uint8)
-    buf[: data.size] = data
-    every = np.asarray(process_allgather(buf)).reshape(len(lengths), -1)
+    try:
+        lengths = np.asarray(process_allgather(np.asarray([data.size], np.int64))).reshape(-1)
+        buf = np.zeros(int(lengths.max()), np.uint8)
+        buf[: data.size] = data
+        every = np.asarray(process_allgather(buf)).reshape(len(lengths), -1)
+    except Exception as e:  # noqa: BLE001 - whatever the transport raises (gloo, NCCL...), the run has lost a process
+        import jax
+
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ProcessLost(f"process {jax.process_index()} of {process_count()}: another process of this run stopped "
+                          f"(a collective failed: {cause[:200]})") from None
     return [json.loads(bytes(every[i, : int(n)]).decode()) for i, n in enumerate(lengths)]
+
+
+def newest_common_update(held: Sequence[Sequence[int]]) -> int | None:
+    """The newest checkpoint update that every process holds (``held``: each process's checkpoint
+    updates), or None when they share none. A process that stopped between its save and the
+    others' holds a newer one; the run resumes from this one, where every process can."""
+    if not held:
+        return None
+    common = set(held[0]).intersection(*held[1:])
+    return max(common) if common else None
 
 
 def _is_seed_key(key: str) -> bool:

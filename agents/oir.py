@@ -267,7 +267,22 @@ class Trainer:
         self.eval_cfg = eval_config(cfg.eval.instruction_files, sets=cfg.eval.sets, episodes=cfg.eval.episodes,
                                     horizon=cfg.eval.horizon, control=cfg.eval.control)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
-        self.registry = InstructionRegistry(self.encoder, capacity=method_cls.table_capacity(cfg, len(self.eval_texts)))
+        #: the final evaluation (end of the run, --eval-only): the periodic sets and eval.final_sets,
+        #: eval.final_episodes episodes per instruction
+        self.final_eval_cfg = eval_config(cfg.eval.instruction_files, sets=(*self.eval_cfg.sets, *cfg.eval.final_sets),
+                                          episodes=cfg.eval.final_episodes, horizon=cfg.eval.horizon,
+                                          control=cfg.eval.control)
+        self.final_texts, self.final_achs, self.final_sets = eval_instructions(self.final_eval_cfg)
+        n_fixed = len(set(self.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS))
+        capacity = method_cls.table_capacity(cfg, n_fixed)
+        # the evaluation rows, each seed's buffer and (as many again) instructions envs still run after
+        # they left it: a table of runs made before the final sets (256 rows) may not hold them all
+        if capacity < n_fixed + 2 * self.S * cfg.oir.instruction_buffer_size:
+            raise ValueError(
+                f"env.table_capacity={capacity} holds too few rows for the {n_fixed} evaluation instructions and "
+                f"{self.S} buffer(s) of {cfg.oir.instruction_buffer_size}: raise env.table_capacity for a new run, or "
+                f"evaluate fewer sets at the end (--eval.final-sets with fewer of {cfg.eval.final_sets}, or none)")
+        self.registry = InstructionRegistry(self.encoder, capacity=capacity)
         self._register_fixed_rows()
         #: per seed, the PLR-style instruction buffer (method oir draws new episodes from it; every method
         #: records the returns of finished episodes in it)
@@ -314,14 +329,11 @@ class Trainer:
             carry, q = self.net.apply(params, carry, obs["obs"][None], obs["instruction"][None], done_prev[None])
             return carry, pqn.eps_greedy(key, q[0], cfg.eval.epsilon)
 
+        self._greedy = greedy
         self.evaluator = make_jax_evaluator(greedy, self.net.initial_carry, n_eval, self.eval_cfg.horizon,
                                              cfg.env.obs_mode)
-        # every device evaluates its own seeds as its own program, as the rollout does
-        lay = self.layout
-        self._evaluate_seeds = PerDevice(
-            jax.vmap(self.evaluator, in_axes=(0, 0, None, None)), self.mesh,
-            in_specs=lambda *a: (lay.seed_spec, lay.seed_spec, PartitionSpec(), PartitionSpec()),
-            out_specs=lambda *a: lay.seed_spec)
+        self._evaluate_seeds = self._per_device(self.evaluator)
+        self._final_evaluate_seeds: PerDevice | None = None  # built (and compiled) at the first final evaluation
         self.update_idx = 0
         self.env_steps = 0
         self._compiling: list[Future] = []  # start_compiling's rollout and update jobs
@@ -329,6 +341,18 @@ class Trainer:
         # (examples/batch_composition.py)
         self.last_rollout: dict | None = None
         self.last_batch: dict | None = None
+
+    def _per_device(self, evaluator: Callable) -> PerDevice:
+        """Every device evaluates its own seeds as its own program, as the rollout does."""
+        lay = self.layout
+        return PerDevice(jax.vmap(evaluator, in_axes=(0, 0, None, None)), self.mesh,
+                         in_specs=lambda *a: (lay.seed_spec, lay.seed_spec, PartitionSpec(), PartitionSpec()),
+                         out_specs=lambda *a: lay.seed_spec)
+
+    @property
+    def all_eval_texts(self) -> list[str]:
+        """Every evaluation instruction of the run (periodic and final), once each."""
+        return list(dict.fromkeys(self.eval_texts + self.final_texts))
 
     @property
     def seed_offset(self) -> int:
@@ -355,16 +379,18 @@ class Trainer:
         return self.base_params.replace(table=table.replace(sample_mask=jnp.asarray(masks)))
 
     def _register_fixed_rows(self, protected: Any = ()) -> None:
-        """``eval_rows`` and ``orig_rows``: the table rows of the evaluation and original instructions,
-        registering those the table does not hold (``protected``: rows they must not take)."""
+        """``eval_rows``, ``final_rows`` and ``orig_rows``: the table rows of the periodic and final
+        evaluations' and of the original instructions, registering those the table does not hold
+        (``protected``: rows they must not take)."""
         self.eval_rows = self.registry.rows(self.eval_texts, self.eval_achs, protected=protected)
+        self.final_rows = self.registry.rows(self.final_texts, self.final_achs, protected=protected)
         self.orig_rows = self.registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))),
                                             protected=protected)
 
     def protected_rows(self) -> list[int]:
         """Table rows that must not be reused for new instructions: evaluation and original rows, the
         envs' current, pinned and also-paying rows, and every buffer's instructions."""
-        rows = set(self.eval_rows.tolist()) | set(self.orig_rows.tolist())
+        rows = set(self.eval_rows.tolist()) | set(self.final_rows.tolist()) | set(self.orig_rows.tolist())
         if self.runner is not None:
             rows |= set(np.asarray(self.runner[0].env.instr).reshape(-1).tolist())
             rows |= {r for r in np.asarray(self.runner[0].env.pinned).reshape(-1).tolist() if r >= 0}
@@ -610,20 +636,31 @@ class Trainer:
         """This process's seeds' keys of ``key`` split over every seed of the run."""
         return jax.random.split(key, self.num_seeds)[self.seeds]
 
-    def evaluate(self) -> list[EvalResult]:
+    def evaluate(self, final: bool = False) -> list[EvalResult]:
         """Evaluate every seed's policy on the instruction sets (greedy unless ``cfg.eval.epsilon``),
-        all seeds in one program."""
-        return self._evaluation()()
+        all seeds in one program. ``final``: the final evaluation (:attr:`final_eval_cfg`:
+        ``eval.final_sets`` too, ``eval.final_episodes`` episodes per instruction; its program
+        compiles at its first call)."""
+        return self._evaluation(final=final)()
 
-    def _evaluation(self, policy_params: Any = None) -> Callable[[], list[EvalResult]]:
+    def _evaluation(self, policy_params: Any = None, final: bool = False) -> Callable[[], list[EvalResult]]:
         """The evaluation of ``policy_params`` (default: the current parameters) as a call, its
         arguments read now."""
         params = self.base_params.replace(table=self.registry.device_table())
         # worlds differ per run seed, (global) seed index and update
         keys = eval_keys(self.cfg.run.seed, self.seeds.stop, self.update_idx)[self.seeds]
         policy = self.train_state.params if policy_params is None else policy_params
-        return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, policy, params,
-                                 self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
+        if not final:
+            return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, policy, params,
+                                     self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
+        if self._final_evaluate_seeds is None:
+            cfg = self.final_eval_cfg
+            self._final_evaluate_seeds = self._per_device(make_jax_evaluator(
+                self._greedy, self.net.initial_carry, len(self.final_texts) * cfg.episodes, cfg.horizon,
+                self.cfg.env.obs_mode))
+        return functools.partial(evaluate_jax_seeds, self._final_evaluate_seeds, keys, policy, params,
+                                 self.final_rows, self.final_eval_cfg, self.final_texts, self.final_achs,
+                                 self.final_sets)
 
     def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
         """Compile the evaluation program on a side thread (one throwaway evaluation of
@@ -721,12 +758,27 @@ def make_rules_relabeler(cfg: TrainConfig, encoder):
     # place table": cos 0.69 to "place table"). Under bound grounding they bind to the ordered pair.
     rcfg = relabeler_config("rules", k=_rules_k(cfg), delta=cfg.env.delta, keep_ungrounded=cfg.oir.keep_ungrounded,
                             grounding=cfg.oir.grounding, bind_threshold=cfg.oir.bind_threshold)
+    rules = oracle_rules(cfg, encoder)
     workers = default_workers() if cfg.oir.relabel_workers < 0 else cfg.oir.relabel_workers
     batch = cfg.run.num_seeds * cfg.pqn.num_envs
     if workers > 0 and batch >= 64:
         # each worker loads its own encoder (the same model: OIR_GYM_ENCODER or the packaged one)
-        return ParallelRelabeler(functools.partial(HindsightRelabeler, rcfg), workers=workers, min_batch=64)
-    return HindsightRelabeler(rcfg, encoder=encoder)
+        return ParallelRelabeler(functools.partial(HindsightRelabeler, rcfg, rules=rules), workers=workers,
+                                 min_batch=64)
+    return HindsightRelabeler(rcfg, encoder=encoder, rules=rules)
+
+
+def oracle_rules(cfg: TrainConfig, encoder):
+    """The rule backend of ``cfg.oir.oracle`` (:class:`~oir_gym.relabel.rules.RuleBackend`), its draws
+    seeded by the run's seed. A wording pool is checked here against every evaluation string of the
+    run, with the run's encoder (no wording within cosine 0.85 of one): ValueError naming the wording."""
+    from oir_gym.relabel.oracle import check_pool, evaluation_texts
+    from oir_gym.relabel.rules import RuleBackend
+
+    rules = RuleBackend(oracle=cfg.oir.oracle, seed=cfg.run.seed, pool=cfg.oir.oracle_pool or None)
+    if rules.wording_pool is not None:
+        check_pool(rules.wording_pool, evaluation_texts(cfg.eval.instruction_files), encoder)
+    return rules
 
 
 def make_relabeler(cfg: TrainConfig):

@@ -100,7 +100,7 @@ class OIRRelabeling(TrainingMethod):
         self.llm_rows = 0
         self.llm_buffered = 0
         # evaluation and original instructions keep their own table rows (never bound)
-        self._fixed = set(trainer.eval_texts) | set(ORIGINAL_INSTRUCTIONS)
+        self._fixed = set(trainer.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS)
 
     # ------------------------------------------------------------ the hooks
     def buffer_rows(self, seed: int) -> np.ndarray:

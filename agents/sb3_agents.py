@@ -20,9 +20,13 @@ Building blocks (each usable alone)::
 ``examples/train_sb3.py`` calls), and :func:`load_sb3_policy` gives a trained run's policy back as
 an object with ``reset()`` and ``act(obs)`` for the Gymnasium env.
 
-Checkpoints: SB3's ``model.zip`` holds pickled Python objects, so loading one runs whatever code
-it names. A run records the sha256 of every ``model.zip`` it saves (``state.json``), and
-:func:`train` (``--resume``) and :func:`load_sb3_policy` load only a zip with that checksum.
+Checkpoints: SB3's ``model.zip`` holds pickled Python objects, and SB3's own ``load`` unpickles
+them, which runs whatever code they name. :func:`load_model` never does: it builds a fresh model
+of the known class from the run's validated config and reads only the zip's parameters (tensors,
+``torch.load(weights_only=True)``) and plain JSON counters into it. A run also records the sha256
+of every ``model.zip`` it saves (``state.json``), and :func:`train` (``--resume``) and
+:func:`load_sb3_policy` load only a zip with that checksum (a damaged or swapped file is caught
+before anything is built).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -146,17 +150,28 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
 
 def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = None, llm: Optional[LLMConfig] = None,
                    cache_path: Optional[str] = None, grounding: str = "cosine", bind_threshold: float = 0.5,
-                   **kwargs: Any):
+                   oracle: str = "canonical", seed: int = 0, eval_files: Sequence[str] = (), **kwargs: Any):
     """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (LLM + rules) or ``"none"``.
 
     ``llm``: the LLM part shared with the PQN trainer (:class:`agents.config.LLMConfig`: backend,
     model, server URL, prompt template, call timeout; default: the offline transformers backend).
     ``grounding``: ``"cosine"`` (the paper's rule) or ``"bound"`` (event-bound, with
-    ``bind_threshold``; :mod:`oir_gym.grounding`)."""
+    ``bind_threshold``; :mod:`oir_gym.grounding`). ``oracle``: the rule relabeler's variant
+    (:mod:`oir_gym.relabel.oracle`), its draws seeded by ``seed``; a wording pool is checked against
+    every evaluation string (``eval_files`` too) before anything runs."""
     llm = (llm or LLMConfig()).validate()
     kwargs.update(grounding=grounding, bind_threshold=bind_threshold)
     if kind == "none":
         return None
+    if oracle != "canonical":
+        from oir_gym.encoder import get_encoder
+        from oir_gym.relabel.oracle import check_pool, evaluation_texts
+        from oir_gym.relabel.rules import RuleBackend
+
+        rules = RuleBackend(oracle=oracle, seed=seed)
+        if rules.wording_pool is not None:
+            check_pool(rules.wording_pool, evaluation_texts(eval_files), encoder or get_encoder())
+        kwargs["rules"] = rules
     if kind not in RELABELERS:
         raise ValueError(f"unknown relabeler {kind!r}; expected one of {RELABELERS}")
     from oir_gym.relabel import HindsightRelabeler
@@ -260,13 +275,148 @@ def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, A
     return cls(POLICIES[algo], venv, seed=seed, tensorboard_log=tensorboard_log, verbose=verbose, device=device, **hp)
 
 
-def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "auto"):
-    """Load a model saved with ``model.save`` (optionally attached to ``venv``).
+#: The members of an SB3 zip that :func:`load_model` reads: the parameters (tensors only).
+_PARAMETER_FILES = ("policy.pth", "policy.optimizer.pth")
+#: Counters of training progress that :func:`load_model` takes from the zip's ``data`` (plain JSON
+#: values there) into the fresh model, so that training continues where it stopped.
+_PROGRESS_COUNTERS = ("num_timesteps", "_n_updates", "_episode_num", "_n_calls")
 
-    Loading an SB3 zip runs the code its pickles name: load only files you made or trust. For run
-    directories, :func:`verified_model_zip` checks the file against the checksum the run recorded.
+
+def _is_pickled(v: Any) -> bool:
+    return isinstance(v, dict) and ":serialized:" in v
+
+
+def _zip_data(path: Path, archive) -> dict[str, Any]:
+    """The zip's ``data`` as JSON. SB3 stores objects JSON cannot hold (spaces, schedules, classes)
+    as base64 pickles under ``":serialized:"``, beside their readable members: nothing here
+    decodes those."""
+    if "data" not in archive.namelist():
+        return {}
+    try:
+        data = json.loads(archive.read("data").decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptFileError(path, f"its 'data' member is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CorruptFileError(path, "its 'data' member is not a JSON object")
+    return data
+
+
+def _policy_kwargs_from_data(path: Path, value: Any) -> dict[str, Any]:
+    """``policy_kwargs`` as ``data`` shows it. With a class among them (QR-DQN adds its optimizer),
+    SB3 pickles the whole dict and writes the readable members beside it, classes as their repr:
+    the default optimizer and a ``torch.nn`` activation are taken by name; any other class cannot
+    be rebuilt without unpickling (the caller then passes the hyperparameters)."""
+    if not _is_pickled(value):
+        return dict(value) if isinstance(value, dict) else {}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if k in (":type:", ":serialized:"):
+            continue
+        if isinstance(v, str) and v.startswith("<class "):
+            name = v[len("<class '"):-len("'>")]
+            if k == "optimizer_class" and name == "torch.optim.adam.Adam":  # every algo's default
+                continue
+            if k == "activation_fn" and name.startswith("torch.nn.modules.activation."):
+                out[k] = name.rsplit(".", 1)[1]  # by name: make_model resolves it in torch.nn
+                continue
+            raise CorruptFileError(path, f"its policy_kwargs.{k} is a class stored only as a pickle ({name}); "
+                                         "pass hyperparams= (the run's config) to load it")
+        out[k] = v
+    return out
+
+
+def spaces_only_venv(obs_mode: str = "paper"):
+    """A VecEnv of one env that only declares InstructionCraftax's spaces (observation mode
+    ``obs_mode``, the default encoder's embeddings): enough to build a model that acts on
+    observations given to it (:func:`load_model`); it cannot be stepped."""
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from oir_gym.craftax_compat import NUM_ACTIONS
+    from oir_gym.encoder import EMBED_DIM
+    from oir_gym.observation import obs_dim
+
+    class SpacesOnly(gym.Env):
+        observation_space = gym.spaces.Dict({
+            "obs": gym.spaces.Box(0.0, 1.0, (obs_dim(obs_mode),), np.float32),
+            "instruction": gym.spaces.Box(-1.0, 1.0, (EMBED_DIM,), np.float32),
+        })
+        action_space = gym.spaces.Discrete(NUM_ACTIONS)
+
+    return DummyVecEnv([SpacesOnly])
+
+
+def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "auto", *,
+               hyperparams: Optional[dict[str, Any]] = None, seed: Optional[int] = None, obs_mode: str = "paper"):
+    """A model saved with ``model.save`` (or :func:`save_checkpoint`), loaded without unpickling anything.
+
+    SB3's own ``load`` unpickles the zip's ``data`` (spaces, schedules, classes), which runs any
+    code the file names. Here a fresh model of ``algo``'s class is built (:func:`make_model`) and
+    only the zip's parameters are read into it: ``policy.pth`` and ``policy.optimizer.pth``, with
+    ``torch.load(weights_only=True)`` (tensors and numbers only), and the progress counters
+    (``num_timesteps``...) that ``data`` holds as plain JSON. The pickled entries are never read.
+
+    Args:
+        algo: ``"recurrent_ppo"``, ``"qrdqn"`` or ``"dqn"``: the class the file must fit.
+        path: the zip.
+        venv: the env to attach (training continues on it); default: one that only declares the
+            spaces of InstructionCraftax with ``obs_mode`` (enough to act).
+        device: torch device of the networks.
+        hyperparams: overrides of :data:`DEFAULT_HYPERPARAMS` that built the saved model (a run's
+            config holds them); default: those of ``data`` that are plain JSON (settings SB3
+            stored only as pickles, e.g. schedules, take their defaults).
+        seed: the model's seed (default: ``data``'s, else 0).
+
+    Raises:
+        agents.run_dir.CorruptFileError: not an SB3 zip of ``algo`` with these hyperparameters, or
+            non-finite weights (the message names the file).
     """
-    return algo_class(algo).load(str(path), env=venv, device=device)
+    import zipfile
+
+    import torch
+    from stable_baselines3.common.save_util import load_from_zip_file
+
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = _zip_data(path, archive)
+            missing = [m for m in _PARAMETER_FILES if m not in archive.namelist()]
+    except zipfile.BadZipFile:
+        raise CorruptFileError(path, "is not a zip file (an SB3 model.zip)") from None
+    if missing:
+        raise CorruptFileError(path, f"lacks {missing}: it is not a model saved by stable-baselines3")
+    plain = {k: v for k, v in data.items() if not _is_pickled(v)}
+    if hyperparams is None:
+        accepted = set(inspect.signature(algo_class(algo).__init__).parameters) - set(RESERVED_HYPERPARAMS) - {
+            "device", "_init_setup_model", "self"}
+        hyperparams = {k: v for k, v in plain.items() if k in accepted}
+        if "policy_kwargs" in data:
+            hyperparams["policy_kwargs"] = _policy_kwargs_from_data(path, data["policy_kwargs"])
+    if seed is None:
+        seed = plain.get("seed") if isinstance(plain.get("seed"), int) else 0
+    if device != "auto":  # the device asked for here wins over the one the model was trained on
+        hyperparams = {k: v for k, v in hyperparams.items() if k != "device"}
+    model = make_model(algo, venv if venv is not None else spaces_only_venv(obs_mode), seed, hyperparams, device=device)
+    try:
+        _, params, _ = load_from_zip_file(str(path), load_data=False, device=model.device)
+        model.set_parameters({k: params[k] for k in ("policy", "policy.optimizer")}, exact_match=True,
+                             device=model.device)
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise CorruptFileError(path, f"its parameters do not fit a {algo} model with hyperparameters "
+                                     f"{hyperparams or 'the defaults'} ({str(e).strip().splitlines()[0][:300]})") from None
+    for name, t in model.policy.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CorruptFileError(path, f"parameter {name} holds NaN or infinite values: the model diverged or "
+                                         "the file was changed")
+    # what SB3's load would restore of these (its __dict__.update(data)); the schedules' progress
+    # is recomputed from num_timesteps before each use
+    for name in _PROGRESS_COUNTERS:
+        if name in plain and hasattr(model, name):
+            v = plain[name]
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise CorruptFileError(path, f"data's {name}={v!r} is not a count (an integer >= 0)")
+            setattr(model, name, v)
+    return model
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -492,6 +642,8 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
 
     Raises:
         UntrustedModelError: the run's ``model.zip`` is not the file it saved (nothing is loaded).
+        agents.run_dir.CorruptFileError: the zip does not fit the run's config, or holds non-finite
+            weights (nothing in it is unpickled either way; see :func:`load_model`).
     """
     if seed != 0:
         raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
@@ -500,7 +652,8 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
     saved.pop("resolved_hyperparams", None)
     cfg = SB3Config.from_dict(saved)
     path, _ = verified_model_zip(run.path)
-    model = load_model(cfg.algo, path, device=check_device(device or "auto"))
+    model = load_model(cfg.algo, path, device=check_device(device or "auto"), hyperparams=cfg.hyperparams,
+                       seed=cfg.seed, obs_mode=cfg.obs_mode)
     return SB3AgentPolicy(model, cfg.algo, {"obs_mode": cfg.obs_mode, "delta": cfg.delta})
 
 
@@ -532,6 +685,7 @@ class SB3Config:
     llm: LLMConfig = field(default_factory=LLMConfig)  # the LLM part shared with the PQN trainer (llm.per_update unused)
     grounding: str = "cosine"  # cosine (the paper's rule) | bound (event-bound; oir_gym.grounding)
     bind_threshold: float = 0.5  # grounding=bound: loosest cosine that binds an instruction to an event
+    oracle: str = "canonical"  # canonical | diverse | tasks | compound | noisy (the rule labels; oir_gym.relabel.oracle)
     # algorithm (overrides of DEFAULT_HYPERPARAMS[algo])
     hyperparams: dict = field(default_factory=dict)
     # bookkeeping (in env steps)
@@ -556,6 +710,14 @@ class SB3Config:
         need(self.reward in ("cosine", "gt"), f"reward={self.reward!r}; expected 'cosine' or 'gt'")
         need(self.grounding in ("cosine", "bound"), f"grounding={self.grounding!r}; expected 'cosine' or 'bound'")
         need(-1 <= self.bind_threshold <= 1, f"bind_threshold={self.bind_threshold} must be a cosine in [-1, 1]")
+        from oir_gym.relabel.oracle import check_oracle
+
+        try:
+            check_oracle(self.oracle, self.grounding)
+        except ValueError as e:
+            raise ValueError(f"oracle={self.oracle!r}: {e}") from None
+        need(self.oracle == "canonical" or self.relabeler in ("rules", "both"),
+             f"oracle={self.oracle!r} picks the rule relabeler's labels: it needs relabeler rules or both")
         for name in ("total_timesteps", "num_envs", "k", "segment_length", "log_every", "eval_episodes",
                      "eval_horizon", "checkpoint_every", "max_episode_steps"):
             need(int(getattr(self, name)) >= 1, f"{name}={getattr(self, name)!r} must be >= 1")
@@ -565,14 +727,12 @@ class SB3Config:
         need(isinstance(self.hyperparams, dict), f"hyperparams must be a dict, got {self.hyperparams!r}")
         need(isinstance(self.llm, LLMConfig), f"llm must be an LLMConfig, got {type(self.llm).__name__}")
         self.llm.validate()
-        from oir_gym.instructions import SET_NAMES
-
-        from oir_gym.instructions import load_instruction_files
+        from oir_gym.instructions import PACKAGED_SET_NAMES, load_instruction_files
 
         self.eval_instructions = tuple(str(p) for p in self.eval_instructions)
         load_instruction_files(self.eval_instructions)  # ValueError naming the file, entry and field
         for s in self.eval_set_names:
-            need(s in SET_NAMES, f"eval set {s!r}; expected some of {SET_NAMES}")
+            need(s in PACKAGED_SET_NAMES, f"eval set {s!r}; expected some of {PACKAGED_SET_NAMES}")
         need(bool(self.eval_set_names or self.eval_instructions),
              "eval_sets is empty and no eval_instructions file is given: nothing to evaluate")
         check_hyperparams(self.algo, self.hyperparams, self.device)
@@ -715,11 +875,13 @@ class _Trainer:
                              buffer_size=(cfg.buffer_size or None) if cfg.relabeler != "none" else None,
                              tau_low=cfg.tau_low, tau_high=cfg.tau_high)
         self.relabeler = make_relabeler(cfg.relabeler, cfg.k, cfg.delta, encoder=self.venv.encoder, llm=cfg.llm,
-                                        grounding=cfg.grounding, bind_threshold=cfg.bind_threshold)
+                                        grounding=cfg.grounding, bind_threshold=cfg.bind_threshold, oracle=cfg.oracle,
+                                        seed=cfg.seed, eval_files=cfg.eval_instructions)
         if self.relabeler is not None:  # the PQN trainer's start-up check: --relabeler llm stops, both warns
             check_llm(self.relabeler, cfg.relabeler == "llm", "--relabeler")
         if model_path is not None:
-            self.model = load_model(cfg.algo, model_path, self.venv, device=cfg.resolved_device)
+            self.model = load_model(cfg.algo, model_path, self.venv, device=cfg.resolved_device,
+                                    hyperparams=cfg.hyperparams, seed=cfg.seed)
             if "instruction_buffer" in state:
                 self.venv.buffer.load_state_dict(state["instruction_buffer"])
             elif (self.run / INSTRUCTION_BUFFER_JSON).exists():  # checkpoints before format 1

@@ -22,6 +22,16 @@ success on ``original``, per seed); the control table then also takes t interval
 resumes): the first evaluation reaching X and the best within ``--time-budget`` seconds.
 ``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and ``--tsne NAME=FILE``
 instruction lists (``instructions.json`` / ``goals.json`` of a run).
+
+Two more tables use Student's t intervals over seeds (``oir_gym.metrics.t_interval``): per method
+and set, the final success, the paraphrase retention (over the achievements a seed learned on the
+original set, success >= 0.25: mean of paraphrase success / original success,
+``oir_gym.metrics.paraphrase_retention``; unlike ``kept``, it compares each learned achievement with
+itself) and the instruction-following gain; and, where the ordered-compound sets were evaluated,
+success on "X then Y", on "Y then X", and the order gain (success of "X then Y" when asked for it
+minus the same order's success when asked "Y then X"). With ``--baseline NAME`` each of their cells
+also gives the difference to that method (mean difference [95% Welch t interval],
+``oir_gym.metrics.welch_interval``).
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from oir_gym import analysis  # noqa: E402
-from oir_gym.metrics import t_interval  # noqa: E402
+from oir_gym.metrics import paraphrase_retention, t_interval, welch_interval  # noqa: E402
 
 
 def _files(prefix: str) -> tuple[Path, Path]:
@@ -159,6 +169,93 @@ def t_control_table(finals: dict[str, list[dict]], sets: list[str]) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def finite_t_cell(values, fmt: str = "{:.3f}") -> str:
+    """``mean [low, high]`` with the 95% t interval over the finite values (seeds; a seed may have
+    none, e.g. no learned achievement); ``-`` when none; ``(n of m seeds)`` when some have none."""
+    arr = np.asarray(values, dtype=float)
+    ok = arr[np.isfinite(arr)]
+    if ok.size == 0:
+        return "-"
+    low, high = t_interval(ok)
+    ci = "n/a" if np.isnan(low) else f"{fmt.format(low)}, {fmt.format(high)}"
+    missing = f" ({ok.size} of {arr.size} seeds)" if ok.size < arr.size else ""
+    return f"{fmt.format(ok.mean())} [{ci}]{missing}"
+
+
+def diff_cell(values, baseline, fmt: str = "{:+.3f}") -> str:
+    """`` vs base: diff [low, high]`` (Welch t interval over the finite values of each arm), or ``""``."""
+    if baseline is None:
+        return ""
+    a, b = np.asarray(values, float), np.asarray(baseline, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size < 2 or b.size < 2:
+        return "; vs base: -"
+    d, low, high = welch_interval(a, b)
+    return f"; vs base: {fmt.format(d)} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def seed_retention(result: dict, set_name: str) -> float:
+    """One seed's paraphrase retention on ``set_name`` (NaN: no learned achievement, no original set,
+    or a set whose instructions do not each name one achievement) from its evaluation dict."""
+    if "original" not in result or set_name not in result or set_name == "original":
+        return float("nan")
+    o, p = result["original"], result[set_name]
+    if not p["achievements"] or min(p["achievements"]) < 0:
+        return float("nan")
+    return paraphrase_retention(o["rates"], o["achievements"], p["rates"], p["achievements"])
+
+
+def retention_table(finals: dict[str, list[dict]], sets, baseline: str | None = None) -> str:
+    """Per method and set: final success, paraphrase retention and (runs with the control) gain (mean
+    [95% t interval over seeds]), and with ``baseline`` each one's difference to that method's
+    (Welch t interval)."""
+    has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
+                   for seeds in finals.values() for s in sets)
+    head = "| method | set | seeds | mean success rate | paraphrase retention |" + (
+        " gain (asked - mismatched) |" if has_gain else "")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+
+    def columns(seeds: list[dict], s: str):
+        return (analysis.final_values(seeds, s, "mean_success_rate"), [seed_retention(r, s) for r in seeds],
+                analysis.final_values(seeds, s, "control/gain"))
+
+    for m, seeds in finals.items():
+        for s in sets:
+            success, retention, gain = columns(seeds, s)
+            if np.isnan(success).all():
+                continue
+            base = columns(finals[baseline], s) if baseline is not None and m != baseline else (None, None, None)
+            ret = "-" if s == "original" or np.isnan(retention).all() else \
+                finite_t_cell(retention) + diff_cell(retention, base[1])
+            row = f"| {m} | {s} | {len(seeds)} | {finite_t_cell(success)}{diff_cell(success, base[0])} | {ret} |"
+            if has_gain:
+                row += f" {finite_t_cell(gain, '{:+.3f}')}{diff_cell(gain, base[2])} |"
+            lines.append(row)
+    return "\n".join(lines)
+
+
+def order_table(finals: dict[str, list[dict]], baseline: str | None = None) -> str | None:
+    """Per method: success on the ordered set, on its reverse-order control, and the order gain
+    (mean [95% t interval over seeds]); ``None`` when no run evaluated the ordered set."""
+    if not any("ordered" in r for seeds in finals.values() for r in seeds):
+        return None
+    lines = ["| method | seeds | \"X then Y\" success | \"Y then X\" success | X before Y when asked \"Y then X\" | "
+             "order gain |", "|---|---|---|---|---|---|"]
+    for m, seeds in finals.items():
+        fwd = analysis.final_values(seeds, "ordered", "mean_success_rate")
+        if np.isnan(fwd).all():
+            continue
+        rev = analysis.final_values(seeds, "ordered_reverse", "mean_success_rate")
+        crossed = analysis.final_values(seeds, "ordered", "control/reverse_mean_success_rate")
+        gain = analysis.final_values(seeds, "ordered", "control/order_gain")
+        base = None
+        if baseline is not None and m != baseline:
+            base = analysis.final_values(finals[baseline], "ordered", "control/order_gain")
+        lines.append(f"| {m} | {len(seeds)} | {finite_t_cell(fwd)} | {finite_t_cell(rev)} | {finite_t_cell(crossed)} | "
+                     f"{finite_t_cell(gain, '{:+.3f}')}{diff_cell(gain, base)} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, help="NAME=PREFIX per method")
@@ -177,12 +274,17 @@ def main(argv=None) -> int:
                    help="also tabulate and plot mean success (original) against wall clock, with this target line")
     p.add_argument("--time-budget", type=float, default=900.0,
                    help="with --time-target: the best success within this many seconds (default 900)")
+    p.add_argument("--baseline", default=None, metavar="NAME",
+                   help="the retention and ordered tables also give each method's difference to this one's "
+                        "(Welch t interval over seeds)")
     args = p.parse_args(argv)
     if args.last_k < 1:
         p.error(f"--last-k must be >= 1, got {args.last_k}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = _pairs(args.runs)
+    if args.baseline is not None and args.baseline not in runs:
+        p.error(f"--baseline {args.baseline!r} is not one of the --runs names {sorted(runs)}")
     # several runs under one NAME (e.g. 2 + 1 seeds on two cards) are pooled as seeds of one method
     finals = {name: _load_evals(prefixes) for name, prefixes in runs.items()}
     metrics = {name: _load_metrics(prefixes) for name, prefixes in runs.items()}
@@ -213,6 +315,13 @@ def main(argv=None) -> int:
               f"another one (mismatched) and with the neutral instruction (mean over seeds; gains with 95% {args.interval} "
               "interval)\n")
         print(control)
+    print("\n## Paraphrase retention at the final point: success and retention on the learned achievements "
+          "(original success >= 0.25) (mean [95% t interval over seeds])\n")
+    print(retention_table(finals, sets, args.baseline))
+    order = order_table(finals, args.baseline)
+    if order:
+        print("\n## Ordered compounds at the final point (mean [95% t interval over seeds])\n")
+        print(order)
     if args.time_target is not None:
         print(f"\n## Time to target: mean success (original) against wall clock, compile included\n")
         print(analysis.time_to_target_table(metrics, args.time_target, args.time_budget))

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tyro  # noqa: E402
 
-from agents.config import TrainConfig, cli, load_config  # noqa: E402
+from agents.config import LLMConfig, TrainConfig, check_saved_backend, cli, load_config  # noqa: E402
 from agents.run_dir import (  # noqa: E402
     CorruptFileError, RunDir, RunDirError, atomic_write_json, check_tag, require_wandb,
 )
@@ -60,7 +60,9 @@ class Options:
     time_limit: Optional[float] = None
     """Stop (with a checkpoint) after this many seconds; resume later."""
     eval_only: Optional[str] = None
-    """No training: evaluate the newest checkpoint with this run's --eval.* settings and write eval_TAG.json/.md."""
+    """No training: evaluate the newest checkpoint as the final evaluation does (this run's --eval.* settings:
+    eval.final_sets too, eval.final_episodes per instruction, any --eval.instruction-files) and write
+    eval_TAG.json/.md."""
     wandb: bool = False
     """Also log to Weights & Biases (config = config.json; needs the wandb package)."""
     progress: bool = True
@@ -77,12 +79,19 @@ def parse_options(argv: list[str] | None = None) -> Options:
     pre.add_argument("--run-dir", "--run_dir")
     pre.add_argument("--resume", action="store_true")
     pre.add_argument("--eval-only", "--eval_only")
+    pre.add_argument("--llm.backend", dest="llm_backend")
     known, _ = pre.parse_known_args(argv)
     if (known.resume or known.eval_only) and known.run_dir and (Path(known.run_dir) / "config.json").is_file():
+        file = Path(known.run_dir) / "config.json"
         try:
             base = load_config(RunDir(known.run_dir).read_config())
         except (ValueError, CorruptFileError) as e:
-            raise SystemExit(f"error: {Path(known.run_dir) / 'config.json'}: {e}") from None
+            raise SystemExit(f"error: {file}: {e}") from None
+        if known.eval_only is None:  # an evaluation starts no LLM (main replaces the backend)
+            try:
+                check_saved_backend(base.llm, file, on_command_line=known.llm_backend is not None)
+            except ValueError as e:
+                raise SystemExit(f"error: {e}") from None
         return cli(Options, argv, base=base, description=__doc__)
     return cli(Options, argv, description=__doc__)
 
@@ -187,7 +196,9 @@ class _StopRequest:
 
 def _metrics_resume(host: dict[str, Any]) -> dict[str, Any]:
     """How a resume cuts metrics.jsonl back to a checkpoint: its recorded position, or (a checkpoint
-    converted from a legacy pickle) the rows up to its update."""
+    converted from a legacy pickle) the rows up to its update; no checkpoint (``{}``): every row."""
+    if not host:
+        return {"after_update": 0}
     if host.get("metrics"):
         return {"position": host["metrics"]}
     return {"after_update": int(host.get("metrics_after_update") or host["update"])}
@@ -198,7 +209,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     the metrics' ``time`` column and ``--time-limit`` count the imports too (default: from this call)."""
     opts = parse_options(argv)
     cfg = opts.config
-    from agents.multihost import allgather_json, check_processes, merge_evals, process_dir
+    from agents.multihost import allgather_json, check_processes, merge_evals, newest_common_update, process_dir
     from agents.sharding import initialize_distributed
 
     # a multi-host job (scheduler env vars) joins before JAX starts its backend (which
@@ -256,14 +267,26 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     own_dir = process_dir(run.path, procs, me)  # this process's checkpoints (the run directory itself alone)
     own_dir.mkdir(parents=True, exist_ok=True)
 
-    from agents.checkpoint import CheckpointError, load_checkpoint
+    from agents.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, refuse_legacy
     from oir_gym import enable_compilation_cache
 
     done = None
+    start: Path | None = None  # the checkpoint this process continues from (None: update 0)
     if resume:
+        # the newest checkpoint every process holds: a process that stopped between its save and
+        # the others' holds a newer one, which the resume replays and replaces
+        mine = {int(p.name): p for p in list_checkpoints(own_dir)}
+        common = newest_common_update(allgather_json(sorted(mine)))
         # verify the checkpoint and the metrics it covers before anything is written
         try:
-            _, saved = load_checkpoint(own_dir)
+            if common is not None:
+                start = mine[common]
+                _, saved = load_checkpoint(start)
+            else:
+                refuse_legacy(own_dir)
+                if opts.eval_only is not None:
+                    raise FileNotFoundError(own_dir)
+                saved = {}  # killed before its first checkpoint: the run starts again with its saved config
             if opts.eval_only is None and me == 0:
                 run.check_metrics(**_metrics_resume(saved))
             done = run.completion()
@@ -290,12 +313,14 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         t0 = started
     imports = time.time() - t0
     if opts.eval_only is not None:
-        # evaluation needs no relabeler or goal proposer: build the rule ones, never an LLM
-        trainer = Trainer(cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules"}), own_dir)
+        # evaluation needs no relabeler or goal proposer: build the rule ones, never an LLM (nor
+        # keep a backend the run's files name: nothing of it may be imported)
+        trainer = Trainer(cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules",
+                                         "llm.backend": LLMConfig.backend}), own_dir)
     else:
         try:
             trainer = Trainer(cfg, own_dir)  # builds the relabeler or proposer: an LLM is checked here
-        except LLMCheckError as e:
+        except (LLMCheckError, ValueError) as e:  # ValueError: e.g. a wording pool too close to an evaluation string
             problem = f"error: {e}"
         problem = _any_problem(problem)
         if problem:
@@ -315,16 +340,20 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     # (a CPU has no spare cores for the throwaway calls this costs)
     compile_ahead = jax.default_backend() != "cpu" and opts.eval_only is None
     try:
-        if resume:
-            host = trainer.load()
-            updates = allgather_json(trainer.update_idx)
-            if len(set(updates)) > 1:  # a process stopped between its checkpoint and the others'
-                raise ValueError(f"the processes' newest checkpoints are at updates {updates}; resume each "
-                                 f"process's directory (process<i>/) from the same update (delete the newer ones)")
+        if start is not None:
+            if opts.eval_only is None:
+                _drop_newer_checkpoints(own_dir, int(start.name))
+            host = trainer.load(start)
             print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
             if compile_ahead and trainer.update_idx < trainer.cfg.num_updates:
                 trainer.start_compiling()
         else:
+            if resume:  # no checkpoint every process holds: the run starts again
+                _drop_newer_checkpoints(own_dir, 0)
+                if me == 0:
+                    why = (f"{own_dir / 'checkpoints'} holds no checkpoint yet (the run stopped before its first)"
+                           if procs == 1 else "the processes hold no checkpoint of the same update")
+                    print(f"{why}: starting the run from update 0 with its saved config", flush=True)
             if compile_ahead:
                 trainer.start_compiling()
             trainer.init_state()
@@ -336,10 +365,11 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    def run_eval(tag: str) -> tuple[list[dict], dict[str, float]]:
+    def run_eval(tag: str, final: bool = False) -> tuple[list[dict], dict[str, float]]:
         """Every seed's evaluation (process 0 writes the run's eval file with all of them) and this
-        process's metrics row part (its seeds' columns and their means)."""
-        results = trainer.evaluate()
+        process's metrics row part (its seeds' columns and their means); ``final``: the final
+        evaluation (eval.final_sets, eval.final_episodes)."""
+        results = trainer.evaluate(final=final)
         row: dict[str, float] = {}
         for s, r in enumerate(results):
             for k, v in r.flat_metrics().items():
@@ -353,14 +383,14 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
 
     if opts.eval_only is not None:  # the run's metrics, config and TensorBoard files stay as they are
         trainer.close()
-        results, _ = run_eval(opts.eval_only)
+        results, _ = run_eval(opts.eval_only, final=True)
         if me:
             return 0
         table = _mean_table(results)
         run.write_eval(opts.eval_only, results, markdown=(
             f"# Evaluation '{opts.eval_only}' ({cfg.run.method}, {cfg.run.num_seeds} seed(s), checkpoint at "
-            f"{trainer.env_steps:,} env steps, {cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction, "
-            f"epsilon {cfg.eval.epsilon})\n\n{table}\n"))
+            f"{trainer.env_steps:,} env steps, {cfg.eval.final_episodes} episodes x {cfg.eval.horizon} steps per "
+            f"instruction, epsilon {cfg.eval.epsilon})\n\n{table}\n"))
         print(table + f"\nwrote {run.eval_path(opts.eval_only)}", flush=True)
         return 0
 
@@ -389,6 +419,19 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         return 0
     print(f"\ndone in {time.time() - t0:.0f}s; outputs in {run.path}/", flush=True)
     return 0
+
+
+def _drop_newer_checkpoints(own_dir: Path, update: int) -> None:
+    """Before resuming from ``update``: remove this process's newer checkpoints (the updates are
+    replayed and saved again) and say what happened to them and to incomplete copies."""
+    from agents.checkpoint import incomplete_checkpoints, remove_checkpoints_after
+
+    for p in remove_checkpoints_after(own_dir, update):
+        print(f"removed {p}: not every process of the run reached it; updates after {update} run again", flush=True)
+    for p in incomplete_checkpoints(own_dir):
+        if int(p.name) > update:
+            print(f"skipped {p}: it has no manifest.json (a copy that stopped part way); resuming from update "
+                  f"{update}", flush=True)
 
 
 def _any_problem(problem: str | None) -> str | None:
@@ -432,7 +475,7 @@ def _train(trainer, run: RunDir, metrics, opts: Options, run_eval, t0: float) ->
                 last = log.update == n
                 if log.update % cfg.eval.every == 0 or last:
                     t_eval = time.time()
-                    _, erow = run_eval("final" if last else f"{log.update:06d}")
+                    _, erow = run_eval("final" if last else f"{log.update:06d}", final=last)
                     row.update(erow)
                     row["time/eval_s"] = time.time() - t_eval  # after this row's "time" (training time = time minus earlier evaluations)
                 if last and hasattr(trainer.method, "diversity"):  # oir: the diversity of all buffer offers
@@ -479,7 +522,7 @@ def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval, own_dir: Path) -> 
     from oir_gym import analysis
 
     if allgather_json(not run.eval_path("final").exists())[0]:  # killed between the last checkpoint and its evaluation file
-        run_eval("final")
+        run_eval("final", final=True)
     if trainer.process_index > 0:
         _write_diversity(trainer, own_dir, cfg)
         return
@@ -493,7 +536,7 @@ def _finish(trainer, run: RunDir, cfg: TrainConfig, run_eval, own_dir: Path) -> 
     table = _mean_table(final)
     run.write_eval("final", final, markdown=(
         f"# Final evaluation ({cfg.run.method}, {cfg.run.num_seeds} seed(s), {trainer.env_steps:,} env steps, "
-        f"{cfg.eval.episodes} episodes x {cfg.eval.horizon} steps per instruction)\n\n{table}\n"))
+        f"{cfg.eval.final_episodes} episodes x {cfg.eval.horizon} steps per instruction)\n\n{table}\n"))
     print("\nFinal evaluation (mean over seeds):\n" + table)
     _write_diversity(trainer, own_dir, cfg)
     run.mark_complete(update=trainer.update_idx, env_steps=trainer.env_steps)
@@ -527,5 +570,21 @@ def _write_diversity(trainer, folder: Path, cfg: TrainConfig) -> None:
               f"e.g. {llm['error_examples'].get(kinds[0][0], '')}")
 
 
+def _script() -> None:
+    """The command line's entry: :func:`main`, and a process of a multi-process run that lost
+    another ends with one line."""
+    from agents.multihost import ProcessLost
+
+    try:
+        code = main(started=_STARTED)
+    except ProcessLost as e:
+        print(f"error: {e}; this process stops too, every checkpoint is kept: continue the run with --resume "
+              "in every process", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # at once: jax.distributed's exit barrier would wait for the lost process, then abort with a stack dump
+        os._exit(3)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(started=_STARTED))
+    _script()

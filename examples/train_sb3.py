@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents import sb3_agents  # noqa: E402
-from agents.config import LLMConfig  # noqa: E402
+from agents.config import LLMConfig, check_saved_backend  # noqa: E402
 from agents.llm import LLMCheckError  # noqa: E402
 from agents.run_dir import CorruptFileError, RunDir, RunDirError  # noqa: E402
 
@@ -94,6 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         kw = {"choices": sb3_agents.ALGOS} if f.name == "algo" else {}
         if f.name == "relabeler":
             kw = {"choices": sb3_agents.RELABELERS}
+        if f.name == "oracle":
+            from oir_gym.relabel.oracle import ORACLES
+
+            kw = {"choices": ORACLES}
         p.add_argument(flag, type=typ, default=None, help=f"(default {default!r})", **kw)
     return p.parse_args(argv)
 
@@ -142,6 +146,9 @@ def main(argv=None) -> int:
             if not args.overwrite and (Path(args.run_dir) / "config.json").is_file():
                 saved = RunDir(args.run_dir).read_config()
         cfg = build_config(args, saved)
+        if saved is not None:  # a module path in the run's file is never imported unless given here
+            check_saved_backend(cfg.llm, Path(args.run_dir) / "config.json",
+                                on_command_line=getattr(args, "llm.backend") is not None)
     except (ValueError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -4,9 +4,13 @@ Every instruction of the chosen sets (``original``, ``simple``, ``complex``; see
 :mod:`oir_gym.instructions`; and any user sets, :attr:`EvalConfig.instruction_files`) is given to
 ``episodes`` envs; the policy acts greedily for a fixed ``horizon`` (the env's cosine termination is
 off, so reward shaping cannot end an episode early); an episode succeeds when the instruction's
-ground-truth Craftax achievement (or all of its achievements) happens before the horizon or the
-player's death. Metrics per set: per-instruction success rate, mean success rate, number of
-completed instructions, aggregate score.
+ground-truth Craftax achievement (or all of its achievements; for an ordered "X then Y", X strictly
+before Y; within the instruction's own horizon if it has one) happens before the horizon or the
+player's death. Every episode keeps a record of the first step of each achievement and of each
+achievement after each other one (:data:`RECORD_SHAPE`), from which everything is scored. Metrics
+per set: per-instruction success rate, mean success rate, number of completed instructions,
+aggregate score, and the paraphrase retention of sets of single-achievement wordings
+(:meth:`EvalResult.retention`).
 
 **Control** (``EvalConfig.control``, on by default). Success alone cannot tell instruction
 following from a fixed routine that happens to complete some achievements. Every episode records
@@ -21,9 +25,11 @@ for something else:
   no task; see ``docs/evaluation.md`` for the choice).
 
 The instruction-following gain of an instruction is success(A | asked for A) - success(A | the
-mismatched instruction); the neutral gain is reported beside it. A policy that ignores its
-instruction has gains near 0 whatever it completes. The mismatched condition costs no episode;
-the neutral one ``episodes`` more envs in all.
+mismatched instruction); the neutral gain is reported beside it. An ordered instruction "X then Y"
+whose reverse "Y then X" is evaluated too (the packaged ``ordered`` and ``ordered_reverse`` sets)
+also gets its order gain: its success minus the success of X-before-Y in the episodes asked "Y then X".
+A policy that ignores its instruction has gains near 0 whatever it completes. The mismatched
+condition costs no episode; the neutral one ``episodes`` more envs in all.
 
 Two drivers: :func:`evaluate_jax` runs everything in one jitted ``lax.scan`` (PQN), and
 :func:`evaluate_python_policy` steps an :class:`~oir_gym.vector_env.InstructionCraftax` from Python
@@ -46,8 +52,11 @@ import numpy as np
 
 from oir_gym import functional as F
 from oir_gym.captions import ACHIEVEMENT_NAMES, NUM_ACHIEVEMENTS
-from oir_gym.instructions import SET_NAMES, EvalInstruction, load_instruction_files, load_instruction_sets
-from oir_gym.metrics import control_summary, following_gain, summarize
+from oir_gym.instructions import (
+    PACKAGED_SET_NAMES, SET_NAMES, EvalInstruction, load_instruction_files, load_instruction_sets,
+)
+from oir_gym.metrics import LEARNED_THRESHOLD, control_summary, following_gain, paraphrase_retention, summarize
+from oir_gym.prerequisites import PREREQUISITES, related_achievements  # noqa: F401  (PREREQUISITES: re-exported)
 
 #: The neutral instruction of the control: it names no task, and the sentence encoder puts it far
 #: from every evaluation instruction (max cosine 0.25) and every caption phrasing (max 0.33), so it
@@ -57,28 +66,6 @@ NEUTRAL_TEXT = "no instruction"
 
 #: Set name of the neutral episodes in :func:`eval_instructions` (':' is not allowed in user set names).
 NEUTRAL_SET = "control:neutral"
-
-#: Direct prerequisites of each Craftax-Classic achievement (what must have happened first in the
-#: episode): the recipes of the game (table from wood; wooden tools at a table; stone with a wooden
-#: pickaxe; furnace from stone; iron with a stone pickaxe, iron tools with coal, iron and a furnace;
-#: a plant from a sapling; eating it once it is ripe; diamond with an iron pickaxe).
-PREREQUISITES: dict[str, tuple[str, ...]] = {
-    "place_table": ("collect_wood",),
-    "make_wood_pickaxe": ("place_table",),
-    "make_wood_sword": ("place_table",),
-    "place_plant": ("collect_sapling",),
-    "eat_plant": ("place_plant",),
-    "collect_stone": ("make_wood_pickaxe",),
-    "place_stone": ("collect_stone",),
-    "make_stone_pickaxe": ("collect_stone",),
-    "make_stone_sword": ("collect_stone",),
-    "place_furnace": ("collect_stone",),
-    "collect_coal": ("make_wood_pickaxe",),
-    "collect_iron": ("make_stone_pickaxe",),
-    "make_iron_pickaxe": ("collect_iron", "collect_coal", "place_furnace"),
-    "make_iron_sword": ("collect_iron", "collect_coal", "place_furnace"),
-    "collect_diamond": ("make_iron_pickaxe",),
-}
 
 #: Salt of the evaluation keys: keeps evaluation worlds apart from anything else made from the seed.
 EVAL_KEY_SALT = 0x0E7A1
@@ -92,8 +79,9 @@ class EvalConfig:
     """Evaluation settings.
 
     Attributes:
-        sets: built-in instruction sets to evaluate (any of :data:`~oir_gym.instructions.SET_NAMES`;
-            user set names are accepted too, to fix their order). Every set of ``instruction_files``
+        sets: packaged instruction sets to evaluate (any of
+            :data:`~oir_gym.instructions.PACKAGED_SET_NAMES`; default the paper's three; user set
+            names are accepted too, to fix their order). Every set of ``instruction_files``
             is evaluated as well; ``sets=()`` with files evaluates only the files' sets.
         episodes: episodes per instruction (1-32 measured; see ``docs/benchmarks.md`` for the cost).
         horizon: steps per episode (the paper does not state one; we document ours).
@@ -119,8 +107,8 @@ class EvalConfig:
         user = load_instruction_files(self.instruction_files)
         object.__setattr__(self, "_user_sets", user)
         for s in self.sets:
-            if s not in SET_NAMES and s not in user:
-                raise ValueError(f"unknown instruction set {s!r}; expected some of {SET_NAMES}"
+            if s not in PACKAGED_SET_NAMES and s not in user:
+                raise ValueError(f"unknown instruction set {s!r}; expected some of {PACKAGED_SET_NAMES}"
                                  + (f" or of the files' sets {tuple(user)}" if user else ""))
         if not self.set_names:
             raise ValueError("no instruction set to evaluate: give sets or instruction_files")
@@ -152,19 +140,10 @@ def eval_config(instruction_files: Sequence[str | os.PathLike] | str | os.PathLi
 # ----------------------------------------------------------------------------- the control pairing
 
 
-@lru_cache(maxsize=None)
-def _ancestors(a: int) -> frozenset[int]:
-    """Every achievement that must happen before achievement ``a`` (transitively)."""
-    out: set[int] = set()
-    for p in PREREQUISITES.get(ACHIEVEMENT_NAMES[a], ()):
-        i = ACHIEVEMENT_NAMES.index(p)
-        out |= {i} | _ancestors(i)
-    return frozenset(out)
-
-
 def related(a: Sequence[int], b: Sequence[int]) -> bool:
-    """Whether two targets (tuples of achievement indices) share an achievement, or one needs the other."""
-    return any(x == y or x in _ancestors(y) or y in _ancestors(x) for x in a for y in b)
+    """Whether two targets (tuples of achievement indices) share an achievement, or one needs the other
+    (:data:`~oir_gym.prerequisites.PREREQUISITES`)."""
+    return any(related_achievements(x, y) for x in a for y in b)
 
 
 def mismatch_pairing(targets: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[int, ...]]:
@@ -262,6 +241,36 @@ def eval_keys(seed: int, num_seeds: int, update: int = 0) -> jax.Array:
     return jnp.stack([eval_key(seed, s, update) for s in range(num_seeds)])
 
 
+# ----------------------------------------------------------------------------- episode records
+
+#: Layout of an evaluation episode's record (what :func:`make_jax_evaluator` returns per env): an
+#: int32 ``[1 + 22, 22]`` array. Row 0: the first step (0-based) at which each achievement happened,
+#: -1 if it never did; row ``1 + a``, column ``b``: the first step at which ``b`` happened with ``a``
+#: already done at an earlier step, -1 if never ("a then b"). Steps after the player's death do not count.
+RECORD_SHAPE: tuple[int, int] = (1 + NUM_ACHIEVEMENTS, NUM_ACHIEVEMENTS)
+
+
+def records_from_achieved(achieved: np.ndarray) -> np.ndarray:
+    """Records ``[n, 23, 22]`` from bare achievement flags ``[n, 22]`` (every achievement at step 0,
+    no order known): enough to score single and unordered instructions, not ordered ones."""
+    achieved = np.asarray(achieved, bool)
+    rec = np.full((achieved.shape[0], *RECORD_SHAPE), -1, np.int32)
+    rec[:, 0] = np.where(achieved, 0, -1)
+    return rec
+
+
+def _outcomes(records: np.ndarray, target: tuple[int, ...], ordered: bool = False,
+              horizon: int | None = None) -> np.ndarray:
+    """``[episodes]`` success of ``target`` from ``[episodes, 23, 22]`` records: all its achievements
+    (or, ``ordered``, its first strictly before its second), within ``horizon`` steps if given."""
+    h = np.iinfo(np.int32).max if horizon is None else horizon
+    if ordered:
+        step = records[:, 1 + target[0], target[1]]
+        return (step >= 0) & (step < h)
+    first = records[:, 0, list(target)]
+    return ((first >= 0) & (first < h)).all(axis=1)
+
+
 # ----------------------------------------------------------------------------- results
 
 
@@ -275,12 +284,24 @@ class ControlResult:
         mismatched_rates: success of each instruction's achievement(s) under that instruction.
         neutral_text: the neutral instruction.
         neutral_rates: success of each instruction's achievement(s) under the neutral instruction.
+        reverse_texts: for an ordered instruction "X then Y", the evaluated instruction that asks
+            "Y then X" (``None`` where there is none or for unordered instructions; the whole list
+            ``None`` when no instruction of the set has one).
+        reverse_rates: success of "X then Y" (X before Y) in the episodes of that reverse
+            instruction (NaN where there is none): the order-following gain of an instruction is
+            its rate minus this one.
     """
 
     mismatched_texts: list[str] | None
     mismatched_rates: np.ndarray | None
     neutral_text: str
     neutral_rates: np.ndarray
+    reverse_texts: list[str | None] | None = None
+    reverse_rates: np.ndarray | None = None
+
+    def order_gains(self, rates: np.ndarray) -> np.ndarray | None:
+        """Per instruction: its rate minus :attr:`reverse_rates` (NaN without a reverse instruction)."""
+        return None if self.reverse_rates is None else np.asarray(rates, float) - self.reverse_rates
 
 
 @dataclass
@@ -288,7 +309,8 @@ class EvalResult:
     """Per-set results. ``rates[set]`` is a ``[n_instructions]`` array aligned with ``texts[set]``.
 
     ``achievements[set]`` holds each instruction's achievement index (-1 for one scored by
-    several, listed in ``targets[set]``); ``control[set]`` the control conditions (when run).
+    several, listed in ``targets[set]``; ``ordered[set]`` marks the "X then Y" ones);
+    ``control[set]`` the control conditions (when run).
     """
 
     texts: dict[str, list[str]] = field(default_factory=dict)
@@ -296,21 +318,54 @@ class EvalResult:
     rates: dict[str, np.ndarray] = field(default_factory=dict)
     targets: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     control: dict[str, ControlResult] = field(default_factory=dict)
+    ordered: dict[str, list[bool]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {s: summarize(r) for s, r in self.rates.items()}
 
+    def retention(self, learned: float = LEARNED_THRESHOLD) -> dict[str, dict[str, float | int | None]]:
+        """Paraphrase retention of every set whose instructions each name one achievement, against
+        the ``original`` set (:func:`oir_gym.metrics.paraphrase_retention`): ``{set: {"retention":
+        value or None (no achievement learned), "learned": number of learned achievements}}``;
+        empty without the ``original`` set."""
+        if "original" not in self.rates:
+            return {}
+        o_rates, o_achs = self.rates["original"], self.achievements["original"]
+        n_learned = int(sum(r >= learned for r, a in zip(o_rates, o_achs) if a >= 0))
+        out: dict[str, dict[str, float | int | None]] = {}
+        for s in self.rates:
+            achs = self.achievements[s]
+            if s == "original" or not achs or min(achs) < 0:
+                continue
+            v = paraphrase_retention(o_rates, o_achs, self.rates[s], achs, learned=learned)
+            out[s] = {"retention": None if np.isnan(v) else float(v), "learned": n_learned}
+        return out
+
     def control_summary(self) -> dict[str, dict[str, float]]:
         """Per set: ``gain`` (mean over instructions of asked - mismatched), ``gain_neutral``, and the
-        mean success rates of the two control conditions (:func:`oir_gym.metrics.control_summary`)."""
-        return {s: control_summary(self.rates[s], c.mismatched_rates, c.neutral_rates) for s, c in self.control.items()}
+        mean success rates of the two control conditions (:func:`oir_gym.metrics.control_summary`);
+        for a set of ordered instructions whose reverse instructions were evaluated too,
+        ``order_gain`` (mean over them of asked - the same order's success when asked the reverse)."""
+        out = {}
+        for s, c in self.control.items():
+            out[s] = control_summary(self.rates[s], c.mismatched_rates, c.neutral_rates)
+            gains = c.order_gains(self.rates[s])
+            if gains is not None and np.isfinite(gains).any():
+                out[s]["order_gain"] = float(np.nanmean(gains))
+                out[s]["reverse_mean_success_rate"] = float(np.nanmean(c.reverse_rates))
+        return out
 
     def flat_metrics(self) -> dict[str, float]:
-        """``{"eval/original/mean_success_rate": ..., "eval/control/original/gain": ...}`` for logging."""
+        """``{"eval/original/mean_success_rate": ..., "eval/control/original/gain": ...,
+        "eval/simple/retention": ...}`` for logging (a retention is left out where no achievement is learned)."""
         out = {}
         for s, m in self.summary().items():
             for k, v in m.items():
                 out[f"eval/{s}/{k}"] = float(v)
+        for s, m in self.retention().items():
+            if m["retention"] is not None:
+                out[f"eval/{s}/retention"] = float(m["retention"])
+            out[f"eval/{s}/retention_learned"] = float(m["learned"])
         for s, m in self.control_summary().items():
             for k, v in m.items():
                 out[f"eval/control/{s}/{k}"] = float(v)
@@ -320,11 +375,16 @@ class EvalResult:
         """JSON-ready ``{set: {texts, achievements, rates, <summary>, [targets], [control]}}``."""
         out: dict[str, Any] = {}
         control = self.control_summary()
+        retention = self.retention()
         for s in self.rates:
             d = {"texts": self.texts[s], "achievements": [int(a) for a in self.achievements[s]],
                  "rates": [float(x) for x in self.rates[s]], **self.summary()[s]}
             if any(len(t) > 1 for t in self.targets.get(s, [])):
                 d["targets"] = [[int(a) for a in t] for t in self.targets[s]]
+            if any(self.ordered.get(s, [])):
+                d["ordered"] = [bool(o) for o in self.ordered[s]]
+            if s in retention:
+                d["retention"], d["retention_learned"] = retention[s]["retention"], retention[s]["learned"]
             if s in self.control:
                 c = self.control[s]
                 mism = c.mismatched_rates
@@ -338,6 +398,11 @@ class EvalResult:
                     "gain_neutral_per_instruction": [float(x) for x in following_gain(self.rates[s], c.neutral_rates)],
                     **control[s],
                 }
+                if c.reverse_rates is not None:
+                    gains = c.order_gains(self.rates[s])
+                    d["control"]["reverse_texts"] = c.reverse_texts
+                    d["control"]["reverse_rates"] = [None if np.isnan(x) else float(x) for x in c.reverse_rates]
+                    d["control"]["order_gain_per_instruction"] = [None if np.isnan(x) else float(x) for x in gains]
             out[s] = d
         return out
 
@@ -358,8 +423,22 @@ class EvalResult:
                 gain = f"{c['gain']:+.3f}" if "gain" in c else "- (one achievement only)"
                 lines.append(f"| {s} | {self.summary()[s]['mean_success_rate']:.3f} | {mism} | "
                              f"{c['neutral_mean_success_rate']:.3f} | {gain} | {c['gain_neutral']:+.3f} |")
+            order = {s: c for s, c in control.items() if "order_gain" in c}
+            if order:
+                lines += ["", "Order: success of \"X then Y\" when asked for it and when asked \"Y then X\"; "
+                          "order gain = asked - reversed.", "", "| set | asked | reversed | order gain |",
+                          "|---|---|---|---|"]
+                lines += [f"| {s} | {self.summary()[s]['mean_success_rate']:.3f} | "
+                          f"{c['reverse_mean_success_rate']:.3f} | {c['order_gain']:+.3f} |" for s, c in order.items()]
+        retention = self.retention()
+        if retention:
+            lines += ["", f"Paraphrase retention: over the achievements learned on the original set (success >= "
+                      f"{LEARNED_THRESHOLD}), mean of paraphrase success / original success.", "",
+                      "| set | retention | learned achievements |", "|---|---|---|"]
+            lines += [f"| {s} | {'-' if m['retention'] is None else format(m['retention'], '.3f')} | {m['learned']} |"
+                      for s, m in retention.items()]
         for s in self.rates:
-            if s in ("simple", "complex"):
+            if s in ("simple", "complex", "heldout"):  # paraphrase sets: in the summary only
                 continue
             if s != "original":
                 lines += ["", f"Set {s}, per instruction:"]
@@ -377,20 +456,20 @@ class EvalResult:
 # ----------------------------------------------------------------------------- the instructions of an evaluation
 
 
-def _plan(cfg: EvalConfig) -> tuple[list[str], list[int], list[str], list[tuple[int, ...]]]:
-    texts, achs, sets, targets = [], [], [], []
+def _plan(cfg: EvalConfig) -> tuple[list[str], list[int], list[str], list[EvalInstruction]]:
+    texts, achs, sets, items_ = [], [], [], []
     for s, items in cfg.instruction_sets().items():
         for ins in items:
             texts.append(ins.text)
             achs.append(ins.achievement_index)
             sets.append(s)
-            targets.append(ins.targets)
+            items_.append(ins)
     if cfg.control:
         texts.append(cfg.neutral_text)
         achs.append(-1)
         sets.append(NEUTRAL_SET)
-        targets.append(())
-    return texts, achs, sets, targets
+        items_.append(EvalInstruction(cfg.neutral_text, -1, NEUTRAL_SET))
+    return texts, achs, sets, items_
 
 
 def eval_instructions(cfg: EvalConfig) -> tuple[list[str], list[int], list[str]]:
@@ -404,45 +483,67 @@ def eval_instructions(cfg: EvalConfig) -> tuple[list[str], list[int], list[str]]
     return texts, achs, sets
 
 
-def _outcomes(achieved: np.ndarray, target: tuple[int, ...]) -> np.ndarray:
-    """``[episodes]`` success of ``target`` (all its achievements) from ``[episodes, 22]`` flags."""
-    return achieved[:, list(target)].all(axis=1)
-
-
 def eval_result(cfg: EvalConfig, texts, achs, sets, achieved: np.ndarray) -> EvalResult:
-    """Per-set rates (and the control) from the achievements of every episode.
+    """Per-set rates (and the control) from the records of every episode.
 
     Args:
         cfg: the evaluation config; ``texts, achs, sets`` must be :func:`eval_instructions` (cfg).
-        achieved: ``[n_instructions * episodes, 22]`` bool, instruction-major: which achievements
-            happened in each episode before the horizon or the player's death.
+        achieved: instruction-major, one row per episode: the records ``[n_instructions * episodes,
+            23, 22]`` of :func:`make_jax_evaluator` (see :data:`RECORD_SHAPE`), or bare achievement
+            flags ``[n_instructions * episodes, 22]`` (which achievements happened before the horizon
+            or the player's death; not enough for ordered instructions).
     """
-    p_texts, _, p_sets, targets = _plan(cfg)
+    p_texts, _, p_sets, items = _plan(cfg)
     if list(texts) != p_texts or list(sets) != p_sets:
         raise ValueError("texts and sets must be eval_instructions(cfg) of this config")
-    achieved = np.asarray(achieved, bool)
-    if achieved.shape != (len(texts) * cfg.episodes, NUM_ACHIEVEMENTS):
+    n = len(texts) * cfg.episodes
+    rec = np.asarray(achieved)
+    if rec.shape == (n, NUM_ACHIEVEMENTS):
+        if any(ins.ordered for ins in items):
+            raise ValueError("ordered instructions (\"X then Y\") are scored from episode records [n, 23, 22] "
+                             "(make_jax_evaluator's output), not from bare achievement flags")
+        rec = records_from_achieved(rec)
+    elif rec.shape != (n, *RECORD_SHAPE):
         raise ValueError(f"achieved must be [n_instructions * episodes, {NUM_ACHIEVEMENTS}] = "
-                         f"[{len(texts) * cfg.episodes}, {NUM_ACHIEVEMENTS}], got {achieved.shape}")
-    per = achieved.reshape(len(texts), cfg.episodes, NUM_ACHIEVEMENTS)
+                         f"[{n}, {NUM_ACHIEVEMENTS}] flags or [{n}, {RECORD_SHAPE[0]}, {RECORD_SHAPE[1]}] records, "
+                         f"got {rec.shape}")
+    per = rec.reshape(len(texts), cfg.episodes, *RECORD_SHAPE)
+
+    def rate(episodes: int, ins: EvalInstruction) -> float:
+        """Success of ``ins`` (its achievements, its order, its horizon) in the episodes of instruction ``episodes``."""
+        h = min(cfg.horizon, ins.horizon or cfg.horizon)
+        return float(_outcomes(per[episodes], ins.targets, ins.ordered, h).mean())
+
     neutral = p_sets.index(NEUTRAL_SET) if cfg.control else None
+    # "Y then X" of every evaluated ordered instruction "X then Y" (the first one asked, in plan order)
+    by_order = {}
+    for i, ins in enumerate(items):
+        if ins.ordered:
+            by_order.setdefault(ins.targets, i)
     res = EvalResult()
     for s in cfg.set_names:
         idx = [i for i, x in enumerate(sets) if x == s]
-        tg = [targets[i] for i in idx]
+        mine = [items[i] for i in idx]
+        tg = [ins.targets for ins in mine]
         res.texts[s] = [texts[i] for i in idx]
         res.achievements[s] = [achs[i] for i in idx]
         res.targets[s] = tg
-        res.rates[s] = np.array([_outcomes(per[i], t).mean() for i, t in zip(idx, tg)])
+        res.ordered[s] = [ins.ordered for ins in mine]
+        res.rates[s] = np.array([rate(i, ins) for i, ins in zip(idx, mine)])
         if neutral is None:
             continue
         partners = mismatch_partners(tg)
+        rev = [by_order.get(ins.targets[::-1]) if ins.ordered else None for ins in mine]
+        has_rev = any(r is not None for r in rev)
         res.control[s] = ControlResult(
             mismatched_texts=None if partners is None else [texts[idx[j]] for j in partners],
             mismatched_rates=None if partners is None else
-            np.array([_outcomes(per[idx[j]], t).mean() for j, t in zip(partners, tg)]),
+            np.array([rate(idx[j], ins) for j, ins in zip(partners, mine)]),
             neutral_text=texts[neutral],
-            neutral_rates=np.array([_outcomes(per[neutral], t).mean() for t in tg]),
+            neutral_rates=np.array([rate(neutral, ins) for ins in mine]),
+            reverse_texts=[None if r is None else texts[r] for r in rev] if has_rev else None,
+            reverse_rates=np.array([np.nan if r is None else rate(r, ins) for r, ins in zip(rev, mine)])
+            if has_rev else None,
         )
     return res
 
@@ -459,10 +560,12 @@ def eval_params(params: F.EnvParams, rows: np.ndarray, achievements: Sequence[in
 
 def make_jax_evaluator(policy_step: Callable, init_carry: Callable, num_envs: int, horizon: int,
                        obs_mode: str = "paper", pool_size: int | None = None):
-    """Build a jitted ``evaluate(key, policy_params, env_params, pinned_rows) -> achieved [num_envs, 22]``.
+    """Build a jitted ``evaluate(key, policy_params, env_params, pinned_rows) -> records [num_envs, 23, 22]``.
 
-    ``achieved[e, a]``: achievement ``a`` happened in env ``e`` before the horizon or the player's
-    death (every achievement is recorded, so the control reads other instructions' episodes).
+    ``records[e]`` (:data:`RECORD_SHAPE`): the first step of each achievement in env ``e``, and of
+    each achievement after each other one, before the horizon or the player's death (every
+    achievement is recorded, so the control reads other instructions' episodes, and the order of
+    any two achievements can be read).
 
     Args:
         policy_step: ``(policy_params, carry, obs, done, key) -> (carry, actions)``, batched,
@@ -476,21 +579,26 @@ def make_jax_evaluator(policy_step: Callable, init_carry: Callable, num_envs: in
         k_reset, k_run = jax.random.split(key)
         obs, bstate = F.batch_reset(k_reset, env_params, num_envs, pool_size or 1, pinned, obs_mode)
 
-        def body(c, k):
-            obs, bstate, carry, alive, achieved, done_prev = c
+        def body(c, xs):
+            obs, bstate, carry, alive, first, after, done_prev = c
+            k, t = xs
             k_pol, k_env = jax.random.split(k)
             carry, actions = policy_step(policy_params, carry, obs, done_prev, k_pol)
             obs, bstate, _, term, trunc, info, _ = F.batch_step(
                 k_env, bstate, actions, env_params, obs_mode=obs_mode, autoreset=False
             )
-            achieved = achieved | (info.achievements & alive[:, None])
+            now = info.achievements & alive[:, None]
+            done_before = first >= 0  # achievements of earlier steps only: "a then b" needs a strictly first
+            after = jnp.where((after < 0) & done_before[:, :, None] & now[:, None, :], t, after)
+            first = jnp.where((first < 0) & now, t, first)
             alive = alive & ~term
-            return (obs, bstate, carry, alive, achieved, jnp.zeros_like(term)), None
+            return (obs, bstate, carry, alive, first, after, jnp.zeros_like(term)), None
 
         init = (obs, bstate, init_carry(num_envs), jnp.ones(num_envs, bool),
-                jnp.zeros((num_envs, NUM_ACHIEVEMENTS), bool), jnp.ones(num_envs, bool))
-        final, _ = jax.lax.scan(body, init, jax.random.split(k_run, horizon))
-        return final[4]
+                jnp.full((num_envs, NUM_ACHIEVEMENTS), -1, jnp.int32),
+                jnp.full((num_envs, NUM_ACHIEVEMENTS, NUM_ACHIEVEMENTS), -1, jnp.int32), jnp.ones(num_envs, bool))
+        final, _ = jax.lax.scan(body, init, (jax.random.split(k_run, horizon), jnp.arange(horizon, dtype=jnp.int32)))
+        return jnp.concatenate([final[4][:, None, :], final[5]], axis=1)
 
     return jax.jit(evaluate)
 
@@ -554,15 +662,18 @@ def evaluate_python_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), see
     env_texts = [t for t in texts for _ in range(cfg.episodes)]
     obs, _ = env.reset(seed=seed, options={"instruction": env_texts})
     alive = np.ones(n, bool)
-    achieved = np.zeros((n, NUM_ACHIEVEMENTS), bool)
+    records = np.full((n, *RECORD_SHAPE), -1, np.int32)  # the JAX driver's records (RECORD_SHAPE)
+    first, after = records[:, 0], records[:, 1:]
     state, start = None, np.ones(n, bool)
-    for _ in range(cfg.horizon):
+    for t in range(cfg.horizon):
         actions, state = policy(obs, state, start)
         obs, _, term, trunc, info = env.step(np.asarray(actions))
-        achieved |= np.asarray(info["achievements"], bool) & alive[:, None]
+        now = np.asarray(info["achievements"], bool) & alive[:, None]
+        after[(after < 0) & (first >= 0)[:, :, None] & now[:, None, :]] = t
+        first[(first < 0) & now] = t
         alive &= ~(term | trunc)
         start = np.zeros(n, bool)
         if not alive.any():
             break
     env.close()
-    return eval_result(cfg, texts, achs, sets, achieved)
+    return eval_result(cfg, texts, achs, sets, records)

@@ -1,22 +1,36 @@
 """Evaluation instruction sets (paper Sec. 5 and Appendix A, "Testing Protocol Details").
 
-Three sets, each tied to Craftax achievements so the environment's ground-truth achievement
-flags can score them (used only at evaluation):
+Sets tied to Craftax achievements, so the environment's ground-truth achievement flags can score
+them (used only at evaluation). The paper's three (:data:`SET_NAMES`, evaluated by default):
 
 * ``"original"``: the 22 Craftax instructions in the paper's wording (``"make wooden pickaxe"``);
 * ``"simple"``:   three paraphrases per achievement (robustness to surface wording);
-* ``"complex"``:  three semantically enriched / compositional variants per achievement.
+* ``"complex"``:  three semantically enriched / compositional variants per achievement;
+
+and three more packaged sets (:data:`EXTRA_SET_NAMES`, evaluated at the end of a training run):
+
+* ``"heldout"``: two paraphrases per achievement that no prompt, few-shot example or relabeling
+  wording pool contains (tests enforce it): generalisation to wordings no relabeler gave;
+* ``"ordered"``: "X then Y" for 22 pairs of achievements neither of which is a prerequisite of the
+  other (:mod:`oir_gym.prerequisites`); success only when X happens before Y, within the set's
+  horizon (300 steps);
+* ``"ordered_reverse"``: the same pairs in the other order ("Y then X"), the control of
+  ``ordered``: an agent that ignores the order scores the same pair alike in both sets.
 
 The texts live in ``oir_gym/data/instructions.json`` (the *per-achievement* schema below);
 :func:`load_instruction_sets` can load a user file of that schema instead of the packaged one::
 
     {"instructions": [
         {"achievement": "collect_wood", "original": "collect wood",
-         "simple": ["..."], "complex": ["..."]},
-        ...]}
+         "simple": ["..."], "complex": ["..."], "heldout": ["..."]},
+        ...],
+     "ordered": {"horizon": 300, "pairs": [
+        {"first": "collect_sapling", "then": "collect_wood",
+         "text": "collect sapling then collect wood", "reverse": "collect wood then collect sapling"}]}}
 
-(a bare list of entries is accepted too). Entries are returned in Craftax achievement order, and
-within an achievement in file order, whatever the order in the file.
+(``heldout`` and ``ordered`` are optional; a bare list of entries is accepted too). Entries are
+returned in Craftax achievement order, and within an achievement in file order, whatever the
+order in the file.
 
 User files of *named sets*, evaluated beside the built-in sets (see ``docs/evaluation.md``), are
 read by :func:`load_instruction_file` / :func:`load_instruction_files`::
@@ -26,7 +40,8 @@ read by :func:`load_instruction_file` / :func:`load_instruction_files`::
                          "achievements": ["place_table", "make_wood_sword"]}]}}
 
 An entry scored by a list of achievements succeeds when all of them happen in the episode (in
-any order).
+any order); an entry ``{"text": ..., "sequence": [X, Y]}`` succeeds only when X happens before Y.
+Any entry may give ``"horizon"``: success counts only within that many steps of the episode.
 """
 
 from __future__ import annotations
@@ -44,13 +59,24 @@ from typing import Any
 
 from oir_gym.captions import ACHIEVEMENT_NAMES
 from oir_gym.validation import show
+from oir_gym.prerequisites import related_achievements
 
-#: Valid instruction-set names, in the order the paper reports them.
+#: The paper's instruction sets, in the order the paper reports them (evaluated by default).
 SET_NAMES: tuple[str, ...] = ("original", "simple", "complex")
 
-#: Names a user set may not take: the built-in sets, and ``control`` (the control metrics are
+#: The other packaged sets: a held-out paraphrase set and the ordered-compound set with its
+#: reverse-order control (evaluated by a training run's final evaluation, ``eval.final_sets``).
+EXTRA_SET_NAMES: tuple[str, ...] = ("heldout", "ordered", "ordered_reverse")
+
+#: Every packaged set, in order.
+PACKAGED_SET_NAMES: tuple[str, ...] = (*SET_NAMES, *EXTRA_SET_NAMES)
+
+#: Paraphrase sets of the per-achievement schema that an entry may leave out.
+OPTIONAL_PARAPHRASE_SETS: tuple[str, ...] = ("heldout",)
+
+#: Names a user set may not take: the packaged sets, and ``control`` (the control metrics are
 #: logged as ``eval/control/<set>/...``, beside ``eval/<set>/...``).
-RESERVED_SET_NAMES: tuple[str, ...] = (*SET_NAMES, "control")
+RESERVED_SET_NAMES: tuple[str, ...] = (*PACKAGED_SET_NAMES, "control")
 
 #: A user set name: it becomes part of metric keys (``eval/<name>/...``) and table rows.
 SET_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -71,15 +97,22 @@ class EvalInstruction:
         text: the instruction given to the agent.
         achievement_index: Craftax achievement index whose ground-truth flag marks success, or
             -1 for an instruction scored by several achievements (``all_of``).
-        set_name: ``"original"``, ``"simple"``, ``"complex"`` or a user set's name.
+        set_name: ``"original"``, ``"simple"``, ``"complex"``, another packaged set's or a user set's name.
         all_of: for an instruction scored by several achievements, their indices (in Craftax
-            order); success needs all of them in the episode. Empty otherwise.
+            order; in the asked order when ``ordered``); success needs all of them in the episode.
+            Empty otherwise.
+        ordered: ``all_of`` holds two achievements that must happen in this order ("X then Y":
+            some X strictly before some Y in the episode).
+        horizon: success counts only within this many steps of the episode (``None``: the
+            evaluation's horizon).
     """
 
     text: str
     achievement_index: int
     set_name: str
     all_of: tuple[int, ...] = ()
+    ordered: bool = False
+    horizon: int | None = None
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -88,11 +121,12 @@ class EvalInstruction:
 
     @property
     def achievement(self) -> str:
-        """Achievement name, e.g. ``"collect_wood"``; ``"a+b"`` for several."""
-        return "+".join(ACHIEVEMENT_NAMES[i] for i in self.targets)
+        """Achievement name, e.g. ``"collect_wood"``; ``"a+b"`` for several, ``"a>b"`` for an ordered pair."""
+        return (">" if self.ordered else "+").join(ACHIEVEMENT_NAMES[i] for i in self.targets)
 
 
 def _parse(raw: Any, source: str) -> dict[str, list[EvalInstruction]]:
+    ordered = _parse_ordered(raw.get("ordered"), source) if isinstance(raw, dict) and "ordered" in raw else None
     entries = raw.get("instructions") if isinstance(raw, dict) else raw
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{source}: expected a non-empty list of entries (or {{\"instructions\": [...]}})")
@@ -114,7 +148,12 @@ def _parse(raw: Any, source: str) -> dict[str, list[EvalInstruction]]:
         seen.add(idx)
         if not isinstance(entry["original"], str) or not entry["original"].strip():
             raise ValueError(f"{where} ({name}): 'original' must be a non-empty string")
-        for key in ("simple", "complex"):
+        unknown = [k for k in entry if k not in ("achievement", *SET_NAMES, *OPTIONAL_PARAPHRASE_SETS)
+                   and not k.startswith("_")]
+        if unknown:
+            raise ValueError(f"{where} ({name}): unknown key {unknown[0]!r}; an entry has achievement, "
+                             f"{', '.join(SET_NAMES)} and optionally {', '.join(OPTIONAL_PARAPHRASE_SETS)}")
+        for key in ("simple", "complex", *(k for k in OPTIONAL_PARAPHRASE_SETS if k in entry)):
             texts = entry[key]
             if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
                 raise ValueError(f"{where} ({name}): {key!r} must be a non-empty list of non-empty strings")
@@ -124,12 +163,56 @@ def _parse(raw: Any, source: str) -> dict[str, list[EvalInstruction]]:
                 validate_instruction(t, f"{where} ({name}): {key!r}")
         parsed.append((idx, entry))
     parsed.sort(key=lambda p: p[0])  # Craftax order, so per-instruction results line up across files
-    sets: dict[str, list[EvalInstruction]] = {s: [] for s in SET_NAMES}
+    optional = [k for k in OPTIONAL_PARAPHRASE_SETS if any(k in e for _, e in parsed)]
+    sets: dict[str, list[EvalInstruction]] = {s: [] for s in (*SET_NAMES, *optional)}
     for idx, entry in parsed:
         sets["original"].append(EvalInstruction(entry["original"], idx, "original"))
-        for key in ("simple", "complex"):
-            sets[key].extend(EvalInstruction(t, idx, key) for t in entry[key])
+        for key in ("simple", "complex", *optional):
+            sets[key].extend(EvalInstruction(t, idx, key) for t in entry.get(key, ()))
+    if ordered is not None:
+        sets.update(ordered)
     return sets
+
+
+def _parse_ordered(raw: Any, source: str) -> dict[str, list[EvalInstruction]]:
+    """The ``ordered`` block of the per-achievement schema: the sets ``ordered`` and ``ordered_reverse``."""
+    where = f"{source}: 'ordered'"
+    if not isinstance(raw, dict) or not isinstance(raw.get("pairs"), list) or not raw["pairs"]:
+        raise ValueError(f"{where}: expected {{\"horizon\": steps, \"pairs\": [{{\"first\", \"then\", \"text\", "
+                         "\"reverse\"}}, ...]}}")
+    horizon = _horizon(raw.get("horizon"), where)
+    out: dict[str, list[EvalInstruction]] = {"ordered": [], "ordered_reverse": []}
+    seen: set[frozenset[int]] = set()
+    for n, pair in enumerate(raw["pairs"]):
+        at = f"{where}, pair {n}"
+        if not isinstance(pair, dict) or sorted(k for k in pair if not k.startswith("_")) != ["first", "reverse",
+                                                                                             "text", "then"]:
+            raise ValueError(f"{at}: expected an object with the fields first, then, text and reverse")
+        a = _achievement_index(pair["first"], at, "first")
+        b = _achievement_index(pair["then"], at, "then")
+        if related_achievements(a, b):
+            raise ValueError(f"{at}: {pair['first']!r} and {pair['then']!r} are the same achievement or one is a "
+                             "prerequisite of the other (oir_gym/data/prerequisites.json): their order says nothing "
+                             "about the agent; choose an unrelated pair")
+        if frozenset((a, b)) in seen:
+            raise ValueError(f"{at}: the pair {pair['first']!r}, {pair['then']!r} is listed twice")
+        seen.add(frozenset((a, b)))
+        try:
+            text = validate_instruction(pair["text"], f"{at}: field 'text'")
+            reverse = validate_instruction(pair["reverse"], f"{at}: field 'reverse'")
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        out["ordered"].append(EvalInstruction(text, -1, "ordered", (a, b), True, horizon))
+        out["ordered_reverse"].append(EvalInstruction(reverse, -1, "ordered_reverse", (b, a), True, horizon))
+    return out
+
+
+def _horizon(v: Any, where: str) -> int | None:
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{where}: field 'horizon': expected a number of steps >= 1, got {v!r}")
+    return v
 
 
 @lru_cache(maxsize=1)
@@ -145,7 +228,8 @@ def load_instruction_sets(path: str | os.PathLike | None = None) -> dict[str, li
         path: a JSON file with the schema in the module docstring; default the packaged sets.
 
     Returns:
-        ``{"original": [...], "simple": [...], "complex": [...]}`` (fresh lists).
+        ``{"original": [...], "simple": [...], "complex": [...], ...}`` (fresh lists): the paper's
+        three sets, then those of :data:`EXTRA_SET_NAMES` the file has (the packaged file has all).
 
     Raises:
         ValueError: malformed file (unknown achievement, missing key, empty text, ...).
@@ -156,14 +240,18 @@ def load_instruction_sets(path: str | os.PathLike | None = None) -> dict[str, li
 
 
 def get_instruction_set(name: str, path: str | os.PathLike | None = None) -> list[EvalInstruction]:
-    """One evaluation set by name (``"original"``, ``"simple"`` or ``"complex"``).
+    """One evaluation set by name (one of :data:`PACKAGED_SET_NAMES`).
 
     Raises:
-        UnknownInstructionSetError: (a KeyError and a ValueError) for any other name.
+        UnknownInstructionSetError: (a KeyError and a ValueError) for any other name, or a set the
+            file at ``path`` does not have.
     """
-    if name not in SET_NAMES:
-        raise UnknownInstructionSetError(f"unknown instruction set {name!r}; valid names: {', '.join(SET_NAMES)}")
-    return load_instruction_sets(path)[name]
+    if name not in PACKAGED_SET_NAMES:
+        raise UnknownInstructionSetError(f"unknown instruction set {name!r}; valid names: {', '.join(PACKAGED_SET_NAMES)}")
+    sets = load_instruction_sets(path)
+    if name not in sets:
+        raise UnknownInstructionSetError(f"{path}: has no set {name!r}; it has {', '.join(sets)}")
+    return sets[name]
 
 
 # ----------------------------------------------------------------------------- user files of named sets
@@ -195,7 +283,7 @@ def validate_instruction(text: object, where: str = "instruction") -> str:
     if len(s) > MAX_INSTRUCTION_CHARS:
         raise ValueError(f"{where}: {len(s)} characters, more than the {MAX_INSTRUCTION_CHARS} allowed: {s[:60]!r}...")
     return s
-_ENTRY_FIELDS = ("text", "achievement", "achievements")
+_ENTRY_FIELDS = ("text", "achievement", "achievements", "sequence", "horizon")
 
 
 class _Obj(dict):
@@ -243,8 +331,8 @@ def _parse_entry(entry: Any, set_name: str, where: str) -> EvalInstruction:
         raise ValueError(f"{where}: field {entry.repeated[0]!r} is given twice")
     unknown = [k for k in entry if k not in _ENTRY_FIELDS]
     if unknown:
-        raise ValueError(f"{where}: unknown field {unknown[0]!r}; an entry has 'text' and one of 'achievement' "
-                         "or 'achievements'")
+        raise ValueError(f"{where}: unknown field {unknown[0]!r}; an entry has 'text', one of 'achievement', "
+                         "'achievements' or 'sequence', and optionally 'horizon'")
     if "text" not in entry:
         raise ValueError(f"{where}: field 'text' is missing")
     try:
@@ -252,21 +340,29 @@ def _parse_entry(entry: Any, set_name: str, where: str) -> EvalInstruction:
     except TypeError as e:
         raise ValueError(str(e)) from None
     where = f"{where} ({text!r})"
-    if ("achievement" in entry) == ("achievements" in entry):
-        raise ValueError(f"{where}: give exactly one of the fields 'achievement' (a name) or 'achievements' "
-                         "(a list of names, all to be achieved)")
+    given = [k for k in ("achievement", "achievements", "sequence") if k in entry]
+    if len(given) != 1:
+        raise ValueError(f"{where}: give exactly one of the fields 'achievement' (a name), 'achievements' "
+                         "(a list of names, all to be achieved) or 'sequence' (two names, to be achieved in this order)")
+    horizon = _horizon(entry.get("horizon"), where)
     if "achievement" in entry:
-        return EvalInstruction(text, _achievement_index(entry["achievement"], where, "achievement"), set_name)
-    names = entry["achievements"]
+        return EvalInstruction(text, _achievement_index(entry["achievement"], where, "achievement"), set_name,
+                               horizon=horizon)
+    field = given[0]
+    names = entry[field]
     if not isinstance(names, list) or not names:
-        raise ValueError(f"{where}: field 'achievements': expected a non-empty list of achievement names, "
+        raise ValueError(f"{where}: field {field!r}: expected a non-empty list of achievement names, "
                          f"got {_type_name(names)} {names!r}")
-    idx = [_achievement_index(n, where, "achievements") for n in names]
+    idx = [_achievement_index(n, where, field) for n in names]
     if len(set(idx)) != len(idx):
-        raise ValueError(f"{where}: field 'achievements': an achievement is listed twice ({names!r})")
+        raise ValueError(f"{where}: field {field!r}: an achievement is listed twice ({names!r})")
+    if field == "sequence":
+        if len(idx) != 2:
+            raise ValueError(f"{where}: field 'sequence': expected two achievement names (first, then), got {names!r}")
+        return EvalInstruction(text, -1, set_name, tuple(idx), True, horizon)
     if len(idx) == 1:
-        return EvalInstruction(text, idx[0], set_name)
-    return EvalInstruction(text, -1, set_name, tuple(sorted(idx)))
+        return EvalInstruction(text, idx[0], set_name, horizon=horizon)
+    return EvalInstruction(text, -1, set_name, tuple(sorted(idx)), horizon=horizon)
 
 
 def _parse_named_sets(raw: dict, source: str) -> dict[str, list[EvalInstruction]]:
@@ -304,7 +400,8 @@ def load_instruction_file(path: str | os.PathLike) -> dict[str, list[EvalInstruc
     """Named evaluation sets of one user file (schema in the module docstring and ``docs/evaluation.md``).
 
     A file of the packaged per-achievement schema (``{"instructions": [...]}``) is read too; its sets
-    are then named ``original``, ``simple`` and ``complex``.
+    are then named ``original``, ``simple``, ``complex`` (and ``heldout``, ``ordered``,
+    ``ordered_reverse`` when it has them).
 
     Returns:
         ``{set name: [EvalInstruction, ...]}`` in file order.
@@ -329,7 +426,7 @@ def load_instruction_files(paths: Sequence[str | os.PathLike],
 
     Args:
         paths: user files (:func:`load_instruction_file`), in order.
-        builtin: the built-in set names evaluated beside them; no user set may take one of them.
+        builtin: the packaged set names evaluated beside them; no user set may take one of them.
 
     Returns:
         ``{set name: [EvalInstruction, ...]}``, the files' sets in order.

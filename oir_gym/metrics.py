@@ -10,7 +10,13 @@ Success rates are fractions in ``[0, 1]`` (not percentages), one per instruction
 
 Seeds are aggregated with :func:`mean_and_stderr` (the paper's shaded areas are standard errors)
 and, for confidence intervals, :func:`t_interval` (Student's t interval of the mean) or
-:func:`bootstrap_ci` (scipy's percentile bootstrap).
+:func:`bootstrap_ci` (scipy's percentile bootstrap); the difference of two arms' means with
+:func:`welch_interval`.
+
+Paraphrase retention (:func:`paraphrase_retention`): over the achievements a policy has learned
+(success on the original wording at least :data:`LEARNED_THRESHOLD`), the mean of its success on a
+paraphrase set's wordings of the achievement divided by its success on the original wording:
+1 when paraphrases are followed as well as the original, 0 when not at all.
 
 The control of the evaluation (:mod:`oir_gym.evaluation`) adds the instruction-following gain
 (:func:`following_gain`, :func:`control_summary`): per instruction, its achievement's success rate
@@ -230,3 +236,79 @@ def t_interval(values: Any, confidence: float = 0.95) -> tuple[float, float]:
     mean = float(arr.mean())
     half = float(stats.t.ppf(0.5 + confidence / 2, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size))
     return mean - half, mean + half
+
+
+#: Success on an achievement's original instruction from which it counts as learned (paraphrase retention).
+LEARNED_THRESHOLD = 0.25
+
+
+def paraphrase_retention(original_rates: Any, original_achievements: Sequence[int], rates: Any,
+                         achievements: Sequence[int], learned: float = LEARNED_THRESHOLD) -> float:
+    """How much of its success on learned achievements a policy keeps when they are paraphrased.
+
+    For each achievement ``a`` learned on the original set (``original_rates`` at ``a`` >=
+    ``learned``) that the paraphrase set asks for: the mean success of the set's instructions of
+    ``a`` divided by the original success of ``a``; the mean of those ratios (each learned
+    achievement weighs the same, however many paraphrases it has). A ratio can exceed 1 (a
+    paraphrase followed better than the original wording).
+
+    Args:
+        original_rates: per-instruction success on the original set (one instruction per achievement).
+        original_achievements: the achievement index of each original instruction.
+        rates: per-instruction success on the paraphrase set.
+        achievements: the achievement index of each paraphrase instruction (several per achievement allowed).
+        learned: the original success from which an achievement counts as learned (> 0).
+
+    Returns:
+        The retention, or NaN when no learned achievement is asked for in the paraphrase set.
+
+    Raises:
+        ValueError: rates outside [0, 1], misaligned inputs, an achievement twice in the original
+            set, or ``learned`` outside (0, 1].
+    """
+    o, r = _rates_array(original_rates), _rates_array(rates)
+    oa, ra = [int(a) for a in original_achievements], [int(a) for a in achievements]
+    if len(oa) != o.size or len(ra) != r.size:
+        raise ValueError(f"rates and achievements must be aligned: original {o.size} rates for {len(oa)} "
+                         f"achievements, paraphrases {r.size} rates for {len(ra)} achievements")
+    if len(set(oa)) != len(oa):
+        raise ValueError("original_achievements: an achievement appears twice (the original set has one "
+                         "instruction per achievement)")
+    if not 0 < learned <= 1:
+        raise ValueError(f"learned={learned} must be in (0, 1]")
+    base = dict(zip(oa, o.tolist()))
+    ratios = []
+    for a in dict.fromkeys(ra):
+        if base.get(a, 0.0) >= learned:
+            para = float(np.mean([x for x, b in zip(r.tolist(), ra) if b == a]))
+            ratios.append(para / base[a])
+    return float(np.mean(ratios)) if ratios else float("nan")
+
+
+def welch_interval(values: Any, baseline: Any, confidence: float = 0.95) -> tuple[float, float, float]:
+    """Difference of two arms' means over seeds, ``mean(values) - mean(baseline)``, with Welch's t
+    interval (unequal variances; Welch-Satterthwaite degrees of freedom).
+
+    Args:
+        values, baseline: one value per seed of each arm (1-D, finite, at least 2 each).
+
+    Returns:
+        ``(difference, low, high)``; ``low == high == difference`` when neither arm varies.
+    """
+    a, b = np.asarray(values, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    for name, arr in (("values", a), ("baseline", b)):
+        if arr.ndim != 1 or arr.size < 2:
+            raise ValueError(f"{name} must be a 1-D array of at least 2 per-seed values, got shape {arr.shape}")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{name} must be finite (no NaN or inf)")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    diff = float(a.mean() - b.mean())
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    if va + vb == 0:
+        return diff, diff, diff
+    from scipy import stats
+
+    df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1))
+    half = float(stats.t.ppf((1 + confidence) / 2, df) * np.sqrt(va + vb))
+    return diff, diff - half, diff + half

@@ -601,3 +601,55 @@ def test_oracle_ladder_tables_in_results_doc_are_rebuilt_from_results(capsys):
         c = [x.strip() for x in row.strip("|").split("|")]
         if c[0] in ("canonical", "compound"):
             assert "| " + " | ".join([*c[:5], own(c[5])]) + " |" in RESULTS, c[0]
+
+
+def test_retention_and_ordered_tables_with_t_intervals(tmp_path, capsys):
+    """Hand-built final evaluations of two seeds with the held-out and ordered sets: the retention
+    and order tables print each seed's values' mean with the 95% t interval."""
+    from oir_gym.evaluation import RECORD_SHAPE, EvalConfig, eval_instructions, eval_result
+    from oir_gym.metrics import t_interval
+
+    cfg = EvalConfig(sets=("original", "heldout", "ordered", "ordered_reverse"), episodes=1)
+    texts, achs, sets = eval_instructions(cfg)
+    heldout = [i for i, s in enumerate(sets) if s == "heldout"]
+    sw, ws = texts.index("collect sapling then collect wood"), texts.index("collect wood then collect sapling")
+
+    def seed_result(both_wood_paraphrases: bool):
+        rec = np.full((len(texts), *RECORD_SHAPE), -1, np.int32)
+        rec[texts.index("collect wood"), 0, 0] = 5  # wood and drink learned (success 1), the rest not
+        rec[texts.index("collect drink"), 0, 4] = 5
+        rec[heldout[0], 0, 0] = 7  # wood's first held-out wording; the second one in one seed only
+        rec[heldout[1], 0, 0] = 7 if both_wood_paraphrases else -1
+        rec[heldout[8:10], 0, 4] = 3  # both of drink's
+        rec[sw, 0, [3, 0]] = [1, 3]  # asked "sapling then wood": sapling at 1, wood at 3
+        rec[sw, 1 + 3, 0] = 3
+        rec[ws, 0, [0, 3]] = [1, 2]  # asked "wood then sapling": wood at 1, sapling at 2
+        rec[ws, 1 + 0, 3] = 2
+        return eval_result(cfg, texts, achs, sets, rec)
+
+    results = [seed_result(False), seed_result(True)]
+    assert [texts[i] for i in heldout[8:10]] == ["Take a sip of water.", "Go to the water's edge and have a drink."]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval_final.json").write_text(json.dumps([r.to_dict() for r in results]))
+    (run / "metrics.jsonl").write_text(json.dumps({"update": 1, "env_steps": 100}) + "\n")
+    assert analyze_runs.main(["--table-only", "--runs", f"m={run}"]) == 0
+    out = capsys.readouterr().out
+    retention = [0.75, 1.0]  # seed 0: (0.5 + 1) / 2; seed 1: (1 + 1) / 2
+    lo, hi = t_interval(retention)
+    rows = {r.split("|")[2].strip(): r for r in _section(out, "Paraphrase retention")}
+    assert f"| {np.mean(retention):.3f} [{lo:.3f}, {hi:.3f}] |" in rows["heldout"]
+    assert rows["original"].startswith(f"| m | original | 2 | {2 / 22:.3f} [{2 / 22:.3f}, {2 / 22:.3f}] | - |")
+    (order,) = _section(out, "Ordered compounds")
+    # each set: 1 of 22 pairs in its order; asked "wood then sapling", sapling never came before wood
+    assert order == (f"| m | 2 | {1 / 22:.3f} [{1 / 22:.3f}, {1 / 22:.3f}] | {1 / 22:.3f} [{1 / 22:.3f}, {1 / 22:.3f}] "
+                     f"| 0.000 [0.000, 0.000] | +{1 / 22:.3f} [+{1 / 22:.3f}, +{1 / 22:.3f}] |")
+    assert results[0].flat_metrics()["eval/heldout/retention"] == pytest.approx(0.75)
+    # --baseline: each cell's difference to the baseline's, with a Welch t interval (here: itself, 0)
+    assert analyze_runs.main(["--table-only", "--runs", f"m={run}", f"b={run}", "--baseline", "b"]) == 0
+    rows = {(r.split("|")[1].strip(), r.split("|")[2].strip()): r for r in _section(capsys.readouterr().out,
+                                                                                  "Paraphrase retention")}
+    assert "; vs base: +0.000 [" in rows[("m", "heldout")] and "vs base" not in rows[("b", "heldout")]
+    with pytest.raises(SystemExit):
+        analyze_runs.main(["--table-only", "--runs", f"m={run}", "--baseline", "nope"])
+    assert results[0].flat_metrics()["eval/control/ordered/order_gain"] == pytest.approx(1 / 22)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from test_oir_grounding import _trainer as _cosine_trainer
+from test_oir_grounding import SAPLING_FIRST, _trainer as _cosine_trainer
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -64,8 +64,10 @@ def test_a_bound_copy_pays_exactly_at_its_bound_step_and_an_ordered_pair_after_i
 
 
 def _trainer(tmp_path, **kw) -> tuple[Trainer, dict]:
-    """test_oir_grounding's tiny trainer and hand-built rollout, in bound mode."""
-    return _cosine_trainer(tmp_path, **{"oir.grounding": "bound", **kw})
+    """test_oir_grounding's tiny trainer and hand-built rollout (a sapling, then wood, table, pickaxe),
+    in bound mode, with the compound oracle's ordered pairs ("collect sapling then collect wood") in its K = 8."""
+    return _cosine_trainer(tmp_path, SAPLING_FIRST, **{"oir.grounding": "bound", "oir.oracle": "compound",
+                                                       "oir.k": 8, **kw})
 
 
 def test_bound_relabeling_uses_each_candidates_rows_and_binds_buffer_instructions(tmp_path):
@@ -80,7 +82,7 @@ def test_bound_relabeling_uses_each_candidates_rows_and_binds_buffer_instruction
         np.testing.assert_array_equal(np.asarray(slots["final"][0, j]), c.final_row)
         np.testing.assert_array_equal(np.asarray(slots["pre"][0, j]), c.pre_row)
         np.testing.assert_allclose(np.asarray(slots["emb"][0, j]), c.emb)
-    # an ordered rule compound ("collect wood then place table") binds and becomes a row under bound grounding
+    # an ordered compound ("collect sapling then collect wood") binds and becomes a row under bound grounding
     assert any(c.binding.pre >= 0 for c in cands)
     rollout = jax.tree_util.tree_map(jnp.asarray, {
         "obs": np.zeros((1, 16, 2, 3), np.float32), "instr": host["instr"], "action": host["action"],

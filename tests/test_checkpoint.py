@@ -152,3 +152,74 @@ def test_a_foreign_manifest_is_refused(tmp_path):
         load_checkpoint(tmp_path)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_checkpoint(tmp_path / "empty")
+
+
+def test_a_checkpoint_folder_without_its_manifest_is_skipped_and_saves_go_on(tmp_path):
+    """Issue 30.7: a partial copy (no manifest.json) of the newest checkpoint: readers fall back to
+    the one before, and saving its update again moves the partial folder aside (it used to fail
+    with 'Directory not empty' at every later save)."""
+    from agents.checkpoint import incomplete_checkpoints
+
+    for u in (2, 4):
+        save_checkpoint(tmp_path, u, _tree(u), {"update": u})
+    partial = tmp_path / "checkpoints" / "000004"
+    (partial / MANIFEST).unlink()
+    assert latest_checkpoint(tmp_path).name == "000002" and incomplete_checkpoints(tmp_path) == [partial]
+    assert load_checkpoint(tmp_path)[1]["update"] == 2
+    save_checkpoint(tmp_path, 4, _tree(4.5), {"update": 4})
+    assert load_checkpoint(tmp_path)[1]["update"] == 4
+    np.testing.assert_array_equal(load_checkpoint(tmp_path)[0]["box"]["weights"], np.full((3, 8), 4.5, np.float32))
+    aside = tmp_path / "checkpoints" / "000004.incomplete"
+    assert (aside / ARRAYS).exists() and not incomplete_checkpoints(tmp_path)  # kept, out of the way
+    save_checkpoint(tmp_path, 6, _tree(6), {"update": 6}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["000004", "000006"]
+
+
+def _rewrite(folder: Path, arrays=None, host=None, manifest_update=None) -> None:
+    """Replace a checkpoint's content and write a manifest consistent with it (what a writer with
+    bad state, or someone editing the folder, leaves: the checksums match)."""
+    import hashlib
+
+    from flax import serialization
+
+    manifest = json.loads((folder / MANIFEST).read_text())
+    if arrays is not None:
+        blob = serialization.msgpack_serialize(arrays)
+        (folder / ARRAYS).write_bytes(blob)
+        manifest["files"][ARRAYS] = {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    if host is not None:
+        data = json.dumps(host).encode()
+        (folder / HOST).write_bytes(data)
+        manifest["files"][HOST] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if manifest_update is not None:
+        manifest["update"] = manifest_update
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("case, file, match", [
+    ("nan weights", ARRAYS, r"field w/kernel holds NaN or infinite values"),
+    ("host is a list", HOST, r"holds a JSON list, not an object"),
+    ("negative update", MANIFEST, r"update=-3 is not a count"),
+    ("negative env steps", HOST, r"env_steps=-64 is not a count"),
+    ("host update differs", HOST, r"update=5 but its manifest says 2"),
+    ("manifest of another folder", MANIFEST, r"says update 7 but lies in the folder of update 2"),
+])
+def test_checkpoint_content_is_checked_with_an_error_naming_the_file(tmp_path, case, file, match):
+    """Issue 30.8: files whose manifest matches them but whose content is bad are refused on load."""
+    folder = save_checkpoint(tmp_path, 2, {"w": {"kernel": np.ones((2, 2), np.float32)}},
+                             {"update": 2, "env_steps": 128})
+    if case == "nan weights":
+        _rewrite(folder, arrays={"w": {"kernel": np.array([[1.0, np.nan], [0.0, 1.0]], np.float32)}})
+    elif case == "host is a list":
+        _rewrite(folder, host=[1, 2, 3])
+    elif case == "negative update":
+        _rewrite(folder, host={"update": -3}, manifest_update=-3)
+    elif case == "negative env steps":
+        _rewrite(folder, host={"update": 2, "env_steps": -64})
+    elif case == "host update differs":
+        _rewrite(folder, host={"update": 5})
+    else:
+        _rewrite(folder, host={"update": 7}, manifest_update=7)
+    with pytest.raises(CheckpointError, match=match) as err:
+        load_checkpoint(tmp_path)
+    assert str(folder / file) in str(err.value)

@@ -28,6 +28,7 @@ from oir_gym.evaluation import (
     eval_instructions,
     eval_key,
     eval_keys,
+    eval_params,
     eval_result,
     evaluate_jax_seeds,
     evaluate_python_policy,
@@ -319,13 +320,16 @@ def jax_eval(encoder):
     params = {"emb": jnp.asarray(np.stack([emb, emb])), "follow": jnp.array([False, True])}
     # both policies in one call, on the same worlds (same key)
     keys = jnp.stack([eval_key(0), eval_key(0)])
-    blind, follow = evaluate_jax_seeds(seeds, keys, params, F.EnvParams(table=registry.device_table()), rows, cfg,
-                                       texts, achs, sets)
-    return blind, follow
+    env_params = F.EnvParams(table=registry.device_table())
+    blind, follow = evaluate_jax_seeds(seeds, keys, params, env_params, rows, cfg, texts, achs, sets)
+    # the raw episode records of the same program (no new compile), for the record's own checks
+    records = np.asarray(seeds(keys, params, eval_params(env_params, rows, achs),
+                               jnp.repeat(jnp.asarray(rows, jnp.int32), cfg.episodes)))
+    return blind, follow, records
 
 
 def test_a_random_policy_that_ignores_its_instruction_gains_nothing(jax_eval):
-    blind, _ = jax_eval
+    blind, _, _ = jax_eval
     m = blind.flat_metrics()
     # something is achieved (the test has content) ...
     assert m["eval/original/num_completed"] >= 3 and m["eval/original/mean_success_rate"] > 0.04
@@ -339,7 +343,7 @@ def test_a_random_policy_that_ignores_its_instruction_gains_nothing(jax_eval):
 
 
 def test_a_scripted_policy_that_follows_instructions_has_a_positive_gain(jax_eval):
-    _, follow = jax_eval
+    _, follow, _ = jax_eval
     d = follow.to_dict()["original"]
     gain = dict(zip(d["texts"], d["control"]["gain_per_instruction"]))
     rate = dict(zip(d["texts"], d["rates"]))
@@ -370,3 +374,57 @@ def test_python_driver_scores_a_scripted_sleeper_and_its_neutral_control(tmp_pat
     assert res.rates["rest"].tolist() == [1.0]
     c = res.control_summary()["rest"]
     assert c == {"gain_neutral": 1.0, "neutral_mean_success_rate": 0.0}
+
+
+def test_episode_records_hold_first_steps_and_the_order_of_every_pair(jax_eval):
+    """The evaluator's records (RECORD_SHAPE): row 0 the first step of each achievement, row 1 + a
+    the first step of b after an earlier a; consistent with each other on every episode."""
+    from oir_gym.evaluation import RECORD_SHAPE
+
+    _, _, records = jax_eval
+    assert records.shape[2:] == RECORD_SHAPE and records.dtype == np.int32
+    first, after = records[:, :, 0], records[:, :, 1:]
+    assert (first >= -1).all() and (first < 60).all() and (first >= 0).sum() > 10  # the horizon is 60 steps
+    s, e, a, b = np.nonzero(after >= 0)
+    assert len(s) > 0  # some pairs happened in order (the random policy collects several things)
+    # b after a: a happened strictly before that step, and b first happened no later
+    assert (first[s, e, a] >= 0).all() and (first[s, e, a] < after[s, e, a, b]).all()
+    assert (first[s, e, b] >= 0).all() and (first[s, e, b] <= after[s, e, a, b]).all()
+    # where both happened and a's first step is before b's, "b after a" is b's first step; never b after b
+    both = (first[:, :, :, None] >= 0) & (first[:, :, None, :] >= 0) & (first[:, :, :, None] < first[:, :, None, :])
+    np.testing.assert_array_equal(np.where(both, after, 0), np.where(both, np.broadcast_to(first[:, :, None, :],
+                                                                                            after.shape), 0))
+
+
+def test_ordered_instructions_are_scored_by_their_order_and_horizon(tmp_path):
+    from oir_gym.evaluation import RECORD_SHAPE
+
+    f = _user_file(tmp_path, {"order": [
+        {"text": "wood then drink", "sequence": ["collect_wood", "collect_drink"]},
+        {"text": "drink then wood", "sequence": ["collect_drink", "collect_wood"]},
+        {"text": "wood soon", "achievement": "collect_wood", "horizon": 5}]})
+    cfg = EvalConfig(sets=(), instruction_files=(str(f),), episodes=2, horizon=50)
+    texts, achs, sets = eval_instructions(cfg)
+    rec = np.full((len(texts) * 2, *RECORD_SHAPE), -1, np.int32)
+    rec[0, 0, [0, 4]] = [3, 9]  # "wood then drink", episode 0: wood at 3, drink at 9
+    rec[0, 1 + 0, 4] = 9
+    rec[1, 0, [0, 4]] = [9, 3]  # episode 1: drink first, no drink after the wood
+    rec[1, 1 + 4, 0] = 9
+    rec[2, 0, [0, 4]] = [2, 1]  # "drink then wood", episode 0: drink at 1, wood at 2
+    rec[2, 1 + 4, 0] = 2
+    rec[4, 0, 0] = 4  # "wood soon": wood at 4 (within 5 steps), then at 5 (too late)
+    rec[5, 0, 0] = 5
+    res = eval_result(cfg, texts, achs, sets, rec)
+    np.testing.assert_allclose(res.rates["order"], [0.5, 0.5, 0.5])
+    c = res.control["order"]
+    assert c.reverse_texts == ["drink then wood", "wood then drink", None]
+    # wood before drink when asked "drink then wood": never; drink before wood when asked "wood then drink": episode 1
+    np.testing.assert_allclose(c.reverse_rates[:2], [0.0, 0.5])
+    assert np.isnan(c.reverse_rates[2])
+    m = res.flat_metrics()
+    assert m["eval/control/order/order_gain"] == pytest.approx((0.5 + 0.0) / 2)
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["order"]["ordered"] == [True, True, False] and d["order"]["targets"][:2] == [[0, 4], [4, 0]]
+    assert d["order"]["control"]["order_gain_per_instruction"] == [0.5, 0.0, None]
+    with pytest.raises(ValueError, match="ordered instructions"):  # bare flags cannot tell the order
+        eval_result(cfg, texts, achs, sets, np.zeros((len(texts) * 2, 22), bool))

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 import oir_gym.instructions
+from oir_gym.prerequisites import related_achievements
 from oir_gym.captions import ACHIEVEMENT_NAMES
 from oir_gym.instruction_registry import MAX_INSTRUCTION_CHARS
 from oir_gym.instructions import (
     MAX_TEXT_CHARS,
     ORIGINAL_INSTRUCTIONS,
+    PACKAGED_SET_NAMES,
     SET_NAMES,
     EvalInstruction,
     UnknownInstructionSetError,
@@ -41,11 +43,20 @@ def test_original_instructions_match_paper():
 
 def test_sets_shape_and_order():
     sets = load_instruction_sets()
-    assert tuple(sets) == SET_NAMES
+    assert tuple(sets) == PACKAGED_SET_NAMES and PACKAGED_SET_NAMES[:3] == SET_NAMES
     assert [e.achievement_index for e in sets["original"]] == list(range(22))
     for name in ("simple", "complex"):
         assert len(sets[name]) == 66
         assert [e.achievement_index for e in sets[name]] == [i for i in range(22) for _ in range(3)]
+    assert [e.achievement_index for e in sets["heldout"]] == [i for i in range(22) for _ in range(2)]
+    # the ordered set: >= 20 pairs of unrelated achievements, its control the same pairs reversed, 300 steps
+    assert len(sets["ordered"]) >= 20 and len(sets["ordered"]) == len(sets["ordered_reverse"])
+    for fwd, rev in zip(sets["ordered"], sets["ordered_reverse"]):
+        assert fwd.ordered and rev.ordered and fwd.targets == rev.targets[::-1] and len(fwd.targets) == 2
+        assert not related_achievements(*fwd.targets) and fwd.horizon == rev.horizon == 300
+        a, b = (ORIGINAL_INSTRUCTIONS[i] for i in fwd.targets)
+        assert (fwd.text, rev.text) == (f"{a} then {b}", f"{b} then {a}")
+    assert len({frozenset(e.targets) for e in sets["ordered"]}) == len(sets["ordered"])
     for name, items in sets.items():
         assert all(isinstance(e, EvalInstruction) and e.set_name == name and e.text.strip() for e in items)
     all_texts = [e.text for items in sets.values() for e in items]
@@ -190,7 +201,10 @@ def _entry_file(tmp_path, entry, set_name="mine"):
     ({"text": "eat", "achievements": "eat_cow"}, r"entry 1 \('eat'\): field 'achievements': expected a non-empty list of achievement names, got string"),
     ({"text": "eat", "achievements": []}, r"entry 1 \('eat'\): field 'achievements': expected a non-empty list"),
     ({"text": "eat", "achievements": ["eat_cow", "eat_cow"]}, r"entry 1 \('eat'\): field 'achievements': an achievement is listed twice"),
-    ({"text": "eat"}, r"entry 1 \('eat'\): give exactly one of the fields 'achievement' \(a name\) or 'achievements'"),
+    ({"text": "eat"}, r"entry 1 \('eat'\): give exactly one of the fields 'achievement' \(a name\), 'achievements'"),
+    ({"text": "eat", "sequence": ["eat_cow"]}, r"entry 1 \('eat'\): field 'sequence': expected two achievement names"),
+    ({"text": "eat", "sequence": ["eat_cow", "eat_cows"]}, r"entry 1 \('eat'\): field 'sequence': unknown achievement 'eat_cows'"),
+    ({"text": "eat", "achievement": "eat_cow", "horizon": 0}, r"entry 1 \('eat'\): field 'horizon': expected a number of steps >= 1"),
     ({"text": "eat", "achievement": "eat_cow", "achievements": ["eat_cow"]}, r"entry 1 \('eat'\): give exactly one of the fields"),
     ({"achievement": "eat_cow"}, r"entry 1: field 'text' is missing"),
     ({"text": "eat", "achievment": "eat_cow"}, r"entry 1: unknown field 'achievment'"),
@@ -295,3 +309,30 @@ def test_no_held_out_evaluation_wording_is_a_few_shot_example_of_a_packaged_prom
     for p in prompts:
         quoted = set(re.findall(r'"([^"]+)"', p.read_text().lower()))
         assert not (quoted & held_out), (p.name, sorted(quoted & held_out))
+
+
+def test_an_ordered_block_of_related_or_unknown_achievements_is_refused(tmp_path):
+    """The per-achievement schema's ordered pairs: a prerequisite pair (whose order the game decides)
+    or an unknown achievement stops the load with the file, the pair and the field named."""
+    packaged = json.loads((Path(oir_gym.instructions.__file__).parent / "data" / "instructions.json").read_text())
+
+    def write(pairs):
+        path = tmp_path / "sets.json"
+        path.write_text(json.dumps({**packaged, "ordered": {"horizon": 300, "pairs": pairs}}))
+        return path
+
+    pair = {"first": "collect_wood", "then": "place_table", "text": "wood then table", "reverse": "table then wood"}
+    with pytest.raises(ValueError, match=r"sets.json: 'ordered', pair 0: 'collect_wood' and 'place_table' are the "
+                                         r"same achievement or one is a prerequisite"):
+        load_instruction_sets(write([pair]))
+    with pytest.raises(ValueError, match=r"pair 0: field 'then': unknown achievement 'place_tabel'"):
+        load_instruction_sets(write([{**pair, "then": "place_tabel"}]))
+    with pytest.raises(ValueError, match=r"pair 1: the pair 'collect_drink', 'collect_wood' is listed twice"):
+        ok = {**pair, "first": "collect_wood", "then": "collect_drink"}
+        load_instruction_sets(write([ok, {**ok, "first": "collect_drink", "then": "collect_wood"}]))
+    with pytest.raises(ValueError, match=r"'ordered': field 'horizon': expected a number of steps >= 1"):
+        path = tmp_path / "h.json"
+        path.write_text(json.dumps({**packaged, "ordered": {**packaged["ordered"], "horizon": 0}}))
+        load_instruction_sets(path)
+    sets = load_instruction_sets(write([{**pair, "then": "collect_drink"}]))
+    assert [e.text for e in sets["ordered"]] == ["wood then table"] and sets["ordered_reverse"][0].targets == (4, 0)

@@ -224,3 +224,70 @@ def test_t_interval_is_centred_on_the_mean_and_wider_than_the_standard_error(val
     assert (low + high) / 2 == pytest.approx(mean, abs=1e-12)
     # the 97.5% t quantile exceeds the normal's 1.96 at every sample size
     assert high - mean >= 1.96 * se - 1e-12
+
+
+# --------------------------------------------------------------------------- paraphrase retention
+
+
+def test_paraphrase_retention_averages_per_learned_achievement_ratios():
+    from oir_gym.metrics import LEARNED_THRESHOLD, paraphrase_retention
+
+    assert LEARNED_THRESHOLD == 0.25
+    # achievement 0 learned (0.5): paraphrases 0.25 and 0.5 -> 0.375 / 0.5 = 0.75; achievement 1 not
+    # learned (0.2, left out); achievement 2 learned (1.0): 0.5 -> 0.5; retention (0.75 + 0.5) / 2
+    assert paraphrase_retention([0.5, 0.2, 1.0], [0, 1, 2], [0.25, 0.5, 0.1, 0.5], [0, 0, 1, 2]) == pytest.approx(0.625)
+    # exactly at the threshold counts as learned; a paraphrase followed better than the original: > 1
+    assert paraphrase_retention([0.25], [7], [0.5, 0.5], [7, 7]) == pytest.approx(2.0)
+    assert paraphrase_retention([0.5], [3], [0.5], [3], learned=0.6) != paraphrase_retention([0.5], [3], [0.5], [3])
+    # nothing learned, or no learned achievement asked in the set: undefined
+    assert math.isnan(paraphrase_retention([0.2, 0.1], [0, 1], [0.2], [0]))
+    assert math.isnan(paraphrase_retention([0.9, 0.1], [0, 1], [0.2], [1]))
+    for bad, match in [
+        (([0.5], [0, 1], [0.5], [0]), "aligned"),
+        (([0.5, 0.5], [0, 0], [0.5], [0]), "appears twice"),
+        (([50.0], [0], [0.5], [0]), "percentages"),
+        (([0.5], [0], [0.5], [0], 0.0), "learned=0.0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            paraphrase_retention(*bad)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=22), st.data())
+def test_paraphrase_retention_properties(original, data):
+    from oir_gym.metrics import paraphrase_retention
+
+    achs = list(range(len(original)))
+    per = data.draw(st.integers(1, 3))
+    para_achs = [a for a in achs for _ in range(per)]
+    # the original wordings asked again: retention 1 on whatever was learned
+    same = paraphrase_retention(original, achs, [original[a] for a in para_achs], para_achs)
+    learned = [o for o in original if o >= 0.25]
+    assert math.isnan(same) if not learned else same == pytest.approx(1.0)
+    # every paraphrase at c times the original success: retention c
+    c = data.draw(st.floats(0, 1))
+    scaled = paraphrase_retention(original, achs, [c * original[a] for a in para_achs], para_achs)
+    assert math.isnan(scaled) if not learned else scaled == pytest.approx(c, abs=1e-9)
+    # the order of the instructions does not matter; retention is >= 0
+    rates = data.draw(st.lists(st.floats(0, 1), min_size=len(para_achs), max_size=len(para_achs)))
+    perm = data.draw(st.permutations(range(len(para_achs))))
+    a = paraphrase_retention(original, achs, rates, para_achs)
+    b = paraphrase_retention(original, achs, [rates[i] for i in perm], [para_achs[i] for i in perm])
+    assert (math.isnan(a) and math.isnan(b)) or (a == pytest.approx(b) and a >= 0)
+
+
+def test_welch_interval_of_a_difference_between_two_arms():
+    from scipy import stats
+
+    from oir_gym.metrics import welch_interval
+
+    a, b = [0.5, 0.6, 0.7, 0.55, 0.65, 0.6], [0.4, 0.5, 0.45]
+    diff, low, high = welch_interval(a, b)
+    res = stats.ttest_ind(a, b, equal_var=False)  # scipy's Welch test agrees on the interval
+    ci = res.confidence_interval(0.95)
+    assert diff == pytest.approx(np.mean(a) - np.mean(b))
+    assert (low, high) == pytest.approx((ci.low, ci.high))
+    assert welch_interval([0.3, 0.3], [0.1, 0.1]) == pytest.approx((0.2, 0.2, 0.2))
+    for bad in (([0.1], [0.1, 0.2]), ([0.1, float("nan")], [0.1, 0.2])):
+        with pytest.raises(ValueError):
+            welch_interval(*bad)

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ from hypothesis import strategies as st
 
 from run_metrics import assert_same_seeds_metrics, read_rows
 
-from agents.multihost import allgather_json, check_processes, merge_evals, merge_rows, process_dir, seed_slice
+from agents.multihost import (allgather_json, check_processes, merge_evals, merge_rows, newest_common_update,
+                              process_dir, seed_slice)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,6 +84,13 @@ def test_merged_seed_means_equal_the_mean_over_every_seed(procs, per, data):
     assert [out[f"seed{g}/x"] for g in range(procs * per)] == values
 
 
+def test_the_run_resumes_from_the_newest_checkpoint_every_process_holds():
+    assert newest_common_update([[2, 4], [2]]) == 2  # process 1 stopped before its save of update 4
+    assert newest_common_update([[4, 6], [2, 4]]) == 4
+    assert newest_common_update([[6, 8], [2, 4]]) is None  # nothing shared: the run starts again
+    assert newest_common_update([[], [2]]) is None and newest_common_update([[3, 5]]) == 5
+
+
 def test_merge_evals_concatenates_in_process_order():
     assert merge_evals([[{"s": 0}, {"s": 1}], [{"s": 2}]]) == [{"s": 0}, {"s": 1}, {"s": 2}]
 
@@ -93,8 +102,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(args: list[str], processes: int, timeout: int = 600) -> list[subprocess.CompletedProcess]:
-    """examples/train_pqn.py ``args`` in ``processes`` processes joined on localhost (1: no join)."""
+def _start(args: list[str], processes: int) -> list[subprocess.Popen]:
+    """examples/train_pqn.py ``args`` in ``processes`` processes joined on localhost (1: no join), running."""
     port = _free_port()
     procs = []
     for i in range(processes):
@@ -105,10 +114,22 @@ def _train(args: list[str], processes: int, timeout: int = 600) -> list[subproce
                        JAX_PROCESS_ID=str(i))
         procs.append(subprocess.Popen([sys.executable, "examples/train_pqn.py", *args], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT)))
+    return procs
+
+
+def _train(args: list[str], processes: int, timeout: int = 600) -> list[subprocess.CompletedProcess]:
+    """examples/train_pqn.py ``args`` in ``processes`` processes joined on localhost (1: no join)."""
+    procs = _start(args, processes)
     out = []
-    for p in procs:
-        so, se = p.communicate(timeout=timeout)
-        out.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
+    try:
+        for p in procs:
+            so, se = p.communicate(timeout=timeout)
+            out.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
+    finally:  # a timeout or a failed test leaves no process behind
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return out
 
 
@@ -154,3 +175,47 @@ def test_a_seed_count_the_processes_cannot_split_is_refused_by_every_process(tmp
         assert r.returncode == 2
         assert "num_seeds=3 is not divisible by the 2 processes" in r.stderr
     assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_a_lost_process_ends_the_others_in_one_line_and_the_run_resumes_where_every_process_can(tmp_path):
+    """Issue 30.10: process 1 is SIGKILLed mid-run. Process 0 ends within seconds with one line
+    (it used to wait for the heartbeat timeout, about 100 s, and abort with a C++ stack dump).
+    The processes can hold different checkpoints (here process 1 lost its newest, as when it dies
+    between its save and the others'); --resume continues both from the newest one both hold
+    (it used to refuse until the newer ones were deleted by hand) and every update is logged once."""
+    run = tmp_path / "run"
+    procs = _start([*SMOKE, "--run.total-timesteps", str(8 * 64), "--run.checkpoint-every", "1",
+                    "--run-dir", str(run)], 2)
+    try:
+        for line in procs[0].stdout:  # process 0 prints the run's progress
+            if line.startswith("[    3/8]"):
+                break
+        procs[1].kill()
+        killed = time.time()
+        _, err = procs[0].communicate(timeout=300)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 3 and time.time() - killed < 60, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: process 0 of 2: another process of this run stopped") and "--resume" in last
+    assert "Traceback" not in err and "stack trace" not in err
+    held = [sorted(int(n) for n in os.listdir(run / f"process{p}" / "checkpoints") if n.isdigit()) for p in (0, 1)]
+    if held[1][-1] >= held[0][-1] and len(held[1]) > 1:  # process 1 one checkpoint behind process 0
+        import shutil
+
+        shutil.rmtree(run / "process1" / "checkpoints" / f"{held[1][-1]:06d}")
+        held[1] = held[1][:-1]
+    common = newest_common_update(held)
+    assert common is not None and common < held[0][-1], held
+    resumed = _train(["--run-dir", str(run), "--resume", "--no-progress"], 2)
+    for r in resumed:
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from update {common} " in resumed[0].stdout
+    assert f"process0/checkpoints/{held[0][-1]:06d}: not every process of the run reached it" in resumed[0].stdout
+    assert [r["update"] for r in read_rows(run)] == list(range(1, 9))
+    assert (run / "complete.json").exists()
+    for p in (0, 1):
+        assert sorted(os.listdir(run / f"process{p}" / "checkpoints")) == ["000007", "000008"]

@@ -279,3 +279,54 @@ def test_a_damaged_file_stops_resume_with_an_error_naming_it(run_copy, capsys, t
     assert train_pqn.main(["--run-dir", str(run_copy), "--resume"]) == 2
     assert str(path) in capsys.readouterr().err
     assert _snapshot(run_copy) == before  # nothing written, nothing cut
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_path, capsys):
+    """Issue 30.9: what a kill during the first updates leaves (the config and a metrics row, no
+    checkpoint) used to be blocked for good: a fresh start said "pass --resume", --resume said
+    "no checkpoint". --resume now starts the run again with its saved config."""
+    from agents.config import preset
+    from agents.run_dir import RunDir
+
+    run = RunDir.prepare(tmp_path / "run")
+    run.write_config(preset("smoke").validate().to_dict())
+    with run.open_metrics(tensorboard=False) as metrics:
+        metrics.write({"update": 1, "env_steps": 64, "loss": 123.0})
+    assert train_pqn.main(["smoke", "--run-dir", str(run.path), "--no-progress"]) == 2
+    assert "pass --resume to continue it" in capsys.readouterr().err
+    assert train_pqn.main(["--run-dir", str(run.path), "--resume", "--no-progress", "--max-updates", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "holds no checkpoint yet" in out and "stopped (--max-updates 2) at update 2/4" in out
+    rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2] and rows[0]["loss"] != 123.0  # the killed run's row replaced
+    assert latest_checkpoint(run.path).name == "000002"
+
+
+def test_a_partial_copy_of_the_newest_checkpoint_resumes_from_the_one_before_and_saves_again(run_copy, capsys):
+    """Issue 30.7: checkpoints/000004 without its manifest (a copy that stopped part way): the
+    resume starts from 000002, and saving update 4 again used to fail with 'Directory not empty'."""
+    (run_copy / "complete.json").unlink()
+    (run_copy / "checkpoints" / "000004" / "manifest.json").unlink()
+    assert train_pqn.main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from update 2" in out and f"skipped {run_copy / 'checkpoints' / '000004'}: it has no" in out
+    assert _updates(run_copy) == [1, 2, 3, 4] and (run_copy / "complete.json").exists()
+    assert latest_checkpoint(run_copy).name == "000004" and (run_copy / "checkpoints" / "000004.incomplete").is_dir()
+    load_checkpoint(run_copy)  # verifies
+
+
+def test_eval_only_refuses_a_checkpoint_of_non_finite_weights(run_copy, capsys):
+    """Issue 30.8: a checkpoint whose manifest matches its files but whose weights are NaN was
+    evaluated with exit status 0."""
+    from agents.checkpoint import save_checkpoint
+
+    folder = latest_checkpoint(run_copy)
+    arrays, host = load_checkpoint(folder)
+    dense = arrays["train_state"]["params"]["params"]["Dense_0"]
+    dense["kernel"] = np.full_like(dense["kernel"], np.nan)
+    shutil.rmtree(folder)
+    save_checkpoint(run_copy, host["update"], arrays, host)  # a consistent manifest
+    assert train_pqn.main(["--run-dir", str(run_copy), "--eval-only", "nan"]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / 'arrays.msgpack'}: field train_state/params/params/Dense_0/kernel holds NaN" in err
+    assert not (run_copy / "eval_nan.json").exists()

@@ -14,12 +14,17 @@ from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory  # noq
 from oir_gym.reward import first_success_step  # noqa: E402
 
 
-def _trainer(tmp_path, **kw) -> tuple[Trainer, dict]:
+#: WOOD_TABLE_PICKAXE after a sapling at step 2: the sapling is no prerequisite of the others, so the
+#: compound oracle names "collect sapling then collect wood" (and the rest of its pairs)
+SAPLING_FIRST = [(2, "collect_sapling"), *WOOD_TABLE_PICKAXE]
+
+
+def _trainer(tmp_path, script=WOOD_TABLE_PICKAXE, **kw) -> tuple[Trainer, dict]:
     cfg = preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "rules", "run.total_timesteps": 2 * 16 * 2,
                                      "pqn.num_envs": 2, "pqn.num_epochs": 1, "oir.k": 4, "eval.every": 1000,
                                      "run.checkpoint_every": 1000, **kw})
     tr = Trainer(cfg, tmp_path, log=lambda s: None)
-    trajs = [make_trajectory(WOOD_TABLE_PICKAXE, cfg.pqn.num_steps, texts=False, seed=e, env_id=e) for e in range(2)]
+    trajs = [make_trajectory(script, cfg.pqn.num_steps, texts=False, seed=e, env_id=e) for e in range(2)]
     host = {
         "events": np.stack([t.events for t in trajs], axis=1)[None],  # [S, T, E, Ev]
         "action": np.stack([t.actions for t in trajs], axis=1)[None],
@@ -50,8 +55,9 @@ def test_rule_relabeling_trains_and_buffers_only_grounded_instructions(tmp_path)
 @pytest.mark.parametrize("keep_ungrounded", [False, True])
 def test_ungrounded_candidates_are_rows_and_buffer_entries_only_when_asked(tmp_path, keep_ungrounded):
     """keep_ungrounded=True is the paper's Alg. 1: every relabeled instruction becomes a training row
-    and a buffer entry, including the rules' "A then B" compounds that never pay."""
-    tr, host = _trainer(tmp_path, **{"oir.keep_ungrounded": keep_ungrounded})
+    and a buffer entry, including the compound oracle's "A then B" that the cosine reward never pays."""
+    tr, host = _trainer(tmp_path, SAPLING_FIRST, **{"oir.keep_ungrounded": keep_ungrounded, "oir.oracle": "compound",
+                                                    "oir.k": 8})
     assert tr.method.relabeler.keep_ungrounded == keep_ungrounded
     slots, _ = tr.method.relabel(host)
     compounds = [t for t in tr.buffers[0].contents() if " then " in t]

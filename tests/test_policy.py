@@ -138,3 +138,28 @@ def test_record_video_writes_a_gif_of_the_policy(trained_run, tmp_path):
     pytest.importorskip("imageio_ffmpeg")  # the `video` extra
     mp4 = record_video.record(run, "drink water", tmp_path / "v.mp4", steps=4, scale=1, fps=5)
     assert mp4["frames"] >= 2 and (tmp_path / "v.mp4").stat().st_size > 0
+
+
+def test_a_checkpoint_of_non_finite_weights_is_refused_naming_the_file(trained_run, tmp_path):
+    """Issue 30.8: a checkpoint whose manifest matches its files but whose weights are NaN was
+    loaded (and record_video.py ran it)."""
+    import shutil
+
+    from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import record_video
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run[0], run)
+    folder = latest_checkpoint(run)
+    arrays, host = load_checkpoint(folder)
+    lstm = arrays["train_state"]["params"]["params"]["OptimizedLSTMCell_0"]["hf"]
+    lstm["bias"] = np.full_like(lstm["bias"], np.inf)
+    shutil.rmtree(folder)
+    save_checkpoint(run, host["update"], arrays, host)  # a consistent manifest
+    with pytest.raises(CheckpointError, match="OptimizedLSTMCell_0/hf/bias holds NaN or infinite") as err:
+        load_policy(run)
+    assert str(folder / "arrays.msgpack") in str(err.value)
+    assert record_video.main([str(run), "drink water", "--out", str(tmp_path / "v.gif")]) == 2
+    assert not (tmp_path / "v.gif").exists()

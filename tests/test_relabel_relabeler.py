@@ -281,7 +281,11 @@ def test_rule_compounds_that_pay_on_their_first_event_are_dropped_as_premature(e
 
     assert rule_final_event("make stone pickaxe then place stone") == rule_final_event("collect wood then place stone")
     assert rule_final_event("collect wood") is None and rule_final_event("sleep and wake up") is not None
-    rl = HindsightRelabeler(backend="rules", k=16, encoder=encoder, keep_ungrounded=False)
+    from oir_gym.relabel import RuleBackend
+
+    # the consecutive "A then B" compounds (RuleBackend(compounds=True); prerequisite pairs included)
+    rl = HindsightRelabeler(backend="rules", k=16, encoder=encoder, keep_ungrounded=False,
+                            rules=RuleBackend(compounds=True))
     script = [(5, "collect_stone"), (9, "make_stone_pickaxe"), (14, "place_stone"), (20, "make_stone_pickaxe")]
     (res,) = rl.relabel([make_trajectory(script, 64)])
     texts = {c.text for c in res.candidates}
@@ -335,7 +339,9 @@ def test_bound_grounding_binds_free_wording_to_its_events(encoder):
 def test_bound_grounding_binds_rule_instructions_exactly(encoder):
     from oir_gym.captions import EVENT_NAMES
 
-    rl = HindsightRelabeler(backend="rules", k=20, encoder=encoder, grounding="bound")
+    from oir_gym.relabel import RuleBackend
+
+    rl = HindsightRelabeler(backend="rules", k=20, encoder=encoder, grounding="bound", rules=RuleBackend(compounds=True))
     (res,) = rl.relabel([wtp()])
     c = by_text(res)
     assert c["collect wood"].binding.final == EVENT_NAMES.index("collect_wood")

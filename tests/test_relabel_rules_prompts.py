@@ -16,7 +16,9 @@ def wood_table_pickaxe(length: int = 128, **kw) -> Trajectory:
 
 
 def test_rules_wood_table_pickaxe_exact():
-    assert RuleBackend().instructions(wood_table_pickaxe()) == [
+    # canonical (the default) names single events; "A then B" of consecutive events only on request
+    assert RuleBackend().instructions(wood_table_pickaxe()) == ["collect wood", "place table", "make wood pickaxe"]
+    assert RuleBackend(compounds=True).instructions(wood_table_pickaxe()) == [
         "collect wood", "place table", "make wood pickaxe",
         "collect wood then place table", "place table then make wood pickaxe",
     ]
@@ -25,9 +27,10 @@ def test_rules_wood_table_pickaxe_exact():
 def test_rules_pairs_and_episode_boundaries():
     steps = [[]] * 3 + [["fall_asleep"]] + [["noop"]] * 3 + [["wake_up"]] + [["collect_wood"]] + [[]] + [["place_table"]]
     traj = Trajectory.from_event_names("x", steps, dones=[False] * 8 + [True] + [False] * 2)
-    out = RuleBackend().instructions(traj)
+    out = RuleBackend(compounds=True).instructions(traj)
     # wake_up and collect_wood are consecutive in one episode; collect_wood -> place_table crosses a reset
     assert out == ["wake up", "collect wood", "place table", "wake up then collect wood", "sleep and wake up"]
+    assert RuleBackend().instructions(traj) == ["wake up", "collect wood", "place table", "sleep and wake up"]
     assert RuleBackend(compounds=False, pairs=False).instructions(traj) == ["wake up", "collect wood", "place table"]
     assert RuleBackend(max_instructions=2).instructions(traj) == ["wake up", "collect wood"]
 

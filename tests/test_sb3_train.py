@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from agents import sb3_agents  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
-from agents.run_dir import RunDir, RunDirError  # noqa: E402
+from agents.run_dir import CorruptFileError, RunDir, RunDirError  # noqa: E402
 from oir_gym import ENV_ID  # noqa: E402
 from oir_gym.vector_env import InstructionCraftax  # noqa: E402
 
@@ -163,11 +163,14 @@ def test_a_foreign_model_zip_is_refused_before_its_code_runs(venv, tmp_path):
     marker = tmp_path / "code_ran"
     crafted = tmp_path / "crafted.zip"
     _crafted_zip(crafted, marker)
-    # the threat is real: SB3 itself runs the payload while loading
+    # the threat is real: SB3's own load runs the payload; load_model reads no pickle
     with pytest.raises(Exception):
-        sb3_agents.load_model("qrdqn", crafted, device="cpu")
+        sb3_agents.algo_class("qrdqn").load(crafted, device="cpu")
     assert marker.exists()
     marker.rmdir()
+    with pytest.raises(CorruptFileError, match="lacks"):
+        sb3_agents.load_model("qrdqn", crafted, device="cpu")
+    assert not marker.exists()
 
     run = _checkpoint_only_run(tmp_path / "run", "qrdqn", venv)
     shutil.copy(crafted, run / "model.zip")

@@ -142,7 +142,9 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
     metrics_before = (run / "metrics.jsonl").read_text()
     assert train_pqn.main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval.epsilon", "0.5"]) == 0
     res = json.loads((run / "eval_eps0.5.json").read_text())
-    assert set(res[0]) == {"original", "simple", "complex"} and len(res[0]["original"]["rates"]) == 22
+    # --eval-only is the final evaluation: the held-out and ordered sets too
+    assert set(res[0]) == {"original", "simple", "complex", "heldout", "ordered", "ordered_reverse"}
+    assert len(res[0]["original"]["rates"]) == 22 and len(res[0]["heldout"]["rates"]) == 44
     assert "epsilon 0.5" in (run / "eval_eps0.5.md").read_text()
     # the run itself is untouched: same config (eval.epsilon 0), no new metrics rows
     assert (run / "config.json").read_text() == config_before

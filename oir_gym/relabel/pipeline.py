@@ -258,7 +258,9 @@ class Grounded:
 
 def ground(trajs: Sequence[Trajectory], merged: Merged, *, encode: Callable[[list[str]], np.ndarray],
            phrase_emb: np.ndarray, mode: str, delta: float, bind_threshold: float,
-           pair_table: Optional[dict] = None) -> list[Grounded]:
+           pair_table: Optional[dict] = None,
+           rule_table: Optional[Callable[[Trajectory], Optional[dict[str, tuple[int, int]]]]] = None
+           ) -> list[Grounded]:
     """Encode every candidate once and ground it on its trajectory (:mod:`oir_gym.grounding`).
 
     ``mode="cosine"``: paid from the first step with a caption above ``delta``; a two-event rule
@@ -272,6 +274,8 @@ def ground(trajs: Sequence[Trajectory], merged: Merged, *, encode: Callable[[lis
         encode: ``[n, D]`` unit-norm embeddings of texts.
         phrase_emb: embeddings of the caption vocabulary (``VOCAB.phrases``).
         pair_table: the rules' two-event wordings (``RuleBackend.pair_table``).
+        rule_table: ``{text: (pre, final)}`` of a trajectory's rule labels when the rules can say
+            it (``RuleBackend.label_events``: an oracle's wording binds to its own event).
     """
     all_texts = list(dict.fromkeys(t for items in merged.items for t, _ in items))
     bound = mode == "bound"
@@ -292,9 +296,10 @@ def ground(trajs: Sequence[Trajectory], merged: Merged, *, encode: Callable[[lis
         dropped: Counter = Counter()
         bindings: dict[str, Binding] = {}
         if bound:
+            table = rule_table(traj) if rule_table is not None and any(src == "rules" for _, src in items) else None
             for t, src in items:
                 b = bind_candidate(t, src, sim_all[row[t]], traj, starts, half_sims, delta=delta,
-                                   bind_threshold=bind_threshold, pair_table=pair_table)
+                                   bind_threshold=bind_threshold, pair_table=pair_table, rule_table=table)
                 if b is not None:
                     bindings[t] = b
             kept = [(t, src) for t, src in items if t in bindings]
@@ -334,10 +339,12 @@ def premature(events: np.ndarray, text: str, sim: np.ndarray, delta: float, pair
 
 def bind_candidate(text: str, src: str, sim: np.ndarray, traj: Trajectory, starts: np.ndarray,
                    half_sims: dict[str, np.ndarray], *, delta: float, bind_threshold: float,
-                   pair_table: Optional[dict] = None) -> Optional[Binding]:
-    """The event(s) of ``traj`` that candidate ``text`` is bound to (``grounding="bound"``), or ``None``."""
+                   pair_table: Optional[dict] = None,
+                   rule_table: Optional[dict[str, tuple[int, int]]] = None) -> Optional[Binding]:
+    """The event(s) of ``traj`` that candidate ``text`` is bound to (``grounding="bound"``), or
+    ``None``. A rule instruction binds to its own events (``rule_table``'s entry when given)."""
     if src == "rules":
-        ev = rule_events(text, pair_table)
+        ev = rule_table.get(text) if rule_table is not None else rule_events(text, pair_table)
         if ev is None:
             return None
         pre, final = ev

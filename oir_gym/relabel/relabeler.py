@@ -64,6 +64,7 @@ from oir_gym.relabel.composite import CompositeBackend, Proposal
 from oir_gym.relabel.rules import RuleBackend
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter
+from oir_gym.relabel.oracle import check_oracle
 from oir_gym.relabel.pipeline import Answers, ground, merge_rules, plan_prompts, read_answers, select
 from oir_gym.relabel.stats import RelabelStats
 from oir_gym.relabel.prompts import PromptTemplate, load_template
@@ -117,8 +118,14 @@ class HindsightRelabeler:
                 warnings.warn("HindsightRelabeler(backend, k=..., ...) is deprecated: pass a RelabelerConfig "
                               "(oir_gym.relabel.config), or use HindsightRelabeler.rules(k=...)",
                               DeprecationWarning, stacklevel=2)
+                oracle = legacy.pop("oracle", None)
                 config, obj = legacy_config(*(() if config is _UNSET else (config,)), *args, **legacy)
                 llm = obj if llm is None else llm
+                if oracle is not None:  # the keyword form's oracle=: the rule backend's variant
+                    if rules is not None:
+                        raise ValueError("give the oracle variant either as oracle= or in "
+                                         "rules=RuleBackend(oracle=...), not both")
+                    rules = RuleBackend(oracle=oracle)
         elif args or legacy:
             raise TypeError(f"HindsightRelabeler(config, ...) takes only llm=, encoder=, rules= after the config; "
                             f"got {len(args)} more positional and {sorted(legacy)} (set them on the config)")
@@ -143,6 +150,7 @@ class HindsightRelabeler:
         self.cache_save_every = int(cc.save_every)
         self.cache_key_mode = cc.key
         self._rules = rules or RuleBackend()
+        check_oracle(getattr(self._rules, "oracle", "canonical"), g.mode)
 
         # a backend built here is closed here; objects passed in belong to the caller
         backend: Any = lc.backend if llm is None else llm
@@ -183,8 +191,11 @@ class HindsightRelabeler:
         """A rule relabeler (no LLM, no cache) keeping ``k`` candidates per trajectory.
 
         ``settings``: ``delta``, ``grounding``, ``bind_threshold``, ``keep_ungrounded``,
-        ``dedup_threshold`` (the grounding and selection fields that matter without an LLM).
+        ``dedup_threshold`` (the grounding and selection fields that matter without an LLM), and
+        ``oracle`` (the rule backend's variant, :mod:`oir_gym.relabel.oracle`; ``"diverse"`` and
+        ``"noisy"`` need ``grounding="bound"``).
         """
+        oracle = settings.pop("oracle", None)
         cfg = RelabelerConfig()
         cfg.llm.backend = "rules"
         cfg.cache.size = 0
@@ -195,7 +206,7 @@ class HindsightRelabeler:
             if part is None:
                 raise TypeError(f"HindsightRelabeler.rules() got an unexpected setting {name!r}")
             setattr(part, "mode" if name == "grounding" else name, value)
-        return cls(cfg, encoder=encoder)
+        return cls(cfg, encoder=encoder, rules=None if oracle is None else RuleBackend(oracle=oracle))
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -319,7 +330,8 @@ class HindsightRelabeler:
                              use_rules=self.use_rules, fallback=self.fallback, candidate_filter=self.filter)
         grounded = ground(trajs, merged, encode=self._encode, phrase_emb=self._phrases(), mode=self.grounding,
                           delta=self.delta, bind_threshold=self.bind_threshold,
-                          pair_table=getattr(self._rules, "pair_table", None))
+                          pair_table=getattr(self._rules, "pair_table", None),
+                          rule_table=getattr(self._rules, "label_events", None))
         chosen = [select(g, k=self.k, keep_ungrounded=self.keep_ungrounded, dedup_threshold=self.dedup_threshold)
                   for g in grounded]
 

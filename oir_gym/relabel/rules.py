@@ -8,18 +8,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from oir_gym.captions import EVENT_NAMES, VOCAB
+from oir_gym.relabel.oracle import (  # noqa: F401  (RULE_PAIRS: re-exported; defined beside the labelers)
+    RULE_PAIRS, USES_POOL, Label, WordingPool, check_oracle, first_occurrence_events, load_pool, oracle_labels, unique,
+)
 from oir_gym.trajectory import Trajectory
-
-#: Ordered event pairs with a natural combined instruction ("sleep and wake up"). Each wording must
-#: pay (cosine > 0.9) on its second event and not on its first, or its reward would land before the
-#: task is done ("collect a sapling and plant it" matched collecting the sapling; tested).
-RULE_PAIRS: dict[tuple[str, str], str] = {
-    ("fall_asleep", "wake_up"): "sleep and wake up",
-    ("attack_cow", "eat_cow"): "kill and eat a cow",
-    ("attack_zombie", "defeat_zombie"): "fight and defeat a zombie",
-    ("attack_skeleton", "defeat_skeleton"): "fight and defeat a skeleton",
-}
-
 
 def rule_events(text: str, pair_table: Optional[dict] = None) -> Optional[tuple[int, int]]:
     """``(pre, final)`` event ids of a rule instruction (``pre = -1`` for a single event), or ``None``.
@@ -59,59 +51,90 @@ _CANONICAL_EVENT: dict[str, int] = {
 }
 
 
-#: per event id: whether it is an achievement event (the rule instructions name only those)
-_IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))
-
-
 @dataclass
 class RuleBackend:
-    """Instructions read off the events of a trajectory; deterministic, no LLM.
+    """Instructions read off the events of a trajectory; deterministic given ``seed``, no LLM.
 
-    Produces, in this order:
+    ``oracle`` picks the variant (:mod:`oir_gym.relabel.oracle`; docs/relabeling.md, "Oracle
+    relabelers"): ``"canonical"`` (the default) gives, in this order,
 
     1. each achievement event's canonical caption, in order of first occurrence
        (``"collect wood"``, ``"place table"``...);
-    2. ``"A then B"`` for consecutive distinct achievement events of the same episode
-       (repeats of one event collapse first: wood, wood, table -> ``"collect wood then place table"``);
-    3. pair instructions of :data:`RULE_PAIRS` (``"sleep and wake up"``) when the first event is
-       followed by the second in the same episode.
+    2. pair instructions of :data:`RULE_PAIRS` (``"sleep and wake up"``) when the first event is
+       followed by the second in the same episode;
+
+    ``"diverse"``, ``"tasks"``, ``"compound"`` and ``"noisy"`` change or add labels. Every label
+    carries the event(s) it names (:meth:`label_events`): event-bound grounding pays it there.
 
     Args:
-        compounds: emit the ``"A then B"`` instructions.
-        pairs: emit the :data:`RULE_PAIRS` instructions.
+        compounds: also give ``"A then B"`` for consecutive distinct achievement events of one
+            episode, prerequisites included (repeats of one event collapse first: wood, wood, table
+            -> ``"collect wood then place table"``), after the canonical captions. The rule labels
+            before the oracle variants (runs in ``results/`` with bound grounding made before them
+            used it); the ``compound`` oracle names unrelated pairs only.
+        pairs: give the :data:`RULE_PAIRS` instructions (canonical, tasks and compound variants).
         max_instructions: cap on the number returned (``None``: all).
+        pair_table: the pair instructions (default :data:`RULE_PAIRS`).
+        oracle: the variant, one of :data:`~oir_gym.relabel.oracle.ORACLES`.
+        seed: seeds the per-trajectory draws of ``diverse``, ``noisy`` and ``compound``.
+        pool: the wording pool file of ``diverse`` and ``noisy`` (``None``: the packaged one).
+
+    Raises:
+        ValueError: an unknown ``oracle`` or a bad ``pool`` file (naming it).
     """
 
-    compounds: bool = True
+    compounds: bool = False
     pairs: bool = True
     max_instructions: Optional[int] = None
     pair_table: dict = field(default_factory=lambda: dict(RULE_PAIRS))
+    oracle: str = "canonical"
+    seed: int = 0
+    pool: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        check_oracle(self.oracle)
+        self._pool = load_pool(self.pool) if self.oracle in USES_POOL else None
+
+    @property
+    def wording_pool(self) -> Optional[WordingPool]:
+        """The wording pool of ``diverse`` and ``noisy`` (``None`` for the other variants)."""
+        return self._pool
+
+    def labels(self, traj: Trajectory) -> list[Label]:
+        """The labels of one trajectory, each with the event(s) it is bound to."""
+        table = self.pair_table if self.pairs else {}
+        labels = oracle_labels(traj, self.oracle, seed=self.seed, pool=self._pool, pair_table=table)
+        if self.compounds:
+            n = len(first_occurrence_events(traj))  # after the captions, before the pair wordings
+            labels = unique(labels[:n] + _consecutive_compounds(traj) + labels[n:])
+        return labels[: self.max_instructions] if self.max_instructions else labels
+
+    def label_events(self, traj: Trajectory) -> dict[str, tuple[int, int]]:
+        """``{text: (pre, final)}`` of this trajectory's labels (``pre = -1`` for a single event):
+        what event-bound grounding binds each to, whatever its wording."""
+        return {lab.text: (lab.pre, lab.final) for lab in self.labels(traj)}
 
     def instructions(self, traj: Trajectory) -> list[str]:
         """The rule instructions of one trajectory."""
-        out: list[str] = []
-        ach = _IS_ACHIEVEMENT
-        episode = np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
-        seq: list[tuple[int, int]] = []  # (event id, episode) of achievement events in time order
-        ts, es = np.nonzero(np.asarray(traj.events))  # time-major: the order of the events in time
-        for t, e in zip(ts.tolist(), es.tolist()):
-            if ach[e] and (not seq or seq[-1] != (e, int(episode[t]))):
-                seq.append((e, int(episode[t])))
-        for e, _ in seq:
-            out.append(VOCAB.canonical(e))
-        if self.compounds:
-            for (a, ea), (b, eb) in zip(seq, seq[1:]):
-                if ea == eb and a != b:
-                    out.append(f"{VOCAB.canonical(a)} then {VOCAB.canonical(b)}")
-        if self.pairs:
-            for (first, second), text in self.pair_table.items():
-                i, j = EVENT_NAMES.index(first), EVENT_NAMES.index(second)
-                t_first = np.flatnonzero(traj.events[:, i])
-                t_second = np.flatnonzero(traj.events[:, j])
-                if any(((t_second > t0) & (episode[t_second] == episode[t0])).any() for t0 in t_first):
-                    out.append(text)
-        out = list(dict.fromkeys(out))
-        return out[: self.max_instructions] if self.max_instructions else out
+        return [lab.text for lab in self.labels(traj)]
 
     def __call__(self, trajectories: Sequence[Trajectory]) -> list[list[str]]:
         return [self.instructions(t) for t in trajectories]
+
+
+def _consecutive_compounds(traj: Trajectory) -> list[Label]:
+    """``"A then B"`` for consecutive distinct achievement events of one episode (repeats collapsed)."""
+    episode = np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
+    seq: list[tuple[int, int]] = []
+    cols = [e for e in range(len(EVENT_NAMES)) if _IS_ACHIEVEMENT[e]]
+    ts, cs = np.nonzero(np.asarray(traj.events)[:, cols])  # time-major, then event id
+    for t, c in zip(ts.tolist(), cs.tolist()):
+        e = cols[c]
+        if not seq or seq[-1] != (e, int(episode[t])):
+            seq.append((e, int(episode[t])))
+    return [Label(f"{VOCAB.canonical(a)} then {VOCAB.canonical(b)}", b, a)
+            for (a, ea), (b, eb) in zip(seq, seq[1:]) if ea == eb and a != b]
+
+
+#: per event id: whether it is an achievement event (the rule instructions name only those)
+_IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))

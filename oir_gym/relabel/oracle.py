@@ -1,0 +1,479 @@
+"""Oracle relabelers: rule labels read off a trajectory's true events, in five variants.
+
+Hindsight relabeling with labels that are right by construction isolates, one at a time, what an
+LLM relabeler could add over the canonical captions (docs/relabeling.md, "Oracle relabelers";
+docs/experiments/oracle-ladder.md). Every variant names only events that happened, and each label
+carries the event(s) it is bound to, so under event-bound grounding (``grounding="bound"``) a
+relabeled copy pays exactly at its event whatever its wording:
+
+* ``canonical``: each achievement event's canonical caption ("collect wood"), in order of first
+  occurrence, then the natural pair wordings of :data:`RULE_PAIRS`
+  ("sleep and wake up"). The rule relabeler's labels, and the default.
+* ``diverse``: each achievement event named by one wording of a pool (``oir_gym/data/oracle_pool.json``,
+  at least 15 per event, none of them an evaluation string or within cosine 0.85 of one), drawn
+  per trajectory: wording diversity with nothing else changed.
+* ``tasks``: canonical, plus the canonical captions of the events outside the 22 achievements that
+  the event detector reports (``task_events`` of ``oir_gym/data/oracle.json``: attacking, falling
+  asleep, searching grass...).
+* ``compound``: canonical, plus "A then B" for achievement events that happened in this order in
+  one episode where neither is a prerequisite of the other (:mod:`oir_gym.prerequisites`): never
+  "collect wood then place table".
+* ``noisy``: diverse, corrupted to the error profile measured on the packaged Gemma 3 270M
+  relabeler (``noise`` of ``oir_gym/data/oracle.json``): labels dropped (answers that bind to
+  nothing), copies of the prompt's few-shot answers, and wordings of another event bound to this one.
+
+Every variant is a pure function of the trajectory's events and a seed (:func:`oracle_labels`):
+the draws come from :func:`trajectory_rng`, keyed by the seed and the trajectory's own identity, so
+they are the same in any process, batch or order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, VOCAB
+from oir_gym.prerequisites import related_achievements
+from oir_gym.relabel.filters import CandidateFilter
+from oir_gym.trajectory import Trajectory
+
+#: The oracle variants, in the order of the ladder.
+ORACLES: tuple[str, ...] = ("canonical", "diverse", "tasks", "compound", "noisy")
+
+#: Variants whose wordings the cosine reward cannot pay (they are chosen far from the captions'
+#: wordings): they need event-bound grounding.
+NEEDS_BOUND_GROUNDING: tuple[str, ...] = ("diverse", "noisy")
+
+#: Variants that read the wording pool.
+USES_POOL: tuple[str, ...] = ("diverse", "noisy")
+
+#: Fewest wordings per achievement event a pool must give.
+MIN_WORDINGS = 15
+
+#: A pool wording must stay below this cosine similarity to every evaluation string.
+MAX_EVAL_COSINE = 0.85
+
+#: The packaged wording pool.
+PACKAGED_POOL = "oracle_pool.json"
+
+_IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))
+_ACHIEVEMENT_EVENTS = tuple(e for e in range(len(EVENT_NAMES)) if _IS_ACHIEVEMENT[e])
+#: Ordered event pairs with a natural combined instruction ("sleep and wake up"). Each wording must
+#: pay (cosine > 0.9) on its second event and not on its first, or its reward would land before the
+#: task is done ("collect a sapling and plant it" matched collecting the sapling; tested).
+RULE_PAIRS: dict[tuple[str, str], str] = {
+    ("fall_asleep", "wake_up"): "sleep and wake up",
+    ("attack_cow", "eat_cow"): "kill and eat a cow",
+    ("attack_zombie", "defeat_zombie"): "fight and defeat a zombie",
+    ("attack_skeleton", "defeat_skeleton"): "fight and defeat a skeleton",
+}
+
+# separate random streams per draw, so that one variant's draws never shift another's
+_STREAM_DIVERSE, _STREAM_NOISE, _STREAM_COMPOUND = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Label:
+    """One oracle label: its text and the event(s) it is bound to.
+
+    Attributes:
+        text: the instruction.
+        final: event id whose occurrence completes it.
+        pre: event id that must happen earlier in the same episode, or -1.
+    """
+
+    text: str
+    final: int
+    pre: int = -1
+
+
+# ----------------------------------------------------------------------------- the wording pool
+@dataclass(frozen=True)
+class WordingPool:
+    """Wordings per achievement event (event id -> wordings) and where they came from."""
+
+    wordings: Mapping[int, tuple[str, ...]]
+    source: str
+
+    def owner(self) -> dict[str, int]:
+        """wording -> its event id."""
+        return {w: e for e, ws in self.wordings.items() for w in ws}
+
+    def texts(self) -> list[str]:
+        return [w for ws in self.wordings.values() for w in ws]
+
+
+def expand_grammar(spec: Mapping[str, Any]) -> list[str]:
+    """The wordings of one event's pool entry: every ``verb object modifier`` of its grammar (empty
+    parts left out) followed by its explicit ``wordings``, in order, without repeats."""
+    out: list[str] = []
+    if any(k in spec for k in ("verbs", "objects", "modifiers")):
+        parts = [spec.get(k, [""]) or [""] for k in ("verbs", "objects", "modifiers")]
+        for combo in itertools.product(*parts):
+            out.append(" ".join(" ".join(p.split()) for p in combo if p.strip()))
+    out += [" ".join(w.split()) for w in spec.get("wordings", [])]
+    return list(dict.fromkeys(w for w in out if w))
+
+
+def load_pool(path: Optional[str | os.PathLike] = None) -> WordingPool:
+    """Read and check a wording pool file (default: the packaged ``oracle_pool.json``).
+
+    Schema: ``{"events": {achievement event name: {"verbs": [...], "objects": [...],
+    "modifiers": [...], "wordings": [...]}}}`` (:func:`expand_grammar`; any part may be left out).
+
+    Raises:
+        ValueError: naming the file and the event or wording: unreadable or invalid JSON, an
+            unknown or non-achievement event, an achievement event missing or with fewer than
+            :data:`MIN_WORDINGS` wordings, a wording given for two events, a wording with " then "
+            in it (reserved for ordered compounds), or one the relabeler's candidate filter
+            would drop (:class:`~oir_gym.relabel.filters.CandidateFilter`: movement words...).
+    """
+    if path is None:
+        return _packaged_pool()
+    return _parse_pool(_read(Path(path)), str(path))
+
+
+@lru_cache(maxsize=1)
+def _packaged_pool() -> WordingPool:
+    text = resources.files("oir_gym.data").joinpath(PACKAGED_POOL).read_text()
+    return _parse_pool(json.loads(text), f"oir_gym/data/{PACKAGED_POOL}")
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the wording pool ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _parse_pool(raw: Any, source: str) -> WordingPool:
+    events = raw.get("events") if isinstance(raw, dict) else None
+    if not isinstance(events, dict):
+        raise ValueError(f"{source}: expected {{\"events\": {{event name: {{\"verbs\", \"objects\", \"modifiers\", "
+                         "\"wordings\"}}}}}}")
+    wordings: dict[int, tuple[str, ...]] = {}
+    owner: dict[str, str] = {}
+    for name, spec in events.items():
+        if name not in EVENT_NAMES:
+            raise ValueError(f"{source}: unknown event {name!r}; the pool names achievement events: "
+                             f"{', '.join(ACHIEVEMENT_NAMES)}")
+        if not _IS_ACHIEVEMENT[EVENT_NAMES.index(name)]:
+            raise ValueError(f"{source}: event {name!r} is not one of the 22 achievements; the pool names "
+                             f"achievement events only: {', '.join(ACHIEVEMENT_NAMES)}")
+        if not isinstance(spec, dict) or not all(isinstance(v, list) and all(isinstance(x, str) for x in v)
+                                                 for k, v in spec.items() if not k.startswith("_")):
+            raise ValueError(f"{source}: event {name!r}: expected an object of string lists (verbs, objects, "
+                             "modifiers, wordings)")
+        ws = expand_grammar(spec)
+        if len(ws) < MIN_WORDINGS:
+            raise ValueError(f"{source}: event {name!r} has {len(ws)} wordings; at least {MIN_WORDINGS} needed")
+        for w in ws:
+            if " then " in f" {w.lower()} ":
+                raise ValueError(f"{source}: event {name!r}: wording {w!r} contains 'then' (reserved for ordered "
+                                 "compounds \"A then B\")")
+            if w in owner:
+                raise ValueError(f"{source}: wording {w!r} is given for both {owner[w]!r} and {name!r}")
+            owner[w] = name
+        kept, why = CandidateFilter().filter(ws)
+        if len(kept) < len(ws):
+            dropped = next(w for w in ws if w not in kept)
+            raise ValueError(f"{source}: event {name!r}: the relabeler's filter drops the wording {dropped!r} "
+                             f"({', '.join(why)}); reword it")
+        wordings[EVENT_NAMES.index(name)] = tuple(ws)
+    missing = [a for a in ACHIEVEMENT_NAMES if EVENT_NAMES.index(a) not in wordings]
+    if missing:
+        raise ValueError(f"{source}: no wordings for the achievement event(s) {', '.join(missing)}")
+    return WordingPool(wordings, source)
+
+
+def evaluation_texts(files: Iterable[str | os.PathLike] = ()) -> list[str]:
+    """Every evaluation string a pool must keep away from: the packaged sets, the example user file
+    (``oir_gym/data/example_instruction_sets.json``) and the sets of ``files``."""
+    from oir_gym.instructions import load_instruction_file, load_instruction_sets
+
+    texts = [i.text for items in load_instruction_sets().values() for i in items]
+    example = resources.files("oir_gym.data").joinpath("example_instruction_sets.json")
+    with resources.as_file(example) as path:
+        sources = [path, *files]
+        for f in sources:
+            texts += [i.text for items in load_instruction_file(f).values() for i in items]
+    return list(dict.fromkeys(texts))
+
+
+def check_pool(pool: WordingPool, eval_texts: Sequence[str], encoder: Any = None,
+               max_cosine: float = MAX_EVAL_COSINE) -> None:
+    """Refuse a pool that overlaps the evaluation strings: a relabeler trained on an evaluation
+    string verbatim (or nearly) would make the evaluation measure memory, not generalisation.
+
+    Args:
+        pool: the wording pool.
+        eval_texts: the evaluation strings (e.g. :func:`evaluation_texts`).
+        encoder: the sentence encoder (``encode(list[str]) -> [n, D]`` unit-norm); ``None`` checks
+            verbatim collisions only (case and whitespace ignored).
+        max_cosine: the pool's wordings must stay strictly below it.
+
+    Raises:
+        ValueError: naming the pool file, the wording and the evaluation string it collides with.
+    """
+    def norm(t: str) -> str:
+        return " ".join(t.lower().strip(" .!?").split())
+
+    owner = pool.owner()
+    evals = {norm(t): t for t in eval_texts}
+    for w in owner:
+        if norm(w) in evals:
+            raise ValueError(f"{pool.source}: wording {w!r} ({EVENT_NAMES[owner[w]]}) is the evaluation string "
+                             f"{evals[norm(w)]!r}; remove or reword it (a relabeler must not train on evaluation strings)")
+    if encoder is None or not eval_texts:
+        return
+    words = list(owner)
+    sim = np.asarray(encoder.encode(words), np.float32) @ np.asarray(encoder.encode(list(eval_texts)), np.float32).T
+    i, j = np.unravel_index(int(np.argmax(sim)), sim.shape)
+    if sim[i, j] >= max_cosine:
+        raise ValueError(f"{pool.source}: wording {words[i]!r} ({EVENT_NAMES[owner[words[i]]]}) has cosine "
+                         f"{sim[i, j]:.3f} to the evaluation string {list(eval_texts)[j]!r}, at or above "
+                         f"{max_cosine}; reword it so the evaluation stays held out")
+
+
+# ----------------------------------------------------------------------------- the other settings
+@dataclass(frozen=True)
+class NoiseProfile:
+    """The ``noisy`` oracle's error rates (probabilities, each label independently, in this order).
+
+    Attributes:
+        drop: the label is lost (an answer that binds to nothing).
+        echo: else, it becomes a copy of a prompt few-shot answer: the example of its own event
+            when the prompt has one, else any example (then a wrong binding).
+        wrong: else, it becomes another achievement event's pool wording, bound to its own event.
+        echo_examples: event id -> the prompt example naming it.
+        sources: where each rate was measured.
+    """
+
+    drop: float
+    echo: float
+    wrong: float
+    echo_examples: Mapping[int, str]
+    sources: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class OracleSettings:
+    """``oir_gym/data/oracle.json``: the ``tasks`` events and the ``noisy`` profile."""
+
+    task_events: tuple[int, ...]
+    noise: NoiseProfile
+
+
+@lru_cache(maxsize=1)
+def load_settings() -> OracleSettings:
+    """The packaged oracle settings (``oir_gym/data/oracle.json``), checked."""
+    src = "oir_gym/data/oracle.json"
+    raw = json.loads(resources.files("oir_gym.data").joinpath("oracle.json").read_text())
+    tasks = []
+    for name in raw["task_events"]:
+        if name not in EVENT_NAMES or _IS_ACHIEVEMENT[EVENT_NAMES.index(name)]:
+            raise ValueError(f"{src}: task event {name!r} is not a non-achievement event of the vocabulary")
+        if not CandidateFilter().filter([VOCAB.canonical(name)])[0]:
+            raise ValueError(f"{src}: task event {name!r}: the relabeler's filter drops its caption "
+                             f"{VOCAB.canonical(name)!r}")
+        tasks.append(EVENT_NAMES.index(name))
+    n = raw["noise"]
+    rates = {k: float(n[k]) for k in ("drop", "echo", "wrong")}
+    if not all(0 <= v <= 1 for v in rates.values()) or rates["echo"] + rates["wrong"] > 1:
+        raise ValueError(f"{src}: noise rates must be probabilities with echo + wrong <= 1, got {rates}")
+    echo = {}
+    for name, text in raw["echo_examples"].items():
+        if name not in ACHIEVEMENT_NAMES:
+            raise ValueError(f"{src}: echo example of unknown achievement {name!r}")
+        echo[EVENT_NAMES.index(name)] = text
+    return OracleSettings(tuple(tasks), NoiseProfile(**rates, echo_examples=echo, sources=dict(n.get("sources", {}))))
+
+
+def check_oracle(oracle: str, grounding: Optional[str] = None) -> None:
+    """Raise ValueError for an unknown variant, or one the grounding cannot pay (the one rule)."""
+    if oracle not in ORACLES:
+        raise ValueError(f"unknown oracle relabeler {oracle!r}; expected one of {', '.join(ORACLES)}")
+    if grounding is not None and grounding != "bound" and oracle in NEEDS_BOUND_GROUNDING:
+        raise ValueError(f"oracle {oracle!r} needs event-bound grounding (grounding='bound', --oir.grounding bound): "
+                         f"its wordings are chosen far from the captions, so the cosine reward ({grounding!r}) "
+                         "would pay them nowhere")
+
+
+# ----------------------------------------------------------------------------- the labelers
+def trajectory_rng(traj: Trajectory, seed: int, stream: int) -> np.random.Generator:
+    """The random stream ``stream`` of one trajectory: keyed by ``seed``, the trajectory's
+    ``meta["seed"]``, ``meta["update"]``, ``env_id`` and its events and episode ends (the same
+    draws in any process, batch or order)."""
+    ev = zlib.crc32(np.packbits(np.asarray(traj.events, bool)).tobytes())
+    dn = zlib.crc32(np.packbits(np.asarray(traj.dones, bool)).tobytes())
+    meta = traj.meta or {}
+    key = [int(seed) & 0xFFFFFFFF, stream, int(meta.get("seed", 0)) & 0xFFFFFFFF,
+           int(meta.get("update", 0)) & 0xFFFFFFFF, int(traj.env_id) & 0xFFFFFFFF, ev, dn]
+    return np.random.default_rng(key)
+
+
+def _episodes(traj: Trajectory) -> np.ndarray:
+    """``[T]`` episode index of each step (a step after a ``done`` starts the next episode)."""
+    return np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
+
+
+def achievement_sequence(traj: Trajectory) -> list[tuple[int, int, int]]:
+    """``(event, episode, step)`` of the achievement events in time order, repeats of an event
+    within an episode collapsed to their first step."""
+    episode = _episodes(traj)
+    seq, seen = [], set()
+    # only the achievement columns: moving and waiting fill most steps, and a loop over them is slow
+    ts, cs = np.nonzero(np.asarray(traj.events)[:, _ACHIEVEMENT_EVENTS])  # time-major, then event id
+    for t, c in zip(ts.tolist(), cs.tolist()):
+        e = _ACHIEVEMENT_EVENTS[c]
+        if (e, int(episode[t])) not in seen:
+            seen.add((e, int(episode[t])))
+            seq.append((e, int(episode[t]), t))
+    return seq
+
+
+def first_occurrence_events(traj: Trajectory, events: Optional[Iterable[int]] = None) -> list[int]:
+    """The events of ``traj`` (achievement events, or those of ``events``) in order of first
+    occurrence (events of one step in event-id order)."""
+    cols = list(_ACHIEVEMENT_EVENTS) if events is None else sorted(set(events))
+    ev = np.asarray(traj.events)[:, cols]
+    happened = np.flatnonzero(ev.any(axis=0))
+    first = ev.argmax(axis=0)
+    return [cols[i] for i in sorted(happened.tolist(), key=lambda i: (int(first[i]), cols[i]))]
+
+
+def canonical_labels(traj: Trajectory, pair_table: Mapping[tuple[str, str], str]) -> list[Label]:
+    """Each achievement event's canonical caption (first occurrence order), then the pair wordings
+    of ``pair_table`` whose first event is followed by the second in one episode."""
+    out = [Label(VOCAB.canonical(e), e) for e in first_occurrence_events(traj)]
+    return out + pair_labels(traj, pair_table)
+
+
+def pair_labels(traj: Trajectory, pair_table: Mapping[tuple[str, str], str]) -> list[Label]:
+    """The natural pair wordings ("sleep and wake up") whose events happened in order in one episode."""
+    ev = np.asarray(traj.events)
+    episode = None
+    out = []
+    for (first, second), text in pair_table.items():
+        i, j = EVENT_NAMES.index(first), EVENT_NAMES.index(second)
+        t_first = np.flatnonzero(ev[:, i])
+        t_second = np.flatnonzero(ev[:, j])
+        if not len(t_first) or not len(t_second):
+            continue
+        episode = _episodes(traj) if episode is None else episode
+        # each episode's first occurrence of the first event; a second event after it in its episode
+        earliest = {}
+        for t in t_first.tolist():
+            earliest.setdefault(int(episode[t]), t)
+        if any(earliest.get(int(episode[t]), t) < t for t in t_second.tolist()):
+            out.append(Label(text, j, i))
+    return out
+
+
+def task_labels(traj: Trajectory, task_events: Sequence[int]) -> list[Label]:
+    """The canonical captions of the non-achievement ``task_events`` that happened (first occurrence order)."""
+    return [Label(VOCAB.canonical(e), e) for e in first_occurrence_events(traj, task_events)]
+
+
+def compound_labels(traj: Trajectory, seed: int = 0) -> list[Label]:
+    """``"A then B"`` (canonical captions) for every ordered pair of distinct achievement events of
+    one episode where A first happened before B did and neither is a prerequisite of the other,
+    bound to the pair (B after A); in a per-trajectory random order (:func:`trajectory_rng`), so
+    that the K slots do not always take the same pairs."""
+    seq = achievement_sequence(traj)
+    out = []
+    for (a, ea, ta), (b, eb, tb) in itertools.permutations(seq, 2):
+        # B happens after A's first occurrence (any of B's occurrences: the first one of B in the
+        # episode may come before A, a later one after it)
+        if ea != eb or a == b or related_achievements(VOCAB.achievement_of_event[a], VOCAB.achievement_of_event[b]):
+            continue
+        later = np.flatnonzero(traj.events[ta + 1:, b])
+        if len(later) and _same_episode(traj, ta, ta + 1 + int(later[0])):
+            out.append(Label(f"{VOCAB.canonical(a)} then {VOCAB.canonical(b)}", b, a))
+    order = trajectory_rng(traj, seed, _STREAM_COMPOUND).permutation(len(out))
+    return [out[i] for i in order]
+
+
+def _same_episode(traj: Trajectory, t0: int, t1: int) -> bool:
+    return not bool(np.asarray(traj.dones[t0:t1], bool).any())
+
+
+def diverse_labels(traj: Trajectory, pool: WordingPool, seed: int = 0) -> list[Label]:
+    """Each achievement event (first occurrence order) named by one of its pool wordings, drawn per
+    trajectory (:func:`trajectory_rng`)."""
+    rng = trajectory_rng(traj, seed, _STREAM_DIVERSE)
+    out = []
+    for e in first_occurrence_events(traj):
+        ws = pool.wordings[e]
+        out.append(Label(ws[int(rng.integers(len(ws)))], e))
+    return out
+
+
+def corrupt(labels: Sequence[Label], pool: WordingPool, noise: NoiseProfile, rng: np.random.Generator) -> list[Label]:
+    """``labels`` with the errors of ``noise`` (see :class:`NoiseProfile`), each label independently;
+    repeated texts keep their first binding."""
+    examples = list(dict.fromkeys(noise.echo_examples.values()))
+    achievements = sorted(pool.wordings)
+    out: list[Label] = []
+    for lab in labels:
+        u = rng.random(4)
+        if u[0] < noise.drop:
+            continue
+        if u[1] < noise.echo:
+            text = noise.echo_examples.get(lab.final) or examples[int(u[3] * len(examples))]
+        elif u[1] < noise.echo + noise.wrong:
+            others = [e for e in achievements if e != lab.final]
+            ws = pool.wordings[others[int(u[2] * len(others))]]
+            text = ws[int(u[3] * len(ws))]
+        else:
+            text = lab.text
+        out.append(Label(text, lab.final, lab.pre))
+    return unique(out)
+
+
+def unique(labels: Iterable[Label]) -> list[Label]:
+    """``labels`` without repeated texts: the first label of a text (and its binding) wins."""
+    first: dict[str, Label] = {}
+    for lab in labels:
+        first.setdefault(lab.text, lab)
+    return list(first.values())
+
+
+def noisy_labels(traj: Trajectory, pool: WordingPool, noise: NoiseProfile, seed: int = 0) -> list[Label]:
+    """:func:`diverse_labels` corrupted by :func:`corrupt`."""
+    return corrupt(diverse_labels(traj, pool, seed), pool, noise, trajectory_rng(traj, seed, _STREAM_NOISE))
+
+
+def oracle_labels(traj: Trajectory, oracle: str, *, seed: int = 0, pool: Optional[WordingPool] = None,
+                  pair_table: Optional[Mapping[tuple[str, str], str]] = None,
+                  settings: Optional[OracleSettings] = None) -> list[Label]:
+    """The labels of one trajectory by oracle variant ``oracle`` (:data:`ORACLES`), without repeated texts.
+
+    Canonical labels come first in ``tasks`` and ``compound``: with K slots per trajectory, the
+    extra labels take the slots the canonical ones leave free.
+    """
+    check_oracle(oracle)
+    pairs = RULE_PAIRS if pair_table is None else pair_table
+    settings = settings or load_settings()
+    if oracle == "canonical":
+        labels = canonical_labels(traj, pairs)
+    elif oracle == "tasks":
+        labels = canonical_labels(traj, pairs) + task_labels(traj, settings.task_events)
+    elif oracle == "compound":
+        labels = canonical_labels(traj, pairs) + compound_labels(traj, seed)
+    elif oracle == "diverse":
+        labels = diverse_labels(traj, pool or load_pool(), seed)
+    else:
+        labels = noisy_labels(traj, pool or load_pool(), settings.noise, seed)
+    return unique(labels)
