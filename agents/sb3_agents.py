@@ -171,13 +171,14 @@ def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = 
         rules = RuleBackend(oracle=oracle, seed=seed)
         if rules.wording_pool is not None:
             check_pool(rules.wording_pool, evaluation_texts(eval_files), encoder or get_encoder())
-        kwargs["rules"] = rules
+    else:
+        rules = None
     if kind not in RELABELERS:
         raise ValueError(f"unknown relabeler {kind!r}; expected one of {RELABELERS}")
     from oir_gym.relabel import HindsightRelabeler
 
     return HindsightRelabeler(relabeler_config(kind, llm, k=k, delta=delta, cache_path=cache_path, **kwargs),
-                              encoder=encoder)
+                              encoder=encoder, rules=rules)
 
 
 def make_relabel_callback(relabeler, algo: str, **kwargs: Any):
