@@ -748,6 +748,7 @@ def _rules_k(cfg: TrainConfig) -> int:
 def make_rules_relabeler(cfg: TrainConfig, encoder):
     """The synchronous rule relabeler of a config (``oir.relabeler=rules``, or merged with the LLM's);
     over worker processes (``oir.relabel_workers``) when a rollout holds at least 64 trajectories."""
+    from agents.llm import relabeler_config
     from oir_gym.relabel import HindsightRelabeler
     from oir_gym.relabel.parallel import ParallelRelabeler, default_workers
 
@@ -755,16 +756,16 @@ def make_rules_relabeler(cfg: TrainConfig, encoder):
     # are their "A then B" compounds, which the single-caption cosine reward never pays; as rows of D
     # they are zero-reward copies of exactly the trajectories where B happened ("collect wood then
     # place table": cos 0.69 to "place table"). Under bound grounding they bind to the ordered pair.
-    kw = dict(k=_rules_k(cfg), delta=cfg.env.delta, cache_size=0, keep_ungrounded=cfg.oir.keep_ungrounded,
-              grounding=cfg.oir.grounding, bind_threshold=cfg.oir.bind_threshold,
-              rules=oracle_rules(cfg, encoder))
+    rcfg = relabeler_config("rules", k=_rules_k(cfg), delta=cfg.env.delta, keep_ungrounded=cfg.oir.keep_ungrounded,
+                            grounding=cfg.oir.grounding, bind_threshold=cfg.oir.bind_threshold)
+    rules = oracle_rules(cfg, encoder)
     workers = default_workers() if cfg.oir.relabel_workers < 0 else cfg.oir.relabel_workers
     batch = cfg.run.num_seeds * cfg.pqn.num_envs
     if workers > 0 and batch >= 64:
         # each worker loads its own encoder (the same model: OIR_GYM_ENCODER or the packaged one)
-        return ParallelRelabeler(functools.partial(HindsightRelabeler, "rules", **kw), workers=workers,
+        return ParallelRelabeler(functools.partial(HindsightRelabeler, rcfg, rules=rules), workers=workers,
                                  min_batch=64)
-    return HindsightRelabeler("rules", encoder=encoder, **kw)
+    return HindsightRelabeler(rcfg, encoder=encoder, rules=rules)
 
 
 def oracle_rules(cfg: TrainConfig, encoder):

@@ -95,6 +95,10 @@ class OIRRelabeling(TrainingMethod):
         self.offered: dict[str, tuple[float, int, str]] = {}
         self.offers_llm = 0
         self.offers_total = 0
+        # the LLM's instructions that reached a training batch (rows) and a buffer (texts it took),
+        # over the run: the progress line and the end-of-run summary say when it contributed nothing
+        self.llm_rows = 0
+        self.llm_buffered = 0
         # evaluation and original instructions keep their own table rows (never bound)
         self._fixed = set(trainer.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS)
 
@@ -128,6 +132,7 @@ class OIRRelabeling(TrainingMethod):
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "stale_llm": self.stale_llm,
                 "offers": {"llm": self.offers_llm, "total": self.offers_total,
+                           "llm_rows": self.llm_rows, "llm_buffered": self.llm_buffered,
                            "texts": [[t, c, e, src] for t, (c, e, src) in self.offered.items()]},
                 "diversity": self.diversity()}
 
@@ -136,6 +141,7 @@ class OIRRelabeling(TrainingMethod):
         self.stale_llm = int(state.get("stale_llm", 0))
         offers = state.get("offers") or {}  # absent in checkpoints written before the offer counts
         self.offers_llm, self.offers_total = int(offers.get("llm", 0)), int(offers.get("total", 0))
+        self.llm_rows, self.llm_buffered = int(offers.get("llm_rows", 0)), int(offers.get("llm_buffered", 0))
         self.offered = {str(t): (float(c), int(e), str(src)) for t, c, e, src in offers.get("texts", [])}
         # Rollouts awaiting LLM answers or a lagged relabel are not checkpointed: those are lost on resume.
         self.history = []
@@ -269,7 +275,8 @@ class OIRRelabeling(TrainingMethod):
             stats["relabel/llm_pending"] = float(self.relabeler.pending)
             llm_stats = self.relabeler.stats()
             for k in ("calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
-                      "prompt_tokens_mean", "candidates_llm", "share", "restarts", "down_seconds"):
+                      "prompt_tokens_mean", "candidates_llm", "candidates_kept_llm", "share", "restarts",
+                      "down_seconds"):
                 if isinstance(llm_stats.get(k), (int, float)):
                     stats[f"relabel/llm_{k}"] = float(llm_stats[k])
             # why answers fail and why candidates go: the run's record of what the LLM got wrong
@@ -284,6 +291,7 @@ class OIRRelabeling(TrainingMethod):
         self.last_texts = texts
         stats["relabel/rows"] = float(valid.sum() / tr.S)
         stats["relabel/grounded_frac"] = float(np.mean([c.grounded for r in results for c in r.candidates] or [0.0]))
+        llm_rows = sum(c.source == "llm" for cs in self.last_candidates for c in cs)
         # buffer: insert this iteration's candidates that paid a reward on their trajectory (all of
         # them with cfg.oir.keep_ungrounded, as the paper's Alg. 1). An ungrounded one, such as the
         # rules' "A then B" compounds that never exceed delta against any caption, can never succeed
@@ -295,6 +303,7 @@ class OIRRelabeling(TrainingMethod):
         for r in results:
             grounded[r.trajectory.meta["seed"]].update(c.text for c in r.candidates if c.grounded)
         offers: list = []
+        llm_buffered = 0
         for s in range(tr.S):
             first = {}  # text -> the first chosen candidate with it (its source, binding, rows)
             for c in self.last_candidates[s]:
@@ -302,6 +311,7 @@ class OIRRelabeling(TrainingMethod):
             cands = [t for t in dict.fromkeys(texts[s]) if t and (cfg.oir.keep_ungrounded or t in grounded[s])]
             if cands:
                 written = tr.buffers[s].insert(cands)
+                llm_buffered += sum(first[t].source == "llm" for t in written if t in first)
                 self.generated.update(cands)
                 if cfg.oir.grounding == "bound" and written:
                     # the env pays a buffer instruction at its bound event(s) (the first binding of a
@@ -311,6 +321,15 @@ class OIRRelabeling(TrainingMethod):
                                      bindings=[None if t in self._fixed else first[t].binding for t in written])
                 offers += [first[t] for t in cands]
         stats.update(self._count_offers(offers))
+        if self.async_llm:
+            # what the LLM's instructions reached this update: batch rows (all seeds) and the texts
+            # the buffers took; "answered" alone hides a run where they never get past the rules
+            self.llm_rows += llm_rows
+            self.llm_buffered += llm_buffered
+            stats["relabel/llm_rows"] = float(llm_rows)
+            stats["relabel/llm_buffered"] = float(llm_buffered)
+            stats["relabel/llm_rows_total"] = float(self.llm_rows)
+            stats["relabel/llm_buffered_total"] = float(self.llm_buffered)
         return slots, stats
 
     # ------------------------------------------------------------ offers and their diversity
@@ -335,15 +354,18 @@ class OIRRelabeling(TrainingMethod):
 
     def llm_report(self) -> dict[str, Any]:
         """The LLM relabeler's run so far, for the run directory (empty without an LLM): calls,
-        prompts, latency, answers that came too late, errors by type with an example of each, and
-        candidates dropped by reason."""
+        prompts, latency, answers that came too late, errors by type with an example of each,
+        candidates dropped by reason, and how many of its instructions reached a training batch
+        (``rows_in_batch``) and a buffer (``into_buffer``)."""
         if not self.async_llm:
             return {}
         st = self.relabeler.stats()
         keys = ("calls", "prompts", "latency_mean_s", "prompt_tokens_mean", "errors", "errors_by_type",
-                "error_examples", "dropped", "candidates_llm", "restarts", "child_deaths", "down_seconds",
+                "error_examples", "dropped", "candidates_llm", "candidates_kept_llm", "restarts", "child_deaths",
+                "down_seconds",
                 "llm_warnings")
-        return {**{k: st[k] for k in keys if k in st}, "stale": self.stale_llm}
+        return {**{k: st[k] for k in keys if k in st}, "stale": self.stale_llm,
+                "rows_in_batch": self.llm_rows, "into_buffer": self.llm_buffered}
 
     def diversity(self) -> dict[str, float]:
         """Diversity of every instruction offered to the buffers so far (:mod:`oir_gym.diversity`):

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from agents.config import LLMConfig, redact_url
-from agents.llm import check_llm, make_llm_relabeler
+from agents.llm import check_llm, relabeler_config
 from agents.run_dir import (
     CorruptFileError, MetricsWriter, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes,
     require_wandb, sha256_file,
@@ -171,15 +171,14 @@ def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = 
         rules = RuleBackend(oracle=oracle, seed=seed)
         if rules.wording_pool is not None:
             check_pool(rules.wording_pool, evaluation_texts(eval_files), encoder or get_encoder())
-        kwargs["rules"] = rules
+    else:
+        rules = None
     if kind not in RELABELERS:
         raise ValueError(f"unknown relabeler {kind!r}; expected one of {RELABELERS}")
     from oir_gym.relabel import HindsightRelabeler
 
-    if kind == "rules":
-        return HindsightRelabeler("rules", k=k, delta=delta, encoder=encoder, cache_size=0, **kwargs)
-    return make_llm_relabeler(llm, k=k, delta=delta, encoder=encoder, use_rules=(kind == "both"),
-                              cache_path=cache_path, **kwargs)
+    return HindsightRelabeler(relabeler_config(kind, llm, k=k, delta=delta, cache_path=cache_path, **kwargs),
+                              encoder=encoder, rules=rules)
 
 
 def make_relabel_callback(relabeler, algo: str, **kwargs: Any):

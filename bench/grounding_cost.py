@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     trajs = random_trajectories(a.n, a.length, seed=0, texts=False)
     enc = get_encoder()
-    rel = {m: HindsightRelabeler("rules", k=a.k, cache_size=0, encoder=enc, grounding=m) for m in ("cosine", "bound")}
+    rel = {m: HindsightRelabeler.rules(k=a.k, encoder=enc, grounding=m) for m in ("cosine", "bound")}
     times: dict[str, list[float]] = {m: [] for m in rel}
     kept: dict[str, int] = {}
     for m, r in rel.items():  # warm-up: encoder and phrase embeddings

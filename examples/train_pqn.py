@@ -119,8 +119,13 @@ def summary_line(row: dict[str, Any], num_updates: int) -> str:
               f"cache hits {row['ellm/cache_hit_rate']:.2f}")
     if "relabel/llm_share" in row:
         # of the trajectories the LLM was asked about, the share it answered with candidates (falls
-        # while it is down), and the LLM's share of this update's buffer offers (what it added)
-        rl += f" | LLM answered {row['relabel/llm_share']:.0%}, offers {row.get('relabel/llm_offer_share', 0.0):.0%}"
+        # while it is down); then what its instructions reached: batch rows and buffer entries (run
+        # totals), so a run where the LLM answers but contributes nothing says so
+        rows, buf = row.get("relabel/llm_rows_total", 0.0), row.get("relabel/llm_buffered_total", 0.0)
+        reached = (f"its instructions in {rows:.0f} batch rows, {buf:.0f} buffer entries" if rows or buf
+                   else "none of its instructions reached a batch or a buffer yet")
+        rl += (f" | LLM answered {row['relabel/llm_share']:.0%}, offers "
+               f"{row.get('relabel/llm_offer_share', 0.0):.0%}; {reached}")
     elif "ellm/llm_fraction" in row:  # ELLM: the LLM's share of the goals
         rl += f" | LLM goals {row['ellm/llm_fraction']:.0%}"
     if row.get("curriculum/unpayable_step_frac", 0.0) > 0:
@@ -554,6 +559,11 @@ def _write_diversity(trainer, folder: Path, cfg: TrainConfig) -> None:
     if "diversity/llm_echo_share" in d:  # a small LLM mostly copies its prompt's examples: say how much
         print(f"LLM instructions: {int(d['diversity/llm_instructions'])} distinct, "
               f"{d['diversity/llm_echo_share']:.3f} of them copies of the prompt's example answers")
+    if llm:  # what the LLM contributed, in counts (a share of zero offers reads like a success)
+        rows, buf = int(llm.get("rows_in_batch", 0)), int(llm.get("into_buffer", 0))
+        print(f"LLM instructions reached {rows} training batch rows and {buf} buffer entries"
+              if rows or buf else "the LLM contributed nothing: none of its instructions reached a training batch "
+              "or a buffer (rule instructions or nothing trained the agent)")
     if llm.get("errors_by_type"):  # what went wrong with the LLM, in one line
         kinds = sorted(llm["errors_by_type"].items(), key=lambda kv: -kv[1])
         print(f"LLM errors by type (calls): {', '.join(f'{k} {n}' for k, n in kinds)}; "

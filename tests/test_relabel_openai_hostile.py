@@ -291,7 +291,7 @@ def test_the_start_up_check_gives_up_at_its_bound_while_a_body_trickles(server):
 def test_the_start_up_check_of_an_http_backend_has_a_bound_by_default(server, monkeypatch):
     """Without ``llm_timeout`` the check waits :data:`CHECK_TIMEOUT` (60 s; shortened here to keep
     the test short: the value is the documented setting, the bound is the behaviour)."""
-    from oir_gym.relabel import worker
+    from oir_gym.relabel.llm import build as worker
 
     monkeypatch.setattr(worker, "CHECK_TIMEOUT", 1.0)
     srv = server()

@@ -49,3 +49,30 @@ def test_public_encode_matches_the_encoder(encoder):
         assert rl.encode([]).shape == (0, encoder.dim)
     finally:
         rl.close()
+
+
+def test_the_config_form_validates_once_and_names_the_field():
+    from oir_gym.relabel import RelabelerConfig
+
+    cfg = RelabelerConfig()
+    cfg.grounding.delta = 1.5
+    with pytest.raises(ValueError, match=r"delta=1.5 .*grounding\.delta"):
+        HindsightRelabeler(cfg)
+    cfg = RelabelerConfig()
+    cfg.llm.backend = "rules"
+    with pytest.raises(TypeError, match="set them on the config"):
+        HindsightRelabeler(cfg, k=4)
+
+
+def test_the_keyword_form_is_deprecated_but_builds_the_same_relabeler():
+    from oir_gym.relabel import RelabelerConfig
+
+    with pytest.warns(DeprecationWarning, match="RelabelerConfig"):
+        old = HindsightRelabeler("rules", k=3, delta=0.8, grounding="bound", cache_size=0)
+    new = HindsightRelabeler.rules(k=3, delta=0.8, grounding="bound")
+    assert old.config == new.config and isinstance(new.config, RelabelerConfig)
+    assert (new.k, new.delta, new.grounding, new.cache.capacity, new.backend.llm) == (3, 0.8, "bound", 0, None)
+    with pytest.raises(TypeError, match="unexpected setting 'cache_size'"):
+        HindsightRelabeler.rules(k=3, cache_size=5)
+    old.close()
+    new.close()

@@ -2,9 +2,9 @@
 
 Typical use from any training loop::
 
-    from oir_gym.relabel import HindsightRelabeler
+    from oir_gym.relabel import HindsightRelabeler, RelabelerConfig
 
-    relabeler = HindsightRelabeler(backend="transformers", k=4)  # offline Gemma 3 270M + rules
+    relabeler = HindsightRelabeler(RelabelerConfig())          # offline Gemma 3 270M + rules, K = 4
     for res in relabeler(trajectories):                        # lock-step, like the paper
         for cand in res.grounded:                              # cand.first_step pays reward 1
             buffer.add(res.trajectory, cand.text, cand.first_step)
@@ -35,6 +35,7 @@ from oir_gym.relabel.prompts import (
     output_schema,
     timestep_lines,
 )
+from oir_gym.relabel.config import RelabelerConfig
 from oir_gym.relabel.relabeler import HindsightRelabeler
 from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.relabel.rules import RULE_PAIRS, RuleBackend, rule_final_event
@@ -42,6 +43,7 @@ from oir_gym.relabel.segments import Segment, behaviour_key, segments, segments_
 from oir_gym.relabel.tokens import TokenCount, count_tokens
 
 __all__ = [
+    "RelabelerConfig",
     "HindsightRelabeler", "Candidate", "RelabelResult",
     "LLMBackend", "TransformersBackend", "LlamaCppBackend", "OpenAIBackend", "VLLMBackend", "RuleBackend", "CompositeBackend",
     "Proposal", "RULE_PAIRS", "rule_final_event", "BackendError", "BackendTimeout", "make_backend", "default_gguf_path", "instruction_gbnf",

@@ -54,40 +54,38 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
-from oir_gym.captions import NUM_EVENTS, VOCAB
+from oir_gym.captions import VOCAB
 from oir_gym.relabel.backends import BackendTimeout, LLMBackend
+from oir_gym.relabel.config import (
+    DEFAULT_MAX_PROMPT_TOKENS, CacheSettings, GroundingSettings, LLMSettings, PromptSettings, RelabelerConfig,
+    SelectionSettings,
+)
 from oir_gym.relabel.composite import CompositeBackend, Proposal
-from oir_gym.relabel.oracle import check_oracle
-from oir_gym.relabel.rules import RuleBackend, rule_events, rule_final_event
+from oir_gym.relabel.rules import RuleBackend
 from oir_gym.relabel.cache import LRUCache
-from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
-from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
+from oir_gym.relabel.filters import CandidateFilter
+from oir_gym.relabel.oracle import check_oracle
+from oir_gym.relabel.pipeline import Answers, ground, merge_rules, plan_prompts, read_answers, select
+from oir_gym.relabel.stats import RelabelStats
 from oir_gym.relabel.prompts import PromptTemplate, load_template
 from oir_gym.relabel.tokens import backend_token_count
-from oir_gym.relabel.results import Candidate, RelabelResult
-from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle
-from oir_gym.relabel.worker import (
-    BackendSpec as LLMSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller,
-    backend_identity, build_llm, close_llm, llm_process_stats, probe,
-)
-from oir_gym.grounding import (
-    GROUNDING_MODES, Binding, bind, bind_ordered, episode_starts_from_dones, first_paid_step, indicator_row,
-    no_precondition, split_ordered,
-)
-from oir_gym.reward import event_similarity, match_steps
+from oir_gym.relabel.results import RelabelResult
+from oir_gym.relabel.segments import behaviour_key
+from oir_gym.relabel.llm.build import build_llm, probe
+from oir_gym.relabel.llm.caller import OffThreadCaller
+from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend, llm_process_stats
+from oir_gym.relabel.llm.health import LLMHealth
+from oir_gym.relabel.llm.spec import BackendSpec as LLMSpec, LLMBusy, backend_identity, close_llm
 from oir_gym.trajectory import Trajectory
-from oir_gym.validation import (
-    ArgumentTypeError, check_bool, check_choice, check_instance, check_int, check_real, show,
-)
+from oir_gym.validation import ArgumentTypeError, check_bool, check_instance, check_real, show
 
 #: Default longest wait (seconds) of :meth:`HindsightRelabeler.close` for the background worker to
 #: finish the queued batches; then queued batches are dropped and an LLM the relabeler started is
 #: stopped (see :meth:`~HindsightRelabeler.close` for the whole bound).
 CLOSE_TIMEOUT = 10.0
 
-#: Default prompt budget (tokens, template included) of :class:`HindsightRelabeler`: a longer
-#: ``segments`` prompt is compacted (docs/relabeling.md, "Prompt length").
-DEFAULT_MAX_PROMPT_TOKENS = 768
+
+_UNSET: Any = object()  # no positional argument: tells the config form from the keyword form
 
 BackendArg = Union[str, LLMSpec, LLMBackend, CompositeBackend, None]
 
@@ -96,171 +94,119 @@ class HindsightRelabeler:
     """LLM hindsight instruction relabeling as a library component.
 
     Args:
-        backend: a backend name for :func:`~oir_gym.relabel.make_backend` (``"transformers"``, the
-            default: the offline Gemma 3 270M; ``"llama_cpp"``, ``"openai"``, ``"vllm"``...), ``"package.module:ClassName"``
-            of any class with the backend protocol, ``"rules"`` (no LLM), a
-            :class:`~oir_gym.relabel.worker.BackendSpec`, an
-            :class:`~oir_gym.relabel.backends.LLMBackend` object (used as is, in this process), or a
-            :class:`~oir_gym.relabel.backends.CompositeBackend`.
-        k: candidates kept per trajectory (the paper's K).
-        template: ``"segments"`` (default, compressed) or ``"paper"`` (Appendix C, per-timestep),
-            a path to a template file, or a :class:`PromptTemplate`.
-        use_rules: merge rule instructions into the LLM candidates.
-        delta: grounding threshold (strict ``>``), as the env's reward.
+        config: every setting (:class:`~oir_gym.relabel.config.RelabelerConfig`; validated here).
+            Default: ``RelabelerConfig()``, the offline Gemma 3 270M with rules beside it.
+        llm: an LLM backend object to use as is, in this process (an
+            :class:`~oir_gym.relabel.backends.LLMBackend`, or a
+            :class:`~oir_gym.relabel.composite.CompositeBackend`), instead of building
+            ``config.llm.backend``; it belongs to the caller (not closed here).
         encoder: sentence encoder with ``encode(list[str]) -> [n, D]`` unit-norm (default: the
             shared all-MiniLM-L6-v2 of :func:`oir_gym.encoder.get_encoder`, loaded on first use).
-        cache_size: LRU entries (0 disables the cache).
-        cache_path: JSON file the cache is loaded from and saved to (on :meth:`close`,
-            :meth:`save_cache`, and every ``cache_save_every`` new entries; after a failed save,
-            counted in ``cache_save_failures``, the unsaved entries stay due and the next call tries again).
-        cache_key: how trajectories are normalised into cache keys (see
-            :func:`~oir_gym.relabel.segments.behaviour_key`): ``"behaviour"`` (default, ordered
-            events without timing), ``"events"`` (coarser: no repeat counts) or ``"segments"``
-            (exact segment text with timing). Coarser keys hit more often; a reused answer that
-            does not fit a trajectory simply ends up ungrounded, since grounding is per trajectory.
-        samples: completions per prompt (``n`` of the backend protocol).
-        keep_ungrounded: fill up to ``k`` with ungrounded candidates after the grounded ones.
-        dedup_threshold: cosine at or above which a later candidate is a near-duplicate.
-        fallback: ``"rules"`` (answer with rule instructions when the LLM fails) or ``"none"``.
-        llm_timeout: seconds one batched LLM call may take (``None``: no limit beyond the backend's).
-            For a backend this relabeler runs in a child process it is the child's deadline (a
-            call past it kills the child, which restarts); otherwise the call is abandoned on its
-            thread (later calls fail at once while it still runs).
-        skip_idle: do not ask the LLM about trajectories where nothing but moving/waiting happened.
-        candidate_filter: text filter (forbidden words, lengths).
-        queue_size: pending batches in async mode before ``on_full`` applies.
-        on_full: async overflow policy: ``"rules"``, ``"skip"``, ``"replace"`` or ``"block"``
-            (see :meth:`submit`).
-        backend_kwargs: passed to the backend constructor when ``backend`` is a name.
-        isolate: run a named backend in a child process (default: every backend but ``openai``,
-            whose HTTP client does no native work; ``False`` builds it in this process, for debugging).
-        child_config: the child's deadlines and restart backoff (:class:`~oir_gym.relabel.worker.ChildConfig`).
-        warn_after: failed LLM calls in a row before the one console warning of an outage.
-        grounding: ``"cosine"`` (the paper's rule, default) or ``"bound"`` (event-bound; see
-            :mod:`oir_gym.grounding`).
-        bind_threshold: loosest similarity between a candidate and an event of its trajectory that
-            binds it (``grounding="bound"``).
-        oracle: build the rule relabeler as this oracle variant (``"canonical"``, ``"diverse"``,
-            ``"tasks"``, ``"compound"`` or ``"noisy"``; :mod:`oir_gym.relabel.oracle`), e.g.
-            ``HindsightRelabeler("rules", oracle="diverse", grounding="bound")``; same as passing
-            ``rules=RuleBackend(oracle=...)``. ``"diverse"`` and ``"noisy"`` need ``grounding="bound"``.
-        max_prompt_tokens: token budget of one prompt, template included, counted with the
-            backend's tokenizer when it has one (else approximately): a ``segments`` prompt above
-            it is compacted (:func:`~oir_gym.relabel.segments.compact_text`: background events
-            merged into idle runs, then idle runs left out, then one line per distinct event,
-            then lines cut). Default :data:`DEFAULT_MAX_PROMPT_TOKENS`; ``None``: never compact.
-            Long prompts make Gemma 3 270M ignore the trajectory (docs/relabeling.md).
+        rules: the rule instructions (:class:`~oir_gym.relabel.rules.RuleBackend`; default one).
+
+    The keyword form of earlier releases (``HindsightRelabeler(backend="rules", k=4, delta=0.9,
+    ...)``) still works for one release and emits a ``DeprecationWarning``; its keywords map onto
+    the config as :func:`legacy_config` shows.
     """
 
-    def __init__(
-        self,
-        backend: BackendArg = "transformers",
-        k: int = 4,
-        template: Union[str, PromptTemplate] = "segments",
-        use_rules: bool = True,
-        delta: float = 0.9,
-        encoder: Any = None,
-        cache_size: int = 4096,
-        cache_path: Optional[str | os.PathLike] = None,
-        *,
-        samples: int = 1,
-        keep_ungrounded: bool = True,
-        dedup_threshold: float = 0.95,
-        fallback: str = "rules",
-        llm_timeout: Optional[float] = None,
-        skip_idle: bool = True,
-        candidate_filter: Optional[CandidateFilter] = None,
-        rules: Optional[RuleBackend] = None,
-        queue_size: int = 8,
-        on_full: str = "rules",
-        cache_save_every: int = 256,
-        cache_key: str = "behaviour",
-        backend_kwargs: Optional[dict] = None,
-        isolate: Optional[bool] = None,
-        child_config: Optional[ChildConfig] = None,
-        warn_after: int = 3,
-        grounding: str = "cosine",
-        bind_threshold: float = 0.5,
-        max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS,
-        oracle: Optional[str] = None,
-    ) -> None:
-        check_choice("grounding", grounding, GROUNDING_MODES)
-        bind_threshold = check_real("bind_threshold", bind_threshold, low=-1.0, high=1.0, hint=" (a cosine)")
-        self.grounding = grounding
-        self.bind_threshold = float(bind_threshold)
-        check_choice("fallback", fallback, ("rules", "none"))
-        check_choice("on_full", on_full, ("rules", "skip", "replace", "block"))
-        k = check_int("k", k, minimum=1)
-        _check_args(delta=delta, samples=samples, cache_size=cache_size, dedup_threshold=dedup_threshold,
-                    llm_timeout=llm_timeout)
-        _check_more(backend=backend, template=template, encoder=encoder, cache_path=cache_path, rules=rules,
-                    candidate_filter=candidate_filter, backend_kwargs=backend_kwargs, child_config=child_config)
-        use_rules, keep_ungrounded, skip_idle = (check_bool(n, v) for n, v in (
-            ("use_rules", use_rules), ("keep_ungrounded", keep_ungrounded), ("skip_idle", skip_idle)))
-        isolate = check_bool("isolate", isolate, none_ok=True)
-        queue_size = check_int("queue_size", queue_size, minimum=1)
-        cache_save_every = check_int("cache_save_every", cache_save_every, minimum=1)
-        warn_after = check_int("warn_after", warn_after, minimum=1)
-        self.k = int(k)
-        self.template = template if isinstance(template, PromptTemplate) else load_template(str(template))
+    def __init__(self, config: Union[RelabelerConfig, BackendArg] = _UNSET, *args: Any, llm: Any = None,
+                 encoder: Any = None, rules: Optional[RuleBackend] = None, **legacy: Any) -> None:
+        if not isinstance(config, RelabelerConfig):
+            if config is _UNSET and not args and not legacy:
+                config = RelabelerConfig()
+            else:
+                warnings.warn("HindsightRelabeler(backend, k=..., ...) is deprecated: pass a RelabelerConfig "
+                              "(oir_gym.relabel.config), or use HindsightRelabeler.rules(k=...)",
+                              DeprecationWarning, stacklevel=2)
+                oracle = legacy.pop("oracle", None)
+                config, obj = legacy_config(*(() if config is _UNSET else (config,)), *args, **legacy)
+                llm = obj if llm is None else llm
+                if oracle is not None:  # the keyword form's oracle=: the rule backend's variant
+                    if rules is not None:
+                        raise ValueError("give the oracle variant either as oracle= or in "
+                                         "rules=RuleBackend(oracle=...), not both")
+                    rules = RuleBackend(oracle=oracle)
+        elif args or legacy:
+            raise TypeError(f"HindsightRelabeler(config, ...) takes only llm=, encoder=, rules= after the config; "
+                            f"got {len(args)} more positional and {sorted(legacy)} (set them on the config)")
+        self.config = cfg = config.validate()
+        _check_objects(llm=llm, encoder=encoder, rules=rules)
+        p, lc, cc, g, sel = cfg.prompt, cfg.llm, cfg.cache, cfg.grounding, cfg.selection
+        self.grounding = g.mode
+        self.bind_threshold = float(g.bind_threshold)
+        self.k = int(sel.k)
+        self.template = p.template if isinstance(p.template, PromptTemplate) else load_template(str(p.template))
         self.schema = self.template.schema(self.k)
-        self.delta = float(delta)
-        self.samples = int(samples)
-        self.keep_ungrounded = keep_ungrounded
-        self.dedup_threshold = float(dedup_threshold)
-        self.fallback = fallback
-        self.llm_timeout = llm_timeout
-        self.skip_idle = skip_idle
-        check_int("max_prompt_tokens", max_prompt_tokens, minimum=1, none_ok=True)
-        self.max_prompt_tokens = max_prompt_tokens
-        self.filter = candidate_filter or CandidateFilter()
-        self.on_full = on_full
-        self.cache_save_every = int(cache_save_every)
-        check_choice("cache_key", cache_key, KEY_MODES)
-        self.cache_key_mode = cache_key
-        if oracle is not None and rules is not None:
-            raise ValueError("give the oracle variant either as oracle= or in rules=RuleBackend(oracle=...), not both")
-        self._rules = rules or RuleBackend(oracle=oracle or "canonical")
-        check_oracle(getattr(self._rules, "oracle", "canonical"), grounding)
+        self.delta = float(g.delta)
+        self.samples = int(lc.samples)
+        self.keep_ungrounded = sel.keep_ungrounded
+        self.dedup_threshold = float(sel.dedup_threshold)
+        self.fallback = lc.fallback
+        self.llm_timeout = lc.timeout
+        self.skip_idle = p.skip_idle
+        self.max_prompt_tokens = p.max_prompt_tokens
+        self.filter = sel.candidate_filter or CandidateFilter()
+        self.on_full = lc.on_full
+        self.cache_save_every = int(cc.save_every)
+        self.cache_key_mode = cc.key
+        self._rules = rules or RuleBackend()
+        check_oracle(getattr(self._rules, "oracle", "canonical"), g.mode)
 
         # a backend built here is closed here; objects passed in belong to the caller
-        self._owns_llm = isinstance(backend, (str, LLMSpec))
+        backend: Any = lc.backend if llm is None else llm
+        self._owns_llm = llm is None and isinstance(backend, (str, LLMSpec))
         if isinstance(backend, CompositeBackend):
             self.backend = backend
         else:
-            if child_config is None and llm_timeout is not None:
-                child_config = ChildConfig(timeout=float(llm_timeout), per_prompt_timeout=0.0)
-            llm = build_llm(backend, backend_kwargs, isolate=isolate, config=child_config)
-            self.backend = CompositeBackend(llm, self._rules if (use_rules or llm is None) else None)
+            child_config = lc.child_config
+            if child_config is None and lc.timeout is not None:
+                child_config = ChildConfig(timeout=float(lc.timeout), per_prompt_timeout=0.0)
+            built = build_llm(backend, lc.backend_kwargs, isolate=lc.isolate, config=child_config)
+            self.backend = CompositeBackend(built, self._rules if (sel.use_rules or built is None) else None)
         self.use_rules = self.backend.rules is not None
         self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, LLMSpec)
                              else type(self.backend.llm or self._rules).__name__)
-        self.health = LLMHealth("relabeler", warn_after, fallback="relabeling with rules meanwhile"
-                                if fallback == "rules" else "those trajectories get no instructions")
+        self.health = LLMHealth("relabeler", lc.warn_after, fallback="relabeling with rules meanwhile"
+                                if lc.fallback == "rules" else "those trajectories get no instructions")
 
         self._encoder = encoder
         self._phrase_emb: Optional[np.ndarray] = None
         self._enc_lock = threading.Lock()
-        self.cache = LRUCache(cache_size, cache_path)
+        self.cache = LRUCache(cc.size, cc.path)
         self._caller = OffThreadCaller("oir-llm")
-        self._share: deque = deque(maxlen=64)  # recent LLM-eligible trajectories: did the LLM answer?
-
-        self._stats_lock = threading.Lock()
-        self._s: Counter = Counter()
-        self._dropped: Counter = Counter()
-        self._errors: Counter = Counter()
-        self._error_examples: dict[str, str] = {}  # error type -> its first message
-        self._latency_total = 0.0
-        self._token_method = "none"
+        self._stats = RelabelStats()
+        self._id_lock = threading.Lock()
         self._next_id = 0
 
         # async state
-        self._queue: "queue.Queue[Optional[tuple[list[Trajectory], list[int]]]]" = queue.Queue(max(1, queue_size))
+        self._queue: "queue.Queue[Optional[tuple[list[Trajectory], list[int]]]]" = queue.Queue(max(1, lc.queue_size))
         self._done: deque[RelabelResult] = deque()
         self._done_cv = threading.Condition()
         self._pending = 0
         self._worker: Optional[threading.Thread] = None
         self._closed = False
+
+    @classmethod
+    def rules(cls, k: int = 4, *, encoder: Any = None, **settings: Any) -> "HindsightRelabeler":
+        """A rule relabeler (no LLM, no cache) keeping ``k`` candidates per trajectory.
+
+        ``settings``: ``delta``, ``grounding``, ``bind_threshold``, ``keep_ungrounded``,
+        ``dedup_threshold`` (the grounding and selection fields that matter without an LLM), and
+        ``oracle`` (the rule backend's variant, :mod:`oir_gym.relabel.oracle`; ``"diverse"`` and
+        ``"noisy"`` need ``grounding="bound"``).
+        """
+        oracle = settings.pop("oracle", None)
+        cfg = RelabelerConfig()
+        cfg.llm.backend = "rules"
+        cfg.cache.size = 0
+        cfg.selection.k = k
+        for name, value in settings.items():
+            part = {"delta": cfg.grounding, "bind_threshold": cfg.grounding, "grounding": cfg.grounding,
+                    "keep_ungrounded": cfg.selection, "dedup_threshold": cfg.selection}.get(name)
+            if part is None:
+                raise TypeError(f"HindsightRelabeler.rules() got an unexpected setting {name!r}")
+            setattr(part, "mode" if name == "grounding" else name, value)
+        return cls(cfg, encoder=encoder, rules=None if oracle is None else RuleBackend(oracle=oracle))
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -280,13 +226,25 @@ class HindsightRelabeler:
         its background worker (which shares the encoder): safe to call from any thread."""
         return self._encode(list(texts))
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
+    def _phrases(self) -> np.ndarray:
+        """Embeddings of the caption vocabulary (encoded once)."""
         with self._enc_lock:  # the shared encoder's string cache is not thread-safe
             if self._phrase_emb is None:
                 self._phrase_emb = np.asarray(self.encoder.encode(list(VOCAB.phrases)), dtype=np.float32)
+            return self._phrase_emb
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        phrases = self._phrases()
+        with self._enc_lock:
             if not texts:
-                return np.zeros((0, self._phrase_emb.shape[1]), np.float32)
+                return np.zeros((0, phrases.shape[1]), np.float32)
             return np.asarray(self.encoder.encode(list(texts)), dtype=np.float32)
+
+    def _take_ids(self, n: int) -> list[int]:
+        with self._id_lock:
+            ids = list(range(self._next_id, self._next_id + n))
+            self._next_id += n
+        return ids
 
     def cache_key(self, traj: Trajectory) -> str:
         """Cache key: backend, template, k, key mode and the normalised behaviour of the trajectory."""
@@ -311,7 +269,7 @@ class HindsightRelabeler:
         return prompt, level, count(prompt)
 
     def _count_tokens(self, prompt: str) -> int:
-        n, self._token_method = backend_token_count(self.backend.llm, prompt)
+        n, self._stats.token_method = backend_token_count(self.backend.llm, prompt)
         return n
 
     def _propose(self, trajs: list[Trajectory], prompts: Optional[list[Optional[str]]]) -> list[Proposal]:
@@ -331,40 +289,6 @@ class HindsightRelabeler:
                 p.error = err if pr is not None else None
             return props
 
-    def _premature(self, events: np.ndarray, text: str, sim: np.ndarray) -> bool:
-        """True for a two-event rule instruction that the reward pays where its final event did not
-        happen (the wording matches its first event's captions): it would teach the first half."""
-        final = rule_final_event(text, getattr(self._rules, "pair_table", None))
-        if final is None:
-            return False
-        paid = match_steps(events, sim, self.delta)
-        return bool((paid & ~np.asarray(events[:, final], bool)).any())
-
-    def _rule_table(self, traj: Trajectory) -> Optional[dict[str, tuple[int, int]]]:
-        """``{text: (pre, final)}`` of the rule labels of ``traj`` when the rules can say it
-        (:meth:`RuleBackend.label_events`: any wording binds to its own event), else ``None``."""
-        label_events = getattr(self._rules, "label_events", None)
-        return label_events(traj) if callable(label_events) else None
-
-    def _bind(self, text: str, src: str, sim: np.ndarray, traj: Trajectory, starts: np.ndarray,
-              half_sims: dict[str, np.ndarray], rule_table: Optional[dict[str, tuple[int, int]]] = None
-              ) -> Optional[Binding]:
-        """The event(s) of ``traj`` that candidate ``text`` is bound to (``grounding="bound"``)."""
-        if src == "rules":
-            ev = (rule_table.get(text) if rule_table is not None
-                  else rule_events(text, getattr(self._rules, "pair_table", None)))
-            if ev is None:
-                return None
-            pre, final = ev
-            step = first_paid_step(traj.events, indicator_row(final, NUM_EVENTS), indicator_row(pre, NUM_EVENTS),
-                                   starts, self.delta)
-            return Binding(final=final, pre=pre, step=step) if step >= 0 else None
-        halves = split_ordered(text)
-        if halves is not None:
-            return bind_ordered(half_sims[halves[0]], half_sims[halves[1]], traj.events, starts,
-                                threshold=self.bind_threshold)
-        return bind(sim, traj.events, threshold=self.bind_threshold)
-
     # ------------------------------------------------------------------ sync API
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
         """Relabel a batch synchronously (lock-step, as in the paper).
@@ -373,9 +297,7 @@ class HindsightRelabeler:
         warned about, counted under ``errors_by_type`` and answered with empty results.
         """
         trajs = _check_trajectories(trajectories)
-        with self._stats_lock:
-            ids = list(range(self._next_id, self._next_id + len(trajs)))
-            self._next_id += len(trajs)
+        ids = self._take_ids(len(trajs))
         try:
             return self._process(trajs, ids, llm_allowed=True)
         except Exception as e:  # noqa: BLE001 - the training loop must go on
@@ -390,200 +312,70 @@ class HindsightRelabeler:
         return [r.instructions for r in self.relabel(trajectories)]
 
     def _process(self, trajs: list[Trajectory], ids: list[int], llm_allowed: bool) -> list[RelabelResult]:
-        n = len(trajs)
+        """The pipeline (:mod:`oir_gym.relabel.pipeline`) over one batch, with its one LLM call."""
         use_llm = llm_allowed and self.backend.llm is not None
-        # cache keys only matter for LLM answers (rules are cheaper than the key itself)
-        keys: list = [self.cache_key(t) for t in trajs] if use_llm else [None] * n
-        cached: list[Optional[list[str]]] = [None] * n
-        prompts: list[Optional[str]] = [None] * n
-        owner: dict[str, int] = {}  # key -> index of the trajectory that carries the prompt
-        tokens = [0] * n
-        s = Counter(trajectories=n)
-        if use_llm:
-            for i, (t, key) in enumerate(zip(trajs, keys)):
-                if self.skip_idle and is_idle(t):
-                    s["skipped_idle"] += 1
-                    continue
-                hit = self.cache.get(key) if self.cache.capacity > 0 else None
-                if hit is not None:
-                    cached[i] = hit
-                    s["cache_hits"] += 1
-                elif key in owner:
-                    s["batch_dedup"] += 1  # same behaviour twice in one batch: one prompt
-                else:
-                    owner[key] = i
-                    prompts[i], level, tokens[i] = self._render(t)
-                    s["cache_misses"] += 1
-                    s["prompts_compacted"] += level > 0
-        else:
-            s["rules_only"] += n
-
+        lookup = self.cache.get if self.cache.capacity > 0 else (lambda key: None)
+        plan = plan_prompts(trajs, use_llm=use_llm, skip_idle=self.skip_idle, key_of=self.cache_key,
+                            lookup=lookup, render=self._render)
         t0 = time.perf_counter()
-        props = self._propose(trajs, prompts if any(p is not None for p in prompts) else None)
+        props = self._propose(trajs, plan.asked)
         latency = time.perf_counter() - t0
-        n_prompts = sum(p is not None for p in prompts)
         # close() cuts a call in flight (it stops the LLM): its failure is the shutdown, not the LLM's
         closing = self._closed
-        if closing:
-            for i in range(n):
-                if prompts[i] is not None and props[i].error is not None:
-                    s["closed_in_flight"] += 1
-                    prompts[i] = None  # as if never asked: no error, no health change, no cache entry
+        answers = read_answers(plan, props, self.filter, closing=closing)
+        for key, texts in answers.to_cache:
+            self.cache.put(key, texts)
+        self._report_health(answers)
+        merged = merge_rules(trajs, answers, [p.rules for p in props], rules_of=self._rules.instructions,
+                             use_rules=self.use_rules, fallback=self.fallback, candidate_filter=self.filter)
+        grounded = ground(trajs, merged, encode=self._encode, phrase_emb=self._phrases(), mode=self.grounding,
+                          delta=self.delta, bind_threshold=self.bind_threshold,
+                          pair_table=getattr(self._rules, "pair_table", None),
+                          rule_table=getattr(self._rules, "label_events", None))
+        chosen = [select(g, k=self.k, keep_ungrounded=self.keep_ungrounded, dedup_threshold=self.dedup_threshold)
+                  for g in grounded]
 
-        # parse fresh answers; cache them per key
-        llm_cands: list[list[str]] = [[] for _ in range(n)]
-        dropped = [Counter() for _ in range(n)]
-        errors: list[Optional[str]] = [None] * n
-        fresh: dict[str, tuple[list[str], Counter, Optional[str]]] = {}
-        for i in range(n):
-            if prompts[i] is None:
-                continue
-            err = props[i].error
-            texts: list[str] = []
-            reasons: Counter = Counter()
-            if err is None:
-                for raw in props[i].llm_raw:
-                    c, r = parse_candidates(raw, self.filter)
-                    texts.extend(c)
-                    reasons += r
-                texts = list(dict.fromkeys(texts))
-                if texts:
-                    self.cache.put(keys[i], texts)
-                else:  # garbage, or only filtered words: a failed answer (not cached: ask again)
-                    why = ", ".join(f"{k} {v}" for k, v in reasons.most_common(3)) or "empty"
-                    err = f"UnusableAnswer: nothing usable in the LLM's answer ({why})"
-            fresh[keys[i]] = (texts, reasons, err)
-        for i in range(n):
-            if cached[i] is not None:
-                llm_cands[i] = cached[i]
-            elif keys[i] in fresh and use_llm and not (self.skip_idle and is_idle(trajs[i])):
-                texts, reasons, err = fresh[keys[i]]
-                llm_cands[i] = texts
-                errors[i] = err
-                if prompts[i] is not None:  # count parse drops once per prompt
-                    dropped[i] += reasons
-            if errors[i] is not None:
-                s["errors"] += 1
-        eligible = [i for i in range(n) if use_llm and not (self.skip_idle and is_idle(trajs[i]))]
-        asked = [i for i in range(n) if prompts[i] is not None]
-        if asked:  # one LLM call: healthy when any prompt got a usable answer
-            bad = [errors[i] for i in asked if errors[i] is not None]
-            if len(bad) < len(asked):
-                self.health.ok()
-            else:
-                self.health.failed(bad[0], permanent=getattr(self.backend.llm, "fatal", None) is not None)
-            self.health.answers(len(asked), len(bad), Counter(bad).most_common(1)[0][0] if bad else None)
-
-        # merge with rules, filter, de-duplicate
-        merged: list[list[tuple[str, str]]] = []
-        fallbacks: list[Optional[str]] = [None] * n
-        for i in range(n):
-            items = [(c, "llm") for c in llm_cands[i]]
-            rules = props[i].rules
-            if errors[i] is not None and self.fallback == "rules" and not rules:
-                rules = self._rules.instructions(trajs[i])
-            if errors[i] is not None and rules and self.fallback == "rules":
-                fallbacks[i] = "rules"
-            if rules and (self.use_rules or fallbacks[i]):
-                kept, r = self.filter.filter(rules)
-                dropped[i] += r
-                items += [(c, "rules") for c in kept]
-            seen: set[str] = set()
-            uniq = []
-            for text, src in items:
-                if text in seen:
-                    dropped[i]["duplicate"] += 1
-                    continue
-                seen.add(text)
-                uniq.append((text, src))
-            merged.append(uniq)
-
-        # ground every candidate (oir_gym.grounding): cosine rows, or bound to this trajectory's events
-        all_texts = list(dict.fromkeys(t for items in merged for t, _ in items))
-        bound = self.grounding == "bound"
-        halves = [h for t in all_texts for h in (split_ordered(t) or ())] if bound else []
-        enc_texts = all_texts + [h for h in dict.fromkeys(halves) if h not in set(all_texts)]
-        emb_all = self._encode(enc_texts)
-        row = {t: j for j, t in enumerate(enc_texts)}
-        sim_all = (
-            np.asarray(event_similarity(emb_all, self._phrase_emb, VOCAB.phrase_event, NUM_EVENTS))
-            if len(enc_texts) else np.zeros((0, NUM_EVENTS), np.float32)
-        )
-        half_sims = {h: sim_all[row[h]] for h in halves}
-        emb = emb_all[: len(all_texts)]
-        no_pre = no_precondition(NUM_EVENTS)
-        results = []
-        for i in range(n):
-            starts = episode_starts_from_dones(trajs[i].dones)
-            # Checks that remove a candidate run before the near-duplicate pass, or a removed
-            # wording could shadow its valid reverse ("A then B" ~ "B then A"): bound mode binds
-            # every candidate here (unbound: dropped), cosine mode drops premature rule compounds.
-            bindings: dict[str, Binding] = {}
-            if bound:
-                table = self._rule_table(trajs[i]) if any(src == "rules" for _, src in merged[i]) else None
-                for t, src in merged[i]:
-                    b = self._bind(t, src, sim_all[row[t]], trajs[i], starts, half_sims, table)
-                    if b is not None:
-                        bindings[t] = b
-                items = [(t, src) for t, src in merged[i] if t in bindings]
-                reason = "unbound"
-            else:
-                items = [(t, src) for t, src in merged[i]
-                         if not (src == "rules" and self._premature(trajs[i].events, t, sim_all[row[t]]))]
-                reason = "premature"
-            if len(items) < len(merged[i]):
-                dropped[i][reason] += len(merged[i]) - len(items)
-            rows = [row[t] for t, _ in items]
-            if len(rows) > 1:
-                keep = near_duplicate_mask(emb[rows], self.dedup_threshold)
-                dropped[i]["near_duplicate"] += int((~keep).sum())
-                items = [it for it, kk in zip(items, keep) if kk]
-                rows = [r for r, kk in zip(rows, keep) if kk]
-            happened = trajs[i].events.any(axis=0)
-            cands = []
-            for (text, src), r in zip(items, rows):
-                sim = sim_all[r]
-                best = min(1.0, float(sim[happened].max())) if happened.any() else -1.0
-                if bound:
-                    b = bindings[text]
-                    final, pre = b.rows(NUM_EVENTS)
-                    cands.append(Candidate(text, src, b.step, True, best, b, emb[r], final, pre))
-                else:
-                    step = first_paid_step(trajs[i].events, sim, no_pre, starts, self.delta)
-                    cands.append(Candidate(text, src, step, step >= 0, best, None, emb[r], sim, no_pre))
-            grounded = [c for c in cands if c.grounded]
-            chosen = grounded + ([c for c in cands if not c.grounded] if self.keep_ungrounded else [])
+        s = plan.counts + answers.counts
+        results, dropped = [], []
+        for i, (traj, g, sel) in enumerate(zip(trajs, grounded, chosen)):
+            d = answers.dropped[i] + merged.dropped[i] + g.dropped + sel.dropped
+            for c in (merged.dropped[i], g.dropped, sel.dropped):  # keep reasons counted as 0 (Counter + drops them)
+                for key in c:
+                    d.setdefault(key, 0)
+            dropped.append(d)
             res = RelabelResult(
-                trajectory=trajs[i], candidates=chosen[: self.k], request_id=ids[i], num_scored=len(cands),
-                num_grounded=len(grounded), dropped=dropped[i], cache_hit=cached[i] is not None,
-                error=errors[i], fallback=fallbacks[i], prompt_tokens=tokens[i],
+                trajectory=traj, candidates=sel.chosen, request_id=ids[i], num_scored=len(sel.scored),
+                num_grounded=len(sel.grounded), dropped=d, cache_hit=plan.cached[i] is not None,
+                error=answers.errors[i], fallback=merged.fallbacks[i], prompt_tokens=plan.tokens[i],
             )
             results.append(res)
-            s["candidates_scored"] += len(cands)
-            s["candidates_grounded"] += len(grounded)
+            s["candidates_scored"] += len(sel.scored)
+            s["candidates_grounded"] += len(sel.grounded)
             s["candidates_kept"] += len(res.candidates)
             s["candidates_kept_grounded"] += len(res.grounded)
-            s["candidates_llm"] += sum(c.source == "llm" for c in cands)
-            s["candidates_rules"] += sum(c.source == "rules" for c in cands)
-            s["fallbacks"] += fallbacks[i] is not None
-
-        with self._stats_lock:
-            self._s.update(s)
-            if not closing:
-                self._share.extend(bool(llm_cands[i]) and errors[i] is None for i in eligible)
-            self._s["batches"] += 1
-            if n_prompts:
-                self._s["llm_calls"] += 1
-                self._s["prompts"] += n_prompts
-                self._s["prompt_tokens"] += sum(tokens)
-                self._latency_total += latency
-            for d in dropped:
-                self._dropped.update(d)
-            for e in {errors[i] for i in range(n) if errors[i]}:
-                self._count_error(e)
+            s["candidates_kept_llm"] += sum(c.source == "llm" for c in res.candidates)
+            s["candidates_llm"] += sum(c.source == "llm" for c in sel.scored)
+            s["candidates_rules"] += sum(c.source == "rules" for c in sel.scored)
+            s["fallbacks"] += merged.fallbacks[i] is not None
+        share = None if closing else [bool(answers.llm[i]) and answers.errors[i] is None
+                                      for i in range(len(trajs)) if plan.eligible[i]]
+        self._stats.record_batch(s, dropped=dropped, errors={e for e in answers.errors if e}, share=share,
+                                 prompts=sum(p is not None for p in plan.prompts), tokens=sum(plan.tokens),
+                                 latency=latency)
         if self.cache.path is not None and self.cache.dirty >= self.cache_save_every:
             self.save_cache()
         return results
+
+    def _report_health(self, answers: Answers) -> None:
+        """One LLM call's outcome for :class:`LLMHealth`: healthy when any prompt got a usable answer."""
+        if not answers.asked:
+            return
+        bad = [answers.errors[i] for i in answers.asked if answers.errors[i] is not None]
+        if len(bad) < len(answers.asked):
+            self.health.ok()
+        else:
+            self.health.failed(bad[0], permanent=getattr(self.backend.llm, "fatal", None) is not None)
+        self.health.answers(len(answers.asked), len(bad), Counter(bad).most_common(1)[0][0] if bad else None)
 
     # ------------------------------------------------------------------ async API
     def submit(self, trajectories: Sequence[Trajectory]) -> list[int]:
@@ -599,10 +391,8 @@ class HindsightRelabeler:
         if self._closed:
             raise RuntimeError("relabeler is closed")
         trajs = _check_trajectories(trajectories)
-        with self._stats_lock:
-            ids = list(range(self._next_id, self._next_id + len(trajs)))
-            self._next_id += len(trajs)
-            self._s["submitted"] += len(trajs)
+        ids = self._take_ids(len(trajs))
+        self._stats.add(submitted=len(trajs))
         self._ensure_worker()
         with self._done_cv:
             self._pending += len(trajs)
@@ -615,8 +405,7 @@ class HindsightRelabeler:
             else:
                 self._queue.put_nowait((trajs, ids))
         except queue.Full:
-            with self._stats_lock:
-                self._s[f"overflow_{self.on_full}"] += len(trajs)
+            self._stats.add({f"overflow_{self.on_full}": len(trajs)})
             if self.on_full == "rules":
                 try:
                     res = self._process(trajs, ids, llm_allowed=False)
@@ -642,8 +431,7 @@ class HindsightRelabeler:
                     old_trajs, _ = self._queue.get_nowait()
                 except queue.Empty:  # the worker took one meanwhile: try again
                     continue
-                with self._stats_lock:
-                    self._s["overflow_replace"] += len(old_trajs)
+                self._stats.add(overflow_replace=len(old_trajs))
                 with self._done_cv:
                     self._pending -= len(old_trajs)
                     self._done_cv.notify_all()
@@ -675,9 +463,8 @@ class HindsightRelabeler:
             self._worker.start()
 
     def _empty_results(self, trajs: list[Trajectory], ids: list[int], err: str) -> list[RelabelResult]:
-        with self._stats_lock:
-            self._s["errors"] += len(trajs)
-            self._count_error(err)
+        self._stats.add(errors=len(trajs))
+        self._stats.count_error(err)
         return [RelabelResult(trajectory=t, candidates=[], request_id=i, error=err) for t, i in zip(trajs, ids)]
 
     def _deliver(self, results: list[RelabelResult], n: int) -> None:
@@ -685,8 +472,7 @@ class HindsightRelabeler:
             self._done.extend(results)
             self._pending -= n
             self._done_cv.notify_all()
-        with self._stats_lock:
-            self._s["completed"] += len(results)
+        self._stats.add(completed=len(results))
 
     def _work(self) -> None:
         while True:
@@ -701,109 +487,19 @@ class HindsightRelabeler:
             self._deliver(res, len(trajs))
 
     # ------------------------------------------------------------------ stats and lifecycle
-    def _count_error(self, err: str) -> None:
-        """Count one failed call's error by type and keep the first message of each type (under
-        ``_stats_lock``): the run's record of what went wrong, not only how often."""
-        kind = err.split(":", 1)[0]
-        self._errors[kind] += 1
-        self._error_examples.setdefault(kind, err[:300])
-
     def stats(self) -> dict[str, Any]:
-        """Counters for the run's metrics (flat dict; ``dropped``/``errors_by_type`` are dicts).
-
-        Keys: ``calls`` (batched LLM calls), ``prompts`` (prompts sent), ``cache_hits``,
-        ``cache_misses``, ``batch_dedup`` (trajectories sharing a prompt within a batch),
-        ``cache_hit_rate`` (hits + batch duplicates over lookups), ``skipped_idle``, ``errors``
-        (trajectories whose LLM answer failed), ``errors_by_type`` (failed LLM calls by exception
-        type), ``error_examples`` (the first message of each type), ``fallbacks``,
-        ``latency_mean_s`` (per LLM call), ``latency_per_prompt_s``,
-        ``prompt_tokens`` (total) and ``prompt_tokens_mean`` with ``prompt_token_method``
-        (``"llama"`` exact or ``"approx-regex"``), ``prompts_compacted`` (prompts whose trajectory
-        was compacted to fit ``max_prompt_tokens``), ``candidates`` (scored), ``candidates_llm``,
-        ``candidates_rules``, ``candidates_kept``, ``dropped`` (by reason, including the parser's
-        notes such as ``salvaged_json``), ``dropped_total`` (without the notes),
-        ``grounded_fraction`` (of scored candidates), ``kept_grounded_fraction``, and for async
-        mode ``submitted``, ``completed``, ``pending``, ``overflow_rules``, ``overflow_skipped``,
-        ``overflow_replaced``, ``closed_in_flight`` (trajectories whose LLM call :meth:`close` cut
-        short, or still queued when it stopped waiting: not counted as errors), ``cache_save_failures`` (the cache file could not be written;
-        warned once).
-
-        LLM health: ``errors`` counts unusable answers too (``errors_by_type["UnusableAnswer"]``);
-        ``failed_calls`` (LLM calls with no usable answer for any prompt), ``consecutive_failures``,
-        ``llm_down`` (1 while the last call failed), ``down_seconds`` (from a failed call to the
-        next good one, summed), ``llm_warnings`` (console warnings printed), ``share`` (of the last
-        64 trajectories the LLM was asked about or answered from the cache, the fraction that got
-        LLM candidates), and for a backend in a child process ``restarts`` and ``child_deaths``
-        (by cause: ``SIGILL``, ``SIGKILL``, ``hang``, ``init:<error>``...).
-        """
-        with self._stats_lock:
-            s = dict(self._s)
-            dropped = dict(self._dropped)
-            errors = dict(self._errors)
-            examples = dict(self._error_examples)
-            lat = self._latency_total
-            share = sum(self._share) / len(self._share) if self._share else 0.0
-        health = self.health.stats()
-        child = llm_process_stats(self.backend.llm)
-        calls = s.get("llm_calls", 0)
-        lookups = s.get("cache_hits", 0) + s.get("cache_misses", 0) + s.get("batch_dedup", 0)
-        scored = s.get("candidates_scored", 0)
-        kept = s.get("candidates_kept", 0)
-        return {
-            "trajectories": s.get("trajectories", 0),
-            "batches": s.get("batches", 0),
-            "calls": calls,
-            "prompts": s.get("prompts", 0),
-            "cache_hits": s.get("cache_hits", 0),
-            "cache_misses": s.get("cache_misses", 0),
-            "cache_hit_rate": (s.get("cache_hits", 0) + s.get("batch_dedup", 0)) / lookups if lookups else 0.0,
-            "cache_entries": len(self.cache),
-            "batch_dedup": s.get("batch_dedup", 0),
-            "skipped_idle": s.get("skipped_idle", 0),
-            "errors": s.get("errors", 0),
-            "errors_by_type": errors,
-            "error_examples": examples,
-            "fallbacks": s.get("fallbacks", 0),
-            "latency_mean_s": lat / calls if calls else 0.0,
-            "latency_per_prompt_s": lat / s["prompts"] if s.get("prompts") else 0.0,
-            "prompt_tokens": s.get("prompt_tokens", 0),
-            "prompt_tokens_mean": s.get("prompt_tokens", 0) / s["prompts"] if s.get("prompts") else 0.0,
-            "prompt_token_method": self._token_method,
-            "prompts_compacted": s.get("prompts_compacted", 0),
-            "closed_in_flight": s.get("closed_in_flight", 0),
-            "cache_save_failures": s.get("cache_save_failures", 0),
-            "candidates": scored,
-            "candidates_llm": s.get("candidates_llm", 0),
-            "candidates_rules": s.get("candidates_rules", 0),
-            "candidates_kept": kept,
-            "dropped": dropped,
-            "dropped_total": sum(v for k, v in dropped.items() if k not in NOTE_REASONS),
-            "grounded_fraction": s.get("candidates_grounded", 0) / scored if scored else 0.0,
-            "kept_grounded_fraction": s.get("candidates_kept_grounded", 0) / kept if kept else 0.0,
-            "submitted": s.get("submitted", 0),
-            "completed": s.get("completed", 0),
-            "pending": self._pending,
-            "overflow_rules": s.get("overflow_rules", 0),
-            "overflow_skipped": s.get("overflow_skip", 0),
-            "overflow_replaced": s.get("overflow_replace", 0),
-            "share": share,
-            "failed_calls": health["failures"],
-            "consecutive_failures": health["consecutive_failures"],
-            "llm_down": int(health["down"]),
-            "down_seconds": health["down_seconds"],
-            "llm_warnings": health["warnings"],
-            "restarts": child["restarts"],
-            "child_deaths": child["child_deaths"],
-        }
+        """The run's counters: one flat dict with the keys of :data:`oir_gym.relabel.stats.STAT_KEYS`
+        (each documented there); ``dropped``, ``errors_by_type``, ``error_examples`` and
+        ``child_deaths`` are dicts. Safe to call from any thread."""
+        return self._stats.snapshot(cache_entries=len(self.cache), pending=self._pending, health=self.health.stats(),
+                                    child=llm_process_stats(self.backend.llm))
 
     def save_cache(self) -> None:
         """Write the cache to ``cache_path`` (no-op without one)."""
         try:
             self.cache.save()
         except OSError as e:  # a full disk must not stop training: counted, warned once, not an LLM error
-            with self._stats_lock:
-                first = self._s["cache_save_failures"] == 0
-                self._s["cache_save_failures"] += 1
+            first = self._stats.increment("cache_save_failures") == 1
             if first:
                 warnings.warn(f"could not save the relabel cache to {self.cache.path} ({type(e).__name__}: {e}); "
                               "training goes on with the cache in memory (stats()['cache_save_failures'])",
@@ -870,8 +566,7 @@ class HindsightRelabeler:
             if job is None:
                 continue
             trajs, _ = job
-            with self._stats_lock:
-                self._s["closed_in_flight"] += len(trajs)
+            self._stats.add(closed_in_flight=len(trajs))
             with self._done_cv:
                 self._pending -= len(trajs)
                 self._done_cv.notify_all()
@@ -887,6 +582,53 @@ class HindsightRelabeler:
                 f"use_rules={self.use_rules}, delta={self.delta})")
 
 
+def legacy_config(
+    backend: BackendArg = "transformers",
+    k: int = 4,
+    template: Union[str, PromptTemplate] = "segments",
+    use_rules: bool = True,
+    delta: float = 0.9,
+    cache_size: int = 4096,
+    cache_path: Optional[str | os.PathLike] = None,
+    *,
+    samples: int = 1,
+    keep_ungrounded: bool = True,
+    dedup_threshold: float = 0.95,
+    fallback: str = "rules",
+    llm_timeout: Optional[float] = None,
+    skip_idle: bool = True,
+    candidate_filter: Optional[CandidateFilter] = None,
+    queue_size: int = 8,
+    on_full: str = "rules",
+    cache_save_every: int = 256,
+    cache_key: str = "behaviour",
+    backend_kwargs: Optional[dict] = None,
+    isolate: Optional[bool] = None,
+    child_config: Optional[ChildConfig] = None,
+    warn_after: int = 3,
+    grounding: str = "cosine",
+    bind_threshold: float = 0.5,
+    max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS,
+) -> tuple[RelabelerConfig, Any]:
+    """The deprecated keyword constructor's arguments as ``(RelabelerConfig, backend object or None)``
+    (``encoder`` and ``rules`` are keywords of :class:`HindsightRelabeler` in both forms)."""
+    obj = None if isinstance(backend, (str, LLMSpec)) or backend is None else backend
+    if obj is not None and not (isinstance(obj, CompositeBackend) or callable(getattr(obj, "generate", None))):
+        raise ArgumentTypeError(f"backend={show(backend)} must be a backend name such as 'rules' or 'transformers', "
+                                "'package.module:ClassName', a BackendSpec, or an object with a generate() method")
+    cfg = RelabelerConfig(
+        prompt=PromptSettings(template=template, max_prompt_tokens=max_prompt_tokens, skip_idle=skip_idle),
+        llm=LLMSettings(backend=None if obj is not None else backend, backend_kwargs=backend_kwargs,
+                        isolate=isolate, child_config=child_config, timeout=llm_timeout, samples=samples,
+                        fallback=fallback, warn_after=warn_after, queue_size=queue_size, on_full=on_full),
+        cache=CacheSettings(size=cache_size, path=cache_path, key=cache_key, save_every=cache_save_every),
+        grounding=GroundingSettings(mode=grounding, delta=delta, bind_threshold=bind_threshold),
+        selection=SelectionSettings(k=k, use_rules=use_rules, keep_ungrounded=keep_ungrounded,
+                                    dedup_threshold=dedup_threshold, candidate_filter=candidate_filter),
+    )
+    return cfg, obj
+
+
 def _check_trajectories(trajectories: Any) -> list[Trajectory]:
     """The batch as a list of :class:`Trajectory` (anything else is a caller's mistake, not an LLM fault:
     it raises here instead of becoming a warning and empty results)."""
@@ -900,40 +642,12 @@ def _check_trajectories(trajectories: Any) -> list[Trajectory]:
     return trajs
 
 
-def _check_more(*, backend: Any, template: Any, encoder: Any, cache_path: Any, rules: Any, candidate_filter: Any,
-                backend_kwargs: Any, child_config: Any) -> None:
+def _check_objects(*, llm: Any, encoder: Any, rules: Any) -> None:
     """The object arguments of the constructor: the right kinds, or an error naming the argument."""
-    if not (backend is None or isinstance(backend, (str, LLMSpec, CompositeBackend))
-            or callable(getattr(backend, "generate", None))):
-        raise ArgumentTypeError(f"backend={show(backend)} must be a backend name such as 'rules' or 'transformers', "
-                                "'package.module:ClassName', a BackendSpec, or an object with a generate() method")
-    check_instance("template", template, (str, PromptTemplate), what="a template name, a path or a PromptTemplate")
+    if not (llm is None or isinstance(llm, CompositeBackend) or callable(getattr(llm, "generate", None))):
+        raise ArgumentTypeError(f"llm={show(llm)} must be an object with a generate() method (the backend "
+                                "protocol), a CompositeBackend, or None (build config.llm.backend)")
     if encoder is not None and not callable(getattr(encoder, "encode", None)):
         raise ArgumentTypeError(f"encoder={show(encoder)} must have an encode(list[str]) -> [n, dim] array method "
                                 "(e.g. oir_gym.get_encoder()) or be None")
-    check_instance("cache_path", cache_path, (str, os.PathLike), none_ok=True, what="a path")
     check_instance("rules", rules, RuleBackend, none_ok=True)
-    check_instance("candidate_filter", candidate_filter, CandidateFilter, none_ok=True)
-    check_instance("backend_kwargs", backend_kwargs, dict, none_ok=True)
-    check_instance("child_config", child_config, ChildConfig, none_ok=True)
-
-
-def _check_args(*, delta: Any, samples: Any, cache_size: Any, dedup_threshold: Any, llm_timeout: Any) -> None:
-    """Refuse constructor values that would silently misbehave (each error names the value and the range)."""
-    def real(x: Any) -> bool:
-        return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and np.isfinite(x)
-
-    def whole(x: Any) -> bool:
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-    if not (real(delta) and -1.0 < float(delta) <= 1.0):
-        raise ValueError(f"delta={delta!r} is outside the allowed range (-1, 1] (cosine similarity threshold)")
-    if not (whole(samples) and samples >= 1):
-        raise ValueError(f"samples={samples!r} must be an integer >= 1 (completions per prompt)")
-    if not (whole(cache_size) and cache_size >= 0):
-        raise ValueError(f"cache_size={cache_size!r} must be an integer >= 0 (0 disables the cache)")
-    if not (real(dedup_threshold) and 0.0 < float(dedup_threshold) <= 1.0):
-        raise ValueError(f"dedup_threshold={dedup_threshold!r} must be a cosine in (0, 1] "
-                         "(candidates at least this similar to an earlier one are dropped)")
-    if llm_timeout is not None and not (real(llm_timeout) and llm_timeout > 0):
-        raise ValueError(f"llm_timeout={llm_timeout!r} must be a number of seconds > 0, or None (no limit)")

@@ -37,7 +37,7 @@ def llama_tokenizer(model_path: Optional[str] = None) -> Optional[Callable[[str]
     try:
         from llama_cpp import Llama
 
-        from oir_gym.relabel.backends.llama_cpp import default_gguf_path
+        from oir_gym.relabel.models import default_gguf_path
 
         path = model_path or default_gguf_path()
         vocab = Llama(model_path=path, vocab_only=True, verbose=False)

@@ -9,7 +9,7 @@ Quick use::
 
     venv = SB3VecEnv(InstructionCraftax(num_envs=16, seed=0))
     model = DQN("MultiInputPolicy", venv, seed=0, replay_buffer_class=RelabelReplayBuffer)
-    model.learn(100_000, callback=HindsightRelabelCallback(HindsightRelabeler(backend="rules")))
+    model.learn(100_000, callback=HindsightRelabelCallback(HindsightRelabeler.rules(k=4)))
 
 Modules: :mod:`oir_gym.sb3.vec_env` (:class:`SB3VecEnv`: why an adapter, autoreset, seeding),
 :mod:`oir_gym.sb3.replay` (:class:`RelabelReplayBuffer`: relabeled transitions inside the buffer,

@@ -151,7 +151,7 @@ class HindsightRelabelCallback(BaseCallback):
                  **options: Any) -> None:
         super().__init__(verbose)
         if relabeler is None:
-            raise ValueError("relabeler is required (e.g. HindsightRelabeler(backend='rules'))")
+            raise ValueError("relabeler is required (e.g. HindsightRelabeler.rules(k=4))")
         config = config or RelabelConfig()
         unknown = set(options) - {f.name for f in dataclasses.fields(RelabelConfig)}
         if unknown:

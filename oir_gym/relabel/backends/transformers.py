@@ -38,7 +38,7 @@ TRANSFORMERS_INSTALL_HINT = (
 def _resolve_model(model: Optional[str], gguf_file: Optional[str]) -> tuple[str, Optional[str]]:
     """``(folder or hub id, gguf file name or None)``; raises FileNotFoundError for missing local files."""
     if model is None:
-        from oir_gym.relabel.backends.llama_cpp import default_gguf_path
+        from oir_gym.relabel.models import default_gguf_path
 
         model = default_gguf_path()
     model = os.path.expanduser(str(model))

@@ -1,0 +1,227 @@
+"""The relabeler's settings: one dataclass in five parts, validated in one place.
+
+::
+
+    from oir_gym.relabel import HindsightRelabeler, RelabelerConfig
+
+    cfg = RelabelerConfig()                        # offline Gemma 3 270M + rules, K = 4
+    cfg.selection.k = 8
+    cfg.grounding.mode = "bound"
+    relabeler = HindsightRelabeler(cfg)            # validates cfg first
+    rules_only = HindsightRelabeler.rules(k=4)     # no LLM
+
+The parts follow the pipeline (:mod:`oir_gym.relabel.pipeline`): :class:`PromptSettings` (what is
+sent), :class:`LLMSettings` (who answers, how long it may take, what happens when it fails),
+:class:`CacheSettings` (answers reused across batches), :class:`GroundingSettings` (where a
+candidate is paid) and :class:`SelectionSettings` (which candidates are kept).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Union
+
+import numpy as np
+
+from oir_gym.grounding import GROUNDING_MODES
+from oir_gym.relabel.filters import CandidateFilter
+from oir_gym.relabel.prompts import PromptTemplate
+from oir_gym.relabel.llm.child import ChildConfig
+from oir_gym.relabel.llm.spec import BackendSpec
+from oir_gym.relabel.segments import KEY_MODES
+from oir_gym.validation import (
+    ArgumentTypeError, check_bool, check_choice, check_instance, check_int, check_real, show,
+)
+
+#: Default prompt budget (tokens, template included): a longer ``segments`` prompt is compacted
+#: (docs/relabeling.md, "Prompt length").
+DEFAULT_MAX_PROMPT_TOKENS = 768
+
+#: What :attr:`LLMSettings.on_full` accepts (see :meth:`HindsightRelabeler.submit`).
+ON_FULL = ("rules", "skip", "replace", "block")
+#: What :attr:`LLMSettings.fallback` accepts.
+FALLBACKS = ("rules", "none")
+
+
+@dataclass
+class PromptSettings:
+    """What is sent to the LLM."""
+
+    template: Union[str, PromptTemplate] = "segments"
+    """``"segments"`` (compressed, default) or ``"paper"`` (Appendix C, per-timestep), a path to a
+    template file, or a :class:`~oir_gym.relabel.prompts.PromptTemplate`."""
+    max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS
+    """Token budget of one prompt, template included (the backend's tokenizer where it has one,
+    else approximate): a longer ``segments`` prompt is compacted. ``None``: never compact."""
+    skip_idle: bool = True
+    """Do not ask the LLM about trajectories where nothing but moving/waiting happened."""
+
+
+@dataclass
+class LLMSettings:
+    """Who answers, within which deadline, and what happens when it cannot."""
+
+    backend: Union[str, BackendSpec, None] = "transformers"
+    """A backend name (``"transformers"``: the offline Gemma 3 270M; ``"llama_cpp"``,
+    ``"openai"``, ``"vllm"``), ``"package.module:ClassName"``, a
+    :class:`~oir_gym.relabel.worker.BackendSpec`, or ``"rules"`` / ``None`` (no LLM). A backend
+    object is passed to :class:`HindsightRelabeler` as ``llm=`` instead."""
+    backend_kwargs: Optional[dict] = None
+    """Constructor arguments of a named backend (model, server URL...)."""
+    isolate: Optional[bool] = None
+    """Run a named backend in a child process (default: every backend but ``openai``)."""
+    child_config: Optional[ChildConfig] = None
+    """The child's deadlines and restart backoff (default: from ``timeout`` when set)."""
+    timeout: Optional[float] = None
+    """Seconds one batched LLM call may take (``None``: the backend's own limit). For a child
+    process it is the child's deadline (the child is killed past it and restarts); otherwise the
+    call is abandoned on its thread."""
+    samples: int = 1
+    """Completions per prompt."""
+    fallback: str = "rules"
+    """``"rules"``: rule instructions answer when the LLM fails; ``"none"``: nothing does."""
+    warn_after: int = 3
+    """Failed LLM calls in a row before the one console warning of an outage."""
+    queue_size: int = 8
+    """Pending batches of :meth:`HindsightRelabeler.submit` before ``on_full`` applies."""
+    on_full: str = "rules"
+    """Full queue: ``"rules"``, ``"skip"``, ``"replace"`` or ``"block"`` (see ``submit``)."""
+
+
+@dataclass
+class CacheSettings:
+    """LLM answers reused across trajectories that behaved alike."""
+
+    size: int = 4096
+    """LRU entries (0 disables the cache)."""
+    path: Optional[Union[str, os.PathLike]] = None
+    """JSON file the cache is loaded from and saved to (``None``: memory only)."""
+    key: str = "behaviour"
+    """How trajectories become keys: ``"behaviour"``, ``"events"`` (coarser) or ``"segments"``
+    (exact, with timing); see :func:`~oir_gym.relabel.segments.behaviour_key`."""
+    save_every: int = 256
+    """New entries between saves to ``path``."""
+
+
+@dataclass
+class GroundingSettings:
+    """Where a candidate is paid on its trajectory (:mod:`oir_gym.grounding`)."""
+
+    mode: str = "cosine"
+    """``"cosine"`` (the paper's rule) or ``"bound"`` (event-bound)."""
+    delta: float = 0.9
+    """Cosine threshold (strict ``>``), as the env's reward."""
+    bind_threshold: float = 0.5
+    """Loosest similarity between a candidate and an event that binds it (``"bound"``)."""
+
+
+@dataclass
+class SelectionSettings:
+    """Which candidates a trajectory keeps."""
+
+    k: int = 4
+    """Candidates kept per trajectory (the paper's K; also the answer schema's list length)."""
+    use_rules: bool = True
+    """Merge rule instructions into the LLM's candidates (after them)."""
+    keep_ungrounded: bool = True
+    """Fill up to ``k`` with ungrounded candidates after the grounded ones."""
+    dedup_threshold: float = 0.95
+    """Cosine at or above which a later candidate is a near-duplicate of an earlier one."""
+    candidate_filter: Optional[CandidateFilter] = None
+    """Text filter (forbidden words, lengths); ``None``: the default
+    :class:`~oir_gym.relabel.filters.CandidateFilter`."""
+
+
+@dataclass
+class RelabelerConfig:
+    """Every setting of a :class:`~oir_gym.relabel.HindsightRelabeler`, in the pipeline's parts."""
+
+    prompt: PromptSettings = field(default_factory=PromptSettings)
+    llm: LLMSettings = field(default_factory=LLMSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    grounding: GroundingSettings = field(default_factory=GroundingSettings)
+    selection: SelectionSettings = field(default_factory=SelectionSettings)
+
+    def validate(self) -> "RelabelerConfig":
+        """Raise ``ValueError`` (``TypeError`` too, for a value of the wrong kind:
+        :class:`~oir_gym.validation.ArgumentTypeError` is both) for a value that would misbehave.
+        The message names the value by its keyword (``k=2.5``, ``cache_size=-1``...) and ends with
+        its field here (``(RelabelerConfig.selection.k)``). Values are normalised in place
+        (``k=4.0`` stays refused; ``np.float32`` thresholds become floats). Returns ``self``."""
+        g, s, l, c, p = self.grounding, self.selection, self.llm, self.cache, self.prompt
+        with _field("grounding.mode"):
+            check_choice("grounding", g.mode, GROUNDING_MODES)
+        with _field("grounding.bind_threshold"):
+            g.bind_threshold = check_real("bind_threshold", g.bind_threshold, low=-1.0, high=1.0, hint=" (a cosine)")
+        with _field("llm.fallback"):
+            check_choice("fallback", l.fallback, FALLBACKS)
+        with _field("llm.on_full"):
+            check_choice("on_full", l.on_full, ON_FULL)
+        with _field("selection.k"):
+            s.k = check_int("k", s.k, minimum=1)
+        with _field("grounding.delta"):
+            if not (_real(g.delta) and -1.0 < float(g.delta) <= 1.0):
+                raise ValueError(f"delta={g.delta!r} is outside the allowed range (-1, 1] (cosine similarity threshold)")
+        with _field("llm.samples"):
+            if not (_whole(l.samples) and l.samples >= 1):
+                raise ValueError(f"samples={l.samples!r} must be an integer >= 1 (completions per prompt)")
+        with _field("cache.size"):
+            if not (_whole(c.size) and c.size >= 0):
+                raise ValueError(f"cache_size={c.size!r} must be an integer >= 0 (0 disables the cache)")
+        with _field("selection.dedup_threshold"):
+            if not (_real(s.dedup_threshold) and 0.0 < float(s.dedup_threshold) <= 1.0):
+                raise ValueError(f"dedup_threshold={s.dedup_threshold!r} must be a cosine in (0, 1] "
+                                 "(candidates at least this similar to an earlier one are dropped)")
+        with _field("llm.timeout"):
+            if l.timeout is not None and not (_real(l.timeout) and l.timeout > 0):
+                raise ValueError(f"llm_timeout={l.timeout!r} must be a number of seconds > 0, or None (no limit)")
+        with _field("llm.backend"):
+            if not (l.backend is None or isinstance(l.backend, (str, BackendSpec))):
+                raise ArgumentTypeError(f"backend={show(l.backend)} must be a backend name such as 'rules' or "
+                                        "'transformers', 'package.module:ClassName' or a BackendSpec (a backend "
+                                        "object goes to HindsightRelabeler(config, llm=...))")
+        with _field("prompt.template"):
+            check_instance("template", p.template, (str, PromptTemplate), what="a template name, a path or a PromptTemplate")
+        with _field("cache.path"):
+            check_instance("cache_path", c.path, (str, os.PathLike), none_ok=True, what="a path")
+        with _field("selection.candidate_filter"):
+            check_instance("candidate_filter", s.candidate_filter, CandidateFilter, none_ok=True)
+        with _field("llm.backend_kwargs"):
+            check_instance("backend_kwargs", l.backend_kwargs, dict, none_ok=True)
+        with _field("llm.child_config"):
+            check_instance("child_config", l.child_config, ChildConfig, none_ok=True)
+        for part, name in ((s, "use_rules"), (s, "keep_ungrounded"), (p, "skip_idle")):
+            with _field(f"{'selection' if part is s else 'prompt'}.{name}"):
+                setattr(part, name, check_bool(name, getattr(part, name)))
+        with _field("llm.isolate"):
+            l.isolate = check_bool("isolate", l.isolate, none_ok=True)
+        with _field("llm.queue_size"):
+            l.queue_size = check_int("queue_size", l.queue_size, minimum=1)
+        with _field("cache.save_every"):
+            c.save_every = check_int("cache_save_every", c.save_every, minimum=1)
+        with _field("llm.warn_after"):
+            l.warn_after = check_int("warn_after", l.warn_after, minimum=1)
+        with _field("prompt.max_prompt_tokens"):
+            check_int("max_prompt_tokens", p.max_prompt_tokens, minimum=1, none_ok=True)
+        with _field("cache.key"):
+            check_choice("cache_key", c.key, KEY_MODES)
+        return self
+
+
+@contextmanager
+def _field(path: str) -> Iterator[None]:
+    """Re-raise a check's error with the field it is about appended (same exception type)."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{e} (RelabelerConfig.{path})") from None
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)

@@ -1,0 +1,394 @@
+"""The relabeling pipeline as five plain functions over small dataclasses.
+
+:meth:`HindsightRelabeler.relabel <oir_gym.relabel.HindsightRelabeler.relabel>` is these calls,
+with the LLM call between the first two::
+
+    plan = plan_prompts(trajs, ...)            # cache keys, cache hits, one prompt per behaviour
+    proposals = <one batched LLM call>         # the relabeler's only I/O (plus the rules)
+    answers = read_answers(plan, proposals)    # parse, filter, errors; what to cache
+    merged = merge_rules(trajs, answers, ...)  # LLM candidates first, then rules (or the fallback)
+    grounded = ground(trajs, merged, ...)      # where each candidate is paid (cosine or bound)
+    chosen = [select(g, ...) for g in grounded]  # near-dedup, grounded first, up to k
+
+No stage starts a thread, holds a lock or touches the relabeler's counters: each takes its inputs
+and returns what it found, including the candidates it dropped and why (``dropped``), so each is
+tested on its own (``tests/test_relabel_pipeline.py``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from oir_gym.captions import NUM_EVENTS, VOCAB
+from oir_gym.grounding import (
+    Binding, bind, bind_ordered, episode_starts_from_dones, first_paid_step, indicator_row, no_precondition,
+    split_ordered,
+)
+from oir_gym.relabel.composite import Proposal
+from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
+from oir_gym.relabel.parse import parse_candidates
+from oir_gym.relabel.results import Candidate
+from oir_gym.relabel.rules import rule_events, rule_final_event
+from oir_gym.relabel.segments import is_idle
+from oir_gym.reward import event_similarity, match_steps
+from oir_gym.trajectory import Trajectory
+
+
+# ----------------------------------------------------------------------------- 1. plan prompts
+@dataclass
+class PromptPlan:
+    """Which trajectories the LLM is asked about, per trajectory of the batch.
+
+    Attributes:
+        keys: cache key (``None`` when the LLM is not used for this batch).
+        eligible: the LLM may answer for it (LLM in use, and not skipped as idle).
+        cached: the cached answer, or ``None``.
+        prompts: the prompt it carries, or ``None`` (cached, idle, or sharing an earlier one's).
+        tokens: prompt tokens of the prompt it carries (0 without one).
+        counts: ``trajectories``, ``skipped_idle``, ``cache_hits``, ``batch_dedup``,
+            ``cache_misses``, ``prompts_compacted``, ``rules_only``.
+    """
+
+    keys: list[Optional[str]]
+    eligible: list[bool]
+    cached: list[Optional[list[str]]]
+    prompts: list[Optional[str]]
+    tokens: list[int]
+    counts: Counter = field(default_factory=Counter)
+
+    @property
+    def asked(self) -> list[Optional[str]]:
+        """The prompts, or ``None`` when none is sent (no LLM call needed)."""
+        return self.prompts if any(p is not None for p in self.prompts) else None
+
+
+def plan_prompts(trajs: Sequence[Trajectory], *, use_llm: bool, skip_idle: bool,
+                 key_of: Callable[[Trajectory], str], lookup: Callable[[str], Optional[list[str]]],
+                 render: Callable[[Trajectory], tuple[str, int, int]]) -> PromptPlan:
+    """One prompt per distinct behaviour that is neither cached nor idle.
+
+    Args:
+        use_llm: the LLM answers this batch (``False``: rules only, nothing is planned).
+        skip_idle: idle trajectories (nothing but moving/waiting) get no prompt.
+        key_of: a trajectory's cache key.
+        lookup: the cached answer of a key, or ``None`` (a disabled cache always answers ``None``).
+        render: ``(prompt, compaction level, prompt tokens)`` of a trajectory.
+    """
+    n = len(trajs)
+    keys: list[Optional[str]] = [key_of(t) for t in trajs] if use_llm else [None] * n
+    eligible = [use_llm and not (skip_idle and is_idle(t)) for t in trajs]
+    cached: list[Optional[list[str]]] = [None] * n
+    prompts: list[Optional[str]] = [None] * n
+    tokens = [0] * n
+    owner: set[str] = set()  # keys that already carry a prompt in this batch
+    counts = Counter(trajectories=n)
+    if not use_llm:
+        counts["rules_only"] += n
+    for i, (t, key) in enumerate(zip(trajs, keys)):
+        if not use_llm:
+            break
+        if not eligible[i]:
+            counts["skipped_idle"] += 1
+            continue
+        hit = lookup(key)
+        if hit is not None:
+            cached[i] = hit
+            counts["cache_hits"] += 1
+        elif key in owner:
+            counts["batch_dedup"] += 1  # same behaviour twice in one batch: one prompt
+        else:
+            owner.add(key)
+            prompts[i], level, tokens[i] = render(t)
+            counts["cache_misses"] += 1
+            counts["prompts_compacted"] += level > 0
+    return PromptPlan(keys, eligible, cached, prompts, tokens, counts)
+
+
+# ----------------------------------------------------------------------------- 2. read answers
+@dataclass
+class Answers:
+    """The LLM's candidates per trajectory.
+
+    Attributes:
+        llm: parsed, filtered candidate texts (fresh or cached; empty when none).
+        errors: why the LLM gave this trajectory nothing usable, or ``None``.
+        dropped: parser and filter drops, counted once per prompt.
+        asked: indices whose prompt was answered (not cut short by ``close``).
+        to_cache: ``(key, texts)`` of every usable fresh answer, in prompt order.
+        counts: ``errors``, ``closed_in_flight``.
+    """
+
+    llm: list[list[str]]
+    errors: list[Optional[str]]
+    dropped: list[Counter]
+    asked: list[int]
+    to_cache: list[tuple[str, list[str]]]
+    counts: Counter = field(default_factory=Counter)
+
+
+def read_answers(plan: PromptPlan, proposals: Sequence[Proposal], candidate_filter: CandidateFilter, *,
+                 closing: bool = False) -> Answers:
+    """Parse each prompt's completions; trajectories that shared a prompt share its answer.
+
+    An answer with nothing usable is an error (``UnusableAnswer: ...``), not cached, so it is
+    asked again. ``closing``: the relabeler is closing, so a failed call is the shutdown's doing:
+    counted in ``closed_in_flight`` and treated as never asked (no error, nothing cached).
+    """
+    n = len(plan.prompts)
+    counts: Counter = Counter()
+    prompts = list(plan.prompts)
+    if closing:
+        for i in range(n):
+            if prompts[i] is not None and proposals[i].error is not None:
+                counts["closed_in_flight"] += 1
+                prompts[i] = None
+    llm: list[list[str]] = [[] for _ in range(n)]
+    dropped = [Counter() for _ in range(n)]
+    errors: list[Optional[str]] = [None] * n
+    fresh: dict[Optional[str], tuple[list[str], Counter, Optional[str]]] = {}
+    to_cache: list[tuple[str, list[str]]] = []
+    for i in range(n):
+        if prompts[i] is None:
+            continue
+        err = proposals[i].error
+        texts: list[str] = []
+        reasons: Counter = Counter()
+        if err is None:
+            for raw in proposals[i].llm_raw:
+                c, r = parse_candidates(raw, candidate_filter)
+                texts.extend(c)
+                reasons += r
+            texts = list(dict.fromkeys(texts))
+            if texts:
+                to_cache.append((plan.keys[i], texts))
+            else:  # garbage, or only filtered words: a failed answer (not cached: ask again)
+                why = ", ".join(f"{k} {v}" for k, v in reasons.most_common(3)) or "empty"
+                err = f"UnusableAnswer: nothing usable in the LLM's answer ({why})"
+        fresh[plan.keys[i]] = (texts, reasons, err)
+    for i in range(n):
+        if plan.cached[i] is not None:
+            llm[i] = plan.cached[i]
+        elif plan.keys[i] in fresh and plan.eligible[i]:
+            texts, reasons, err = fresh[plan.keys[i]]
+            llm[i] = texts
+            errors[i] = err
+            if prompts[i] is not None:  # count parse drops once per prompt
+                dropped[i] += reasons
+        if errors[i] is not None:
+            counts["errors"] += 1
+    asked = [i for i in range(n) if prompts[i] is not None]
+    return Answers(llm, errors, dropped, asked, to_cache, counts)
+
+
+# ----------------------------------------------------------------------------- 3. merge rules
+@dataclass
+class Merged:
+    """Candidate ``(text, source)`` pairs per trajectory, exact duplicates removed.
+
+    Attributes:
+        items: LLM candidates first, then rule instructions.
+        fallbacks: ``"rules"`` where rule instructions replaced a failed LLM answer, else ``None``.
+        dropped: rule texts the filter refused, and exact duplicates.
+    """
+
+    items: list[list[tuple[str, str]]]
+    fallbacks: list[Optional[str]]
+    dropped: list[Counter]
+
+
+def merge_rules(trajs: Sequence[Trajectory], answers: Answers, rules: Sequence[list[str]], *,
+                rules_of: Callable[[Trajectory], list[str]], use_rules: bool, fallback: str,
+                candidate_filter: CandidateFilter) -> Merged:
+    """Append rule instructions to the LLM's candidates.
+
+    Args:
+        rules: the rule instructions that came with the LLM call, per trajectory (empty without
+            rules beside the LLM).
+        rules_of: a trajectory's rule instructions (for the fallback when ``rules`` has none).
+        use_rules: rules are merged in always; otherwise only as the fallback.
+        fallback: ``"rules"``: a trajectory whose LLM answer failed gets rule instructions.
+    """
+    items_all: list[list[tuple[str, str]]] = []
+    fallbacks: list[Optional[str]] = []
+    dropped_all: list[Counter] = []
+    for i, t in enumerate(trajs):
+        dropped: Counter = Counter()
+        failed = answers.errors[i] is not None
+        items = [(c, "llm") for c in answers.llm[i]]
+        rl = rules[i]
+        if failed and fallback == "rules" and not rl:
+            rl = rules_of(t)
+        fb = "rules" if failed and rl and fallback == "rules" else None
+        if rl and (use_rules or fb):
+            kept, r = candidate_filter.filter(rl)
+            dropped += r
+            items += [(c, "rules") for c in kept]
+        seen: set[str] = set()
+        uniq = []
+        for text, src in items:
+            if text in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add(text)
+            uniq.append((text, src))
+        items_all.append(uniq)
+        fallbacks.append(fb)
+        dropped_all.append(dropped)
+    return Merged(items_all, fallbacks, dropped_all)
+
+
+# ----------------------------------------------------------------------------- 4. ground
+@dataclass
+class Grounded:
+    """One trajectory's candidates with their grounding (before selection).
+
+    Attributes:
+        candidates: in merge order; those the grounding check refused are not here.
+        dropped: ``premature`` (cosine: a two-event rule instruction paid before its final event)
+            or ``unbound`` (bound: the candidate binds to no event of the trajectory).
+    """
+
+    candidates: list[Candidate]
+    dropped: Counter
+
+
+def ground(trajs: Sequence[Trajectory], merged: Merged, *, encode: Callable[[list[str]], np.ndarray],
+           phrase_emb: np.ndarray, mode: str, delta: float, bind_threshold: float,
+           pair_table: Optional[dict] = None,
+           rule_table: Optional[Callable[[Trajectory], Optional[dict[str, tuple[int, int]]]]] = None
+           ) -> list[Grounded]:
+    """Encode every candidate once and ground it on its trajectory (:mod:`oir_gym.grounding`).
+
+    ``mode="cosine"``: paid from the first step with a caption above ``delta``; a two-event rule
+    instruction paid where its final event did not happen is dropped (``premature``).
+    ``mode="bound"``: bound to the event(s) it names (rule instructions to their exact events,
+    "A then B" to an ordered pair, otherwise the best event at least ``bind_threshold`` similar);
+    unbound candidates are dropped. These checks run before the near-duplicate pass of
+    :func:`select`, or a removed wording could shadow its valid reverse.
+
+    Args:
+        encode: ``[n, D]`` unit-norm embeddings of texts.
+        phrase_emb: embeddings of the caption vocabulary (``VOCAB.phrases``).
+        pair_table: the rules' two-event wordings (``RuleBackend.pair_table``).
+        rule_table: ``{text: (pre, final)}`` of a trajectory's rule labels when the rules can say
+            it (``RuleBackend.label_events``: an oracle's wording binds to its own event).
+    """
+    all_texts = list(dict.fromkeys(t for items in merged.items for t, _ in items))
+    bound = mode == "bound"
+    halves = [h for t in all_texts for h in (split_ordered(t) or ())] if bound else []
+    known = set(all_texts)
+    enc_texts = all_texts + [h for h in dict.fromkeys(halves) if h not in known]
+    emb_all = encode(enc_texts)
+    row = {t: j for j, t in enumerate(enc_texts)}
+    sim_all = (
+        np.asarray(event_similarity(emb_all, phrase_emb, VOCAB.phrase_event, NUM_EVENTS))
+        if len(enc_texts) else np.zeros((0, NUM_EVENTS), np.float32)
+    )
+    half_sims = {h: sim_all[row[h]] for h in halves}
+    no_pre = no_precondition(NUM_EVENTS)
+    out = []
+    for traj, items in zip(trajs, merged.items):
+        starts = episode_starts_from_dones(traj.dones)
+        dropped: Counter = Counter()
+        bindings: dict[str, Binding] = {}
+        if bound:
+            table = rule_table(traj) if rule_table is not None and any(src == "rules" for _, src in items) else None
+            for t, src in items:
+                b = bind_candidate(t, src, sim_all[row[t]], traj, starts, half_sims, delta=delta,
+                                   bind_threshold=bind_threshold, pair_table=pair_table, rule_table=table)
+                if b is not None:
+                    bindings[t] = b
+            kept = [(t, src) for t, src in items if t in bindings]
+            reason = "unbound"
+        else:
+            kept = [(t, src) for t, src in items
+                    if not (src == "rules" and premature(traj.events, t, sim_all[row[t]], delta, pair_table))]
+            reason = "premature"
+        if len(kept) < len(items):
+            dropped[reason] += len(items) - len(kept)
+        happened = traj.events.any(axis=0)
+        cands = []
+        for text, src in kept:
+            r = row[text]
+            sim = sim_all[r]
+            best = min(1.0, float(sim[happened].max())) if happened.any() else -1.0
+            if bound:
+                b = bindings[text]
+                final, pre = b.rows(NUM_EVENTS)
+                cands.append(Candidate(text, src, b.step, True, best, b, emb_all[r], final, pre))
+            else:
+                step = first_paid_step(traj.events, sim, no_pre, starts, delta)
+                cands.append(Candidate(text, src, step, step >= 0, best, None, emb_all[r], sim, no_pre))
+        out.append(Grounded(cands, dropped))
+    return out
+
+
+def premature(events: np.ndarray, text: str, sim: np.ndarray, delta: float, pair_table: Optional[dict] = None) -> bool:
+    """True for a two-event rule instruction that the reward pays where its final event did not
+    happen (the wording matches its first event's captions): it would teach the first half."""
+    final = rule_final_event(text, pair_table)
+    if final is None:
+        return False
+    paid = match_steps(events, sim, delta)
+    return bool((paid & ~np.asarray(events[:, final], bool)).any())
+
+
+def bind_candidate(text: str, src: str, sim: np.ndarray, traj: Trajectory, starts: np.ndarray,
+                   half_sims: dict[str, np.ndarray], *, delta: float, bind_threshold: float,
+                   pair_table: Optional[dict] = None,
+                   rule_table: Optional[dict[str, tuple[int, int]]] = None) -> Optional[Binding]:
+    """The event(s) of ``traj`` that candidate ``text`` is bound to (``grounding="bound"``), or
+    ``None``. A rule instruction binds to its own events (``rule_table``'s entry when given)."""
+    if src == "rules":
+        ev = rule_table.get(text) if rule_table is not None else rule_events(text, pair_table)
+        if ev is None:
+            return None
+        pre, final = ev
+        step = first_paid_step(traj.events, indicator_row(final, NUM_EVENTS), indicator_row(pre, NUM_EVENTS),
+                               starts, delta)
+        return Binding(final=final, pre=pre, step=step) if step >= 0 else None
+    halves = split_ordered(text)
+    if halves is not None:
+        return bind_ordered(half_sims[halves[0]], half_sims[halves[1]], traj.events, starts,
+                            threshold=bind_threshold)
+    return bind(sim, traj.events, threshold=bind_threshold)
+
+
+# ----------------------------------------------------------------------------- 5. select
+@dataclass
+class Selection:
+    """One trajectory's kept candidates.
+
+    Attributes:
+        chosen: up to ``k``: grounded ones first (in merge order), then, if kept, ungrounded ones.
+        scored: candidates after the near-dedup (what ``num_scored`` and the stats count).
+        dropped: ``near_duplicate`` (present, possibly 0, whenever two or more were compared).
+    """
+
+    chosen: list[Candidate]
+    scored: list[Candidate]
+    dropped: Counter
+
+    @property
+    def grounded(self) -> list[Candidate]:
+        """The scored candidates that are grounded (kept or not)."""
+        return [c for c in self.scored if c.grounded]
+
+
+def select(grounded: Grounded, *, k: int, keep_ungrounded: bool, dedup_threshold: float) -> Selection:
+    """Drop near-duplicates (a later candidate at least ``dedup_threshold`` similar to an earlier
+    one), then keep up to ``k``: grounded first, then ungrounded ones if ``keep_ungrounded``
+    (they never pay off, so they only fill up to ``k``)."""
+    cands = list(grounded.candidates)
+    dropped: Counter = Counter()
+    if len(cands) > 1:
+        keep = near_duplicate_mask(np.stack([c.emb for c in cands]), dedup_threshold)
+        dropped["near_duplicate"] += int((~keep).sum())
+        cands = [c for c, kk in zip(cands, keep) if kk]
+    good = [c for c in cands if c.grounded]
+    chosen = good + ([c for c in cands if not c.grounded] if keep_ungrounded else [])
+    return Selection(chosen[:k], cands, dropped)
