@@ -35,6 +35,75 @@ def matmul(x, w, dtype=jnp.float32):
     return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
 
 
+def _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
+    """The LSTM recurrence over ``x_proj [T, B, 4H]`` (each step's input already projected): the
+    final ``(c, h)``, every ``h``, and what the backward pass needs (the masked carries that
+    entered each step, the gates, the cells)."""
+    kernel = kernel_h.astype(dtype)  # cast once, not in every step
+
+    def step(carry, inp):
+        xp_t, reset_t = inp
+        c_prev, h_prev = (jnp.where(reset_t[:, None], 0.0, v) for v in carry)
+        z = matmul(h_prev, kernel, dtype) + bias_h + xp_t
+        zi, zf, zg, zo = jnp.split(z, 4, axis=-1)
+        i, f, g, o = nn.sigmoid(zi), nn.sigmoid(zf), jnp.tanh(zg), nn.sigmoid(zo)
+        c = f * c_prev + i * g
+        h = o * jnp.tanh(c)
+        return (c, h), (h, h_prev, c_prev, jnp.concatenate([i, f, g, o], axis=-1), c)
+
+    return jax.lax.scan(step, carry, (x_proj, resets), unroll=unroll)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def lstm_scan(kernel_h, bias_h, x_proj, resets, carry, dtype=jnp.float32, unroll: int = 1):
+    """An LSTM over ``x_proj [T, B, 4H]`` (the steps' input projections, gates in the order i, f,
+    g, o) from ``carry = (c, h)``, zeroed where ``resets [T, B]``: returns ``((c, h), hs [T, B, H])``.
+
+    Its gradient is written out rather than left to autodiff of the scan, so that the weight
+    gradient leaves the loop: the backward loop only carries ``dh, dc`` back through ``h @ W_h``
+    (one ``[B, 4H] x [4H, H]`` matmul per step) and emits each step's gate gradients; ``dW_h`` is then
+    one ``[H, T*B] x [T*B, 4H]`` matmul after it. Autodiff accumulates ``dW_h`` inside the loop, a
+    second matmul on every one of the sequential steps that bound the update's time on a GPU. Same
+    maths (tests compare both to float tolerance).
+    """
+    carry, (hs, *_) = _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
+    return carry, hs
+
+
+def _lstm_scan_fwd(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
+    carry_out, (hs, h_prev, c_prev, gates, cs) = _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
+    return (carry_out, hs), (kernel_h, resets, h_prev, c_prev, gates, cs)
+
+
+def _lstm_scan_bwd(dtype, unroll, res, cotangents):
+    kernel_h, resets, h_prev, c_prev, gates, cs = res
+    (dc_last, dh_last), dhs = cotangents
+    kernel_t = kernel_h.T.astype(dtype)
+
+    def step(carry, inp):
+        dc_next, dh_next = carry
+        dh_t, reset_t, c_prev_t, gates_t, c_t = inp
+        i, f, g, o = jnp.split(gates_t, 4, axis=-1)
+        dh = dh_t + dh_next
+        tanh_c = jnp.tanh(c_t)
+        dc = dc_next + dh * o * (1.0 - tanh_c ** 2)
+        dz = jnp.concatenate([dc * g * i * (1.0 - i), dc * c_prev_t * f * (1.0 - f), dc * i * (1.0 - g ** 2),
+                              dh * tanh_c * o * (1.0 - o)], axis=-1)
+        dh_prev = matmul(dz, kernel_t, dtype)
+        dc_prev = dc * f
+        keep = ~reset_t[:, None]  # a reset carry came from zeros, not from the step before
+        return (jnp.where(keep, dc_prev, 0.0), jnp.where(keep, dh_prev, 0.0)), dz
+
+    (dc0, dh0), dz = jax.lax.scan(step, (dc_last, dh_last), (dhs, resets, c_prev, gates, cs), reverse=True,
+                                  unroll=unroll)
+    d_kernel = jnp.einsum("tbh,tbg->hg", h_prev.astype(dtype), dz.astype(dtype), preferred_element_type=jnp.float32)
+    d_bias = dz.sum(axis=(0, 1))
+    return d_kernel.astype(kernel_h.dtype), d_bias, dz, None, (dc0, dh0)
+
+
+lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
+
+
 class SequenceLSTM(nn.Module):
     """An LSTM over a ``[T, B, F]`` sequence with flax's ``OptimizedLSTMCell`` parameters and math.
 
@@ -42,12 +111,14 @@ class SequenceLSTM(nn.Module):
     multiplies the hidden state (``h @ W_h + b``): the cell, called once per step, does both at
     every step. The carry is ``(c, h)``, zeroed where ``resets [T, B]`` (episode starts).
     ``dtype``: the matmuls' input type (``bfloat16``: half the bytes; float32 accumulation, float32
-    gates and carry).
+    gates and carry). ``grad``: ``"hoisted"`` (:func:`lstm_scan`'s written-out gradient, the weight
+    gradient after the loop) or ``"autodiff"`` (JAX's gradient of the scan; the reference).
     """
 
     features: int
     unroll: int = 1
     dtype: Any = jnp.float32
+    grad: str = "hoisted"
 
     @nn.compact
     def __call__(self, carry, x, resets):
@@ -56,21 +127,13 @@ class SequenceLSTM(nn.Module):
                            name=f"i{g}")(x[0])[0] for g in gates]
         w_h = [DenseParams(self.features, use_bias=True, kernel_init=nn.initializers.orthogonal(),
                            bias_init=nn.initializers.zeros_init(), name=f"h{g}")(carry[1]) for g in gates]
-        mm = functools.partial(matmul, dtype=self.dtype)
-        x_proj = mm(x, jnp.concatenate(w_i, axis=-1))  # [T, B, 4H]
-        kernel_h = jnp.concatenate([k for k, _ in w_h], axis=-1).astype(self.dtype)
+        x_proj = matmul(x, jnp.concatenate(w_i, axis=-1), self.dtype)  # [T, B, 4H]
+        kernel_h = jnp.concatenate([k for k, _ in w_h], axis=-1)
         bias_h = jnp.concatenate([b for _, b in w_h], axis=-1)
-
-        def step(carry, inp):
-            xp_t, reset_t = inp
-            c, h = (jnp.where(reset_t[:, None], 0.0, v) for v in carry)
-            z = mm(h, kernel_h) + bias_h + xp_t
-            i, f, g, o = jnp.split(z, 4, axis=-1)
-            c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
-            h = nn.sigmoid(o) * jnp.tanh(c)
-            return (c, h), h
-
-        return jax.lax.scan(step, carry, (x_proj, resets), unroll=self.unroll)
+        if self.grad == "hoisted":
+            return lstm_scan(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
+        carry, (hs, *_) = _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
+        return carry, hs
 
 
 class QNetwork(nn.Module):
@@ -88,6 +151,7 @@ class QNetwork(nn.Module):
     norm_input: bool = True
     unroll: int = 1
     dtype: Any = jnp.float32
+    grad: str = "hoisted"
 
     @nn.compact
     def __call__(self, carry, obs, instruction, resets):
@@ -97,7 +161,8 @@ class QNetwork(nn.Module):
         for _ in range(self.num_layers):
             x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden_size, dtype=self.dtype)(x).astype(jnp.float32)))
         # the parameters of flax's OptimizedLSTMCell under its name (checkpoints load either way)
-        carry, y = SequenceLSTM(self.hidden_size, self.unroll, self.dtype, name="OptimizedLSTMCell_0")(carry, x, resets)
+        carry, y = SequenceLSTM(self.hidden_size, self.unroll, self.dtype, self.grad,
+                                name="OptimizedLSTMCell_0")(carry, x, resets)
         return carry, nn.Dense(self.num_actions)(y)
 
     def initial_carry(self, batch: int):
@@ -177,15 +242,17 @@ def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float, cuts=
     """
     if cuts is None:
         cuts, q_taken = jnp.zeros(rewards.shape, bool), jnp.zeros_like(rewards)
+    # G_t = a_t * G_{t+1} + b_t, an affine recurrence: a scan of log(T) depth over the composed maps
+    # instead of T sequential steps (each a kernel launch on a GPU, 128 per minibatch)
+    not_done = gamma * (1.0 - dones.astype(jnp.float32))
+    a = jnp.where(cuts, 0.0, not_done * lam)
+    b = jnp.where(cuts, q_taken, rewards + not_done * (1.0 - lam) * next_q_max)
+    b = b.at[-1].add(a[-1] * next_q_max[-1])  # G_T: the bootstrap max_a Q(s_T, a)
 
-    def body(g_next, inp):
-        r, d, q_next, c, q_a = inp
-        g = r + gamma * (1.0 - d) * ((1.0 - lam) * q_next + lam * g_next)
-        g = jnp.where(c, q_a, g)
-        return g, g
+    def compose(later, earlier):  # (G_{t+1} from G_T) then (G_t from G_{t+1})
+        return earlier[0] * later[0], earlier[0] * later[1] + earlier[1]
 
-    _, g = jax.lax.scan(body, next_q_max[-1], (rewards, dones.astype(jnp.float32), next_q_max, cuts, q_taken),
-                        reverse=True)
+    _, g = jax.lax.associative_scan(compose, (a, b), reverse=True)
     return g
 
 

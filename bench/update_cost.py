@@ -16,6 +16,12 @@ alike; medians reported, with each variant's ratio to the first:
 * ``unroll``: the scan's unroll (``pqn.scan_unroll``).
 * ``dtype``: ``pqn.compute_dtype``, the matmuls' input type (``sequence`` only; float32
   accumulation either way).
+* ``grad`` (a fourth field of ``--variants``, default ``hoisted``): the LSTM's gradient,
+  :func:`agents.pqn.lstm_scan`'s written-out one or JAX's ``autodiff`` of the scan (``sequence`` only).
+
+Beside each time: the update's matmul FLOPs (counted from the shapes: forward, and the backward's
+input and weight gradients), the FLOP/s achieved and their fraction of the card's dense peak for
+the variant's dtype (bfloat16, or TF32 for float32, which XLA runs on tensor cores).
 """
 
 from __future__ import annotations
@@ -36,6 +42,28 @@ SIZES = {
 }
 
 
+#: Dense tensor-core peaks (FLOP/s) by device kind: (bfloat16, TF32); NVIDIA's datasheets (SXM).
+PEAKS = {"H100": (989e12, 494e12), "H200": (989e12, 494e12), "A100": (312e12, 156e12)}
+
+
+def update_flops(seeds: int, trajectories: int, steps: int, hidden: int, epochs: int, in_dim: int,
+                 num_actions: int) -> float:
+    """Matmul FLOPs of one update: every trajectory of every seed goes through the network once per
+    epoch over ``steps + 1`` observations (forward, then the input and weight gradients, twice the
+    forward's, except the first layer's input gradient, which nothing needs)."""
+    rows = trajectories * (steps + 1)
+    first = 2 * rows * in_dim * hidden
+    rest = 2 * rows * (hidden * 4 * hidden * 2 + hidden * num_actions)  # LSTM input and recurrent, Q head
+    return float(seeds * epochs * (2 * first + 3 * rest))
+
+
+def peak(device_kind: str, dtype: str) -> float | None:
+    for name, (bf16, tf32) in PEAKS.items():
+        if name in device_kind:
+            return bf16 if dtype == "bfloat16" else tf32
+    return None
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,7 +71,7 @@ def parse_args(argv=None):
     p.add_argument("--lstm", default="sequence,cell", help="LSTM implementations, comma-separated")
     p.add_argument("--unroll", default="8", help="scan unrolls, comma-separated")
     p.add_argument("--dtype", default="float32", help="compute dtypes, comma-separated (float32, bfloat16)")
-    p.add_argument("--variants", default=None, help="explicit variants LSTM:UNROLL:DTYPE, comma-separated "
+    p.add_argument("--variants", default=None, help="explicit variants LSTM:UNROLL:DTYPE[:GRAD], comma-separated "
                    "(instead of every combination of the three options)")
     p.add_argument("--iterations", type=int, default=5, help="timed updates per variant (median reported)")
     return p.parse_args(argv)
@@ -98,13 +126,16 @@ def main(argv=None) -> int:
         "carry0": (jnp.zeros((S, N, H)), jnp.zeros((S, N, H))),
     }
     if args.variants:
-        variants = [(lstm, int(unroll), dtype) for lstm, unroll, dtype in (v.split(":") for v in args.variants.split(","))]
+        variants = []
+        for v in args.variants.split(","):
+            lstm, unroll, dtype, *grad = v.split(":")
+            variants.append((lstm, int(unroll), dtype, grad[0] if grad else "hoisted"))
     else:
-        variants = list(itertools.product(args.lstm.split(","), [int(u) for u in args.unroll.split(",")],
-                                          args.dtype.split(",")))
+        variants = [(*v, "hoisted") for v in itertools.product(
+            args.lstm.split(","), [int(u) for u in args.unroll.split(",")], args.dtype.split(","))]
     programs = {}
-    for lstm, unroll, dtype in variants:
-        net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype)) if lstm == "sequence"
+    for lstm, unroll, dtype, grad in variants:
+        net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad) if lstm == "sequence"
                else cell_network(NUM_ACTIONS, H, unroll))
         tx = pqn.make_optimizer(cfg, 100)
 
@@ -117,7 +148,7 @@ def main(argv=None) -> int:
         fn = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, cfg, key, b)))
         t = time.time()
         compiled = fn.lower(state, jax.random.split(k, S), batch).compile()
-        programs[(lstm, unroll, dtype)] = (compiled, state, time.time() - t)
+        programs[(lstm, unroll, dtype, grad)] = (compiled, state, time.time() - t)
         jax.block_until_ready(compiled(state, jax.random.split(k, S), batch))  # warm-up
     times = {v: [] for v in variants}
     for _ in range(args.iterations):
@@ -129,11 +160,18 @@ def main(argv=None) -> int:
     print(f"# update program, preset {args.preset}: {S} seed(s) x {N} trajectories x {T} steps, LSTM {H}, "
           f"{size['epochs']} epochs x {size['minibatches']} minibatches; {jax.devices()[0].device_kind}, "
           f"median of {args.iterations}")
-    print("| lstm | unroll | dtype | compile s | update s | ratio to first |\n|---|---|---|---|---|---|")
+    flops = update_flops(S, N, T, H, size["epochs"], D + 384, NUM_ACTIONS)
+    kind = jax.devices()[0].device_kind
+    print(f"# matmul FLOPs per update: {flops / 1e9:,.1f} GFLOP")
+    print("| lstm | unroll | dtype | grad | compile s | update s | ratio to first | TFLOP/s | of peak |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     base = statistics.median(times[variants[0]])
     for v in variants:
         med = statistics.median(times[v])
-        print(f"| {v[0]} | {v[1]} | {v[2]} | {programs[v][2]:.1f} | {med:.3f} | {med / base:.2f} |")
+        top = peak(kind, v[2])
+        frac = f"{flops / med / top:.1%}" if top else "-"
+        print(f"| {v[0]} | {v[1]} | {v[2]} | {v[3]} | {programs[v][2]:.1f} | {med:.3f} | {med / base:.2f} | "
+              f"{flops / med / 1e12:.1f} | {frac} |")
     return 0
 
 
