@@ -49,9 +49,16 @@ def _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
         i, f, g, o = nn.sigmoid(zi), nn.sigmoid(zf), jnp.tanh(zg), nn.sigmoid(zo)
         c = f * c_prev + i * g
         h = o * jnp.tanh(c)
-        return (c, h), (h, h_prev, c_prev, jnp.concatenate([i, f, g, o], axis=-1), c)
+        return (c, h), (h, jnp.concatenate([i, f, g, o], axis=-1), c)
 
     return jax.lax.scan(step, carry, (x_proj, resets), unroll=unroll)
+
+
+def _entering(carry0, seq, resets):
+    """What entered each step: ``carry0`` then ``seq[:-1]``, zeroed where ``resets`` (computed after
+    the loop from its outputs, so the loop writes fewer arrays)."""
+    prev = jnp.concatenate([carry0[None], seq[:-1]], axis=0)
+    return jnp.where(resets[..., None], 0.0, prev)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
@@ -71,13 +78,14 @@ def lstm_scan(kernel_h, bias_h, x_proj, resets, carry, dtype=jnp.float32, unroll
 
 
 def _lstm_scan_fwd(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
-    carry_out, (hs, h_prev, c_prev, gates, cs) = _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
-    return (carry_out, hs), (kernel_h, resets, h_prev, c_prev, gates, cs)
+    carry_out, (hs, gates, cs) = _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
+    return (carry_out, hs), (kernel_h, resets, carry, hs, gates, cs)
 
 
 def _lstm_scan_bwd(dtype, unroll, res, cotangents):
-    kernel_h, resets, h_prev, c_prev, gates, cs = res
+    kernel_h, resets, (c0, h0), hs, gates, cs = res
     (dc_last, dh_last), dhs = cotangents
+    h_prev, c_prev = _entering(h0, hs, resets), _entering(c0, cs, resets)
     kernel_t = kernel_h.T.astype(dtype)
 
     def step(carry, inp):

@@ -69,7 +69,7 @@ SIZES = {
     "paper": {"pqn.num_envs": 64, "pqn.num_steps": 128, "pqn.hidden_size": 512, "pqn.num_epochs": 8,
               "pqn.num_minibatches": 4, "pqn.scan_unroll": 8},
     "fast": {"pqn.num_envs": 1024, "pqn.num_steps": 128, "pqn.hidden_size": 512, "pqn.num_epochs": 4,
-             "pqn.num_minibatches": 16, "pqn.scan_unroll": 8},
+             "pqn.num_minibatches": 16, "pqn.scan_unroll": 8, "pqn.compute_dtype": "bfloat16"},
 }
 
 

@@ -74,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=None, help="explicit variants LSTM:UNROLL:DTYPE[:GRAD], comma-separated "
                    "(instead of every combination of the three options)")
     p.add_argument("--iterations", type=int, default=5, help="timed updates per variant (median reported)")
+    p.add_argument("--parts", action="store_true",
+                   help="also time the first variant's parts: one minibatch's update (times the update's "
+                        "minibatches), and the LSTM recurrence alone (forward and backward) on one minibatch")
     return p.parse_args(argv)
 
 
@@ -172,7 +175,79 @@ def main(argv=None) -> int:
         frac = f"{flops / med / top:.1%}" if top else "-"
         print(f"| {v[0]} | {v[1]} | {v[2]} | {v[3]} | {programs[v][2]:.1f} | {med:.3f} | {med / base:.2f} | "
               f"{flops / med / 1e12:.1f} | {frac} |")
+    if args.parts:
+        print_parts(variants[0], cfg, batch, S, N, T, H, args.iterations)
     return 0
+
+
+def _median_time(fn, *a, iterations: int) -> float:
+    import jax
+    jax.block_until_ready(fn(*a))
+    times = []
+    for _ in range(iterations):
+        t = time.time()
+        jax.block_until_ready(fn(*a))
+        times.append(time.time() - t)
+    return statistics.median(times)
+
+
+def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
+    """Where one update's time goes: a minibatch's update, and the LSTM recurrence inside it."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    from flax.training.train_state import TrainState
+
+    from agents import pqn
+    from oir_gym.craftax_compat import NUM_ACTIONS
+
+    lstm, unroll, dtype, grad = variant
+    mb = N // cfg.num_minibatches
+    steps = cfg.num_epochs * cfg.num_minibatches
+    one = dataclasses.replace(cfg, num_epochs=1, num_minibatches=1)
+    small = jax.tree_util.tree_map(lambda x: x[:, :, :mb] if x.ndim >= 3 and x.shape[2] == N else x, batch)
+    small = {k: (v[:, :mb] if k in ("weights", "next_obs_last", "next_instr_last") else v) for k, v in small.items()}
+    small["carry0"] = tuple(c[:, :mb] for c in batch["carry0"])
+    net = pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad)
+    k = jax.random.PRNGKey(0)
+    D = batch["obs"].shape[-1]
+
+    def init(key):
+        params = net.init(key, net.initial_carry(1), jnp.zeros((1, 1, D)), jnp.zeros((1, 1, 384)), jnp.zeros((1, 1), bool))
+        return TrainState.create(apply_fn=net.apply, params=params, tx=pqn.make_optimizer(one, 100))
+
+    state = jax.jit(jax.vmap(init))(jax.random.split(k, S))
+    keys = jax.random.split(k, S)
+    minibatch = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, one, key, b)))
+    t_mb = _median_time(minibatch, state, keys, small, iterations=iterations)
+
+    x_proj = jax.random.normal(k, (S, T + 1, mb, 4 * H))
+    resets = jax.random.uniform(k, (S, T + 1, mb)) < 0.01
+    kernel = jax.random.normal(k, (S, H, 4 * H)) * 0.05
+    bias = jnp.zeros((S, 4 * H))
+    carry = (jnp.zeros((S, mb, H)), jnp.zeros((S, mb, H)))
+    cdt = jnp.dtype(dtype)
+
+    def recurrence(kernel, bias, x_proj, resets, carry):
+        if grad == "hoisted":
+            out = pqn.lstm_scan(kernel, bias, x_proj, resets, carry, cdt, unroll)
+        else:
+            c, (hs, *_) = pqn._lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)
+            out = (c, hs)
+        return out[1].sum()
+
+    rec = jax.jit(jax.vmap(jax.grad(recurrence, argnums=(0, 1, 2))))
+    t_rec = _median_time(rec, kernel, bias, x_proj, resets, carry, iterations=iterations)
+    fwd = jax.jit(jax.vmap(recurrence))
+    t_fwd = _median_time(fwd, kernel, bias, x_proj, resets, carry, iterations=iterations)
+    per_step = t_rec / (2 * (T + 1))
+    print(f"# parts of the first variant ({lstm}, unroll {unroll}, {dtype}, {grad}); {steps} minibatches per update")
+    print("| part | s | x minibatches per update |\n|---|---|---|")
+    print(f"| one minibatch's update ({S} x {mb} trajectories) | {t_mb:.4f} | {t_mb * steps:.3f} |")
+    print(f"| the LSTM recurrence, forward and backward | {t_rec:.4f} | {t_rec * steps:.3f} |")
+    print(f"| the LSTM recurrence, forward only | {t_fwd:.4f} | {t_fwd * steps:.3f} |")
+    print(f"# {per_step * 1e6:.1f} us per sequential LSTM step (forward and backward: {2 * (T + 1)} steps per minibatch)")
 
 
 if __name__ == "__main__":

@@ -325,3 +325,65 @@ def test_bfloat16_compute_keeps_float32_parameters_and_close_q_values():
 def test_unknown_compute_dtype_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match=r"pqn.compute_dtype='float16'; expected one of \('float32', 'bfloat16'\)"):
         TrainConfig().replace(**{"pqn.compute_dtype": "float16"}).validate()
+
+
+def _sequential_q_lambda(rewards, dones, next_q_max, gamma, lam, cuts, q_taken):
+    """The Q(lambda) recursion written as the definition reads, one step at a time backwards."""
+    r, d, qn, c, qa = (np.asarray(x, np.float64) for x in (rewards, dones, next_q_max, cuts, q_taken))
+    g = np.zeros_like(r)
+    g_next = qn[-1]
+    for t in range(len(r) - 1, -1, -1):
+        g[t] = np.where(c[t] > 0, qa[t], r[t] + gamma * (1 - d[t]) * ((1 - lam) * qn[t] + lam * g_next))
+        g_next = g[t]
+    return g
+
+
+@settings(max_examples=40, deadline=None)
+@given(T=st.integers(1, 40), B=st.integers(1, 4), gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0),
+       seed=st.integers(0, 2**16), p_cut=st.sampled_from([0.0, 0.2, 1.0]))
+def test_q_lambda_targets_follow_the_step_by_step_recursion(T, B, gamma, lam, seed, p_cut):
+    rng = np.random.default_rng(seed)
+    r = (rng.random((T, B)) < 0.2).astype(np.float32)
+    d = rng.random((T, B)) < 0.1
+    qn, qa = rng.normal(size=(T, B)).astype(np.float32), rng.normal(size=(T, B)).astype(np.float32)
+    cuts = rng.random((T, B)) < p_cut
+    got = pqn.q_lambda_targets(jnp.asarray(r), jnp.asarray(d), jnp.asarray(qn), gamma, lam, jnp.asarray(cuts),
+                               jnp.asarray(qa))
+    np.testing.assert_allclose(np.asarray(got), _sequential_q_lambda(r, d, qn, gamma, lam, cuts, qa), atol=1e-5)
+
+
+@pytest.mark.parametrize("unroll", [1, 3])
+def test_lstm_written_out_gradient_equals_autodiff_of_the_scan(unroll):
+    T, B, F, H = 11, 5, 6, 8
+    k = jax.random.split(jax.random.PRNGKey(3), 4)
+    x, resets = jax.random.normal(k[0], (T, B, F)), jax.random.uniform(k[1], (T, B)) < 0.25
+    carry = (jax.random.normal(k[2], (B, H)), jax.random.normal(k[3], (B, H)))
+    hoisted, autodiff = pqn.SequenceLSTM(H, unroll, grad="hoisted"), pqn.SequenceLSTM(H, unroll, grad="autodiff")
+    params = hoisted.init(k[0], carry, x, resets)
+
+    def loss(lstm, params, carry):  # every output used: the sequence and the final carry
+        (c, h), hs = lstm.apply(params, carry, x, resets)
+        return jnp.sum(jnp.sin(hs)) + jnp.sum(c ** 2) + jnp.sum(h)
+
+    (lh, gh), (la, ga) = (jax.value_and_grad(lambda p, c, m=m: loss(m, p, c), argnums=(0, 1))(params, carry)
+                          for m in (hoisted, autodiff))
+    assert float(lh) == pytest.approx(float(la), rel=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(gh), jax.tree_util.tree_leaves(ga)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+    # a reset blocks the gradient to the carry before it: with every step reset, the initial carry gets none
+    all_reset = jnp.ones((T, B), bool)
+    g0 = jax.grad(lambda c: jnp.sum(hoisted.apply(params, c, x, all_reset)[1]))(carry)
+    assert all(float(jnp.abs(g).max()) == 0.0 for g in g0)
+
+
+def test_update_losses_equal_with_either_lstm_gradient():
+    cfg, ts, batch = _terminal_batch(0, num_minibatches=2, num_epochs=3, lr_linear_decay=False)
+    rng = np.random.default_rng(1)  # episodes that run on and restart: targets bootstrap, the carry resets
+    batch = dict(batch, dones=jnp.asarray(rng.random((8, 4)) < 0.2), resets=jnp.asarray(rng.random((8, 4)) < 0.2))
+    ts_auto = ts.replace(apply_fn=pqn.QNetwork(17, cfg.hidden_size, grad="autodiff").apply)
+    for i in range(3):
+        key = jax.random.PRNGKey(i)
+        (ts, m), (ts_auto, m_auto) = pqn.update(ts, cfg, key, batch), pqn.update(ts_auto, cfg, key, batch)
+        assert float(m["loss"]) == pytest.approx(float(m_auto["loss"]), rel=1e-5, abs=1e-7)
+    for a, b in zip(jax.tree_util.tree_leaves(ts.params), jax.tree_util.tree_leaves(ts_auto.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
