@@ -631,8 +631,9 @@ def _fast() -> TrainConfig:
     # cost less per update but learned less per step; 64 updates (8.4M steps per seed) with an
     # evaluation every 8 (about 3 s each). The rule relabeling of 3,072 trajectories (about 0.5 s on
     # the host) runs beside the next rollout and update (oir.relabel_lag 1; its copies train one
-    # update later). bfloat16 matmul inputs cut the update program from 2.24 to 1.88 s
-    # (bench/update_cost.py); two H100 runs passed 0.33 at 265 s and 295 s.
+    # update later). bfloat16 matmul inputs and the written-out LSTM gradient cut the update program
+    # from 2.25 to 1.36 s (bench/update_cost.py). Two H100 runs passed 0.33 at 265 s and 295 s, both
+    # before the written-out gradient.
     return _paper().replace(**{
         "run.total_timesteps": 64 * 1024 * 128, "run.num_seeds": 3, "pqn.num_envs": 1024, "pqn.num_steps": 128,
         "pqn.num_epochs": 4, "pqn.num_minibatches": 16, "pqn.lr": 5e-4, "eval.every": 8,

@@ -90,10 +90,12 @@ def test_relabel_throughput_bench_reports_the_llms_echo_of_its_prompt():
 
 def test_update_cost_bench_prints_each_variant_with_its_ratio_to_the_first():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "update_cost.py"), "--iterations", "1",
-                          "--variants", "sequence:1:float32,sequence:1:bfloat16,cell:1:float32"],
+                          "--variants", "sequence:1:float32,sequence:1:bfloat16:autodiff,cell:1:float32"],
                          capture_output=True, text=True, timeout=600, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith(("| sequence", "| cell"))]
-    assert [r.split("|")[1:4] for r in rows] == [[" sequence ", " 1 ", " float32 "], [" sequence ", " 1 ", " bfloat16 "],
-                                                 [" cell ", " 1 ", " float32 "]]
-    assert rows[0].rstrip(" |").endswith("1.00")
+    cells = [[c.strip() for c in r.split("|")[1:-1]] for r in rows]
+    assert [c[:4] for c in cells] == [["sequence", "1", "float32", "hoisted"], ["sequence", "1", "bfloat16", "autodiff"],
+                                      ["cell", "1", "float32", "hoisted"]]
+    assert cells[0][6] == "1.00" and all(float(c[7]) >= 0 for c in cells)  # ratio to the first, TFLOP/s
+    assert "GFLOP" in out.stdout  # the update's matmul FLOPs, counted from the shapes
