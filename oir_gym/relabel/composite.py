@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from oir_gym.relabel.backends.base import BackendError, LLMBackend
+from oir_gym.relabel.backends.base import BackendError, BackendTimeout, LLMBackend
+from oir_gym.relabel.llm.caller import OffThreadCaller
+from oir_gym.relabel.llm.child import ChildProcessBackend
+from oir_gym.relabel.llm.spec import LLMBusy
 from oir_gym.relabel.rules import RuleBackend
 from oir_gym.trajectory import Trajectory
 
@@ -73,3 +76,25 @@ class CompositeBackend:
             for i in idx:
                 props[i].error = msg
         return props
+
+    def propose_within(self, caller: OffThreadCaller, timeout: Optional[float], trajectories: Sequence[Trajectory],
+                       prompts: Optional[Sequence[Optional[str]]] = None, n: int = 1,
+                       schema: Optional[dict] = None) -> list[Proposal]:
+        """:meth:`propose` within ``timeout`` seconds (``None``: the backend's own limit).
+
+        The call runs on ``caller``'s thread; past the timeout it keeps running there and its answer
+        is discarded: the trajectories get the rules and the error ``BackendTimeout`` (``LLMBusy``
+        while an earlier call still runs). A child-process backend keeps its own deadline (it is
+        killed past it), so it is called directly.
+        """
+        if timeout is None or self.llm is None or prompts is None or isinstance(self.llm, ChildProcessBackend):
+            return self.propose(trajectories, prompts, n, schema)
+        try:
+            return caller.call(self.propose, trajectories, prompts, n, schema, timeout=timeout)
+        except BackendTimeout as e:
+            err = (f"LLMBusy: {e}" if isinstance(e, LLMBusy)
+                   else f"{BackendTimeout.__name__}: LLM call exceeded llm_timeout={timeout}s")
+            props = [Proposal(rules=self.rules.instructions(t) if self.rules else []) for t in trajectories]
+            for p, pr in zip(props, prompts):
+                p.error = err if pr is not None else None
+            return props

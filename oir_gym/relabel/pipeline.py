@@ -9,6 +9,7 @@ with the LLM call between the first two::
     merged = merge_rules(trajs, answers, ...)  # LLM candidates first, then rules (or the fallback)
     grounded = ground(trajs, merged, ...)      # where each candidate is paid (cosine or bound)
     chosen = [select(g, ...) for g in grounded]  # near-dedup, grounded first, up to k
+    results, counts, dropped = assemble(...)   # one RelabelResult per trajectory, the batch's counts
 
 No stage starts a thread, holds a lock or touches the relabeler's counters: each takes its inputs
 and returns what it found, including the candidates it dropped and why (``dropped``), so each is
@@ -31,7 +32,7 @@ from oir_gym.grounding import (
 from oir_gym.relabel.composite import Proposal
 from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
 from oir_gym.relabel.parse import parse_candidates
-from oir_gym.relabel.results import Candidate
+from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.relabel.rules import rule_events, rule_final_event
 from oir_gym.relabel.segments import is_idle
 from oir_gym.reward import event_similarity, match_steps
@@ -392,3 +393,34 @@ def select(grounded: Grounded, *, k: int, keep_ungrounded: bool, dedup_threshold
     good = [c for c in cands if c.grounded]
     chosen = good + ([c for c in cands if not c.grounded] if keep_ungrounded else [])
     return Selection(chosen[:k], cands, dropped)
+
+
+def assemble(trajs: Sequence[Trajectory], ids: Sequence[int], plan: PromptPlan, answers: Answers, merged: Merged,
+             grounded: Sequence[Grounded], chosen: Sequence[Selection]) -> tuple[list[RelabelResult], Counter,
+                                                                                 list[Counter]]:
+    """One :class:`RelabelResult` per trajectory, the batch's counters (the
+    :class:`~oir_gym.relabel.stats.RelabelStats` keys ``candidates_*``, ``fallbacks`` and the earlier
+    stages' counts) and the candidates each trajectory dropped, by reason."""
+    s = plan.counts + answers.counts
+    results, dropped = [], []
+    for i, (traj, g, sel) in enumerate(zip(trajs, grounded, chosen)):
+        d = answers.dropped[i] + merged.dropped[i] + g.dropped + sel.dropped
+        for c in (merged.dropped[i], g.dropped, sel.dropped):  # keep reasons counted as 0 (Counter + drops them)
+            for key in c:
+                d.setdefault(key, 0)
+        dropped.append(d)
+        res = RelabelResult(
+            trajectory=traj, candidates=sel.chosen, request_id=ids[i], num_scored=len(sel.scored),
+            num_grounded=len(sel.grounded), dropped=d, cache_hit=plan.cached[i] is not None,
+            error=answers.errors[i], fallback=merged.fallbacks[i], prompt_tokens=plan.tokens[i],
+        )
+        results.append(res)
+        s["candidates_scored"] += len(sel.scored)
+        s["candidates_grounded"] += len(sel.grounded)
+        s["candidates_kept"] += len(res.candidates)
+        s["candidates_kept_grounded"] += len(res.grounded)
+        s["candidates_kept_llm"] += sum(c.source == "llm" for c in res.candidates)
+        s["candidates_llm"] += sum(c.source == "llm" for c in sel.scored)
+        s["candidates_rules"] += sum(c.source == "rules" for c in sel.scored)
+        s["fallbacks"] += merged.fallbacks[i] is not None
+    return results, s, dropped
