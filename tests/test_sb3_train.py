@@ -444,7 +444,7 @@ def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, ca
     llm = LLMConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", call_timeout=3.0)
     rl = sb3_agents.make_relabeler("llm", llm=llm)
     try:
-        assert rl.llm_timeout == 3.0
+        assert rl.llm.llm_timeout == 3.0
     finally:
         rl.close()
     cfg = preset("smoke").replace(**{"oir.relabeler": "both", "llm.backend": "openai", "llm.model": "m",
@@ -452,7 +452,7 @@ def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, ca
     rl = pqn_relabeler(cfg)  # no server there: 'both' warns and goes on with rules
     assert "failed its start-up check" in capfd.readouterr().err
     try:
-        assert rl.llm_timeout == 3.0
+        assert rl.llm.llm_timeout == 3.0
     finally:
         rl.close()
 

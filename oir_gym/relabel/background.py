@@ -14,7 +14,7 @@ The rules answer at once; the LLM's answers join when they arrive:
 **Queue policy when full.** The LLM relabeler's queue holds ``queue_size`` batches (default 1).
 When the LLM is still busy and the queue is full, the *oldest* queued batch is dropped and the
 new one queued (``on_full="replace"`` of :meth:`HindsightRelabeler.submit
-<oir_gym.relabel.relabeler.HindsightRelabeler.submit>`, counted as ``overflow_replace``): the LLM
+<oir_gym.relabel.relabeler.HindsightRelabeler.submit>`, counted as ``overflow_replaced``): the LLM
 always reads the freshest rollouts, and answers that would come too late to train on are never
 asked for. The rules have already answered for a dropped batch, so no trajectory goes without
 instructions.
@@ -68,7 +68,7 @@ class BackgroundRelabeler:
         self.rules = rules
         self.llm = llm
         self.rules_lag = rules_lag
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="oir-rules") if rules_lag else None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="oir-rules") if rules_lag and rules is not None else None
         self._lagged: Optional[Future] = None
         self._ready: list[RelabelResult] = []
         self._rule_texts: "OrderedDict[int, set[str]]" = OrderedDict()  # id(trajectory) -> its rule texts
@@ -152,7 +152,7 @@ class BackgroundRelabeler:
     @property
     def backend(self) -> Any:
         """The LLM relabeler's backend (the rule relabeler's without an LLM)."""
-        return (self.llm if self.llm is not None else self.rules).backend
+        return getattr(self.llm if self.llm is not None else self.rules, "backend", None)
 
     def stats(self) -> dict[str, Any]:
         """The LLM relabeler's counters (:data:`oir_gym.relabel.stats.STAT_KEYS`; the rule

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from oir_gym.relabel.backends.base import BackendError, BackendTimeout, LLMBackend
+from oir_gym.relabel.config import LLMSettings
+from oir_gym.relabel.llm.build import build_llm
 from oir_gym.relabel.llm.caller import OffThreadCaller
-from oir_gym.relabel.llm.child import ChildProcessBackend
+from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend
 from oir_gym.relabel.llm.spec import LLMBusy
 from oir_gym.relabel.rules import RuleBackend
 from oir_gym.trajectory import Trajectory
@@ -40,6 +42,20 @@ class CompositeBackend:
             raise ValueError("CompositeBackend needs an LLM backend, rules, or both")
         self.llm = llm
         self.rules = rules
+
+    @classmethod
+    def build(cls, backend: Any, settings: LLMSettings, rules: RuleBackend, use_rules: bool) -> "CompositeBackend":
+        """``backend`` (a name, spec or object; a composite as is) built by
+        :func:`~oir_gym.relabel.llm.build.build_llm` with ``settings`` (``llm.timeout`` without a
+        ``child_config`` becomes the child's whole-call deadline), with ``rules`` beside it when
+        ``use_rules`` or when there is no LLM."""
+        if isinstance(backend, CompositeBackend):
+            return backend
+        child_config = settings.child_config
+        if child_config is None and settings.timeout is not None:
+            child_config = ChildConfig(timeout=float(settings.timeout), per_prompt_timeout=0.0)
+        built = build_llm(backend, settings.backend_kwargs, isolate=settings.isolate, config=child_config)
+        return cls(built, rules if (use_rules or built is None) else None)
 
     def __repr__(self) -> str:
         return f"CompositeBackend(llm={self.llm!r}, rules={self.rules!r})"

@@ -6,7 +6,8 @@ bounded queue. When the queue is full, ``on_full`` decides: ``"rules"`` answers 
 ``overflow`` function (the relabeler: rule instructions only, marked ``fallback="overflow"``),
 ``"skip"`` drops the new batch, ``"replace"`` drops the oldest queued one (fresh rollouts win),
 ``"block"`` waits for room. Drops are counted in the relabeler's
-:class:`~oir_gym.relabel.stats.RelabelStats` (``overflow_<policy>``); batches still queued when
+:class:`~oir_gym.relabel.stats.RelabelStats` (``overflow_rules``, ``overflow_skipped``,
+``overflow_replaced``); batches still queued when
 :meth:`JobQueue.stop` runs out of time are dropped and counted as ``closed_in_flight``.
 """
 

@@ -11,6 +11,31 @@ with the LLM call between the first two::
     chosen = [select(g, ...) for g in grounded]  # near-dedup, grounded first, up to k
     results, counts, dropped = assemble(...)   # one RelabelResult per trajectory, the batch's counts
 
+What the stages do for a batch of trajectories:
+
+1. **Key and cache.** Each trajectory's behaviour key (:func:`~oir_gym.relabel.segments.behaviour_key`:
+   the ordered non-idle events, without timing) is looked up in an LRU cache of LLM answers;
+   trajectories with the same key in one batch share one prompt. Idle trajectories (nothing but
+   moving/waiting) are not sent to the LLM by default (``skip_idle``): nothing happened to relabel.
+2. **Generate.** One batched ``generate`` call on the LLM backend for the remaining prompts,
+   with the template's JSON schema for constrained decoding.
+3. **Parse and filter.** :func:`~oir_gym.relabel.parse.parse_candidates`; rule instructions are
+   merged in (LLM candidates first); exact and embedding near-duplicates are dropped.
+4. **Ground** (:mod:`oir_gym.grounding`). Each candidate is encoded once and compared with the
+   caption vocabulary (:func:`oir_gym.reward.event_similarity`). With ``grounding="cosine"`` (the
+   paper's rule) ``first_step`` is its first step with a caption above ``delta``; a two-event rule
+   instruction ("A then B", "sleep and wake up") that would be paid where its final event did not
+   happen is dropped (``dropped["premature"]``): its wording matches the first event's captions,
+   so it would teach only the first half. With ``grounding="bound"`` it is bound to the event(s)
+   of this trajectory it names (:func:`~oir_gym.grounding.bind`: the best event that happened,
+   at least ``bind_threshold`` similar; "A then B" to an ordered pair; rule instructions to their
+   exact events), and pays exactly there; a candidate that binds to nothing is dropped
+   (``dropped["unbound"]``). Each candidate carries its embedding and grounding rows.
+5. **Select.** Up to ``k`` candidates per trajectory: grounded ones first (in source order: LLM,
+   then rules), then, if ``keep_ungrounded``, ungrounded ones. Ungrounded candidates never pay
+   off in the buffer, so they are only used to fill up to ``k`` (the paper keeps all K LLM
+   answers); they are always counted in :meth:`HindsightRelabeler.stats <oir_gym.relabel.HindsightRelabeler.stats>`.
+
 No stage starts a thread, holds a lock or touches the relabeler's counters: each takes its inputs
 and returns what it found, including the candidates it dropped and why (``dropped``), so each is
 tested on its own (``tests/test_relabel_pipeline.py``).

@@ -1,29 +1,9 @@
 """The HindsightRelabeler: trajectories in, grounded relabeled instructions out (paper section 4.1).
 
-Pipeline for a batch of trajectories:
-
-1. **Key and cache.** Each trajectory's behaviour key (:func:`~oir_gym.relabel.segments.behaviour_key`:
-   the ordered non-idle events, without timing) is looked up in an LRU cache of LLM answers;
-   trajectories with the same key in one batch share one prompt. Idle trajectories (nothing but
-   moving/waiting) are not sent to the LLM by default (``skip_idle``): nothing happened to relabel.
-2. **Generate.** One batched ``generate`` call on the LLM backend for the remaining prompts,
-   with the template's JSON schema for constrained decoding.
-3. **Parse and filter.** :func:`~oir_gym.relabel.parse.parse_candidates`; rule instructions are
-   merged in (LLM candidates first); exact and embedding near-duplicates are dropped.
-4. **Ground** (:mod:`oir_gym.grounding`). Each candidate is encoded once and compared with the
-   caption vocabulary (:func:`oir_gym.reward.event_similarity`). With ``grounding="cosine"`` (the
-   paper's rule) ``first_step`` is its first step with a caption above ``delta``; a two-event rule
-   instruction ("A then B", "sleep and wake up") that would be paid where its final event did not
-   happen is dropped (``dropped["premature"]``): its wording matches the first event's captions,
-   so it would teach only the first half. With ``grounding="bound"`` it is bound to the event(s)
-   of this trajectory it names (:func:`~oir_gym.grounding.bind`: the best event that happened,
-   at least ``bind_threshold`` similar; "A then B" to an ordered pair; rule instructions to their
-   exact events), and pays exactly there; a candidate that binds to nothing is dropped
-   (``dropped["unbound"]``). Each candidate carries its embedding and grounding rows.
-5. **Select.** Up to ``k`` candidates per trajectory: grounded ones first (in source order: LLM,
-   then rules), then, if ``keep_ungrounded``, ungrounded ones. Ungrounded candidates never pay
-   off in the buffer, so they are only used to fill up to ``k`` (the paper keeps all K LLM
-   answers); they are always counted in :meth:`HindsightRelabeler.stats`.
+Each batch goes through the five stages of :mod:`oir_gym.relabel.pipeline` (where each is
+described): plan prompts (behaviour keys, the LRU cache of LLM answers, idle trajectories skipped)
+-> one batched LLM call -> read answers (parse, filter) -> merge rules -> ground (cosine or
+event-bound, :mod:`oir_gym.grounding`) -> select up to ``k`` per trajectory, grounded first.
 
 Failure policy: nothing is ever raised into the training loop. When the LLM backend raises,
 exceeds ``llm_timeout`` or answers nothing usable, the error is counted and
@@ -47,7 +27,6 @@ import functools
 import threading
 import time
 import warnings
-from collections import Counter
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -61,13 +40,13 @@ from oir_gym.relabel.encoding import SharedEncoder
 from oir_gym.relabel.config import DEFAULT_MAX_PROMPT_TOKENS, RelabelerConfig  # noqa: F401 (re-exported)
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.jobs import CLOSE_TIMEOUT, JobQueue
-from oir_gym.relabel.llm.build import build_llm, probe
+from oir_gym.relabel.llm.build import probe
 from oir_gym.relabel.llm.caller import OffThreadCaller
-from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend, llm_process_stats
+from oir_gym.relabel.llm.child import ChildProcessBackend, llm_process_stats
 from oir_gym.relabel.llm.health import LLMHealth
 from oir_gym.relabel.llm.spec import BackendSpec as LLMSpec, backend_identity, close_llm
 from oir_gym.relabel.oracle import check_oracle
-from oir_gym.relabel.pipeline import Answers, assemble, ground, merge_rules, plan_prompts, read_answers, select
+from oir_gym.relabel.pipeline import assemble, ground, merge_rules, plan_prompts, read_answers, select
 from oir_gym.relabel.prompts import PromptTemplate, load_template
 from oir_gym.relabel.results import RelabelResult
 from oir_gym.relabel.rules import RuleBackend
@@ -132,14 +111,7 @@ class HindsightRelabeler:
         # a backend built here is closed here; objects passed in belong to the caller
         backend: Any = lc.backend if llm is None else llm
         self._owns_llm = llm is None and isinstance(backend, (str, LLMSpec))
-        if isinstance(backend, CompositeBackend):
-            self.backend = backend
-        else:
-            child_config = lc.child_config
-            if child_config is None and lc.timeout is not None:
-                child_config = ChildConfig(timeout=float(lc.timeout), per_prompt_timeout=0.0)
-            built = build_llm(backend, lc.backend_kwargs, isolate=lc.isolate, config=child_config)
-            self.backend = CompositeBackend(built, self._rules if (sel.use_rules or built is None) else None)
+        self.backend = CompositeBackend.build(backend, lc, self._rules, sel.use_rules)
         self.use_rules = self.backend.rules is not None
         self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, LLMSpec)
                              else type(self.backend.llm or self._rules).__name__)
@@ -255,7 +227,8 @@ class HindsightRelabeler:
         answers = read_answers(plan, props, self.filter, closing=closing)
         for key, texts in answers.to_cache:
             self.cache.put(key, texts)
-        self._report_health(answers)
+        self.health.call([answers.errors[i] for i in answers.asked],
+                         permanent=getattr(self.backend.llm, "fatal", None) is not None)
         merged = merge_rules(trajs, answers, [p.rules for p in props], rules_of=self._rules.instructions,
                              use_rules=self.use_rules, fallback=self.fallback, candidate_filter=self.filter)
         grounded = ground(trajs, merged, encode=self._enc.encode, phrase_emb=self._enc.phrases(), mode=self.grounding,
@@ -275,17 +248,6 @@ class HindsightRelabeler:
             self.save_cache()
         return results
 
-    def _report_health(self, answers: Answers) -> None:
-        """One LLM call's outcome for :class:`LLMHealth`: healthy when any prompt got a usable answer."""
-        if not answers.asked:
-            return
-        bad = [answers.errors[i] for i in answers.asked if answers.errors[i] is not None]
-        if len(bad) < len(answers.asked):
-            self.health.ok()
-        else:
-            self.health.failed(bad[0], permanent=getattr(self.backend.llm, "fatal", None) is not None)
-        self.health.answers(len(answers.asked), len(bad), Counter(bad).most_common(1)[0][0] if bad else None)
-
     # ------------------------------------------------------------------ async API
     def submit(self, trajectories: Sequence[Trajectory]) -> list[int]:
         """Queue a batch for background relabeling; returns one request id per trajectory.
@@ -293,8 +255,8 @@ class HindsightRelabeler:
         Never blocks unless ``on_full="block"``. When the queue is full: ``"rules"`` relabels the
         batch right away with rule instructions only (results appear in the next :meth:`collect`,
         marked ``fallback="overflow"``); ``"skip"`` drops the *new* batch (counted as
-        ``overflow_skip``); ``"replace"`` drops the *oldest* queued batch instead, so the LLM
-        always works on the freshest rollouts (counted as ``overflow_replace``); ``"block"``
+        ``overflow_skipped``); ``"replace"`` drops the *oldest* queued batch instead, so the LLM
+        always works on the freshest rollouts (counted as ``overflow_replaced``); ``"block"``
         waits for room. Dropped batches produce no results (:mod:`oir_gym.relabel.jobs`).
         """
         if self._closed:
