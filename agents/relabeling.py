@@ -144,7 +144,11 @@ def make_relabeler(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, de
     from oir_gym.relabel import HindsightRelabeler
     from oir_gym.relabel.background import BackgroundRelabeler
 
+    from oir_gym.relabel.encoding import SharedEncoder
+
     llm = (llm or LLMConfig()).validate()
+    # one lock for both halves: the rules (training thread) and the LLM's worker share the encoder
+    encoder = encoder if isinstance(encoder, SharedEncoder) else SharedEncoder(encoder)
     grounding_kw = dict(delta=delta, grounding=grounding, bind_threshold=bind_threshold,
                         keep_ungrounded=keep_ungrounded)
     rules = None

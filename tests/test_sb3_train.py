@@ -476,6 +476,21 @@ def test_an_llm_relabeler_is_checked_before_training_like_the_pqn_trainers(tmp_p
     assert "--relabeler both" in capsys.readouterr().err and final["env_steps"] >= 64
 
 
+def test_sb3_both_applies_the_rules_at_once_and_the_llms_answers_when_they_arrive(tmp_path):
+    """--relabeler both is the PQN trainer's BackgroundRelabeler: the rules' results and, later, the
+    LLM's (a real tiny backend in a child process, answering from the segments it reads) both reach
+    the callback."""
+    from agents.config import LLMConfig
+
+    cfg = _tiny_cfg(relabeler="both", total_timesteps=256, num_envs=2, segment_length=16,
+                    llm=LLMConfig(backend="llm_child_backends:SegmentsBackend"))
+    sb3_agents.train(cfg, tmp_path / "both", print_fn=lambda s: None)
+    rows = [json.loads(line) for line in (tmp_path / "both" / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    assert last["relabel/relabeler_rules_results"] > 0 and last["relabel/relabeler_llm_results"] > 0
+    assert last["relabel/results"] == last["relabel/relabeler_rules_results"] + last["relabel/relabeler_llm_results"]
+
+
 def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
     """Both trainers: --wandb without the wandb package is one line with the install command, and
     no run directory."""

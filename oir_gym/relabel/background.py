@@ -55,7 +55,10 @@ class BackgroundRelabeler:
         rules_lag: 0: the rules relabel in :meth:`submit`; 1: on a side thread, their results
             arriving with the next :meth:`submit` (the trainer does not wait for them).
 
-    Both relabelers belong to this object: :meth:`close` closes them.
+    Both relabelers belong to this object: :meth:`close` closes them. Give them one
+    :class:`~oir_gym.relabel.encoding.SharedEncoder` (``HindsightRelabeler(..., encoder=shared)``)
+    when they share an encoder: the rules (in the caller's thread) and the LLM's worker then never
+    encode at the same time.
     """
 
     def __init__(self, rules: Any = None, llm: Any = None, *, rules_lag: int = 0) -> None:
@@ -148,6 +151,16 @@ class BackgroundRelabeler:
     def pending(self) -> int:
         """LLM trajectories queued or in flight."""
         return 0 if self.llm is None else int(self.llm.pending)
+
+    @property
+    def encoder(self) -> Any:
+        """The sentence encoder of the LLM relabeler (the rule relabeler's without an LLM)."""
+        return getattr(self.llm if self.llm is not None else self.rules, "encoder", None)
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        """``[n, dim]`` embeddings of ``texts``, serialised with the relabelers' background work
+        (:meth:`HindsightRelabeler.encode <oir_gym.relabel.relabeler.HindsightRelabeler.encode>`)."""
+        return (self.llm if self.llm is not None else self.rules).encode(texts)
 
     @property
     def backend(self) -> Any:

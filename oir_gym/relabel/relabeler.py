@@ -70,7 +70,9 @@ class HindsightRelabeler:
             :class:`~oir_gym.relabel.composite.CompositeBackend`), instead of building
             ``config.llm.backend``; it belongs to the caller (not closed here).
         encoder: sentence encoder with ``encode(list[str]) -> [n, D]`` unit-norm (default: the
-            shared all-MiniLM-L6-v2 of :func:`oir_gym.encoder.get_encoder`, loaded on first use).
+            shared all-MiniLM-L6-v2 of :func:`oir_gym.encoder.get_encoder`, loaded on first use),
+            or a :class:`~oir_gym.relabel.encoding.SharedEncoder` that other relabelers use too
+            (their encoding is then serialised with this one's).
         rules: the rule instructions (:class:`~oir_gym.relabel.rules.RuleBackend`; default one).
 
     The keyword form of earlier releases (``HindsightRelabeler(backend="rules", k=4, delta=0.9,
@@ -118,7 +120,8 @@ class HindsightRelabeler:
         self.health = LLMHealth("relabeler", lc.warn_after, fallback="relabeling with rules meanwhile"
                                 if lc.fallback == "rules" else "those trajectories get no instructions")
 
-        self._enc = SharedEncoder(encoder)
+        # one SharedEncoder passed to several relabelers (BackgroundRelabeler's halves) serialises them all
+        self._enc = encoder if isinstance(encoder, SharedEncoder) else SharedEncoder(encoder)
         self.cache = LRUCache(cc.size, cc.path)
         self._caller = OffThreadCaller("oir-llm")
         self._stats = RelabelStats()
