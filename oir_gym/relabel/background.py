@@ -9,7 +9,8 @@ The rules answer at once; the LLM's answers join when they arrive:
 * :meth:`BackgroundRelabeler.collect` hands back the rules' results, then the LLM's results that
   have arrived (of this or earlier batches). An LLM candidate whose text the rules already gave
   for the same trajectory is dropped (it would be a second copy of the same relabeled row),
-  counted as ``llm_repeats_rules``.
+  counted as ``llm_repeats_rules`` (with ``rules_lag=1``, only once the rules' results of its
+  batch have come back: an LLM answer that comes first is kept whole).
 
 **Queue policy when full.** The LLM relabeler's queue holds ``queue_size`` batches (default 1).
 When the LLM is still busy and the queue is full, the *oldest* queued batch is dropped and the
@@ -29,6 +30,7 @@ option), ``BackgroundRelabeler(None, llm)`` the LLM alone (its own fallback rule
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional, Sequence
@@ -74,7 +76,8 @@ class BackgroundRelabeler:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="oir-rules") if rules_lag and rules is not None else None
         self._lagged: Optional[Future] = None
         self._ready: list[RelabelResult] = []
-        self._rule_texts: "OrderedDict[int, set[str]]" = OrderedDict()  # id(trajectory) -> its rule texts
+        # id(trajectory) -> (a weak reference to it, its rule texts): an id is reused once its object is gone
+        self._rule_texts: "OrderedDict[int, tuple[Any, set[str]]]" = OrderedDict()
         self._lock = threading.Lock()
         self._counts = {"rules_results": 0, "llm_results": 0, "llm_repeats_rules": 0}
         self._closed = False
@@ -129,14 +132,15 @@ class BackgroundRelabeler:
             self._counts["rules_results"] += len(results)
             if self.llm is not None:
                 for r in results:
-                    self._rule_texts[id(r.trajectory)] = {c.text for c in r.candidates}
+                    self._rule_texts[id(r.trajectory)] = (weakref.ref(r.trajectory), {c.text for c in r.candidates})
                 while len(self._rule_texts) > REMEMBERED:
                     self._rule_texts.popitem(last=False)
 
     def _without_repeats(self, result: RelabelResult) -> RelabelResult:
         """``result`` without the LLM candidates whose text the rules gave for its trajectory."""
         with self._lock:
-            seen = self._rule_texts.pop(id(result.trajectory), None)
+            entry = self._rule_texts.pop(id(result.trajectory), None)
+        seen = entry[1] if entry is not None and entry[0]() is result.trajectory else None
         if not seen:
             return result
         kept = [c for c in result.candidates if c.text not in seen]

@@ -177,17 +177,8 @@ class HindsightRelabeler:
         return self._render(traj)[0]
 
     def _render(self, traj: Trajectory) -> tuple[str, int, int]:
-        """``(prompt, compaction level, prompt tokens)``: each text counted once, in the backend's
-        own tokens where it can count them."""
-        counts: dict[str, int] = {}
-
-        def count(text: str) -> int:
-            if text not in counts:
-                counts[text] = self._count_tokens(text)
-            return counts[text]
-
-        prompt, level = self.template.render_fit(traj, self.k, self.max_prompt_tokens, count)
-        return prompt, level, count(prompt)
+        """``(prompt, compaction level, prompt tokens)``, in the backend's own tokens where it can count them."""
+        return self.template.render_counted(traj, self.k, self.max_prompt_tokens, self._count_tokens)
 
     def _count_tokens(self, prompt: str) -> int:
         n, self._stats.token_method = backend_token_count(self.backend.llm, prompt)
