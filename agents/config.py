@@ -32,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
-from typing import Any, Literal, Mapping, Sequence, get_args
+from typing import Annotated, Any, Literal, Mapping, Sequence, get_args
+
+import tyro
 
 Method = Literal["gt", "cosine", "oir", "ellm"]
 Relabeler = Literal["rules", "llm", "both"]
@@ -48,6 +50,25 @@ RELABELERS: tuple[str, ...] = get_args(Relabeler)
 ORACLES: tuple[str, ...] = get_args(Oracle)
 ELLM_PROPOSERS: tuple[str, ...] = get_args(ProposerKind)
 LLM_BACKENDS: tuple[str, ...] = get_args(LLMBackend)
+
+
+def is_module_path(value: str) -> bool:
+    """Whether ``value`` is written ``package.module:ClassName`` (dotted identifiers, a colon, an identifier)."""
+    module, colon, name = value.partition(":")
+    return bool(colon) and all(p.isidentifier() for p in module.split(".")) and name.isidentifier()
+
+
+def _backend_from_argv(args: list[str]) -> str:
+    value = args[0]
+    if value in LLM_BACKENDS or is_module_path(value):
+        return value
+    raise ValueError(f"{value!r} is neither one of {', '.join(LLM_BACKENDS)} nor package.module:ClassName")
+
+
+#: ``llm.backend`` on the command line: a registered name or ``package.module:ClassName``
+LLMBackendArg = Annotated[str, tyro.constructors.PrimitiveConstructorSpec(
+    nargs=1, metavar="{" + ",".join(LLM_BACKENDS) + "}|MODULE:CLASS", instance_from_str=_backend_from_argv,
+    is_instance=lambda x: isinstance(x, str), str_from_instance=lambda x: [x])]
 
 #: ``eval.episodes`` above this is refused (the evaluation runs every episode of every
 #: instruction in one batch).
@@ -179,10 +200,11 @@ class OIRConfig:
 class LLMConfig:
     """The LLM backend, shared by the OIR relabeler, the ELLM proposer and the SB3 trainer."""
 
-    backend: LLMBackend = "transformers"
+    backend: LLMBackendArg = "transformers"
     """transformers (the offline default) / llama_cpp: a local model, run in a child process;
-    openai: an OpenAI-compatible server at ``base_url``; vllm: vLLM in a child process. From
-    Python also ``package.module:ClassName`` of any class with the backend protocol."""
+    openai: an OpenAI-compatible server at ``base_url``; vllm: vLLM in a child process; or
+    ``package.module:ClassName`` of any class with the backend protocol (run in a child process; a
+    resumed run imports one only when this command line names it)."""
     base_url: str = "http://127.0.0.1:8000/v1"
     """The OpenAI-compatible server (backend openai). The API key goes in the environment
     (``OPENAI_API_KEY``), never in the URL: a ``user:key@`` part or a query string is not sent to
@@ -201,7 +223,7 @@ class LLMConfig:
 
     def validate(self) -> "LLMConfig":
         """Raise ``ValueError`` naming the field for a setting the LLM part cannot use; returns self."""
-        if not (self.backend in LLM_BACKENDS or ":" in self.backend):
+        if not (isinstance(self.backend, str) and (self.backend in LLM_BACKENDS or is_module_path(self.backend))):
             raise ValueError(f"llm.backend={self.backend!r}; expected one of {LLM_BACKENDS} or package.module:ClassName")
         if not (isinstance(self.per_update, int) and self.per_update >= 1):
             raise ValueError(f"llm.per_update={self.per_update!r} must be >= 1")

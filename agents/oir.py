@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from agents import pqn
+from agents import pqn, relabeling
 from agents.ellm import ELLMProposals
 from agents.methods import Cosine, GroundTruth, TrainingMethod
 from agents.oir_method import OIRRelabeling
@@ -296,10 +296,7 @@ class Trainer:
         self.startup["instructions"] = time.time() - t
         t = time.time()
         if method_cls is OIRRelabeling:
-            rules = None
-            if cfg.oir.relabeler in ("llm", "both"):
-                rules = make_rules_relabeler(cfg, self.encoder)
-            self.method: TrainingMethod = OIRRelabeling(self, relabeler or make_relabeler(cfg), rules)
+            self.method: TrainingMethod = OIRRelabeling(self, relabeler or make_relabeler(cfg, self.encoder))
         elif method_cls is ELLMProposals:
             self.method = ELLMProposals(self, proposer or make_proposer(cfg))
         else:
@@ -727,73 +724,28 @@ METHOD_CLASSES: dict[str, type[TrainingMethod]] = {"gt": GroundTruth, "cosine": 
 
 
 def make_proposer(cfg: TrainConfig):
-    """The ELLM goal proposer of ``cfg.ellm.proposer``: rules, or ``cfg.llm.backend`` (falls back to rules)."""
-    from agents.ellm_proposer import GoalProposer
-    from agents.llm import backend_kwargs, check_llm
-
-    if cfg.ellm.proposer == "rules":
-        return GoalProposer("rules", k=cfg.ellm.k)
-    proposer = GoalProposer(cfg.llm.backend, k=cfg.ellm.k, timeout=cfg.ellm.timeout,
-                            max_prompts=cfg.llm.per_update * cfg.run.num_seeds, backend_kwargs=backend_kwargs(cfg.llm))
-    check_llm(proposer, True, "--ellm.proposer")
-    return proposer
+    """The ELLM goal proposer of ``cfg.ellm.proposer`` (:func:`agents.relabeling.make_proposer`)."""
+    return relabeling.make_proposer(cfg.ellm.proposer, cfg.llm, k=cfg.ellm.k, timeout=cfg.ellm.timeout,
+                                    max_prompts=cfg.llm.per_update * cfg.run.num_seeds)
 
 
-def _rules_k(cfg: TrainConfig) -> int:
-    """Candidates the rule relabeler returns per trajectory: K, or (``relabel_balance``) every
-    grounded event, for the trainer to choose K from (``balanced_choice``)."""
-    return 64 if cfg.oir.relabel_balance else cfg.oir.k
-
-
-def make_rules_relabeler(cfg: TrainConfig, encoder):
-    """The synchronous rule relabeler of a config (``oir.relabeler=rules``, or merged with the LLM's);
-    over worker processes (``oir.relabel_workers``) when a rollout holds at least 64 trajectories."""
-    from agents.llm import relabeler_config
-    from oir_gym.relabel import HindsightRelabeler
-    from oir_gym.relabel.parallel import ParallelRelabeler, default_workers
+def make_relabeler(cfg: TrainConfig, encoder: Any = None):
+    """The relabeler of ``cfg.oir.relabeler`` (:func:`agents.relabeling.make_relabeler`; an LLM is
+    checked with one real call). The rule relabeler keeps K candidates per trajectory, or
+    (``oir.relabel_balance``) every grounded event, for the trainer to choose K from
+    (``balanced_choice``); it runs over worker processes (``oir.relabel_workers``) when a rollout
+    holds at least 64 trajectories."""
+    from oir_gym.relabel.parallel import default_workers
 
     # cfg.oir.keep_ungrounded (default False): under cosine grounding the rules' ungrounded candidates
     # are their "A then B" compounds, which the single-caption cosine reward never pays; as rows of D
     # they are zero-reward copies of exactly the trajectories where B happened ("collect wood then
     # place table": cos 0.69 to "place table"). Under bound grounding they bind to the ordered pair.
-    rcfg = relabeler_config("rules", k=_rules_k(cfg), delta=cfg.env.delta, keep_ungrounded=cfg.oir.keep_ungrounded,
-                            grounding=cfg.oir.grounding, bind_threshold=cfg.oir.bind_threshold)
-    rules = oracle_rules(cfg, encoder)
-    workers = default_workers() if cfg.oir.relabel_workers < 0 else cfg.oir.relabel_workers
-    batch = cfg.run.num_seeds * cfg.pqn.num_envs
-    if workers > 0 and batch >= 64:
-        # each worker loads its own encoder (the same model: OIR_GYM_ENCODER or the packaged one)
-        return ParallelRelabeler(functools.partial(HindsightRelabeler, rcfg, rules=rules), workers=workers,
-                                 min_batch=64)
-    return HindsightRelabeler(rcfg, encoder=encoder, rules=rules)
-
-
-def oracle_rules(cfg: TrainConfig, encoder):
-    """The rule backend of ``cfg.oir.oracle`` (:class:`~oir_gym.relabel.rules.RuleBackend`), its draws
-    seeded by the run's seed. A wording pool is checked here against every evaluation string of the
-    run, with the run's encoder (no wording within cosine 0.85 of one): ValueError naming the wording."""
-    from oir_gym.relabel.oracle import check_pool, evaluation_texts
-    from oir_gym.relabel.rules import RuleBackend
-
-    rules = RuleBackend(oracle=cfg.oir.oracle, seed=cfg.run.seed, pool=cfg.oir.oracle_pool or None)
-    if rules.wording_pool is not None:
-        check_pool(rules.wording_pool, evaluation_texts(cfg.eval.instruction_files), encoder)
-    return rules
-
-
-def make_relabeler(cfg: TrainConfig):
-    """The relabeler of ``cfg.oir.relabeler``: rules (sync), or an LLM backend (async worker)."""
-    from agents.llm import check_llm, make_llm_relabeler
-
-    if cfg.oir.relabeler == "rules":
-        return make_rules_relabeler(cfg, get_encoder())
-    # LLM answers come from a background worker; rules of the current rollout are merged by
-    # the trainer, so the LLM relabeler itself does not add rules.
-    # queue_size=1 + on_full="replace": while the LLM is busy, newer rollouts replace older ones
-    # instead of piling up answers that would arrive too late to train on.
-    relabeler = make_llm_relabeler(cfg.llm, k=cfg.oir.k, use_rules=False, delta=cfg.env.delta,
-                                   encoder=get_encoder(), on_full="replace", queue_size=1,
-                                   keep_ungrounded=cfg.oir.keep_ungrounded, grounding=cfg.oir.grounding,
-                                   bind_threshold=cfg.oir.bind_threshold)
-    check_llm(relabeler, cfg.oir.relabeler == "llm", "--oir.relabeler")
-    return relabeler
+    o = cfg.oir
+    return relabeling.make_relabeler(
+        o.relabeler, cfg.llm, k=o.k, delta=cfg.env.delta, grounding=o.grounding, bind_threshold=o.bind_threshold,
+        keep_ungrounded=o.keep_ungrounded, oracle=o.oracle, oracle_pool=o.oracle_pool, seed=cfg.run.seed,
+        eval_files=cfg.eval.instruction_files, encoder=encoder or get_encoder(),
+        rules_k=64 if o.relabel_balance else o.k,
+        workers=default_workers() if o.relabel_workers < 0 else o.relabel_workers,
+        batch=cfg.run.num_seeds * cfg.pqn.num_envs, rules_lag=o.relabel_lag, flag="--oir.relabeler")

@@ -17,7 +17,6 @@ The update batch D is the original trajectories plus the relabeled copies.
 from __future__ import annotations
 
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Sequence
 
 import jax.numpy as jnp
@@ -27,6 +26,7 @@ from agents.methods import TrainingMethod
 from oir_gym.captions import NUM_EVENTS
 from oir_gym.diversity import echo_share, instruction_diversity, paying_event
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+from oir_gym.relabel.background import BackgroundRelabeler
 from oir_gym.relabel.prompts import load_template
 from oir_gym.trajectory import Trajectory
 
@@ -65,27 +65,27 @@ class OIRRelabeling(TrainingMethod):
 
     Args:
         trainer: the trainer.
-        relabeler: the relabeler of ``cfg.oir.relabeler`` (an LLM relabeler runs asynchronously).
-        rules: with an LLM relabeler and ``cfg.oir.relabeler == "both"`` or ``"llm"``: the rule
-            relabeler whose candidates are merged with the LLM's (``"both"``).
+        relabeler: the relabeler of ``cfg.oir.relabeler``: a
+            :class:`~oir_gym.relabel.background.BackgroundRelabeler` (:func:`agents.relabeling.make_relabeler`:
+            rules at once, LLM answers when they arrive), used as is; any other relabeler is the
+            LLM half (``llm``, ``both``) or the rules (``rules``) of one.
     """
 
     name = "oir"
     generated_file = "instructions.json"
 
-    def __init__(self, trainer: "Trainer", relabeler: Any, rules: Any = None) -> None:
+    def __init__(self, trainer: "Trainer", relabeler: Any) -> None:
         super().__init__(trainer)
-        self.relabeler = relabeler
-        self.rules = rules
         self.async_llm = self.cfg.oir.relabeler in ("llm", "both")
+        if not isinstance(relabeler, BackgroundRelabeler):
+            relabeler = BackgroundRelabeler(None if self.async_llm else relabeler, relabeler if self.async_llm else None,
+                                            rules_lag=self.cfg.oir.relabel_lag)
+        self.relabeler = relabeler
         #: the LLM prompt's few-shot answers, which a small model copies (``diversity/llm_echo_share``)
         self._prompt_examples = load_template(self.cfg.llm.template).examples() if self.async_llm else []
         #: recent rollouts, newest first (LLM answers and lagged rule relabels arrive late)
         self.history: list = []
         self.history_len = max(self.cfg.oir.llm_lag if self.async_llm else 1, 1 + self.cfg.oir.relabel_lag)
-        #: oir.relabel_lag 1: the rule relabeling of the last rollout, running on a side thread
-        self._lagged: Future | None = None
-        self._lag_pool = ThreadPoolExecutor(1, thread_name_prefix="oir-relabel") if self.cfg.oir.relabel_lag else None
         self.stale_llm = 0
         #: the last iteration's relabeled texts per seed (one per batch row, "" for padding)
         self.last_texts: list[list[str]] = []
@@ -145,14 +145,9 @@ class OIRRelabeling(TrainingMethod):
         self.offered = {str(t): (float(c), int(e), str(src)) for t, c, e, src in offers.get("texts", [])}
         # Rollouts awaiting LLM answers or a lagged relabel are not checkpointed: those are lost on resume.
         self.history = []
-        self._lagged = None
 
     def close(self) -> None:
-        if self._lag_pool is not None:
-            self._lag_pool.shutdown(wait=True)  # a relabel in flight finishes before its relabeler closes
-        for r in (self.relabeler, self.rules):
-            if r is not None and hasattr(r, "close"):
-                r.close()
+        self.relabeler.close()  # a lagged rule relabeling in flight finishes first
 
     # ------------------------------------------------------------ relabeling
     def trajectories(self, host: dict, update: int) -> list[Trajectory]:
@@ -249,24 +244,17 @@ class OIRRelabeling(TrainingMethod):
             chosen += [mine[i] for i in order]
         return chosen
 
-    def _rule_results(self, relabeler: Any, trajs: list[Trajectory]) -> list:
-        """The rule relabeler's results for this update: of ``trajs`` now, or with ``oir.relabel_lag``
-        1 those of the previous rollout (``trajs`` start on the side thread meanwhile)."""
-        if self._lag_pool is None:
-            return relabeler.relabel(trajs)
-        previous, self._lagged = self._lagged, self._lag_pool.submit(relabeler.relabel, trajs)
-        return [] if previous is None else previous.result()
-
     def relabel(self, host: dict) -> tuple[dict, dict[str, float]]:
         """Relabel this rollout (and collect late LLM answers): the batch's relabel slots and the
         relabel metrics; grounded candidates go into the seeds' buffers."""
         tr, cfg = self.trainer, self.cfg
         trajs = self.trajectories(host, tr.update_idx)
         stats: dict[str, float] = {}
+        # the rules' results of this rollout (of the previous one with oir.relabel_lag 1); the LLM reads
+        # the most eventful trajectories in the background, its answers joining when they arrive
+        self.relabeler.submit(trajs, ask=self.llm_subset(trajs) if self.async_llm else [])
+        results, late = self.relabeler.collect_by_source()
         if self.async_llm:
-            results = self._rule_results(self.rules, trajs) if cfg.oir.relabeler == "both" else []
-            self.relabeler.submit(self.llm_subset(trajs))
-            late = self.relabeler.collect(block=False)
             fresh = [r for r in late if tr.update_idx - r.trajectory.meta["update"] < self.history_len]
             self.stale_llm += len(late) - len(fresh)
             results += fresh
@@ -285,8 +273,7 @@ class OIRRelabeling(TrainingMethod):
             for reason, n in llm_stats.get("dropped", {}).items():
                 stats[f"relabel/dropped/{reason}"] = float(n)
             stats["relabel/llm_warnings"] = float(llm_stats.get("llm_warnings", 0))
-        else:
-            results = self._rule_results(self.relabeler, trajs)
+            stats["relabel/llm_repeats_rules"] = float(llm_stats.get("llm_repeats_rules", 0))
         slots, texts, valid = self.slots(results)
         self.last_texts = texts
         stats["relabel/rows"] = float(valid.sum() / tr.S)

@@ -44,7 +44,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from agents.config import LLMConfig, redact_url
-from agents.llm import check_llm, relabeler_config
+from agents import relabeling
+from agents.llm import check_llm
 from agents.run_dir import (
     CorruptFileError, MetricsWriter, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes,
     require_wandb, sha256_file,
@@ -151,34 +152,20 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
 def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = None, llm: Optional[LLMConfig] = None,
                    cache_path: Optional[str] = None, grounding: str = "cosine", bind_threshold: float = 0.5,
                    oracle: str = "canonical", seed: int = 0, eval_files: Sequence[str] = (), **kwargs: Any):
-    """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (LLM + rules) or ``"none"``.
+    """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (the rules at once, the LLM's
+    answers when they arrive) or ``"none"``: :func:`agents.relabeling.make_relabeler`, the PQN
+    trainer's factory, with the SB3 trainer's settings (the LLM is not called here).
 
     ``llm``: the LLM part shared with the PQN trainer (:class:`agents.config.LLMConfig`: backend,
     model, server URL, prompt template, call timeout; default: the offline transformers backend).
     ``grounding``: ``"cosine"`` (the paper's rule) or ``"bound"`` (event-bound, with
     ``bind_threshold``; :mod:`oir_gym.grounding`). ``oracle``: the rule relabeler's variant
     (:mod:`oir_gym.relabel.oracle`), its draws seeded by ``seed``; a wording pool is checked against
-    every evaluation string (``eval_files`` too) before anything runs."""
-    llm = (llm or LLMConfig()).validate()
-    kwargs.update(grounding=grounding, bind_threshold=bind_threshold)
-    if kind == "none":
-        return None
-    if oracle != "canonical":
-        from oir_gym.encoder import get_encoder
-        from oir_gym.relabel.oracle import check_pool, evaluation_texts
-        from oir_gym.relabel.rules import RuleBackend
-
-        rules = RuleBackend(oracle=oracle, seed=seed)
-        if rules.wording_pool is not None:
-            check_pool(rules.wording_pool, evaluation_texts(eval_files), encoder or get_encoder())
-    else:
-        rules = None
-    if kind not in RELABELERS:
-        raise ValueError(f"unknown relabeler {kind!r}; expected one of {RELABELERS}")
-    from oir_gym.relabel import HindsightRelabeler
-
-    return HindsightRelabeler(relabeler_config(kind, llm, k=k, delta=delta, cache_path=cache_path, **kwargs),
-                              encoder=encoder, rules=rules)
+    every evaluation string (``eval_files`` too) before anything runs. ``kwargs``: more keywords of
+    :func:`agents.relabeling.make_relabeler` (``keep_ungrounded``, ``queue_size``...)."""
+    return relabeling.make_relabeler(kind, llm, k=k, delta=delta, encoder=encoder, cache_path=cache_path,
+                                     grounding=grounding, bind_threshold=bind_threshold, oracle=oracle, seed=seed,
+                                     eval_files=eval_files, **kwargs)
 
 
 def make_relabel_callback(relabeler, algo: str, **kwargs: Any):

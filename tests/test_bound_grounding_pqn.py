@@ -72,7 +72,7 @@ def _trainer(tmp_path, **kw) -> tuple[Trainer, dict]:
 
 def test_bound_relabeling_uses_each_candidates_rows_and_binds_buffer_instructions(tmp_path):
     tr, host = _trainer(tmp_path)
-    assert tr.method.relabeler.grounding == "bound"
+    assert tr.method.relabeler.rules.grounding == "bound"
     slots, stats = tr.method.relabel(host)
     cands = tr.method.last_candidates[0]
     valid = np.asarray(slots["valid"][0])

@@ -12,7 +12,7 @@ from typing import Annotated
 import pytest
 import tyro
 
-from agents.config import FLAT_KEYS, MAX_EVAL_EPISODES, PRESETS, TrainConfig, cli, load_config, preset
+from agents.config import FLAT_KEYS, MAX_EVAL_EPISODES, PRESETS, LLMConfig, TrainConfig, cli, load_config, preset
 from agents.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,6 +253,21 @@ def test_cli_refuses_bad_input_with_a_usage_error(argv, capsys):
         cli(Opts, argv)
     assert e.value.code == 2
     capsys.readouterr()
+
+
+def test_cli_accepts_a_backend_module_path_as_the_python_api_does(capsys):
+    opts = cli(Opts, ["--llm.backend", "my_pkg.llm:Backend"])
+    assert opts.config.llm.backend == "my_pkg.llm:Backend" and opts.config.validate()
+    for bad in ("my_pkg.llm:", ":Backend", "my pkg:Backend", "my_pkg.llm:Back-end"):
+        with pytest.raises(SystemExit) as e:
+            cli(Opts, ["--llm.backend", bad])
+        assert e.value.code == 2, bad
+        assert "package.module:ClassName" in capsys.readouterr().err
+        with pytest.raises(ValueError, match="llm.backend"):
+            LLMConfig(backend=bad).validate()
+    with pytest.raises(SystemExit):
+        cli(Opts, ["smoke", "--help"])
+    assert "MODULE:CLASS" in capsys.readouterr().out
 
 
 def test_a_preset_cannot_be_applied_to_a_resumed_run(capsys):

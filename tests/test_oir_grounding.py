@@ -58,7 +58,7 @@ def test_ungrounded_candidates_are_rows_and_buffer_entries_only_when_asked(tmp_p
     and a buffer entry, including the compound oracle's "A then B" that the cosine reward never pays."""
     tr, host = _trainer(tmp_path, SAPLING_FIRST, **{"oir.keep_ungrounded": keep_ungrounded, "oir.oracle": "compound",
                                                     "oir.k": 8})
-    assert tr.method.relabeler.keep_ungrounded == keep_ungrounded
+    assert tr.method.relabeler.rules.keep_ungrounded == keep_ungrounded
     slots, _ = tr.method.relabel(host)
     compounds = [t for t in tr.buffers[0].contents() if " then " in t]
     assert bool(compounds) == keep_ungrounded
@@ -88,7 +88,7 @@ def test_balanced_slots_spread_two_identical_trajectories_over_more_instructions
     distinct = {}
     for balance in (False, True):
         tr, host = _trainer(tmp_path / str(balance), **{"oir.k": 2, "oir.relabel_balance": balance})
-        assert tr.method.relabeler.k == (64 if balance else 2)
+        assert tr.method.relabeler.rules.k == (64 if balance else 2)
         slots, _ = tr.method.relabel(host)
         valid = np.asarray(slots["valid"][0])
         env = np.asarray(slots["env"][0])

@@ -313,7 +313,7 @@ def test_each_variant_relabels_a_rollout_into_rows_that_pay_at_their_events(tmp_
     from oir_gym.reward import first_success_step
 
     tr, host = _host_trainer(tmp_path, oracle)
-    assert tr.method.relabeler.k == 8 and tr.method.relabeler.grounding == "bound"
+    assert tr.method.relabeler.rules.k == 8 and tr.method.relabeler.rules.grounding == "bound"
     slots, _ = tr.method.relabel(host)
     valid = np.asarray(slots["valid"][0])
     texts = [t for t, v in zip(tr.method.last_texts[0], valid) if v]

@@ -77,17 +77,17 @@ def test_bad_arguments_and_the_automatic_worker_count():
 
 def test_the_trainer_relabels_over_workers_when_asked_and_its_batch_is_large_enough(tmp_path):
     from agents.config import TrainConfig
-    from agents.oir import make_rules_relabeler
+    from agents.oir import make_relabeler
 
     base = TrainConfig().replace(**{"run.method": "oir", "oir.relabeler": "rules", "pqn.num_envs": 32,
                                     "run.num_seeds": 2, "oir.relabel_workers": 2})
-    par = make_rules_relabeler(base.validate(), encoder=None)
+    par = make_relabeler(base.validate()).rules
     try:
         assert isinstance(par, ParallelRelabeler) and par.workers == 2
     finally:
         par.close()
     for change in ({"run.num_seeds": 1}, {"oir.relabel_workers": 0}):  # 32 trajectories; in process
-        assert isinstance(make_rules_relabeler(base.replace(**change).validate(), encoder=None), HindsightRelabeler)
+        assert isinstance(make_relabeler(base.replace(**change).validate()).rules, HindsightRelabeler)
     with pytest.raises(ValueError, match="relabel_workers=-2"):
         base.replace(**{"oir.relabel_workers": -2}).validate()
 

@@ -444,7 +444,7 @@ def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, ca
     llm = LLMConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", call_timeout=3.0)
     rl = sb3_agents.make_relabeler("llm", llm=llm)
     try:
-        assert rl.llm_timeout == 3.0
+        assert rl.llm.llm_timeout == 3.0
     finally:
         rl.close()
     cfg = preset("smoke").replace(**{"oir.relabeler": "both", "llm.backend": "openai", "llm.model": "m",
@@ -452,7 +452,7 @@ def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, ca
     rl = pqn_relabeler(cfg)  # no server there: 'both' warns and goes on with rules
     assert "failed its start-up check" in capfd.readouterr().err
     try:
-        assert rl.llm_timeout == 3.0
+        assert rl.llm.llm_timeout == 3.0
     finally:
         rl.close()
 
@@ -474,6 +474,21 @@ def test_an_llm_relabeler_is_checked_before_training_like_the_pqn_trainers(tmp_p
         backend="openai", model="m", base_url="http://127.0.0.1:9/v1"))
     final = sb3_agents.train(cfg, tmp_path / "both", print_fn=lambda s: None)
     assert "--relabeler both" in capsys.readouterr().err and final["env_steps"] >= 64
+
+
+def test_sb3_both_applies_the_rules_at_once_and_the_llms_answers_when_they_arrive(tmp_path):
+    """--relabeler both is the PQN trainer's BackgroundRelabeler: the rules' results and, later, the
+    LLM's (a real tiny backend in a child process, answering from the segments it reads) both reach
+    the callback."""
+    from agents.config import LLMConfig
+
+    cfg = _tiny_cfg(relabeler="both", total_timesteps=256, num_envs=2, segment_length=16,
+                    llm=LLMConfig(backend="llm_child_backends:SegmentsBackend"))
+    sb3_agents.train(cfg, tmp_path / "both", print_fn=lambda s: None)
+    rows = [json.loads(line) for line in (tmp_path / "both" / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    assert last["relabel/relabeler_rules_results"] > 0 and last["relabel/relabeler_llm_results"] > 0
+    assert last["relabel/results"] == last["relabel/relabeler_rules_results"] + last["relabel/relabeler_llm_results"]
 
 
 def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from oir_gym.relabel.backends.base import BackendError, LLMBackend
+from oir_gym.relabel.backends.base import BackendError, BackendTimeout, LLMBackend
+from oir_gym.relabel.config import LLMSettings
+from oir_gym.relabel.llm.build import build_llm
+from oir_gym.relabel.llm.caller import OffThreadCaller
+from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend
+from oir_gym.relabel.llm.spec import LLMBusy
 from oir_gym.relabel.rules import RuleBackend
 from oir_gym.trajectory import Trajectory
 
@@ -37,6 +42,20 @@ class CompositeBackend:
             raise ValueError("CompositeBackend needs an LLM backend, rules, or both")
         self.llm = llm
         self.rules = rules
+
+    @classmethod
+    def build(cls, backend: Any, settings: LLMSettings, rules: RuleBackend, use_rules: bool) -> "CompositeBackend":
+        """``backend`` (a name, spec or object; a composite as is) built by
+        :func:`~oir_gym.relabel.llm.build.build_llm` with ``settings`` (``llm.timeout`` without a
+        ``child_config`` becomes the child's whole-call deadline), with ``rules`` beside it when
+        ``use_rules`` or when there is no LLM."""
+        if isinstance(backend, CompositeBackend):
+            return backend
+        child_config = settings.child_config
+        if child_config is None and settings.timeout is not None:
+            child_config = ChildConfig(timeout=float(settings.timeout), per_prompt_timeout=0.0)
+        built = build_llm(backend, settings.backend_kwargs, isolate=settings.isolate, config=child_config)
+        return cls(built, rules if (use_rules or built is None) else None)
 
     def __repr__(self) -> str:
         return f"CompositeBackend(llm={self.llm!r}, rules={self.rules!r})"
@@ -73,3 +92,25 @@ class CompositeBackend:
             for i in idx:
                 props[i].error = msg
         return props
+
+    def propose_within(self, caller: OffThreadCaller, timeout: Optional[float], trajectories: Sequence[Trajectory],
+                       prompts: Optional[Sequence[Optional[str]]] = None, n: int = 1,
+                       schema: Optional[dict] = None) -> list[Proposal]:
+        """:meth:`propose` within ``timeout`` seconds (``None``: the backend's own limit).
+
+        The call runs on ``caller``'s thread; past the timeout it keeps running there and its answer
+        is discarded: the trajectories get the rules and the error ``BackendTimeout`` (``LLMBusy``
+        while an earlier call still runs). A child-process backend keeps its own deadline (it is
+        killed past it), so it is called directly.
+        """
+        if timeout is None or self.llm is None or prompts is None or isinstance(self.llm, ChildProcessBackend):
+            return self.propose(trajectories, prompts, n, schema)
+        try:
+            return caller.call(self.propose, trajectories, prompts, n, schema, timeout=timeout)
+        except BackendTimeout as e:
+            err = (f"LLMBusy: {e}" if isinstance(e, LLMBusy)
+                   else f"{BackendTimeout.__name__}: LLM call exceeded llm_timeout={timeout}s")
+            props = [Proposal(rules=self.rules.instructions(t) if self.rules else []) for t in trajectories]
+            for p, pr in zip(props, prompts):
+                p.error = err if pr is not None else None
+            return props

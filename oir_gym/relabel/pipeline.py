@@ -9,6 +9,32 @@ with the LLM call between the first two::
     merged = merge_rules(trajs, answers, ...)  # LLM candidates first, then rules (or the fallback)
     grounded = ground(trajs, merged, ...)      # where each candidate is paid (cosine or bound)
     chosen = [select(g, ...) for g in grounded]  # near-dedup, grounded first, up to k
+    results, counts, dropped = assemble(...)   # one RelabelResult per trajectory, the batch's counts
+
+What the stages do for a batch of trajectories:
+
+1. **Key and cache.** Each trajectory's behaviour key (:func:`~oir_gym.relabel.segments.behaviour_key`:
+   the ordered non-idle events, without timing) is looked up in an LRU cache of LLM answers;
+   trajectories with the same key in one batch share one prompt. Idle trajectories (nothing but
+   moving/waiting) are not sent to the LLM by default (``skip_idle``): nothing happened to relabel.
+2. **Generate.** One batched ``generate`` call on the LLM backend for the remaining prompts,
+   with the template's JSON schema for constrained decoding.
+3. **Parse and filter.** :func:`~oir_gym.relabel.parse.parse_candidates`; rule instructions are
+   merged in (LLM candidates first); exact and embedding near-duplicates are dropped.
+4. **Ground** (:mod:`oir_gym.grounding`). Each candidate is encoded once and compared with the
+   caption vocabulary (:func:`oir_gym.reward.event_similarity`). With ``grounding="cosine"`` (the
+   paper's rule) ``first_step`` is its first step with a caption above ``delta``; a two-event rule
+   instruction ("A then B", "sleep and wake up") that would be paid where its final event did not
+   happen is dropped (``dropped["premature"]``): its wording matches the first event's captions,
+   so it would teach only the first half. With ``grounding="bound"`` it is bound to the event(s)
+   of this trajectory it names (:func:`~oir_gym.grounding.bind`: the best event that happened,
+   at least ``bind_threshold`` similar; "A then B" to an ordered pair; rule instructions to their
+   exact events), and pays exactly there; a candidate that binds to nothing is dropped
+   (``dropped["unbound"]``). Each candidate carries its embedding and grounding rows.
+5. **Select.** Up to ``k`` candidates per trajectory: grounded ones first (in source order: LLM,
+   then rules), then, if ``keep_ungrounded``, ungrounded ones. Ungrounded candidates never pay
+   off in the buffer, so they are only used to fill up to ``k`` (the paper keeps all K LLM
+   answers); they are always counted in :meth:`HindsightRelabeler.stats <oir_gym.relabel.HindsightRelabeler.stats>`.
 
 No stage starts a thread, holds a lock or touches the relabeler's counters: each takes its inputs
 and returns what it found, including the candidates it dropped and why (``dropped``), so each is
@@ -31,7 +57,7 @@ from oir_gym.grounding import (
 from oir_gym.relabel.composite import Proposal
 from oir_gym.relabel.filters import CandidateFilter, near_duplicate_mask
 from oir_gym.relabel.parse import parse_candidates
-from oir_gym.relabel.results import Candidate
+from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.relabel.rules import rule_events, rule_final_event
 from oir_gym.relabel.segments import is_idle
 from oir_gym.reward import event_similarity, match_steps
@@ -392,3 +418,34 @@ def select(grounded: Grounded, *, k: int, keep_ungrounded: bool, dedup_threshold
     good = [c for c in cands if c.grounded]
     chosen = good + ([c for c in cands if not c.grounded] if keep_ungrounded else [])
     return Selection(chosen[:k], cands, dropped)
+
+
+def assemble(trajs: Sequence[Trajectory], ids: Sequence[int], plan: PromptPlan, answers: Answers, merged: Merged,
+             grounded: Sequence[Grounded], chosen: Sequence[Selection]) -> tuple[list[RelabelResult], Counter,
+                                                                                 list[Counter]]:
+    """One :class:`RelabelResult` per trajectory, the batch's counters (the
+    :class:`~oir_gym.relabel.stats.RelabelStats` keys ``candidates_*``, ``fallbacks`` and the earlier
+    stages' counts) and the candidates each trajectory dropped, by reason."""
+    s = plan.counts + answers.counts
+    results, dropped = [], []
+    for i, (traj, g, sel) in enumerate(zip(trajs, grounded, chosen)):
+        d = answers.dropped[i] + merged.dropped[i] + g.dropped + sel.dropped
+        for c in (merged.dropped[i], g.dropped, sel.dropped):  # keep reasons counted as 0 (Counter + drops them)
+            for key in c:
+                d.setdefault(key, 0)
+        dropped.append(d)
+        res = RelabelResult(
+            trajectory=traj, candidates=sel.chosen, request_id=ids[i], num_scored=len(sel.scored),
+            num_grounded=len(sel.grounded), dropped=d, cache_hit=plan.cached[i] is not None,
+            error=answers.errors[i], fallback=merged.fallbacks[i], prompt_tokens=plan.tokens[i],
+        )
+        results.append(res)
+        s["candidates_scored"] += len(sel.scored)
+        s["candidates_grounded"] += len(sel.grounded)
+        s["candidates_kept"] += len(res.candidates)
+        s["candidates_kept_grounded"] += len(res.grounded)
+        s["candidates_kept_llm"] += sum(c.source == "llm" for c in res.candidates)
+        s["candidates_llm"] += sum(c.source == "llm" for c in sel.scored)
+        s["candidates_rules"] += sum(c.source == "rules" for c in sel.scored)
+        s["fallbacks"] += merged.fallbacks[i] is not None
+    return results, s, dropped

@@ -75,6 +75,20 @@ class PromptTemplate:
         block, level = compact_text(traj, lambda b: count(head.replace("{{trajectory}}", b)) <= max_tokens)
         return head.replace("{{trajectory}}", block), level
 
+    def render_counted(self, traj: Trajectory, k: int, max_tokens: Optional[int],
+                       count: Callable[[str], int]) -> tuple[str, int, int]:
+        """:meth:`render_fit` plus the prompt's length: ``(prompt, compaction level, tokens)``,
+        each text counted by ``count`` once."""
+        counts: dict[str, int] = {}
+
+        def once(text: str) -> int:
+            if text not in counts:
+                counts[text] = count(text)
+            return counts[text]
+
+        prompt, level = self.render_fit(traj, k, max_tokens, once)
+        return prompt, level, once(prompt)
+
     def examples(self) -> list[str]:
         """The instructions of the template's few-shot answers (the JSON after each ``Answer:``), in
         order: what a small LLM tends to copy (:func:`oir_gym.diversity.prompt_echo`)."""

@@ -403,7 +403,8 @@ class HindsightRelabelCallback(BaseCallback):
         out["pending"] = int(getattr(self.relabeler, "pending", 0) or 0)
         rs = self.relabeler.stats() if hasattr(self.relabeler, "stats") else {}
         for k in ("cache_hit_rate", "latency_mean_s", "errors", "fallbacks", "calls", "overflow_rules",
-                  "overflow_skipped", "kept_grounded_fraction"):
+                  "overflow_skipped", "overflow_replaced", "rules_results", "llm_results", "llm_repeats_rules",
+                  "kept_grounded_fraction"):
             if k in rs and isinstance(rs[k], (int, float)):
                 out[f"relabeler_{k}"] = rs[k]
         return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Callable, Optional
 
 from oir_gym.relabel.llm.spec import with_remedy
@@ -100,6 +100,19 @@ class LLMHealth:
                 self._report(f"oir-gym: WARNING: {self.who}: {n_bad} of {n_asked} LLM answers in the last "
                              f"{len(self._quality)} calls were unusable; {self.fallback} for those. A typical "
                              f"cause: {self._quality_cause}")
+
+    def call(self, errors: list[Optional[str]], *, permanent: bool = False) -> None:
+        """One LLM call's outcome, ``errors`` holding one entry per prompt asked (``None``: usable):
+        :meth:`ok` when any prompt got a usable answer, else :meth:`failed` with the first error;
+        then :meth:`answers` with the most common error."""
+        if not errors:
+            return
+        bad = [e for e in errors if e is not None]
+        if len(bad) < len(errors):
+            self.ok()
+        else:
+            self.failed(bad[0], permanent=permanent)
+        self.answers(len(errors), len(bad), Counter(bad).most_common(1)[0][0] if bad else None)
 
     def _close_outage(self) -> None:
         if self._down_since is not None:
