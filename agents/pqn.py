@@ -35,10 +35,11 @@ def matmul(x, w, dtype=jnp.float32):
     return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
-    """The LSTM recurrence over ``x_proj [T, B, 4H]`` (each step's input already projected): the
-    final ``(c, h)``, every ``h``, and what the backward pass needs (the masked carries that
-    entered each step, the gates, the cells)."""
+def lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
+    """The LSTM recurrence over ``x_proj [T, B, 4H]`` (each step's input already projected), with
+    JAX's own gradient: ``((c, h), (hs, gates, cs))``, the final carry, then every step's ``h``,
+    gates ``i, f, g, o`` (after their nonlinearities) and cell (what :func:`lstm_scan`'s backward
+    pass reads)."""
     kernel = kernel_h.astype(dtype)  # cast once, not in every step
 
     def step(carry, inp):
@@ -73,12 +74,12 @@ def lstm_scan(kernel_h, bias_h, x_proj, resets, carry, dtype=jnp.float32, unroll
     second matmul on every one of the sequential steps that bound the update's time on a GPU. Same
     maths (tests compare both to float tolerance).
     """
-    carry, (hs, *_) = _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
+    carry, (hs, *_) = lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
     return carry, hs
 
 
 def _lstm_scan_fwd(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
-    carry_out, (hs, gates, cs) = _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
+    carry_out, (hs, gates, cs) = lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
     return (carry_out, hs), (kernel_h, resets, carry, hs, gates, cs)
 
 
@@ -140,7 +141,7 @@ class SequenceLSTM(nn.Module):
         bias_h = jnp.concatenate([b for _, b in w_h], axis=-1)
         if self.grad == "hoisted":
             return lstm_scan(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
-        carry, (hs, *_) = _lstm_forward(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
+        carry, (hs, *_) = lstm_forward(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
         return carry, hs
 
 

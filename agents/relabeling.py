@@ -102,16 +102,25 @@ def make_rules_relabeler(k: int = 4, *, delta: float = 0.9, grounding: str = "co
                          keep_ungrounded: bool = True, rules: Optional["RuleBackend"] = None, encoder: Any = None,
                          workers: int = 0, batch: int = 0):
     """The synchronous rule relabeler keeping ``k`` candidates per trajectory; over ``workers``
-    processes (:class:`~oir_gym.relabel.parallel.ParallelRelabeler`; each loads its own encoder,
-    the same model) when a batch of ``batch`` trajectories holds at least 64, else in process."""
+    processes (:class:`~oir_gym.relabel.parallel.ParallelRelabeler`) when a batch of ``batch``
+    trajectories holds at least 64, else in process. The workers share one table of the rules'
+    texts embedded here (:class:`~oir_gym.relabel.encoding.TableEncoder`): none loads the sentence
+    model unless a label falls outside it."""
     from oir_gym.relabel import HindsightRelabeler
     from oir_gym.relabel.parallel import ParallelRelabeler
 
     rcfg = relabeler_config("rules", k=k, delta=delta, keep_ungrounded=keep_ungrounded, grounding=grounding,
                             bind_threshold=bind_threshold)
     if workers > 0 and batch >= 64:
-        return ParallelRelabeler(functools.partial(HindsightRelabeler, rcfg, rules=rules), workers=workers,
-                                 min_batch=64)
+        from oir_gym.relabel.encoding import SharedEncoder, TableEncoder
+        from oir_gym.relabel.rules import RuleBackend
+
+        # the parent embeds what the rules can say, once; a worker loads the model only for a text
+        # outside that table
+        shared = encoder if isinstance(encoder, SharedEncoder) else SharedEncoder(encoder)
+        table = TableEncoder.of(shared, (rules or RuleBackend()).vocabulary())
+        return ParallelRelabeler(functools.partial(HindsightRelabeler, rcfg, rules=rules, encoder=table),
+                                 workers=workers, min_batch=64)
     return HindsightRelabeler(rcfg, encoder=encoder, rules=rules)
 
 

@@ -233,7 +233,7 @@ def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
         if grad == "hoisted":
             out = pqn.lstm_scan(kernel, bias, x_proj, resets, carry, cdt, unroll)
         else:
-            c, (hs, *_) = pqn._lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)
+            c, (hs, *_) = pqn.lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)
             out = (c, hs)
         return out[1].sum()
 

@@ -48,3 +48,72 @@ class SharedEncoder:
             if not texts:
                 return np.zeros((0, phrases.shape[1]), np.float32)
             return np.asarray(self.encoder.encode(list(texts)), dtype=np.float32)
+
+
+class TableEncoder:
+    """An encoder that answers from a table of embeddings made once, and loads a real encoder only
+    for a text outside it (on the first such text, then kept).
+
+    Rule relabeling over worker processes gives each worker one: the parent embeds the texts the
+    rules can give (the caption vocabulary, the pair wordings, a wording pool) and the workers,
+    which would otherwise each load the sentence model (seconds and hundreds of MB apiece, all at
+    start-up beside the first compiles), load it only if a label falls outside the table (an
+    ``"A then B"`` compound, a noisy copy). It pickles as its table alone.
+
+    Args:
+        texts, embeddings: the table (``embeddings [len(texts), D]``).
+        model: the model a miss loads (:func:`oir_gym.encoder.get_encoder`'s argument).
+    """
+
+    def __init__(self, texts: Sequence[str], embeddings: np.ndarray, model: str = "default") -> None:
+        emb = np.asarray(embeddings, dtype=np.float32)
+        if emb.ndim != 2 or emb.shape[0] != len(texts):
+            raise ValueError(f"TableEncoder: {len(texts)} texts need embeddings of shape [{len(texts)}, D], "
+                             f"got {emb.shape}")
+        self._rows = {t: i for i, t in enumerate(texts)}
+        self._emb = emb
+        self.model = model
+        self.dim = int(emb.shape[1])
+        #: texts answered by the loaded model (outside the table)
+        self.misses = 0
+        self._fallback: Any = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, encoder: Any, texts: Sequence[str], model: str = "default") -> "TableEncoder":
+        """The table of ``texts`` (repeats dropped) embedded by ``encoder``."""
+        texts = list(dict.fromkeys(texts))
+        return cls(texts, encoder.encode(texts), model)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self._rows
+
+    def __getstate__(self) -> dict:
+        return {"texts": list(self._rows), "embeddings": self._emb, "model": self.model}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["texts"], state["embeddings"], state["model"])
+
+    @property
+    def loaded(self) -> bool:
+        """Whether a text outside the table made it load the model."""
+        return self._fallback is not None
+
+    def encode(self, texts: str | Sequence[str]) -> np.ndarray:
+        """``[n, D]`` float32 unit-norm embeddings (``[D]`` for one string), as the model gives them."""
+        single = isinstance(texts, str)
+        items = [texts] if single else list(texts)
+        out = np.zeros((len(items), self.dim), np.float32)
+        missing = [i for i, t in enumerate(items) if t not in self._rows]
+        for i, t in enumerate(items):
+            if t in self._rows:
+                out[i] = self._emb[self._rows[t]]
+        if missing:
+            with self._lock:
+                if self._fallback is None:
+                    from oir_gym.encoder import get_encoder
+
+                    self._fallback = get_encoder(self.model)
+                self.misses += len(missing)
+            out[missing] = np.asarray(self._fallback.encode([items[i] for i in missing]), np.float32)
+        return out[0] if single else out

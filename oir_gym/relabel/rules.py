@@ -100,6 +100,15 @@ class RuleBackend:
         """The wording pool of ``diverse`` and ``noisy`` (``None`` for the other variants)."""
         return self._pool
 
+    def vocabulary(self) -> list[str]:
+        """Texts the labels are drawn from: every event's canonical caption and the caption
+        vocabulary, the pair wordings, the wording pool. Composed labels (``"A then B"``, a noisy
+        copy's corruption) may fall outside it."""
+        texts = [VOCAB.canonical(e) for e in range(len(EVENT_NAMES))] + list(VOCAB.phrases)
+        texts += list(self.pair_table.values()) if self.pairs else []
+        texts += self._pool.texts() if self._pool is not None else []
+        return list(dict.fromkeys(texts))
+
     def labels(self, traj: Trajectory) -> list[Label]:
         """The labels of one trajectory, each with the event(s) it is bound to."""
         table = self.pair_table if self.pairs else {}
