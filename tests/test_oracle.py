@@ -332,10 +332,9 @@ def test_each_variant_relabels_a_rollout_into_rows_that_pay_at_their_events(tmp_
 
 
 def _main(argv):
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_pqn
+    from agents import train
 
-    return train_pqn.main(argv)
+    return train.pqn_main(argv)
 
 
 def test_bad_oracle_settings_stop_the_run_before_it_writes_anything(tmp_path, capsys):

@@ -24,7 +24,6 @@ from agents.config import LLMConfig, preset
 from agents.run_dir import CorruptFileError, RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 
 
 class _Touch:
@@ -56,21 +55,21 @@ def _importable_run_dir(tmp_path: Path, monkeypatch) -> tuple[Path, Path, str]:
 def test_resume_refuses_a_module_backend_named_by_config_json(tmp_path, monkeypatch, capsys):
     """The run stopped before its first checkpoint, so --resume starts it again: its LLM would be
     built from config.json's llm.backend, a module in the run folder itself."""
-    import train_pqn
+    from agents import train
 
     run, marker, spec = _importable_run_dir(tmp_path, monkeypatch)
     cfg = preset("smoke").replace(**{"oir.relabeler": "llm", "llm.backend": spec})
     RunDir(run).write_config(cfg.to_dict())
     before = sorted(p.name for p in run.iterdir())
     with pytest.raises(SystemExit) as err:
-        train_pqn.main(["--run-dir", str(run), "--resume", "--no-progress"])
+        train.pqn_main(["--run-dir", str(run), "--resume", "--no-progress"])
     msg = str(err.value.code)
     assert f"{run / 'config.json'}: llm.backend='{spec}' is a Python module path" in msg
     assert "pass --llm.backend on the command line" in msg and "\n" not in msg
     assert not marker.exists() and "crafted_run.evil" not in sys.modules
     assert sorted(p.name for p in run.iterdir()) == before  # nothing written
     # the command line of this invocation chooses the backend (it wins over the file)
-    opts = train_pqn.parse_options(["--run-dir", str(run), "--resume", "--llm.backend", "openai"])
+    opts = train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.backend", "openai"])
     assert opts.config.llm.backend == "openai" and opts.config.oir.relabeler == "llm"
 
 

@@ -482,11 +482,10 @@ def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_pat
     # CI installs wandb (the `all` extra): a None entry in sys.modules makes `import wandb` fail as
     # it does where the package is missing (a real package cannot be uninstalled for one test)
     monkeypatch.setitem(sys.modules, "wandb", None)
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_pqn
+    from agents import train
 
     run = tmp_path / "pqn"
-    assert train_pqn.main(["smoke", "--run-dir", str(run), "--wandb"]) == 2
+    assert train.pqn_main(["smoke", "--run-dir", str(run), "--wandb"]) == 2
     assert "pip install 'oir-gym[wandb]'" in capsys.readouterr().err and not run.exists()
     script = _script()
     run = tmp_path / "sb3"
