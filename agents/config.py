@@ -671,8 +671,9 @@ def preset(name: str) -> TrainConfig:
 
 
 # ----------------------------------------------------------------------------- CLI
-def cli(options_type: type, args: Sequence[str] | None = None, *, base: TrainConfig | None = None,
-        description: str | None = None, default_preset: str = DEFAULT_PRESET) -> Any:
+def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = None,
+        description: str | None = None, default_preset: str = DEFAULT_PRESET,
+        presets: Mapping[str, tuple[str, Any]] | None = None, config_type: type | None = None) -> Any:
     """Parse a command line into ``options_type``, a dataclass with a ``config: TrainConfig`` field
     (its flags appear without a prefix: ``--pqn.lr``) beside the script's own options.
 
@@ -682,30 +683,33 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: TrainCon
     preset may be named. A flag of several values (``--eval.instruction-files a.json b.json``) may
     also be repeated: its values add up (:func:`merge_repeated_flags`). Booleans are flags (``--oir.keep-ungrounded`` /
     ``--oir.no-keep-ungrounded``), enums take only their choices, numbers only numbers: anything
-    else is a usage error (exit status 2) before the script does anything.
+    else is a usage error (exit status 2) before the script does anything. ``presets`` and
+    ``config_type``: another trainer's named configurations and config class (default
+    :data:`PRESETS`, :class:`TrainConfig`).
     """
     import sys
 
     import tyro
 
-    argv = merge_repeated_flags(list(sys.argv[1:] if args is None else args))
+    presets = PRESETS if presets is None else presets
+    argv = merge_repeated_flags(list(sys.argv[1:] if args is None else args), config_type or TrainConfig)
     if base is not None:
-        if argv and argv[0] in PRESETS:
+        if argv and argv[0] in presets:
             print(f"error: a resumed run keeps its saved config; preset {argv[0]!r} cannot be applied to it "
                   "(override single fields instead, e.g. --eval.epsilon 0.05)", file=sys.stderr)
             raise SystemExit(2)
         return tyro.cli(options_type, default=options_type(config=base), args=argv, description=description)
-    if not argv or argv[0] not in PRESETS:
+    if not argv or argv[0] not in presets:
         if not (argv and argv[0] in ("-h", "--help")):  # bare --help lists the presets
             argv = [default_preset] + argv
-    configs = {name: (desc, options_type(config=factory())) for name, (desc, factory) in PRESETS.items()}
+    configs = {name: (desc, options_type(config=factory())) for name, (desc, factory) in presets.items()}
     return tyro.extras.overridable_config_cli(configs, args=argv, description=description)
 
 
-def _multi_value_flags() -> dict[str, str]:
+def _multi_value_flags(config_type: type) -> dict[str, str]:
     """Every spelling of the flags of tuple fields (``--eval.instruction-files``...) -> one spelling."""
     out: dict[str, str] = {}
-    for part in fields(TrainConfig):
+    for part in fields(config_type):
         for f in fields(part.default_factory()):  # type: ignore[misc]
             if isinstance(getattr(part.default_factory(), f.name), tuple):  # type: ignore[misc]
                 canonical = f"--{part.name}.{f.name.replace('_', '-')}"
@@ -713,12 +717,13 @@ def _multi_value_flags() -> dict[str, str]:
     return out
 
 
-def merge_repeated_flags(argv: Sequence[str]) -> list[str]:
+def merge_repeated_flags(argv: Sequence[str], config_type: type | None = None) -> list[str]:
     """``--eval.instruction-files a.json --eval.instruction-files b.json`` -> ``--eval.instruction-files
     a.json b.json``: a flag of several values keeps every value of every occurrence (the parser alone
     would keep the last occurrence's), in order, at its first occurrence. ``--flag=value`` counts as one
-    value; a bare ``--eval.sets`` adds none (alone, it gives the empty tuple)."""
-    multi = _multi_value_flags()
+    value; a bare ``--eval.sets`` adds none (alone, it gives the empty tuple). ``config_type``: the
+    config class whose tuple fields are meant (default :class:`TrainConfig`)."""
+    multi = _multi_value_flags(config_type or TrainConfig)
     argv = list(argv)
     values: dict[str, list[str]] = {}
     out: list[Any] = []

@@ -41,8 +41,10 @@ from agents.config import TrainConfig
 from agents.run_dir import CorruptFileError, RunDir, RunDirError, atomic_write_json, check_tag, require_wandb
 
 
-class IterationLogLike(Protocol):
-    """What :meth:`RunTrainer.iteration` returns (:class:`agents.oir.IterationLog`)."""
+@dataclass
+class IterationLog:
+    """What :meth:`RunTrainer.iteration` returns: the update's number, the env steps so far, its
+    metrics (:class:`agents.oir.IterationLog` has the same fields)."""
 
     update: int
     env_steps: int
@@ -70,7 +72,7 @@ class RunTrainer(Protocol):
     def load(self, path: Any) -> dict[str, Any]:
         """Restore the checkpoint at ``path``; returns its host state (``update``, ``metrics`` position...)."""
 
-    def iteration(self) -> IterationLogLike:
+    def iteration(self) -> IterationLog:
         """One update: its row of metrics."""
 
     def evaluate(self, final: bool = False) -> list:
@@ -119,6 +121,10 @@ class Recipe:
     script = ""
     #: whether a run may span several processes (``jax.distributed``)
     multi_process = False
+    #: whether the metrics writer writes TensorBoard events (None: when the package is installed)
+    tensorboard: Optional[bool] = None
+    #: whether the first update compiles programs (said in the start-up lines)
+    compiles = True
 
     def parse(self, argv: list[str], description: str | None = None) -> Any:
         """The command line as this trainer's options (a :class:`RunOptions` with a ``config``)."""
@@ -165,6 +171,9 @@ class Recipe:
     def summary_line(self, row: dict[str, Any], num_updates: int) -> str:
         """The one-line progress summary of a metrics row."""
         raise NotImplementedError
+
+    def on_row(self, trainer: RunTrainer, row: dict[str, Any]) -> None:
+        """After each metrics row is written (e.g. into the trainer's own logger)."""
 
     def label(self, cfg: Any) -> str:
         """The run's name in plots and tables (method or algorithm)."""
@@ -454,7 +463,8 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
             trainer.init_state()
         parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s"
                           for k, v in {"imports": imports, **trainer.startup}.items() if k != "imports" or v >= 0.5)
-        print(f"ready after {time.time() - t0:.0f} s ({parts}); the first update compiles", flush=True)
+        print(f"ready after {time.time() - t0:.0f} s ({parts})"
+              f"{'; the first update compiles' if recipe.compiles else ''}", flush=True)
     except (CheckpointError, CorruptFileError, ValueError) as e:
         trainer.close()
         print(f"error: {e}", file=sys.stderr)
@@ -487,7 +497,8 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
         return 0
 
     # process 0 writes the run's metrics (every process's rows merged); the others keep none
-    metrics = run.open_metrics(**(_metrics_resume(host) if resume else {}), wandb=opts.wandb) if me == 0 \
+    metrics = run.open_metrics(**(_metrics_resume(host) if resume else {}), wandb=opts.wandb,
+                                tensorboard=recipe.tensorboard) if me == 0 \
         else _NoMetrics()
     stopped: str | None = None
     try:
@@ -525,7 +536,7 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
     quiet = trainer.process_index > 0  # process 0 prints the run's progress
     with _StopRequest() as stop:
         try:
-            if trainer.update_idx < n and not quiet:
+            if trainer.update_idx < n and not quiet and recipe.compiles:
                 print(f"update {trainer.update_idx + 1}: compiling the rollout and update programs (the first "
                       "update of a process takes tens of seconds on a CPU)...", flush=True)
             while trainer.update_idx < n:
@@ -549,6 +560,7 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
                 row = merge_rows([r for r, _ in gathered])
                 why = next((w for _, w in gathered if w), None)
                 metrics.write(row)
+                recipe.on_row(trainer, row)
                 line = recipe.summary_line(row, n)
                 if bar is None and opts.progress and not quiet:  # started after the first update: its rate leaves out the compile
                     bar = tqdm(total=n, initial=log.update, unit="update", dynamic_ncols=True, file=sys.stderr,
@@ -643,7 +655,7 @@ class PQNRecipe(Recipe):
         otherwise from the preset named first (default cpu)."""
         from agents.config import check_saved_backend, cli, load_config
 
-        return _parse(argv, description, self.options_type, cli, load_config, check_saved_backend)
+        return parse_with_base(argv, description, self.options_type, cli, load_config, check_saved_backend)
 
     def num_updates(self, cfg: Any) -> int:
         return cfg.num_updates
@@ -760,10 +772,12 @@ def write_diversity_report(method: Any, update: int, folder: Path, grounding: st
               f"e.g. {llm['error_examples'].get(kinds[0][0], '')}")
 
 
-def _parse(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any,
-           check_saved_backend: Any) -> Any:
-    """The command line as ``options_type``: ``--resume`` / ``--eval-only`` start from the run's
-    saved config (read by ``load_config``; flags override it), otherwise from the preset named first."""
+def parse_with_base(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any,
+                    check_saved_backend: Any) -> Any:
+    """The command line as ``options_type`` (parsed by ``cli``, :func:`agents.config.cli`'s signature):
+    ``--resume`` / ``--eval-only`` start from the run's saved config (read by ``load_config``; flags
+    override it, and a module-path LLM backend it names is refused unless the flags name it),
+    otherwise from the preset named first."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--run-dir", "--run_dir")
     pre.add_argument("--resume", action="store_true")
