@@ -288,20 +288,42 @@ FLAT_SB3_KEYS: dict[str, str] = {
 }
 
 #: The old flag spellings of the SB3 script -> the flag that replaced them (a usage error names it).
+#: (``--log-every`` and ``--wandb`` are flags of both scripts now: env steps per row became
+#: ``--sb3.steps-per-update``, and ``--wandb true`` is :data:`OLD_BOOLEAN_SYNTAX`.)
 OLD_SB3_FLAGS: dict[str, str] = {
     **{"--" + old.replace("_", "-"): "--" + new.replace("_", "-") for old, new in FLAT_SB3_KEYS.items()
-       if old != "hyperparams"},
-    "--relabeler": "--run.method oir --oir.relabeler (none: --run.method cosine, or gt with --reward gt)",
+       if old not in ("hyperparams", "log_every")},  # --log-every is the driver's (updates between lines)
+    "--relabeler": "--oir.relabeler (with --run.method oir, the default; none: --run.method cosine, or gt)",
     "--reward": "--run.method gt (ground-truth reward) or cosine",
     "--eval-every": "--eval.every (in updates of sb3.steps-per-update env steps)",
     "--checkpoint-every": "--run.checkpoint-every (in updates of sb3.steps-per-update env steps)",
     "--eval-sets": "--eval.sets (names separated by spaces)",
     "--hp": "--sb3.hp",
     "--progress-bar": "--progress / --no-progress",
-    "--wandb": "--wandb (a flag now, no value)",
     "--llm-backend": "--llm.backend", "--llm-model": "--llm.model", "--llm-base-url": "--llm.base-url",
     "--llm-template": "--llm.template",
 }
+
+
+#: Flags that took a boolean value in the old SB3 script and are plain flags now.
+OLD_BOOLEAN_SYNTAX: tuple[str, ...] = ("--wandb", "--progress", "--overwrite", "--resume")
+_BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
+
+
+def old_flag_error(argv: list[str]) -> str | None:
+    """The usage error of the first old SB3 flag spelling in ``argv`` (None: there is none)."""
+    for i, a in enumerate(argv):
+        if a == "--":
+            break
+        name, eq, val = a.partition("=")
+        if name in OLD_SB3_FLAGS:
+            return f"{name} is no longer a flag of examples/train_sb3.py; use {OLD_SB3_FLAGS[name]} (see --help)"
+        nxt = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if name in OLD_BOOLEAN_SYNTAX and nxt.lower() in _BOOL_WORDS:
+            flag = name[2:]
+            return (f"{name} takes no value now (as in examples/train_pqn.py): use {name} or --no-{flag} "
+                    f"(got {name} {nxt})")
+    return None
 
 
 def load_sb3_config(d: Mapping[str, Any]) -> SB3TrainConfig:

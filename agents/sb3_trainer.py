@@ -51,6 +51,12 @@ class SB3Trainer:
         self.startup: dict[str, float] = {}
         self.model: Any = None
         self.relabel_cb: Any = None
+        self.relabeler: Any = None
+        self.venv: Any = None
+        self._thread: Optional[threading.Thread] = None
+        self._to_main: queue.Queue = queue.Queue(maxsize=1)
+        self._to_learner: queue.Queue = queue.Queue(maxsize=1)
+        self._last = (time.time(), 0)
         configure_torch_threads(cfg.sb3.threads or None)
         t = time.time()
         relabel = cfg.relabeler != "none" and not eval_only
@@ -60,7 +66,6 @@ class SB3Trainer:
                              tau_low=cfg.oir.tau_low, tau_high=cfg.oir.tau_high)
         self.startup["env"] = time.time() - t
         t = time.time()
-        self.relabeler = None
         if relabel:
             o = cfg.oir
             self.relabeler = make_relabeler(cfg.relabeler, o.k, cfg.env.delta, encoder=self.venv.encoder, llm=cfg.llm,
@@ -72,11 +77,6 @@ class SB3Trainer:
                 self.close()
                 raise
         self.startup["relabeler"] = time.time() - t
-        self._thread: Optional[threading.Thread] = None
-        self._to_main: queue.Queue = queue.Queue(maxsize=1)
-        self._to_learner: queue.Queue = queue.Queue(maxsize=1)
-        self._capture: Any = None
-        self._last = (time.time(), 0)
 
     # ------------------------------------------------------------------ state
     def init_state(self) -> None:
@@ -149,7 +149,6 @@ class SB3Trainer:
         try:
             configure_torch_threads(self.cfg.sb3.threads or None)  # this thread's own torch settings
             run_cb = _boundary_callback(self)
-            self._capture = run_cb.capture
             cbs = [run_cb] if self.relabel_cb is None else [self.relabel_cb, run_cb]
             self.model.learn(remaining, callback=CallbackList(cbs), reset_num_timesteps=self.model.num_timesteps == 0,
                              progress_bar=False)
@@ -340,17 +339,13 @@ class SB3Recipe(Recipe):
         import sys
 
         from agents.config import check_saved_backend, cli
-        from agents.sb3_config import OLD_SB3_FLAGS
+        from agents.sb3_config import old_flag_error
         from agents.train import parse_with_base
 
-        for a in argv:
-            if a == "--":
-                break
-            name = a.partition("=")[0]
-            if name in OLD_SB3_FLAGS:
-                print(f"error: {name} is no longer a flag of examples/train_sb3.py; use {OLD_SB3_FLAGS[name]} "
-                      "(see --help)", file=sys.stderr)
-                raise SystemExit(2)
+        old = old_flag_error(argv)
+        if old:
+            print(f"error: {old}", file=sys.stderr)
+            raise SystemExit(2)
 
         def parse(options_type: type, args: list[str], *, base: Any = None, description: str | None = None) -> Any:
             return cli(options_type, args, base=base, description=description, presets=SB3_PRESETS,
