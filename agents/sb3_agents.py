@@ -344,6 +344,23 @@ def spaces_only_venv(obs_mode: str = "paper"):
     return DummyVecEnv([SpacesOnly])
 
 
+def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
+    """Check that ``path`` is an SB3 zip with parameters (nothing unpickled); returns its ``data``
+    as JSON. Raises :class:`~agents.run_dir.CorruptFileError` naming the file otherwise."""
+    import zipfile
+
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = _zip_data(path, archive)
+            missing = [m for m in _PARAMETER_FILES if m not in archive.namelist()]
+    except zipfile.BadZipFile:
+        raise CorruptFileError(path, "is not a zip file (an SB3 model.zip)") from None
+    if missing:
+        raise CorruptFileError(path, f"lacks {missing}: it is not a model saved by stable-baselines3")
+    return data
+
+
 def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "auto", *,
                hyperparams: Optional[dict[str, Any]] = None, seed: Optional[int] = None, obs_mode: str = "paper"):
     """A model saved with ``model.save`` (or :func:`save_checkpoint`), loaded without unpickling anything.
@@ -377,14 +394,7 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
     from stable_baselines3.common.save_util import load_from_zip_file
 
     path = Path(path)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            data = _zip_data(path, archive)
-            missing = [m for m in _PARAMETER_FILES if m not in archive.namelist()]
-    except zipfile.BadZipFile:
-        raise CorruptFileError(path, "is not a zip file (an SB3 model.zip)") from None
-    if missing:
-        raise CorruptFileError(path, f"lacks {missing}: it is not a model saved by stable-baselines3")
+    data = check_model_zip(path)
     plain = {k: v for k, v in data.items() if not _is_pickled(v)}
     if hyperparams is None:
         accepted = set(inspect.signature(algo_class(algo).__init__).parameters) - set(RESERVED_HYPERPARAMS) - {

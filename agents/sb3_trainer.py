@@ -374,9 +374,12 @@ class SB3Recipe(Recipe):
         return {int(state.get("update", 0)): own_dir}
 
     def read_checkpoint(self, path: Path) -> dict[str, Any]:
-        from agents.sb3_agents import read_checkpoint_state
+        """The checkpoint's state.json, its zip checked (before anything is written; nothing unpickled)."""
+        from agents.sb3_agents import check_model_zip, verified_model_zip
 
-        return read_checkpoint_state(path) or {}
+        zip_path, state = verified_model_zip(path, repair=True)
+        check_model_zip(zip_path)
+        return state
 
     def build(self, cfg: Any, own_dir: Path, eval_only: bool) -> RunTrainer:
         return SB3Trainer(cfg, own_dir, eval_only=eval_only)
