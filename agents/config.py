@@ -71,6 +71,7 @@ class RunConfig:
     visible device, 1 = one device. Seeds must divide by it (each device runs whole seeds); with fewer
     seeds than devices, each seed's envs are split instead (``pqn.num_envs`` must divide by it)."""
     seed: int = 0
+    """The first seed (seeds run.seed to run.seed + run.num_seeds - 1: networks, envs, instruction buffers)."""
     checkpoint_every: int = 25
     """Updates between checkpoints."""
     keep_checkpoints: int = 2
@@ -86,21 +87,31 @@ class PQNConfig:
     num_steps: int = 64
     """Rollout length per update."""
     eps_start: float = 1.0
+    """Epsilon-greedy exploration at the start."""
     eps_finish: float = 0.1
+    """Epsilon-greedy exploration after the decay."""
     eps_decay: float = 0.1
     """Fraction of training over which epsilon decays linearly."""
     lr: float = 3e-4
+    """Adam's learning rate."""
     lr_linear_decay: bool = True
+    """Decay the learning rate linearly to 0 over the run."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip (> 0)."""
     num_epochs: int = 2
+    """Passes over each update's batch."""
     num_minibatches: int = 4
+    """Minibatches per pass (they must divide the update's trajectories)."""
     gamma: float = 0.99
+    """Discount factor."""
     lam: float = 0.5
     """Q(lambda)'s lambda."""
     hidden_size: int = 128
+    """Width of the hidden layer and the LSTM."""
     num_layers: int = 1
+    """Dense + LayerNorm + ReLU layers before the LSTM."""
     norm_input: bool = True
+    """Normalise the observation input (layer norm)."""
     scan_unroll: int = 1
     """LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -118,9 +129,11 @@ class EnvConfig:
     """The instruction-conditioned Craftax-Classic env."""
 
     obs_mode: ObsMode = "paper"
+    """paper: the paper's observation; symbolic: Craftax's symbolic one."""
     delta: float = 0.9
     """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
     max_episode_steps: int = 10_000
+    """Steps before an episode is truncated."""
     table_capacity: int = 512
     """Rows of the device instruction table: every evaluation instruction (periodic and final, about 250
     with the packaged sets), the buffers' instructions and those the envs run."""
@@ -138,7 +151,10 @@ class OIRConfig:
     instruction_buffer_size: int = 10
     """B_max: instructions new episodes draw from (the PLR-style buffer; not a replay buffer)."""
     tau_low: float = 0.1
+    """Buffer priority: an instruction whose mean return is at or below it counts as failing (ranked after
+    those at the learning boundary)."""
     tau_high: float = 0.9
+    """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
     keep_ungrounded: bool = False
     """Keep relabeled instructions that paid no reward on their own trajectory (the paper's Alg. 1 keeps
     them; by default they are neither training rows nor buffer entries)."""
@@ -192,7 +208,8 @@ class LLMConfig:
     template: str = "segments"
     """Relabeling prompt template."""
     per_update: int = 2
-    """Trajectories (oir) or envs (ellm) per seed sent to the LLM each update (most eventful first)."""
+    """Trajectories (oir) or envs (ellm) per seed sent to the LLM each update (most eventful first; the PQN
+    trainer: the SB3 trainer sends every segment)."""
     call_timeout: float | None = None
     """Seconds one relabeling LLM call may take (None: the backend's own limit)."""
     max_prompt_tokens: int = 768

@@ -78,9 +78,10 @@ class SB3OIRConfig:
     instruction_buffer_size: int = 10
     """B_max: instructions new episodes draw from (the PLR-style buffer; not a replay buffer)."""
     tau_low: float = 0.1
-    """Success rate below which a buffer instruction counts as too hard."""
+    """Buffer priority: an instruction whose mean return is at or below it counts as failing (ranked after
+    those at the learning boundary)."""
     tau_high: float = 0.9
-    """Success rate above which a buffer instruction counts as too easy."""
+    """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
     grounding: Grounding = "cosine"
     """cosine: the paper's rule (an instruction pays where a caption matches it above ``env.delta``);
     bound: event-bound, a relabeled instruction pays exactly at the event(s) it was accomplished with."""
