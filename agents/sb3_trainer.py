@@ -48,6 +48,7 @@ class SB3Trainer:
         self.process_index = 0
         self.seed_offset = 0
         self.method = None  # the driver's diversity report: PQN's OIR method only
+        self.eval_only = eval_only
         self.startup: dict[str, float] = {}
         self.model: Any = None
         self.relabel_cb: Any = None
@@ -107,7 +108,9 @@ class SB3Trainer:
     def _attach(self) -> None:
         from agents.sb3_agents import make_relabel_callback
 
-        self.model.set_logger(_sb3_logger(self.run_dir / "tb" if _tensorboard_installed() else None))
+        # an evaluation leaves the run's TensorBoard files as they are
+        self.model.set_logger(_sb3_logger(self.run_dir / "tb" if _tensorboard_installed() and not self.eval_only
+                                          else None))
         self._last = (time.time(), int(self.model.num_timesteps))
         if self.relabeler is not None:
             kw: dict[str, Any] = {"segment_length": self.cfg.sb3.segment_length, "verbose": 1}

@@ -90,7 +90,7 @@ class RunOptions:
     """The driver's own options, the same in both scripts (the trainer's settings are ``config``)."""
 
     run_dir: Optional[str] = None
-    """Output folder (default runs/<method>_<time>)."""
+    """Output folder (default runs/<method>_<time>; SB3: runs/sb3_<algo>_<relabeler>_<time>)."""
     resume: bool = False
     """Continue the run in --run-dir from its newest checkpoint."""
     overwrite: bool = False

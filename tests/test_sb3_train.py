@@ -540,3 +540,23 @@ def test_a_key_inside_the_llm_url_is_redacted_from_the_sb3_config_json(tmp_path)
     cfg = _tiny_cfg(**{"llm.base_url": "https://me:sk-SECRET@example.invalid/v1?token=sk-SECRET"})
     assert cfg.to_dict()["llm"]["base_url"] == "https://REDACTED@example.invalid/v1?token=REDACTED"
     assert cfg.llm.base_url.startswith("https://me:sk-SECRET")  # the running config keeps what was given
+
+
+@pytest.mark.slow
+def test_a_stopped_sb3_run_resumes_to_the_same_rows_and_eval_only_reads_it(tmp_path, capsys):
+    """The driver's stop (--max-updates, as for SIGINT/SIGTERM) saves a checkpoint after the update;
+    --resume continues from it with one row per update, and --eval-only evaluates the finished run
+    without touching its metrics or TensorBoard files."""
+    run = tmp_path / "run"
+    assert sb3_main(["smoke", "--run-dir", str(run), "--no-progress", "--max-updates", "1"]) == 0
+    assert "stopped (--max-updates 1) at update 1/2" in capsys.readouterr().out
+    assert json.loads((run / "state.json").read_text())["update"] == 1 and not (run / "complete.json").exists()
+    assert sb3_main(["--run-dir", str(run), "--resume", "--no-progress"]) == 0
+    rows = RunDir(run).read_metrics()
+    assert [r["update"] for r in rows] == [1, 2] and rows[-1]["env_steps"] >= 400
+    assert (run / "complete.json").exists()
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert sb3_main(["--run-dir", str(run), "--eval-only", "again"]) == 0
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert set(after) - set(before) == {Path("eval_again.json"), Path("eval_again.md")}
+    assert all(after[p] == before[p] for p in before)
