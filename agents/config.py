@@ -92,6 +92,7 @@ class RunConfig:
     visible device, 1 = one device. Seeds must divide by it (each device runs whole seeds); with fewer
     seeds than devices, each seed's envs are split instead (``pqn.num_envs`` must divide by it)."""
     seed: int = 0
+    """The first seed (seeds run.seed to run.seed + run.num_seeds - 1: networks, envs, instruction buffers)."""
     checkpoint_every: int = 25
     """Updates between checkpoints."""
     keep_checkpoints: int = 2
@@ -107,21 +108,31 @@ class PQNConfig:
     num_steps: int = 64
     """Rollout length per update."""
     eps_start: float = 1.0
+    """Epsilon-greedy exploration at the start."""
     eps_finish: float = 0.1
+    """Epsilon-greedy exploration after the decay."""
     eps_decay: float = 0.1
     """Fraction of training over which epsilon decays linearly."""
     lr: float = 3e-4
+    """Adam's learning rate."""
     lr_linear_decay: bool = True
+    """Decay the learning rate linearly to 0 over the run."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip (> 0)."""
     num_epochs: int = 2
+    """Passes over each update's batch."""
     num_minibatches: int = 4
+    """Minibatches per pass (they must divide the update's trajectories)."""
     gamma: float = 0.99
+    """Discount factor."""
     lam: float = 0.5
     """Q(lambda)'s lambda."""
     hidden_size: int = 128
+    """Width of the hidden layer and the LSTM."""
     num_layers: int = 1
+    """Dense + LayerNorm + ReLU layers before the LSTM."""
     norm_input: bool = True
+    """Normalise the observation input (layer norm)."""
     scan_unroll: int = 1
     """LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -139,9 +150,11 @@ class EnvConfig:
     """The instruction-conditioned Craftax-Classic env."""
 
     obs_mode: ObsMode = "paper"
+    """paper: the paper's observation; symbolic: Craftax's symbolic one."""
     delta: float = 0.9
     """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
     max_episode_steps: int = 10_000
+    """Steps before an episode is truncated."""
     table_capacity: int = 512
     """Rows of the device instruction table: every evaluation instruction (periodic and final, about 250
     with the packaged sets), the buffers' instructions and those the envs run."""
@@ -159,7 +172,10 @@ class OIRConfig:
     instruction_buffer_size: int = 10
     """B_max: instructions new episodes draw from (the PLR-style buffer; not a replay buffer)."""
     tau_low: float = 0.1
+    """Buffer priority: an instruction whose mean return is at or below it counts as failing (ranked after
+    those at the learning boundary)."""
     tau_high: float = 0.9
+    """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
     keep_ungrounded: bool = False
     """Keep relabeled instructions that paid no reward on their own trajectory (the paper's Alg. 1 keeps
     them; by default they are neither training rows nor buffer entries)."""
@@ -214,7 +230,8 @@ class LLMConfig:
     template: str = "segments"
     """Relabeling prompt template."""
     per_update: int = 2
-    """Trajectories (oir) or envs (ellm) per seed sent to the LLM each update (most eventful first)."""
+    """Trajectories (oir) or envs (ellm) per seed sent to the LLM each update (most eventful first; the PQN
+    trainer: the SB3 trainer sends every segment)."""
     call_timeout: float | None = None
     """Seconds one relabeling LLM call may take (None: the backend's own limit)."""
     max_prompt_tokens: int = 768
@@ -694,8 +711,9 @@ def preset(name: str) -> TrainConfig:
 
 
 # ----------------------------------------------------------------------------- CLI
-def cli(options_type: type, args: Sequence[str] | None = None, *, base: TrainConfig | None = None,
-        description: str | None = None, default_preset: str = DEFAULT_PRESET) -> Any:
+def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = None,
+        description: str | None = None, default_preset: str = DEFAULT_PRESET,
+        presets: Mapping[str, tuple[str, Any]] | None = None, config_type: type | None = None) -> Any:
     """Parse a command line into ``options_type``, a dataclass with a ``config: TrainConfig`` field
     (its flags appear without a prefix: ``--pqn.lr``) beside the script's own options.
 
@@ -705,30 +723,33 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: TrainCon
     preset may be named. A flag of several values (``--eval.instruction-files a.json b.json``) may
     also be repeated: its values add up (:func:`merge_repeated_flags`). Booleans are flags (``--oir.keep-ungrounded`` /
     ``--oir.no-keep-ungrounded``), enums take only their choices, numbers only numbers: anything
-    else is a usage error (exit status 2) before the script does anything.
+    else is a usage error (exit status 2) before the script does anything. ``presets`` and
+    ``config_type``: another trainer's named configurations and config class (default
+    :data:`PRESETS`, :class:`TrainConfig`).
     """
     import sys
 
     import tyro
 
-    argv = merge_repeated_flags(list(sys.argv[1:] if args is None else args))
+    presets = PRESETS if presets is None else presets
+    argv = merge_repeated_flags(list(sys.argv[1:] if args is None else args), config_type or TrainConfig)
     if base is not None:
-        if argv and argv[0] in PRESETS:
+        if argv and argv[0] in presets:
             print(f"error: a resumed run keeps its saved config; preset {argv[0]!r} cannot be applied to it "
                   "(override single fields instead, e.g. --eval.epsilon 0.05)", file=sys.stderr)
             raise SystemExit(2)
         return tyro.cli(options_type, default=options_type(config=base), args=argv, description=description)
-    if not argv or argv[0] not in PRESETS:
+    if not argv or argv[0] not in presets:
         if not (argv and argv[0] in ("-h", "--help")):  # bare --help lists the presets
             argv = [default_preset] + argv
-    configs = {name: (desc, options_type(config=factory())) for name, (desc, factory) in PRESETS.items()}
+    configs = {name: (desc, options_type(config=factory())) for name, (desc, factory) in presets.items()}
     return tyro.extras.overridable_config_cli(configs, args=argv, description=description)
 
 
-def _multi_value_flags() -> dict[str, str]:
+def _multi_value_flags(config_type: type) -> dict[str, str]:
     """Every spelling of the flags of tuple fields (``--eval.instruction-files``...) -> one spelling."""
     out: dict[str, str] = {}
-    for part in fields(TrainConfig):
+    for part in fields(config_type):
         for f in fields(part.default_factory()):  # type: ignore[misc]
             if isinstance(getattr(part.default_factory(), f.name), tuple):  # type: ignore[misc]
                 canonical = f"--{part.name}.{f.name.replace('_', '-')}"
@@ -736,12 +757,13 @@ def _multi_value_flags() -> dict[str, str]:
     return out
 
 
-def merge_repeated_flags(argv: Sequence[str]) -> list[str]:
+def merge_repeated_flags(argv: Sequence[str], config_type: type | None = None) -> list[str]:
     """``--eval.instruction-files a.json --eval.instruction-files b.json`` -> ``--eval.instruction-files
     a.json b.json``: a flag of several values keeps every value of every occurrence (the parser alone
     would keep the last occurrence's), in order, at its first occurrence. ``--flag=value`` counts as one
-    value; a bare ``--eval.sets`` adds none (alone, it gives the empty tuple)."""
-    multi = _multi_value_flags()
+    value; a bare ``--eval.sets`` adds none (alone, it gives the empty tuple). ``config_type``: the
+    config class whose tuple fields are meant (default :class:`TrainConfig`)."""
+    multi = _multi_value_flags(config_type or TrainConfig)
     argv = list(argv)
     values: dict[str, list[str]] = {}
     out: list[Any] = []

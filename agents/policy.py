@@ -60,7 +60,7 @@ def is_sb3_run(run_dir: str | os.PathLike) -> bool:
     run_dir = Path(run_dir)
     if (run_dir / CONFIG).is_file():
         cfg = read_json(run_dir / CONFIG)
-        if isinstance(cfg, dict) and "algo" in cfg:
+        if isinstance(cfg, dict) and ("sb3" in cfg or "algo" in cfg):  # nested, or flat (older runs)
             return True
     return (run_dir / "model.zip").exists() and not (run_dir / "checkpoints").is_dir()
 

@@ -16,39 +16,35 @@ Building blocks (each usable alone)::
     model.learn(100_000, callback=make_relabel_callback(relabeler, "qrdqn"))
     result = evaluate(model)                        # oir_gym.evaluation protocol, greedy
 
-:func:`train` runs all of it in a run directory (:mod:`agents.run_dir`; what
-``examples/train_sb3.py`` calls), and :func:`load_sb3_policy` gives a trained run's policy back as
+:class:`agents.sb3_trainer.SB3Trainer` runs all of it in a run directory through the run driver
+(:mod:`agents.train`; what ``examples/train_sb3.py`` calls), and :func:`load_sb3_policy` gives a trained run's policy back as
 an object with ``reset()`` and ``act(obs)`` for the Gymnasium env.
 
 Checkpoints: SB3's ``model.zip`` holds pickled Python objects, and SB3's own ``load`` unpickles
 them, which runs whatever code they name. :func:`load_model` never does: it builds a fresh model
 of the known class from the run's validated config and reads only the zip's parameters (tensors,
 ``torch.load(weights_only=True)``) and plain JSON counters into it. A run also records the sha256
-of every ``model.zip`` it saves (``state.json``), and :func:`train` (``--resume``) and
+of every ``model.zip`` it saves (``state.json``), and ``--resume`` and
 :func:`load_sb3_policy` load only a zip with that checksum (a damaged or swapped file is caught
 before anything is built).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import io
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from agents.config import LLMConfig, redact_url
 from agents import relabeling
-from agents.llm import check_llm
+from agents.config import LLMConfig
 from agents.run_dir import (
-    CorruptFileError, MetricsWriter, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes,
-    require_wandb, sha256_file,
+    CorruptFileError, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file,
 )
 
 ALGOS = ("recurrent_ppo", "qrdqn", "dqn")
@@ -210,7 +206,7 @@ def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Constructor arguments that :func:`make_model` sets itself (not hyperparameters), and what to use instead.
-RESERVED_HYPERPARAMS = {"policy": "--algo", "env": "the run's env", "seed": "--seed", "verbose": "nothing",
+RESERVED_HYPERPARAMS = {"policy": "--sb3.algo", "env": "the run's env", "seed": "--run.seed", "verbose": "nothing",
                         "tensorboard_log": "the run directory (tb/)"}
 
 
@@ -334,6 +330,23 @@ def spaces_only_venv(obs_mode: str = "paper"):
     return DummyVecEnv([SpacesOnly])
 
 
+def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
+    """Check that ``path`` is an SB3 zip with parameters (nothing unpickled); returns its ``data``
+    as JSON. Raises :class:`~agents.run_dir.CorruptFileError` naming the file otherwise."""
+    import zipfile
+
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = _zip_data(path, archive)
+            missing = [m for m in _PARAMETER_FILES if m not in archive.namelist()]
+    except zipfile.BadZipFile:
+        raise CorruptFileError(path, "is not a zip file (an SB3 model.zip)") from None
+    if missing:
+        raise CorruptFileError(path, f"lacks {missing}: it is not a model saved by stable-baselines3")
+    return data
+
+
 def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "auto", *,
                hyperparams: Optional[dict[str, Any]] = None, seed: Optional[int] = None, obs_mode: str = "paper"):
     """A model saved with ``model.save`` (or :func:`save_checkpoint`), loaded without unpickling anything.
@@ -367,14 +380,7 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
     from stable_baselines3.common.save_util import load_from_zip_file
 
     path = Path(path)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            data = _zip_data(path, archive)
-            missing = [m for m in _PARAMETER_FILES if m not in archive.namelist()]
-    except zipfile.BadZipFile:
-        raise CorruptFileError(path, "is not a zip file (an SB3 model.zip)") from None
-    if missing:
-        raise CorruptFileError(path, f"lacks {missing}: it is not a model saved by stable-baselines3")
+    data = check_model_zip(path)
     plain = {k: v for k, v in data.items() if not _is_pickled(v)}
     if hyperparams is None:
         accepted = set(inspect.signature(algo_class(algo).__init__).parameters) - set(RESERVED_HYPERPARAMS) - {
@@ -623,8 +629,8 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
     """The trained policy of an SB3 run directory, for ``gym.make("OIR-CraftaxClassic-v0")``.
 
     Args:
-        run_dir: a folder written by :func:`train` / ``examples/train_sb3.py``.
-        seed: which of the run's seeds; an SB3 run trains one (its ``--seed``), so only 0.
+        run_dir: a folder written by ``examples/train_sb3.py``.
+        seed: which of the run's seeds; an SB3 run trains one (its ``--run.seed``), so only 0.
         device: torch device for the networks (default ``"auto"``).
 
     Returns:
@@ -637,425 +643,11 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
     """
     if seed != 0:
         raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
+    from agents.sb3_config import load_sb3_config
+
     run = RunDir(run_dir)
-    saved = run.read_config()
-    saved.pop("resolved_hyperparams", None)
-    cfg = SB3Config.from_dict(saved)
+    cfg = load_sb3_config(run.read_config())
     path, _ = verified_model_zip(run.path)
-    model = load_model(cfg.algo, path, device=check_device(device or "auto"), hyperparams=cfg.hyperparams,
-                       seed=cfg.seed, obs_mode=cfg.obs_mode)
-    return SB3AgentPolicy(model, cfg.algo, {"obs_mode": cfg.obs_mode, "delta": cfg.delta})
-
-
-# ----------------------------------------------------------------------------- training run
-
-
-@dataclass
-class SB3Config:
-    """Every setting of an SB3 run (``examples/train_sb3.py`` exposes each as a flag)."""
-
-    algo: str = "qrdqn"
-    relabeler: str = "rules"  # rules | llm | both | none
-    total_timesteps: int = 30_000
-    num_envs: int = 8
-    seed: int = 0
-    device: str = "auto"  # torch device of the networks: auto | cpu | cuda | cuda:N
-    # environment
-    obs_mode: str = "paper"
-    delta: float = 0.9
-    max_episode_steps: int = 10_000
-    reward: str = "cosine"  # cosine | gt
-    buffer_size: int = 10  # instruction buffer B_max (0: keep the 22 original instructions)
-    tau_low: float = 0.1
-    tau_high: float = 0.9
-    # relabeling
-    k: int = 4
-    segment_length: int = 128
-    asynchronous: Optional[bool] = None  # None: sync for rules, async for an LLM
-    llm: LLMConfig = field(default_factory=LLMConfig)  # the LLM part shared with the PQN trainer (llm.per_update unused)
-    grounding: str = "cosine"  # cosine (the paper's rule) | bound (event-bound; oir_gym.grounding)
-    bind_threshold: float = 0.5  # grounding=bound: loosest cosine that binds an instruction to an event
-    oracle: str = "canonical"  # canonical | diverse | tasks | compound | noisy (the rule labels; oir_gym.relabel.oracle)
-    # algorithm (overrides of DEFAULT_HYPERPARAMS[algo])
-    hyperparams: dict = field(default_factory=dict)
-    # bookkeeping (in env steps)
-    log_every: int = 2_000
-    eval_every: int = 0  # 0: final evaluation only
-    eval_episodes: int = 1
-    eval_horizon: int = 300
-    eval_sets: str = "original,simple,complex"  # comma-separated built-in sets; "": only eval_instructions' sets
-    eval_instructions: tuple = ()  # JSON files of named instruction sets also evaluated (docs/evaluation.md)
-    checkpoint_every: int = 10_000
-    threads: int = 0  # 0: automatic (see configure_torch_threads)
-    progress_bar: bool = False  # SB3's progress bar (needs tqdm and rich)
-    wandb: bool = False  # also log the metrics rows to Weights & Biases (config = config.json; needs wandb)
-
-    def validate(self) -> "SB3Config":
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
-        need(self.algo in ALGOS, f"algo={self.algo!r}; expected one of {ALGOS}")
-        need(self.relabeler in RELABELERS, f"relabeler={self.relabeler!r}; expected one of {RELABELERS}")
-        need(self.reward in ("cosine", "gt"), f"reward={self.reward!r}; expected 'cosine' or 'gt'")
-        need(self.grounding in ("cosine", "bound"), f"grounding={self.grounding!r}; expected 'cosine' or 'bound'")
-        need(-1 <= self.bind_threshold <= 1, f"bind_threshold={self.bind_threshold} must be a cosine in [-1, 1]")
-        from oir_gym.relabel.oracle import check_oracle
-
-        try:
-            check_oracle(self.oracle, self.grounding)
-        except ValueError as e:
-            raise ValueError(f"oracle={self.oracle!r}: {e}") from None
-        need(self.oracle == "canonical" or self.relabeler in ("rules", "both"),
-             f"oracle={self.oracle!r} picks the rule relabeler's labels: it needs relabeler rules or both")
-        for name in ("total_timesteps", "num_envs", "k", "segment_length", "log_every", "eval_episodes",
-                     "eval_horizon", "checkpoint_every", "max_episode_steps"):
-            need(int(getattr(self, name)) >= 1, f"{name}={getattr(self, name)!r} must be >= 1")
-        need(self.buffer_size >= 0 and self.eval_every >= 0 and self.threads >= 0,
-             "buffer_size, eval_every and threads must be >= 0")
-        need(0 <= self.tau_low < self.tau_high, f"need 0 <= tau_low ({self.tau_low}) < tau_high ({self.tau_high})")
-        need(isinstance(self.hyperparams, dict), f"hyperparams must be a dict, got {self.hyperparams!r}")
-        need(isinstance(self.llm, LLMConfig), f"llm must be an LLMConfig, got {type(self.llm).__name__}")
-        self.llm.validate()
-        from oir_gym.instructions import PACKAGED_SET_NAMES, load_instruction_files
-
-        self.eval_instructions = tuple(str(p) for p in self.eval_instructions)
-        load_instruction_files(self.eval_instructions)  # ValueError naming the file, entry and field
-        for s in self.eval_set_names:
-            need(s in PACKAGED_SET_NAMES, f"eval set {s!r}; expected some of {PACKAGED_SET_NAMES}")
-        need(bool(self.eval_set_names or self.eval_instructions),
-             "eval_sets is empty and no eval_instructions file is given: nothing to evaluate")
-        check_hyperparams(self.algo, self.hyperparams, self.device)
-        if self.wandb:
-            require_wandb()
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (what ``config.json`` holds), credentials in ``llm.base_url`` redacted."""
-        d = asdict(self)
-        d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SB3Config":
-        """A config from ``config.json``'s contents; the flat ``llm_*`` keys of older runs map to ``llm``."""
-        d = dict(d)
-        llm = dict(d.pop("llm", None) or {})
-        for old in ("llm_backend", "llm_model", "llm_base_url", "llm_template"):
-            if old in d:
-                llm.setdefault(old[len("llm_"):], d.pop(old))
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown config keys {sorted(unknown)}")
-        llm_names = {f.name for f in dataclasses.fields(LLMConfig)}
-        if set(llm) - llm_names:
-            raise ValueError(f"unknown config keys {sorted('llm.' + k for k in set(llm) - llm_names)}")
-        return cls(**d, llm=LLMConfig(**llm))
-
-    @property
-    def eval_set_names(self) -> tuple[str, ...]:
-        """The built-in sets of ``eval_sets`` (comma-separated; empty: only the files' sets)."""
-        return tuple(s for s in self.eval_sets.split(",") if s)
-
-    @property
-    def resolved_device(self) -> str:
-        """The device, whether given as ``device`` or as the ``device`` hyperparameter."""
-        return self.hyperparams.get("device", self.device)
-
-
-def _make_callbacks(trainer: "_Trainer"):
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.logger import KVWriter
-
-    class LastValues(KVWriter):
-        """An SB3 logger output that remembers the last value of every numeric key."""
-
-        def __init__(self) -> None:
-            self.values: dict[str, float] = {}
-
-        def write(self, key_values, key_excluded, step: int = 0) -> None:
-            for k, v in key_values.items():
-                if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
-                    self.values[k] = float(v)
-
-        def close(self) -> None:
-            pass
-
-    class RunCallback(BaseCallback):
-        """Every ``log_every`` steps: a metrics row (also into SB3's logger, dumped to TensorBoard),
-        periodic evaluations and checkpoints."""
-
-        def __init__(self) -> None:
-            super().__init__(0)
-            self.capture = LastValues()
-
-        def _on_training_start(self) -> None:
-            if self.capture not in self.model.logger.output_formats:
-                self.model.logger.output_formats.append(self.capture)
-            t = self.num_timesteps
-            c = trainer.cfg
-            self._next_log = (t // c.log_every + 1) * c.log_every
-            self._next_ckpt = (t // c.checkpoint_every + 1) * c.checkpoint_every
-            self._next_eval = (t // c.eval_every + 1) * c.eval_every if c.eval_every else None
-
-        def _on_step(self) -> bool:
-            t = self.num_timesteps
-            c = trainer.cfg
-            if t >= c.total_timesteps:
-                # the last steps of learn(): finish() writes the final row, evaluation and checkpoint
-                # (a row and an evaluation here too would repeat them at the same step)
-                return True
-            if t >= self._next_log:
-                self._next_log += c.log_every
-                row = trainer.metrics_row(self.capture.values)
-                if self._next_eval is not None and t >= self._next_eval:
-                    self._next_eval += c.eval_every
-                    row.update(trainer.run_eval(f"{t:09d}"))
-                trainer.write_row(row)
-            if t >= self._next_ckpt:
-                self._next_ckpt += c.checkpoint_every
-                trainer.save()
-            return True
-
-    return RunCallback()
-
-
-def _sb3_logger(tb_dir: Optional[Path]):
-    """SB3's logger writing TensorBoard events to ``tb_dir`` (no output when None)."""
-    from stable_baselines3.common.logger import Logger, configure
-
-    if tb_dir is None:
-        return Logger(folder=None, output_formats=[])
-    return configure(str(tb_dir), ["tensorboard"])
-
-
-def _tensorboard_installed() -> bool:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-class _Trainer:
-    """One SB3 training run in a :class:`~agents.run_dir.RunDir` (used by :func:`train`)."""
-
-    def __init__(self, cfg: SB3Config, run: RunDir, print_fn: Callable[[str], None]) -> None:
-        self.cfg = cfg
-        self.run = run
-        self.print = print_fn
-        self.t0 = time.time()
-        self._last = (self.t0, 0)
-        self.update = 0
-        self.venv = None
-        self.model = None
-        self.relabeler = None
-        self.relabel_cb = None
-        self.metrics: Optional[MetricsWriter] = None
-        self._last_eval = None
-        self._run_callback = None  # made by learn(); its captured SB3 values fill the final row
-
-    # ---------------------------------------------------------------- setup
-    def setup(self, state: Optional[dict[str, Any]], model_path: Optional[Path]) -> None:
-        cfg = self.cfg
-        configure_torch_threads(cfg.threads or None)
-        self.venv = make_env(cfg.num_envs, cfg.seed, obs_mode=cfg.obs_mode, delta=cfg.delta,
-                             max_episode_steps=cfg.max_episode_steps, reward=cfg.reward,
-                             buffer_size=(cfg.buffer_size or None) if cfg.relabeler != "none" else None,
-                             tau_low=cfg.tau_low, tau_high=cfg.tau_high)
-        self.relabeler = make_relabeler(cfg.relabeler, cfg.k, cfg.delta, encoder=self.venv.encoder, llm=cfg.llm,
-                                        grounding=cfg.grounding, bind_threshold=cfg.bind_threshold, oracle=cfg.oracle,
-                                        seed=cfg.seed, eval_files=cfg.eval_instructions)
-        if self.relabeler is not None:  # the PQN trainer's start-up check: --relabeler llm stops, both warns
-            check_llm(self.relabeler, cfg.relabeler == "llm", "--relabeler")
-        if model_path is not None:
-            self.model = load_model(cfg.algo, model_path, self.venv, device=cfg.resolved_device,
-                                    hyperparams=cfg.hyperparams, seed=cfg.seed)
-            if "instruction_buffer" in state:
-                self.venv.buffer.load_state_dict(state["instruction_buffer"])
-            elif (self.run / INSTRUCTION_BUFFER_JSON).exists():  # checkpoints before format 1
-                self.venv.buffer.load_state_dict(read_json(self.run / INSTRUCTION_BUFFER_JSON))
-            self.update = int(state.get("update", 0))
-        else:
-            self.model = make_model(cfg.algo, self.venv, cfg.seed, cfg.hyperparams, device=cfg.device)
-        self.model.set_logger(_sb3_logger(self.run / "tb" if _tensorboard_installed() else None))
-        if self.relabeler is not None:
-            kw: dict[str, Any] = {"segment_length": cfg.segment_length, "verbose": 1}
-            if cfg.asynchronous is not None:
-                kw["asynchronous"] = cfg.asynchronous
-            self.relabel_cb = make_relabel_callback(self.relabeler, cfg.algo, **kw)
-
-    # ---------------------------------------------------------------- rows
-    def metrics_row(self, sb3_values: dict[str, float]) -> dict[str, Any]:
-        model = self.model
-        t = model.num_timesteps
-        now = time.time()
-        dt = max(now - self._last[0], 1e-9)
-        sps = (t - self._last[1]) / dt
-        self._last = (now, t)
-        self.update += 1
-        row: dict[str, Any] = {"update": self.update, "env_steps": int(t), "time": now - self.t0, "sps": sps}
-        vals = {**sb3_values, **{k: float(v) for k, v in model.logger.name_to_value.items()
-                                 if isinstance(v, (int, float, np.floating))}}
-        if "train/loss" in vals:
-            row["loss"] = vals["train/loss"]
-        if hasattr(model, "exploration_rate"):
-            row["epsilon"] = float(model.exploration_rate)
-        for k in ("train/entropy_loss", "train/value_loss", "train/approx_kl", "train/explained_variance"):
-            if k in vals:
-                row[k] = vals[k]
-        if len(model.ep_success_buffer):
-            row["train/success_rate"] = float(np.mean(model.ep_success_buffer))
-        if len(model.ep_info_buffer):
-            row["train/ep_return_mean"] = float(np.mean([e["r"] for e in model.ep_info_buffer]))
-            row["train/ep_length_mean"] = float(np.mean([e["l"] for e in model.ep_info_buffer]))
-        if self.relabel_cb is not None:
-            for k, v in self.relabel_cb.stats.items():
-                if isinstance(v, (int, float)):
-                    row[f"relabel/{k}"] = float(v)
-        row["buffer/size"] = len(self.venv.buffer.contents())
-        return row
-
-    def write_row(self, row: dict[str, Any]) -> None:
-        self.metrics.write(row)
-        # The same numbers through SB3's logger (TensorBoard), dumped at this step: off-policy
-        # SB3 dumps only every few episodes, which can mean never in a short run.
-        logger = self.model.logger
-        for k, v in row.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("update", "env_steps", "time"):
-                logger.record(k if "/" in k else f"run/{k}", v)
-        logger.dump(step=int(row["env_steps"]))
-        parts = [f"steps {row['env_steps']:>9,}"] + ([f"{row['sps']:6.0f} sps"] if "sps" in row else [])
-        if "epsilon" in row:
-            parts.append(f"eps {row['epsilon']:.2f}")
-        if "loss" in row:
-            parts.append(f"loss {row['loss']:.4f}")
-        if "train/success_rate" in row:
-            parts.append(f"train success {row['train/success_rate']:.3f}")
-        if "relabel/rows_added" in row:
-            parts.append(f"relabel rows {row['relabel/rows_added']:.0f} grounded {row['relabel/grounded_fraction']:.2f}")
-        if "eval/original/mean_success_rate" in row:
-            parts.append(f"eval success {row['eval/original/mean_success_rate']:.3f}")
-        self.print(f"[{self.cfg.algo}] " + " | ".join(parts))
-
-    def run_eval(self, tag: str) -> dict[str, float]:
-        from oir_gym.evaluation import EvalConfig
-
-        c = self.cfg
-        ecfg = EvalConfig(sets=c.eval_set_names, episodes=c.eval_episodes, horizon=c.eval_horizon,
-                          instruction_files=c.eval_instructions)
-        res = evaluate(self.model, ecfg, seed=c.seed + 12345, env_kwargs={"obs_mode": c.obs_mode})
-        self.run.write_eval(tag, [res.to_dict()])
-        self._last_eval = res
-        return res.flat_metrics()
-
-    def save(self) -> None:
-        """A checkpoint: model.zip (checksummed), and in state.json the instruction buffer, the
-        metrics position (rows after it are cut on resume) and the row counter."""
-        position = self.metrics.sync()
-        save_checkpoint(self.run.path, self.model, {
-            "update": self.update, "metrics": position.to_dict(),
-            "instruction_buffer": self.venv.buffer.state_dict(),
-        })
-
-    # ---------------------------------------------------------------- main
-    def learn(self) -> None:
-        from stable_baselines3.common.callbacks import CallbackList
-
-        remaining = self.cfg.total_timesteps - int(self.model.num_timesteps)
-        if remaining <= 0:
-            return
-        self._run_callback = _make_callbacks(self)
-        cbs = [self._run_callback]
-        if self.relabel_cb is not None:
-            cbs.insert(0, self.relabel_cb)
-        self.model.learn(remaining, callback=CallbackList(cbs), reset_num_timesteps=self.model.num_timesteps == 0,
-                         progress_bar=self.cfg.progress_bar)
-
-    def finish(self) -> dict[str, Any]:
-        """Final checkpoint, evaluation, tables, plots, then the completion marker. Returns the final row."""
-        from oir_gym import analysis
-
-        self.save()
-        row = self.metrics_row(self._run_callback.capture.values if self._run_callback is not None else {})
-        row.pop("sps", None)  # not a training throughput: the row is written after learn()
-        row.update(self.run_eval("final"))
-        self.write_row(row)
-        res = self._last_eval
-        table = res.to_markdown()
-        self.run.write_eval("final", [res.to_dict()], markdown=(
-            f"# Final evaluation ({self.cfg.algo}, relabeler {self.cfg.relabeler}, {self.model.num_timesteps:,} env "
-            f"steps, {self.cfg.eval_episodes} episode(s) x {self.cfg.eval_horizon} steps per instruction)\n\n{table}\n"))
-        self.metrics.sync()
-        self.run.write_csv()
-        rows = self.run.read_metrics()
-        analysis.plot_training(rows, self.run / "training.png")
-        analysis.plot_learning_curves({self.cfg.algo: [rows]}, self.run / "learning_curves.png")
-        analysis.plot_instruction_bars({self.cfg.algo: [res.to_dict()]}, self.run / "instruction_success.png")
-        analysis.write_overview_plots({self.cfg.algo: [rows]}, self.run.path)  # success.png, gain.png, relabeling.png
-        self.run.mark_complete(update=self.update, env_steps=int(self.model.num_timesteps),
-                               model_sha256=read_checkpoint_state(self.run.path)["model_sha256"])
-        self.print("\nFinal evaluation:\n" + table)
-        return row
-
-    def close(self) -> None:
-        if self.relabeler is not None and hasattr(self.relabeler, "close"):
-            self.relabeler.close()
-        if self.venv is not None:
-            self.venv.close()
-        if self.metrics is not None:
-            self.metrics.close()
-
-
-def train(cfg: SB3Config, run_dir: str | os.PathLike, resume: bool = False, overwrite: bool = False,
-          print_fn: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train ``cfg`` into ``run_dir``; returns the final metrics row.
-
-    Every check runs before anything is written or deleted: the config, the flags against the
-    folder (:meth:`RunDir.prepare`: ``resume`` with ``overwrite`` refused, an existing run never
-    reused without one of them), and on ``resume`` the checkpoint (a ``model.zip`` without the
-    checksum the run recorded is refused, :class:`UntrustedModelError`); then the LLM's start-up
-    check (``relabeler="llm"`` with an LLM that does not answer: :class:`~agents.llm.LLMCheckError`
-    with the cause and the fix, before config.json or metrics are written; ``"both"``: a warning,
-    rules meanwhile), as in the PQN trainer. A resumed run continues
-    from its checkpoint and cuts the metrics rows written after it; a complete run is left alone
-    unless ``total_timesteps`` grew. ``KeyboardInterrupt`` (SIGINT; the script maps SIGTERM to it)
-    saves a checkpoint first.
-    """
-    cfg.validate()
-    model_path, state = None, None
-    if resume:
-        # Check the flags and the checkpoint before anything touches the folder.
-        if overwrite or not (Path(run_dir) / "config.json").is_file():
-            RunDir.prepare(run_dir, resume=True, overwrite=overwrite)  # raises its clear error
-        state = read_checkpoint_state(run_dir)
-        if state is not None or (Path(run_dir) / MODEL_ZIP).exists():
-            model_path, state = verified_model_zip(run_dir, repair=True)
-    run = RunDir.prepare(run_dir, resume=resume, overwrite=overwrite)
-    if state is not None and run.is_complete() and cfg.total_timesteps <= int(state.get("num_timesteps", 0)):
-        print_fn(f"{run.path} is complete ({int(state['num_timesteps']):,} env steps); nothing to do "
-                 "(raise --total-timesteps to train further)")
-        return {"complete": True, **(run.completion() or {})}
-    # the checkpoint's metrics rows (cut after it on resume); before metrics positions: by update
-    position = ({"position": state["metrics"]} if state is not None and "metrics" in state
-                else {"after_update": int(state.get("update", 0)) if state else 0})
-    run.check_metrics(**position)  # a damaged metrics.jsonl: an error naming it, before anything is written
-    trainer = _Trainer(cfg, run, print_fn)
-    try:
-        trainer.setup(state, model_path)  # env, relabeler (its LLM checked: LLMCheckError), model
-        run.clear_complete()
-        run.write_config({**cfg.to_dict(),
-                          "resolved_hyperparams": resolve_hyperparams(cfg.algo, cfg.num_envs, cfg.hyperparams)})
-        trainer.metrics = run.open_metrics(**position, tensorboard=False, wandb=cfg.wandb)
-        print_fn(f"oir-gym SB3 | algo={cfg.algo} relabeler={cfg.relabeler} device={trainer.model.device} | "
-                 f"{cfg.num_envs} envs | {cfg.total_timesteps:,} env steps | run dir {run.path}")
-        try:
-            trainer.learn()
-        except KeyboardInterrupt:
-            print_fn("interrupted: saving a checkpoint")
-            trainer.save()
-            raise
-        return trainer.finish()
-    finally:
-        trainer.close()
+    model = load_model(cfg.sb3.algo, path, device=check_device(device or "auto"), hyperparams=cfg.sb3.hyperparams,
+                       seed=cfg.run.seed, obs_mode=cfg.env.obs_mode)
+    return SB3AgentPolicy(model, cfg.sb3.algo, {"obs_mode": cfg.env.obs_mode, "delta": cfg.env.delta})

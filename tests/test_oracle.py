@@ -332,10 +332,9 @@ def test_each_variant_relabels_a_rollout_into_rows_that_pay_at_their_events(tmp_
 
 
 def _main(argv):
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_pqn
+    from agents import train
 
-    return train_pqn.main(argv)
+    return train.pqn_main(argv)
 
 
 def test_bad_oracle_settings_stop_the_run_before_it_writes_anything(tmp_path, capsys):
@@ -379,18 +378,19 @@ def test_smoke_run_of_each_variant(tmp_path, oracle):
 
 def test_the_sb3_trainer_takes_the_same_oracle_flag(encoder):
     pytest.importorskip("stable_baselines3")
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_sb3
     from agents import sb3_agents
+    from agents.sb3_trainer import SB3
 
-    cfg = train_sb3.build_config(train_sb3.parse_args(["--oracle", "diverse", "--grounding", "bound"]))
-    assert cfg.validate().oracle == "diverse"
+    def cfg(*argv):
+        return SB3.parse(list(argv)).config.validate()
+
+    assert cfg("--oir.oracle", "diverse", "--oir.grounding", "bound").oir.oracle == "diverse"
     with pytest.raises(ValueError, match="oracle='diverse': oracle 'diverse' needs event-bound grounding"):
-        train_sb3.build_config(train_sb3.parse_args(["--oracle", "diverse"])).validate()
-    with pytest.raises(ValueError, match="needs relabeler rules or both"):
-        train_sb3.build_config(train_sb3.parse_args(["--oracle", "tasks", "--relabeler", "llm"])).validate()
+        cfg("--oir.oracle", "diverse")
+    with pytest.raises(ValueError, match="needs run.method oir and oir.relabeler rules or both"):
+        cfg("--oir.oracle", "tasks", "--oir.relabeler", "llm")
     with pytest.raises(SystemExit):
-        train_sb3.parse_args(["--oracle", "paraphrase"])
+        SB3.parse(["--oir.oracle", "paraphrase"])
     rl = sb3_agents.make_relabeler("rules", k=8, encoder=encoder, grounding="bound", oracle="diverse", seed=3)
     (res,) = rl.relabel([traj_of(STEPS, DONES)])
     assert res.candidates and all(c.text in load_pool().texts() for c in res.candidates)

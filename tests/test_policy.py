@@ -103,9 +103,10 @@ def test_bad_inputs_are_named(trained_run, tmp_path):
 
 def test_an_sb3_run_without_stable_baselines3_names_the_extra_to_install(tmp_path):
     """load_policy sends an SB3 run to the SB3 loader; without the package the error says what to install."""
-    from agents.sb3_agents import SB3Config, trust_model_zip
+    from agents.sb3_agents import trust_model_zip
+    from agents.sb3_config import SB3TrainConfig
 
-    (tmp_path / "config.json").write_text(json.dumps(SB3Config().to_dict()))
+    (tmp_path / "config.json").write_text(json.dumps(SB3TrainConfig().to_dict()))
     (tmp_path / "model.zip").write_bytes(b"a checkpoint that is never unpickled here")
     trust_model_zip(tmp_path)  # the run's own checksum, so loading gets as far as the SB3 class
     assert is_sb3_run(tmp_path) and not is_sb3_run(Path(__file__).parent)

@@ -24,7 +24,6 @@ from agents.config import LLMConfig, preset
 from agents.run_dir import CorruptFileError, RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 
 
 class _Touch:
@@ -56,21 +55,21 @@ def _importable_run_dir(tmp_path: Path, monkeypatch) -> tuple[Path, Path, str]:
 def test_resume_refuses_a_module_backend_named_by_config_json(tmp_path, monkeypatch, capsys):
     """The run stopped before its first checkpoint, so --resume starts it again: its LLM would be
     built from config.json's llm.backend, a module in the run folder itself."""
-    import train_pqn
+    from agents import train
 
     run, marker, spec = _importable_run_dir(tmp_path, monkeypatch)
     cfg = preset("smoke").replace(**{"oir.relabeler": "llm", "llm.backend": spec})
     RunDir(run).write_config(cfg.to_dict())
     before = sorted(p.name for p in run.iterdir())
     with pytest.raises(SystemExit) as err:
-        train_pqn.main(["--run-dir", str(run), "--resume", "--no-progress"])
+        train.pqn_main(["--run-dir", str(run), "--resume", "--no-progress"])
     msg = str(err.value.code)
     assert f"{run / 'config.json'}: llm.backend='{spec}' is a Python module path" in msg
     assert "pass --llm.backend on the command line" in msg and "\n" not in msg
     assert not marker.exists() and "crafted_run.evil" not in sys.modules
     assert sorted(p.name for p in run.iterdir()) == before  # nothing written
     # the command line of this invocation chooses the backend (it wins over the file)
-    opts = train_pqn.parse_options(["--run-dir", str(run), "--resume", "--llm.backend", "openai"])
+    opts = train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.backend", "openai"])
     assert opts.config.llm.backend == "openai" and opts.config.oir.relabeler == "llm"
     # ... a module path included: named on this command line, it is the user's choice (not imported here)
     opts = train_pqn.parse_options(["--run-dir", str(run), "--resume", "--llm.backend", spec])
@@ -78,16 +77,17 @@ def test_resume_refuses_a_module_backend_named_by_config_json(tmp_path, monkeypa
 
 
 def test_sb3_resume_refuses_a_module_backend_named_by_config_json(tmp_path, monkeypatch, capsys):
+    """The SB3 trainer refuses it the same way (one parser for both)."""
     pytest.importorskip("stable_baselines3")
-    import train_sb3
-
-    from agents.sb3_agents import SB3Config
+    from agents.sb3_config import SB3TrainConfig
+    from agents.sb3_trainer import sb3_main
 
     run, marker, spec = _importable_run_dir(tmp_path, monkeypatch)
-    RunDir(run).write_config(SB3Config(relabeler="llm", llm=LLMConfig(backend=spec)).to_dict())
-    assert train_sb3.main(["--run-dir", str(run), "--resume"]) == 2
-    err = capsys.readouterr().err
-    assert f"llm.backend='{spec}' is a Python module path" in err and str(run / "config.json") in err
+    RunDir(run).write_config(SB3TrainConfig().replace(**{"oir.relabeler": "llm", "llm.backend": spec}).to_dict())
+    with pytest.raises(SystemExit) as err:
+        sb3_main(["--run-dir", str(run), "--resume"])
+    msg = str(err.value.code)
+    assert f"llm.backend='{spec}' is a Python module path" in msg and str(run / "config.json") in msg
     assert not marker.exists() and "crafted_run.evil" not in sys.modules
     assert not (run / "metrics.jsonl").exists()
 
@@ -113,10 +113,12 @@ def _sb3_run(path: Path, hyperparams=HP):
     """A run folder with a config and a checkpoint of an untrained QR-DQN (no env is stepped)."""
     pytest.importorskip("stable_baselines3")
     pytest.importorskip("sb3_contrib")
-    cfg = sb3.SB3Config(algo="qrdqn", num_envs=1, hyperparams=dict(hyperparams))
+    from agents.sb3_config import SB3TrainConfig
+
+    cfg = SB3TrainConfig().replace(**{"sb3.algo": "qrdqn", "sb3.num_envs": 1, "sb3.hyperparams": dict(hyperparams)})
     run = RunDir.prepare(path)
     run.write_config(cfg.to_dict())
-    model = sb3.make_model("qrdqn", sb3.spaces_only_venv(), seed=3, hyperparams=cfg.hyperparams, device="cpu")
+    model = sb3.make_model("qrdqn", sb3.spaces_only_venv(), seed=3, hyperparams=cfg.sb3.hyperparams, device="cpu")
     sb3.save_checkpoint(run.path, model, {"update": 0})
     return run.path, model
 
@@ -139,6 +141,8 @@ def test_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path):
     """Whoever can write the run folder replaces model.zip and the sha256 in state.json: loading
     (load_policy, record_video.py, train_sb3.py --resume) reads no pickle, so nothing runs."""
     from agents.policy import load_policy
+
+    sys.path.insert(0, str(ROOT / "examples"))  # record_video.py's command line
     import record_video
 
     run, _ = _sb3_run(tmp_path / "run")
@@ -158,8 +162,10 @@ def test_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path):
 
 
 @pytest.mark.slow  # builds the run's env (about 30 s on 2 busy cores); the loader it reaches is tested above
-def test_sb3_resume_of_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path):
-    """train_sb3.py --resume (sb3_agents.train) builds the run's env, then loads the zip: no pickle read."""
+def test_sb3_resume_of_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path, capsys):
+    """train_sb3.py --resume checks the zip before it writes anything, and reads no pickle."""
+    from agents.sb3_trainer import sb3_main
+
     run, _ = _sb3_run(tmp_path / "run")
     marker = tmp_path / "code_ran"
     payload = base64.b64encode(pickle.dumps(_Touch(marker))).decode()
@@ -167,9 +173,8 @@ def test_sb3_resume_of_a_swapped_model_zip_with_a_matching_checksum_runs_no_code
         z.writestr("data", json.dumps({"policy_class": {":type:": "<class 'type'>", ":serialized:": payload}}))
     sb3.trust_model_zip(run)
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
-    cfg = sb3.SB3Config.from_dict(RunDir(run).read_config())
-    with pytest.raises(CorruptFileError, match="model.zip: lacks"):
-        sb3.train(cfg, run, resume=True, print_fn=lambda s: None)
+    assert sb3_main(["--run-dir", str(run), "--resume"]) == 2
+    assert "model.zip: lacks" in capsys.readouterr().err
     assert not marker.exists()
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # nothing written
 
@@ -209,7 +214,7 @@ def test_non_finite_sb3_weights_are_refused_naming_the_file(tmp_path):
 def test_a_zip_of_another_network_size_is_refused_naming_the_file(tmp_path):
     run, _ = _sb3_run(tmp_path / "run")
     cfg = json.loads((run / "config.json").read_text())
-    cfg["hyperparams"]["policy_kwargs"]["net_arch"] = [32]
+    cfg["sb3"]["hyperparams"]["policy_kwargs"]["net_arch"] = [32]
     (run / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CorruptFileError, match=r"model.zip: its parameters do not fit a qrdqn model"):
         sb3.load_sb3_policy(run, device="cpu")

@@ -4,7 +4,6 @@ Gymnasium env, TensorBoard scalars, resume, and the command line (examples/train
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import pickle
@@ -27,8 +26,10 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
 from agents import sb3_agents  # noqa: E402
+from agents.sb3_config import SB3_PRESETS, SB3TrainConfig, load_sb3_config  # noqa: E402
+from agents.sb3_trainer import SB3, sb3_main  # noqa: E402
 from agents.policy import Policy, load_policy  # noqa: E402
-from agents.run_dir import CorruptFileError, RunDir, RunDirError  # noqa: E402
+from agents.run_dir import CorruptFileError, RunDir  # noqa: E402
 from oir_gym import ENV_ID  # noqa: E402
 from oir_gym.vector_env import InstructionCraftax  # noqa: E402
 
@@ -40,7 +41,8 @@ CUSTOM = "chop down a tree and then build a crafting table"  # not one of the en
 torch.set_num_threads(1)
 
 
-def _tiny_cfg(algo: str = "qrdqn", **kw) -> sb3_agents.SB3Config:
+def _tiny_cfg(algo: str = "qrdqn", **kw) -> SB3TrainConfig:
+    """The smoke preset (400 env steps of 4 envs, updates of 200) with ``algo`` and dotted changes ``kw``."""
     hp = {
         "qrdqn": dict(learning_starts=100, buffer_size=2000, batch_size=32, target_update_interval=200,
                       policy_kwargs=dict(n_quantiles=5, net_arch=[32, 32])),
@@ -48,18 +50,19 @@ def _tiny_cfg(algo: str = "qrdqn", **kw) -> sb3_agents.SB3Config:
         "recurrent_ppo": dict(n_steps=16, n_epochs=1, policy_kwargs=dict(lstm_hidden_size=16,
                                                                         net_arch=dict(pi=[16], vf=[16]))),
     }[algo]
-    base = dict(algo=algo, total_timesteps=400, num_envs=N_ENVS, max_episode_steps=HORIZON, log_every=200,
-                checkpoint_every=200, eval_sets="original", eval_horizon=10, segment_length=32, hyperparams=hp)
-    base.update(kw)
-    return sb3_agents.SB3Config(**base)
+    return SB3_PRESETS["smoke"][1]().replace(**{"sb3.algo": algo, "sb3.hyperparams": hp, **kw})
+
+
+def _write_run_config(run: RunDir, cfg: SB3TrainConfig) -> None:
+    SB3.write_config(run, cfg)
 
 
 def _checkpoint_only_run(path: Path, algo: str, venv) -> Path:
     """A run directory holding a config and a checkpoint of an untrained model (no training: fast)."""
     cfg = _tiny_cfg(algo)
     run = RunDir.prepare(path)
-    run.write_config(cfg.to_dict())
-    model = sb3_agents.make_model(algo, venv, seed=0, hyperparams=cfg.hyperparams, device="cpu")
+    _write_run_config(run, cfg)
+    model = sb3_agents.make_model(algo, venv, seed=0, hyperparams=cfg.sb3.hyperparams, device="cpu")
     sb3_agents.save_checkpoint(run.path, model, {"update": 0})
     return run.path
 
@@ -159,7 +162,7 @@ class _MakeDir:
         return os.mkdir, (self.path,)
 
 
-def test_a_foreign_model_zip_is_refused_before_its_code_runs(venv, tmp_path):
+def test_a_foreign_model_zip_is_refused_before_its_code_runs(venv, tmp_path, capsys):
     marker = tmp_path / "code_ran"
     crafted = tmp_path / "crafted.zip"
     _crafted_zip(crafted, marker)
@@ -177,8 +180,8 @@ def test_a_foreign_model_zip_is_refused_before_its_code_runs(venv, tmp_path):
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     with pytest.raises(sb3_agents.UntrustedModelError, match="sha256.*replaced or damaged.*runs the code"):
         sb3_agents.load_sb3_policy(run)
-    with pytest.raises(sb3_agents.UntrustedModelError):
-        sb3_agents.train(_tiny_cfg(), run, resume=True)
+    assert sb3_main(["--run-dir", str(run), "--resume"]) == 2
+    assert "replaced or damaged" in capsys.readouterr().err
     assert not marker.exists()
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # nothing written
 
@@ -250,9 +253,8 @@ def test_killing_the_writer_during_checkpoints_never_corrupts_the_checkpoint(tmp
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("sb3") / "run"
-    rows = []
-    final = sb3_agents.train(_tiny_cfg(), run, print_fn=rows.append)
-    return run, final
+    assert sb3_main(["smoke", "--run-dir", str(run), "--no-progress"]) == 0
+    return run, RunDir(run).read_metrics()[-1]
 
 
 @pytest.mark.slow
@@ -290,107 +292,132 @@ def test_resume_after_a_kill_between_final_save_and_completion(trained_run, tmp_
     shutil.copytree(src, run)
     for f in ("complete.json", "eval_final.json", "eval_final.md", "metrics.csv"):
         (run / f).unlink()
-    sb3_agents.train(_tiny_cfg(), run, resume=True, print_fn=lambda s: None)
+    assert sb3_main(["--run-dir", str(run), "--resume", "--no-progress"]) == 0
     assert (run / "complete.json").exists() and (run / "eval_final.json").exists()
     rows = RunDir(run).read_metrics()
     updates = [r["update"] for r in rows]
     assert updates == sorted(set(updates)) == list(range(1, len(rows) + 1))
     # complete: a further resume at the same total does nothing
     before = (run / "metrics.jsonl").read_bytes()
-    out = sb3_agents.train(_tiny_cfg(), run, resume=True, print_fn=lambda s: None)
-    assert out["complete"] and (run / "metrics.jsonl").read_bytes() == before
+    assert sb3_main(["--run-dir", str(run), "--resume", "--no-progress"]) == 0
+    assert (run / "metrics.jsonl").read_bytes() == before
 
 
-def test_resume_with_overwrite_is_refused_before_anything_is_deleted(venv, tmp_path):
+def test_resume_with_overwrite_is_refused_before_anything_is_deleted(venv, tmp_path, capsys):
     run = _checkpoint_only_run(tmp_path / "run", "qrdqn", venv)
     before = sorted(p.name for p in run.iterdir())
-    with pytest.raises(RunDirError, match="--resume.*--overwrite"):
-        sb3_agents.train(_tiny_cfg(), run, resume=True, overwrite=True)
+    assert sb3_main(["--run-dir", str(run), "--resume", "--overwrite"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == before
-    with pytest.raises(RunDirError, match="already holds a run"):
-        sb3_agents.train(_tiny_cfg(), run)
+    assert sb3_main(["smoke", "--run-dir", str(run)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
 
 
-def test_a_damaged_metrics_file_is_refused_on_resume_before_anything_is_written(venv, tmp_path):
-    from agents.run_dir import CorruptFileError
-
+def test_a_damaged_metrics_file_is_refused_on_resume_before_anything_is_written(venv, tmp_path, capsys):
     run = RunDir.prepare(tmp_path / "run")
     cfg = _tiny_cfg()
-    run.write_config(cfg.to_dict())
+    _write_run_config(run, cfg)
     metrics = run.open_metrics(tensorboard=False)
     for u in (1, 2):
         metrics.write({"update": u, "env_steps": 200 * u, "loss": 0.5})
     position = metrics.sync()
     metrics.close()
-    model = sb3_agents.make_model("qrdqn", venv, hyperparams=cfg.hyperparams, device="cpu")
+    model = sb3_agents.make_model("qrdqn", venv, hyperparams=cfg.sb3.hyperparams, device="cpu")
     sb3_agents.save_checkpoint(run.path, model, {"update": 2, "metrics": position.to_dict()})
     data = bytearray(run.metrics_path.read_bytes())
     data[10] ^= 0x01  # a bit flip inside the rows the checkpoint covers
     run.metrics_path.write_bytes(bytes(data))
     before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
-    with pytest.raises(CorruptFileError, match="metrics.jsonl"):
-        sb3_agents.train(cfg, run.path, resume=True)
+    assert sb3_main(["--run-dir", str(run.path), "--resume"]) == 2
+    assert "metrics.jsonl" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before
 
 
 # ------------------------------------------------------------------------- config and command line
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("train_sb3", ROOT / "examples" / "train_sb3.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _cfg(*argv: str) -> SB3TrainConfig:
+    """The validated config of train_sb3.py's command line ``argv``."""
+    return SB3.parse(list(argv)).config.validate()
 
 
 def test_device_flags_and_the_device_hyperparameter(venv):
-    script = _script()
-    cfg = script.build_config(script.parse_args(["--hp", "device=cpu"]))  # was: "multiple values for 'device'"
+    cfg = _cfg("--sb3.hp", "device=cpu")  # was: "multiple values for 'device'"
     assert cfg.resolved_device == "cpu"
     model = sb3_agents.make_model("dqn", venv, hyperparams={"device": "cpu", "learning_starts": 10**9},
-                                  device=cfg.device)
+                                  device=cfg.sb3.device)
     assert model.device.type == "cpu"
-    assert script.build_config(script.parse_args(["--device", "cuda:0"])).device == "cuda:0"
+    assert _cfg("--sb3.device", "cuda:0").sb3.device == "cuda:0"
     with pytest.raises(ValueError, match="device given twice"):
-        script.build_config(script.parse_args(["--device", "cuda", "--hp", "device=cpu"]))
+        _cfg("--sb3.device", "cuda", "--sb3.hp", "device=cpu")
     with pytest.raises(ValueError, match="not a torch device"):
-        script.build_config(script.parse_args(["--device", "gpu"]))
+        _cfg("--sb3.device", "gpu")
 
 
 def test_bad_hyperparameters_are_refused_before_any_file(tmp_path):
-    script = _script()
-    for argv, match in ([["--hp", "learning_rat=1e-3"], "no argument 'learning_rat'"],
-                        [["--hp", "seed=3"], "use --seed"],
-                        [["--algo", "recurrent_ppo", "--hp", "buffer_size=10"], "no argument 'buffer_size'"]):
+    for argv, match in ([["--sb3.hp", "learning_rat=1e-3"], "no argument 'learning_rat'"],
+                        [["--sb3.hp", "seed=3"], "use --run.seed"],
+                        [["--sb3.algo", "recurrent_ppo", "--sb3.hp", "buffer_size=10"], "no argument 'buffer_size'"]):
         with pytest.raises(ValueError, match=match):
-            script.build_config(script.parse_args(argv))
+            _cfg(*argv)
+    # repeated or several after one flag: every override counts, policy_kwargs.KEY reaches the network's
+    cfg = _cfg("--sb3.hp", "learning_rate=3e-4", "batch_size=64", "--sb3.hp", "policy_kwargs.net_arch=[8]")
+    assert cfg.sb3.hyperparams == {"learning_rate": 3e-4, "batch_size": 64, "policy_kwargs": {"net_arch": [8]}}
     run = tmp_path / "run"
-    assert script.main(["--run-dir", str(run), "--hp", "learning_rat=1e-3"]) == 2
+    assert sb3_main(["--run-dir", str(run), "--sb3.hp", "learning_rat=1e-3"]) == 2
     assert not run.exists()
 
 
-def test_strict_booleans_and_progress_bar():
-    script = _script()
-    assert script.build_config(script.parse_args(["--progress-bar", "true"])).progress_bar is True
-    assert script.build_config(script.parse_args(["--progress-bar", "off"])).progress_bar is False
+def test_booleans_are_flags_as_in_the_pqn_trainer(capsys):
+    assert _cfg("--eval.no-control").eval.control is False
+    assert SB3.parse(["--no-progress"]).progress is False
     with pytest.raises(SystemExit):
-        script.parse_args(["--progress-bar", "ture"])  # was read as False
+        SB3.parse(["--eval.control", "ture"])  # a flag takes no value
+
+
+def test_old_flag_spellings_name_the_new_flag(capsys):
+    """The flat flags of earlier versions are a usage error that names the flag to use now."""
+    for old, new in (("--eval-every", "--eval.every"), ("--wandb", "--wandb or --no-wandb"),
+                     ("--total-timesteps", "--run.total-timesteps"), ("--algo", "--sb3.algo"),
+                     ("--relabeler", "--oir.relabeler"), ("--hp", "--sb3.hp"), ("--llm-backend", "--llm.backend"),
+                     ("--eval-instructions", "--eval.instruction-files"), ("--checkpoint-every", "--run.checkpoint-every"),
+                     ("--progress-bar", "--progress")):
+        with pytest.raises(SystemExit) as e:
+            SB3.parse([old, "true"] if old in ("--wandb", "--progress-bar") else [f"{old}=1"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"use {new}" in err, (old, err)
+    assert SB3.parse(["--wandb", "--log-every", "3"]).log_every == 3  # flags of both scripts now
+
+
+def test_an_old_flat_sb3_config_json_loads_with_its_units_converted():
+    """Run directories of earlier versions hold a flat config.json: resume and load_policy read it,
+    their env-step intervals as updates of its log_every env steps."""
+    old = {"algo": "dqn", "relabeler": "none", "reward": "gt", "total_timesteps": 1000, "num_envs": 4, "seed": 3,
+           "log_every": 100, "eval_every": 250, "checkpoint_every": 400, "eval_sets": "original,simple",
+           "eval_instructions": [], "hyperparams": {"batch_size": 8}, "progress_bar": False, "wandb": False,
+           "llm_backend": "openai", "resolved_hyperparams": {}}
+    cfg = load_sb3_config(old)
+    assert (cfg.sb3.algo, cfg.run.method, cfg.run.seed, cfg.sb3.steps_per_update) == ("dqn", "gt", 3, 100)
+    assert (cfg.eval.every, cfg.run.checkpoint_every, cfg.eval.sets) == (3, 4, ("original", "simple"))
+    assert cfg.llm.backend == "openai" and cfg.sb3.hyperparams == {"batch_size": 8}
+    assert load_sb3_config(cfg.to_dict()) == cfg  # the nested form round-trips
 
 
 @pytest.mark.slow
 def test_train_sb3_example_writes_a_run_directory_and_resumes(tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "examples/train_sb3.py"), "--algo", "qrdqn", "--relabeler", "rules",
-           "--total-timesteps", "600", "--num-envs", str(N_ENVS), "--log-every", "200", "--eval-sets", "original",
-           "--eval-horizon", "10", "--max-episode-steps", str(HORIZON), "--checkpoint-every", "200",
-           "--hp", "learning_starts=100", "--hp", "buffer_size=2000", "--hp", "policy_kwargs={'net_arch': [32]}",
-           "--progress-bar", "true", "--run-dir", str(run)]
+    cmd = [sys.executable, str(ROOT / "examples/train_sb3.py"), "--sb3.algo", "qrdqn", "--oir.relabeler", "rules",
+           "--run.total-timesteps", "600", "--sb3.num-envs", str(N_ENVS), "--sb3.steps-per-update", "200",
+           "--eval.sets", "original", "--eval.horizon", "10", "--env.max-episode-steps", str(HORIZON),
+           "--run.checkpoint-every", "1", "--sb3.hp", "learning_starts=100", "--sb3.hp", "buffer_size=2000",
+           "--sb3.hp", "policy_kwargs={'net_arch': [32]}", "--run-dir", str(run)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["env_steps"] >= 600 and "eval/original/mean_success_rate" in rows[-1]
     assert any(r.get("relabel/rows_added", 0) > 0 for r in rows)
-    out = subprocess.run(cmd[:2] + ["--run-dir", str(run), "--resume", "--total-timesteps", "800"],
+    out = subprocess.run(cmd[:2] + ["--run-dir", str(run), "--resume", "--run.total-timesteps", "800"],
                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -399,40 +426,35 @@ def test_train_sb3_example_writes_a_run_directory_and_resumes(tmp_path):
 
 
 def test_eval_instruction_files_reach_the_sb3_config_and_bad_files_are_refused(tmp_path):
-    """13.3c from the SB3 trainer: ``--eval-instructions FILE`` (repeatable) lands in the config,
-    which checks the files before anything runs."""
+    """13.3c from the SB3 trainer: ``--eval.instruction-files FILE`` (repeatable, as in the PQN
+    trainer) lands in the config, which checks the files before anything runs."""
     from importlib import resources
 
-    train_sb3 = _script()
     good = str(resources.files("oir_gym.data").joinpath("example_instruction_sets.json"))
-    args = train_sb3.parse_args(["--eval-instructions", good])
-    cfg = train_sb3.build_config(args)
-    assert cfg.eval_instructions == (good,)
+    assert _cfg("--eval.instruction-files", good).eval.instruction_files == (good,)
     bad = tmp_path / "bad.json"
     bad.write_text('{"sets": {"mine": [{"text": "", "achievement": "collect_wood"}]}}')
     with pytest.raises(ValueError, match="bad.json"):
-        train_sb3.build_config(train_sb3.parse_args(["--eval-instructions", good, "--eval-instructions", str(bad)]))
+        _cfg("--eval.instruction-files", good, "--eval.instruction-files", str(bad))
 
 
 def test_the_llm_part_is_the_pqn_trainers_llm_config_with_its_flags_and_old_flat_keys():
-    """SB3 and PQN share agents.config.LLMConfig: the same --llm.* flags (the old --llm-* spellings
-    still parse), one validation, and the flat llm_* keys of older SB3 config.json files load."""
+    """SB3 and PQN share agents.config.LLMConfig: the same --llm.* flags, one validation, and the
+    flat llm_* keys of older SB3 config.json files load."""
     from agents.config import LLMConfig
 
-    script = _script()
-    cfg = script.build_config(script.parse_args(["--llm.model", "/m.gguf", "--llm-backend", "openai",
-                                                 "--llm.call-timeout", "5"]))
+    cfg = _cfg("--llm.model", "/m.gguf", "--llm.backend", "openai", "--llm.call-timeout", "5")
     assert isinstance(cfg.llm, LLMConfig)
     assert (cfg.llm.backend, cfg.llm.model, cfg.llm.call_timeout) == ("openai", "/m.gguf", 5.0)
-    assert sb3_agents.SB3Config.from_dict(cfg.to_dict()) == cfg  # config.json round trip (nested)
-    old = {k: v for k, v in cfg.to_dict().items() if k != "llm"}
-    old.update(llm_backend="openai", llm_model="x", llm_base_url="http://h:1/v1", llm_template="segments")
-    loaded = sb3_agents.SB3Config.from_dict(old)
+    assert load_sb3_config(cfg.to_dict()) == cfg  # config.json round trip (nested)
+    old = {"algo": "qrdqn", "llm_backend": "openai", "llm_model": "x", "llm_base_url": "http://h:1/v1",
+           "llm_template": "segments"}
+    loaded = load_sb3_config(old)
     assert (loaded.llm.backend, loaded.llm.model, loaded.llm.base_url) == ("openai", "x", "http://h:1/v1")
     with pytest.raises(ValueError, match="llm.base_url='ftp://x' must be an http"):
-        script.build_config(script.parse_args(["--llm.base-url", "ftp://x"]))
-    with pytest.raises(ValueError, match=r"unknown config keys \['llm.temperature'\]"):
-        sb3_agents.SB3Config.from_dict({"llm": {"temperature": 0.3}})
+        _cfg("--llm.base-url", "ftp://x")
+    with pytest.raises(ValueError, match=r"unknown config key 'llm.temperature'"):
+        load_sb3_config({"llm": {"temperature": 0.3}})
 
 
 def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, capfd):
@@ -458,22 +480,19 @@ def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, ca
 
 
 def test_an_llm_relabeler_is_checked_before_training_like_the_pqn_trainers(tmp_path, monkeypatch, capsys):
-    """--relabeler llm with an LLM that does not answer stops before config.json or metrics are
+    """--oir.relabeler llm with an LLM that does not answer stops before config.json or metrics are
     written (it trained on rule labels without a word before); 'both' warns and goes on with rules."""
-    from agents.config import LLMConfig
-
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    script = _script()
     run = tmp_path / "run"
     dead = ["--llm.backend", "openai", "--llm.model", "m", "--llm.base-url", "http://127.0.0.1:9/v1"]  # nothing listens
-    assert script.main(["--run-dir", str(run), "--relabeler", "llm", "--num-envs", "2", *dead]) == 2
+    assert sb3_main(["smoke", "--run-dir", str(run), "--oir.relabeler", "llm", "--sb3.num-envs", "2", *dead]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --relabeler llm: ") and "--relabeler rules" in err
+    assert err.startswith("error: --oir.relabeler llm: ") and "--oir.relabeler rules" in err
     assert not (run / "config.json").exists() and not (run / "metrics.jsonl").exists()
-    cfg = _tiny_cfg(relabeler="both", total_timesteps=64, num_envs=2, llm=LLMConfig(
-        backend="openai", model="m", base_url="http://127.0.0.1:9/v1"))
-    final = sb3_agents.train(cfg, tmp_path / "both", print_fn=lambda s: None)
-    assert "--relabeler both" in capsys.readouterr().err and final["env_steps"] >= 64
+    assert sb3_main(["smoke", "--run-dir", str(tmp_path / "both"), "--oir.relabeler", "both", "--sb3.num-envs", "2",
+                     "--run.total-timesteps", "64", "--sb3.steps-per-update", "32", "--no-progress", *dead]) == 0
+    assert "--oir.relabeler both" in capsys.readouterr().err
+    assert RunDir(tmp_path / "both").read_metrics()[-1]["env_steps"] >= 64
 
 
 def test_sb3_both_applies_the_rules_at_once_and_the_llms_answers_when_they_arrive(tmp_path):
@@ -497,15 +516,13 @@ def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_pat
     # CI installs wandb (the `all` extra): a None entry in sys.modules makes `import wandb` fail as
     # it does where the package is missing (a real package cannot be uninstalled for one test)
     monkeypatch.setitem(sys.modules, "wandb", None)
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_pqn
+    from agents import train
 
     run = tmp_path / "pqn"
-    assert train_pqn.main(["smoke", "--run-dir", str(run), "--wandb"]) == 2
+    assert train.pqn_main(["smoke", "--run-dir", str(run), "--wandb"]) == 2
     assert "pip install 'oir-gym[wandb]'" in capsys.readouterr().err and not run.exists()
-    script = _script()
     run = tmp_path / "sb3"
-    assert script.main(["--run-dir", str(run), "--wandb", "true"]) == 2
+    assert sb3_main(["smoke", "--run-dir", str(run), "--wandb"]) == 2
     assert "pip install 'oir-gym[wandb]'" in capsys.readouterr().err and not run.exists()
 
 
@@ -519,13 +536,14 @@ def test_the_end_of_training_is_evaluated_and_logged_once(tmp_path):
     mine.write_text(json.dumps({"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_wood"},
                                                   {"text": "drink water", "achievement": "collect_drink"},
                                                   {"text": "eat a cow", "achievement": "eat_cow"}]}}))
-    cfg = _tiny_cfg(total_timesteps=64, num_envs=N_ENVS, log_every=16, eval_every=32, checkpoint_every=1000,
-                    relabeler="rules", eval_horizon=5, eval_sets="", eval_instructions=(str(mine),))
-    final = sb3_agents.train(cfg, tmp_path / "run", print_fn=lambda s: None)
+    assert sb3_main(["smoke", "--run-dir", str(tmp_path / "run"), "--run.total-timesteps", "64",
+                     "--sb3.num-envs", str(N_ENVS), "--sb3.steps-per-update", "16", "--eval.every", "2",
+                     "--run.checkpoint-every", "100", "--eval.horizon", "5", "--eval.sets",
+                     "--eval.instruction-files", str(mine), "--no-progress"]) == 0
     rows = RunDir(tmp_path / "run").read_metrics()
     steps = [r["env_steps"] for r in rows]
-    assert steps == [16, 32, 48, 64] and final["env_steps"] == 64
-    assert sorted(p.name for p in (tmp_path / "run").glob("eval_*.json")) == ["eval_000000032.json",
+    assert steps == [16, 32, 48, 64]
+    assert sorted(p.name for p in (tmp_path / "run").glob("eval_*.json")) == ["eval_000002.json",
                                                                                 "eval_final.json"]
     assert [r["update"] for r in rows] == [1, 2, 3, 4]
     assert ["eval/mine/mean_success_rate" in r for r in rows] == [False, True, False, True]
@@ -534,8 +552,26 @@ def test_the_end_of_training_is_evaluated_and_logged_once(tmp_path):
 
 
 def test_a_key_inside_the_llm_url_is_redacted_from_the_sb3_config_json(tmp_path):
-    from agents.config import LLMConfig
-
-    cfg = _tiny_cfg(llm=LLMConfig(base_url="https://me:sk-SECRET@example.invalid/v1?token=sk-SECRET"))
+    cfg = _tiny_cfg(**{"llm.base_url": "https://me:sk-SECRET@example.invalid/v1?token=sk-SECRET"})
     assert cfg.to_dict()["llm"]["base_url"] == "https://REDACTED@example.invalid/v1?token=REDACTED"
     assert cfg.llm.base_url.startswith("https://me:sk-SECRET")  # the running config keeps what was given
+
+
+@pytest.mark.slow
+def test_a_stopped_sb3_run_resumes_to_the_same_rows_and_eval_only_reads_it(tmp_path, capsys):
+    """The driver's stop (--max-updates, as for SIGINT/SIGTERM) saves a checkpoint after the update;
+    --resume continues from it with one row per update, and --eval-only evaluates the finished run
+    without touching its metrics or TensorBoard files."""
+    run = tmp_path / "run"
+    assert sb3_main(["smoke", "--run-dir", str(run), "--no-progress", "--max-updates", "1"]) == 0
+    assert "stopped (--max-updates 1) at update 1/2" in capsys.readouterr().out
+    assert json.loads((run / "state.json").read_text())["update"] == 1 and not (run / "complete.json").exists()
+    assert sb3_main(["--run-dir", str(run), "--resume", "--no-progress"]) == 0
+    rows = RunDir(run).read_metrics()
+    assert [r["update"] for r in rows] == [1, 2] and rows[-1]["env_steps"] >= 400
+    assert (run / "complete.json").exists()
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert sb3_main(["--run-dir", str(run), "--eval-only", "again"]) == 0
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert set(after) - set(before) == {Path("eval_again.json"), Path("eval_again.md")}
+    assert all(after[p] == before[p] for p in before)

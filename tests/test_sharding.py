@@ -80,10 +80,9 @@ def test_trainer_refuses_more_devices_than_visible_before_writing(tmp_path):
 
 
 def test_script_refuses_a_bad_layout_before_writing(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_pqn
+    from agents import train
 
-    rc = train_pqn.main(["smoke", "--run-dir", str(tmp_path / "run"), "--run.num-seeds", "3", "--run.num-devices", "2"])
+    rc = train.pqn_main(["smoke", "--run-dir", str(tmp_path / "run"), "--run.num-seeds", "3", "--run.num-devices", "2"])
     assert rc == 2 and "num_seeds=3 is not divisible by num_devices=2" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -179,10 +178,9 @@ def test_two_devices_give_the_metrics_of_one_device(tmp_path):  # ~100 s on 2 co
     """
     _child(f"""
         import sys
-        sys.path.insert(0, "examples")
-        import train_pqn
+        from agents import train
         for nd in (1, 2):
-            rc = train_pqn.main(["smoke", "--run-dir", f"{tmp_path}/d{{nd}}", "--no-progress", "--run.method", "oir",
+            rc = train.pqn_main(["smoke", "--run-dir", f"{tmp_path}/d{{nd}}", "--no-progress", "--run.method", "oir",
                                  "--oir.relabeler", "rules", "--run.num-seeds", "2", "--run.num-devices", str(nd)])
             assert rc == 0, rc
     """, timeout=900)

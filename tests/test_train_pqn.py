@@ -119,28 +119,26 @@ def test_main_job_script_writes_a_complete_run_directory(tmp_path):
 
 
 def test_main_job_refuses_to_mix_a_new_run_into_an_existing_run_dir(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_pqn
+    from agents import train
 
     (tmp_path / "metrics.jsonl").write_text('{"update": 1, "env_steps": 64}\n')
-    assert train_pqn.main(_script(tmp_path)) == 2
+    assert train.pqn_main(_script(tmp_path)) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (tmp_path / "metrics.jsonl").read_text() == '{"update": 1, "env_steps": 64}\n'  # nothing lost
-    assert train_pqn.main(["--run-dir", str(tmp_path / "nothing"), "--resume"]) == 2
+    assert train.pqn_main(["--run-dir", str(tmp_path / "nothing"), "--resume"]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
 def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_pqn
+    from agents import train
 
     run = tmp_path / "run"
-    assert train_pqn.main(_script(run, "--max-updates", "1")) == 0
+    assert train.pqn_main(_script(run, "--max-updates", "1")) == 0
     # a stopped run reports its buffer's diversity too: it may never be resumed
     assert json.loads((run / "diversity.json").read_text())["update"] == 1
     config_before = (run / "config.json").read_text()
     metrics_before = (run / "metrics.jsonl").read_text()
-    assert train_pqn.main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval.epsilon", "0.5"]) == 0
+    assert train.pqn_main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval.epsilon", "0.5"]) == 0
     res = json.loads((run / "eval_eps0.5.json").read_text())
     # --eval-only is the final evaluation: the held-out and ordered sets too
     assert set(res[0]) == {"original", "simple", "complex", "heldout", "ordered", "ordered_reverse"}
@@ -154,15 +152,15 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
     mine.write_text(json.dumps({"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_wood"},
                                                   {"text": "have a drink", "achievement": "collect_drink"}]}}))
     capsys.readouterr()
-    assert train_pqn.main(["--run-dir", str(run), "--eval-only", "mine", "--eval.instruction-files", str(mine),
+    assert train.pqn_main(["--run-dir", str(run), "--eval-only", "mine", "--eval.instruction-files", str(mine),
                            "--eval.sets", "--eval.final-sets"]) == 0
     out = capsys.readouterr().out
     assert set(json.loads((run / "eval_mine.json").read_text())[0]) == {"mine"}
     assert "Set mine, per instruction:" in out and "| chop a tree |" in out and "| have a drink |" in out
     assert (run / "config.json").read_text() == config_before
-    assert train_pqn.main(["--run-dir", str(run), "--eval-only", "../x"]) == 2
+    assert train.pqn_main(["--run-dir", str(run), "--eval-only", "../x"]) == 2
     assert "evaluation tag" in capsys.readouterr().err
-    assert train_pqn.main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2
+    assert train.pqn_main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2
 
 
 def test_seeds_are_evaluated_together_exactly_as_one_by_one(tmp_path):
@@ -224,13 +222,12 @@ def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp
     converts a trusted one."""
     from agents import checkpoint
 
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_pqn
+    from agents import train
 
     cfg, state = _legacy_run(tmp_path)
     with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*convert"):
         Trainer(cfg, tmp_path, log=lambda s: None).load()
-    assert train_pqn.main(["--run-dir", str(tmp_path), "--resume"]) == 2
+    assert train.pqn_main(["--run-dir", str(tmp_path), "--resume"]) == 2
     assert "python -m agents.checkpoint convert" in capsys.readouterr().err
 
     assert checkpoint.main(["convert", str(tmp_path)]) == 0
@@ -248,13 +245,12 @@ def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp
 def test_a_converted_legacy_run_resumes_to_its_end_through_the_script(tmp_path):
     from agents import checkpoint
 
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_pqn
+    from agents import train
 
     _legacy_run(tmp_path)
     assert checkpoint.main(["convert", str(tmp_path)]) == 0
     # the flat config.json loads, the metrics rows after the converted checkpoint's update are cut
-    assert train_pqn.main(["--run-dir", str(tmp_path), "--resume", "--no-progress"]) == 0
+    assert train.pqn_main(["--run-dir", str(tmp_path), "--resume", "--no-progress"]) == 0
     rows = [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2, 3, 4, 5, 6] and (tmp_path / "complete.json").exists()
     assert json.loads((tmp_path / "config.json").read_text())["pqn"]["num_envs"] == 4  # now nested
@@ -306,18 +302,17 @@ def test_a_checkpoint_evaluates_instruction_files_its_run_never_saw(tmp_path):
 def test_progress_line_says_what_the_llm_answered_and_what_it_added():
     """The per-update line separates the LLM's health (share of the trajectories it was asked about
     that got candidates) from what it added (its share of the buffer offers)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    import train_pqn
+    from agents import train
 
     row = {"update": 3, "env_steps": 300, "sps": 10.0, "epsilon": 0.5, "loss": 0.1, "train/success_rate": 0.2,
            "relabel/rows": 4, "relabel/grounded_frac": 1.0, "relabel/llm_share": 1.0, "relabel/llm_offer_share": 0.0}
-    line = train_pqn.summary_line(row, 10)
+    line = train.summary_line(row, 10)
     assert "LLM answered 100%, offers 0%" in line
     row = {k: v for k, v in row.items() if not k.startswith("relabel/")} | {"ellm/distinct_goals": 3,
                                                                            "ellm/distinct_pinned": 2,
                                                                            "ellm/cache_hit_rate": 0.5,
                                                                            "ellm/llm_fraction": 0.25}
-    assert "LLM goals 25%" in train_pqn.summary_line(row, 10)
+    assert "LLM goals 25%" in train.summary_line(row, 10)
 
 
 @pytest.mark.parametrize("when", ["before init_state", "after init_state"])
@@ -369,17 +364,16 @@ def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(tmp_
 def test_train_pqn_compiles_ahead_on_an_accelerator_with_the_same_run(tmp_path, monkeypatch, capsys):
     """On an accelerator train_pqn starts Trainer.start_compiling before init_state (a CPU skips it);
     faked here on the CPU: the run's metrics and final evaluation are those of a run without it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    import train_pqn
+    from agents import train
 
     started = []
     real = Trainer.start_compiling
     monkeypatch.setattr(Trainer, "start_compiling", lambda self: started.append(self.runner is None) or real(self))
     args = ["smoke", "--no-progress", "--eval.horizon", "4"]
-    assert train_pqn.main(args + ["--run-dir", str(tmp_path / "plain")]) == 0
+    assert train.pqn_main(args + ["--run-dir", str(tmp_path / "plain")]) == 0
     assert started == []
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert train_pqn.main(args + ["--run-dir", str(tmp_path / "ahead")]) == 0
+    assert train.pqn_main(args + ["--run-dir", str(tmp_path / "ahead")]) == 0
     assert started == [True]  # before init_state
     rows = [[json.loads(line) for line in open(tmp_path / n / "metrics.jsonl")] for n in ("plain", "ahead")]
     strip = lambda r: {k: v for k, v in r.items() if k not in ("sps", "time") and not k.startswith("time/")}  # noqa: E731
@@ -391,12 +385,11 @@ def test_train_pqn_compiles_ahead_on_an_accelerator_with_the_same_run(tmp_path, 
 def test_wall_clock_and_time_limit_count_from_the_process_start(tmp_path, capsys):
     """main(started=...) (the script passes its own start) puts the imports on the run's clock: the
     metrics' time and --time-limit count from there, not from when main was called."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    import train_pqn
+    from agents import train
 
     run = tmp_path / "run"
     args = ["smoke", "--no-progress", "--eval.horizon", "4", "--run-dir", str(run), "--time-limit", "1000"]
-    assert train_pqn.main(args, started=time.time() - 1000) == 0
+    assert train.pqn_main(args, started=time.time() - 1000) == 0
     out = capsys.readouterr().out
     assert "imports 1000 s" in out and "stopped (--time-limit 1000s) at update 1/4" in out
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]

@@ -1,0 +1,392 @@
+"""The configuration of an SB3 run: nested dataclasses with the PQN trainer's names and units.
+
+One :class:`SB3TrainConfig` holds every setting of an SB3 run, in the parts the PQN config
+(:class:`agents.config.TrainConfig`) has, with the same names, units and meaning for every
+setting the two share:
+
+* ``run``  (:class:`SB3RunConfig`): method (``oir``, ``cosine``, ``gt``), env steps, seed, checkpoints
+  (in updates);
+* ``env``  (:class:`SB3EnvConfig`): observation mode, reward threshold delta, episode length;
+* ``oir``  (:class:`SB3OIRConfig`): the relabeler and the instruction buffer (method ``oir``);
+* ``llm``  (:class:`agents.config.LLMConfig`): the LLM backend, the PQN trainer's part itself;
+* ``eval`` (:class:`agents.config.EvalSettings`): the PQN trainer's part itself (``eval.every`` in
+  updates; the SB3 policies are greedy, so ``eval.epsilon`` stays 0);
+* ``sb3``  (:class:`SB3Settings`): what only SB3 has: the algorithm, its envs and device, the env
+  steps of one update (one metrics row), hyperparameter overrides.
+
+An *update* of an SB3 run is ``sb3.steps_per_update`` env steps: one metrics row, and the unit of
+``eval.every``, ``run.checkpoint_every`` and the driver's ``--max-updates`` / ``--log-every``.
+
+``SB3_PRESETS`` names whole configurations (``cpu``, the default; ``smoke``, the smallest run).
+:func:`load_sb3_config` reads a run's ``config.json``: this form, or the flat one of runs written
+before it (:data:`FLAT_SB3_KEYS`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Annotated, Any, Literal, Mapping, Optional
+
+import tyro
+
+from agents.config import EvalSettings, Grounding, LLMConfig, ObsMode, Oracle, Relabeler, redact_url
+
+SB3Method = Literal["oir", "cosine", "gt"]
+Algo = Literal["recurrent_ppo", "qrdqn", "dqn"]
+ALGOS: tuple[str, ...] = ("recurrent_ppo", "qrdqn", "dqn")
+
+
+@dataclass
+class SB3RunConfig:
+    """What to run and for how long."""
+
+    method: SB3Method = "oir"
+    """gt: ground-truth reward on the 22 achievements; cosine: the cosine reward on them; oir: hindsight
+    relabeling with an instruction buffer (the relabeler of ``oir.relabeler``)."""
+    total_timesteps: int = 30_000
+    """Env steps (the run's one seed)."""
+    seed: int = 0
+    """The run's seed (model, envs, instruction buffer)."""
+    checkpoint_every: int = 5
+    """Updates between checkpoints (an update: sb3.steps_per_update env steps)."""
+
+
+@dataclass
+class SB3EnvConfig:
+    """The instruction-conditioned Craftax-Classic env."""
+
+    obs_mode: ObsMode = "paper"
+    """paper: the paper's observation; symbolic: Craftax's symbolic one."""
+    delta: float = 0.9
+    """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
+    max_episode_steps: int = 10_000
+    """Steps before an episode is truncated."""
+
+
+@dataclass
+class SB3OIRConfig:
+    """Hindsight instruction relabeling and the instruction buffer (method ``oir``)."""
+
+    relabeler: Relabeler = "rules"
+    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: LLM answers
+    merged with rule instructions."""
+    k: int = 4
+    """Relabeled instructions per trajectory segment."""
+    instruction_buffer_size: int = 10
+    """B_max: instructions new episodes draw from (the PLR-style buffer; not a replay buffer)."""
+    tau_low: float = 0.1
+    """Buffer priority: an instruction whose mean return is at or below it counts as failing (ranked after
+    those at the learning boundary)."""
+    tau_high: float = 0.9
+    """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
+    grounding: Grounding = "cosine"
+    """cosine: the paper's rule (an instruction pays where a caption matches it above ``env.delta``);
+    bound: event-bound, a relabeled instruction pays exactly at the event(s) it was accomplished with."""
+    bind_threshold: float = 0.5
+    """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
+    oracle: Oracle = "canonical"
+    """The rule relabeler's labels (oir_gym.relabel.oracle): canonical, diverse, tasks, compound or noisy
+    (diverse and noisy need oir.grounding bound)."""
+
+
+@dataclass
+class SB3Settings:
+    """What only the SB3 trainer has."""
+
+    algo: Algo = "qrdqn"
+    """recurrent_ppo (sb3-contrib, curriculum only), qrdqn (sb3-contrib) or dqn (SB3): DQN and QR-DQN also
+    train on the relabeled transitions."""
+    num_envs: int = 8
+    """Envs stepped side by side."""
+    steps_per_update: int = 2_000
+    """Env steps of one update: one metrics row, and the unit of eval.every, run.checkpoint_every,
+    --max-updates and --log-every."""
+    device: str = "auto"
+    """Torch device of the networks: auto (CUDA when available), cpu, cuda, cuda:N."""
+    segment_length: int = 128
+    """Steps of one relabeled trajectory segment."""
+    asynchronous: Optional[bool] = None
+    """Relabel in a background worker (None: yes for an LLM relabeler, no for rules)."""
+    threads: int = 0
+    """Torch threads (0: automatic, 1 on machines with <= 4 cores)."""
+    hp: tuple[str, ...] = ()
+    """Overrides of an SB3 constructor argument, KEY=VALUE (values read as Python literals; policy_kwargs.KEY
+    for the network), several after one flag or the flag repeated; they join sb3.hyperparams."""
+    hyperparams: Annotated[dict, tyro.conf.Suppress] = field(default_factory=dict)
+    """Overrides of the algorithm's Craftax defaults (agents.sb3_agents.DEFAULT_HYPERPARAMS); on the
+    command line: --sb3.hp KEY=VALUE."""
+
+
+@dataclass
+class SB3TrainConfig:
+    """Every setting of an SB3 training run."""
+
+    run: SB3RunConfig = field(default_factory=SB3RunConfig)
+    env: SB3EnvConfig = field(default_factory=SB3EnvConfig)
+    oir: SB3OIRConfig = field(default_factory=SB3OIRConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    sb3: SB3Settings = field(default_factory=SB3Settings)
+
+    @property
+    def num_updates(self) -> int:
+        """Updates of the whole run (the last one may hold fewer env steps)."""
+        return max(1, math.ceil(self.run.total_timesteps / self.sb3.steps_per_update))
+
+    @property
+    def relabeler(self) -> str:
+        """What relabels: ``oir.relabeler`` for method oir, else ``"none"``."""
+        return self.oir.relabeler if self.run.method == "oir" else "none"
+
+    @property
+    def reward(self) -> str:
+        """The env's reward: ``gt`` for method gt, else ``cosine``."""
+        return "gt" if self.run.method == "gt" else "cosine"
+
+    @property
+    def resolved_device(self) -> str:
+        """The device, whether given as ``sb3.device`` or as the ``device`` hyperparameter."""
+        return self.sb3.hyperparams.get("device", self.sb3.device)
+
+    def with_hp(self) -> "SB3TrainConfig":
+        """``sb3.hp``'s KEY=VALUE overrides folded into ``sb3.hyperparams`` (``sb3.hp`` then empty)."""
+        hp = json_copy(self.sb3.hyperparams)
+        for item in self.sb3.hp:
+            key, val = parse_hp(item)
+            if key.startswith("policy_kwargs."):
+                hp.setdefault("policy_kwargs", {})[key.split(".", 1)[1]] = val
+            else:
+                hp[key] = val
+        return dataclasses.replace(self, sb3=dataclasses.replace(self.sb3, hp=(), hyperparams=hp))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain dict (what ``config.json`` holds), credentials in ``llm.base_url`` redacted."""
+        d = asdict(self)
+        d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SB3TrainConfig":
+        """From :meth:`to_dict`'s form; unknown parts or keys are a ValueError naming them."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
+        parts = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(d) - set(parts), key=str)
+        if unknown:
+            raise ValueError(f"unknown config section {unknown[0]!r} (the sections are {', '.join(parts)})")
+        kwargs = {}
+        for name, value in d.items():
+            default = parts[name].default_factory()  # type: ignore[misc]
+            if not isinstance(value, Mapping):
+                raise ValueError(f"config part {name!r} must be an object, got {type(value).__name__}")
+            bad = sorted(set(value) - {f.name for f in fields(default)}, key=str)
+            if bad:
+                raise ValueError(f"unknown config key {f'{name}.{bad[0]}'!r}")
+            vals = {k: tuple(v) if isinstance(getattr(default, k), tuple) and isinstance(v, list) else v
+                    for k, v in value.items()}
+            kwargs[name] = replace(default, **vals)
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> "SB3TrainConfig":
+        """A copy with dotted-path changes, e.g. ``cfg.replace(**{"sb3.algo": "dqn"})``."""
+        out = self
+        for path, value in changes.items():
+            part, _, name = path.partition(".")
+            cur = getattr(out, part)
+            if name not in {f.name for f in fields(cur)}:
+                raise ValueError(f"unknown config field {path!r}")
+            out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **{name: value})})
+        return out
+
+    def validate(self) -> "SB3TrainConfig":
+        """Check every field; raise one ValueError naming the field at the first bad one. Returns self."""
+        r, e, o, ev, s = self.run, self.env, self.oir, self.eval, self.sb3
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        for part, name, allowed in (("run", "method", ("oir", "cosine", "gt")), ("sb3", "algo", ALGOS),
+                                    ("oir", "relabeler", ("rules", "llm", "both")),
+                                    ("oir", "grounding", ("cosine", "bound")), ("env", "obs_mode", ("paper", "symbolic"))):
+            v = getattr(getattr(self, part), name)
+            need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
+        for part, names in (("run", ("total_timesteps", "checkpoint_every")), ("env", ("max_episode_steps",)),
+                            ("oir", ("k", "instruction_buffer_size")),
+                            ("sb3", ("num_envs", "steps_per_update", "segment_length")),
+                            ("eval", ("every", "episodes", "horizon", "final_episodes"))):
+            for name in names:
+                v = getattr(getattr(self, part), name)
+                need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{part}.{name}={v!r} must be >= 1")
+        need(isinstance(r.seed, int) and r.seed >= 0, f"run.seed={r.seed!r} must be an integer >= 0")
+        need(s.steps_per_update >= s.num_envs, f"sb3.steps_per_update={s.steps_per_update} must be >= sb3.num_envs "
+                                               f"({s.num_envs}): the envs step together")
+        need(s.threads >= 0, f"sb3.threads={s.threads} must be >= 0 (0: automatic)")
+        need(-1 < e.delta <= 1, f"env.delta={e.delta} is outside (-1, 1]")
+        need(-1 <= o.bind_threshold <= 1, f"oir.bind_threshold={o.bind_threshold} must be a cosine in [-1, 1]")
+        need(0 <= o.tau_low < o.tau_high <= 1, f"need 0 <= oir.tau_low ({o.tau_low}) < oir.tau_high ({o.tau_high}) <= 1")
+        need(ev.epsilon == 0, f"eval.epsilon={ev.epsilon}: the SB3 trainer evaluates greedily only (0)")
+        from oir_gym.relabel.oracle import check_oracle
+
+        try:
+            check_oracle(o.oracle, o.grounding)
+        except ValueError as err:
+            raise ValueError(f"oir.oracle={o.oracle!r}: {err}") from None
+        need(o.oracle == "canonical" or r.method == "oir" and o.relabeler != "llm",
+             f"oir.oracle={o.oracle!r} picks the rule relabeler's labels: it needs run.method oir and oir.relabeler "
+             "rules or both")
+        need(isinstance(s.hyperparams, dict), f"sb3.hyperparams must be a dict, got {s.hyperparams!r}")
+        need(isinstance(self.llm, LLMConfig), f"llm must be an LLMConfig, got {type(self.llm).__name__}")
+        self.llm.validate()
+        from oir_gym.instructions import EXTRA_SET_NAMES, SET_NAMES, load_instruction_files
+
+        user_sets = load_instruction_files(ev.instruction_files)  # ValueError naming the file, entry and field
+        for name in ev.sets:
+            need(name in SET_NAMES, f"eval.sets: unknown built-in set {name!r}; expected some of {SET_NAMES}")
+        for name in ev.final_sets:
+            need(name in EXTRA_SET_NAMES, f"eval.final_sets: unknown set {name!r}; expected some of {EXTRA_SET_NAMES}")
+        need(bool(ev.sets or user_sets), "eval.sets is empty and eval.instruction_files gives no set: nothing to "
+                                         "evaluate")
+        from agents.sb3_agents import check_hyperparams
+
+        check_hyperparams(s.algo, s.hyperparams, s.device)
+        return self
+
+
+def json_copy(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of a JSON-like dict."""
+    import json
+
+    return json.loads(json.dumps(dict(d)))
+
+
+def parse_hp(item: str) -> tuple[str, Any]:
+    """``"KEY=VALUE"`` -> ``(KEY, VALUE)``, the value read as a Python literal (else kept as text)."""
+    if "=" not in item:
+        raise ValueError(f"--sb3.hp expects KEY=VALUE, got {item!r}")
+    k, v = item.split("=", 1)
+    try:
+        val = ast.literal_eval(v)
+    except (ValueError, SyntaxError):
+        val = v
+    return k.strip(), val
+
+
+#: Flat key of the SB3 ``config.json`` written before the nested config -> its nested field (units
+#: converted by :func:`load_sb3_config`).
+FLAT_SB3_KEYS: dict[str, str] = {
+    "algo": "sb3.algo", "total_timesteps": "run.total_timesteps", "num_envs": "sb3.num_envs", "seed": "run.seed",
+    "device": "sb3.device", "obs_mode": "env.obs_mode", "delta": "env.delta",
+    "max_episode_steps": "env.max_episode_steps", "buffer_size": "oir.instruction_buffer_size",
+    "tau_low": "oir.tau_low", "tau_high": "oir.tau_high", "k": "oir.k", "segment_length": "sb3.segment_length",
+    "asynchronous": "sb3.asynchronous", "grounding": "oir.grounding", "bind_threshold": "oir.bind_threshold",
+    "oracle": "oir.oracle", "hyperparams": "sb3.hyperparams", "log_every": "sb3.steps_per_update",
+    "eval_episodes": "eval.episodes", "eval_horizon": "eval.horizon", "eval_instructions": "eval.instruction_files",
+    "threads": "sb3.threads",
+}
+
+#: The old flag spellings of the SB3 script -> the flag that replaced them (a usage error names it).
+#: (``--log-every`` and ``--wandb`` are flags of both scripts now: env steps per row became
+#: ``--sb3.steps-per-update``, and ``--wandb true`` is :data:`OLD_BOOLEAN_SYNTAX`.)
+OLD_SB3_FLAGS: dict[str, str] = {
+    **{"--" + old.replace("_", "-"): "--" + new.replace("_", "-") for old, new in FLAT_SB3_KEYS.items()
+       if old not in ("hyperparams", "log_every")},  # --log-every is the driver's (updates between lines)
+    "--relabeler": "--oir.relabeler (with --run.method oir, the default; none: --run.method cosine, or gt)",
+    "--reward": "--run.method gt (ground-truth reward) or cosine",
+    "--eval-every": "--eval.every (in updates of sb3.steps-per-update env steps)",
+    "--checkpoint-every": "--run.checkpoint-every (in updates of sb3.steps-per-update env steps)",
+    "--eval-sets": "--eval.sets (names separated by spaces)",
+    "--hp": "--sb3.hp",
+    "--progress-bar": "--progress / --no-progress",
+    "--llm-backend": "--llm.backend", "--llm-model": "--llm.model", "--llm-base-url": "--llm.base-url",
+    "--llm-template": "--llm.template",
+}
+
+
+#: Flags that took a boolean value in the old SB3 script and are plain flags now.
+OLD_BOOLEAN_SYNTAX: tuple[str, ...] = ("--wandb", "--progress", "--overwrite", "--resume")
+_BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
+
+
+def old_flag_error(argv: list[str]) -> str | None:
+    """The usage error of the first old SB3 flag spelling in ``argv`` (None: there is none)."""
+    for i, a in enumerate(argv):
+        if a == "--":
+            break
+        name, eq, val = a.partition("=")
+        if name in OLD_SB3_FLAGS:
+            return f"{name} is no longer a flag of examples/train_sb3.py; use {OLD_SB3_FLAGS[name]} (see --help)"
+        nxt = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if name in OLD_BOOLEAN_SYNTAX and nxt.lower() in _BOOL_WORDS:
+            flag = name[2:]
+            return (f"{name} takes no value now (as in examples/train_pqn.py): use {name} or --no-{flag} "
+                    f"(got {name} {nxt})")
+    return None
+
+
+def load_sb3_config(d: Mapping[str, Any]) -> SB3TrainConfig:
+    """A config from an SB3 ``config.json``: the nested form, or the flat one of older runs (their
+    env-step intervals become updates of ``log_every`` env steps, rounded up)."""
+    d = {k: v for k, v in d.items() if k not in ("provenance", "resumed", "resolved_hyperparams")}
+    if "algo" not in d:
+        return SB3TrainConfig.from_dict(d)
+    d = dict(d)
+    llm = dict(d.pop("llm", None) or {})
+    for old in ("llm_backend", "llm_model", "llm_base_url", "llm_template"):
+        if old in d:
+            llm.setdefault(old[len("llm_"):], d.pop(old))
+    nested: dict[str, dict[str, Any]] = {"llm": llm}
+    per_update = int(d.get("log_every", 2_000))
+    relabeler, reward = d.pop("relabeler", "rules"), d.pop("reward", "cosine")
+    nested["run"] = {"method": "oir" if relabeler != "none" else ("gt" if reward == "gt" else "cosine")}
+    if relabeler != "none":
+        nested.setdefault("oir", {})["relabeler"] = relabeler
+    ev = {"final_episodes": int(d.get("eval_episodes", 1)), "final_sets": ()}
+    if "eval_sets" in d:
+        ev["sets"] = tuple(s for s in str(d.pop("eval_sets")).split(",") if s)
+    every = int(d.pop("eval_every", 0) or 0)
+    ev["every"] = max(1, math.ceil(every / per_update)) if every else max(
+        1, math.ceil(int(d.get("total_timesteps", 30_000)) / per_update))
+    nested["eval"] = ev
+    nested["run"]["checkpoint_every"] = max(1, math.ceil(int(d.pop("checkpoint_every", 10_000)) / per_update))
+    for gone in ("progress_bar", "wandb"):
+        d.pop(gone, None)
+    if d.get("buffer_size") == 0:  # 0 kept the 22 originals: the baselines' buffer
+        d["buffer_size"] = 22
+    for key, value in d.items():
+        if key not in FLAT_SB3_KEYS:
+            raise ValueError(f"unknown config key {key!r} in a flat (pre-nested) SB3 config")
+        part, name = FLAT_SB3_KEYS[key].split(".")
+        nested.setdefault(part, {})[name] = value
+    return SB3TrainConfig.from_dict(nested)
+
+
+# ----------------------------------------------------------------------------- presets
+def _sb3_cpu() -> SB3TrainConfig:
+    # CPU-sized: QR-DQN with the rule relabeler, 30k env steps in updates of 2,000 (15 rows), a
+    # checkpoint every 5 updates, the evaluation at the end only (1 episode per instruction)
+    return SB3TrainConfig().replace(**{"eval.every": 15, "eval.episodes": 1, "eval.final_episodes": 1,
+                                       "eval.final_sets": ()})
+
+
+def _sb3_smoke() -> SB3TrainConfig:
+    # The smallest run through every part: 400 env steps of 4 envs in 2 updates, a small network,
+    # a checkpoint and an evaluation (original set, 10 steps) after each update.
+    return SB3TrainConfig().replace(**{
+        "run.total_timesteps": 400, "run.checkpoint_every": 1, "env.max_episode_steps": 40,
+        "sb3.num_envs": 4, "sb3.steps_per_update": 200, "sb3.segment_length": 32,
+        "sb3.hyperparams": {"learning_starts": 100, "buffer_size": 2000, "batch_size": 32,
+                            "target_update_interval": 200, "policy_kwargs": {"n_quantiles": 5, "net_arch": [32, 32]}},
+        "eval.every": 2, "eval.episodes": 1, "eval.horizon": 10, "eval.sets": ("original",), "eval.final_episodes": 1,
+        "eval.final_sets": (), "eval.control": False,
+    })
+
+
+#: Name -> (description, factory) of the named SB3 configurations.
+SB3_PRESETS: dict[str, tuple[str, Any]] = {
+    "cpu": ("CPU default: QR-DQN with the rule relabeler, 30,000 env steps (minutes on 2 cores)", _sb3_cpu),
+    "smoke": ("The smallest run through every part (2 updates of 200 env steps; seconds on a CPU)", _sb3_smoke),
+}

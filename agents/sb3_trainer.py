@@ -1,0 +1,445 @@
+"""The SB3 trainer behind the run driver (:mod:`agents.train`): :class:`SB3Trainer` and its recipe.
+
+SB3's ``model.learn`` owns its loop and calls back at every env step. The driver owns the loop
+of both trainers (evaluations, checkpoints, stop requests), one update at a time. So
+``learn`` runs on a worker thread that the driver steps: :meth:`SB3Trainer.iteration` lets it run
+until the callback reaches the next update boundary (``sb3.steps_per_update`` env steps), where
+it waits while the driver evaluates, logs and saves; the two threads never run at the same time.
+The training is the one ``learn`` call would give in one go (nothing is cut or repeated at the
+boundaries, unlike calling ``learn`` once per update, which would restart SB3's schedules).
+
+Checkpoints are SB3's: ``model.zip`` checksummed in ``state.json`` (:func:`agents.sb3_agents.save_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from agents.run_dir import RunDir, read_json
+from agents.sb3_config import SB3_PRESETS, SB3TrainConfig, load_sb3_config
+from agents.train import IterationLog, Recipe, RunOptions, RunTrainer
+
+_STOP = "stop"
+
+
+class SB3Trainer:
+    """One SB3 run (one seed) with the driver's interface (:class:`agents.train.RunTrainer`).
+
+    Args:
+        cfg: the run's validated config.
+        run_dir: where ``model.zip`` / ``state.json`` and SB3's TensorBoard events (``tb/``) go.
+        eval_only: build no relabeler (an evaluation starts no LLM).
+    """
+
+    def __init__(self, cfg: SB3TrainConfig, run_dir: str | Path, eval_only: bool = False) -> None:
+        from agents.llm import check_llm
+        from agents.sb3_agents import configure_torch_threads, make_env, make_relabeler
+
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.update_idx = 0
+        self.env_steps = 0
+        self.process_index = 0
+        self.seed_offset = 0
+        self.method = None  # the driver's diversity report: PQN's OIR method only
+        self.eval_only = eval_only
+        self.startup: dict[str, float] = {}
+        self.model: Any = None
+        self.relabel_cb: Any = None
+        self.relabeler: Any = None
+        self.venv: Any = None
+        self._thread: Optional[threading.Thread] = None
+        self._to_main: queue.Queue = queue.Queue(maxsize=1)
+        self._to_learner: queue.Queue = queue.Queue(maxsize=1)
+        self._last = (time.time(), 0)
+        configure_torch_threads(cfg.sb3.threads or None)
+        t = time.time()
+        relabel = cfg.relabeler != "none" and not eval_only
+        self.venv = make_env(cfg.sb3.num_envs, cfg.run.seed, obs_mode=cfg.env.obs_mode, delta=cfg.env.delta,
+                             max_episode_steps=cfg.env.max_episode_steps, reward=cfg.reward,
+                             buffer_size=cfg.oir.instruction_buffer_size if cfg.relabeler != "none" else None,
+                             tau_low=cfg.oir.tau_low, tau_high=cfg.oir.tau_high)
+        self.startup["env"] = time.time() - t
+        t = time.time()
+        if relabel:
+            o = cfg.oir
+            self.relabeler = make_relabeler(cfg.relabeler, o.k, cfg.env.delta, encoder=self.venv.encoder, llm=cfg.llm,
+                                            grounding=o.grounding, bind_threshold=o.bind_threshold, oracle=o.oracle,
+                                            seed=cfg.run.seed, eval_files=cfg.eval.instruction_files)
+            try:  # the PQN trainer's start-up check: relabeler llm stops, both warns
+                check_llm(self.relabeler, cfg.relabeler == "llm", "--oir.relabeler")
+            except BaseException:
+                self.close()
+                raise
+        self.startup["relabeler"] = time.time() - t
+
+    # ------------------------------------------------------------------ state
+    def init_state(self) -> None:
+        """A fresh model (update 0)."""
+        from agents.sb3_agents import make_model
+
+        c = self.cfg
+        self.model = make_model(c.sb3.algo, self.venv, c.run.seed, c.sb3.hyperparams, device=c.sb3.device)
+        self._attach()
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Restore the run's checkpoint in ``path`` (its verified ``model.zip`` and ``state.json``)."""
+        from agents.sb3_agents import INSTRUCTION_BUFFER_JSON, load_model, verified_model_zip
+
+        c = self.cfg
+        model_path, state = verified_model_zip(path, repair=True)
+        self.model = load_model(c.sb3.algo, model_path, self.venv, device=c.resolved_device,
+                                hyperparams=c.sb3.hyperparams, seed=c.run.seed)
+        if "instruction_buffer" in state:
+            self.venv.buffer.load_state_dict(state["instruction_buffer"])
+        elif (Path(path) / INSTRUCTION_BUFFER_JSON).exists():  # checkpoints before format 1
+            self.venv.buffer.load_state_dict(read_json(Path(path) / INSTRUCTION_BUFFER_JSON))
+        self.update_idx = int(state.get("update", 0))
+        self.env_steps = int(self.model.num_timesteps)
+        self._attach()
+        return state
+
+    def _attach(self) -> None:
+        from agents.sb3_agents import make_relabel_callback
+
+        # an evaluation leaves the run's TensorBoard files as they are
+        self.model.set_logger(_sb3_logger(self.run_dir / "tb" if _tensorboard_installed() and not self.eval_only
+                                          else None))
+        self._last = (time.time(), int(self.model.num_timesteps))
+        if self.relabeler is not None:
+            kw: dict[str, Any] = {"segment_length": self.cfg.sb3.segment_length, "verbose": 1}
+            if self.cfg.sb3.asynchronous is not None:
+                kw["asynchronous"] = self.cfg.sb3.asynchronous
+            self.relabel_cb = make_relabel_callback(self.relabeler, self.cfg.sb3.algo, **kw)
+
+    # ------------------------------------------------------------------ the loop
+    def iteration(self) -> IterationLog:
+        """Let ``learn`` run to the next update boundary (or its end); that update's metrics row."""
+        if self._thread is None:
+            remaining = self.cfg.run.total_timesteps - int(self.model.num_timesteps)
+            if remaining <= 0:  # resumed at the end: the last row, no training
+                self.update_idx = self.cfg.num_updates
+                return IterationLog(self.update_idx, self.env_steps, self._row({}, final=True))
+            self._thread = threading.Thread(target=self._learn, args=(remaining,), name="sb3-learn", daemon=True)
+            self._thread.start()
+        else:
+            self._to_learner.put("go")
+        kind, payload = self._to_main.get()
+        if kind == "error":
+            self._thread = None
+            raise payload
+        final = kind == "done"
+        if final:
+            self._thread.join()
+            self._thread = None
+            self.update_idx = self.cfg.num_updates
+        else:
+            self.update_idx += 1
+        self.env_steps = int(self.model.num_timesteps)
+        return IterationLog(self.update_idx, self.env_steps, self._row(payload, final=final))
+
+    def _learn(self, remaining: int) -> None:
+        from stable_baselines3.common.callbacks import CallbackList
+
+        from agents.sb3_agents import configure_torch_threads
+
+        try:
+            configure_torch_threads(self.cfg.sb3.threads or None)  # this thread's own torch settings
+            run_cb = _boundary_callback(self)
+            cbs = [run_cb] if self.relabel_cb is None else [self.relabel_cb, run_cb]
+            self.model.learn(remaining, callback=CallbackList(cbs), reset_num_timesteps=self.model.num_timesteps == 0,
+                             progress_bar=False)
+            self._to_main.put(("done", dict(run_cb.capture.values)))
+        except BaseException as e:  # noqa: BLE001 - handed to the driver's thread, which raises it
+            self._to_main.put(("error", e))
+
+    def at_boundary(self, values: dict[str, float]) -> bool:
+        """The learner thread at an update boundary: hand the driver its row's values, wait for its
+        go; False (stop learning) when the driver closes the trainer instead."""
+        self._to_main.put(("row", dict(values)))
+        return self._to_learner.get() != _STOP
+
+    def next_boundary(self, t: int) -> Optional[int]:
+        """The env-step count of the next update boundary after ``t`` (None: only the end of learn)."""
+        s = self.cfg.sb3.steps_per_update
+        nxt = (t // s + 1) * s
+        return nxt if nxt < self.cfg.run.total_timesteps else None
+
+    def _row(self, sb3_values: dict[str, float], final: bool) -> dict[str, float]:
+        model = self.model
+        t = int(model.num_timesteps)
+        now = time.time()
+        row: dict[str, float] = {}
+        if not final:  # the last row is written after learn(): not a training throughput
+            row["sps"] = (t - self._last[1]) / max(now - self._last[0], 1e-9)
+        self._last = (now, t)
+        vals = {**sb3_values, **{k: float(v) for k, v in model.logger.name_to_value.items()
+                                 if isinstance(v, (int, float, np.floating))}}
+        if "train/loss" in vals:
+            row["loss"] = vals["train/loss"]
+        if hasattr(model, "exploration_rate"):
+            row["epsilon"] = float(model.exploration_rate)
+        for k in ("train/entropy_loss", "train/value_loss", "train/approx_kl", "train/explained_variance"):
+            if k in vals:
+                row[k] = vals[k]
+        if len(model.ep_success_buffer):
+            row["train/success_rate"] = float(np.mean(model.ep_success_buffer))
+        if len(model.ep_info_buffer):
+            row["train/ep_return_mean"] = float(np.mean([e["r"] for e in model.ep_info_buffer]))
+            row["train/ep_length_mean"] = float(np.mean([e["l"] for e in model.ep_info_buffer]))
+        if self.relabel_cb is not None:
+            for k, v in self.relabel_cb.stats.items():
+                if isinstance(v, (int, float)):
+                    row[f"relabel/{k}"] = float(v)
+        row["buffer/size"] = len(self.venv.buffer.contents())
+        return row
+
+    def log_row(self, row: dict[str, Any]) -> None:
+        """The driver's metrics row through SB3's logger too (TensorBoard, dumped at its step):
+        off-policy SB3 dumps only every few episodes, which can mean never in a short run."""
+        logger = self.model.logger
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("update", "env_steps", "time"):
+                logger.record(k if "/" in k else f"run/{k}", v)
+        logger.dump(step=int(row["env_steps"]))
+
+    # ------------------------------------------------------------------ evaluation, checkpoints
+    def evaluate(self, final: bool = False) -> list:
+        """The greedy evaluation (:mod:`oir_gym.evaluation`); ``final``: eval.final_sets and
+        eval.final_episodes. One result: the run's one seed."""
+        from agents.sb3_agents import evaluate
+        from oir_gym.evaluation import eval_config
+
+        ev = self.cfg.eval
+        ecfg = eval_config(ev.instruction_files, sets=(*ev.sets, *(ev.final_sets if final else ())),
+                           episodes=ev.final_episodes if final else ev.episodes, horizon=ev.horizon,
+                           control=ev.control)
+        return [evaluate(self.model, ecfg, seed=self.cfg.run.seed + 12345, env_kwargs={"obs_mode": self.cfg.env.obs_mode})]
+
+    def save(self, *, metrics: Any = None) -> Path:
+        """A checkpoint: model.zip (checksummed), and in state.json the instruction buffer, the
+        metrics position (rows after it are cut on resume) and the update."""
+        from agents.sb3_agents import save_checkpoint
+
+        position = metrics.to_dict() if hasattr(metrics, "to_dict") else metrics
+        save_checkpoint(self.run_dir, self.model, {"update": self.update_idx, "metrics": position,
+                                                   "instruction_buffer": self.venv.buffer.state_dict()})
+        return self.run_dir
+
+    def close(self) -> None:
+        """Stop the learner thread (if it waits at a boundary), the relabeler and the envs. The model
+        stays: an evaluation may follow."""
+        if self._thread is not None:
+            self._to_learner.put(_STOP)
+            self._to_main.get()  # its "done" (or error) after learn() returned
+            self._thread.join()
+            self._thread = None
+        if self.relabeler is not None and hasattr(self.relabeler, "close"):
+            self.relabeler.close()
+            self.relabeler = None
+        if self.venv is not None:
+            self.venv.close()
+            self.venv = None
+
+
+def _boundary_callback(trainer: SB3Trainer):
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import KVWriter
+
+    class LastValues(KVWriter):
+        """An SB3 logger output that remembers the last value of every numeric key."""
+
+        def __init__(self) -> None:
+            self.values: dict[str, float] = {}
+
+        def write(self, key_values, key_excluded, step: int = 0) -> None:
+            for k, v in key_values.items():
+                if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+                    self.values[k] = float(v)
+
+        def close(self) -> None:
+            pass
+
+    class Boundaries(BaseCallback):
+        """At every update boundary (before the end of learn), hand over to the driver and wait."""
+
+        def __init__(self) -> None:
+            super().__init__(0)
+            self.capture = LastValues()
+            self._next: Optional[int] = None
+
+        def _on_training_start(self) -> None:
+            if self.capture not in self.model.logger.output_formats:
+                self.model.logger.output_formats.append(self.capture)
+            self._next = trainer.next_boundary(self.num_timesteps)
+
+        def _on_step(self) -> bool:
+            if self._next is None or self.num_timesteps < self._next:
+                return True
+            self._next = trainer.next_boundary(self.num_timesteps)
+            if trainer.update_idx + 1 >= trainer.cfg.num_updates:  # the end of learn() makes the last row
+                return True
+            return trainer.at_boundary(self.capture.values)
+
+    return Boundaries()
+
+
+def _sb3_logger(tb_dir: Optional[Path]):
+    """SB3's logger writing TensorBoard events to ``tb_dir`` (no output when None)."""
+    from stable_baselines3.common.logger import Logger, configure
+
+    if tb_dir is None:
+        return Logger(folder=None, output_formats=[])
+    return configure(str(tb_dir), ["tensorboard"])
+
+
+def _tensorboard_installed() -> bool:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- the recipe
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Annotated  # noqa: E402
+
+import tyro  # noqa: E402
+
+
+@dataclass
+class SB3Options(RunOptions):
+    """Train a Stable-Baselines3 agent on Craftax-Classic with OIR relabeling or a baseline."""
+
+    config: Annotated[SB3TrainConfig, tyro.conf.arg(name="")] = field(default_factory=SB3TrainConfig)
+
+
+class SB3Recipe(Recipe):
+    """The SB3 trainer (:class:`SB3Trainer`), its nested :class:`~agents.sb3_config.SB3TrainConfig`
+    and its checkpoint (``model.zip`` + ``state.json`` in the run directory)."""
+
+    name = "SB3"
+    script = "examples/train_sb3.py"
+    multi_process = False
+    tensorboard = False  # SB3's own logger writes tb/ (its train/ and rollout/ scalars and every row)
+    compiles = False
+
+    @property
+    def options_type(self) -> type:
+        """The dataclass the command line parses into."""
+        return SB3Options
+
+    def parse(self, argv: list[str], description: str | None = None) -> Any:
+        """As the PQN trainer's: presets (cpu, the default; smoke) or a resumed run's saved config,
+        then flags. An old flag spelling is a usage error naming the new flag."""
+        import sys
+
+        from agents.config import check_saved_backend, cli
+        from agents.sb3_config import old_flag_error
+        from agents.train import parse_with_base
+
+        old = old_flag_error(argv)
+        if old:
+            print(f"error: {old}", file=sys.stderr)
+            raise SystemExit(2)
+
+        def parse(options_type: type, args: list[str], *, base: Any = None, description: str | None = None) -> Any:
+            return cli(options_type, args, base=base, description=description, presets=SB3_PRESETS,
+                       config_type=SB3TrainConfig)
+
+        opts = parse_with_base(argv, description, SB3Options, parse, load_sb3_config, check_saved_backend)
+        opts.config = opts.config.with_hp()
+        return opts
+
+    def num_updates(self, cfg: Any) -> int:
+        return cfg.num_updates
+
+    def default_run_dir(self, cfg: Any) -> str:
+        return f"runs/sb3_{cfg.sb3.algo}_{cfg.relabeler}_{time.strftime('%Y%m%d-%H%M%S')}"
+
+    def checkpoints(self, own_dir: Path) -> dict[int, Path]:
+        from agents.sb3_agents import MODEL_ZIP, UntrustedModelError, read_checkpoint_state, verified_model_zip
+
+        state = read_checkpoint_state(own_dir)
+        if state is None and not (own_dir / MODEL_ZIP).exists():
+            return {}
+        try:  # a model.zip without the checksum the run recorded is refused before anything is built
+            _, state = verified_model_zip(own_dir, repair=True)
+        except UntrustedModelError as e:
+            raise ValueError(str(e)) from None
+        return {int(state.get("update", 0)): own_dir}
+
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
+        """The checkpoint's state.json, its zip checked (before anything is written; nothing unpickled)."""
+        from agents.sb3_agents import check_model_zip, verified_model_zip
+
+        zip_path, state = verified_model_zip(path, repair=True)
+        check_model_zip(zip_path)
+        return state
+
+    def build(self, cfg: Any, own_dir: Path, eval_only: bool) -> RunTrainer:
+        return SB3Trainer(cfg, own_dir, eval_only=eval_only)
+
+    def write_config(self, run: RunDir, cfg: Any) -> None:
+        from agents.sb3_agents import resolve_hyperparams
+
+        run.write_config({**cfg.to_dict(), "resolved_hyperparams": resolve_hyperparams(
+            cfg.sb3.algo, cfg.sb3.num_envs, cfg.sb3.hyperparams)})
+
+    def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
+        device = cfg.resolved_device
+        return (f"oir-gym SB3 | algo={cfg.sb3.algo} method={cfg.run.method} relabeler={cfg.relabeler} | "
+                f"{cfg.sb3.num_envs} envs | {cfg.num_updates} updates of {cfg.sb3.steps_per_update:,} env steps | "
+                f"{cfg.run.total_timesteps:,} env steps | device {device} | run dir {run.path}")
+
+    def summary_line(self, row: dict[str, Any], num_updates: int) -> str:
+        parts = [f"[{row['update']:5d}/{num_updates}] steps {row['env_steps']:>9,}"]
+        if "sps" in row:
+            parts.append(f"{row['sps']:6.0f} sps")
+        if "epsilon" in row:
+            parts.append(f"eps {row['epsilon']:.2f}")
+        if "loss" in row:
+            parts.append(f"loss {row['loss']:.4f}")
+        if "train/success_rate" in row:
+            parts.append(f"train success {row['train/success_rate']:.3f}")
+        if "relabel/rows_added" in row:
+            parts.append(f"relabel rows {row['relabel/rows_added']:.0f} grounded "
+                         f"{row.get('relabel/grounded_fraction', 0.0):.2f}")
+        if "eval/original/mean_success_rate" in row:
+            parts.append(f"eval success {row['eval/original/mean_success_rate']:.3f}")
+        return " | ".join(parts)
+
+    def on_row(self, trainer: RunTrainer, row: dict[str, Any]) -> None:
+        trainer.log_row(row)  # type: ignore[attr-defined]
+
+    def label(self, cfg: Any) -> str:
+        return cfg.sb3.algo
+
+    def eval_title(self, cfg: Any, trainer: RunTrainer, tag: str | None) -> str:
+        what = "Final evaluation" if tag is None else f"Evaluation '{tag}'"
+        return (f"# {what} ({cfg.sb3.algo}, method {cfg.run.method}, relabeler {cfg.relabeler}, "
+                f"{trainer.env_steps:,} env steps, {cfg.eval.final_episodes} episode(s) x {cfg.eval.horizon} steps "
+                "per instruction)")
+
+    def completion_info(self, trainer: RunTrainer) -> dict[str, Any]:
+        from agents.sb3_agents import read_checkpoint_state
+
+        return {"model_sha256": (read_checkpoint_state(trainer.run_dir) or {}).get("model_sha256")}  # type: ignore[attr-defined]
+
+
+#: The SB3 trainer's recipe (``examples/train_sb3.py``).
+SB3 = SB3Recipe()
+
+
+def sb3_main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """``examples/train_sb3.py``'s command line ``argv``: :func:`agents.train.main` with :data:`SB3`."""
+    from agents.train import main
+
+    return main(SB3, argv, started)

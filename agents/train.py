@@ -1,0 +1,832 @@
+"""One run driver for both trainers: parse, prepare the run directory, agree across processes, train
+(evaluations, checkpoints, stop requests and signals), write the final outputs.
+
+    from agents.train import main, PQN, SB3
+    main(PQN, ["smoke", "--run-dir", "runs/smoke"])     # what examples/train_pqn.py runs
+    main(SB3, ["smoke", "--run-dir", "runs/sb3"])       # what examples/train_sb3.py runs
+
+A trainer is anything with the small interface of :class:`RunTrainer` (``init_state``, ``load``,
+``iteration``, ``evaluate``, ``save``, ``close``): :class:`agents.oir.Trainer` (PQN) and
+:class:`agents.sb3_trainer.SB3Trainer`. What differs between the two (their config, presets and
+checkpoint format, the header and progress lines) is a :class:`Recipe`; everything else, the
+command-line options of :class:`RunOptions` included, is one code path, so both scripts accept
+the same run flags (``--run-dir``, ``--resume``, ``--overwrite``, ``--max-updates``,
+``--time-limit``, ``--eval-only``, ``--wandb``, ``--progress``, ``--log-every``) with one meaning.
+
+A run directory (:mod:`agents.run_dir`) gets config.json, metrics.jsonl / metrics.csv, TensorBoard
+events, the trainer's checkpoints, eval_<update>.json, eval_final.md, PNG plots and complete.json
+last. SIGINT and SIGTERM stop after the current update with a checkpoint; a second signal ends the
+process at once (exit status 128 + the signal's number; the newest checkpoint on disk is the last
+state).
+
+Exit status: 0 done, stopped or nothing to do; 1 a non-finite update; 2 a usage, config or run
+directory error (nothing written or deleted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Optional, Protocol
+
+import tyro
+
+from agents.config import TrainConfig
+from agents.run_dir import CorruptFileError, RunDir, RunDirError, atomic_write_json, check_tag, require_wandb
+
+
+@dataclass
+class IterationLog:
+    """What :meth:`RunTrainer.iteration` returns: the update's number, the env steps so far, its
+    metrics (:class:`agents.oir.IterationLog` has the same fields)."""
+
+    update: int
+    env_steps: int
+    metrics: dict[str, float]
+
+
+class RunTrainer(Protocol):
+    """The interface the driver trains through (both trainers implement it).
+
+    Attributes: ``update_idx`` and ``env_steps`` (progress), ``seed_offset`` (global index of this
+    process's first seed), ``process_index``, ``startup`` (seconds per start-up part, printed).
+    """
+
+    update_idx: int
+    env_steps: int
+    process_index: int
+    startup: dict[str, float]
+
+    @property
+    def seed_offset(self) -> int: ...
+
+    def init_state(self) -> None:
+        """A fresh training state (update 0)."""
+
+    def load(self, path: Any) -> dict[str, Any]:
+        """Restore the checkpoint at ``path``; returns its host state (``update``, ``metrics`` position...)."""
+
+    def iteration(self) -> IterationLog:
+        """One update: its row of metrics."""
+
+    def evaluate(self, final: bool = False) -> list:
+        """Every seed's :class:`~oir_gym.evaluation.EvalResult` (``final``: the final evaluation's settings)."""
+
+    def save(self, *, metrics: Any = None) -> Any:
+        """A checkpoint, recording the metrics position ``metrics``."""
+
+    def close(self) -> None:
+        """Release workers, envs and files."""
+
+
+@dataclass
+class RunOptions:
+    """The driver's own options, the same in both scripts (the trainer's settings are ``config``)."""
+
+    run_dir: Optional[str] = None
+    """Output folder (default runs/<method>_<time>; SB3: runs/sb3_<algo>_<relabeler>_<time>)."""
+    resume: bool = False
+    """Continue the run in --run-dir from its newest checkpoint."""
+    overwrite: bool = False
+    """Replace the run already in --run-dir (its outputs are deleted)."""
+    max_updates: Optional[int] = None
+    """Stop (with a checkpoint) after this many updates in total; resume later."""
+    time_limit: Optional[float] = None
+    """Stop (with a checkpoint) after this many seconds; resume later."""
+    eval_only: Optional[str] = None
+    """No training: evaluate the newest checkpoint as the final evaluation does (this run's --eval.* settings:
+    eval.final_sets too, eval.final_episodes per instruction, any --eval.instruction-files) and write
+    eval_TAG.json/.md."""
+    wandb: bool = False
+    """Also log to Weights & Biases (config = config.json; needs the wandb package)."""
+    progress: bool = True
+    """A progress bar with ETA (off: one line per update)."""
+    log_every: int = 1
+    """Updates between printed summary lines (evaluations are always printed)."""
+
+
+class Recipe:
+    """What one trainer brings to the driver: its options type, config file format, checkpoints,
+    construction and lines of output. :data:`PQN` and :data:`SB3` are the two."""
+
+    #: the trainer's name in messages
+    name = ""
+    #: the script that runs it (named in the "continue with" line)
+    script = ""
+    #: whether a run may span several processes (``jax.distributed``)
+    multi_process = False
+    #: whether the metrics writer writes TensorBoard events (None: when the package is installed)
+    tensorboard: Optional[bool] = None
+    #: whether the first update compiles programs (said in the start-up lines)
+    compiles = True
+
+    def parse(self, argv: list[str], description: str | None = None) -> Any:
+        """The command line as this trainer's options (a :class:`RunOptions` with a ``config``)."""
+        raise NotImplementedError
+
+    def num_updates(self, cfg: Any) -> int:
+        """Updates of the whole run."""
+        raise NotImplementedError
+
+    def default_run_dir(self, cfg: Any) -> str:
+        """The folder of a run started without ``--run-dir``."""
+        raise NotImplementedError
+
+    def checkpoint_place(self, own_dir: Path) -> Path:
+        """Where the checkpoints live (named in messages)."""
+        return own_dir
+
+    def checkpoints(self, own_dir: Path) -> dict[int, Path]:
+        """The checkpoints this process holds, by update."""
+        raise NotImplementedError
+
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Verify the checkpoint at ``path`` and return its host state (``update``, ``metrics``)."""
+        raise NotImplementedError
+
+    def no_checkpoint(self, own_dir: Path) -> None:
+        """A resume found no checkpoint: raise if what is there cannot be resumed at all."""
+
+    def drop_newer(self, own_dir: Path, update: int) -> None:
+        """Before resuming from ``update``: remove newer checkpoints (their updates run again)."""
+
+    def build(self, cfg: Any, own_dir: Path, eval_only: bool) -> RunTrainer:
+        """The trainer (``eval_only``: for an evaluation, no LLM started)."""
+        raise NotImplementedError
+
+    def write_config(self, run: RunDir, cfg: Any) -> None:
+        """Write the run's ``config.json``."""
+        run.write_config(cfg.to_dict())
+
+    def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
+        """The first line of a run."""
+        raise NotImplementedError
+
+    def summary_line(self, row: dict[str, Any], num_updates: int) -> str:
+        """The one-line progress summary of a metrics row."""
+        raise NotImplementedError
+
+    def on_row(self, trainer: RunTrainer, row: dict[str, Any]) -> None:
+        """After each metrics row is written (e.g. into the trainer's own logger)."""
+
+    def label(self, cfg: Any) -> str:
+        """The run's name in plots and tables (method or algorithm)."""
+        raise NotImplementedError
+
+    def eval_title(self, cfg: Any, trainer: RunTrainer, tag: str | None) -> str:
+        """The heading of eval_final.md (``tag`` None) or of an ``--eval-only`` evaluation."""
+        raise NotImplementedError
+
+    def compile_ahead(self, trainer: RunTrainer) -> bool:
+        """Whether to start the trainer's compiles beside its initial state."""
+        return False
+
+    def completion_info(self, trainer: RunTrainer) -> dict[str, Any]:
+        """What complete.json records besides the update and env steps."""
+        return {}
+
+    def write_diversity(self, trainer: RunTrainer, folder: Path, cfg: Any) -> None:
+        """Write and print the relabeling's diversity report, where the trainer has one."""
+
+    def final_extras(self, trainer: RunTrainer) -> dict[str, float]:
+        """Columns the last update's row adds (e.g. the relabeled instructions' diversity)."""
+        return {}
+
+
+def _mean_table(per_seed: list[dict]) -> str:
+    """Markdown table of per-seed evaluation dicts (``EvalResult.to_dict()``), rates averaged over seeds."""
+    import numpy as np
+
+    from oir_gym.evaluation import EvalResult
+
+    res = EvalResult()
+    for s in per_seed[0]:
+        res.texts[s] = per_seed[0][s]["texts"]
+        res.achievements[s] = per_seed[0][s]["achievements"]
+        res.rates[s] = np.mean([f[s]["rates"] for f in per_seed], axis=0)
+    return res.to_markdown()
+
+
+def _metrics_resume(host: dict[str, Any]) -> dict[str, Any]:
+    """How a resume cuts metrics.jsonl back to a checkpoint: its recorded position, or (a checkpoint
+    converted from a legacy pickle) the rows up to its update; no checkpoint (``{}``): every row."""
+    if not host:
+        return {"after_update": 0}
+    if host.get("metrics"):
+        return {"position": host["metrics"]}
+    return {"after_update": int(host.get("metrics_after_update") or host["update"])}
+
+
+def _any_problem(problem: str | None) -> str | None:
+    """The first process's problem (an error message) or None: every process stops on it alike."""
+    from agents.multihost import allgather_json
+
+    return next((p for p in allgather_json(problem) if p), None)
+
+
+class _NoMetrics:
+    """The metrics writer of a process other than 0 in a multi-process run: process 0 writes the rows."""
+
+    def write(self, row: dict[str, Any]) -> None:
+        pass
+
+    def sync(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class _StopRequest:
+    """SIGINT / SIGTERM: the first asks the loop to stop after the current update (with a checkpoint);
+    a second one ends the process at once with exit status 128 + its number (the newest checkpoint
+    on disk stays the last state), whatever the main thread is doing.
+
+    Python runs a signal handler only on the main thread, between two bytecodes: while that thread
+    waits in C (a compile, a device transfer, a program that never finishes) the handler would wait
+    with it. So a watcher thread counts the signals: the C-level handler writes each signal's number
+    to a pipe (``signal.set_wakeup_fd``) and the watcher, blocked on that pipe, runs as soon as it
+    arrives (JAX's compiles and transfers release the GIL).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._old: dict[int, Any] = {}
+        self._old_wakeup = -1
+        self._write_fd = -1
+
+    def __enter__(self) -> "_StopRequest":
+        read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)  # the C handler must never block
+        self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        for sig in self.SIGNALS:
+            self._old[sig] = signal.signal(sig, self._handle)
+        threading.Thread(target=self._watch, args=(read_fd,), name="stop-request", daemon=True).start()
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        # the watcher counts and reports; this (main-thread) handler only makes sure that the loop's
+        # next check sees the request even if the watcher has not run yet
+        self.requested = self.requested or signal.Signals(signum).name
+
+    def _watch(self, read_fd: int) -> None:
+        count = 0
+        with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+            while data := pipe.read(64):  # b"": __exit__ closed the write end
+                for signum in data:
+                    if signum not in self.SIGNALS:  # another signal with a Python handler
+                        continue
+                    name = signal.Signals(signum).name
+                    count += 1
+                    if count == 1:
+                        self.requested = self.requested or name
+                        print(f"\n{name}: stopping after this update with a checkpoint (send it again to stop "
+                              "at once)", file=sys.stderr, flush=True)
+                    else:
+                        print(f"\n{name}, a second signal: exiting now; the newest checkpoint on disk is the last "
+                              "state", file=sys.stderr, flush=True)
+                        os._exit(128 + signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        signal.set_wakeup_fd(self._old_wakeup)
+        os.close(self._write_fd)
+
+
+def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = None,
+         description: str | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) with the trainer of ``recipe``.
+
+    ``started``: when the process started (``time.time()``), so that the metrics' ``time`` column and
+    ``--time-limit`` count the imports too (default: from this call); ``description``: the ``--help``
+    text. Returns the exit status (module docstring).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    opts = recipe.parse(argv, description)
+    cfg = opts.config
+    from agents.multihost import allgather_json, check_processes, merge_evals, newest_common_update, process_dir
+    from agents.sharding import initialize_distributed
+
+    # a multi-host job (scheduler env vars) joins before JAX starts its backend (which
+    # validating a config's instruction files would: oir_gym imports Craftax); every process
+    # trains its share of the seeds (agents.multihost), process 0 writes the run's merged files
+    if initialize_distributed():
+        import jax
+
+        procs, me = jax.process_count(), jax.process_index()
+    else:
+        procs, me = 1, 0
+
+    # every check before anything is written or deleted
+    try:
+        cfg.validate()
+        if opts.eval_only is not None:
+            check_tag(opts.eval_only)
+        for name in ("max_updates", "log_every"):
+            v = getattr(opts, name)
+            if v is not None and v < 1:
+                raise ValueError(f"--{name.replace('_', '-')}={v} must be >= 1")
+        if opts.time_limit is not None and not opts.time_limit > 0:
+            raise ValueError(f"--time-limit={opts.time_limit} must be > 0")
+        if opts.wandb:
+            require_wandb()
+        if procs > 1 and not recipe.multi_process:
+            raise ValueError(f"the {recipe.name} trainer runs in one process ({procs} joined)")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if opts.eval_only is not None and opts.overwrite:
+        print("error: --eval-only reads a run; it cannot be combined with --overwrite", file=sys.stderr)
+        return 2
+    num_updates = recipe.num_updates(cfg)
+    resume = opts.resume or opts.eval_only is not None
+    run_path = Path(opts.run_dir or recipe.default_run_dir(cfg))
+    if opts.run_dir is None and procs > 1:
+        print("error: a run over several processes needs --run-dir (one directory every host sees)", file=sys.stderr)
+        return 2
+    if recipe.multi_process:
+        try:
+            check_processes(cfg.run.num_seeds, procs)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    flag = "--eval-only" if opts.eval_only is not None else "--resume"
+    problem = None
+    if me == 0:
+        try:
+            run = RunDir.prepare(run_path, resume=resume, overwrite=opts.overwrite)
+        except RunDirError as e:
+            problem = f"error: {str(e).replace('--resume', flag)}"
+    problem = _any_problem(problem)  # process 0 prepared the directory (or refused): every process knows
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    if me:
+        run = RunDir(run_path)
+    own_dir = process_dir(run.path, procs, me)  # this process's checkpoints (the run directory itself alone)
+    own_dir.mkdir(parents=True, exist_ok=True)
+
+    from agents.checkpoint import CheckpointError
+    from oir_gym import enable_compilation_cache
+
+    done = None
+    start: Path | None = None  # the checkpoint this process continues from (None: update 0)
+    if resume:
+        # the newest checkpoint every process holds: a process that stopped between its save and
+        # the others' holds a newer one, which the resume replays and replaces
+        try:
+            mine = recipe.checkpoints(own_dir)
+        except (CorruptFileError, ValueError) as e:
+            mine, problem = {}, f"error: {e}"
+        common = newest_common_update(allgather_json(sorted(mine)))
+        # verify the checkpoint and the metrics it covers before anything is written
+        try:
+            if problem:
+                pass
+            elif common is not None:
+                start = mine[common]
+                saved = recipe.read_checkpoint(start)
+            else:
+                recipe.no_checkpoint(own_dir)
+                if opts.eval_only is not None:
+                    raise FileNotFoundError(own_dir)
+                saved = {}  # killed before its first checkpoint: the run starts again with its saved config
+            if not problem and opts.eval_only is None and me == 0:
+                run.check_metrics(**_metrics_resume(saved))
+            done = run.completion()
+        except FileNotFoundError:
+            problem = f"error: {flag} given but {recipe.checkpoint_place(own_dir)} holds no checkpoint"
+        except (CorruptFileError, CheckpointError, ValueError) as e:
+            problem = f"error: {e}"
+        problem = _any_problem(problem)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+        if opts.eval_only is None and done is not None and done.get("update", 0) >= num_updates:
+            print(f"{run.path} is already complete ({done['update']}/{num_updates} updates, final evaluation, "
+                  "CSV and plots written); nothing to resume. Evaluate it again with --eval-only TAG.", flush=True)
+            return 0
+    enable_compilation_cache()
+
+    from agents.llm import LLMCheckError
+
+    t0 = time.time()
+    if started is not None and started <= t0:  # the wall clock starts with the process
+        t0 = started
+    imports = time.time() - t0
+    if opts.eval_only is not None:
+        # evaluation needs no relabeler or goal proposer: never an LLM (nor a backend the run's
+        # files name: nothing of it may be imported)
+        trainer = recipe.build(cfg, own_dir, eval_only=True)
+    else:
+        try:
+            trainer = recipe.build(cfg, own_dir, eval_only=False)  # an LLM is checked here
+        except (LLMCheckError, ValueError) as e:  # ValueError: e.g. a wording pool too close to an evaluation string
+            problem = f"error: {e}"
+        problem = _any_problem(problem)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+        if me == 0:
+            run.clear_complete()
+            recipe.write_config(run, cfg)
+    if me == 0:
+        print(recipe.header(cfg, trainer, procs, run), flush=True)
+    host: dict[str, Any] = {}
+    compile_ahead = opts.eval_only is None and recipe.compile_ahead(trainer)
+    try:
+        if start is not None:
+            if opts.eval_only is None:
+                recipe.drop_newer(own_dir, int(start.name) if start.name.isdigit() else 0)
+            host = trainer.load(start)
+            print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
+            if compile_ahead and trainer.update_idx < num_updates:
+                trainer.start_compiling()  # type: ignore[attr-defined]
+        else:
+            if resume:  # no checkpoint every process holds: the run starts again
+                recipe.drop_newer(own_dir, 0)
+                if me == 0:
+                    why = (f"{recipe.checkpoint_place(own_dir)} holds no checkpoint yet (the run stopped before its "
+                           "first)" if procs == 1 else "the processes hold no checkpoint of the same update")
+                    print(f"{why}: starting the run from update 0 with its saved config", flush=True)
+            if compile_ahead:
+                trainer.start_compiling()  # type: ignore[attr-defined]
+            trainer.init_state()
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s"
+                          for k, v in {"imports": imports, **trainer.startup}.items() if k != "imports" or v >= 0.5)
+        print(f"ready after {time.time() - t0:.0f} s ({parts})"
+              f"{'; the first update compiles' if recipe.compiles else ''}", flush=True)
+    except (CheckpointError, CorruptFileError, ValueError) as e:
+        trainer.close()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    def run_eval(tag: str, final: bool = False) -> tuple[list[dict], dict[str, float]]:
+        """Every seed's evaluation (process 0 writes the run's eval file with all of them) and this
+        process's metrics row part (its seeds' columns and their means); ``final``: the final
+        evaluation (eval.final_sets, eval.final_episodes)."""
+        results = trainer.evaluate(final=final)
+        row: dict[str, float] = {}
+        for s, r in enumerate(results):
+            for k, v in r.flat_metrics().items():
+                row[f"seed{trainer.seed_offset + s}/{k}"] = v
+        for k in results[0].flat_metrics():
+            row[k] = float(sum(r.flat_metrics()[k] for r in results) / len(results))
+        every = merge_evals(allgather_json([r.to_dict() for r in results]))
+        if me == 0:
+            run.write_eval(tag, every)
+        return every, row
+
+    if opts.eval_only is not None:  # the run's metrics, config and TensorBoard files stay as they are
+        trainer.close()
+        results, _ = run_eval(opts.eval_only, final=True)
+        if me:
+            return 0
+        table = _mean_table(results)
+        run.write_eval(opts.eval_only, results, markdown=f"{recipe.eval_title(cfg, trainer, opts.eval_only)}\n\n{table}\n")
+        print(table + f"\nwrote {run.eval_path(opts.eval_only)}", flush=True)
+        return 0
+
+    # process 0 writes the run's metrics (every process's rows merged); the others keep none
+    metrics = run.open_metrics(**(_metrics_resume(host) if resume else {}), wandb=opts.wandb,
+                                tensorboard=recipe.tensorboard) if me == 0 \
+        else _NoMetrics()
+    stopped: str | None = None
+    try:
+        stopped = _train(recipe, trainer, num_updates, metrics, opts, run_eval, t0)
+    except FloatingPointError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        trainer.close()
+        metrics.close()
+    if stopped:
+        recipe.write_diversity(trainer, own_dir, cfg)  # a stopped run's buffer is reported too (it may never resume)
+        if me:
+            return 0
+        run.write_csv()
+        print(f"stopped ({stopped}) at update {trainer.update_idx}/{num_updates}; continue with: "
+              f"python {recipe.script} --run-dir {run.path} --resume", flush=True)
+        return 0
+    _finish(recipe, trainer, run, cfg, run_eval, own_dir)
+    if me:
+        return 0
+    print(f"\ndone in {time.time() - t0:.0f}s; outputs in {run.path}/", flush=True)
+    return 0
+
+
+def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunOptions, run_eval: Any,
+           t0: float) -> str | None:
+    """The training loop; returns why it stopped early (None: it reached the last update)."""
+    from tqdm import tqdm
+
+    from agents.multihost import allgather_json, merge_rows
+
+    cfg = opts.config  # type: ignore[attr-defined]
+    bar = None
+    quiet = trainer.process_index > 0  # process 0 prints the run's progress
+    with _StopRequest() as stop:
+        try:
+            if trainer.update_idx < n and not quiet and recipe.compiles:
+                print(f"update {trainer.update_idx + 1}: compiling the rollout and update programs (the first "
+                      "update of a process takes tens of seconds on a CPU)...", flush=True)
+            while trainer.update_idx < n:
+                log = trainer.iteration()
+                row = {"update": log.update, "env_steps": log.env_steps, "time": time.time() - t0, **log.metrics}
+                last = log.update >= n
+                if log.update % cfg.eval.every == 0 or last:
+                    t_eval = time.time()
+                    _, erow = run_eval("final" if last else f"{log.update:06d}", final=last)
+                    row.update(erow)
+                    row["time/eval_s"] = time.time() - t_eval  # after this row's "time" (training time = time minus earlier evaluations)
+                if last:
+                    row.update(recipe.final_extras(trainer))
+                why = stop.requested
+                if not why and opts.max_updates and trainer.update_idx >= opts.max_updates and not last:
+                    why = f"--max-updates {opts.max_updates}"
+                if not why and opts.time_limit and time.time() - t0 > opts.time_limit and not last:
+                    why = f"--time-limit {opts.time_limit:g}s"
+                # every process's row and stop reason (one process stopping stops them all)
+                gathered = allgather_json([row, why])
+                row = merge_rows([r for r, _ in gathered])
+                why = next((w for _, w in gathered if w), None)
+                metrics.write(row)
+                recipe.on_row(trainer, row)
+                line = recipe.summary_line(row, n)
+                if bar is None and opts.progress and not quiet:  # started after the first update: its rate leaves out the compile
+                    bar = tqdm(total=n, initial=log.update, unit="update", dynamic_ncols=True, file=sys.stderr,
+                               disable=None)  # None: off when stderr is not a terminal (then lines are printed)
+                elif bar is not None:
+                    bar.update(log.update - bar.n)
+                if bar is not None and not bar.disable:
+                    bar.set_postfix_str(f"{row.get('sps', 0.0):.0f} sps, loss {row.get('loss', float('nan')):.4f}",
+                                        refresh=False)
+                    if log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row:
+                        bar.write(line)
+                elif not quiet and (log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row
+                                    or last):
+                    print(line, flush=True)
+                if log.update % cfg.run.checkpoint_every == 0 or last:
+                    trainer.save(metrics=metrics.sync())
+                if why:
+                    if not last:
+                        trainer.save(metrics=metrics.sync())
+                    return why
+        finally:
+            if bar is not None:
+                bar.close()
+    return None
+
+
+def _finish(recipe: Recipe, trainer: RunTrainer, run: RunDir, cfg: Any, run_eval: Any, own_dir: Path) -> None:
+    """The final outputs (evaluation, CSV, plots, table), then the completion marker, in that order
+    (process 0; the others evaluate with it and write their diversity.json)."""
+    from agents.multihost import allgather_json
+    from oir_gym import analysis
+
+    if allgather_json(not run.eval_path("final").exists())[0]:  # killed between the last checkpoint and its evaluation file
+        run_eval("final", final=True)
+    if trainer.process_index > 0:
+        recipe.write_diversity(trainer, own_dir, cfg)
+        return
+    run.write_csv()
+    rows = run.read_metrics()
+    label = recipe.label(cfg)
+    analysis.plot_training(rows, run.path / "training.png")
+    analysis.plot_learning_curves({label: [rows]}, run.path / "learning_curves.png")
+    final = run.read_eval("final")
+    analysis.plot_instruction_bars({label: final}, run.path / "instruction_success.png")
+    analysis.write_overview_plots({label: [rows]}, run.path)  # success.png, gain.png, relabeling.png
+    table = _mean_table(final)
+    run.write_eval("final", final, markdown=f"{recipe.eval_title(cfg, trainer, None)}\n\n{table}\n")
+    print("\nFinal evaluation (mean over seeds):\n" + table)
+    recipe.write_diversity(trainer, own_dir, cfg)
+    run.mark_complete(update=trainer.update_idx, env_steps=trainer.env_steps, **recipe.completion_info(trainer))
+
+
+def script(recipe: Recipe, description: str | None = None, started: float | None = None) -> None:
+    """A script's entry: :func:`main` with ``sys.argv``, then exit with its status; a process of a
+    multi-process run that lost another ends with one line."""
+    from agents.multihost import ProcessLost
+
+    try:
+        code = main(recipe, started=started, description=description)
+    except ProcessLost as e:
+        print(f"error: {e}; this process stops too, every checkpoint is kept: continue the run with --resume "
+              "in every process", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # at once: jax.distributed's exit barrier would wait for the lost process, then abort with a stack dump
+        os._exit(3)
+    sys.exit(code)
+
+
+# ----------------------------------------------------------------------------- PQN
+@dataclass
+class PQNOptions(RunOptions):
+    """Train PQN with OIR or a baseline on Craftax-Classic."""
+
+    config: Annotated[TrainConfig, tyro.conf.arg(name="")] = field(default_factory=TrainConfig)
+
+
+class PQNRecipe(Recipe):
+    """The PQN trainer (:class:`agents.oir.Trainer`), its nested :class:`~agents.config.TrainConfig`
+    and its checkpoints (:mod:`agents.checkpoint`)."""
+
+    name = "PQN"
+    script = "examples/train_pqn.py"
+    multi_process = True
+
+    @property
+    def options_type(self) -> type:
+        """The dataclass the command line parses into: :class:`RunOptions` plus ``config``."""
+        return PQNOptions
+
+    def parse(self, argv: list[str], description: str | None = None) -> Any:
+        """``--resume`` / ``--eval-only`` start from the run's saved config (flags override it);
+        otherwise from the preset named first (default cpu)."""
+        from agents.config import check_saved_backend, cli, load_config
+
+        return parse_with_base(argv, description, self.options_type, cli, load_config, check_saved_backend)
+
+    def num_updates(self, cfg: Any) -> int:
+        return cfg.num_updates
+
+    def default_run_dir(self, cfg: Any) -> str:
+        return f"runs/{cfg.run.method}_{time.strftime('%Y%m%d-%H%M%S')}"
+
+    def checkpoint_place(self, own_dir: Path) -> Path:
+        return own_dir / "checkpoints"
+
+    def checkpoints(self, own_dir: Path) -> dict[int, Path]:
+        from agents.checkpoint import list_checkpoints
+
+        return {int(p.name): p for p in list_checkpoints(own_dir)}
+
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
+        from agents.checkpoint import load_checkpoint
+
+        return load_checkpoint(path)[1]
+
+    def no_checkpoint(self, own_dir: Path) -> None:
+        from agents.checkpoint import refuse_legacy
+
+        refuse_legacy(own_dir)
+
+    def drop_newer(self, own_dir: Path, update: int) -> None:
+        """Remove this process's newer checkpoints (the updates are replayed and saved again) and say
+        what happened to them and to incomplete copies."""
+        from agents.checkpoint import incomplete_checkpoints, remove_checkpoints_after
+
+        for p in remove_checkpoints_after(own_dir, update):
+            print(f"removed {p}: not every process of the run reached it; updates after {update} run again",
+                  flush=True)
+        for p in incomplete_checkpoints(own_dir):
+            if int(p.name) > update:
+                print(f"skipped {p}: it has no manifest.json (a copy that stopped part way); resuming from update "
+                      f"{update}", flush=True)
+
+    def build(self, cfg: Any, own_dir: Path, eval_only: bool) -> RunTrainer:
+        from agents.config import LLMConfig
+        from agents.oir import Trainer
+
+        if eval_only:  # the rule relabeler and proposer: never an LLM, nor a backend the run's files name
+            cfg = cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules", "llm.backend": LLMConfig.backend})
+        return Trainer(cfg, own_dir)
+
+    def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
+        import jax
+
+        source = {"oir": f" relabeler={cfg.oir.relabeler}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(
+            cfg.run.method, "")
+        return (f"oir-gym PQN | method={cfg.run.method}{source} | {cfg.run.num_seeds} seed(s) x {cfg.pqn.num_envs} "
+                f"envs x {cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env "
+                f"steps | device {jax.devices()[0].platform}{f' | {procs} processes' if procs > 1 else ''} | "
+                f"run dir {run.path}")
+
+    def summary_line(self, row: dict[str, Any], num_updates: int) -> str:
+        return summary_line(row, num_updates)
+
+    def label(self, cfg: Any) -> str:
+        return cfg.run.method
+
+    def eval_title(self, cfg: Any, trainer: RunTrainer, tag: str | None) -> str:
+        if tag is None:
+            return (f"# Final evaluation ({cfg.run.method}, {cfg.run.num_seeds} seed(s), {trainer.env_steps:,} env "
+                    f"steps, {cfg.eval.final_episodes} episodes x {cfg.eval.horizon} steps per instruction)")
+        return (f"# Evaluation '{tag}' ({cfg.run.method}, {cfg.run.num_seeds} seed(s), checkpoint at "
+                f"{trainer.env_steps:,} env steps, {cfg.eval.final_episodes} episodes x {cfg.eval.horizon} steps per "
+                f"instruction, epsilon {cfg.eval.epsilon})")
+
+    def compile_ahead(self, trainer: RunTrainer) -> bool:
+        # on an accelerator the programs compile side by side, beside the initial state's own compile
+        # (a CPU has no spare cores for the throwaway calls this costs)
+        import jax
+
+        return jax.default_backend() != "cpu"
+
+    def final_extras(self, trainer: RunTrainer) -> dict[str, float]:
+        method = getattr(trainer, "method", None)
+        return method.diversity() if hasattr(method, "diversity") else {}  # oir: the diversity of all buffer offers
+
+    def write_diversity(self, trainer: RunTrainer, folder: Path, cfg: Any) -> None:
+        """oir: how far the buffer's instructions go beyond the captions, and the LLM's record (errors
+        by type with an example, drops by reason, stale answers) in diversity.json; a line each."""
+        method = getattr(trainer, "method", None)
+        if not hasattr(method, "diversity"):
+            return
+        write_diversity_report(method, trainer.update_idx, folder, cfg.oir.grounding, cfg.oir.relabeler)
+
+
+def write_diversity_report(method: Any, update: int, folder: Path, grounding: str, relabeler: str) -> None:
+    """Write ``diversity.json`` of an OIR method (its :meth:`diversity` and :meth:`llm_report`) and
+    print what it says: the novelty of the buffer's instructions, the LLM's share and errors."""
+    llm = method.llm_report()
+    d = {"grounding": grounding, "relabeler": relabeler, "update": update,
+         **method.diversity(), **({"llm": llm} if llm else {})}
+    atomic_write_json(folder / "diversity.json", d)
+    print(f"relabeled instructions ({grounding} grounding): novelty share "
+          f"{d['diversity/novelty_share']:.3f} of {int(d['diversity/instructions'])} distinct; LLM share of "
+          f"buffer offers {d['relabel/llm_offer_share_total']:.3f} of {int(d['relabel/offers_total'])}; "
+          f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
+          f"({int(d['diversity/events_named'])} events); wrote {folder / 'diversity.json'}")
+    if "diversity/llm_echo_share" in d:  # a small LLM mostly copies its prompt's examples: say how much
+        print(f"LLM instructions: {int(d['diversity/llm_instructions'])} distinct, "
+              f"{d['diversity/llm_echo_share']:.3f} of them copies of the prompt's example answers")
+    if llm:  # what the LLM contributed, in counts (a share of zero offers reads like a success)
+        rows, buf = int(llm.get("rows_in_batch", 0)), int(llm.get("into_buffer", 0))
+        print(f"LLM instructions reached {rows} training batch rows and {buf} buffer entries"
+              if rows or buf else "the LLM contributed nothing: none of its instructions reached a training batch "
+              "or a buffer (rule instructions or nothing trained the agent)")
+    if llm.get("errors_by_type"):  # what went wrong with the LLM, in one line
+        kinds = sorted(llm["errors_by_type"].items(), key=lambda kv: -kv[1])
+        print(f"LLM errors by type (calls): {', '.join(f'{k} {n}' for k, n in kinds)}; "
+              f"e.g. {llm['error_examples'].get(kinds[0][0], '')}")
+
+
+def parse_with_base(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any,
+                    check_saved_backend: Any) -> Any:
+    """The command line as ``options_type`` (parsed by ``cli``, :func:`agents.config.cli`'s signature):
+    ``--resume`` / ``--eval-only`` start from the run's saved config (read by ``load_config``; flags
+    override it, and a module-path LLM backend it names is refused unless the flags name it),
+    otherwise from the preset named first."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--run-dir", "--run_dir")
+    pre.add_argument("--resume", action="store_true")
+    pre.add_argument("--eval-only", "--eval_only")
+    pre.add_argument("--llm.backend", dest="llm_backend")
+    known, _ = pre.parse_known_args(argv)
+    if (known.resume or known.eval_only) and known.run_dir and (Path(known.run_dir) / "config.json").is_file():
+        file = Path(known.run_dir) / "config.json"
+        try:
+            base = load_config(RunDir(known.run_dir).read_config())
+        except (ValueError, CorruptFileError) as e:
+            raise SystemExit(f"error: {file}: {e}") from None
+        if known.eval_only is None:  # an evaluation starts no LLM (the recipe replaces the backend)
+            try:
+                check_saved_backend(base.llm, file, on_command_line=known.llm_backend is not None)
+            except ValueError as e:
+                raise SystemExit(f"error: {e}") from None
+        return cli(options_type, argv, base=base, description=description)
+    return cli(options_type, argv, description=description)
+
+
+def summary_line(row: dict[str, Any], num_updates: int) -> str:
+    """The one-line progress summary of a PQN metrics row."""
+    ev = f" | eval success {row['eval/original/mean_success_rate']:.3f}" if "eval/original/mean_success_rate" in row else ""
+    rl = f" | relabel rows {row['relabel/rows']:.0f} grounded {row['relabel/grounded_frac']:.2f}" if "relabel/rows" in row else ""
+    if "ellm/distinct_goals" in row:
+        rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
+              f"cache hits {row['ellm/cache_hit_rate']:.2f}")
+    if "relabel/llm_share" in row:
+        # of the trajectories the LLM was asked about, the share it answered with candidates (falls
+        # while it is down); then what its instructions reached: batch rows and buffer entries (run
+        # totals), so a run where the LLM answers but contributes nothing says so
+        rows, buf = row.get("relabel/llm_rows_total", 0.0), row.get("relabel/llm_buffered_total", 0.0)
+        reached = (f"its instructions in {rows:.0f} batch rows, {buf:.0f} buffer entries" if rows or buf
+                   else "none of its instructions reached a batch or a buffer yet")
+        rl += (f" | LLM answered {row['relabel/llm_share']:.0%}, offers "
+               f"{row.get('relabel/llm_offer_share', 0.0):.0%}; {reached}")
+    elif "ellm/llm_fraction" in row:  # ELLM: the LLM's share of the goals
+        rl += f" | LLM goals {row['ellm/llm_fraction']:.0%}"
+    if row.get("curriculum/unpayable_step_frac", 0.0) > 0:
+        rl += f" | unpayable steps {row['curriculum/unpayable_step_frac']:.2f}"
+    return (f"[{row['update']:5d}/{num_updates}] steps {row['env_steps']:>10,} | {row['sps']:8.0f} sps | "
+            f"eps {row['epsilon']:.2f} | loss {row['loss']:.4f} | train success {row['train/success_rate']:.3f}"
+            f"{rl}{ev}")
+
+#: The PQN trainer's recipe (``examples/train_pqn.py``).
+PQN = PQNRecipe()
+
+
+def pqn_main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """``examples/train_pqn.py``'s command line ``argv``: :func:`main` with :data:`PQN`."""
+    return main(PQN, argv, started)
