@@ -72,7 +72,7 @@ def test_resume_refuses_a_module_backend_named_by_config_json(tmp_path, monkeypa
     opts = train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.backend", "openai"])
     assert opts.config.llm.backend == "openai" and opts.config.oir.relabeler == "llm"
     # ... a module path included: named on this command line, it is the user's choice (not imported here)
-    opts = train_pqn.parse_options(["--run-dir", str(run), "--resume", "--llm.backend", spec])
+    opts = train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.backend", spec])
     assert opts.config.llm.backend == spec and not marker.exists()
 
 

@@ -499,11 +499,9 @@ def test_sb3_both_applies_the_rules_at_once_and_the_llms_answers_when_they_arriv
     """--relabeler both is the PQN trainer's BackgroundRelabeler: the rules' results and, later, the
     LLM's (a real tiny backend in a child process, answering from the segments it reads) both reach
     the callback."""
-    from agents.config import LLMConfig
-
-    cfg = _tiny_cfg(relabeler="both", total_timesteps=256, num_envs=2, segment_length=16,
-                    llm=LLMConfig(backend="llm_child_backends:SegmentsBackend"))
-    sb3_agents.train(cfg, tmp_path / "both", print_fn=lambda s: None)
+    assert sb3_main(["smoke", "--run-dir", str(tmp_path / "both"), "--oir.relabeler", "both", "--sb3.num-envs", "2",
+                     "--sb3.segment-length", "16", "--run.total-timesteps", "256", "--sb3.steps-per-update", "64",
+                     "--llm.backend", "llm_child_backends:SegmentsBackend", "--no-progress"]) == 0
     rows = [json.loads(line) for line in (tmp_path / "both" / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     assert last["relabel/relabeler_rules_results"] > 0 and last["relabel/relabeler_llm_results"] > 0
