@@ -123,6 +123,9 @@ class SmokeTrainer:
     params_2: list  #: the parameter leaves at update 2 (host arrays)
     eval_2: list  #: ``[r.to_dict() for r in trainer.evaluate()]`` at update 2
     checkpoint_3: Path  #: the checkpoint saved at update 3 (in ``trainer.run_dir``)
+    params_3: Any  #: the parameters (a host pytree) of that checkpoint
+    generated_3: dict  #: ``dict(trainer.generated)`` when it was saved (what ``instructions.json`` holds)
+    instructions_3: str  #: the text of ``instructions.json`` as that save wrote it
     params_4: list  #: the parameter leaves at update 4 (host arrays)
     buffers_4: list  #: ``[b.contents() for b in trainer.buffers]`` at update 4
 
@@ -145,9 +148,13 @@ def smoke_trainer(tmp_path_factory) -> SmokeTrainer:
     eval_2 = [r.to_dict() for r in tr.evaluate()]
     logs.append(tr.iteration())
     checkpoint_3 = tr.save()
+    generated_3 = dict(tr.generated)
+    params_3 = jax.device_get(tr.train_state.params)
+    instructions_3 = (tr.run_dir / "instructions.json").read_text()
     logs.append(tr.iteration())
     params_4 = jax.tree_util.tree_leaves(jax.device_get(tr.train_state.params))
-    yield SmokeTrainer(cfg, tr, logs, texts_1, offered_1, params_2, eval_2, checkpoint_3, params_4,
+    yield SmokeTrainer(cfg, tr, logs, texts_1, offered_1, params_2, eval_2, checkpoint_3, params_3, generated_3, instructions_3,
+                       params_4,
                        [b.contents() for b in tr.buffers])
     tr.close()
 
