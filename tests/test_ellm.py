@@ -386,6 +386,7 @@ def test_oir_run_records_the_inserted_instructions(smoke_trainer):
 
 # ------------------------------------------------------------------------------------- real LLM
 @pytest.mark.llm
+@pytest.mark.slow  # loads the offline Gemma (~15 s); the relabeler's real-LLM route stays in test_relabel_transformers
 def test_offline_gemma_proposes_goals():
     from conftest_llm import _transformers_or_skip
 

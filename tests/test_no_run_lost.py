@@ -70,6 +70,7 @@ def test_a_non_finite_update_never_overwrites_the_last_good_checkpoint(tmp_path)
     tr.close()
 
 
+@pytest.mark.slow  # a smoke run in a fresh process (~20 s on 2 cores); the first SIGTERM's stop is also in the next test
 def test_sigterm_stops_with_a_checkpoint_like_sigint(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "examples" / "train_pqn.py"), "smoke", "--run-dir", str(run), "--no-progress",

@@ -136,6 +136,7 @@ def test_trainer_splits_seeds_or_envs_over_two_devices_and_restore_reshards(tmp_
     assert res["one_to_two"][0] == res["one_seed"] and res["one_to_two"][1] > 0
 
 
+@pytest.mark.slow  # 2-4 min on 2 cores (a fresh process compiling a 2-device trainer); the default suite runs 2 devices in the stored pair below
 def test_the_rollout_runs_as_one_program_per_device_with_no_traffic_between_them(tmp_path):
     """2 seeds on 2 (virtual) devices: the rollout (the 128-step scan, most of a run's time) is two
     single-device executables, one per device, whose compiled code holds no collective operation, so
