@@ -5,11 +5,20 @@ few env instances built once per session, all with ``NUM_ENVS`` envs (one compil
 configuration; the JAX persistent compilation cache switched on below makes a
 second instance of the same configuration cheap). Tests that need a particular situation edit
 the Craftax state of the shared env (:class:`Scene`) instead of searching for a world.
+
+A PQN ``Trainer`` costs 10-15 s to build and trace even with a warm cache (each instance traces
+its own programs), so the training tests share one trained smoke trainer (:func:`smoke_trainer`)
+and one finished smoke run directory (:func:`smoke_run`) per session.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -25,6 +34,7 @@ from oir_gym.craftax_compat import Action, BlockType  # noqa: E402
 
 oir_gym.enable_compilation_cache()
 
+ROOT = Path(__file__).resolve().parents[1]
 #: Number of envs of every shared vector env (one compiled program).
 NUM_ENVS = 4
 #: Where hand-built scenes put the player (the centre of Craftax-Classic's 64x64 map).
@@ -62,6 +72,90 @@ def venv(_venv_session):
     yield env
     env.buffer = buffer
     env.reset(seed=0, options={"instruction": None})
+
+
+# --------------------------------------------------------------------------- shared PQN training
+
+
+def tiny(**changes):
+    """The smoke preset (4 envs x 16 steps, LSTM 32, K=2, rule relabeler) for 6 updates, no periodic
+    evaluation or checkpoint; ``changes`` are dotted fields, e.g. ``tiny(**{"run.method": "gt"})``."""
+    from agents.config import preset
+
+    return preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "rules", "run.total_timesteps": 4 * 16 * 6,
+                                      "eval.every": 1000, "run.checkpoint_every": 1000, **changes})
+
+
+#: The shared smoke trainer's configuration: two seeds (so seed-batched paths run), and an
+#: evaluation that acts at random for 50 steps (some of the 154 evaluation envs then succeed).
+SMOKE_TRAINER_CHANGES = {"run.num_seeds": 2, "eval.horizon": 50, "eval.epsilon": 1.0}
+
+
+@pytest.fixture(scope="session")
+def pqn_main():
+    """The PQN command line's ``main(argv) -> exit code`` (:func:`agents.train.pqn_main`)."""
+    from agents import train
+
+    return train.pqn_main
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory, pqn_main) -> Path:
+    """A complete run of the CLI's smoke preset (4 updates, evaluation and checkpoint every 2, so
+    checkpoints 2 and 4, the final evaluation), made once per session. Read-only: a test that
+    changes a run copies it first (``shutil.copytree``)."""
+    run = tmp_path_factory.mktemp("smoke_run") / "run"
+    assert pqn_main(["smoke", "--run-dir", str(run), "--no-progress"]) == 0
+    assert (run / "complete.json").exists()
+    return run
+
+
+@dataclass
+class SmokeTrainer:
+    """What :func:`smoke_trainer` recorded along its 4 updates."""
+
+    cfg: Any
+    trainer: Any  #: the Trainer, at update 4 (tests may evaluate it, not train it further)
+    logs: list  #: the IterationLog of updates 1-4
+    texts_1: list  #: ``method.last_texts`` after update 1 (the relabeled instructions it trained on)
+    offered_1: bool  #: whether update 1 offered instructions to the buffers
+    params_2: list  #: the parameter leaves at update 2 (host arrays)
+    eval_2: list  #: ``[r.to_dict() for r in trainer.evaluate()]`` at update 2
+    checkpoint_3: Path  #: the checkpoint saved at update 3 (in ``trainer.run_dir``)
+    params_3: Any  #: the parameters (a host pytree) of that checkpoint
+    generated_3: dict  #: ``dict(trainer.generated)`` when it was saved (what ``instructions.json`` holds)
+    instructions_3: str  #: the text of ``instructions.json`` as that save wrote it
+    params_4: list  #: the parameter leaves at update 4 (host arrays)
+    buffers_4: list  #: ``[b.contents() for b in trainer.buffers]`` at update 4
+
+
+@pytest.fixture(scope="session")
+def smoke_trainer(tmp_path_factory) -> SmokeTrainer:
+    """One ``Trainer`` of ``tiny(**SMOKE_TRAINER_CHANGES)`` trained 4 updates, evaluated at update 2 and
+    checkpointed at update 3, shared by the tests that only need a trained state or a reference
+    run of this configuration (each other Trainer a test builds costs its own 10-15 s)."""
+    from agents.oir import Trainer
+
+    cfg = tiny(**SMOKE_TRAINER_CHANGES)
+    tr = Trainer(cfg, tmp_path_factory.mktemp("smoke_trainer"), log=lambda s: None)
+    tr.init_state()
+    logs = [tr.iteration()]
+    texts_1 = copy.deepcopy(tr.method.last_texts)
+    offered_1 = bool(tr.method.offered)
+    logs.append(tr.iteration())
+    params_2 = jax.tree_util.tree_leaves(jax.device_get(tr.train_state.params))
+    eval_2 = [r.to_dict() for r in tr.evaluate()]
+    logs.append(tr.iteration())
+    checkpoint_3 = tr.save()
+    generated_3 = dict(tr.generated)
+    params_3 = jax.device_get(tr.train_state.params)
+    instructions_3 = (tr.run_dir / "instructions.json").read_text()
+    logs.append(tr.iteration())
+    params_4 = jax.tree_util.tree_leaves(jax.device_get(tr.train_state.params))
+    yield SmokeTrainer(cfg, tr, logs, texts_1, offered_1, params_2, eval_2, checkpoint_3, params_3, generated_3, instructions_3,
+                       params_4,
+                       [b.contents() for b in tr.buffers])
+    tr.close()
 
 
 # --------------------------------------------------------------------------- hand-built scenes

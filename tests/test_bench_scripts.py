@@ -31,6 +31,7 @@ def test_gpu_repro_launch_builds_one_job_per_spec_with_its_card_run_dir_and_flag
     assert not list(tmp_path.glob("*.log"))  # nothing was started
 
 
+@pytest.mark.slow  # compiles the evaluation in a fresh process (about a minute on 2 cores)
 def test_eval_cost_bench_runs_and_prints_its_table():
     """The benchmarks are scripts nobody imports: run the cheapest size so a broken call shows here."""
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "eval_cost.py"), "--episodes", "1", "--horizon", "3",
@@ -88,6 +89,7 @@ def test_relabel_throughput_bench_reports_the_llms_echo_of_its_prompt():
     assert 0.0 <= float(row.split("|")[-2]) <= 1.0
 
 
+@pytest.mark.slow  # compiles three update variants in a fresh process
 def test_update_cost_bench_prints_each_variant_with_its_ratio_to_the_first():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "update_cost.py"), "--iterations", "1",
                           "--variants", "sequence:1:float32,sequence:1:bfloat16:autodiff,cell:1:float32"],

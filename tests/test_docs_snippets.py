@@ -2,8 +2,9 @@
 
 Each document's ```python blocks are run in order, as one script, in a fresh interpreter whose
 ``sys.path`` starts with this checkout (so the code under test is this copy of ``oir_gym``).
-Compiling the Craftax programs makes each run take 10-40 s on a small CPU (less with a warm JAX
-compilation cache); :func:`test_snippets_name_only_what_exists` is the fast check.
+Compiling the Craftax programs makes each run take 10-40 s on a small CPU; the interpreter gets the
+test session's JAX compilation cache folder (``JAX_COMPILATION_CACHE_DIR``: the same programs, compiled
+once); :func:`test_snippets_name_only_what_exists` is the fast check.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,15 +58,15 @@ for doc, code in DOCS:
 """
 
 
-def test_snippets_run_as_written(tmp_path):
+def test_snippets_run_as_written(tmp_path, smoke_run):
     """Every document's blocks, in order (the README's each on its own); one interpreter for all of them
     (the documents then share one compiled env program: about 40 s instead of 70). The README's
-    policy example loads ``runs/smoke``, which its text trains first with the smoke preset: so
-    does the test, in the snippets' working folder."""
-    env0 = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    smoke = subprocess.run([sys.executable, str(ROOT / "examples" / "train_pqn.py"), "smoke", "--run-dir", "runs/smoke"],
-                           cwd=tmp_path, env=env0, capture_output=True, text=True, timeout=600)
-    assert smoke.returncode == 0, smoke.stderr[-3000:]
+    policy example loads ``runs/smoke``, which its text trains first with the smoke preset: the
+    test copies the session's smoke run (conftest.py, the same command) into the snippets' working
+    folder."""
+    import jax
+
+    shutil.copytree(smoke_run, tmp_path / "runs" / "smoke")
     script = tmp_path / "snippets.py"
     # the README's blocks each in a fresh namespace (as pasted into a new interpreter, one after the
     # other); the quickstart's as one script (its text runs them in one session)
@@ -73,6 +75,8 @@ def test_snippets_run_as_written(tmp_path):
     script.write_text(f"DOCS = {docs!r}\n{DRIVER}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if jax.config.jax_compilation_cache_dir:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(jax.config.jax_compilation_cache_dir)
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, f"a documented Python example failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

@@ -376,24 +376,17 @@ def test_ellm_fresh_process_resume_and_script(tmp_path):
     assert goals["update"] == 4 and sum(it["pinned"] for it in goals["items"]) == 4 * 4
 
 
-def test_oir_run_records_the_inserted_instructions(tmp_path):
-    pytest.importorskip("jax")
-    from agents.oir import Trainer
-    from test_train_pqn import tiny
-
-    tr = Trainer(tiny(), tmp_path, log=lambda s: None)
-    tr.init_state()
-    tr.iteration()
-    tr.save()
-    data = json.loads((tmp_path / "instructions.json").read_text())
+def test_oir_run_records_the_inserted_instructions(smoke_trainer):
+    """(The session's shared OIR trainer, saved at update 3: conftest.py.)"""
+    data = json.loads(smoke_trainer.instructions_3)
     assert data["method"] == "oir" and data["total"] == sum(it["count"] for it in data["items"])
-    assert data["distinct"] == len(data["items"]) == len(tr.generated)
-    assert not (tmp_path / "goals.json").exists()
-    tr.close()
+    assert data["distinct"] == len(data["items"]) == len(smoke_trainer.generated_3)
+    assert not (smoke_trainer.trainer.run_dir / "goals.json").exists()
 
 
 # ------------------------------------------------------------------------------------- real LLM
 @pytest.mark.llm
+@pytest.mark.slow  # loads the offline Gemma (~15 s); the relabeler's real-LLM route stays in test_relabel_transformers
 def test_offline_gemma_proposes_goals():
     from conftest_llm import _transformers_or_skip
 

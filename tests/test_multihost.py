@@ -136,6 +136,7 @@ def _train(args: list[str], processes: int, timeout: int = 600) -> list[subproce
 SMOKE = ["smoke", "--no-progress", "--run.method", "oir", "--oir.relabeler", "rules", "--run.num-seeds", "2"]
 
 
+@pytest.mark.slow  # five training processes, two at a time, each compiling: 3-4 min on 2 cores
 def test_two_processes_train_the_seeds_of_one_process_and_resume_from_their_own_checkpoints(tmp_path):
     """OIR (rules), 2 seeds: 2 processes of 1 seed each, stopped after 2 of 4 updates and resumed,
     against one uninterrupted process of 2 seeds.

@@ -32,13 +32,12 @@ def _snapshot(run: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A complete smoke run: 4 updates, evaluation and checkpoint every 2 (checkpoints 2 and 4 kept)."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    assert train.pqn_main(["smoke", "--run-dir", str(run), "--no-progress"]) == 0
-    assert (run / "complete.json").exists() and _updates(run) == [1, 2, 3, 4]
-    return run
+@pytest.fixture
+def finished_run(smoke_run) -> Path:
+    """The session's complete smoke run (conftest.py): 4 updates, evaluation and checkpoint every 2
+    (checkpoints 2 and 4 kept). Read-only: tests that change it use ``run_copy``."""
+    assert (smoke_run / "complete.json").exists() and _updates(smoke_run) == [1, 2, 3, 4]
+    return smoke_run
 
 
 @pytest.fixture
@@ -70,6 +69,7 @@ def test_a_non_finite_update_never_overwrites_the_last_good_checkpoint(tmp_path)
     tr.close()
 
 
+@pytest.mark.slow  # a smoke run in a fresh process (~20 s on 2 cores); the first SIGTERM's stop is also in the next test
 def test_sigterm_stops_with_a_checkpoint_like_sigint(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "examples" / "train_pqn.py"), "smoke", "--run-dir", str(run), "--no-progress",

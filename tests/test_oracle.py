@@ -358,11 +358,12 @@ def test_bad_oracle_settings_stop_the_run_before_it_writes_anything(tmp_path, ca
     assert "needs run.method oir and oir.relabeler rules or both" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("oracle", [
-    "diverse", *(pytest.param(o, marks=pytest.mark.slow) for o in ORACLES if o != "diverse")])
+@pytest.mark.slow  # a whole smoke run of its own configuration per variant: 1-2.5 min each on 2 cores
+@pytest.mark.parametrize("oracle", ORACLES)
 def test_smoke_run_of_each_variant(tmp_path, oracle):
     """A whole smoke run (4 updates, the final evaluation with the held-out and ordered sets, a
-    checkpoint) per variant; ``diverse`` in the default suite, the others under ``-m slow``."""
+    checkpoint) per variant. The default suite checks each variant's relabeling above and a whole
+    run's final evaluation with the default relabeler (tests/test_train_pqn.py)."""
     run = tmp_path / "run"
     # no periodic evaluation: the final one (its own program) is the one that reads the new sets
     assert _main(["smoke", "--run-dir", str(run), "--no-progress", "--oir.oracle", oracle, "--oir.grounding", "bound",

@@ -15,26 +15,21 @@ import gymnasium as gym  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import oir_gym  # noqa: E402,F401  (registers the env id)
-from agents.config import preset  # noqa: E402
-from agents.oir import Trainer  # noqa: E402
 from agents.policy import Policy, PQNPolicy, is_sb3_run, load_policy  # noqa: E402
 from agents.run_dir import RunDir  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    """A smoke-sized OIR run of 2 seeds, trained 2 updates and checkpointed as train_pqn.py does."""
-    cfg = preset("smoke").replace(**{"run.num_seeds": 2}).validate()
+def trained_run(tmp_path_factory, smoke_trainer):
+    """A smoke-sized OIR run of 2 seeds, trained 3 updates and checkpointed as train_pqn.py does: the
+    session's shared smoke trainer's checkpoint (conftest.py) in a run directory with its config."""
+    import shutil
+
+    cfg = smoke_trainer.cfg.validate()
     run = RunDir.prepare(tmp_path_factory.mktemp("policy") / "run")
     run.write_config(cfg.to_dict())
-    tr = Trainer(cfg, run.path, log=lambda s: None)
-    tr.init_state()
-    tr.iteration()
-    tr.iteration()
-    tr.save()
-    params = jax.device_get(tr.train_state.params)
-    tr.close()
-    return run.path, cfg, params
+    shutil.copytree(smoke_trainer.checkpoint_3, run.path / "checkpoints" / smoke_trainer.checkpoint_3.name)
+    return run.path, cfg, smoke_trainer.params_3
 
 
 def test_a_trained_pqn_run_acts_100_steps_on_a_custom_instruction(trained_run):

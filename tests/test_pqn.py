@@ -213,6 +213,7 @@ def test_update_reduces_loss_on_a_fixed_batch():
     assert losses[-1] < 0.5 * losses[0]
 
 
+@pytest.mark.slow  # the paper's LSTM 512 over a 16 x 64 batch: ~20 s on 2 cores
 def test_initial_q_values_are_small_next_to_the_unit_reward():
     # Rewards are 0/1 and an episode pays at most once, so true Q-values lie in [0, 1]. The Q head
     # reads the tanh-bounded LSTM output; an initial max over 17 actions near 2 (what a

@@ -97,6 +97,7 @@ def _server_goes_away(server, be: OpenAIBackend, rl: HindsightRelabeler) -> None
     assert rl.stats()["errors"] == 1
 
 
+@pytest.mark.slow  # the offline Gemma behind `oir_gym.relabel.serve` (~30 s); the server itself: test_relabel_transformers
 def test_openai_backend_against_oir_server(oir_server, encoder):  # noqa: F811
     be, rl = _openai_round_trip(oir_server.url, encoder)
     # our server takes OpenAI's json_schema response format: no step-down

@@ -18,7 +18,8 @@ def _summary(results):
     return [[(c.text, c.source, c.first_step, c.grounded, c.binding) for c in r.candidates] for r in results]
 
 
-@pytest.mark.parametrize("grounding", ["cosine", "bound"])
+# bound under -m slow: ~25 s each on 2 cores (worker processes loading the encoder); cosine covers the pool
+@pytest.mark.parametrize("grounding", ["cosine", pytest.param("bound", marks=pytest.mark.slow)])
 def test_workers_give_the_in_process_results_in_order_with_the_callers_trajectories(grounding):
     trajs = random_trajectories(96, 64, seed=3, texts=False)
     kw = dict(k=4, delta=0.9, cache_size=0, grounding=grounding)

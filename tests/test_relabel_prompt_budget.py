@@ -182,6 +182,7 @@ def test_relabeler_compacts_long_prompts_only():
 
 
 @pytest.mark.llm
+@pytest.mark.slow  # loads the offline Gemma (~20 s); the compaction itself is checked above without it
 def test_gemma_prompt_within_budget(tf_backend):  # noqa: F811
     """The real tokenizer: a busy trajectory's prompt (about 1,500 Gemma tokens in full) is sent
     within the default budget, and the model's answer is used."""

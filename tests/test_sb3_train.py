@@ -224,6 +224,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # three SB3 writer processes killed mid-save: ~20 s on 2 cores
 def test_killing_the_writer_during_checkpoints_never_corrupts_the_checkpoint(tmp_path):
     """SIGKILL a process that saves checkpoints back to back, at several moments: every time,
     the verified zip loads and is the one its state.json describes."""
@@ -479,6 +480,7 @@ def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, ca
         rl.close()
 
 
+@pytest.mark.slow  # builds SB3 envs twice (~20 s on 2 cores); the PQN trainer's check is in test_no_run_lost
 def test_an_llm_relabeler_is_checked_before_training_like_the_pqn_trainers(tmp_path, monkeypatch, capsys):
     """--oir.relabeler llm with an LLM that does not answer stops before config.json or metrics are
     written (it trained on rule labels without a word before); 'both' warns and goes on with rules."""

@@ -29,9 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _child(code: str, devices: int = 2, timeout: int = 600, env: dict | None = None) -> str:
-    """Run ``code`` in a fresh Python with ``devices`` virtual CPU devices; return its stdout."""
+    """Run ``code`` in a fresh Python with ``devices`` virtual CPU devices; return its stdout. The child
+    uses the test session's JAX compilation cache folder (the same programs, compiled once)."""
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(jax.config.jax_compilation_cache_dir)} \
+        if jax.config.jax_compilation_cache_dir else {}
     full = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
-            "PYTHONPATH": str(ROOT), **(env or {})}
+            "PYTHONPATH": str(ROOT), **cache, **(env or {})}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                          timeout=timeout, env=full, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr[-4000:]
@@ -132,6 +135,7 @@ def test_trainer_splits_seeds_or_envs_over_two_devices_and_restore_reshards(tmp_
     assert res["one_to_two"][0] == res["one_seed"] and res["one_to_two"][1] > 0
 
 
+@pytest.mark.slow  # 2-4 min on 2 cores (a fresh process compiling a 2-device trainer); the default suite runs 2 devices in the stored pair below
 def test_the_rollout_runs_as_one_program_per_device_with_no_traffic_between_them(tmp_path):
     """2 seeds on 2 (virtual) devices: the rollout (the 128-step scan, most of a run's time) is two
     single-device executables, one per device, whose compiled code holds no collective operation, so
@@ -165,7 +169,40 @@ def test_the_rollout_runs_as_one_program_per_device_with_no_traffic_between_them
 
 
 # ----------------------------------------------------------------------------- same metrics
-def test_two_devices_give_the_metrics_of_one_device(tmp_path):  # ~100 s on 2 cores: issue 15 asks for it in CI
+#: The metrics rows of the 1-device side of the pair below, stored so that the default suite runs
+#: only the 2-device side. Regenerate after a change to what the smoke run computes or logs:
+#: ``OIR_GYM_WRITE_REFERENCES=1 python -m pytest -m slow tests/test_sharding.py -k one_device``.
+ONE_DEVICE_ROWS = ROOT / "tests" / "data" / "sharding_smoke_oir_2seeds_1device.jsonl"
+
+
+def _smoke_on_devices(tmp_path: Path, devices: tuple[int, ...]) -> list[list[dict]]:
+    """The smoke preset, OIR (rules), 2 seeds, through train_pqn in a child with 2 virtual CPU devices,
+    on each number of ``devices`` (run dirs ``tmp_path/d<n>``); their metrics rows."""
+    _child(f"""
+        from agents import train
+        for nd in {devices!r}:
+            rc = train.pqn_main(["smoke", "--run-dir", f"{tmp_path}/d{{nd}}", "--no-progress", "--run.method", "oir",
+                                 "--oir.relabeler", "rules", "--run.num-seeds", "2", "--run.num-devices", str(nd)])
+            assert rc == 0, rc
+    """, timeout=900)
+    return [read_rows(tmp_path / f"d{nd}") for nd in devices]
+
+
+def _stored_one_device_rows() -> list[dict]:
+    return [json.loads(line) for line in ONE_DEVICE_ROWS.read_text().splitlines()]
+
+
+def test_two_devices_give_the_metrics_of_the_stored_one_device_run(tmp_path):
+    """The pair below with its 1-device side read from ``ONE_DEVICE_ROWS`` (issue 15 asks for the
+    comparison in CI; the whole pair, and the check that the stored side is still what the code
+    computes, run under ``-m slow``). A failure after a deliberate change to the smoke run's
+    metrics: regenerate the file (see ``ONE_DEVICE_ROWS``)."""
+    (two,) = _smoke_on_devices(tmp_path, (2,))
+    assert_same_seeds_metrics(_stored_one_device_rows(), two)
+
+
+@pytest.mark.slow  # ~100 s on 2 cores; the default suite compares the 2-device run with the stored 1-device rows
+def test_two_devices_give_the_metrics_of_one_device(tmp_path):
     """The smoke preset, OIR with the rule relabeler, 2 seeds, through examples/train_pqn.py on 1 and
     on 2 (virtual CPU) devices.
 
@@ -175,18 +212,16 @@ def test_two_devices_give_the_metrics_of_one_device(tmp_path):  # ~100 s on 2 co
     rows, epsilon) was identical over the 4 updates; losses agreed to ~1e-7 relative; the greedy
     evaluation flipped one of 66 episodes of one seed (an argmax between near-equal Q values). So
     rollout metrics are compared exactly, losses to rtol 1e-4, evaluation successes to 1/20.
+
+    With ``OIR_GYM_WRITE_REFERENCES=1`` it writes the 1-device rows to ``ONE_DEVICE_ROWS``; otherwise
+    it checks that the stored rows are still those of the 1-device run.
     """
-    _child(f"""
-        import sys
-        from agents import train
-        for nd in (1, 2):
-            rc = train.pqn_main(["smoke", "--run-dir", f"{tmp_path}/d{{nd}}", "--no-progress", "--run.method", "oir",
-                                 "--oir.relabeler", "rules", "--run.num-seeds", "2", "--run.num-devices", str(nd)])
-            assert rc == 0, rc
-    """, timeout=900)
-    rows = [read_rows(tmp_path / f"d{nd}") for nd in (1, 2)]
+    rows = _smoke_on_devices(tmp_path, (1, 2))
     assert len(rows[0]) == 4
     assert_same_seeds_metrics(*rows)
+    if os.environ.get("OIR_GYM_WRITE_REFERENCES") == "1":
+        ONE_DEVICE_ROWS.write_text((tmp_path / "d1" / "metrics.jsonl").read_text())
+    assert_same_seeds_metrics(_stored_one_device_rows(), rows[0])
 
 
 # ----------------------------------------------------------------------------- multi-host

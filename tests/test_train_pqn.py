@@ -1,9 +1,15 @@
-"""End-to-end: a short OIR training run on CPU, its checkpoint, and the main-job script."""
+"""End-to-end: a short OIR training run on CPU, its checkpoint, and the main-job script.
+
+Most tests read the session's shared trained smoke trainer (``smoke_trainer``) or finished smoke run
+(``smoke_run``, both in conftest.py) instead of training their own; the paired runs that need a
+trainer of their own for both sides run under ``-m slow``.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -15,6 +21,8 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
+from conftest import tiny  # noqa: E402  (re-exported: other test modules import it from here)
+
 from agents.checkpoint import CheckpointError  # noqa: E402
 from agents.config import TrainConfig, preset  # noqa: E402
 from agents.oir import Trainer  # noqa: E402
@@ -23,22 +31,14 @@ from oir_gym.instructions import ORIGINAL_INSTRUCTIONS  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny(**changes) -> TrainConfig:
-    """The smoke preset (4 envs x 16 steps, LSTM 32, K=2, rule relabeler) for 6 updates, no periodic
-    evaluation or checkpoint; ``changes`` are dotted fields, e.g. ``tiny(**{"run.method": "gt"})``."""
-    return preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "rules", "run.total_timesteps": 4 * 16 * 6,
-                                      "eval.every": 1000, "run.checkpoint_every": 1000, **changes})
-
-
 def _params(tr: Trainer):
     return jax.tree_util.tree_leaves(jax.device_get(tr.train_state.params))
 
 
-def test_training_runs_and_resume_continues_identically(tmp_path):
-    cfg = tiny()
-    straight = Trainer(cfg, tmp_path / "a", log=lambda s: None)
-    straight.init_state()
-    logs = [straight.iteration() for _ in range(4)]
+def test_training_runs_and_resume_continues_identically(smoke_trainer, tmp_path):
+    """The shared trainer trained 4 updates straight (saving at update 3 on the way); a trainer that
+    loads the update-3 checkpoint and trains one update reaches the same parameters and buffers."""
+    cfg, logs = smoke_trainer.cfg, smoke_trainer.logs
     losses = [l.metrics["loss"] for l in logs]
     assert np.isfinite(losses).all()
     assert min(losses[1:]) < losses[0]  # the first update's loss (random Q vs targets) comes down
@@ -46,42 +46,29 @@ def test_training_runs_and_resume_continues_identically(tmp_path):
     # rule relabeling produced training rows (the first rollouts act almost at random, so they have events)
     assert max(l.metrics["relabel/rows"] for l in logs) > 0
 
-    first = Trainer(cfg, tmp_path / "b", log=lambda s: None)
-    first.init_state()
-    for _ in range(3):
-        first.iteration()
-    first.save()
-    first.close()
-
-    resumed = Trainer(cfg, tmp_path / "b", log=lambda s: None)
-    resumed.load()
+    resumed = Trainer(cfg, tmp_path, log=lambda s: None)
+    resumed.load(smoke_trainer.checkpoint_3)
     assert (resumed.update_idx, resumed.env_steps) == (3, 3 * cfg.batch_steps)
     log = resumed.iteration()
     assert log.update == 4
-    for a, b in zip(_params(straight), _params(resumed)):
+    for a, b in zip(smoke_trainer.params_4, _params(resumed), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert [b.contents() for b in straight.buffers] == [b.contents() for b in resumed.buffers]
-    straight.close()
+    assert smoke_trainer.buffers_4 == [b.contents() for b in resumed.buffers]
     resumed.close()
 
 
-def test_load_rejects_a_checkpoint_of_another_shape_or_method(tmp_path):
-    tr = Trainer(tiny(), tmp_path, log=lambda s: None)
-    tr.init_state()
-    tr.save()
-    tr.close()
-    other = Trainer(tiny(**{"pqn.num_envs": 8, "pqn.num_minibatches": 4}), tmp_path, log=lambda s: None)
+def test_load_rejects_a_checkpoint_of_another_shape_or_method(smoke_trainer, tmp_path):
+    cfg, folder = smoke_trainer.cfg, smoke_trainer.checkpoint_3
+    other = Trainer(cfg.replace(**{"pqn.num_envs": 8, "pqn.num_minibatches": 4}), tmp_path, log=lambda s: None)
     with pytest.raises(CheckpointError, match=r"host.json: the checkpoint has pqn.num_envs=4, this run 8"):
-        other.load()
-    gt = Trainer(tiny(**{"run.method": "gt"}), tmp_path, log=lambda s: None)
+        other.load(folder)
+    gt = Trainer(cfg.replace(**{"run.method": "gt"}), tmp_path, log=lambda s: None)
     with pytest.raises(CheckpointError, match="run.method='oir', this run 'gt'"):
-        gt.load()
+        gt.load(folder)
 
 
-def test_evaluation_reports_all_sets(tmp_path):
-    tr = Trainer(tiny(**{"eval.horizon": 5}), tmp_path, log=lambda s: None)
-    tr.init_state()
-    res = tr.evaluate()[0]
+def test_evaluation_reports_all_sets(smoke_trainer):
+    res = smoke_trainer.trainer.evaluate()[0]
     assert set(res.rates) == {"original", "simple", "complex"}
     assert len(res.rates["original"]) == 22 and len(res.rates["simple"]) == 66
     m = res.summary()["original"]
@@ -129,13 +116,11 @@ def test_main_job_refuses_to_mix_a_new_run_into_an_existing_run_dir(tmp_path, ca
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, capsys):
+def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(smoke_run, tmp_path, capsys):
     from agents import train
 
     run = tmp_path / "run"
-    assert train.pqn_main(_script(run, "--max-updates", "1")) == 0
-    # a stopped run reports its buffer's diversity too: it may never be resumed
-    assert json.loads((run / "diversity.json").read_text())["update"] == 1
+    shutil.copytree(smoke_run, run)
     config_before = (run / "config.json").read_text()
     metrics_before = (run / "metrics.jsonl").read_text()
     assert train.pqn_main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval.epsilon", "0.5"]) == 0
@@ -163,12 +148,11 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(tmp_path, c
     assert train.pqn_main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2
 
 
-def test_seeds_are_evaluated_together_exactly_as_one_by_one(tmp_path):
+def test_seeds_are_evaluated_together_exactly_as_one_by_one(smoke_trainer):
     from oir_gym.evaluation import eval_key, evaluate_jax
 
-    # epsilon 1 acts at random: over 50 steps some of the 154 envs succeed, so the comparison has content
-    tr = Trainer(tiny(**{"run.num_seeds": 2, "eval.horizon": 50, "eval.epsilon": 1.0}), tmp_path, log=lambda s: None)
-    tr.init_state()
+    # 2 seeds; epsilon 1 acts at random: over 50 steps some of the 154 envs succeed, so the comparison has content
+    tr = smoke_trainer.trainer
     together = tr.evaluate()
     params = tr.base_params.replace(table=tr.registry.device_table())
     for s in range(2):
@@ -256,47 +240,37 @@ def test_a_converted_legacy_run_resumes_to_its_end_through_the_script(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["pqn"]["num_envs"] == 4  # now nested
 
 
-def test_trainer_evaluates_user_instruction_files_with_the_control(tmp_path):
-    """``eval.instruction_files`` (13.3c) and ``eval.control`` (13.3a) reach the PQN trainer's
-    evaluation: the file's sets are evaluated beside the built-in ones and the gain is reported."""
-    from importlib import resources
-
-    path = str(resources.files("oir_gym.data").joinpath("example_instruction_sets.json"))
-    cfg = tiny(**{"eval.instruction_files": (path,), "eval.horizon": 20, "eval.control": True})
-    tr = Trainer(cfg, tmp_path, log=lambda s: None)
-    tr.init_state()
-    (res,) = tr.evaluate()
-    assert {"original", "own_words", "compound"} <= set(res.rates)
-    flat = res.flat_metrics()
-    assert "eval/own_words/mean_success_rate" in flat and "eval/control/original/gain" in flat
+def test_bad_instruction_files_are_refused_by_validation(tmp_path):
+    """(The good file's sets reaching the evaluation: the next test.)"""
     bad = tmp_path / "bad.json"
     bad.write_text('{"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_unobtainium"}]}}')
     with pytest.raises(ValueError, match="bad.json.*collect_unobtainium"):
         tiny(**{"eval.instruction_files": (str(bad),)}).validate()
 
 
-def test_a_checkpoint_evaluates_instruction_files_its_run_never_saw(tmp_path):
+def test_a_checkpoint_evaluates_instruction_files_its_run_never_saw(smoke_trainer, tmp_path):
     """--eval-only with a user file the training run did not evaluate: the checkpoint's instruction
     table replaces the trainer's, and each of the file's wordings must still be evaluated with its
-    own embedding (before the fix they read whatever text held their row in the saved table)."""
+    own embedding (before the fix they read whatever text held their row in the saved table).
+    ``eval.instruction_files`` (13.3c) and ``eval.control`` (13.3a) reach the PQN trainer's
+    evaluation: the file's sets are evaluated beside the built-in ones and the gain is reported."""
     from importlib import resources
 
     path = str(resources.files("oir_gym.data").joinpath("example_instruction_sets.json"))
-    trained = Trainer(tiny(), tmp_path, log=lambda s: None)
-    trained.init_state()
-    trained.iteration()
-    trained.save()
-    cfg = tiny(**{"eval.instruction_files": (path,), "eval.horizon": 20, "eval.episodes": 1})
+    cfg = smoke_trainer.cfg.replace(**{"eval.instruction_files": (path,), "eval.horizon": 20, "eval.episodes": 1,
+                                       "eval.control": True})
     later = Trainer(cfg, tmp_path, log=lambda s: None)
-    later.load()
+    later.load(smoke_trainer.checkpoint_3)
     assert [later.registry.text(r) for r in later.eval_rows] == later.eval_texts
     assert [later.registry.text(r) for r in later.orig_rows] == list(ORIGINAL_INSTRUCTIONS)
     table = later.registry.device_table()
     fresh = Trainer(cfg, tmp_path / "fresh", log=lambda s: None)  # the same texts, encoded without a checkpoint
     np.testing.assert_allclose(np.asarray(table.emb)[later.eval_rows],
                                np.asarray(fresh.registry.device_table().emb)[fresh.eval_rows], atol=1e-5)
-    (res,) = later.evaluate()
-    assert "own_words" in res.rates
+    res = later.evaluate()[0]
+    assert {"original", "own_words", "compound"} <= set(res.rates)
+    flat = res.flat_metrics()
+    assert "eval/own_words/mean_success_rate" in flat and "eval/control/original/gain" in flat
 
 
 def test_progress_line_says_what_the_llm_answered_and_what_it_added():
@@ -315,19 +289,18 @@ def test_progress_line_says_what_the_llm_answered_and_what_it_added():
     assert "LLM goals 25%" in train.summary_line(row, 10)
 
 
-@pytest.mark.parametrize("when", ["before init_state", "after init_state"])
-def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(tmp_path, when):
+@pytest.mark.parametrize("when", ["before init_state", pytest.param("after init_state", marks=pytest.mark.slow)])
+def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(smoke_trainer, tmp_path, when):
     """Trainer.start_compiling compiles the rollout, batch, update and evaluation programs ahead
     (throwaway calls; before init_state on a placeholder state of zeros, beside init_state's own
     compile): the first update then compiles none of them again, and parameters, metrics and
-    evaluation are those of a trainer that compiled nothing ahead."""
+    evaluation are those of a trainer that compiled nothing ahead (the shared smoke trainer, at
+    update 2). Before init_state (what train_pqn does on an accelerator) in the default suite."""
     import jax.monitoring
 
-    cfg = tiny(**{"eval.horizon": 5, "eval.epsilon": 1.0})
-    ref = Trainer(cfg, tmp_path / "ref", log=lambda s: None)
-    ref.init_state()
-    ref_logs = [ref.iteration().metrics for _ in range(2)]
-    expected = [r.to_dict() for r in ref.evaluate()]
+    cfg = smoke_trainer.cfg
+    ref_logs = [log.metrics for log in smoke_trainer.logs[:2]]
+    expected = smoke_trainer.eval_2
     tr = Trainer(cfg, tmp_path / "warm", log=lambda s: None)
     if when == "before init_state":
         warm = tr.start_compiling()
@@ -352,7 +325,7 @@ def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(tmp_
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []  # everything the update runs was compiled ahead (or by the reference trainer)
     logs.append(tr.iteration().metrics)
-    for a, b in zip(_params(tr), _params(ref), strict=True):
+    for a, b in zip(_params(tr), smoke_trainer.params_2, strict=True):
         np.testing.assert_array_equal(a, b)
     for got, want in zip(logs, ref_logs):
         assert {k: v for k, v in got.items() if not k.startswith("time/") and k != "sps"} == \
@@ -361,6 +334,7 @@ def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(tmp_
     assert tr.update_idx == 2
 
 
+@pytest.mark.slow  # two whole smoke runs through the script (about 90 s); the fast check of start_compiling is above
 def test_train_pqn_compiles_ahead_on_an_accelerator_with_the_same_run(tmp_path, monkeypatch, capsys):
     """On an accelerator train_pqn starts Trainer.start_compiling before init_state (a CPU skips it);
     faked here on the CPU: the run's metrics and final evaluation are those of a run without it."""
@@ -394,8 +368,30 @@ def test_wall_clock_and_time_limit_count_from_the_process_start(tmp_path, capsys
     assert "imports 1000 s" in out and "stopped (--time-limit 1000s) at update 1/4" in out
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert len(rows) == 1 and rows[0]["time"] >= 1000
+    # a stopped run reports its buffer's diversity too: it may never be resumed
+    assert json.loads((run / "diversity.json").read_text())["update"] == 1
 
 
+def test_relabel_lag_trains_the_relabeled_copies_one_update_later(smoke_trainer, tmp_path):
+    """oir.relabel_lag 1 against the shared trainer (the same run without it): the lagged run's
+    second update trains on exactly the relabeled instructions the plain run's first update chose.
+    (Bigger batches and a resume: the slow test below.)"""
+    cfg = smoke_trainer.cfg
+    first = smoke_trainer.logs[0]
+    assert first.metrics["relabel/rows"] > 0 and any(t for seed in smoke_trainer.texts_1 for t in seed)
+    assert smoke_trainer.offered_1
+    lagged = Trainer(cfg.replace(**{"oir.relabel_lag": 1}), tmp_path, log=lambda s: None)
+    lagged.init_state()
+    assert lagged.iteration().metrics["relabel/rows"] == 0  # nothing relabeled yet
+    assert not lagged.method.offered  # and nothing offered to the buffers
+    second = lagged.iteration()
+    assert lagged.method.last_texts == smoke_trainer.texts_1
+    assert second.metrics["relabel/rows"] == first.metrics["relabel/rows"]
+    assert np.isfinite(second.metrics["loss"])
+    lagged.close()
+
+
+@pytest.mark.slow  # two trainers of 8 envs x 64 steps and a resumed one (about 35 s)
 def test_relabel_lag_trains_each_rollouts_relabeled_copies_one_update_later(tmp_path):
     """oir.relabel_lag 1: the rule relabeler reads a rollout on a side thread; its copies and buffer
     offers enter the next update. The first rollouts of both runs are the same, so the lagged run's
