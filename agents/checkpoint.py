@@ -26,7 +26,7 @@ readers skip it, and a later save of the same update moves it aside to ``<update
 Old runs wrote ``checkpoint.pkl`` (a pickle). It is refused with a message; converting it is an
 explicit command, because unpickling runs whatever code the file names (only for files you trust)::
 
-    python -m agents.checkpoint convert RUN_DIR
+    python -m agents.legacy_checkpoint RUN_DIR
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ LEGACY_PICKLE = "checkpoint.pkl"
 _STEP_DIR = re.compile(r"\d{6,}")
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "list_checkpoints", "latest_checkpoint",
-           "incomplete_checkpoints", "remove_checkpoints_after", "restore_tree", "refuse_legacy", "convert_legacy",
+           "incomplete_checkpoints", "remove_checkpoints_after", "restore_tree", "refuse_legacy",
            "FORMAT", "LEGACY_PICKLE"]
 
 
@@ -347,78 +347,19 @@ def refuse_legacy(run_dir: str | os.PathLike) -> None:
     if legacy.exists() and latest_checkpoint(run_dir) is None:
         raise CheckpointError(legacy, "is a legacy pickle checkpoint, which is not loaded because unpickling runs any "
                                       "code the file names. If you trust the file (you wrote it), convert it once "
-                                      f"with: python -m agents.checkpoint convert {run_dir}")
-
-
-# ----------------------------------------------------------------------------- legacy conversion
-def convert_legacy(run_dir: str | os.PathLike, keep: int = 2) -> Path:
-    """Convert a trusted legacy ``checkpoint.pkl`` of a PQN run into a checkpoint folder.
-
-    THIS UNPICKLES THE FILE, which runs any code it names: use it only on files you trust. It
-    builds a :class:`~agents.oir.Trainer` from the run's ``config.json`` (no LLM), loads the
-    pickle's state into it and saves it in the new format; the pickle is left in place.
-    """
-    import pickle
-
-    import jax.numpy as jnp
-    import numpy as np
-
-    from agents.config import load_config
-    from agents.oir import Trainer
-    from agents.run_dir import RunDir
-    from oir_gym import functional as F
-
-    run_dir = Path(run_dir)
-    path = run_dir / LEGACY_PICKLE
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
-    cfg = load_config(RunDir(run_dir).read_config())
-    cfg = cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules"})  # no LLM needed to convert
-    with open(path, "rb") as f:
-        state = pickle.load(f)  # noqa: S301  (explicit, documented: trusted files only)
-    tr = Trainer(cfg.validate(), run_dir, log=lambda s: None)
-    try:
-        tr.init_state()
-        params, opt_state, step = state["train_state"]
-        tr.train_state = tr.train_state.replace(params=params, opt_state=opt_state, step=step)
-        runner = state["runner"]
-        env = runner[0].env
-        if "also_pays" not in vars(env):  # pickles written before EnvState.also_pays existed
-            env = F.EnvState(**vars(env), also_pays=np.full((env.instr.shape[0], tr.num_also_pays), -1, np.int32))
-            runner = (runner[0].replace(env=env),) + tuple(runner[1:])
-        import jax
-
-        tr.runner = jax.tree_util.tree_map(jnp.asarray, runner)
-        tr.key = jnp.asarray(state["key"])
-        for b, sd in zip(tr.buffers, state["buffers"]):
-            b.load_state_dict(sd)
-        reg = state["registry"]
-        tr.registry.load_state_dict({"texts": list(reg["texts"]), "emb": reg["emb"], "event_sim": reg["event_sim"],
-                                     "achievement": reg["achievement"], "rows": dict(reg["rows"])})
-        tr.method.load_state_dict(state.get("generated") or {})
-        tr.update_idx, tr.env_steps = int(state["update"]), int(state["env_steps"])
-        metrics_rows = [r for r in RunDir(run_dir).read_metrics() if r["update"] <= tr.update_idx]
-        return tr.save(keep=keep, metrics_after_update=tr.update_idx if metrics_rows else None)
-    finally:
-        tr.close()
+                                      f"with: python -m agents.legacy_checkpoint {run_dir}")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m agents.checkpoint", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("convert", help="convert a TRUSTED legacy checkpoint.pkl (unpickles it: runs its code)")
-    c.add_argument("run_dir")
     v = sub.add_parser("verify", help="check the sizes and checksums of a run's newest checkpoint")
     v.add_argument("run_dir")
     args = p.parse_args(argv)
     try:
-        if args.cmd == "convert":
-            out = convert_legacy(args.run_dir)
-            print(f"converted {Path(args.run_dir) / LEGACY_PICKLE} -> {out}")
-        else:
-            _, host = load_checkpoint(args.run_dir)
-            print(f"{latest_checkpoint(args.run_dir)}: ok (update {host.get('update')})")
+        _, host = load_checkpoint(args.run_dir)
+        print(f"{latest_checkpoint(args.run_dir)}: ok (update {host.get('update')})")
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

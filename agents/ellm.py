@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Any
 import jax.numpy as jnp
 import numpy as np
 
-from agents.methods import TrainingMethod
+from agents.methods import MethodContext, TrainingMethod
 from oir_gym import functional as F
 from oir_gym.text import batch_observations
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.config import TrainConfig
-    from agents.oir import Trainer
 
 
 class ELLMProposals(TrainingMethod):
@@ -37,7 +36,7 @@ class ELLMProposals(TrainingMethod):
     name = "ellm"
     generated_file = "goals.json"
 
-    def __init__(self, trainer: "Trainer", proposer: Any) -> None:
+    def __init__(self, trainer: MethodContext, proposer: Any) -> None:
         super().__init__(trainer)
         self.proposer = proposer
         self.pinned_counts: Counter = Counter()  # goals envs were pinned to
@@ -66,7 +65,7 @@ class ELLMProposals(TrainingMethod):
         """
         tr = self.trainer
         t0 = time.time()
-        bstate = tr.runner[0]
+        bstate = tr.env_state
         goals = self.proposer.propose(batch_observations(bstate.env.craftax))
         chosen = [g[int(self._goal_rng.integers(len(g)))] if g else "" for g in goals]
         for g in goals:
@@ -90,7 +89,7 @@ class ELLMProposals(TrainingMethod):
                 rows = [row_of[t] for t in g[:n_also] if t in row_of]
                 also[i, : len(rows)] = rows
             bstate = F.set_also_pays(bstate, jnp.asarray(also))
-        tr.runner = (bstate,) + tuple(tr.runner[1:])
+        tr.env_state = bstate
         ok = pinned[pinned >= 0]
         groundable = 1.0 - tr.unpayable_frac(ok) if len(ok) else 0.0
         stats = self.proposer.stats()

@@ -11,27 +11,59 @@ PQN update, evaluation, checkpoints) and asks its :class:`TrainingMethod` for th
 
 The methods: :class:`GroundTruth` (``gt``) and :class:`Cosine` (``cosine``) here, which train on
 the 22 original instructions; :class:`agents.oir_method.OIRRelabeling` (``oir``) and
-:class:`agents.ellm.ELLMProposals` (``ellm``). A method talks to the trainer only through the
-trainer's public attributes and methods.
+:class:`agents.ellm.ELLMProposals` (``ellm``). A method talks to the trainer only through
+:class:`MethodContext`, so this module and the methods import nothing of the trainer.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.config import TrainConfig
-    from agents.oir import Trainer
+
+
+class MethodContext(Protocol):
+    """What a training method may see of the trainer that runs it (:class:`agents.oir.Trainer`
+    provides it): the run's config and seeds, the instruction table and buffers, the encoder,
+    the batch builder, the protected rows and the envs' state. A method reads and calls these;
+    the only state it writes back is :attr:`env_state` (ELLM pins its goals there)."""
+
+    cfg: "TrainConfig"
+    #: seeds of this process
+    S: int
+    registry: Any
+    buffers: list
+    encoder: Any
+    #: table rows of the 22 original instructions
+    orig_rows: np.ndarray
+    #: updates done so far
+    update_idx: int
+    log: Callable[[str], None]
+    #: the envs' state (``oir_gym.functional`` block state), read and replaced between updates
+    env_state: Any
+
+    @property
+    def seed_offset(self) -> int: ...
+
+    @property
+    def all_eval_texts(self) -> list[str]: ...
+
+    def build_batch(self, trajs: Any, slots: dict | None = None) -> dict: ...
+
+    def protected_rows(self) -> list[int]: ...
+
+    def unpayable_frac(self, instr_rows: np.ndarray) -> float: ...
 
 
 class TrainingMethod:
     """Train on the original instructions with the env's reward (the base of every method).
 
     Args:
-        trainer: the trainer this method belongs to (its public API only).
+        trainer: the trainer this method belongs to, seen through :class:`MethodContext`.
     """
 
     name: ClassVar[str] = ""
@@ -40,7 +72,7 @@ class TrainingMethod:
     #: file of the instructions this method generated (``None``: none)
     generated_file: ClassVar[str | None] = None
 
-    def __init__(self, trainer: "Trainer") -> None:
+    def __init__(self, trainer: MethodContext) -> None:
         self.trainer = trainer
         self.cfg = trainer.cfg
         #: generated instruction text -> count (oir: offered to the buffers; ellm: proposed)

@@ -384,6 +384,15 @@ class Trainer:
         self.orig_rows = self.registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))),
                                             protected=protected)
 
+    @property
+    def env_state(self) -> Any:
+        """The envs' block state (``oir_gym.functional``), the first part of the runner."""
+        return self.runner[0]
+
+    @env_state.setter
+    def env_state(self, state: Any) -> None:
+        self.runner = (state,) + tuple(self.runner[1:])
+
     def protected_rows(self) -> list[int]:
         """Table rows that must not be reused for new instructions: evaluation and original rows, the
         envs' current, pinned and also-paying rows, and every buffer's instructions."""

@@ -17,21 +17,18 @@ The update batch D is the original trajectories plus the relabeled copies.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-from agents.methods import TrainingMethod
+from agents.methods import MethodContext, TrainingMethod
 from oir_gym.captions import NUM_EVENTS
 from oir_gym.diversity import echo_share, instruction_diversity, paying_event
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.relabel.background import BackgroundRelabeler
 from oir_gym.relabel.prompts import load_template
 from oir_gym.trajectory import Trajectory
-
-if TYPE_CHECKING:  # pragma: no cover
-    from agents.oir import Trainer
 
 
 def balanced_choice(candidates: Sequence[Sequence[str]], k: int) -> list[list[str]]:
@@ -74,7 +71,7 @@ class OIRRelabeling(TrainingMethod):
     name = "oir"
     generated_file = "instructions.json"
 
-    def __init__(self, trainer: "Trainer", relabeler: Any) -> None:
+    def __init__(self, trainer: MethodContext, relabeler: Any) -> None:
         super().__init__(trainer)
         self.async_llm = self.cfg.oir.relabeler in ("llm", "both")
         if not isinstance(relabeler, BackgroundRelabeler):

@@ -43,11 +43,13 @@ import numpy as np
 
 from agents import relabeling
 from agents.config import LLMConfig
+from agents.sb3_config import (  # noqa: F401  (re-exported: the algorithms and their checks)
+    ALGOS, RESERVED_HYPERPARAMS, algo_class, check_device, check_hyperparams,
+)
 from agents.run_dir import (
     CorruptFileError, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file,
 )
 
-ALGOS = ("recurrent_ppo", "qrdqn", "dqn")
 RELABELERS = ("rules", "llm", "both", "none")
 
 #: Craftax-Classic defaults per algorithm (SB3 constructor keyword arguments).
@@ -96,27 +98,6 @@ def configure_torch_threads(n: Optional[int] = None) -> int:
         n = 1 if cores <= 4 else min(8, cores // 2)
     torch.set_num_threads(int(n))
     return int(n)
-
-
-def algo_class(algo: str):
-    """The SB3 class of ``algo``; ``ImportError`` naming the extra to install when SB3 is missing."""
-    if algo not in ALGOS:
-        raise ValueError(f"unknown algo {algo!r}; expected one of {ALGOS}")
-    try:
-        if algo == "recurrent_ppo":
-            from sb3_contrib import RecurrentPPO
-
-            return RecurrentPPO
-        if algo == "qrdqn":
-            from sb3_contrib import QRDQN
-
-            return QRDQN
-        from stable_baselines3 import DQN
-
-        return DQN
-    except ImportError as e:
-        raise ImportError(f"algo {algo!r} needs stable-baselines3 and sb3-contrib: pip install 'oir-gym[sb3]' "
-                          f"({e})") from e
 
 
 # ----------------------------------------------------------------------------- env and relabeler
@@ -206,38 +187,6 @@ def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Constructor arguments that :func:`make_model` sets itself (not hyperparameters), and what to use instead.
-RESERVED_HYPERPARAMS = {"policy": "--sb3.algo", "env": "the run's env", "seed": "--run.seed", "verbose": "nothing",
-                        "tensorboard_log": "the run directory (tb/)"}
-
-
-def check_device(device: Any) -> str:
-    """``"auto"`` or a torch device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``...); else ValueError."""
-    import torch
-
-    if device == "auto":
-        return device
-    try:
-        torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device={device!r} is not a torch device ('auto', 'cpu', 'cuda', 'cuda:0'...): {e}") from None
-    return str(device)
-
-
-def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "auto") -> None:
-    """Refuse overrides that the SB3 class of ``algo`` does not take, or that :func:`make_model`
-    sets itself, before anything is built (the error names the key and what to use instead)."""
-    params = inspect.signature(algo_class(algo).__init__).parameters
-    for key in hyperparams:
-        if key in RESERVED_HYPERPARAMS:
-            raise ValueError(f"hyperparameter {key!r} is set by the trainer; use {RESERVED_HYPERPARAMS[key]}")
-        if key not in params:
-            raise ValueError(f"{algo_class(algo).__name__} has no argument {key!r} (hyperparameter override)")
-    hp_device = hyperparams.get("device")
-    if hp_device is not None and device not in ("auto", hp_device):
-        raise ValueError(f"device given twice: device={device!r} and hyperparameter device={hp_device!r}; give one")
-    check_device(hp_device if hp_device is not None else device)
-
-
 def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None,
                tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto"):
     """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams`.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Annotated, Any, Literal, Mapping, Optional
@@ -37,6 +38,59 @@ from agents.config import EvalSettings, Grounding, LLMConfig, ObsMode, Oracle, R
 SB3Method = Literal["oir", "cosine", "gt"]
 Algo = Literal["recurrent_ppo", "qrdqn", "dqn"]
 ALGOS: tuple[str, ...] = ("recurrent_ppo", "qrdqn", "dqn")
+
+
+def algo_class(algo: str):
+    """The SB3 class of ``algo``; ``ImportError`` naming the extra to install when SB3 is missing."""
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algo {algo!r}; expected one of {ALGOS}")
+    try:
+        if algo == "recurrent_ppo":
+            from sb3_contrib import RecurrentPPO
+
+            return RecurrentPPO
+        if algo == "qrdqn":
+            from sb3_contrib import QRDQN
+
+            return QRDQN
+        from stable_baselines3 import DQN
+
+        return DQN
+    except ImportError as e:
+        raise ImportError(f"algo {algo!r} needs stable-baselines3 and sb3-contrib: pip install 'oir-gym[sb3]' "
+                          f"({e})") from e
+
+
+RESERVED_HYPERPARAMS = {"policy": "--sb3.algo", "env": "the run's env", "seed": "--run.seed", "verbose": "nothing",
+                        "tensorboard_log": "the run directory (tb/)"}
+
+
+def check_device(device: Any) -> str:
+    """``"auto"`` or a torch device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``...); else ValueError."""
+    import torch
+
+    if device == "auto":
+        return device
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device ('auto', 'cpu', 'cuda', 'cuda:0'...): {e}") from None
+    return str(device)
+
+
+def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "auto") -> None:
+    """Refuse overrides that the SB3 class of ``algo`` does not take, or that :func:`make_model`
+    sets itself, before anything is built (the error names the key and what to use instead)."""
+    params = inspect.signature(algo_class(algo).__init__).parameters
+    for key in hyperparams:
+        if key in RESERVED_HYPERPARAMS:
+            raise ValueError(f"hyperparameter {key!r} is set by the trainer; use {RESERVED_HYPERPARAMS[key]}")
+        if key not in params:
+            raise ValueError(f"{algo_class(algo).__name__} has no argument {key!r} (hyperparameter override)")
+    hp_device = hyperparams.get("device")
+    if hp_device is not None and device not in ("auto", hp_device):
+        raise ValueError(f"device given twice: device={device!r} and hyperparameter device={hp_device!r}; give one")
+    check_device(hp_device if hp_device is not None else device)
 
 
 @dataclass
@@ -250,8 +304,6 @@ class SB3TrainConfig:
             need(name in EXTRA_SET_NAMES, f"eval.final_sets: unknown set {name!r}; expected some of {EXTRA_SET_NAMES}")
         need(bool(ev.sets or user_sets), "eval.sets is empty and eval.instruction_files gives no set: nothing to "
                                          "evaluate")
-        from agents.sb3_agents import check_hyperparams
-
         check_hyperparams(s.algo, s.hyperparams, s.device)
         return self
 

@@ -136,7 +136,7 @@ def test_a_crafted_checkpoint_cannot_run_code(tmp_path):
     legacy = tmp_path / "old"
     legacy.mkdir()
     (legacy / "checkpoint.pkl").write_bytes(payload)
-    with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*python -m agents.checkpoint convert"):
+    with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*python -m agents.legacy_checkpoint"):
         load_checkpoint(legacy)
     with pytest.raises(CheckpointError, match="checkpoint.pkl"):
         refuse_legacy(legacy)

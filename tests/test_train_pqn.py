@@ -202,19 +202,17 @@ def _legacy_run(path) -> tuple[TrainConfig, dict]:
 
 
 def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp_path, capsys):
-    """Loading refuses checkpoint.pkl (unpickling runs code); ``python -m agents.checkpoint convert``
+    """Loading refuses checkpoint.pkl (unpickling runs code); ``python -m agents.legacy_checkpoint``
     converts a trusted one."""
-    from agents import checkpoint
-
-    from agents import train
+    from agents import legacy_checkpoint, train
 
     cfg, state = _legacy_run(tmp_path)
     with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*convert"):
         Trainer(cfg, tmp_path, log=lambda s: None).load()
     assert train.pqn_main(["--run-dir", str(tmp_path), "--resume"]) == 2
-    assert "python -m agents.checkpoint convert" in capsys.readouterr().err
+    assert "python -m agents.legacy_checkpoint" in capsys.readouterr().err
 
-    assert checkpoint.main(["convert", str(tmp_path)]) == 0
+    assert legacy_checkpoint.main([str(tmp_path)]) == 0
     again = Trainer(cfg, tmp_path, log=lambda s: None)
     host = again.load()
     assert (again.update_idx, host["metrics_after_update"]) == (1, 1)
@@ -227,12 +225,10 @@ def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp
 
 @pytest.mark.slow
 def test_a_converted_legacy_run_resumes_to_its_end_through_the_script(tmp_path):
-    from agents import checkpoint
-
-    from agents import train
+    from agents import legacy_checkpoint, train
 
     _legacy_run(tmp_path)
-    assert checkpoint.main(["convert", str(tmp_path)]) == 0
+    assert legacy_checkpoint.main([str(tmp_path)]) == 0
     # the flat config.json loads, the metrics rows after the converted checkpoint's update are cut
     assert train.pqn_main(["--run-dir", str(tmp_path), "--resume", "--no-progress"]) == 0
     rows = [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
