@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-import analyze_runs  # noqa: E402
+from agents import analyze_runs  # noqa: E402
 
 from oir_gym import analysis  # noqa: E402
 from oir_gym.metrics import t_interval  # noqa: E402
@@ -82,7 +81,7 @@ def _cells(row: str) -> str:
 
 def _at_update(prefixes, update: int) -> list[float]:
     """Each run's mean success (original set, mean over its seeds) at one periodic evaluation."""
-    return [row["eval/original/mean_success_rate"] for rows in analyze_runs._load_metrics([str(p) for p in prefixes])
+    return [row["eval/original/mean_success_rate"] for rows in analyze_runs.load_metrics([str(p) for p in prefixes])
             for row in rows if row["update"] == update]
 
 
@@ -138,9 +137,9 @@ def test_epsilon_random_policy_and_per_instruction_claims_in_results_doc(capsys)
     rnd = json.loads((RES / "reference" / "random_policy_4x1000.json").read_text())["original"]
     assert _says(RESULTS, f"completes {rnd['num_completed']} of 22, mean success {rnd['mean_success_rate']:.3f}")
     evals = {"gt": [R / "gt"], "cosine": [C / "cosine"], "ellm": [F / "ellm"], "oir": OIR}
-    rates = {k: np.mean([s["original"]["rates"] for s in analyze_runs._load_evals([str(p) for p in v])], axis=0)
+    rates = {k: np.mean([s["original"]["rates"] for s in analyze_runs.load_evals([str(p) for p in v])], axis=0)
              for k, v in evals.items()}
-    texts = analyze_runs._load_evals([str(R / "gt")])[0]["original"]["texts"]
+    texts = analyze_runs.load_evals([str(R / "gt")])[0]["original"]["texts"]
     best_baseline = np.max([rates[k] for k in ("gt", "cosine", "ellm")], axis=0)
     for name in ("place table", "eat cow", "collect drink", "make wooden pickaxe", "make wooden sword", "defeat zombie"):
         assert rates["oir"][texts.index(name)] > best_baseline[texts.index(name)], name
@@ -149,7 +148,7 @@ def test_epsilon_random_policy_and_per_instruction_claims_in_results_doc(capsys)
 
 def test_the_along_the_run_claims_in_results_doc_hold_on_the_curves():
     """OIR's pooled curve leads at 20 of 25 evaluations, at every one from 5.7e6 steps on."""
-    curves = {name: analysis.pooled_curves(analyze_runs._load_metrics([str(p) for p in prefixes]))
+    curves = {name: analysis.pooled_curves(analyze_runs.load_metrics([str(p) for p in prefixes]))
               for name, prefixes in {"gt": [R / "gt"], "cosine": [C / "cosine"], "ellm": [F / "ellm"], "oir": OIR}.items()}
     steps = curves["oir"][0]
     mean = {k: v[1]["mean_success_rate"].mean(axis=1) for k, v in curves.items()}
@@ -212,7 +211,7 @@ def test_delta_ablation_table_in_results_doc_is_rebuilt_from_results(capsys):
 
 def test_delta_sensitivity_reference_file_and_doc_table_match_the_script(tmp_path, capsys):
     """examples/delta_sensitivity.py rebuilds results/reference/delta_sensitivity.json exactly."""
-    import delta_sensitivity
+    from agents import delta_sensitivity
 
     out = tmp_path / "d.json"
     assert delta_sensitivity.main(["--out", str(out)]) == 0
@@ -464,7 +463,7 @@ def test_final_point_beside_the_mean_of_the_last_5_evaluations_with_bootstrap_in
     oir = next(r for r in rows if r.startswith("| OIR-oracle | original |"))
     # OIR: each seed's last 5 evaluations (updates 1050-1220) averaged, then the 3 seeds
     per_seed = []
-    for run in analyze_runs._load_metrics([str(p) for p in OIR]):
+    for run in analyze_runs.load_metrics([str(p) for p in OIR]):
         evals = [r["eval/original/mean_success_rate"] for r in run if "eval/original/mean_success_rate" in r]
         per_seed.append(np.mean(evals[-5:]))
     low, high = bootstrap_ci(per_seed)

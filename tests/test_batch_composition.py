@@ -12,8 +12,7 @@ import pytest
 
 pytest.importorskip("jax")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-import batch_composition  # noqa: E402
+from agents import batch_composition  # noqa: E402
 
 
 def test_counts_of_a_real_oir_iteration_add_up_to_the_batch(tmp_path):

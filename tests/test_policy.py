@@ -121,8 +121,7 @@ def test_record_video_writes_a_gif_of_the_policy(trained_run, tmp_path):
 
     from PIL import Image
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    import record_video
+    from agents import record_video
 
     run, _, _ = trained_run
     out = tmp_path / "v.gif"
@@ -143,8 +142,7 @@ def test_a_checkpoint_of_non_finite_weights_is_refused_naming_the_file(trained_r
 
     from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    import record_video
+    from agents import record_video
 
     run = tmp_path / "run"
     shutil.copytree(trained_run[0], run)

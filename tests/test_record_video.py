@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import record_video  # noqa: E402
+from agents import record_video  # noqa: E402
 
 
 @pytest.mark.parametrize("fps", ["-1", "0", "1000"])

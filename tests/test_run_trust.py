@@ -142,8 +142,7 @@ def test_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path):
     (load_policy, record_video.py, train_sb3.py --resume) reads no pickle, so nothing runs."""
     from agents.policy import load_policy
 
-    sys.path.insert(0, str(ROOT / "examples"))  # record_video.py's command line
-    import record_video
+    from agents import record_video
 
     run, _ = _sb3_run(tmp_path / "run")
     marker = tmp_path / "code_ran"
