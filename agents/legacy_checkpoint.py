@@ -32,7 +32,7 @@ def convert_legacy(run_dir: str | os.PathLike, keep: int = 2) -> Path:
     import numpy as np
 
     from agents.config import load_config
-    from agents.oir import Trainer
+    from agents.oir import Runner, Trainer
     from agents.run_dir import RunDir
     from oir_gym import functional as F
 
@@ -56,7 +56,7 @@ def convert_legacy(run_dir: str | os.PathLike, keep: int = 2) -> Path:
             runner = (runner[0].replace(env=env),) + tuple(runner[1:])
         import jax
 
-        tr.runner = jax.tree_util.tree_map(jnp.asarray, runner)
+        tr.runner = Runner(*jax.tree_util.tree_map(jnp.asarray, tuple(runner)))
         tr.key = jnp.asarray(state["key"])
         for b, sd in zip(tr.buffers, state["buffers"]):
             b.load_state_dict(sd)

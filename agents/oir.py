@@ -29,7 +29,7 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +64,22 @@ GENERATED_FILES = {"oir": "instructions.json", "ellm": "goals.json"}
 
 
 # ----------------------------------------------------------------------------- jitted pieces
+class Runner(NamedTuple):
+    """What the rollout carries from one update to the next (a pytree; on disk, checkpoints keep
+    it as the tuple ``"0"`` ... ``"4"``)."""
+
+    #: the env blocks' state (:mod:`oir_gym.functional`: envs, world pools, cursors)
+    env_state: Any
+    #: the envs' current observations
+    obs: Any
+    #: the LSTM carry per seed, ``([S, E, H], [S, E, H])``
+    carry: Any
+    #: ``[S * E]`` whether each env's last step ended its episode
+    done: Any
+    #: ``[blocks, 2]`` one rollout key per env block
+    keys: Any
+
+
 def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = None):
     """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``, jitted over ``layout``.
 
@@ -118,7 +134,7 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
         traj["last_obs"] = per_seed(obs["obs"])
         traj["last_instr"] = per_seed(obs["instruction"])
         traj["last_done"] = per_seed(done_prev)
-        return (bstate, obs, carry, done_prev, keys), traj
+        return Runner(bstate, obs, carry, done_prev, keys), traj
 
     traj_keys = ("obs", "instr", "action", "reward", "done", "reset", "events", "success", "ep_return", "ep_length",
                  "achievements")
@@ -387,20 +403,20 @@ class Trainer:
     @property
     def env_state(self) -> Any:
         """The envs' block state (``oir_gym.functional``), the first part of the runner."""
-        return self.runner[0]
+        return self.runner.env_state
 
     @env_state.setter
     def env_state(self, state: Any) -> None:
-        self.runner = (state,) + tuple(self.runner[1:])
+        self.runner = self.runner._replace(env_state=state)
 
     def protected_rows(self) -> list[int]:
         """Table rows that must not be reused for new instructions: evaluation and original rows, the
         envs' current, pinned and also-paying rows, and every buffer's instructions."""
         rows = set(self.eval_rows.tolist()) | set(self.final_rows.tolist()) | set(self.orig_rows.tolist())
         if self.runner is not None:
-            rows |= set(np.asarray(self.runner[0].env.instr).reshape(-1).tolist())
-            rows |= {r for r in np.asarray(self.runner[0].env.pinned).reshape(-1).tolist() if r >= 0}
-            rows |= {r for r in np.asarray(self.runner[0].env.also_pays).reshape(-1).tolist() if r >= 0}
+            rows |= set(np.asarray(self.runner.env_state.env.instr).reshape(-1).tolist())
+            rows |= {r for r in np.asarray(self.runner.env_state.env.pinned).reshape(-1).tolist() if r >= 0}
+            rows |= {r for r in np.asarray(self.runner.env_state.env.also_pays).reshape(-1).tolist() if r >= 0}
         for b in self.buffers:
             rows |= set(self.registry.find(b.contents()).values())
         return sorted(rows)
@@ -458,7 +474,7 @@ class Trainer:
                             lay.pool_per_block, None, cfg.env.obs_mode, groups, self.num_also_pays)
         carry = jax.vmap(lambda _: self.net.initial_carry(cfg.pqn.num_envs))(jnp.arange(self.S))
         done = jnp.ones((self.S * cfg.pqn.num_envs,), bool)
-        return train_state, (bstate, obs, carry, done, k_run)
+        return train_state, Runner(bstate, obs, carry, done, k_run)
 
     def _placeholder_state(self, env_params: F.EnvParams) -> tuple[Any, tuple]:
         """A ``(train_state, runner)`` of zeros shaped and placed as :meth:`init_state` makes them,
@@ -486,7 +502,7 @@ class Trainer:
         return {
             "train_state": {"params": self.train_state.params, "opt_state": self.train_state.opt_state,
                             "step": self.train_state.step},
-            "runner": self.runner, "key": self.key,
+            "runner": tuple(self.runner), "key": self.key,
             "registry": {k: reg[k] for k in ("emb", "event_sim", "achievement", "sample_mask")},
         }
 
@@ -562,7 +578,7 @@ class Trainer:
         self.train_state = self.train_state.replace(params=jax.tree_util.tree_map(jnp.asarray, ts["params"]),
                                                     opt_state=jax.tree_util.tree_map(jnp.asarray, ts["opt_state"]),
                                                     step=jnp.asarray(ts["step"]))
-        self.runner = jax.tree_util.tree_map(jnp.asarray, restored["runner"])
+        self.runner = Runner(*jax.tree_util.tree_map(jnp.asarray, restored["runner"]))
         self.key = jnp.asarray(restored["key"])
         self._place()  # a checkpoint holds host arrays: spread them over this run's devices again
         try:

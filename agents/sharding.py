@@ -133,8 +133,9 @@ class Layout:
         block leaves on the flat axis, carries on ``[S, E]``."""
         bstate, obs, carry, done, keys = runner
         flat = lambda tree: jax.tree_util.tree_map(lambda _: self.flat_spec, tree)  # noqa: E731
-        return (flat(bstate), flat(obs), jax.tree_util.tree_map(lambda _: self.seed_env_spec, carry),
-                self.flat_spec, self.flat_spec)
+        specs = (flat(bstate), flat(obs), jax.tree_util.tree_map(lambda _: self.seed_env_spec, carry),
+                 self.flat_spec, self.flat_spec)
+        return type(runner)(*specs) if hasattr(runner, "_fields") else specs  # the runner's own pytree type
 
     def place(self, tree: Any, specs: Any) -> Any:
         """``jax.device_put`` every leaf of ``tree`` with its spec (a pytree prefix of ``tree``)."""
