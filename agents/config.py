@@ -161,14 +161,15 @@ class EnvConfig:
 
 
 @dataclass
-class OIRConfig:
-    """Hindsight instruction relabeling and the instruction buffer (method ``oir``)."""
+class RelabelSettings:
+    """What both trainers' relabeling shares (the ``oir`` part of the PQN and the SB3 config)."""
 
     relabeler: Relabeler = "rules"
-    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: LLM answers
-    merged with rule instructions."""
+    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: the rules'
+    instructions at once and the LLM's when they arrive (``oir_gym.relabel.BackgroundRelabeler``)."""
     k: int = 4
-    """Relabeled instructions per trajectory."""
+    """Relabeled instructions per trajectory (an SB3 run's trajectories are segments of
+    ``sb3.segment_length`` steps)."""
     instruction_buffer_size: int = 10
     """B_max: instructions new episodes draw from (the PLR-style buffer; not a replay buffer)."""
     tau_low: float = 0.1
@@ -176,6 +177,24 @@ class OIRConfig:
     those at the learning boundary)."""
     tau_high: float = 0.9
     """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
+    grounding: Grounding = "cosine"
+    """cosine: the paper's rule (an instruction pays where a caption matches it above ``env.delta``);
+    bound: event-bound, a relabeled instruction pays exactly at the event(s) it was accomplished with
+    on its trajectory, whatever its wording (:mod:`oir_gym.grounding`; an extension)."""
+    bind_threshold: float = 0.5
+    """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
+    oracle: Oracle = "canonical"
+    """The rule relabeler's labels (oir_gym.relabel.oracle; docs/relabeling.md, "Oracle relabelers"):
+    canonical: each event's caption; diverse: each event named by a wording drawn per trajectory from a
+    pool kept away from the evaluation sets; tasks: canonical plus the events outside the 22 achievements;
+    compound: canonical plus "A then B" for unrelated events in their order; noisy: diverse with the
+    measured errors of the 270M LLM relabeler. diverse and noisy need oir.grounding bound."""
+
+
+@dataclass
+class OIRConfig(RelabelSettings):
+    """Hindsight instruction relabeling and the instruction buffer (method ``oir``)."""
+
     keep_ungrounded: bool = False
     """Keep relabeled instructions that paid no reward on their own trajectory (the paper's Alg. 1 keeps
     them; by default they are neither training rows nor buffer entries)."""
@@ -185,23 +204,11 @@ class OIRConfig:
     """Spread the K slots over instructions (rare events kept); an extension, not in the paper."""
     llm_lag: int = 16
     """Rollouts kept for late LLM answers (older answers are dropped)."""
-    grounding: Grounding = "cosine"
-    """cosine: the paper's rule (an instruction pays where a caption matches it above ``env.delta``);
-    bound: event-bound, a relabeled instruction pays exactly at the event(s) it was accomplished with
-    on its trajectory, whatever its wording (:mod:`oir_gym.grounding`; an extension)."""
-    bind_threshold: float = 0.5
-    """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
     relabel_lag: int = 0
     """0: the paper's order, a rollout's relabeled copies train in its own update. 1: the rule relabeler
     reads a rollout on a side thread while the device runs that update and the next rollout, and the
     copies (and buffer offers) enter one update later: the relabeling leaves the update's critical
     path. The first update then has no relabeled rows, and a resume loses one rollout's relabels."""
-    oracle: Oracle = "canonical"
-    """The rule relabeler's labels (oir_gym.relabel.oracle; docs/relabeling.md, "Oracle relabelers"):
-    canonical: each event's caption; diverse: each event named by a wording drawn per trajectory from a
-    pool kept away from the evaluation sets; tasks: canonical plus the events outside the 22 achievements;
-    compound: canonical plus "A then B" for unrelated events in their order; noisy: diverse with the
-    measured errors of the 270M LLM relabeler. diverse and noisy need oir.grounding bound."""
     oracle_pool: str = ""
     """Wording pool file of oir.oracle diverse and noisy (schema: oir_gym/data/oracle_pool.json; empty: that
     packaged pool). A wording equal or too close (cosine >= 0.85) to an evaluation string stops the run."""

@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 import tyro
 
-from agents.config import EvalSettings, Grounding, LLMConfig, ObsMode, Oracle, Relabeler, redact_url
+from agents.config import EvalSettings, LLMConfig, ObsMode, RelabelSettings, redact_url
 
 SB3Method = Literal["oir", "cosine", "gt"]
 Algo = Literal["recurrent_ppo", "qrdqn", "dqn"]
@@ -121,29 +121,9 @@ class SB3EnvConfig:
 
 
 @dataclass
-class SB3OIRConfig:
-    """Hindsight instruction relabeling and the instruction buffer (method ``oir``)."""
-
-    relabeler: Relabeler = "rules"
-    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: LLM answers
-    merged with rule instructions."""
-    k: int = 4
-    """Relabeled instructions per trajectory segment."""
-    instruction_buffer_size: int = 10
-    """B_max: instructions new episodes draw from (the PLR-style buffer; not a replay buffer)."""
-    tau_low: float = 0.1
-    """Buffer priority: an instruction whose mean return is at or below it counts as failing (ranked after
-    those at the learning boundary)."""
-    tau_high: float = 0.9
-    """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
-    grounding: Grounding = "cosine"
-    """cosine: the paper's rule (an instruction pays where a caption matches it above ``env.delta``);
-    bound: event-bound, a relabeled instruction pays exactly at the event(s) it was accomplished with."""
-    bind_threshold: float = 0.5
-    """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
-    oracle: Oracle = "canonical"
-    """The rule relabeler's labels (oir_gym.relabel.oracle): canonical, diverse, tasks, compound or noisy
-    (diverse and noisy need oir.grounding bound)."""
+class SB3OIRConfig(RelabelSettings):
+    """Hindsight instruction relabeling and the instruction buffer (method ``oir``): the settings the
+    PQN trainer's ``oir`` part shares (:class:`agents.config.RelabelSettings`)."""
 
 
 @dataclass
