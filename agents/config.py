@@ -342,9 +342,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Nested plain dict (what ``config.json`` and checkpoints hold), credentials in
         ``llm.base_url`` redacted (:func:`redact_url`)."""
-        d = asdict(self)
-        d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
-        return d
+        return nested_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
@@ -352,17 +350,7 @@ class TrainConfig:
 
         Missing keys keep their defaults.
         """
-        if not isinstance(d, Mapping):
-            raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
-        parts = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(d) - set(parts), key=str)
-        if unknown:
-            raise ValueError(f"unknown config section {unknown[0]!r}{_did_you_mean(unknown[0], parts)} (the "
-                             f"sections are {', '.join(parts)})")
-        kwargs = {}
-        for name, value in d.items():
-            kwargs[name] = _part_from_dict(parts[name].default_factory, name, value)  # type: ignore[misc]
-        return cls(**kwargs)
+        return nested_from_dict(cls, d)
 
     @classmethod
     def from_flat_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
@@ -385,20 +373,7 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> "TrainConfig":
         """A copy with dotted-path changes, e.g. ``cfg.replace(**{"pqn.lr": 1e-3, "run.method": "gt"})``."""
-        by_part: dict[str, dict[str, Any]] = {}
-        for path, value in changes.items():
-            part, _, name = path.partition(".")
-            if not name or part not in {f.name for f in fields(self)}:
-                raise ValueError(f"unknown config field {path!r}; use part.field, e.g. 'pqn.lr'")
-            by_part.setdefault(part, {})[name] = value
-        out = self
-        for part, vals in by_part.items():
-            cur = getattr(out, part)
-            bad = sorted(set(vals) - {f.name for f in fields(cur)})
-            if bad:
-                raise ValueError(f"unknown config field(s) {[f'{part}.{b}' for b in bad]}")
-            out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **vals)})
-        return out
+        return nested_replace(self, changes)
 
     # ------------------------------------------------------------ validation
     def validate(self) -> "TrainConfig":
@@ -528,6 +503,51 @@ FLAT_KEYS: dict[str, tuple[str, ...]] = {
 
 
 # ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- nested configs
+# A run config is a dataclass of part dataclasses (TrainConfig here, agents.sb3_config.SB3TrainConfig):
+# one way to write, read and change them for both trainers.
+def nested_to_dict(cfg: Any) -> dict[str, Any]:
+    """``cfg`` as a nested plain dict (what ``config.json`` and checkpoints hold), credentials in
+    ``llm.base_url`` redacted (:func:`redact_url`)."""
+    d = asdict(cfg)
+    d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
+    return d
+
+
+def nested_from_dict(cls: Any, d: Mapping[str, Any]) -> Any:
+    """``cls`` from :func:`nested_to_dict`'s form; unknown parts or keys are a ValueError naming them
+    (with the closest name); missing keys keep their defaults."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
+    parts = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(d) - set(parts), key=str)
+    if unknown:
+        raise ValueError(f"unknown config section {unknown[0]!r}{_did_you_mean(unknown[0], parts)} (the "
+                         f"sections are {', '.join(parts)})")
+    return cls(**{name: _part_from_dict(parts[name].default_factory, name, value)  # type: ignore[misc]
+                  for name, value in d.items()})
+
+
+def nested_replace(cfg: Any, changes: Mapping[str, Any]) -> Any:
+    """A copy of ``cfg`` with dotted-path ``changes`` (``{"part.field": value}``)."""
+    part_names = [f.name for f in fields(cfg)]
+    by_part: dict[str, dict[str, Any]] = {}
+    for path, value in changes.items():
+        part, _, name = path.partition(".")
+        if not name or part not in part_names:
+            example = f"{part_names[0]}.{fields(getattr(cfg, part_names[0]))[0].name}"
+            raise ValueError(f"unknown config field {path!r}; use part.field, e.g. {example!r}")
+        by_part.setdefault(part, {})[name] = value
+    out = cfg
+    for part, vals in by_part.items():
+        cur = getattr(out, part)
+        bad = sorted(set(vals) - {f.name for f in fields(cur)})
+        if bad:
+            raise ValueError(f"unknown config field(s) {[f'{part}.{b}' for b in bad]}")
+        out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **vals)})
+    return out
+
+
 def _part_from_dict(factory: Any, part: str, value: Any) -> Any:
     default = factory()
     if not isinstance(value, Mapping):

@@ -18,7 +18,7 @@ the 22 original instructions; :class:`agents.oir_method.OIRRelabeling` (``oir``)
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 import numpy as np
 

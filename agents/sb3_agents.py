@@ -35,7 +35,6 @@ import inspect
 import io
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 

@@ -28,12 +28,14 @@ import ast
 import dataclasses
 import inspect
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Mapping, Optional
 
 import tyro
 
-from agents.config import EvalSettings, LLMConfig, ObsMode, RelabelSettings, redact_url
+from agents.config import (
+    EvalSettings, LLMConfig, ObsMode, RelabelSettings, nested_from_dict, nested_replace, nested_to_dict,
+)
 
 SB3Method = Literal["oir", "cosine", "gt"]
 Algo = Literal["recurrent_ppo", "qrdqn", "dqn"]
@@ -198,42 +200,16 @@ class SB3TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Nested plain dict (what ``config.json`` holds), credentials in ``llm.base_url`` redacted."""
-        d = asdict(self)
-        d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
-        return d
+        return nested_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SB3TrainConfig":
         """From :meth:`to_dict`'s form; unknown parts or keys are a ValueError naming them."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
-        parts = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(d) - set(parts), key=str)
-        if unknown:
-            raise ValueError(f"unknown config section {unknown[0]!r} (the sections are {', '.join(parts)})")
-        kwargs = {}
-        for name, value in d.items():
-            default = parts[name].default_factory()  # type: ignore[misc]
-            if not isinstance(value, Mapping):
-                raise ValueError(f"config part {name!r} must be an object, got {type(value).__name__}")
-            bad = sorted(set(value) - {f.name for f in fields(default)}, key=str)
-            if bad:
-                raise ValueError(f"unknown config key {f'{name}.{bad[0]}'!r}")
-            vals = {k: tuple(v) if isinstance(getattr(default, k), tuple) and isinstance(v, list) else v
-                    for k, v in value.items()}
-            kwargs[name] = replace(default, **vals)
-        return cls(**kwargs)
+        return nested_from_dict(cls, d)
 
     def replace(self, **changes: Any) -> "SB3TrainConfig":
         """A copy with dotted-path changes, e.g. ``cfg.replace(**{"sb3.algo": "dqn"})``."""
-        out = self
-        for path, value in changes.items():
-            part, _, name = path.partition(".")
-            cur = getattr(out, part)
-            if name not in {f.name for f in fields(cur)}:
-                raise ValueError(f"unknown config field {path!r}")
-            out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **{name: value})})
-        return out
+        return nested_replace(self, changes)
 
     def validate(self) -> "SB3TrainConfig":
         """Check every field; raise one ValueError naming the field at the first bad one. Returns self."""
