@@ -307,6 +307,28 @@ class EvalSettings:
     """Packaged sets the final evaluation adds to the periodic ones: the held-out paraphrases and the
     ordered compounds with their reverse-order control (docs/evaluation.md)."""
 
+    def check_sets(self) -> None:
+        """ValueError naming the set or file unless every set named is a packaged one, none twice, and
+        something is evaluated (a user file's sets are read here, so a bad file is named too)."""
+        from oir_gym.instructions import EXTRA_SET_NAMES, SET_NAMES, load_instruction_files
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        for name in self.final_sets:
+            need(name in EXTRA_SET_NAMES, f"eval.final_sets: unknown set {name!r}; expected some of {EXTRA_SET_NAMES} "
+                                          f"(the periodic evaluations already hold {SET_NAMES})")
+        need(len(set(self.final_sets)) == len(self.final_sets),
+             f"eval.final_sets={self.final_sets}: a set is listed twice")
+        user_sets = load_instruction_files(self.instruction_files)  # ValueError naming the file, the entry and the field
+        for s in self.sets:
+            need(s in SET_NAMES, f"eval.sets: unknown built-in set {s!r}; expected some of {SET_NAMES} (the sets of "
+                                 "eval.instruction_files are always evaluated)")
+        need(len(set(self.sets)) == len(self.sets), f"eval.sets={self.sets} names a set twice")
+        need(bool(self.sets or user_sets), "eval.sets is empty and eval.instruction_files gives no set: nothing to "
+                                           "evaluate")
+
 
 @dataclass
 class TrainConfig:
@@ -456,22 +478,8 @@ class TrainConfig:
         need(ev.episodes <= MAX_EVAL_EPISODES, f"eval.episodes={ev.episodes} must be <= {MAX_EVAL_EPISODES}")
         need(1 <= ev.final_episodes <= MAX_EVAL_EPISODES,
              f"eval.final_episodes={ev.final_episodes} must be in [1, {MAX_EVAL_EPISODES}]")
-        from oir_gym.instructions import EXTRA_SET_NAMES, SET_NAMES
-
-        for name in ev.final_sets:
-            need(name in EXTRA_SET_NAMES, f"eval.final_sets: unknown set {name!r}; expected some of {EXTRA_SET_NAMES} "
-                                          f"(the periodic evaluations already hold {SET_NAMES})")
-        need(len(set(ev.final_sets)) == len(ev.final_sets), f"eval.final_sets={ev.final_sets}: a set is listed twice")
         need(0 <= ev.epsilon <= 1, f"eval.epsilon={ev.epsilon} must be in [0, 1]")
-        from oir_gym.instructions import SET_NAMES, load_instruction_files
-
-        user_sets = load_instruction_files(ev.instruction_files)  # ValueError naming the file, the entry and the field
-        for s in ev.sets:
-            need(s in SET_NAMES, f"eval.sets: unknown built-in set {s!r}; expected some of {SET_NAMES} (the sets of "
-                                 "eval.instruction_files are always evaluated)")
-        need(len(set(ev.sets)) == len(ev.sets), f"eval.sets={ev.sets} names a set twice")
-        need(bool(ev.sets or user_sets), "eval.sets is empty and eval.instruction_files gives no set: nothing to "
-                                         "evaluate")
+        ev.check_sets()
         rows = self.rows_per_update()
         need(rows % p.num_minibatches == 0,
              f"pqn.num_minibatches={p.num_minibatches} must divide the {rows} trajectories of an update "
@@ -502,7 +510,6 @@ FLAT_KEYS: dict[str, tuple[str, ...]] = {
 """Old flat key -> the nested field(s) it becomes."""
 
 
-# ----------------------------------------------------------------------------- helpers
 # ----------------------------------------------------------------------------- nested configs
 # A run config is a dataclass of part dataclasses (TrainConfig here, agents.sb3_config.SB3TrainConfig):
 # one way to write, read and change them for both trainers.
@@ -548,6 +555,7 @@ def nested_replace(cfg: Any, changes: Mapping[str, Any]) -> Any:
     return out
 
 
+# ----------------------------------------------------------------------------- helpers
 def _part_from_dict(factory: Any, part: str, value: Any) -> Any:
     default = factory()
     if not isinstance(value, Mapping):

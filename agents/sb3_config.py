@@ -251,15 +251,7 @@ class SB3TrainConfig:
         need(isinstance(s.hyperparams, dict), f"sb3.hyperparams must be a dict, got {s.hyperparams!r}")
         need(isinstance(self.llm, LLMConfig), f"llm must be an LLMConfig, got {type(self.llm).__name__}")
         self.llm.validate()
-        from oir_gym.instructions import EXTRA_SET_NAMES, SET_NAMES, load_instruction_files
-
-        user_sets = load_instruction_files(ev.instruction_files)  # ValueError naming the file, entry and field
-        for name in ev.sets:
-            need(name in SET_NAMES, f"eval.sets: unknown built-in set {name!r}; expected some of {SET_NAMES}")
-        for name in ev.final_sets:
-            need(name in EXTRA_SET_NAMES, f"eval.final_sets: unknown set {name!r}; expected some of {EXTRA_SET_NAMES}")
-        need(bool(ev.sets or user_sets), "eval.sets is empty and eval.instruction_files gives no set: nothing to "
-                                         "evaluate")
+        ev.check_sets()
         check_hyperparams(s.algo, s.hyperparams, s.device)
         return self
 
