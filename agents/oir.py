@@ -249,10 +249,12 @@ class Trainer:
         log: callable receiving messages.
         proposer: method ``ellm``: a :class:`~agents.ellm_proposer.GoalProposer` (default: built from
             ``cfg.ellm.proposer``).
+        prefetch_worlds: generate the initial worlds of :meth:`init_state` on a side thread from the
+            start, while the encoder loads (a fresh run; a resumed one loads its envs instead).
     """
 
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike, relabeler=None,
-                 log: Callable[[str], None] = print, proposer=None) -> None:
+                 log: Callable[[str], None] = print, proposer=None, prefetch_worlds: bool = False) -> None:
         self.cfg = cfg.validate()
         #: processes of this run (jax.distributed): each trains whole seeds on its own devices
         #: (:mod:`agents.multihost`); ``seeds`` are this process's global seed indices, ``S`` of
@@ -272,6 +274,7 @@ class Trainer:
         self.log = log
         self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
         self._tx = pqn.make_optimizer(cfg.pqn, cfg.num_updates)  # one object: every train state shares its structure
+        self._worlds: Future | None = self._generate_initial_worlds() if prefetch_worlds else None
         #: seconds each part of the start took (``encoder``, ``instructions``, ``method``; ``init_state``
         #: adds ``initial_state``): what to shorten for a faster start
         self.startup: dict[str, float] = {}
@@ -444,24 +447,49 @@ class Trainer:
     def init_state(self) -> None:
         """Fresh parameters, optimiser state, envs and key for every seed, placed on the mesh."""
         t0 = time.time()
-        # the keys of every seed of the run, this process's taken: global seed g draws what it
-        # draws in a one-process run
-        n, lay = self.num_seeds, self.layout
-        key = jax.random.PRNGKey(self.cfg.run.seed)
-        key, *ks = jax.random.split(key, 1 + 3 * n)
-        k_net = np.array(ks[:n])[self.seeds]
-        blocks = slice(self.process_index * lay.blocks, (self.process_index + 1) * lay.blocks)
-        k_env = jax.random.split(ks[n], lay.blocks * self.processes)[blocks]
-        k_run = jax.random.split(ks[2 * n], lay.blocks * self.processes)[blocks]
+        key, k_net, k_env, k_run = self._initial_keys()
+        worlds = (self._worlds or self._generate_initial_worlds()).result()
+        self._worlds = None
         self.runner = None
-        self.train_state, self.runner = self._initial_state(jnp.asarray(k_net), k_env, k_run, self._env_params())
+        self.train_state, self.runner = self._initial_state(k_net, k_env, k_run, self._env_params(), worlds)
         self.key = key
         self._place()
         self.startup["initial_state"] = time.time() - t0
 
-    def _initial_state(self, k_net, k_env, k_run, env_params: F.EnvParams) -> tuple[Any, tuple]:
-        """``(train_state, runner)`` from the seeds' network keys, the env blocks' reset keys and
-        their rollout keys (unplaced); under :func:`jax.eval_shape`, their shapes."""
+    def _initial_keys(self) -> tuple[Any, Any, Any, Any]:
+        """``(key, k_net, k_env, k_run)``: the run's key after the initial draws, the network keys of
+        this process's seeds, and its env blocks' reset and rollout keys. Global seed g draws what
+        it draws in a one-process run."""
+        n, lay = self.num_seeds, self.layout
+        key = jax.random.PRNGKey(self.cfg.run.seed)
+        key, *ks = jax.random.split(key, 1 + 3 * n)
+        k_net = jnp.asarray(np.array(ks[:n])[self.seeds])
+        blocks = slice(self.process_index * lay.blocks, (self.process_index + 1) * lay.blocks)
+        k_env = jax.random.split(ks[n], lay.blocks * self.processes)[blocks]
+        k_run = jax.random.split(ks[2 * n], lay.blocks * self.processes)[blocks]
+        return key, k_net, k_env, k_run
+
+    def _generate_initial_worlds(self) -> Future:
+        """Generate the worlds :meth:`init_state` resets the envs to (:func:`oir_gym.functional.block_worlds`)
+        on a side thread. They depend on the run's seed alone, so this can run while the encoder
+        loads: the world generator is the longest compile of the start (about 20 s on an H100)."""
+        _, _, k_env, _ = self._initial_keys()
+        lay = self.layout
+        generate = jax.jit(F.block_worlds, static_argnums=(2, 3))
+
+        def run() -> Any:
+            return jax.block_until_ready(generate(k_env, F.default_craftax_params(), lay.envs_per_block,
+                                                  lay.pool_per_block))
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="oir-worlds")
+        future = pool.submit(run)
+        pool.shutdown(wait=False)  # the thread ends with its one job
+        return future
+
+    def _initial_state(self, k_net, k_env, k_run, env_params: F.EnvParams, worlds: Any = None) -> tuple[Any, tuple]:
+        """``(train_state, runner)`` from the seeds' network keys, the env blocks' reset keys, their
+        rollout keys and initial worlds (unplaced; ``None``: generated in the reset's program); under
+        :func:`jax.eval_shape`, their shapes."""
         cfg, lay = self.cfg, self.layout
         d_obs = obs_dim(cfg.env.obs_mode)
         # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on a GPU),
@@ -471,7 +499,7 @@ class Trainer:
         groups = jnp.repeat(jnp.arange(self.S), cfg.pqn.num_envs)
         reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
         obs, bstate = reset(k_env, env_params, lay.envs_per_block,
-                            lay.pool_per_block, None, cfg.env.obs_mode, groups, self.num_also_pays)
+                            lay.pool_per_block, None, cfg.env.obs_mode, groups, self.num_also_pays, worlds)
         carry = jax.vmap(lambda _: self.net.initial_carry(cfg.pqn.num_envs))(jnp.arange(self.S))
         done = jnp.ones((self.S * cfg.pqn.num_envs,), bool)
         return train_state, Runner(bstate, obs, carry, done, k_run)

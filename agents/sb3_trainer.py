@@ -384,7 +384,7 @@ class SB3Recipe(Recipe):
         check_model_zip(zip_path)
         return state
 
-    def build(self, cfg: Any, own_dir: Path, eval_only: bool) -> RunTrainer:
+    def build(self, cfg: Any, own_dir: Path, eval_only: bool, fresh: bool = False) -> RunTrainer:
         return SB3Trainer(cfg, own_dir, eval_only=eval_only)
 
     def write_config(self, run: RunDir, cfg: Any) -> None:

@@ -156,8 +156,9 @@ class Recipe:
     def drop_newer(self, own_dir: Path, update: int) -> None:
         """Before resuming from ``update``: remove newer checkpoints (their updates run again)."""
 
-    def build(self, cfg: Any, own_dir: Path, eval_only: bool) -> RunTrainer:
-        """The trainer (``eval_only``: for an evaluation, no LLM started)."""
+    def build(self, cfg: Any, own_dir: Path, eval_only: bool, fresh: bool = False) -> RunTrainer:
+        """The trainer (``eval_only``: for an evaluation, no LLM started; ``fresh``: a run that starts
+        from update 0, not from a checkpoint)."""
         raise NotImplementedError
 
     def write_config(self, run: RunDir, cfg: Any) -> None:
@@ -429,7 +430,7 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
         trainer = recipe.build(cfg, own_dir, eval_only=True)
     else:
         try:
-            trainer = recipe.build(cfg, own_dir, eval_only=False)  # an LLM is checked here
+            trainer = recipe.build(cfg, own_dir, eval_only=False, fresh=start is None)  # an LLM is checked here
         except (LLMCheckError, ValueError) as e:  # ValueError: e.g. a wording pool too close to an evaluation string
             problem = f"error: {e}"
         problem = _any_problem(problem)
@@ -694,13 +695,13 @@ class PQNRecipe(Recipe):
                 print(f"skipped {p}: it has no manifest.json (a copy that stopped part way); resuming from update "
                       f"{update}", flush=True)
 
-    def build(self, cfg: Any, own_dir: Path, eval_only: bool) -> RunTrainer:
+    def build(self, cfg: Any, own_dir: Path, eval_only: bool, fresh: bool = False) -> RunTrainer:
         from agents.config import LLMConfig
         from agents.oir import Trainer
 
         if eval_only:  # the rule relabeler and proposer: never an LLM, nor a backend the run's files name
             cfg = cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules", "llm.backend": LLMConfig.backend})
-        return Trainer(cfg, own_dir)
+        return Trainer(cfg, own_dir, prefetch_worlds=fresh)
 
     def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
         import jax

@@ -53,6 +53,12 @@ class InstructionTable:
     pre_sim: jax.Array
 
 
+def default_craftax_params() -> CraftaxParams:
+    """Craftax-Classic's parameters as :class:`EnvParams` uses them by default (episodes end by the
+    wrapper's ``max_steps``, never by Craftax's own limit)."""
+    return CraftaxParams(max_timesteps=2**30)
+
+
 @struct.dataclass
 class EnvParams:
     """Parameters of InstructionCraftax (all traced: changing them does not recompile).
@@ -73,7 +79,7 @@ class EnvParams:
     max_steps: int = 10_000
     terminate_on_success: bool = True
     reward_mode: int = 0
-    craftax: CraftaxParams = struct.field(default_factory=lambda: CraftaxParams(max_timesteps=2**30))
+    craftax: CraftaxParams = struct.field(default_factory=default_craftax_params)
 
 
 @struct.dataclass
@@ -172,7 +178,7 @@ def _fresh_state(craftax_state, instr, pinned, group=0, also_pays=None) -> EnvSt
 def reset(key, params: EnvParams, pinned=-1, obs_mode: str = "paper"):
     """Reset one env: generate a world and draw an instruction. Returns ``(obs, state)``."""
     k_world, k_instr = jax.random.split(key)
-    world = _new_world(k_world, params)
+    world = _new_world(k_world, params.craftax)
     pinned = jnp.asarray(pinned, jnp.int32)
     state = _fresh_state(world, sample_instruction(k_instr, params, pinned), pinned)
     return observation(state, params, obs_mode), state
@@ -240,29 +246,44 @@ class BatchState:
     cursor: jax.Array  # next pool slot to hand out / regenerate
 
 
-def _new_world(key, params: EnvParams):
-    world = generate_world(key, params.craftax, STATIC)
+def _new_world(key, craftax: CraftaxParams):
+    world = generate_world(key, craftax, STATIC)
     # Craftax's world generator returns some weakly typed leaves (player_direction) that the
     # step makes strong: unify them, or the first step after a reset recompiles.
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), world)
 
 
 def _generate_worlds(key, params: EnvParams, n: int):
-    return jax.vmap(lambda k: _new_world(k, params))(jax.random.split(key, n))
+    return jax.vmap(lambda k: _new_world(k, params.craftax))(jax.random.split(key, n))
+
+
+def batch_worlds(key, craftax: CraftaxParams, num_envs: int, pool_size: int):
+    """The worlds :func:`batch_reset` with ``key`` starts from: ``(worlds [num_envs], pool [pool_size])``.
+
+    They depend on the key and Craftax's parameters alone (not on the instruction table), so a
+    trainer can generate them while it loads its encoder. Both come from one vmapped generator:
+    the world generator is most of a reset's program, and one copy of it compiles in about half
+    the time of two.
+    """
+    k_env, k_pool, _ = jax.random.split(key, 3)
+    keys = jnp.concatenate([jax.random.split(k_env, num_envs), jax.random.split(k_pool, pool_size)])
+    both = jax.vmap(lambda k: _new_world(k, craftax))(keys)
+    return (jax.tree_util.tree_map(lambda x: x[:num_envs], both),
+            jax.tree_util.tree_map(lambda x: x[num_envs:], both))
 
 
 def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = None,
-                pinned=None, obs_mode: str = "paper", groups=None, num_also_pays: int = 0):
+                pinned=None, obs_mode: str = "paper", groups=None, num_also_pays: int = 0, worlds=None):
     """Reset a batch; also fills the world pool. Returns ``(obs, BatchState)``.
 
     ``pinned`` (``[B]`` rows, -1 = draw) and ``groups`` (``[B]`` rows of ``sample_mask``) default
     to unpinned envs of group 0. ``num_also_pays`` sizes ``EnvState.also_pays`` (all -1; set them
-    with :func:`set_also_pays`).
+    with :func:`set_also_pays`). ``worlds``: what :func:`batch_worlds` returns for this key and
+    ``params.craftax`` (generated here when ``None``).
     """
     pool_size = pool_size or max(num_envs, 16)
-    k_env, k_pool, k_instr = jax.random.split(key, 3)
-    worlds = _generate_worlds(k_env, params, num_envs)
-    pool = _generate_worlds(k_pool, params, pool_size)
+    _, _, k_instr = jax.random.split(key, 3)
+    worlds, pool = batch_worlds(key, params.craftax, num_envs, pool_size) if worlds is None else worlds
     pinned = jnp.full((num_envs,), -1, jnp.int32) if pinned is None else jnp.asarray(pinned, jnp.int32)
     groups = jnp.zeros((num_envs,), jnp.int32) if groups is None else jnp.asarray(groups, jnp.int32)
     instr = jax.vmap(sample_instruction, in_axes=(0, None, 0, 0))(
@@ -334,21 +355,33 @@ def _flat(x):
     return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
+def block_worlds(keys, craftax: CraftaxParams, envs_per_block: int, pool_per_block: int):
+    """:func:`batch_worlds` of every block of :func:`block_reset`: ``(worlds [B * envs_per_block],
+    pool [B * pool_per_block])``, block-major."""
+    worlds, pool = jax.vmap(lambda k: batch_worlds(k, craftax, envs_per_block, pool_per_block))(keys)
+    return jax.tree_util.tree_map(_flat, worlds), jax.tree_util.tree_map(_flat, pool)
+
+
 def block_reset(keys, params: EnvParams, envs_per_block: int, pool_per_block: int, pinned=None,
-                obs_mode: str = "paper", groups=None, num_also_pays: int = 0):
+                obs_mode: str = "paper", groups=None, num_also_pays: int = 0, worlds=None):
     """Reset ``B = len(keys)`` independent blocks of ``envs_per_block`` envs, each with its own world
     pool of ``pool_per_block`` worlds. Returns ``(obs, BatchState)`` with env leaves ``[B * envs_per_block]``
     (block-major), pool leaves ``[B * pool_per_block]`` and ``cursor [B]``.
 
     What happens in one block depends only on that block's key and state, so a batch split into
     blocks can be spread over devices block by block (one program per device, no traffic between
-    them) and still reproduce the single-device run exactly. ``pinned``/``groups`` are ``[B * envs_per_block]``.
+    them) and still reproduce the single-device run exactly. ``pinned``/``groups`` are ``[B * envs_per_block]``;
+    ``worlds``: what :func:`block_worlds` returns for these keys (generated here when ``None``).
     """
     B, n = keys.shape[0], envs_per_block
     pinned = jnp.full((B * n,), -1, jnp.int32) if pinned is None else jnp.asarray(pinned, jnp.int32)
     groups = jnp.zeros((B * n,), jnp.int32) if groups is None else jnp.asarray(groups, jnp.int32)
-    obs, bstate = jax.vmap(lambda k, p, g: batch_reset(k, params, n, pool_per_block, p, obs_mode, g, num_also_pays))(
-        keys, _blocks(pinned, B), _blocks(groups, B))
+    if worlds is None:
+        worlds = block_worlds(keys, params.craftax, n, pool_per_block)
+    per_block = jax.tree_util.tree_map(lambda x: _blocks(x, B), worlds)
+    obs, bstate = jax.vmap(lambda k, p, g, w: batch_reset(k, params, n, pool_per_block, p, obs_mode, g,
+                                                          num_also_pays, w))(
+        keys, _blocks(pinned, B), _blocks(groups, B), per_block)
     return (jax.tree_util.tree_map(_flat, obs),
             BatchState(env=jax.tree_util.tree_map(_flat, bstate.env), pool=jax.tree_util.tree_map(_flat, bstate.pool),
                        cursor=bstate.cursor))

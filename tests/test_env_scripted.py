@@ -368,3 +368,18 @@ def test_blocks_step_independently_of_each_other(venv):
                 both.pool, alone[b].pool)
             assert int(both.cursor[b]) == int(alone[b].cursor)
     assert resets >= 2 * n and lone_resets >= 2  # every env reset; some steps reset one block only
+
+
+def test_a_reset_from_pregenerated_worlds_is_the_reset_that_generates_them(venv):
+    """``F.block_worlds`` (what a trainer generates while its encoder loads) gives the worlds
+    ``F.block_reset`` would generate from the same keys: the reset from them is the same reset."""
+    n, pool = 3, 8
+    keys = jax.random.split(jax.random.PRNGKey(11), 2)
+    reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
+    worlds = jax.jit(F.block_worlds, static_argnums=(2, 3))(keys, venv.params.craftax, n, pool)
+    obs_a, a = reset(keys, venv.params, n, pool, None, "paper", None, 0)
+    obs_b, b = reset(keys, venv.params, n, pool, None, "paper", None, 0, worlds)
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), (obs_a, a),
+                           (obs_b, b))
+    # the pool is not a copy of the envs' worlds
+    assert not np.array_equal(np.asarray(b.pool.map[:n]), np.asarray(b.env.craftax.map))
