@@ -78,7 +78,7 @@ class ELLMProposals(TrainingMethod):
             row_of = dict(zip(uniq, ctx.registry.rows(uniq, protected=protected).tolist()))
         except (ValueError, RuntimeError, KeyError) as e:  # table full or a bad text: keep what is there
             ctx.log(f"ellm: could not register the proposed goals ({type(e).__name__}: {e}); "
-                   "pinning only goals already in the table")
+                    "pinning only goals already in the table")
             row_of = ctx.registry.find(uniq)
         pinned = np.array([row_of.get(t, -1) for t in chosen], np.int32)
         bstate = F.set_pinned(bstate, jnp.asarray(pinned))
