@@ -25,35 +25,34 @@ if TYPE_CHECKING:  # pragma: no cover
     from agents.config import TrainConfig
 
 
+def also_pays_slots(cfg: "TrainConfig") -> int:
+    """Extra rows per env whose captions also pay: its K proposed goals with ``ellm.reward="any"``."""
+    return cfg.ellm.k if cfg.ellm.reward == "any" else 0
+
+
+def table_capacity(cfg: "TrainConfig", n_eval: int) -> int:
+    """Rows of the instruction table ELLM needs: those in use (current + pinned goal [+ all K goals]
+    of every env) beside the ``n_eval`` evaluation rows, at least ``env.table_capacity``."""
+    return max(cfg.env.table_capacity,
+               n_eval + (2 + also_pays_slots(cfg)) * cfg.run.num_seeds * cfg.pqn.num_envs + 32)
+
+
 class ELLMProposals(TrainingMethod):
     """``ellm``: envs pinned to goals an LLM (or the rules) proposes from their text observations.
 
     Args:
-        trainer: the trainer.
+        ctx: what the method may use of its run.
         proposer: the goal proposer of ``cfg.ellm.proposer``.
     """
 
-    name = "ellm"
-    generated_file = "goals.json"
-
-    def __init__(self, trainer: MethodContext, proposer: Any) -> None:
-        super().__init__(trainer)
+    def __init__(self, ctx: MethodContext, proposer: Any) -> None:
+        super().__init__(ctx)
         self.proposer = proposer
         self.pinned_counts: Counter = Counter()  # goals envs were pinned to
-        self._goal_rng = np.random.default_rng(self.cfg.run.seed + 7919 + trainer.seed_offset)
-
-    @staticmethod
-    def also_pays_slots(cfg: "TrainConfig") -> int:
-        return cfg.ellm.k if cfg.ellm.reward == "any" else 0
-
-    @classmethod
-    def table_capacity(cls, cfg: "TrainConfig", n_eval: int) -> int:
-        # rows in use (current + pinned goal [+ all K goals] of every env) beside the evaluation rows
-        return max(cfg.env.table_capacity,
-                   n_eval + (2 + cls.also_pays_slots(cfg)) * cfg.run.num_seeds * cfg.pqn.num_envs + 32)
+        self._goal_rng = np.random.default_rng(self.cfg.run.seed + 7919 + ctx.seed_offset)
 
     def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
-        batch = self.trainer.build_batch(traj)
+        batch = self.ctx.build_batch(traj)
         # goals for the next episodes, from the states the envs continue from
         return batch, self.propose_goals(np.unique(host["instr"]))
 
@@ -63,24 +62,24 @@ class ELLMProposals(TrainingMethod):
         The rows of this rollout's instructions (``rollout_rows``) stay protected from reuse, so
         the batch built from it still reads the right embeddings.
         """
-        tr = self.trainer
+        ctx = self.ctx
         t0 = time.time()
-        bstate = tr.env_state
+        bstate = ctx.get_env_state()
         goals = self.proposer.propose(batch_observations(bstate.env.craftax))
         chosen = [g[int(self._goal_rng.integers(len(g)))] if g else "" for g in goals]
         for g in goals:
             self.generated.update(dict.fromkeys(g, 1))
         self.pinned_counts.update(t for t in chosen if t)
-        protected = set(tr.protected_rows()) | {int(r) for r in rollout_rows}
-        n_also = self.also_pays_slots(self.cfg)
+        protected = set(ctx.protected_rows()) | {int(r) for r in rollout_rows}
+        n_also = also_pays_slots(self.cfg)
         # "any": every proposed goal needs a row (it pays); "pinned": only the chosen ones
         uniq = sorted({t for g in goals for t in g[:n_also]} | {t for t in chosen if t})
         try:
-            row_of = dict(zip(uniq, tr.registry.rows(uniq, protected=protected).tolist()))
+            row_of = dict(zip(uniq, ctx.registry.rows(uniq, protected=protected).tolist()))
         except (ValueError, RuntimeError, KeyError) as e:  # table full or a bad text: keep what is there
-            tr.log(f"ellm: could not register the proposed goals ({type(e).__name__}: {e}); "
-                   "pinning only goals already in the table")
-            row_of = tr.registry.find(uniq)
+            ctx.log(f"ellm: could not register the proposed goals ({type(e).__name__}: {e}); "
+                    "pinning only goals already in the table")
+            row_of = ctx.registry.find(uniq)
         pinned = np.array([row_of.get(t, -1) for t in chosen], np.int32)
         bstate = F.set_pinned(bstate, jnp.asarray(pinned))
         if n_also:  # from now on every goal proposed for an env pays its reward
@@ -89,9 +88,9 @@ class ELLMProposals(TrainingMethod):
                 rows = [row_of[t] for t in g[:n_also] if t in row_of]
                 also[i, : len(rows)] = rows
             bstate = F.set_also_pays(bstate, jnp.asarray(also))
-        tr.env_state = bstate
+        ctx.set_env_state(bstate)
         ok = pinned[pinned >= 0]
-        groundable = 1.0 - tr.unpayable_frac(ok) if len(ok) else 0.0
+        groundable = 1.0 - float(np.mean(~self.payable_rows()[ok])) if len(ok) else 0.0
         stats = self.proposer.stats()
         metrics = {
             "ellm/distinct_goals": float(len(self.generated)),

@@ -6,93 +6,123 @@ PQN update, evaluation, checkpoints) and asks its :class:`TrainingMethod` for th
 * which instructions new episodes draw (:meth:`TrainingMethod.buffer_rows`),
 * the update batch built from a rollout, and the method's own metrics (:meth:`TrainingMethod.update_batch`),
 * which instruction-table rows can pay a reward (:meth:`TrainingMethod.payable_rows`),
-* its host state for checkpoints (:meth:`TrainingMethod.state_dict`) and the file of generated
-  instructions it writes (:meth:`TrainingMethod.generated_payload`).
+* its host state for checkpoints (:meth:`TrainingMethod.state_dict`) and the contents of the file
+  of generated instructions it writes (:meth:`TrainingMethod.generated_payload`).
 
 The methods: :class:`GroundTruth` (``gt``) and :class:`Cosine` (``cosine``) here, which train on
 the 22 original instructions; :class:`agents.oir_method.OIRRelabeling` (``oir``) and
-:class:`agents.ellm.ELLMProposals` (``ellm``). A method talks to the trainer only through
-:class:`MethodContext`, so this module and the methods import nothing of the trainer.
+:class:`agents.ellm.ELLMProposals` (``ellm``). A method is built from a :class:`MethodContext`, the
+narrow part of the run it may use, and holds no Trainer; this module and the methods import
+nothing of the trainer. What the trainer needs to know of a method before it builds one (reward,
+table size, generated file) and how to build it is a :class:`MethodSpec`, one per method name in
+:data:`agents.oir.METHOD_SPECS`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.config import TrainConfig
+    from oir_gym.buffer import InstructionBuffer
+    from oir_gym.instruction_registry import InstructionRegistry
 
 
-class MethodContext(Protocol):
-    """What a training method may see of the trainer that runs it (:class:`agents.oir.Trainer`
-    provides it): the run's config and seeds, the instruction table and buffers, the encoder,
-    the batch builder, the protected rows and the envs' state. A method reads and calls these;
-    the only state it writes back is :attr:`env_state` (ELLM pins its goals there)."""
+@dataclass(frozen=True)
+class MethodContext:
+    """What a training method may use of the run that trains it; the trainer
+    (:class:`agents.oir.Trainer`) builds one for its method, a test can build one without a trainer.
 
+    Fixed values are held as they are; what changes while training (the update count, the envs'
+    state, the original instructions' rows, which a loaded checkpoint's table may move) is read
+    through a call. The registry and the buffers are the run's own objects: a method registers
+    instructions in the one and inserts into the others.
+    """
+
+    #: the run's configuration
     cfg: "TrainConfig"
     #: seeds of this process
     S: int
-    registry: Any
-    buffers: list
+    #: the global index of this process's first seed (0 in a one-process run)
+    seed_offset: int
+    #: the instruction table shared with the envs
+    registry: "InstructionRegistry"
+    #: per seed of this process, its instruction buffer
+    buffers: "list[InstructionBuffer]"
+    #: the sentence encoder of the instruction table
     encoder: Any
-    #: table rows of the 22 original instructions
-    orig_rows: np.ndarray
-    #: updates done so far
-    update_idx: int
+    #: every evaluation instruction of the run (periodic and final), once each
+    all_eval_texts: list[str]
+    #: receives messages for the user
     log: Callable[[str], None]
-    #: the envs' state (``oir_gym.functional`` block state), read and replaced between updates
-    env_state: Any
+    #: the table rows of the 22 original instructions
+    orig_rows: Callable[[], np.ndarray]
+    #: updates done so far
+    update_idx: Callable[[], int]
+    #: the envs' block state (:mod:`oir_gym.functional`), read and replaced between updates (ELLM
+    #: pins its goals there)
+    get_env_state: Callable[[], Any]
+    set_env_state: Callable[[Any], None]
+    #: ``build_batch(trajs, slots=None)``: the update batch of all seeds from a rollout (or recent
+    #: rollouts, newest first, with relabel ``slots``; :meth:`agents.oir.Trainer.build_batch`)
+    build_batch: Callable[..., dict]
+    #: table rows that must not be reused for new instructions (:meth:`agents.oir.Trainer.protected_rows`)
+    protected_rows: Callable[[], list[int]]
 
-    @property
-    def seed_offset(self) -> int: ...
 
-    @property
-    def all_eval_texts(self) -> list[str]: ...
+def configured_table_capacity(cfg: "TrainConfig", n_eval: int) -> int:
+    """The instruction table's rows as configured (``env.table_capacity``)."""
+    return cfg.env.table_capacity
 
-    def build_batch(self, trajs: Any, slots: dict | None = None) -> dict: ...
 
-    def protected_rows(self) -> list[int]: ...
+def no_also_pays(cfg: "TrainConfig") -> int:
+    """No extra rows per env pay a reward."""
+    return 0
 
-    def unpayable_frac(self, instr_rows: np.ndarray) -> float: ...
+
+#: ``factory(ctx, relabeler, proposer)``: the method built from its context; ``relabeler`` (oir) and
+#: ``proposer`` (ellm) are what a caller handed the Trainer (``None``: built from the config), and
+#: methods without one ignore them
+MethodFactory = Callable[[MethodContext, Any, Any], "TrainingMethod"]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One training method as the trainer looks it up by name (:data:`agents.oir.METHOD_SPECS`)."""
+
+    factory: MethodFactory
+    #: the env's reward: 0 cosine similarity of captions to the instruction, 1 the ground truth
+    reward_mode: int = 0
+    #: file of the instructions the method generates, in the run directory (``None``: none)
+    generated_file: str | None = None
+    #: ``table_capacity(cfg, n_eval)``: rows of the instruction table the method needs (``n_eval``
+    #: evaluation and original rows included)
+    table_capacity: Callable[["TrainConfig", int], int] = configured_table_capacity
+    #: ``also_pays_slots(cfg)``: extra rows per env whose captions also pay (ELLM's other proposed goals)
+    also_pays_slots: Callable[["TrainConfig"], int] = no_also_pays
 
 
 class TrainingMethod:
     """Train on the original instructions with the env's reward (the base of every method).
 
     Args:
-        trainer: the trainer this method belongs to, seen through :class:`MethodContext`.
+        ctx: what the method may use of its run.
     """
 
-    name: ClassVar[str] = ""
-    #: the env's reward: 0 cosine similarity of captions to the instruction, 1 the ground truth
-    reward_mode: ClassVar[int] = 0
-    #: file of the instructions this method generated (``None``: none)
-    generated_file: ClassVar[str | None] = None
-
-    def __init__(self, trainer: MethodContext) -> None:
-        self.trainer = trainer
-        self.cfg = trainer.cfg
+    def __init__(self, ctx: MethodContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
         #: generated instruction text -> count (oir: offered to the buffers; ellm: proposed)
         self.generated: Counter = Counter()
-
-    # ------------------------------------------------------------ sizes (before the trainer exists)
-    @staticmethod
-    def table_capacity(cfg: "TrainConfig", n_eval: int) -> int:
-        """Rows of the instruction table this method needs (``n_eval`` evaluation rows included)."""
-        return cfg.env.table_capacity
-
-    @staticmethod
-    def also_pays_slots(cfg: "TrainConfig") -> int:
-        """Extra rows per env whose captions also pay (ELLM's other proposed goals); 0 for the rest."""
-        return 0
 
     # ------------------------------------------------------------ per iteration
     def buffer_rows(self, seed: int) -> np.ndarray:
         """Table rows new episodes of seed ``seed`` draw their instruction from."""
-        return self.trainer.orig_rows
+        return self.ctx.orig_rows()
 
     def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
         """The PQN update batch from this iteration's rollout, and the method's metrics.
@@ -101,18 +131,17 @@ class TrainingMethod:
             traj: the rollout on device (leaves ``[S, T, E, ...]``, see :func:`agents.oir.make_rollout`).
             host: host copies of ``instr``, ``events``, ``action``, ``done``, ``reward``, ``ep_return``, ``success``.
         """
-        return self.trainer.build_batch(traj), {}
+        return self.ctx.build_batch(traj), {}
 
     def warmup_batch(self, traj: dict) -> dict:
         """An update batch shaped as :meth:`update_batch`'s, from a rollout of zeros and nothing
         relabeled: what :meth:`agents.oir.Trainer.start_compiling` compiles the batch and update
         programs with (no host work, no state touched)."""
-        return self.trainer.build_batch(traj)
+        return self.ctx.build_batch(traj)
 
     def payable_rows(self) -> np.ndarray:
         """``[capacity]`` bool: table rows whose instruction some caption can pay (above delta)."""
-        reg = self.trainer.registry
-        return reg.event_sim.max(axis=1) > self.cfg.env.delta
+        return self.ctx.registry.event_sim.max(axis=1) > self.cfg.env.delta
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -123,7 +152,8 @@ class TrainingMethod:
         self.generated = Counter(state.get("counts", {}))
 
     def generated_payload(self) -> dict[str, Any] | None:
-        """Contents of :attr:`generated_file` (``None``: the method writes none)."""
+        """Contents of the method's generated-instruction file (:attr:`MethodSpec.generated_file`;
+        ``None``: the method writes none)."""
         return None
 
     def close(self) -> None:
@@ -133,14 +163,9 @@ class TrainingMethod:
 class Cosine(TrainingMethod):
     """``cosine``: PQN with the cosine reward on the 22 original instructions."""
 
-    name = "cosine"
-
 
 class GroundTruth(TrainingMethod):
     """``gt``: PQN with the ground-truth reward (the instruction's achievement) on the 22 original instructions."""
 
-    name = "gt"
-    reward_mode = 1
-
     def payable_rows(self) -> np.ndarray:
-        return self.trainer.registry.achievement >= 0
+        return self.ctx.registry.achievement >= 0

@@ -16,8 +16,10 @@ One iteration (:meth:`Trainer.iteration`):
      the 22 original instructions with the ground-truth or the cosine reward.
 3. **Update** (jitted, seeds vmapped): one PQN update on the batch.
 
-This module holds the trainer, the jitted rollout and batch builders, and the factories of the
-relabeler and the goal proposer a config names.
+This module holds the trainer, the jitted rollout and batch builders, the methods by name
+(:data:`METHOD_SPECS`: how to build each from the :class:`~agents.methods.MethodContext` the
+trainer hands it, its reward, table size and generated file) and the factories of the relabeler
+and the goal proposer a config names.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import weakref
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,9 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from agents import pqn, relabeling
+from agents import ellm, pqn, relabeling
 from agents.ellm import ELLMProposals
-from agents.methods import Cosine, GroundTruth, TrainingMethod
+from agents.methods import Cosine, GroundTruth, MethodContext, MethodSpec, TrainingMethod
 from agents.oir_method import OIRRelabeling
 from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.config import TrainConfig, load_config
@@ -59,8 +62,6 @@ from oir_gym.reward import first_per_episode
 #: Config fields a checkpoint must share with the run that loads it (they shape its arrays or meaning).
 STRUCTURAL_FIELDS = ("run.method", "run.num_seeds", "pqn.num_envs", "pqn.num_steps", "pqn.hidden_size",
                      "pqn.num_layers", "env.obs_mode", "env.table_capacity", "oir.k", "ellm.k", "ellm.reward")
-#: Generated instructions, written at every checkpoint (for the t-SNE of section 6).
-GENERATED_FILES = {"oir": "instructions.json", "ellm": "goals.json"}
 
 
 # ----------------------------------------------------------------------------- jitted pieces
@@ -282,7 +283,8 @@ class Trainer:
         self.encoder = get_encoder()
         self.startup["encoder"] = time.time() - t
         t = time.time()
-        method_cls = METHOD_CLASSES[cfg.run.method]
+        #: how this run's method is built and what the trainer needs to know of it (:data:`METHOD_SPECS`)
+        self.method_spec = method_spec(cfg.run.method)
         self.eval_cfg = eval_config(cfg.eval.instruction_files, sets=cfg.eval.sets, episodes=cfg.eval.episodes,
                                     horizon=cfg.eval.horizon, control=cfg.eval.control)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
@@ -293,7 +295,7 @@ class Trainer:
                                           control=cfg.eval.control)
         self.final_texts, self.final_achs, self.final_sets = eval_instructions(self.final_eval_cfg)
         n_fixed = len(set(self.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS))
-        capacity = method_cls.table_capacity(cfg, n_fixed)
+        capacity = self.method_spec.table_capacity(cfg, n_fixed)
         # the evaluation rows, each seed's buffer and (as many again) instructions envs still run after
         # they left it: a table of runs made before the final sets (256 rows) may not hold them all
         if capacity < n_fixed + 2 * self.S * cfg.oir.instruction_buffer_size:
@@ -314,17 +316,13 @@ class Trainer:
         self.runner = None
         self.startup["instructions"] = time.time() - t
         t = time.time()
-        if method_cls is OIRRelabeling:
-            self.method: TrainingMethod = OIRRelabeling(self, relabeler or make_relabeler(cfg, self.encoder))
-        elif method_cls is ELLMProposals:
-            self.method = ELLMProposals(self, proposer or make_proposer(cfg))
-        else:
-            self.method = method_cls(self)
+        #: the per-method part (:mod:`agents.methods`), built from :meth:`method_context` (it holds no Trainer)
+        self.method: TrainingMethod = self.method_spec.factory(self.method_context(), relabeler, proposer)
         self.startup["method"] = time.time() - t
 
         self.base_params = F.EnvParams(
             table=self.registry.device_table(), delta=cfg.env.delta, max_steps=cfg.env.max_episode_steps,
-            reward_mode=self.method.reward_mode,
+            reward_mode=self.method_spec.reward_mode,
         )
         self._rollout = make_rollout(cfg, self.net, self.layout)
         self._update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
@@ -383,7 +381,32 @@ class Trainer:
     @property
     def num_also_pays(self) -> int:
         """Slots per env for rows that also pay (ELLM with ellm.reward="any": its K proposed goals)."""
-        return self.method.also_pays_slots(self.cfg)
+        return self.method_spec.also_pays_slots(self.cfg)
+
+    def method_context(self) -> MethodContext:
+        """What this trainer's method may use of the run (:class:`agents.methods.MethodContext`).
+
+        Its calls reach the trainer through a weak reference, so the method holds no Trainer (and
+        keeps none alive); once the trainer is gone they raise ``RuntimeError``.
+        """
+        me = weakref.ref(self)
+
+        def trainer() -> "Trainer":
+            tr = me()
+            if tr is None:
+                raise RuntimeError("the Trainer of this training method is gone")
+            return tr
+
+        def set_env_state(state: Any) -> None:
+            trainer().env_state = state
+
+        return MethodContext(
+            cfg=self.cfg, S=self.S, seed_offset=self.seed_offset, registry=self.registry, buffers=self.buffers,
+            encoder=self.encoder, all_eval_texts=self.all_eval_texts, log=self.log,
+            orig_rows=lambda: trainer().orig_rows, update_idx=lambda: trainer().update_idx,
+            get_env_state=lambda: trainer().env_state, set_env_state=set_env_state,
+            build_batch=lambda trajs, slots=None: trainer().build_batch(trajs, slots),
+            protected_rows=lambda: trainer().protected_rows())
 
     # -------------------------------------------------------------- setup / state
     def _env_params(self) -> F.EnvParams:
@@ -567,12 +590,12 @@ class Trainer:
         instruction offered to a buffer; ellm: ``goals.json``, every goal proposed, with how often an
         env was pinned to it), with counts."""
         payload = self.method.generated_payload()
-        if payload is None:
+        if payload is None or self.method_spec.generated_file is None:
             return None
         items = payload.pop("items")
         payload.update({"update": self.update_idx, "env_steps": self.env_steps, "distinct": len(items),
                         "total": int(sum(self.method.generated.values())), "items": items})
-        return atomic_write_json(self.run_dir / self.method.generated_file, payload)
+        return atomic_write_json(self.run_dir / self.method_spec.generated_file, payload)
 
     def load(self, path: str | os.PathLike | None = None) -> dict[str, Any]:
         """Restore a checkpoint (default: the run directory's newest) into this trainer.
@@ -771,9 +794,26 @@ class Trainer:
         self.method.close()
 
 
-#: The per-method part of each method name (:mod:`agents.methods`).
-METHOD_CLASSES: dict[str, type[TrainingMethod]] = {"gt": GroundTruth, "cosine": Cosine, "oir": OIRRelabeling,
-                                                   "ellm": ELLMProposals}
+#: Method name (``run.method``) -> how the trainer builds it and what it needs to know of it (the
+#: names are :data:`agents.config.METHODS`, which the config validates against). A factory takes the
+#: method's context and the relabeler and proposer handed to the Trainer (``None``: from the config).
+METHOD_SPECS: dict[str, MethodSpec] = {
+    "gt": MethodSpec(lambda ctx, relabeler, proposer: GroundTruth(ctx), reward_mode=1),
+    "cosine": MethodSpec(lambda ctx, relabeler, proposer: Cosine(ctx)),
+    "oir": MethodSpec(lambda ctx, relabeler, proposer: OIRRelabeling(
+        ctx, relabeler or make_relabeler(ctx.cfg, ctx.encoder)), generated_file="instructions.json"),
+    "ellm": MethodSpec(lambda ctx, relabeler, proposer: ELLMProposals(ctx, proposer or make_proposer(ctx.cfg)),
+                       generated_file="goals.json", table_capacity=ellm.table_capacity,
+                       also_pays_slots=ellm.also_pays_slots),
+}
+
+
+def method_spec(name: str) -> MethodSpec:
+    """The :class:`~agents.methods.MethodSpec` of method ``name``; an unknown name is a ValueError
+    naming the known ones."""
+    if name not in METHOD_SPECS:
+        raise ValueError(f"run.method={name!r}; expected one of {tuple(METHOD_SPECS)}")
+    return METHOD_SPECS[name]
 
 
 def make_proposer(cfg: TrainConfig):

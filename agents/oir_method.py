@@ -61,18 +61,15 @@ class OIRRelabeling(TrainingMethod):
     """``oir``: relabeled copies of the rollout's trajectories in the batch, an instruction buffer per seed.
 
     Args:
-        trainer: the trainer.
+        ctx: what the method may use of its run.
         relabeler: the relabeler of ``cfg.oir.relabeler``: a
             :class:`~oir_gym.relabel.background.BackgroundRelabeler` (:func:`agents.relabeling.make_relabeler`:
             rules at once, LLM answers when they arrive), used as is; any other relabeler is the
             LLM half (``llm``, ``both``) or the rules (``rules``) of one.
     """
 
-    name = "oir"
-    generated_file = "instructions.json"
-
-    def __init__(self, trainer: MethodContext, relabeler: Any) -> None:
-        super().__init__(trainer)
+    def __init__(self, ctx: MethodContext, relabeler: Any) -> None:
+        super().__init__(ctx)
         self.async_llm = self.cfg.oir.relabeler in ("llm", "both")
         if not isinstance(relabeler, BackgroundRelabeler):
             relabeler = BackgroundRelabeler(None if self.async_llm else relabeler, relabeler if self.async_llm else None,
@@ -97,22 +94,22 @@ class OIRRelabeling(TrainingMethod):
         self.llm_rows = 0
         self.llm_buffered = 0
         # evaluation and original instructions keep their own table rows (never bound)
-        self._fixed = set(trainer.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS)
+        self._fixed = set(ctx.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS)
 
     # ------------------------------------------------------------ the hooks
     def buffer_rows(self, seed: int) -> np.ndarray:
-        tr = self.trainer
-        return tr.registry.rows(tr.buffers[seed].contents(), protected=tr.protected_rows)
+        ctx = self.ctx
+        return ctx.registry.rows(ctx.buffers[seed].contents(), protected=ctx.protected_rows)
 
     def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
         slots, metrics = self.relabel(host)
         self.history = [traj] + self.history[: self.history_len - 1]
         ring = self.history + [traj] * (self.history_len - len(self.history))
-        batch = self.trainer.build_batch(ring, slots)
+        batch = self.ctx.build_batch(ring, slots)
         # steps of relabeled copies without a target: after the copy's first success in an original
         # episode, or where the original instruction's success ended the episode
         # a device scalar: the trainer reads it after starting the update (no wait for the batch here)
-        metrics["relabel/cut_steps"] = jnp.sum(batch["cuts"]) / self.trainer.S
+        metrics["relabel/cut_steps"] = jnp.sum(batch["cuts"]) / self.ctx.S
         return batch, metrics
 
     def generated_payload(self) -> dict[str, Any]:
@@ -149,12 +146,12 @@ class OIRRelabeling(TrainingMethod):
     # ------------------------------------------------------------ relabeling
     def trajectories(self, host: dict, update: int) -> list[Trajectory]:
         """Every env's segment of this rollout as a :class:`Trajectory` (``meta``: seed and update)."""
-        tr = self.trainer
+        ctx = self.ctx
         out = []
-        for s in range(tr.S):
+        for s in range(ctx.S):
             for e in range(self.cfg.pqn.num_envs):
                 out.append(Trajectory(
-                    instruction=tr.registry.text(host["instr"][s, 0, e]), events=host["events"][s, :, e],
+                    instruction=ctx.registry.text(host["instr"][s, 0, e]), events=host["events"][s, :, e],
                     actions=host["action"][s, :, e], dones=host["done"][s, :, e], env_id=e,
                     meta={"seed": s, "update": update},
                 ))
@@ -168,8 +165,9 @@ class OIRRelabeling(TrainingMethod):
         Returns the slots, the texts per seed and row ("" for padding), and the valid mask; the
         chosen candidates per seed are kept in :attr:`last_candidates`.
         """
-        tr, cfg = self.trainer, self.cfg
-        S = tr.S
+        cfg = self.cfg
+        S = self.ctx.S
+        update = self.ctx.update_idx()
         R = cfg.pqn.num_envs * cfg.oir.k
         rows: list[list[tuple[int, int, Any]]] = [[] for _ in range(S)]
         if cfg.oir.relabel_balance:  # every grounded event came back (make_relabeler); keep K per trajectory
@@ -184,12 +182,12 @@ class OIRRelabeling(TrainingMethod):
                             f.setdefault(c.text, c)
                 picks = balanced_choice([list(f) for f in firsts], cfg.oir.k)
                 for r, f, texts_r in zip(rs, firsts, picks):
-                    age = tr.update_idx - r.trajectory.meta["update"]
+                    age = update - r.trajectory.meta["update"]
                     rows[s] += [(age, r.trajectory.env_id, f[t]) for t in texts_r]
         else:
             for r in results:
                 m = r.trajectory.meta
-                age = tr.update_idx - m["update"]
+                age = update - m["update"]
                 for c in r.candidates:
                     rows[m["seed"]].append((age, r.trajectory.env_id, c))
         src, env, valid, emb, final, pre = self._empty_slots()
@@ -210,9 +208,9 @@ class OIRRelabeling(TrainingMethod):
 
     def _empty_slots(self) -> tuple[np.ndarray, ...]:
         """Host arrays of every relabel slot, none valid: src, env, valid, emb, final, pre."""
-        S, R = self.trainer.S, self.cfg.pqn.num_envs * self.cfg.oir.k
+        S, R = self.ctx.S, self.cfg.pqn.num_envs * self.cfg.oir.k
         return (np.zeros((S, R), np.int32), np.zeros((S, R), np.int32), np.zeros((S, R), bool),
-                np.zeros((S, R, self.trainer.encoder.dim), np.float32), np.full((S, R, NUM_EVENTS), -1.0, np.float32),
+                np.zeros((S, R, self.ctx.encoder.dim), np.float32), np.full((S, R, NUM_EVENTS), -1.0, np.float32),
                 np.full((S, R, NUM_EVENTS), -1.0, np.float32))
 
     @staticmethod
@@ -221,7 +219,7 @@ class OIRRelabeling(TrainingMethod):
                     pre=jnp.asarray(pre), valid=jnp.asarray(valid))
 
     def warmup_batch(self, traj: dict) -> dict:
-        return self.trainer.build_batch([traj] * self.history_len, self._device_slots(*self._empty_slots()))
+        return self.ctx.build_batch([traj] * self.history_len, self._device_slots(*self._empty_slots()))
 
     def llm_subset(self, trajs: list[Trajectory]) -> list[Trajectory]:
         """The ``llm.per_update`` trajectories per seed with the most distinct achievement events.
@@ -234,7 +232,7 @@ class OIRRelabeling(TrainingMethod):
         if n >= self.cfg.pqn.num_envs:
             return trajs
         chosen = []
-        for s in range(self.trainer.S):
+        for s in range(self.ctx.S):
             mine = [t for t in trajs if t.meta["seed"] == s]
             score = [int(t.events[:, :22].any(axis=0).sum()) for t in mine]
             order = np.argsort(score, kind="stable")[::-1][:n]
@@ -244,15 +242,16 @@ class OIRRelabeling(TrainingMethod):
     def relabel(self, host: dict) -> tuple[dict, dict[str, float]]:
         """Relabel this rollout (and collect late LLM answers): the batch's relabel slots and the
         relabel metrics; grounded candidates go into the seeds' buffers."""
-        tr, cfg = self.trainer, self.cfg
-        trajs = self.trajectories(host, tr.update_idx)
+        ctx, cfg = self.ctx, self.cfg
+        update = ctx.update_idx()
+        trajs = self.trajectories(host, update)
         stats: dict[str, float] = {}
         # the rules' results of this rollout (of the previous one with oir.relabel_lag 1); the LLM reads
         # the most eventful trajectories in the background, its answers joining when they arrive
         self.relabeler.submit(trajs, ask=self.llm_subset(trajs) if self.async_llm else [])
         results, late = self.relabeler.collect_by_source()
         if self.async_llm:
-            fresh = [r for r in late if tr.update_idx - r.trajectory.meta["update"] < self.history_len]
+            fresh = [r for r in late if update - r.trajectory.meta["update"] < self.history_len]
             self.stale_llm += len(late) - len(fresh)
             results += fresh
             stats["relabel/llm_results"] = float(len(fresh))
@@ -273,7 +272,7 @@ class OIRRelabeling(TrainingMethod):
             stats["relabel/llm_repeats_rules"] = float(llm_stats.get("llm_repeats_rules", 0))
         slots, texts, valid = self.slots(results)
         self.last_texts = texts
-        stats["relabel/rows"] = float(valid.sum() / tr.S)
+        stats["relabel/rows"] = float(valid.sum() / ctx.S)
         stats["relabel/grounded_frac"] = float(np.mean([c.grounded for r in results for c in r.candidates] or [0.0]))
         llm_rows = sum(c.source == "llm" for cs in self.last_candidates for c in cs)
         # buffer: insert this iteration's candidates that paid a reward on their trajectory (all of
@@ -283,25 +282,25 @@ class OIRRelabeling(TrainingMethod):
         # instruction (R in (0, tau_low]) in the buffer's priority order. The relabelers the trainer
         # builds already drop ungrounded candidates unless cfg.oir.keep_ungrounded; this check holds
         # the buffer to the config for a relabeler passed in (Trainer(relabeler=...)) as well.
-        grounded = [set() for _ in range(tr.S)]
+        grounded = [set() for _ in range(ctx.S)]
         for r in results:
             grounded[r.trajectory.meta["seed"]].update(c.text for c in r.candidates if c.grounded)
         offers: list = []
         llm_buffered = 0
-        for s in range(tr.S):
+        for s in range(ctx.S):
             first = {}  # text -> the first chosen candidate with it (its source, binding, rows)
             for c in self.last_candidates[s]:
                 first.setdefault(c.text, c)
             cands = [t for t in dict.fromkeys(texts[s]) if t and (cfg.oir.keep_ungrounded or t in grounded[s])]
             if cands:
-                written = tr.buffers[s].insert(cands)
+                written = ctx.buffers[s].insert(cands)
                 llm_buffered += sum(first[t].source == "llm" for t in written if t in first)
                 self.generated.update(cands)
                 if cfg.oir.grounding == "bound" and written:
                     # the env pays a buffer instruction at its bound event(s) (the first binding of a
                     # text wins); the evaluation and original instructions keep their own rows. Only
                     # what the buffer took: new episodes draw from it, and a call stays within its size
-                    tr.registry.rows(written, protected=tr.protected_rows,
+                    ctx.registry.rows(written, protected=ctx.protected_rows,
                                      bindings=[None if t in self._fixed else first[t].binding for t in written])
                 offers += [first[t] for t in cands]
         stats.update(self._count_offers(offers))
@@ -326,7 +325,7 @@ class OIRRelabeling(TrainingMethod):
         if new:
             # the registry's cosine to the caption phrasings (a bound candidate's final_row is an
             # indicator row, not a cosine); computed once per distinct text
-            best = self.trainer.registry.similarity_to_events(np.stack([c.emb for c in new])).max(axis=-1)
+            best = self.ctx.registry.similarity_to_events(np.stack([c.emb for c in new])).max(axis=-1)
             for c, b in zip(new, best):
                 self.offered[c.text] = (float(b), paying_event(c.final_row, self.cfg.env.delta), c.source)
         n_llm = sum(c.source == "llm" for c in offers)

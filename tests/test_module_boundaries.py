@@ -165,7 +165,7 @@ def test_oir_gym_has_no_import_circle():
 
 
 def test_agents_has_no_import_circle():
-    """The training methods see the trainer through ``agents.methods.MethodContext`` (no import of
+    """The training methods are built from an ``agents.methods.MethodContext`` (no import of
     ``agents.oir``), and the legacy converter, which builds a Trainer, lives outside
     ``agents.checkpoint``."""
     found = circles(_without_package_edges(import_graph("agents")))

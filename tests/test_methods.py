@@ -1,0 +1,97 @@
+"""Training methods are built by name from a narrow context (``agents.methods.MethodContext``), not
+from the Trainer: a method works from a context made without any trainer, and the trainer's own
+method keeps no Trainer (issue 27, item 3)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+from agents.config import METHODS, preset  # noqa: E402
+from agents.methods import Cosine, GroundTruth, MethodContext  # noqa: E402
+from agents.oir import METHOD_SPECS, Trainer, method_spec  # noqa: E402
+from agents.oir_method import OIRRelabeling  # noqa: E402
+from oir_gym.buffer import InstructionBuffer  # noqa: E402
+from oir_gym.encoder import get_encoder  # noqa: E402
+from oir_gym.instruction_registry import InstructionRegistry  # noqa: E402
+from oir_gym.instructions import ORIGINAL_INSTRUCTIONS  # noqa: E402
+from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory  # noqa: E402
+
+
+def test_every_configurable_method_has_a_spec_and_an_unknown_name_is_refused():
+    assert tuple(METHOD_SPECS) == METHODS
+    assert (method_spec("gt").reward_mode, method_spec("cosine").reward_mode) == (1, 0)
+    assert [method_spec(m).generated_file for m in METHODS] == [None, None, "instructions.json", "goals.json"]
+    with pytest.raises(ValueError, match=r"run.method='ppo'; expected one of \('gt', 'cosine', 'oir', 'ellm'\)"):
+        method_spec("ppo")
+
+
+def test_methods_are_built_from_a_context_without_a_trainer():
+    cfg = preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "rules", "pqn.num_envs": 2, "oir.k": 4})
+    encoder = get_encoder()
+    registry = InstructionRegistry(encoder, capacity=cfg.env.table_capacity)
+    orig = registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))))
+    buffers = [InstructionBuffer(cfg.oir.instruction_buffer_size, cfg.oir.tau_low, cfg.oir.tau_high, seed=0)]
+    update = [5]
+    built = []
+
+    def build_batch(trajs, slots=None):  # the context's batch builder: what a method hands it comes back
+        built.append((trajs, slots))
+        return {"trajs": trajs}
+
+    ctx = MethodContext(
+        cfg=cfg, S=1, seed_offset=0, registry=registry, buffers=buffers, encoder=encoder, all_eval_texts=[],
+        log=print, orig_rows=lambda: orig, update_idx=lambda: update[0], get_env_state=lambda: None,
+        set_env_state=lambda state: None, build_batch=build_batch, protected_rows=lambda: orig.tolist())
+
+    gt = method_spec("gt").factory(ctx, None, None)
+    assert type(gt) is GroundTruth and gt.ctx is ctx
+    np.testing.assert_array_equal(gt.buffer_rows(0), orig)  # new episodes draw the 22 originals
+    assert gt.payable_rows()[orig].all() and gt.payable_rows().sum() == len(orig)
+    assert gt.update_batch("rollout", {}) == ({"trajs": "rollout"}, {}) and built == [("rollout", None)]
+    assert type(method_spec("cosine").factory(ctx, None, None)) is Cosine
+
+    oir = method_spec("oir").factory(ctx, None, None)  # its rule relabeler built from ctx.cfg
+    assert type(oir) is OIRRelabeling
+    trajs = [make_trajectory(WOOD_TABLE_PICKAXE, cfg.pqn.num_steps, texts=False, seed=e, env_id=e) for e in range(2)]
+    host = {"events": np.stack([t.events for t in trajs], axis=1)[None],  # [S, T, E, Ev]
+            "action": np.stack([t.actions for t in trajs], axis=1)[None],
+            "done": np.stack([t.dones for t in trajs], axis=1)[None],
+            "instr": np.broadcast_to(orig[0], (1, cfg.pqn.num_steps, 2))}
+    try:
+        assert {t.meta["update"] for t in oir.trajectories(host, update[0])} == {5}
+        slots, stats = oir.relabel(host)
+        assert stats["relabel/rows"] > 0 and (np.asarray(slots["src"]) == 0).all()  # this rollout's copies
+        assert "make wood pickaxe" in buffers[0].contents()  # grounded candidates went into the context's buffer
+        rows = oir.buffer_rows(0)
+        assert sorted(registry.text(r) for r in rows) == sorted(buffers[0].contents())
+        assert oir.state_dict()["offers"]["total"] > 0
+    finally:
+        oir.close()
+
+
+def test_the_trainers_method_holds_no_reference_to_the_trainer(tmp_path):
+    """The method reaches the run only through its context's values and calls; nothing it holds
+    keeps the Trainer alive, and its calls say so once the Trainer is gone."""
+    cfg = preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "rules"})
+    tr = Trainer(cfg, tmp_path, log=lambda s: None)
+    method = tr.method
+    assert method.ctx.registry is tr.registry and method.ctx.buffers is tr.buffers
+    tr.update_idx = 3
+    assert method.ctx.update_idx() == 3  # live values are read through the context's calls
+    np.testing.assert_array_equal(method.ctx.orig_rows(), tr.orig_rows)
+    assert not any(v is tr for v in vars(method).values())
+    alive = weakref.ref(tr)
+    del tr
+    gc.collect()
+    try:
+        assert alive() is None
+        with pytest.raises(RuntimeError, match="Trainer of this training method is gone"):
+            method.ctx.update_idx()
+    finally:
+        method.close()
