@@ -262,6 +262,7 @@ def _workers(ours: dict) -> str:
     """Where the oir loops' rule relabeler runs (``oir.relabel_workers``)."""
     rel = getattr(ours.get("oir", ours.get("oir_lag")), "method", None)
     rel = getattr(rel, "relabeler", None)
+    rel = getattr(rel, "rules", rel)  # a BackgroundRelabeler's rule half
     n = getattr(rel, "workers", 0)
     return f"{n} worker processes" if n else "the training process"
 

@@ -28,6 +28,7 @@ H200 = RES / "gpu_h200x2_fast_llm_delta"
 H100_TIME = RES / "gpu_h100_fast_time"
 FAST_1E7 = RES / "gpu_h200x2_fast_1e7"
 BF16 = RES / "gpu_h100_fast_bf16"
+STARTUP = RES / "gpu_h100x4_startup"  # the fast preset with the written-out LSTM gradient and the start-up changes
 OIR = [C / "oir_a", C / "oir_b", C / "oir_c"]
 
 RESULTS = (ROOT / "docs" / "results.md").read_text()
@@ -406,6 +407,24 @@ def test_fast_preset_time_to_target_and_tuning_tables_in_benchmarks_doc_are_rebu
     # the first update of the tuning runs before and with the side-by-side compiles
     first = [json.loads(open(TUNING / n / "metrics.jsonl").readline())["time"] for n in ("r2_fast64_oir_ep4", "r3_fast_oir")]
     assert [round(t) for t in first] == [128, 103] and _says(BENCH, "from 128 s to 103 s")
+
+
+def test_fast_preset_runs_with_the_current_update_and_start_are_rebuilt_from_results(capsys):
+    """The two 3-seed runs and the 12-seed run on 4 cards: their time-to-target rows, start-up lines and medians."""
+    runs = [f"fast preset, seed 0, H100={STARTUP / 'fast_s0'}", f"fast preset, seed 1, H100={STARTUP / 'fast_s1'}",
+            f"fast preset, 12 seeds on 4 H100s={STARTUP / 'fast_12seeds_4gpus'}"]
+    rows = _time_rows(capsys, runs, "300")
+    assert len(rows) == 3 and all(r in BENCH for r in rows), rows
+    assert rows[0].startswith("| fast preset, seed 0, H100 | 3 | 252 s;") and rows[2].startswith("| fast preset, 12 seeds")
+    for n, seeds in (("fast_s0", 3), ("fast_s1", 3), ("fast_12seeds_4gpus", 12)):
+        cfg = json.loads((STARTUP / n / "config.json").read_text())
+        assert (cfg["pqn"]["compute_dtype"], cfg["run"]["num_seeds"], cfg["pqn"]["num_envs"]) == ("bfloat16", seeds, 1024)
+    assert "ready after 62 s (imports 5 s, encoder 21 s, instructions 8 s, method 14 s, initial state 10 s)" in (
+        STARTUP / "fast_s0" / "log.txt").read_text() and _says(BENCH, '"ready after 62 s"')
+    medians = [round(m, 2) for m in _update_medians(STARTUP / "fast_s0")]
+    assert medians == [0.53, 0.09, 1.28] and _says(BENCH, "rollout 0.53 s, host 0.09 s, update program 1.28 s")
+    host12 = _update_medians(STARTUP / "fast_12seeds_4gpus")[1]
+    assert round(host12, 2) == 0.51 and _says(BENCH, "0.51 s against 0.09 s")
 
 
 def test_where_an_update_goes_table_in_benchmarks_doc_is_rebuilt_from_results():
