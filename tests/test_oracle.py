@@ -358,6 +358,27 @@ def test_bad_oracle_settings_stop_the_run_before_it_writes_anything(tmp_path, ca
     assert "needs run.method oir and oir.relabeler rules or both" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("oracle", ORACLES)
+def test_each_variant_trains_end_to_end_through_the_command_line(tmp_path, oracle, smoke_run, pqn_main):
+    """CI's run of each variant: the PQN command line trains one update with the variant's relabeler
+    (bound grounding), then the final evaluation (held-out and ordered sets, 1 episode) and the
+    run's final files. The same programs as the session's smoke run (``smoke_run`` is requested so
+    the compilation cache holds them: a few seconds per variant); the whole runs are -m slow below."""
+    run = tmp_path / "run"
+    assert pqn_main(["smoke", "--run-dir", str(run), "--no-progress", "--oir.oracle", oracle,
+                     "--oir.grounding", "bound", "--run.total-timesteps", str(4 * 16),
+                     "--eval.every", "1000", "--run.checkpoint-every", "1000"]) == 0
+    assert json.loads((run / "complete.json").read_text())["update"] == 1
+    assert json.loads((run / "config.json").read_text())["oir"]["oracle"] == oracle
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1
+    final = json.loads((run / "eval_final.json").read_text())[0]
+    assert {"original", "heldout", "ordered", "ordered_reverse"} <= set(final)
+    offered = json.loads((run / "instructions.json").read_text())["items"]
+    if oracle == "diverse":  # whatever the random policy did, it was named by pool wordings only
+        assert all(i["text"] in load_pool().texts() for i in offered)
+
+
 @pytest.mark.slow  # a whole smoke run of its own configuration per variant: 1-2.5 min each on 2 cores
 @pytest.mark.parametrize("oracle", ORACLES)
 def test_smoke_run_of_each_variant(tmp_path, oracle):
