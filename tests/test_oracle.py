@@ -358,6 +358,21 @@ def test_bad_oracle_settings_stop_the_run_before_it_writes_anything(tmp_path, ca
     assert "needs run.method oir and oir.relabeler rules or both" in capsys.readouterr().err
 
 
+def test_a_compound_of_unknown_events_stops_the_run_before_it_writes_anything(tmp_path, capsys):
+    """An ordered compound ("sequence") of a user's evaluation file naming an unknown event: the
+    command line stops with the file, the entry and the name, before the run folder is written."""
+    sets = tmp_path / "sets.json"
+    sets.write_text(json.dumps({"sets": {"mine": [
+        {"text": "drink first, then chop a tree", "sequence": ["collect_drink", "collect_wood"]},
+        {"text": "chop a tree, then build a bench", "sequence": ["collect_wood", "place_tabel"]}]}}))
+    run = tmp_path / "run"
+    assert _main(["smoke", "--run-dir", str(run), "--oir.oracle", "compound", "--oir.grounding", "bound",
+                  "--eval.instruction-files", str(sets)]) == 2
+    err = capsys.readouterr().err
+    assert "sets.json" in err and "unknown achievement 'place_tabel'" in err, err
+    assert not run.exists() or not any(run.iterdir())
+
+
 @pytest.mark.parametrize("oracle", ORACLES)
 def test_each_variant_trains_end_to_end_through_the_command_line(tmp_path, oracle, smoke_run, pqn_main):
     """CI's run of each variant: the PQN command line trains one update with the variant's relabeler
