@@ -399,7 +399,7 @@ def test_each_variant_trains_end_to_end_through_the_command_line(tmp_path, oracl
 @pytest.mark.parametrize("oracle", ORACLES)
 def test_smoke_run_of_each_variant(tmp_path, oracle):
     """A whole smoke run (4 updates, the final evaluation with the held-out and ordered sets, a
-    checkpoint) per variant. The default suite trains each variant one update through the command
+    checkpoint) per variant. The default suite trains each variant (4 updates) through the command
     line above (the session smoke run's programs) and checks each variant's relabeling."""
     run = tmp_path / "run"
     # no periodic evaluation: the final one (its own program) is the one that reads the new sets
