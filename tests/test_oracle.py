@@ -358,12 +358,49 @@ def test_bad_oracle_settings_stop_the_run_before_it_writes_anything(tmp_path, ca
     assert "needs run.method oir and oir.relabeler rules or both" in capsys.readouterr().err
 
 
+def test_a_compound_of_unknown_events_stops_the_run_before_it_writes_anything(tmp_path, capsys):
+    """An ordered compound ("sequence") of a user's evaluation file naming an unknown event: the
+    command line stops with the file, the entry and the name, before the run folder is written."""
+    sets = tmp_path / "sets.json"
+    sets.write_text(json.dumps({"sets": {"mine": [
+        {"text": "drink first, then chop a tree", "sequence": ["collect_drink", "collect_wood"]},
+        {"text": "chop a tree, then build a bench", "sequence": ["collect_wood", "place_tabel"]}]}}))
+    run = tmp_path / "run"
+    assert _main(["smoke", "--run-dir", str(run), "--oir.oracle", "compound", "--oir.grounding", "bound",
+                  "--eval.instruction-files", str(sets)]) == 2
+    err = capsys.readouterr().err
+    assert "sets.json" in err and "unknown achievement 'place_tabel'" in err, err
+    assert not run.exists() or not any(run.iterdir())
+
+
+@pytest.mark.parametrize("oracle", ORACLES)
+def test_each_variant_trains_end_to_end_through_the_command_line(tmp_path, oracle, smoke_run, pqn_main):
+    """CI's run of each variant: the PQN command line trains the smoke preset's 4 updates with the
+    variant's relabeler (bound grounding), then the final evaluation (held-out and ordered sets, 1
+    episode) and the run's final files, with no periodic evaluation or checkpoint. The same programs
+    as the session's smoke run (``smoke_run`` is requested so the compilation cache holds them): the
+    total steps stay the preset's, since the epsilon and learning-rate schedules are constants of the
+    rollout and update programs (fewer steps compile both anew). The whole runs are -m slow below."""
+    run = tmp_path / "run"
+    assert pqn_main(["smoke", "--run-dir", str(run), "--no-progress", "--oir.oracle", oracle,
+                     "--oir.grounding", "bound", "--eval.every", "1000", "--run.checkpoint-every", "1000"]) == 0
+    assert json.loads((run / "complete.json").read_text())["update"] == 4
+    assert json.loads((run / "config.json").read_text())["oir"]["oracle"] == oracle
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    final = json.loads((run / "eval_final.json").read_text())[0]
+    assert {"original", "heldout", "ordered", "ordered_reverse"} <= set(final)
+    offered = json.loads((run / "instructions.json").read_text())["items"]
+    if oracle == "diverse":  # whatever the random policy did, it was named by pool wordings only
+        assert all(i["text"] in load_pool().texts() for i in offered)
+
+
 @pytest.mark.slow  # a whole smoke run of its own configuration per variant: 1-2.5 min each on 2 cores
 @pytest.mark.parametrize("oracle", ORACLES)
 def test_smoke_run_of_each_variant(tmp_path, oracle):
     """A whole smoke run (4 updates, the final evaluation with the held-out and ordered sets, a
-    checkpoint) per variant. The default suite checks each variant's relabeling above and a whole
-    run's final evaluation with the default relabeler (tests/test_train_pqn.py)."""
+    checkpoint) per variant. The default suite trains each variant (4 updates) through the command
+    line above (the session smoke run's programs) and checks each variant's relabeling."""
     run = tmp_path / "run"
     # no periodic evaluation: the final one (its own program) is the one that reads the new sets
     assert _main(["smoke", "--run-dir", str(run), "--no-progress", "--oir.oracle", oracle, "--oir.grounding", "bound",
