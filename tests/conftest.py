@@ -44,6 +44,30 @@ A = Action
 B = BlockType
 
 
+# --------------------------------------------------------------------------- test order and workers
+
+#: Files whose tests train whole runs or trainers (tens of seconds each), started first: with
+#: several pytest-xdist workers (``-n``, set in pyproject.toml), a long test left for the end keeps
+#: one worker busy while the others idle.
+HEAVY_FILES = ("test_sharding.py", "test_train_pqn.py", "test_docs_snippets.py", "test_no_run_lost.py", "test_ellm.py",
+               "test_sb3_train.py", "test_relabel_transformers.py", "test_batch_composition.py", "test_oir_grounding.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: for the whole suite, one worker per core, at most 4 (each worker builds the
+    session fixtures below); none (in process) when the command line names test files or tests,
+    where starting workers would cost more than it saves."""
+    if any(Path(str(arg).split("::")[0]).is_file() for arg in config.args):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
 @pytest.fixture(scope="session")
 def encoder():
     """The packaged all-MiniLM-L6-v2 encoder, loaded once (offline)."""
