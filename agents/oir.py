@@ -275,7 +275,11 @@ class Trainer:
         self.log = log
         self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
         self._tx = pqn.make_optimizer(cfg.pqn, cfg.num_updates)  # one object: every train state shares its structure
-        self._worlds: Future | None = self._generate_initial_worlds() if prefetch_worlds else None
+        self._worlds: Future | None = None
+        if prefetch_worlds:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="oir-worlds")
+            self._worlds = pool.submit(self._initial_worlds)
+            pool.shutdown(wait=False)  # the thread ends with its one job
         #: seconds each part of the start took (``encoder``, ``instructions``, ``method``; ``init_state``
         #: adds ``initial_state``): what to shorten for a faster start
         self.startup: dict[str, float] = {}
@@ -471,7 +475,7 @@ class Trainer:
         """Fresh parameters, optimiser state, envs and key for every seed, placed on the mesh."""
         t0 = time.time()
         key, k_net, k_env, k_run = self._initial_keys()
-        worlds = (self._worlds or self._generate_initial_worlds()).result()
+        worlds = self._worlds.result() if self._worlds is not None else self._initial_worlds()
         self._worlds = None
         self.runner = None
         self.train_state, self.runner = self._initial_state(k_net, k_env, k_run, self._env_params(), worlds)
@@ -492,22 +496,16 @@ class Trainer:
         k_run = jax.random.split(ks[2 * n], lay.blocks * self.processes)[blocks]
         return key, k_net, k_env, k_run
 
-    def _generate_initial_worlds(self) -> Future:
-        """Generate the worlds :meth:`init_state` resets the envs to (:func:`oir_gym.functional.block_worlds`)
-        on a side thread. They depend on the run's seed alone, so this can run while the encoder
-        loads: the world generator is the longest compile of the start (about 20 s on an H100)."""
+    def _initial_worlds(self) -> Any:
+        """The worlds :meth:`init_state` resets the envs to (:func:`oir_gym.functional.block_worlds`).
+        They depend on the run's seed alone, so a fresh run generates them on a side thread while
+        the encoder loads (``prefetch_worlds``): the world generator is the longest compile of the
+        start (about 20 s on an H100)."""
         _, _, k_env, _ = self._initial_keys()
         lay = self.layout
         generate = jax.jit(F.block_worlds, static_argnums=(2, 3))
-
-        def run() -> Any:
-            return jax.block_until_ready(generate(k_env, F.default_craftax_params(), lay.envs_per_block,
-                                                  lay.pool_per_block))
-
-        pool = ThreadPoolExecutor(1, thread_name_prefix="oir-worlds")
-        future = pool.submit(run)
-        pool.shutdown(wait=False)  # the thread ends with its one job
-        return future
+        return jax.block_until_ready(generate(k_env, F.default_craftax_params(), lay.envs_per_block,
+                                              lay.pool_per_block))
 
     def _initial_state(self, k_net, k_env, k_run, env_params: F.EnvParams, worlds: Any = None) -> tuple[Any, tuple]:
         """``(train_state, runner)`` from the seeds' network keys, the env blocks' reset keys, their
