@@ -24,8 +24,11 @@ and the goal proposer a config names.
 
 from __future__ import annotations
 
+import copy
 import functools
+import json
 import os
+import threading
 import time
 import weakref
 from collections import Counter
@@ -226,6 +229,98 @@ def relayout_runner(runner: dict, blocks: int, pool_per_block: int) -> dict:
     return {**runner, "0": {**bstate, "pool": pool, "cursor": np.zeros((blocks,), cursor.dtype)}, "4": new_keys}
 
 
+# ----------------------------------------------------------------------------- programs, shared
+def program_config(cfg: TrainConfig) -> TrainConfig:
+    """The fields of ``cfg`` the trainer's jitted programs read, every other field at its default.
+
+    :class:`Programs` are built from this config alone, so a program cannot read a field that
+    two trainers sharing it might set differently: it would read the default in both.
+    """
+    p = TrainConfig()
+    p.pqn = copy.deepcopy(cfg.pqn)
+    p.run.total_timesteps, p.run.num_seeds = cfg.run.total_timesteps, cfg.run.num_seeds
+    p.env.obs_mode, p.env.delta = cfg.env.obs_mode, cfg.env.delta
+    p.oir.relabel_every_match = cfg.oir.relabel_every_match
+    p.eval.epsilon, p.eval.horizon = cfg.eval.epsilon, cfg.eval.horizon
+    return p
+
+
+class Programs:
+    """A trainer's jitted programs (rollout, batch, update, initial state, evaluations) and the
+    network and optimiser they close over, for one :func:`program_config`, layout and instruction
+    embedding size.
+
+    Trainers of equal keys in one process share one instance (:func:`trainer_programs`): a second
+    trainer of a configuration (a resumed run, ``--eval-only``, a sweep's next run in the same
+    process, a test) neither traces nor compiles them again. Programs hold no run state.
+    """
+
+    def __init__(self, cfg: TrainConfig, layout: Layout, instr_dim: int) -> None:
+        self.cfg, self.layout, self.instr_dim = cfg, layout, instr_dim
+        self.mesh = layout.mesh()
+        self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
+        #: one object: every train state shares its structure (jit's cache compares it)
+        self.tx = pqn.make_optimizer(cfg.pqn, cfg.num_updates)
+        self.rollout = make_rollout(cfg, self.net, layout)
+        self.update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
+        self.all_finite = jax.jit(lambda tree: jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)])))
+        # recent rollouts are stacked inside the program (no eager copy of every leaf on the host's
+        # dispatch path): ring = (newest, ..., oldest), each [S, T, E, ...]
+        stack = lambda ring: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)  # noqa: E731
+        build_seeds = jax.vmap(lambda t, e, s: build_batch(cfg, t, e, s), in_axes=(0, None, 0))
+        self.build = jax.jit(lambda ring, e, s: build_seeds(stack(ring), e, s))
+        build_plain = jax.vmap(lambda t, e: build_batch(cfg, t, e, None), in_axes=(0, None))
+        self.build_plain = jax.jit(lambda t, e: build_plain(stack((t,)), e))
+        # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on
+        # a GPU), the seeds one after another (pqn.create_train_states says why)
+        d_obs = obs_dim(cfg.env.obs_mode)
+        self.init_train_states = jax.jit(lambda ks: pqn.create_train_states(
+            ks, cfg.pqn, self.net, d_obs, instr_dim, cfg.num_updates, tx=self.tx))
+        self.reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
+        self.generate_worlds = jax.jit(F.block_worlds, static_argnums=(2, 3))
+        self._evaluators: dict[int, tuple[Callable, PerDevice]] = {}
+        self._lock = threading.Lock()
+
+    def greedy(self, params, carry, obs, done_prev, key):
+        """The evaluation policy: greedy, or epsilon-greedy with ``eval.epsilon`` > 0 (a deterministic
+        recurrent policy can loop forever on one action)."""
+        carry, q = self.net.apply(params, carry, obs["obs"][None], obs["instruction"][None], done_prev[None])
+        return carry, pqn.eps_greedy(key, q[0], self.cfg.eval.epsilon)
+
+    def evaluator(self, n: int, seeds: bool = True) -> Any:
+        """The evaluation of ``n`` episodes (instructions x episodes), built at its first request:
+        ``seeds``: of every seed, each device its own seeds as its own program (as the rollout);
+        else the one-seed evaluator it vmaps (:func:`oir_gym.evaluation.make_jax_evaluator`)."""
+        with self._lock:
+            if n not in self._evaluators:
+                lay = self.layout
+                evaluate = make_jax_evaluator(self.greedy, self.net.initial_carry, n, self.cfg.eval.horizon,
+                                              self.cfg.env.obs_mode)
+                self._evaluators[n] = evaluate, PerDevice(
+                    jax.vmap(evaluate, in_axes=(0, 0, None, None)), self.mesh,
+                    in_specs=lambda *a: (lay.seed_spec, lay.seed_spec, PartitionSpec(), PartitionSpec()),
+                    out_specs=lambda *a: lay.seed_spec)
+            return self._evaluators[n][1 if seeds else 0]
+
+
+@functools.lru_cache(maxsize=None)
+def _world_generator() -> Callable:
+    """``F.block_worlds`` jitted once per process (its sizes are static arguments)."""
+    return jax.jit(F.block_worlds, static_argnums=(2, 3))
+
+
+@functools.lru_cache(maxsize=8)
+def _programs(config_json: str, layout: Layout, instr_dim: int) -> Programs:
+    return Programs(TrainConfig.from_dict(json.loads(config_json)), layout, instr_dim)
+
+
+def trainer_programs(cfg: TrainConfig, layout: Layout, instr_dim: int) -> Programs:
+    """The :class:`Programs` of ``cfg`` (through :func:`program_config`) on ``layout``, shared by
+    every trainer of this process with the same key (the 8 most recently used keys are kept)."""
+    return _programs(json.dumps(program_config(cfg).to_dict(), sort_keys=True), layout, instr_dim)
+
+
 # ----------------------------------------------------------------------------- trainer
 @dataclass
 class IterationLog:
@@ -273,8 +368,6 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = log
-        self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
-        self._tx = pqn.make_optimizer(cfg.pqn, cfg.num_updates)  # one object: every train state shares its structure
         self._worlds: Future | None = None
         if prefetch_worlds:
             pool = ThreadPoolExecutor(1, thread_name_prefix="oir-worlds")
@@ -286,6 +379,10 @@ class Trainer:
         t = time.time()
         self.encoder = get_encoder()
         self.startup["encoder"] = time.time() - t
+        #: the jitted programs and the network, shared with every trainer of this process whose
+        #: programs are the same (:func:`trainer_programs`)
+        self.programs = trainer_programs(cfg, self.layout, self.encoder.dim)
+        self.net = self.programs.net
         t = time.time()
         #: how this run's method is built and what the trainer needs to know of it (:data:`METHOD_SPECS`)
         self.method_spec = method_spec(cfg.run.method)
@@ -328,29 +425,10 @@ class Trainer:
             table=self.registry.device_table(), delta=cfg.env.delta, max_steps=cfg.env.max_episode_steps,
             reward_mode=self.method_spec.reward_mode,
         )
-        self._rollout = make_rollout(cfg, self.net, self.layout)
-        self._update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
-        self._all_finite = jax.jit(lambda tree: jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)])))
-        # recent rollouts are stacked inside the program (no eager copy of every leaf on the host's
-        # dispatch path): ring = (newest, ..., oldest), each [S, T, E, ...]
-        stack = lambda ring: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)  # noqa: E731
-        build_seeds = jax.vmap(lambda t, e, s: build_batch(cfg, t, e, s), in_axes=(0, None, 0))
-        self._build = jax.jit(lambda ring, e, s: build_seeds(stack(ring), e, s))
-        build_plain = jax.vmap(lambda t, e: build_batch(cfg, t, e, None), in_axes=(0, None))
-        self._build_plain = jax.jit(lambda t, e: build_plain(stack((t,)), e))
         n_eval = len(self.eval_texts) * self.eval_cfg.episodes
-
-        def greedy(params, carry, obs, done_prev, key):
-            # greedy by default; cfg.eval.epsilon > 0 adds epsilon-greedy noise (a deterministic
-            # recurrent policy can loop forever on one action)
-            carry, q = self.net.apply(params, carry, obs["obs"][None], obs["instruction"][None], done_prev[None])
-            return carry, pqn.eps_greedy(key, q[0], cfg.eval.epsilon)
-
-        self._greedy = greedy
-        self.evaluator = make_jax_evaluator(greedy, self.net.initial_carry, n_eval, self.eval_cfg.horizon,
-                                             cfg.env.obs_mode)
-        self._evaluate_seeds = self._per_device(self.evaluator)
+        #: one seed's evaluation on the periodic sets (:func:`oir_gym.evaluation.evaluate_jax`)
+        self.evaluator = self.programs.evaluator(n_eval, seeds=False)
+        self._evaluate_seeds = self.programs.evaluator(n_eval)
         self._final_evaluate_seeds: PerDevice | None = None  # built (and compiled) at the first final evaluation
         self.update_idx = 0
         self.env_steps = 0
@@ -359,13 +437,6 @@ class Trainer:
         # (examples/batch_composition.py)
         self.last_rollout: dict | None = None
         self.last_batch: dict | None = None
-
-    def _per_device(self, evaluator: Callable) -> PerDevice:
-        """Every device evaluates its own seeds as its own program, as the rollout does."""
-        lay = self.layout
-        return PerDevice(jax.vmap(evaluator, in_axes=(0, 0, None, None)), self.mesh,
-                         in_specs=lambda *a: (lay.seed_spec, lay.seed_spec, PartitionSpec(), PartitionSpec()),
-                         out_specs=lambda *a: lay.seed_spec)
 
     @property
     def all_eval_texts(self) -> list[str]:
@@ -457,9 +528,9 @@ class Trainer:
         age) with relabel ``slots`` (:func:`build_batch`)."""
         table_emb = self.registry.device_table().emb
         if slots is None:
-            return self._build_plain(trajs, table_emb)
+            return self.programs.build_plain(trajs, table_emb)
         ring = (trajs,) if isinstance(trajs, Mapping) else tuple(trajs)
-        return self._build(ring, table_emb, slots)
+        return self.programs.build(ring, table_emb, slots)
 
     def unpayable_frac(self, instr_rows: np.ndarray) -> float:
         """Share of these table rows (e.g. a rollout's steps) whose instruction can never pay a reward.
@@ -503,8 +574,7 @@ class Trainer:
         start (about 20 s on an H100)."""
         _, _, k_env, _ = self._initial_keys()
         lay = self.layout
-        generate = jax.jit(F.block_worlds, static_argnums=(2, 3))
-        return jax.block_until_ready(generate(k_env, F.default_craftax_params(), lay.envs_per_block,
+        return jax.block_until_ready(_world_generator()(k_env, F.default_craftax_params(), lay.envs_per_block,
                                               lay.pool_per_block))
 
     def _initial_state(self, k_net, k_env, k_run, env_params: F.EnvParams, worlds: Any = None) -> tuple[Any, tuple]:
@@ -512,14 +582,9 @@ class Trainer:
         rollout keys and initial worlds (unplaced; ``None``: generated in the reset's program); under
         :func:`jax.eval_shape`, their shapes."""
         cfg, lay = self.cfg, self.layout
-        d_obs = obs_dim(cfg.env.obs_mode)
-        # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on a GPU),
-        # the seeds one after another (pqn.create_train_states says why)
-        train_state = jax.jit(lambda ks: pqn.create_train_states(
-            ks, cfg.pqn, self.net, d_obs, self.encoder.dim, cfg.num_updates, tx=self._tx))(k_net)
+        train_state = self.programs.init_train_states(k_net)
         groups = jnp.repeat(jnp.arange(self.S), cfg.pqn.num_envs)
-        reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
-        obs, bstate = reset(k_env, env_params, lay.envs_per_block,
+        obs, bstate = self.programs.reset(k_env, env_params, lay.envs_per_block,
                             lay.pool_per_block, None, cfg.env.obs_mode, groups, self.num_also_pays, worlds)
         carry = jax.vmap(lambda _: self.net.initial_carry(cfg.pqn.num_envs))(jnp.arange(self.S))
         done = jnp.ones((self.S * cfg.pqn.num_envs,), bool)
@@ -656,7 +721,7 @@ class Trainer:
                 self.log(f"compiling ahead failed ({err!r}); the update compiles its own programs")
         self._compiling = []
         env_params = self._env_params()
-        self.runner, traj = self._rollout(self.train_state.params, self.runner, env_params, self.env_steps)
+        self.runner, traj = self.programs.rollout(self.train_state.params, self.runner, env_params, self.env_steps)
         host = jax.device_get({k: traj[k] for k in ("instr", "events", "action", "done", "reward", "ep_return",
                                                       "success")})
         t_rollout = time.time()
@@ -671,11 +736,11 @@ class Trainer:
         self.last_rollout, self.last_batch = host, batch
         self.key, k = jax.random.split(self.key)
         t_host = time.time()
-        new_state, upd = self._update(self.train_state, self._seed_keys(k), batch)
+        new_state, upd = self.programs.update(self.train_state, self._seed_keys(k), batch)
         upd = jax.device_get(upd)
         t_update = time.time()
         metrics = {k: float(v) for k, v in metrics.items()}  # device scalars, read after the update started
-        if not (np.all(np.isfinite(upd["loss"])) and bool(self._all_finite(new_state.params))):
+        if not (np.all(np.isfinite(upd["loss"])) and bool(self.programs.all_finite(new_state.params))):
             # The diverged parameters are dropped, never checkpointed: the newest checkpoint on disk is
             # the last good state (this trainer's other state has moved past it, so it is not saved either).
             last = latest_checkpoint(self.run_dir)
@@ -725,10 +790,7 @@ class Trainer:
             return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, policy, params,
                                      self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
         if self._final_evaluate_seeds is None:
-            cfg = self.final_eval_cfg
-            self._final_evaluate_seeds = self._per_device(make_jax_evaluator(
-                self._greedy, self.net.initial_carry, len(self.final_texts) * cfg.episodes, cfg.horizon,
-                self.cfg.env.obs_mode))
+            self._final_evaluate_seeds = self.programs.evaluator(len(self.final_texts) * self.final_eval_cfg.episodes)
         return functools.partial(evaluate_jax_seeds, self._final_evaluate_seeds, keys, policy, params,
                                  self.final_rows, self.final_eval_cfg, self.final_texts, self.final_achs,
                                  self.final_sets)
@@ -775,12 +837,12 @@ class Trainer:
             return []
 
         def rollout() -> None:
-            jax.block_until_ready(self._rollout(params, runner, env_params, steps))
+            jax.block_until_ready(self.programs.rollout(params, runner, env_params, steps))
 
         def update() -> None:
-            shapes = self._rollout.eval_shape(params, runner, env_params, steps)[1]
-            new_state, _ = self._update(train_state, keys, self.method.warmup_batch(placeholder(shapes)))
-            jax.block_until_ready(self._all_finite(new_state.params))
+            shapes = self.programs.rollout.eval_shape(params, runner, env_params, steps)[1]
+            new_state, _ = self.programs.update(train_state, keys, self.method.warmup_batch(placeholder(shapes)))
+            jax.block_until_ready(self.programs.all_finite(new_state.params))
 
         pool = ThreadPoolExecutor(2, thread_name_prefix="oir-compile")
         self._compiling = [pool.submit(rollout), pool.submit(update)]

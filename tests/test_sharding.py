@@ -151,7 +151,7 @@ def test_the_rollout_runs_as_one_program_per_device_with_no_traffic_between_them
         tr = Trainer(cfg, {str(tmp_path / "run")!r})
         tr.init_state()
         log = tr.iteration()
-        exes = tr._rollout.compiled
+        exes = tr.programs.rollout.compiled
         ops = [re.findall(r"\\b(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)(?:-start)?\\(",
                           e.as_text()) for e in exes.values()]
         devs = sorted(d.id for d in exes)
