@@ -53,9 +53,18 @@ HEAVY_FILES = ("test_sharding.py", "test_train_pqn.py", "test_docs_snippets.py",
                "test_sb3_train.py", "test_relabel_transformers.py", "test_batch_composition.py", "test_oir_grounding.py")
 
 
+#: Session fixtures a worker builds for itself (a live object, not a folder it could share), and
+#: expensive enough that the tests using them run on one worker (``--dist loadgroup``).
+ONE_WORKER_FIXTURES = ("smoke_trainer",)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(HEAVY_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
+    for item in items:
+        for name in ONE_WORKER_FIXTURES:
+            if name in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(name))
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -128,11 +137,19 @@ def pqn_main():
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory, pqn_main) -> Path:
     """A complete run of the CLI's smoke preset (4 updates, evaluation and checkpoint every 2, so
-    checkpoints 2 and 4, the final evaluation), made once per session. Read-only: a test that
-    changes a run copies it first (``shutil.copytree``)."""
-    run = tmp_path_factory.mktemp("smoke_run") / "run"
-    assert pqn_main(["smoke", "--run-dir", str(run), "--no-progress"]) == 0
-    assert (run / "complete.json").exists()
+    checkpoints 2 and 4, the final evaluation), made once per session: under pytest-xdist, by the
+    first worker that asks, in the folder all workers share. Read-only: a test that changes a run
+    copies it first (``shutil.copytree``)."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's folder above each worker's
+    run = shared / "smoke_run" / "run"
+    with FileLock(str(shared / "smoke_run.lock")):
+        if not (run / "complete.json").exists():
+            assert pqn_main(["smoke", "--run-dir", str(run), "--no-progress", "--overwrite"]) == 0
+            assert (run / "complete.json").exists()
     return run
 
 
