@@ -53,18 +53,24 @@ HEAVY_FILES = ("test_sharding.py", "test_train_pqn.py", "test_docs_snippets.py",
                "test_sb3_train.py", "test_relabel_transformers.py", "test_batch_composition.py", "test_oir_grounding.py")
 
 
-#: Session fixtures a worker builds for itself (a live object, not a folder it could share), and
-#: expensive enough that the tests using them run on one worker (``--dist loadgroup``).
-ONE_WORKER_FIXTURES = ("smoke_trainer",)
+#: Files whose tests train PQN runs in the test process: each file's tests run on one pytest-xdist
+#: worker (``--dist loadgroup``), so those of equal program configurations share their compiled
+#: programs (:func:`agents.oir.trainer_programs`: a smoke run's second trainer starts in a second
+#: instead of tracing for 10-15 s). The tests of the live smoke trainer (:func:`smoke_trainer`) run
+#: on one worker too, which builds it once.
+PQN_FILES = ("test_train_pqn.py", "test_no_run_lost.py", "test_oracle.py", "test_run_trust.py", "test_oir_grounding.py",
+             "test_batch_composition.py", "test_methods.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(HEAVY_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
     for item in items:
-        for name in ONE_WORKER_FIXTURES:
-            if name in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(name))
+        if "smoke_trainer" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("smoke_trainer"))
+        elif item.path.name in PQN_FILES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 def pytest_xdist_auto_num_workers(config):

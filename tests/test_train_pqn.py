@@ -361,7 +361,8 @@ def test_wall_clock_and_time_limit_count_from_the_process_start(tmp_path, capsys
     args = ["smoke", "--no-progress", "--eval.horizon", "4", "--run-dir", str(run), "--time-limit", "1000"]
     assert train.pqn_main(args, started=time.time() - 1000) == 0
     out = capsys.readouterr().out
-    assert "imports 1000 s" in out and "stopped (--time-limit 1000s) at update 1/4" in out
+    # the 1,000 s before main() plus the seconds main() took to parse and prepare (more on a loaded machine)
+    assert re.search(r"imports 10[0-5]\d s", out) and "stopped (--time-limit 1000s) at update 1/4" in out
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert len(rows) == 1 and rows[0]["time"] >= 1000
     # a stopped run reports its buffer's diversity too: it may never be resumed
