@@ -125,6 +125,33 @@ def test_a_dead_worker_warns_once_and_the_batch_is_relabeled_in_process():
         par.close()  # idempotent
 
 
+class _FailsToStartInWorker:
+    """Fault injection: a factory that raises in a worker process (a worker that cannot start, which
+    a healthy factory cannot be made to produce on demand); in the calling process it builds the
+    real rule relabeler."""
+
+    def __call__(self):
+        if multiprocessing.parent_process() is not None:
+            raise RuntimeError("no relabeler in this worker")
+        from agents.relabeling import relabeler_config
+
+        return HindsightRelabeler(relabeler_config("rules", k=2))
+
+
+def test_workers_that_fail_to_start_are_given_up_with_one_warning_and_batches_stay_in_process():
+    trajs = random_trajectories(64, 32, seed=2, texts=False)
+    par = ParallelRelabeler(_FailsToStartInWorker(), workers=2, min_batch=16)
+    try:
+        with pytest.warns(RuntimeWarning, match="did not start"):
+            assert not par.wait_ready(timeout=300)
+        got = par.relabel(trajs)
+        stats = par.stats()
+        assert stats["workers"] == 0 and "did not start" in stats["broken"] and stats["in_process"] == 64
+        assert _summary(got) == _summary(_FailsToStartInWorker()().relabel(trajs))
+    finally:
+        par.close()
+
+
 def test_bad_arguments_and_the_automatic_worker_count():
     with pytest.raises(ValueError, match="workers=0"):
         ParallelRelabeler(functools.partial(HindsightRelabeler, "rules"), workers=0)

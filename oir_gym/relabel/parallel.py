@@ -10,18 +10,18 @@ candidates as in process, their embeddings and cosine rows equal to float roundi
 batches texts differently in each process).
 
 Workers start with the ``spawn`` method (the parent may hold JAX or CUDA state, which ``fork``
-would copy half-initialised). They all start at construction, from a side thread, so that neither
-the constructor nor a batch waits on a worker's start-up (a second or more of imports each).
-``concurrent.futures`` starts a ``spawn`` pool's processes one per submitted task, and only while
-none is idle, and the caller of ``submit`` waits until the new process has read its arguments:
-left to itself the pool grew by a process at a time during the first batches, each batch then
-waiting on a start. Here each worker's first task waits until every worker has built its
-relabeler, so the pool starts all of them at once, and the pickled factory travels in shared
-memory, so that a new process's arguments fit the pipe to it and starting one does not wait for
-its imports. Until every worker has
-reported ready, a batch is relabeled in the calling process by a relabeler of the same factory
-(counted in ``stats()["in_process_warming"]``; ``stats()["ready_s"]``: seconds from construction
-until every worker was ready): the results are those the workers give, as below.
+would copy half-initialised). They all start at construction, from a side thread: neither the
+constructor nor a batch waits on a worker's start (a second or more of imports each: the package
+imports JAX). Left to itself, ``concurrent.futures`` starts a ``spawn`` pool's processes one per
+submitted task while none is idle, and ``submit`` waits until the new process has read its
+arguments (after its imports, when they are larger than a pipe holds): the pool would grow by a
+process at a time inside the first batches, each of them waiting on a start. Here each worker's first task
+waits until every worker has built its relabeler, so the pool starts them all at once, and the
+pickled factory travels in shared memory, so that a worker's arguments fit the pipe. Until every
+worker is ready, a batch is relabeled in the calling process by a relabeler of the same factory,
+with the results the workers give (as above; ``stats()["in_process_warming"]`` counts those
+trajectories, ``stats()["ready_s"]`` is the seconds from construction until the workers were
+ready).
 
 A batch smaller than ``min_batch`` is relabeled in the calling process too. If a worker dies, or
 the workers fail to start, the batch is relabeled in process, a warning says so once, and every
@@ -49,7 +49,7 @@ from oir_gym.relabel.results import RelabelResult
 from oir_gym.trajectory import Trajectory
 
 #: seconds a worker waits for the others to start before the pool counts as failed to start
-START_TIMEOUT = 600.0
+START_TIMEOUT = 300.0
 
 _WORKER_RELABELER: Any = None
 _WORKER_BARRIER: Any = None
@@ -141,8 +141,9 @@ class ParallelRelabeler:
         try:
             for _ in range(self.workers):
                 self._warmups.append(pool.submit(_warmup))
-        except Exception as e:  # closed meanwhile, or a worker died while the others started
+        except Exception as e:  # closed meanwhile (or the interpreter exits), or a worker died
             self._start_error = e
+            self._barrier.abort()  # the workers started so far stop waiting for the others
 
     def _workers_ready(self) -> bool:
         """Whether every worker has built its relabeler; gives the workers up if they failed to start."""
