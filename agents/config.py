@@ -216,7 +216,8 @@ class OIRConfig(RelabelSettings):
     """Worker processes for the rule relabeler (:class:`oir_gym.relabel.parallel.ParallelRelabeler`):
     -1 chooses from the machine (none below 4 cores, else up to 8), 0 relabels in the training process.
     Used when a rollout holds at least 64 trajectories (seeds x envs): the same candidates, their
-    embeddings equal to float rounding (each process batches its encoder calls its own way)."""
+    embeddings equal to float rounding (each process batches its encoder calls its own way). The
+    workers start beside the first updates, which relabel in the training process until they are up."""
 
 
 @dataclass

@@ -12,7 +12,10 @@ Sizes (``--preset``, comma-separated, one table each): ``cpu``; ``paper`` (the p
 (``jax.sharding``, as ``--run.num-devices`` does in training); env steps / s count all seeds.
 
 Three loops, each timed per update (rollout + update), interleaved (a, b, c, a, b, c, ...) so
-that machine load hits them alike; medians are reported:
+that machine load hits them alike, after ``--warmup`` untimed updates per loop (the first compiles;
+the next ones let what starts beside the first updates settle, such as the oir loops' relabel
+workers); medians are reported, and every update's time beside them (``Each update``), so that a
+reader sees whether the timed ones are a steady state:
 
 (a) plain PQN-RNN: Craftax's own step, symbolic observation and reward, optimistic resets from a
     world pool (``bench/env_throughput.py``'s raw batch), the same network with a zero instruction,
@@ -57,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds-per-device", type=int, default=None,
                    help="with a list of device counts: seeds per device (so 2 with --devices 1,2 times 2 and 4 seeds)")
     p.add_argument("--iterations", type=int, default=6, help="timed updates per loop (median reported)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed updates per loop before the timed ones (default 3; the first compiles)")
     p.add_argument("--loops", default="plain,gt,oir",
                    help="loops to time, comma-separated: plain (a), gt (b), oir (c), oir_lag (d): oir with oir.relabel_lag 1; ratios need plain")
     p.add_argument("--seed", type=int, default=0)
@@ -90,6 +95,10 @@ def main(argv=None) -> int:
     if len(counts) > 1 and not (args.seeds_per_device and args.seeds_per_device >= 1 and args.seeds is None):
         print("error: a list of device counts needs --seeds-per-device K (K >= 1) instead of --seeds",
               file=sys.stderr)
+        return 2
+    if args.warmup < 1 or args.iterations < 1:
+        print(f"error: --warmup {args.warmup} --iterations {args.iterations}: each must be >= 1 (the first "
+              "untimed update compiles)", file=sys.stderr)
         return 2
     plan = [(d, d * args.seeds_per_device if args.seeds_per_device else (args.seeds or d)) for d in counts]
     from agents.sharding import check_layout
@@ -214,12 +223,16 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
 
     loops = {"(a) plain PQN-RNN, raw Craftax": plain_iteration} if "plain" in chosen else {}
     loops.update({OURS[key][0]: ours_iteration(key) for key in ours})
-    compile_s = {}
-    for name, fn in loops.items():  # compile + one warm iteration each
+    compile_s, warm = {}, {name: [] for name in loops}
+    for name, fn in loops.items():  # the compile + the other untimed updates, loop by loop
         t = time.perf_counter()
-        fn()
-        fn()
+        for _ in range(args.warmup):
+            t1 = time.perf_counter()
+            fn()
+            warm[name].append(time.perf_counter() - t1)
         compile_s[name] = time.perf_counter() - t
+    rules = _rule_workers(ours)
+    warming = rules.stats().get("in_process_warming", 0) if rules is not None else 0
     times = {name: [] for name in loops}
     for i in range(args.iterations):
         for name, fn in loops.items():
@@ -227,6 +240,7 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
             fn()
             times[name].append(time.perf_counter() - t)
             print(f"  iteration {i + 1}/{args.iterations} {name}: {times[name][-1]:.3f}s", file=sys.stderr, flush=True)
+    where = _relabeled_where(rules, warming)
     for tr in ours.values():
         tr.close()
 
@@ -234,37 +248,64 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
     print(f"\nPQN training throughput | {size} sizes: {E} envs x {T} steps, LSTM {cfg.pqn.hidden_size}, "
           f"{cfg.pqn.num_epochs} epochs x {cfg.pqn.num_minibatches} minibatches | {S} seed(s) on {devices} "
           f"device(s) {dev.platform} ({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, "
-          f"{platform.machine()} | rule relabeler in {_workers(ours)} | median of {args.iterations} interleaved updates\n")
+          f"{platform.machine()} | rule relabeler in {where} | median of {args.iterations} interleaved updates "
+          f"after {args.warmup} untimed\n")
     first = next(iter(loops))
     base = statistics.median(times[first]) if "plain" in chosen else None  # no (a): no ratio column values
-    print("| loop | s / update | env steps / s | ratio to (a) | compile + first 2 updates (s) |")
+    print(f"| loop | s / update | env steps / s | ratio to (a) | compile + first {args.warmup} updates (s) |")
     print("|---|---|---|---|---|")
     for name in loops:
         med = statistics.median(times[name])
         ratio = f"{med / base:.2f}" if base else "- (no plain loop)"
         print(f"| {name} | {med:.3f} | {S * E * T / med:,.0f} | {ratio} | {compile_s[name]:.1f} |",
               flush=True)
+    print(f"\nEach update (s): the {args.warmup} untimed (the first compiles) | the {args.iterations} timed"
+          + (" | host work of the timed (time/host_s)" if parts else "") + "\n")
+    for name in loops:
+        host = [r["time/host_s"] for r in parts.get(name, [])[args.warmup:]]
+        print(f"- {name}: {_times(warm[name])} | {_times(times[name])}" + (f" | {_times(host)}" if host else ""))
     if parts:
-        # the timed updates only (the first two, with the compile, are left out)
+        # the timed updates only (the untimed ones, the first with the compile, are left out)
         print("\nWhere ours spend an update (median s over the timed updates): waiting for the rollout, host work "
               "(episode records, relabeling, the batch program's dispatch), the update program (dispatch and wait)\n")
         print("| loop | rollout | host | update |")
         print("|---|---|---|---|")
         for name, rows in parts.items():
-            timed = rows[2:]
+            timed = rows[args.warmup:]
             med = {k: statistics.median(r[k] for r in timed) for k in ("time/rollout_s", "time/host_s", "time/update_s")}
             print(f"| {name} | {med['time/rollout_s']:.3f} | {med['time/host_s']:.3f} | {med['time/update_s']:.3f} |",
                   flush=True)
     return {name: statistics.median(times[name]) for name in loops}
 
 
-def _workers(ours: dict) -> str:
-    """Where the oir loops' rule relabeler runs (``oir.relabel_workers``)."""
+def _times(xs: list[float]) -> str:
+    return ", ".join(f"{x:.3f}" for x in xs)
+
+
+def _rule_workers(ours: dict):
+    """The oir loops' rule relabeler when it runs over worker processes (``oir.relabel_workers``:
+    a :class:`~oir_gym.relabel.parallel.ParallelRelabeler`), else ``None``."""
+    from oir_gym.relabel.parallel import ParallelRelabeler
+
     rel = getattr(ours.get("oir", ours.get("oir_lag")), "method", None)
     rel = getattr(rel, "relabeler", None)
     rel = getattr(rel, "rules", rel)  # a BackgroundRelabeler's rule half
-    n = getattr(rel, "workers", 0)
-    return f"{n} worker processes" if n else "the training process"
+    return rel if isinstance(rel, ParallelRelabeler) else None
+
+
+def _relabeled_where(rules, warming_before_timing: int) -> str:
+    """Where the oir loops' rule relabeler ran; with workers, when they were ready and how many
+    trajectories were relabeled in process while they started (in the timed updates: a slower
+    relabeling than the steady state's)."""
+    if rules is None:
+        return "the training process"
+    st = rules.stats()
+    if "broken" in st:
+        return f"the training process (the worker processes were given up: {st['broken']})"
+    ready = f"ready {st['ready_s']:.1f} s after construction" if "ready_s" in st else "not ready by the end"
+    warming = st.get("in_process_warming", 0)
+    return (f"{st['workers']} worker processes ({ready}; {warming} trajectories relabeled in process while they "
+            f"started, {warming - warming_before_timing} of them in the timed updates)")
 
 
 if __name__ == "__main__":

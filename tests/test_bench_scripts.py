@@ -62,7 +62,8 @@ def test_pqn_throughput_without_the_plain_loop_says_so_instead_of_a_nan_ratio():
 
 def test_pqn_throughput_scaling_table_and_its_argument_checks(capsys):
     """--devices 1,2 --seeds-per-device K: one table row per loop with each count's seed-steps/s and
-    the ratio to one device; a list of counts with --seeds, or a count of 0, is refused at once."""
+    the ratio to one device; a list of counts with --seeds, a count of 0, or no untimed update
+    (--warmup 0) is refused at once."""
     sys.path.insert(0, str(ROOT / "bench"))
     import pqn_throughput
 
@@ -73,6 +74,8 @@ def test_pqn_throughput_scaling_table_and_its_argument_checks(capsys):
     assert pqn_throughput.main(["--devices", "1,2", "--seeds", "4"]) == 2
     assert pqn_throughput.main(["--devices", "0"]) == 2
     assert "--seeds-per-device" in capsys.readouterr().err
+    assert pqn_throughput.main(["--warmup", "0"]) == 2  # the first untimed update compiles: never timed
+    assert "--warmup 0" in capsys.readouterr().err
 
 
 @pytest.mark.slow

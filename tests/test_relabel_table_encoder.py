@@ -54,9 +54,11 @@ def test_parallel_rule_relabeling_builds_workers_on_the_table(encoder):
 
     parallel = make_rules_relabeler(4, encoder=encoder, workers=2, batch=64)
     try:
+        assert parallel.wait_ready(timeout=300)  # else the batch is relabeled in process while they start
         trajs = random_trajectories(80, seed=4)
         local = make_rules_relabeler(4, encoder=encoder)
         got, want = parallel.relabel(trajs), local.relabel(trajs)
+        assert parallel.stats()["in_workers"] == 80
         assert [[c.text for c in r.candidates] for r in got] == [[c.text for c in r.candidates] for r in want]
         for r, w in zip(got, want):
             for c, d in zip(r.candidates, w.candidates):

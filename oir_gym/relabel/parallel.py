@@ -10,38 +10,61 @@ candidates as in process, their embeddings and cosine rows equal to float roundi
 batches texts differently in each process).
 
 Workers start with the ``spawn`` method (the parent may hold JAX or CUDA state, which ``fork``
-would copy half-initialised). A batch smaller than ``min_batch`` is relabeled in the calling
-process by a relabeler of the same factory. If a worker dies, the batch is relabeled in process,
-a warning says so once, and every later batch stays in process: training goes on, slower.
+would copy half-initialised). They all start at construction, from a side thread: neither the
+constructor nor a batch waits on a worker's start (a second or more of imports each: the package
+imports JAX). Left to itself, ``concurrent.futures`` starts a ``spawn`` pool's processes one per
+submitted task while none is idle, and ``submit`` waits until the new process has read its
+arguments (after its imports, when they are larger than a pipe holds): the pool would grow by a
+process at a time inside the first batches, each of them waiting on a start. Here each worker's first task
+waits until every worker has built its relabeler, so the pool starts them all at once, and the
+pickled factory travels in shared memory, so that a worker's arguments fit the pipe. Until every
+worker is ready, a batch is relabeled in the calling process by a relabeler of the same factory,
+with the results the workers give (as above; ``stats()["in_process_warming"]`` counts those
+trajectories, ``stats()["ready_s"]`` is the seconds from construction until the workers were
+ready).
+
+A batch smaller than ``min_batch`` is relabeled in the calling process too. If a worker dies, or
+the workers fail to start, the batch is relabeled in process, a warning says so once, and every
+later batch stays in process: training goes on, slower.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import ctypes
 import dataclasses
 import multiprocessing
 import os
+import pickle
+import sys
+import threading
+import time
 import warnings
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional, Sequence
 
 from oir_gym.relabel.results import RelabelResult
 from oir_gym.trajectory import Trajectory
 
+#: seconds a worker waits for the others to start before the pool counts as failed to start
+START_TIMEOUT = 300.0
+
 _WORKER_RELABELER: Any = None
+_WORKER_BARRIER: Any = None
 
 
-def _init_worker(factory: Callable[[], Any]) -> None:
-    global _WORKER_RELABELER
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per worker: the workers are the parallelism
-    try:
-        import torch
-
+def _init_worker(factory: Any, barrier: Any) -> None:
+    global _WORKER_RELABELER, _WORKER_BARRIER
+    # one core per worker: the workers are the parallelism. torch (imported only by a relabeler that
+    # encodes texts itself: 2 s of start-up otherwise) takes its thread count from this when imported
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None:  # imported already (by the parent's main module): too late for the variable
         torch.set_num_threads(1)
-    except ImportError:  # a relabeler without an encoder needs no torch
-        pass
-    _WORKER_RELABELER = factory()
+    _WORKER_BARRIER = barrier
+    _WORKER_RELABELER = pickle.loads(bytes(factory))()
 
 
 def _relabel_chunk(trajs: list[Trajectory]) -> list[RelabelResult]:
@@ -51,6 +74,8 @@ def _relabel_chunk(trajs: list[Trajectory]) -> list[RelabelResult]:
 
 
 def _warmup() -> int:
+    # no worker is idle before every worker has started: the pool starts a process per warm-up task
+    _WORKER_BARRIER.wait(START_TIMEOUT)
     return os.getpid()
 
 
@@ -64,15 +89,20 @@ def default_workers(cpus: Optional[int] = None) -> int:
 class ParallelRelabeler:
     """A synchronous relabeler whose :meth:`relabel` runs over ``workers`` processes.
 
+    The workers start at construction, without the constructor waiting for them; until all of them
+    are ready, :meth:`relabel` relabels in the calling process (the same results; module docstring).
+
     Args:
         factory: picklable zero-argument callable returning a relabeler with ``relabel(trajs)``
-            (each worker builds one; the calling process builds one for small batches).
+            (each worker builds one; the calling process builds one for small batches and while the
+            workers start).
         workers: worker processes (>= 1).
         min_batch: batches with fewer trajectories are relabeled in process (a chunk must be
             worth the round trip: about 10 ms for pickling and scheduling).
 
     Raises:
         ValueError: ``workers < 1`` or ``min_batch < 1``.
+        pickle.PicklingError, TypeError, AttributeError: ``factory`` does not pickle.
     """
 
     def __init__(self, factory: Callable[[], Any], workers: int, min_batch: int = 64) -> None:
@@ -80,22 +110,72 @@ class ParallelRelabeler:
             raise ValueError(f"workers={workers!r} must be an integer >= 1 (0 workers: use the relabeler itself)")
         if not isinstance(min_batch, int) or min_batch < 1:
             raise ValueError(f"min_batch={min_batch!r} must be an integer >= 1")
+        # pickled first (an unpicklable factory fails here, not in a worker) into shared memory: a new
+        # process's arguments stay a few KB, which the pipe to it takes at once, so starting one does
+        # not wait until it has imported this module (seconds: the package imports JAX) to read them
+        blob = pickle.dumps(factory)
         self.factory = factory
         self.workers = workers
         self.min_batch = min_batch
         self.local = factory()
+        ctx = multiprocessing.get_context("spawn")
+        shared = ctx.RawArray(ctypes.c_ubyte, len(blob))
+        ctypes.memmove(shared, blob, len(blob))
+        self._barrier = ctx.Barrier(workers)
         self._pool: Optional[ProcessPoolExecutor] = ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(factory,))
-        # start the workers now (imports and the encoder take seconds), not at the first batch
-        for _ in range(workers):
-            self._pool.submit(_warmup)
+            workers, mp_context=ctx, initializer=_init_worker, initargs=(shared, self._barrier))
         self.broken: Optional[str] = None
         self._counts: Counter = Counter()
         self._next_id = 0
+        self._t0 = time.perf_counter()
+        self._ready_s: Optional[float] = None
+        # one warm-up task per worker, each done once every worker has built its relabeler; submitted
+        # from a side thread, as each submit starts a process
+        self._warmups: list[Future] = []
+        self._start_error: Optional[BaseException] = None
+        self._starter = threading.Thread(target=self._start_workers, args=(self._pool,),
+                                         name="ParallelRelabeler-start", daemon=True)
+        self._starter.start()
+
+    def _start_workers(self, pool: ProcessPoolExecutor) -> None:
+        try:
+            for _ in range(self.workers):
+                self._warmups.append(pool.submit(_warmup))
+        except Exception as e:  # closed meanwhile (or the interpreter exits), or a worker died
+            self._start_error = e
+            self._barrier.abort()  # the workers started so far stop waiting for the others
+
+    def _workers_ready(self) -> bool:
+        """Whether every worker has built its relabeler; gives the workers up if they failed to start."""
+        if self._ready_s is not None:
+            return True
+        if self._pool is None or self._starter.is_alive() or not all(f.done() for f in self._warmups):
+            return False
+        errors = [self._start_error] + [f.exception() for f in self._warmups]
+        error = next((e for e in errors if e is not None), None)
+        if error is not None or len(self._warmups) < self.workers:
+            self._give_up(f"the relabel worker processes did not start ({error!r})")
+            return False
+        self._ready_s = time.perf_counter() - self._t0
+        return True
+
+    def wait_ready(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every worker has built its relabeler (at most ``timeout`` seconds); whether
+        they have. ``False`` also once the workers are given up (a worker died or failed to start).
+        Relabeling does not need it: batches go to the workers once they are ready."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._starter.join(timeout)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        concurrent.futures.wait(list(self._warmups), timeout=remaining)
+        return self._workers_ready()
 
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
         """Relabel ``trajectories``; the results are in their order and hold these very objects."""
         trajs = list(trajectories)
+        if len(trajs) >= self.min_batch and not self._workers_ready() and self._pool is not None:
+            # the workers are still starting: no batch waits for them
+            self._counts["in_process_warming"] += len(trajs)
+            return self._numbered(self.local.relabel(trajs), trajs)
         if self._pool is None or len(trajs) < self.min_batch:
             self._counts["in_process"] += len(trajs)
             return self.local.relabel(trajs)
@@ -108,11 +188,15 @@ class ParallelRelabeler:
             self._give_up(f"a relabel worker process died ({e})")
             return self.local.relabel(trajs)
         self._counts["in_workers"] += len(trajs)
-        flat = [r for chunk in chunks for r in chunk]
-        first, self._next_id = self._next_id, self._next_id + len(trajs)
-        return [dataclasses.replace(r, trajectory=t, request_id=first + i) for i, (r, t) in enumerate(zip(flat, trajs))]
+        return self._numbered([r for chunk in chunks for r in chunk], trajs)
 
     __call__ = relabel
+
+    def _numbered(self, results: list[RelabelResult], trajs: list[Trajectory]) -> list[RelabelResult]:
+        """The results with the caller's trajectories and this relabeler's request ids."""
+        first, self._next_id = self._next_id, self._next_id + len(trajs)
+        return [dataclasses.replace(r, trajectory=t, request_id=first + i)
+                for i, (r, t) in enumerate(zip(results, trajs))]
 
     def _give_up(self, why: str) -> None:
         self.broken = why
@@ -120,18 +204,25 @@ class ParallelRelabeler:
                       RuntimeWarning, stacklevel=3)
         pool, self._pool = self._pool, None
         if pool is not None:
+            self._barrier.abort()  # a worker waiting for the others stops waiting
             pool.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> dict[str, Any]:
-        """Trajectories relabeled in workers / in process, and why the workers were given up (if so)."""
+        """Trajectories relabeled in workers (``in_workers``), in process (``in_process``: small
+        batches or after the workers were given up; ``in_process_warming``: while the workers
+        started), seconds from construction until every worker was ready (``ready_s``, once they
+        are), and why the workers were given up (``broken``, if so)."""
         return {"workers": self.workers if self._pool is not None else 0, **self._counts,
+                **({"ready_s": round(self._ready_s, 3)} if self._ready_s is not None else {}),
                 **({"broken": self.broken} if self.broken else {})}
 
     def close(self) -> None:
-        """Stop the worker processes (idempotent)."""
+        """Stop the worker processes (idempotent; also while they start)."""
         pool, self._pool = self._pool, None
         if pool is not None:
+            self._barrier.abort()  # closed while starting: no worker waits for the others
             pool.shutdown(wait=True, cancel_futures=True)
+        self._starter.join()
         if hasattr(self.local, "close"):
             self.local.close()
 
