@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Optional, Protocol
+from typing import Annotated, Any, Mapping, Optional, Protocol, Sequence
 
 import tyro
 
@@ -480,8 +480,7 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
         for s, r in enumerate(results):
             for k, v in r.flat_metrics().items():
                 row[f"seed{trainer.seed_offset + s}/{k}"] = v
-        for k in results[0].flat_metrics():
-            row[k] = float(sum(r.flat_metrics()[k] for r in results) / len(results))
+        row.update(seed_means([r.flat_metrics() for r in results]))
         every = merge_evals(allgather_json([r.to_dict() for r in results]))
         if me == 0:
             run.write_eval(tag, every)
@@ -523,6 +522,13 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
         return 0
     print(f"\ndone in {time.time() - t0:.0f}s; outputs in {run.path}/", flush=True)
     return 0
+
+
+def seed_means(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the seeds' rows that hold it: a seed may lack one (a paraphrase
+    retention is left out where the seed learned no achievement), so the keys are every row's."""
+    keys = dict.fromkeys(k for row in rows for k in row)
+    return {k: sum(vals) / len(vals) for k in keys for vals in [[float(row[k]) for row in rows if k in row]]}
 
 
 def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunOptions, run_eval: Any,

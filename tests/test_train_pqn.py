@@ -450,3 +450,16 @@ def test_the_gpu_presets_first_update_runs_on_a_small_cpu(tmp_path, name, envs):
     assert (config["pqn"]["hidden_size"], config["pqn"]["scan_unroll"], config["run"]["num_seeds"]) == (
         want.hidden_size, want.scan_unroll, 3) == (512, 8, 3)
     assert (run / "checkpoints" / "000001" / "manifest.json").exists()
+
+
+def test_seed_means_average_each_metric_over_the_seeds_that_hold_it():
+    """A seed that learned no achievement has no paraphrase retention: the run's row averages the
+    retention over the seeds that have one (the final summary once stopped on the missing key)."""
+    from agents.train import seed_means
+
+    rows = [{"eval/original/mean_success_rate": 0.5, "eval/simple/retention": 0.8, "eval/simple/retention_learned": 2.0},
+            {"eval/original/mean_success_rate": 0.1, "eval/simple/retention_learned": 0.0}]
+    assert seed_means(rows) == pytest.approx({"eval/original/mean_success_rate": 0.3, "eval/simple/retention": 0.8,
+                                              "eval/simple/retention_learned": 1.0})
+    assert seed_means(rows[::-1]).keys() == seed_means(rows).keys()
+    assert seed_means([]) == {}
