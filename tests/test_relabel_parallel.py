@@ -97,6 +97,43 @@ def test_a_batch_while_the_workers_start_is_relabeled_in_process_as_the_workers_
     assert [r.request_id for r in early + late] == list(range(160))
 
 
+class _ReportsItsJax:
+    """Builds the real rule relabeler; in a worker it first writes the worker's ``JAX_PLATFORMS``
+    and JAX backend to a file of ``folder`` (what the test reads)."""
+
+    def __init__(self, folder: str, table):
+        self.folder, self.table = folder, table
+
+    def __call__(self):
+        if multiprocessing.parent_process() is not None:
+            import jax
+
+            with open(os.path.join(self.folder, f"worker{os.getpid()}.txt"), "w") as f:
+                f.write(f"{os.environ.get('JAX_PLATFORMS')} {jax.default_backend()}")
+        from agents.relabeling import relabeler_config
+
+        return HindsightRelabeler(relabeler_config("rules", k=4), encoder=self.table)
+
+
+def test_workers_run_jax_on_the_cpu_and_the_callers_environment_is_left_as_it_was(tmp_path, encoder):
+    """Importing the package initialises JAX's default backend: a worker on a GPU machine would open
+    a CUDA context for nothing. Workers start with ``JAX_PLATFORMS=cpu``; the caller's environment
+    does not keep it."""
+    from oir_gym.relabel.encoding import TableEncoder
+    from oir_gym.relabel.rules import RuleBackend
+
+    before = os.environ.get("JAX_PLATFORMS")
+    table = TableEncoder.of(encoder, RuleBackend().vocabulary())
+    par = ParallelRelabeler(_ReportsItsJax(str(tmp_path), table), workers=2, min_batch=1)
+    try:
+        assert par.wait_ready(timeout=300)
+    finally:
+        par.close()
+    reports = sorted(p.read_text() for p in tmp_path.glob("worker*.txt"))
+    assert reports == ["cpu cpu", "cpu cpu"]
+    assert os.environ.get("JAX_PLATFORMS") == before
+
+
 class _DiesInWorker:
     """Fault injection: a relabeler that ends its process when it runs in a worker (a real process
     death, which a healthy relabeler cannot be made to produce on demand)."""

@@ -23,6 +23,12 @@ with the results the workers give (as above; ``stats()["in_process_warming"]`` c
 trajectories, ``stats()["ready_s"]`` is the seconds from construction until the workers were
 ready).
 
+A worker's JAX runs on the CPU (``WORKER_ENV``): importing the package initialises JAX's default
+backend (Craftax's constants are JAX arrays), and on a GPU machine every worker would otherwise
+open a CUDA context (seconds each, and accelerator memory) for work that never touches the
+device. The variables are set in this process's environment only while the workers start (a
+process another thread starts meanwhile inherits them too).
+
 A batch smaller than ``min_batch`` is relabeled in the calling process too. If a worker dies, or
 the workers fail to start, the batch is relabeled in process, a warning says so once, and every
 later batch stays in process: training goes on, slower.
@@ -31,6 +37,7 @@ later batch stays in process: training goes on, slower.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import dataclasses
 import multiprocessing
@@ -51,8 +58,28 @@ from oir_gym.trajectory import Trajectory
 #: seconds a worker waits for the others to start before the pool counts as failed to start
 START_TIMEOUT = 300.0
 
+#: Environment variables a worker process starts with (module docstring).
+WORKER_ENV = {"JAX_PLATFORMS": "cpu"}
+
 _WORKER_RELABELER: Any = None
 _WORKER_BARRIER: Any = None
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _environment(changes: dict[str, str]):
+    """``os.environ`` with ``changes`` while inside, restored after (processes started inside inherit them)."""
+    with _ENV_LOCK:
+        before = {k: os.environ.get(k) for k in changes}
+        os.environ.update(changes)
+        try:
+            yield
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _init_worker(factory: Any, barrier: Any) -> None:
@@ -139,8 +166,9 @@ class ParallelRelabeler:
 
     def _start_workers(self, pool: ProcessPoolExecutor) -> None:
         try:
-            for _ in range(self.workers):
-                self._warmups.append(pool.submit(_warmup))
+            with _environment(WORKER_ENV):
+                for _ in range(self.workers):
+                    self._warmups.append(pool.submit(_warmup))
         except Exception as e:  # closed meanwhile (or the interpreter exits), or a worker died
             self._start_error = e
             self._barrier.abort()  # the workers started so far stop waiting for the others
