@@ -24,6 +24,7 @@ from oir_gym.relabel.llm.spec import (
     PERMANENT_INIT_ERRORS, BackendSpec, LLMProcessDied, LLMUnavailable, backend_identity, close_llm, describe_exit,
     with_remedy,
 )
+from oir_gym.relabel.parallel import WORKER_ENV
 
 
 # --------------------------------------------------------------------------------------------- child side
@@ -268,7 +269,10 @@ class ChildProcessBackend:
         fd = child_sock.fileno()
         code = _CHILD_BOOT.format(path=list(sys.path), fd=fd)
         try:
-            proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(fd,), stdin=subprocess.DEVNULL)
+            # its JAX on the CPU: importing the package initialises JAX's default backend, which on a
+            # GPU machine would open a CUDA context beside the model's (parallel.WORKER_ENV)
+            proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(fd,), stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **WORKER_ENV})
         finally:
             child_sock.close()
         conn = Connection(parent_sock.detach())
