@@ -463,3 +463,27 @@ def test_seed_means_average_each_metric_over_the_seeds_that_hold_it():
                                               "eval/simple/retention_learned": 1.0})
     assert seed_means(rows[::-1]).keys() == seed_means(rows).keys()
     assert seed_means([]) == {}
+
+
+def test_trainers_of_one_program_config_share_their_programs(smoke_trainer, tmp_path):
+    """A second trainer of the same program configuration reuses the first's jitted programs (no
+    trace, no compile); a field the programs read gives it programs of its own; the programs are
+    built from the program fields alone (the others at their defaults)."""
+    from agents.config import TrainConfig
+    from agents.oir import Trainer, program_config
+
+    first = smoke_trainer.trainer
+    same = Trainer(first.cfg.replace(**{"eval.every": 7, "run.checkpoint_every": 3, "run.seed": 5}), tmp_path / "a",
+                   log=lambda s: None)
+    other = Trainer(first.cfg.replace(**{"pqn.lr": first.cfg.pqn.lr / 2}), tmp_path / "b", log=lambda s: None)
+    try:
+        assert same.programs is first.programs and same.net is first.net
+        assert other.programs is not first.programs
+        seen = same.programs.cfg
+        assert seen.to_dict() == program_config(first.cfg).to_dict()
+        assert (seen.pqn, seen.eval.horizon) == (first.cfg.pqn, first.cfg.eval.horizon)
+        assert (seen.run.seed, seen.oir.relabeler, seen.eval.every) == (
+            TrainConfig().run.seed, TrainConfig().oir.relabeler, TrainConfig().eval.every)
+    finally:
+        same.close()
+        other.close()
