@@ -4,6 +4,7 @@ docs/benchmarks.md from the files in results/; the pages' claims hold on those f
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -449,6 +450,19 @@ def test_2_gpu_scaling_table_in_benchmarks_doc_is_rebuilt_from_results():
     scaling = [line for line in table.splitlines() if line.startswith("| (")]
     assert len(scaling) == 3 and all(r in BENCH for r in scaling), scaling
     assert [r.rsplit("|", 2)[1].strip() for r in scaling] == ["1.93x", "1.92x", "2.00x"]
+
+
+def test_4_gpu_scaling_and_fast_size_rows_in_benchmarks_doc_are_rebuilt_from_results():
+    warm = RES / "gpu_h100x4_warmup"
+    table = (warm / "scaling.txt").read_text().split("Scaling | paper sizes")[1]
+    scaling = [line for line in table.splitlines() if line.startswith("| (")]
+    assert len(scaling) == 3 and all(r in BENCH for r in scaling), scaling
+    assert [r.rsplit("|", 3)[1:3] for r in scaling] == [[" 1.80x ", " 2.93x "], [" 1.49x ", " 2.46x "],
+                                                         [" 1.73x ", " 3.00x "]]
+    fast = (warm / "thr_fast.txt").read_text()
+    per_update = dict(re.findall(r"^\| \((\w)\) [^|]+\| ([\d.]+) \| [\d,]+ \| [\d.]+ \|", fast, re.M))
+    assert per_update == {"a": "0.910", "b": "0.807", "c": "1.302", "d": "1.375"}
+    assert "| 0.910 | 0.807 (0.89x) | 1.302 (1.43x) | 1.375 (1.51x) |" in BENCH
 
 
 # --------------------------------------------------------------------------- analyze_runs itself
