@@ -278,7 +278,6 @@ class Programs:
         self.init_train_states = jax.jit(lambda ks: pqn.create_train_states(
             ks, cfg.pqn, self.net, d_obs, instr_dim, cfg.num_updates, tx=self.tx))
         self.reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
-        self.generate_worlds = jax.jit(F.block_worlds, static_argnums=(2, 3))
         self._evaluators: dict[int, tuple[Callable, PerDevice]] = {}
         self._lock = threading.Lock()
 
