@@ -50,7 +50,8 @@ class InstructionEncoder:
         model: ``"default"`` (packaged all-MiniLM-L6-v2), or a local folder holding a
             sentence-transformers model. Hub names are only accepted when ``allow_hub=True``
             (otherwise the model is loaded with ``local_files_only``: nothing is fetched).
-        device: torch device for the encoder (``"cpu"`` by default).
+        device: ``"cpu"`` (default; the numpy backend runs only there) or a torch device for
+            sentence-transformers.
         cache_size: number of strings whose embeddings are kept.
         batch_size: sentences per forward pass.
         allow_hub: accept a model name that is not a local folder (sentence-transformers may then
