@@ -19,7 +19,6 @@ from typing import Sequence
 import numpy as np
 
 _SCORE_BYTES = 64 << 20
-_ST_PREFIX = "sentence_transformers.models."
 
 
 def _read_json(path: Path) -> dict | list | None:
@@ -36,8 +35,11 @@ def is_supported(path: str | Path) -> bool:
     modules = _read_json(p / "modules.json")
     if not isinstance(modules, list) or len(modules) != 3:
         return False
-    kinds = [m.get("type", "") for m in modules]
-    if kinds != [_ST_PREFIX + "Transformer", _ST_PREFIX + "Pooling", _ST_PREFIX + "Normalize"]:
+    # sentence-transformers names its module classes by import path, which moved between versions
+    # ("sentence_transformers.models.Pooling", "...sentence_transformer.modules.pooling.Pooling")
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if kinds != ["Transformer", "Pooling", "Normalize"] or not all(
+            str(m.get("type", "")).startswith("sentence_transformers.") for m in modules):
         return False
     if modules[0].get("path", "") not in ("", "."):
         return False
@@ -45,10 +47,13 @@ def is_supported(path: str | Path) -> bool:
     pooling = _read_json(p / modules[1].get("path", "") / "config.json")
     if not isinstance(config, dict) or not isinstance(pooling, dict):
         return False
-    mean_only = pooling.get("pooling_mode_mean_tokens") is True and not any(
-        pooling.get(k) for k in ("pooling_mode_cls_token", "pooling_mode_max_tokens",
-                                 "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
-                                 "pooling_mode_lasttoken"))
+    if "pooling_mode" in pooling:  # the newer folders' one field
+        mean_only = pooling["pooling_mode"] == "mean"
+    else:
+        mean_only = pooling.get("pooling_mode_mean_tokens") is True and not any(
+            pooling.get(k) for k in ("pooling_mode_cls_token", "pooling_mode_max_tokens",
+                                     "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+                                     "pooling_mode_lasttoken"))
     return (
         config.get("model_type") == "bert"
         and config.get("hidden_act") == "gelu"

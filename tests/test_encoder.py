@@ -249,3 +249,32 @@ def test_backend_choice_and_refusals(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="backend='sentence-transformers'"):
         InstructionEncoder(str(other), backend="numpy")
     assert InstructionEncoder(str(other), cache_size=0).backend == "sentence-transformers"
+
+
+def test_a_folder_saved_by_a_newer_sentence_transformers_runs_on_the_numpy_backend(tmp_path, encoder):
+    """Newer sentence-transformers versions save the same model with other module class paths in
+    ``modules.json`` and one ``pooling_mode`` field: the numpy backend takes it, with the same
+    embeddings; a ``pooling_mode`` other than mean is left to sentence-transformers."""
+    import shutil
+
+    from oir_gym.numpy_bert import is_supported
+
+    newer = tmp_path / "newer"
+    shutil.copytree(default_model_path(), newer, copy_function=os.symlink)
+    for name, text in (("modules.json", json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling",
+             "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.base.modules.normalize.Normalize"}])),
+            ("1_Pooling/config.json", json.dumps({"embedding_dimension": 384, "pooling_mode": "mean",
+                                                  "include_prompt": True}))):
+        (newer / name).unlink()
+        (newer / name).write_text(text)
+    assert is_supported(newer)
+    enc = InstructionEncoder(str(newer), cache_size=0)
+    texts = ["collect wood", "place a crafting table", "the player drank water"]
+    assert enc.backend == "numpy"
+    np.testing.assert_allclose(enc.encode(texts), encoder.encode(texts), atol=1e-6)
+    (newer / "1_Pooling" / "config.json").unlink()
+    (newer / "1_Pooling" / "config.json").write_text(json.dumps({"embedding_dimension": 384, "pooling_mode": "cls"}))
+    assert not is_supported(newer)
