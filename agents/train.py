@@ -623,7 +623,7 @@ def _finish(recipe: Recipe, trainer: RunTrainer, run: RunDir, cfg: Any, run_eval
 def script(recipe: Recipe, description: str | None = None, started: float | None = None) -> None:
     """A script's entry: :func:`main` with ``sys.argv``, then exit with its status; a process of a
     multi-process run that lost another ends with one line."""
-    from agents.multihost import ProcessLost
+    from agents.multihost import ProcessLost, process_count
 
     try:
         code = main(recipe, started=started, description=description)
@@ -633,6 +633,21 @@ def script(recipe: Recipe, description: str | None = None, started: float | None
         sys.stdout.flush()
         # at once: jax.distributed's exit barrier would wait for the lost process, then abort with a stack dump
         os._exit(3)
+    except Exception:
+        if "jax" not in sys.modules or process_count() == 1:
+            raise
+        # an unexpected error in one process of a multi-process run: exiting normally would stop at
+        # jax.distributed's exit barrier, which waits for the other processes while they wait for
+        # this one at their next exchange (a hang); ended at once, they stop there with one line
+        import jax
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: process {jax.process_index()} of {process_count()} failed (above); the other processes stop "
+              "at their next exchange, every checkpoint is kept: continue the run with --resume in every process",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     sys.exit(code)
 
 

@@ -22,6 +22,11 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# one BLAS thread per process (numpy's OpenBLAS: the numpy encoder; inherited by child processes):
+# the suite's workers already fill the cores, and idle BLAS threads spin (the encoder's matmuls took
+# twice the CPU time of one thread for the same wall time on 2 cores)
+for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_blas, "1")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -221,3 +221,48 @@ def test_a_lost_process_ends_the_others_in_one_line_and_the_run_resumes_where_ev
     assert (run / "complete.json").exists()
     for p in (0, 1):
         assert sorted(os.listdir(run / f"process{p}" / "checkpoints")) == ["000007", "000008"]
+
+
+_FAILS_AT_START = """
+import os, runpy, sys
+import agents.train as train
+if os.environ["JAX_PROCESS_ID"] == "0":  # injected fault: process 0's start raises
+    build = train.PQNRecipe.build
+    def failing_build(self, *a, **k):
+        trainer = build(self, *a, **k)
+        def init_state():
+            raise RuntimeError("injected: the initial state failed")
+        trainer.init_state = init_state
+        return trainer
+    train.PQNRecipe.build = failing_build
+sys.argv = ["examples/train_pqn.py", *sys.argv[1:]]
+runpy.run_path("examples/train_pqn.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow  # two processes importing and building their trainers: about 10 s on 2 cores
+def test_an_unexpected_error_in_one_process_ends_every_process(tmp_path):
+    """An error no test of the run's inputs catches (here injected: process 0's initial state raises;
+    on a 4 x H200 machine a compile failed with "Failed to launch ptxas") ends the process at once
+    with its traceback and one line, and the other process stops too: the failing process used to
+    wait at jax.distributed's exit barrier while the others waited for it (a hang)."""
+    port = _free_port()
+    procs = []
+    for i in range(2):
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "JAX_NUM_PROCESSES": "2",
+               "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_PROCESS_ID": str(i)}
+        env.pop("XLA_FLAGS", None)
+        procs.append(subprocess.Popen([sys.executable, "-c", _FAILS_AT_START, *SMOKE, "--run-dir", str(tmp_path / "r")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT)))
+    try:
+        out = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    err0 = out[0][1]
+    assert procs[0].returncode == 1, err0[-3000:]
+    assert "RuntimeError: injected: the initial state failed" in err0
+    assert err0.strip().splitlines()[-1].startswith("error: process 0 of 2 failed (above)")
+    assert procs[1].returncode != 0, out[1][1][-3000:]
