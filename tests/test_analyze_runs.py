@@ -428,6 +428,18 @@ def test_fast_preset_runs_with_the_current_update_and_start_are_rebuilt_from_res
     assert round(host12, 2) == 0.51 and _says(BENCH, "0.51 s against 0.09 s")
 
 
+def test_fast_preset_runs_on_h100_and_h200_after_the_worker_start_are_rebuilt_from_results(capsys):
+    w, h = RES / "gpu_h100x4_warmup", RES / "gpu_h200x4_start"
+    runs = [f"fast preset, seed 0, H100 (6a8bf9c)={w / 'fast0'}", f"fast preset, seed 1, H100 (6a8bf9c)={w / 'fast1'}",
+            f"fast preset, seed 0, H200 (ea5f82d)={h / 'fast0e'}", f"fast preset, seed 1, H200 (ea5f82d)={h / 'fast1e'}"]
+    rows = _time_rows(capsys, runs, "300")
+    assert len(rows) == 4 and all(r in BENCH for r in rows), rows
+    assert "ready after 47 s (imports 4 s, encoder 17 s, instructions 11 s, method 1 s, initial state 8 s)" in (
+        w / "fast0" / "log.txt").read_text()
+    assert [round(m, 2) for m in _update_medians(w / "fast0")] == [0.63, 0.13, 1.28]
+    assert round(_update_medians(h / "fast0e")[2], 2) == 1.06
+
+
 def test_where_an_update_goes_table_in_benchmarks_doc_is_rebuilt_from_results():
     runs = {"fast preset, bfloat16 (H100)": BF16 / "h100_bf16", "fast preset as it ships (H100)": BF16 / "h100_fast_final",
             "float32, relabel lag 1 (H100)": H100_TIME / "h100_fast_lag", "float32, relabel lag 0 (H200)": H200 / "fast_oir_k4",
