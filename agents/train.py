@@ -527,8 +527,11 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
 def seed_means(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Each metric's mean over the seeds' rows that hold it: a seed may lack one (a paraphrase
     retention is left out where the seed learned no achievement), so the keys are every row's."""
-    keys = dict.fromkeys(k for row in rows for k in row)
-    return {k: sum(vals) / len(vals) for k in keys for vals in [[float(row[k]) for row in rows if k in row]]}
+    values: dict[str, list[float]] = {}
+    for row in rows:
+        for k, v in row.items():
+            values.setdefault(k, []).append(float(v))
+    return {k: sum(vs) / len(vs) for k, vs in values.items()}
 
 
 def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunOptions, run_eval: Any,

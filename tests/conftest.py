@@ -6,9 +6,10 @@ configuration; the JAX persistent compilation cache switched on below makes a
 second instance of the same configuration cheap). Tests that need a particular situation edit
 the Craftax state of the shared env (:class:`Scene`) instead of searching for a world.
 
-A PQN ``Trainer`` costs 10-15 s to build and trace even with a warm cache (each instance traces
-its own programs), so the training tests share one trained smoke trainer (:func:`smoke_trainer`)
-and one finished smoke run directory (:func:`smoke_run`) per session.
+Training a PQN ``Trainer`` first traces its programs (10-15 s even with a warm cache; a second
+trainer of the same program configuration in the process shares them: ``agents.oir.trainer_programs``),
+so the training tests share one trained smoke trainer (:func:`smoke_trainer`) and one finished
+smoke run directory (:func:`smoke_run`) per session.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ class SmokeTrainer:
 def smoke_trainer(tmp_path_factory) -> SmokeTrainer:
     """One ``Trainer`` of ``tiny(**SMOKE_TRAINER_CHANGES)`` trained 4 updates, evaluated at update 2 and
     checkpointed at update 3, shared by the tests that only need a trained state or a reference
-    run of this configuration (each other Trainer a test builds costs its own 10-15 s)."""
+    run of this configuration (another Trainer of other program settings traces its own for 10-15 s)."""
     from agents.oir import Trainer
 
     cfg = tiny(**SMOKE_TRAINER_CHANGES)
