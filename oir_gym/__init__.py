@@ -27,7 +27,7 @@ from oir_gym.registration import ENV_ID, register_envs
 __version__ = "0.1.0"
 
 
-def enable_compilation_cache(path: str | None = None, min_compile_time_secs: float = 1.0) -> str | None:
+def enable_compilation_cache(path: str | None = None, min_compile_time_secs: float | None = None) -> str | None:
     """Switch on JAX's persistent compilation cache for this process; returns its folder (or None).
 
     Craftax programs take 10-40 s to compile on a small CPU; with the cache every later process
@@ -36,7 +36,9 @@ def enable_compilation_cache(path: str | None = None, min_compile_time_secs: flo
 
     Args:
         path: the cache folder (default ``$OIR_GYM_JAX_CACHE_DIR``, else ``~/.cache/oir_gym/jax``).
-        min_compile_time_secs: programs that compile faster than this are not cached.
+        min_compile_time_secs: programs that compile faster than this are not cached (default
+            ``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``, else 1 s; 0 caches every program,
+            which the test suite uses: its many sub-second programs then load instead of compiling).
 
     ``OIR_GYM_JAX_CACHE=0`` turns the call into a no-op (returns None). Without ``path``, a cache
     folder already set in JAX's config (by the user, or ``JAX_COMPILATION_CACHE_DIR``) is kept.
@@ -51,6 +53,8 @@ def enable_compilation_cache(path: str | None = None, min_compile_time_secs: flo
     folder = path or os.environ.get("OIR_GYM_JAX_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "oir_gym", "jax")
     jax.config.update("jax_compilation_cache_dir", folder)
+    if min_compile_time_secs is None:
+        min_compile_time_secs = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 1.0))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_secs))
     return folder
 

@@ -29,6 +29,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_blas, "1")
 
+# cache every compiled program, not only those over JAX's 1 s (inherited by child processes): the
+# suite compiles hundreds of sub-second programs, and loading them took half the CPU time of
+# compiling them (tests/test_pqn.py + test_env_scripted.py: 104 -> 55 s of CPU on a warm cache)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -67,14 +72,21 @@ HEAVY_FILES = ("test_sharding.py", "test_train_pqn.py", "test_docs_snippets.py",
 PQN_FILES = ("test_train_pqn.py", "test_no_run_lost.py", "test_oracle.py", "test_run_trust.py", "test_oir_grounding.py",
              "test_batch_composition.py", "test_methods.py")
 
+#: Costly fixtures built once per worker (a session or module scope): their tests run on one worker,
+#: which builds them once (the Gemma backend takes about 12 s to load, the evaluator 25 s to compile).
+SHARED_FIXTURES = ("tf_backend", "jax_eval")
+
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(HEAVY_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
     for item in items:
-        if "smoke_trainer" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "smoke_trainer" in names:
             item.add_marker(pytest.mark.xdist_group("smoke_trainer"))
+        elif shared := next((f for f in SHARED_FIXTURES if f in names), None):
+            item.add_marker(pytest.mark.xdist_group(shared))
         elif item.path.name in PQN_FILES:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
 

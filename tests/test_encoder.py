@@ -55,7 +55,8 @@ def test_encoder_loads_offline_without_network(tmp_path):
 
 def test_enable_compilation_cache_is_explicit(tmp_path):
     """``import oir_gym`` leaves JAX's cache alone; ``enable_compilation_cache`` sets it, honours
-    OIR_GYM_JAX_CACHE=0 and OIR_GYM_JAX_CACHE_DIR."""
+    OIR_GYM_JAX_CACHE=0 and OIR_GYM_JAX_CACHE_DIR, and caches programs of 1 s and more unless
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS or the argument says otherwise."""
     code = textwrap.dedent(
         """
         import os, jax, oir_gym
@@ -65,10 +66,17 @@ def test_enable_compilation_cache_is_explicit(tmp_path):
         del os.environ["OIR_GYM_JAX_CACHE"]
         path = oir_gym.enable_compilation_cache()
         assert path == jax.config.jax_compilation_cache_dir == os.environ["OIR_GYM_JAX_CACHE_DIR"], path
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        oir_gym.enable_compilation_cache(path)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+        oir_gym.enable_compilation_cache(path, min_compile_time_secs=2.5)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 2.5
         print("OK")
         """
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("OIR_GYM_JAX_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OIR_GYM_JAX_CACHE", "JAX_COMPILATION_CACHE_DIR",
+                                                          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
     env["OIR_GYM_JAX_CACHE_DIR"] = str(tmp_path / "jaxcache")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
