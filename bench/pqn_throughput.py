@@ -217,6 +217,7 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
     """Start ``d`` processes of this script (one device each) and return each one's result, in
     process order; ``None`` (after saying why) when one fails or they run past ``--timeout``:
     the others are killed."""
+    import contextlib
     import json
     import subprocess
 
@@ -236,7 +237,8 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
         out, err = (open(os.path.join(tmp, f"process{i}.{x}"), "w+") for x in ("out", "err"))
         logs.append((out, err))
         procs.append(subprocess.Popen(cmd + ["--child-result", os.path.join(tmp, f"process{i}.json")], env=env,
-                                      stdout=out, stderr=err, cwd=os.path.join(HERE, "..")))
+                                      stdout=out, stderr=err, cwd=os.path.join(HERE, ".."),
+                                      start_new_session=True))  # a group of its own: killed with its relabel workers
     print(f"{size} sizes: {d} process(es) of 1 device each started (logs in {tmp})", file=sys.stderr, flush=True)
     deadline, failed = time.monotonic() + args.timeout, None
     while failed is None and any(p.poll() is None for p in procs):
@@ -246,9 +248,13 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
         time.sleep(0.2)
     if failed is None:
         failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+    import signal
+
     for p in procs:
+        # the process and what it started (relabel workers): none is left running, whatever happened
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
         if p.poll() is None:
-            p.kill()
             p.wait(timeout=60)
     for out, err in logs:
         out.close()

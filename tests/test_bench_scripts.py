@@ -133,3 +133,12 @@ def test_pqn_throughput_processes_refuses_seeds_and_unknown_loops_in_one_line(ca
     assert len(err) == 1 and "--processes needs --seeds-per-device" in err[0]
     assert pqn_throughput.main(["--processes", "--devices", "2", "--seeds-per-device", "1", "--loops", "nope"]) == 2
     assert "--loops 'nope'" in capsys.readouterr().err
+
+
+def test_pqn_throughput_processes_that_run_past_the_timeout_are_killed_with_one_line():
+    """No hang: processes still running at --timeout are killed and the bench exits 1 saying so."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--processes", "--devices", "2",
+                          "--seeds-per-device", "1", "--loops", "plain", "--timeout", "1"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("error: the 2 processes (cpu sizes) ran past --timeout 1 s")
