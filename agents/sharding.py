@@ -261,9 +261,8 @@ def placeholder(tree: Any) -> Any:
 
 
 def make_mesh(num_devices: Optional[int] = None) -> Mesh:
-    """A one-axis mesh over the first ``num_devices`` of this process's devices (default: all;
-    in a one-process run every device)."""
-    devices = jax.local_devices()
+    """A one-axis mesh over the first ``num_devices`` devices (default: all)."""
+    devices = jax.devices()
     n = len(devices) if num_devices is None else int(num_devices)
     return Mesh(np.asarray(devices[:n]), (AXIS,))
 

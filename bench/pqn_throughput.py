@@ -266,9 +266,12 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
     if failed is not None:
         with open(os.path.join(tmp, f"process{failed}.err")) as f:
             tail = f.read().splitlines()[-20:]
-        print("\n".join(tail), file=sys.stderr)
-        print(f"error: process {failed} of {d} ({size} sizes) exited with {procs[failed].returncode} (its last "
-              f"lines above, logs in {tmp}); the others were stopped", file=sys.stderr)
+        if tail:
+            print("\n".join(tail), file=sys.stderr)
+        code = procs[failed].returncode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        print(f"error: process {failed} of {d} ({size} sizes) {how} ({'its last lines above, ' if tail else ''}"
+              f"logs in {tmp}); the others were stopped", file=sys.stderr)
         return None
     results = []
     for i in range(d):
@@ -349,11 +352,12 @@ def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[]
     """
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from agents import pqn
     from agents.config import TrainConfig
     from agents.oir import Trainer
-    from agents.sharding import make_mesh, shard_leading
+    from agents.sharding import AXIS, shard_leading
     from env_throughput import raw_reset, raw_step
     from oir_gym.craftax_compat import NUM_ACTIONS
     from oir_gym.observation import obs_dim
@@ -372,7 +376,7 @@ def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[]
 
     # ---------------------------------------------------------------- (a) plain PQN-RNN
     net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
-    mesh = make_mesh(devices)
+    mesh = jax.sharding.Mesh(np.asarray(jax.local_devices()[:devices]), (AXIS,))  # this process's devices
     seed_keys = jax.random.split(jax.random.PRNGKey(args.seed), S)
     ts = pqn.create_train_states(seed_keys, cfg.pqn, net, D, 384, cfg.num_updates)
     zero_instr = jnp.zeros((E, 384))
