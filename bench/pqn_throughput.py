@@ -331,7 +331,7 @@ def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int],
     head = " | ".join(f"{d} {unit} x {s} seeds (s/update, seed-steps/s)" for d, s in plan)
     how = "one process per device" if processes else "one process over the devices"
     lines = [f"\nScaling | {size} sizes | {how} | seed-steps/s against the first column\n",
-             f"| loop | {head} | " + " | ".join(f"{d} / {plan[0][0]} {unit}" for d, _ in plan[1:]) + " |",
+             f"| loop | {head} |" + "".join(f" {d} / {plan[0][0]} {unit} |" for d, _ in plan[1:]),
              "|---" * (2 + 2 * (len(plan) - 1)) + "|"]
     for loop in medians[plan[0]]:
         rate = {k: k[1] * steps_per_seed / medians[k][loop] for k in plan}
