@@ -32,6 +32,17 @@ reader sees whether the timed ones are a steady state:
     later). Its "host" column is what stays on the update's critical path.
 
 The ratios (b)/(a) and (c)/(a) are the costs of the instruction layer and of OIR.
+
+``--processes``: the scaling table with one process per device, the multi-process path of
+training (``agents.multihost``) on one host. For each count d of ``--devices`` the bench starts d
+processes of itself (``JAX_COORDINATOR_ADDRESS``/``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``, each
+pinned to one GPU by ``CUDA_VISIBLE_DEVICES``, or to its own CPU device), each timing the loops
+with ``--seeds-per-device K`` seeds on its device and meeting the others once per update in
+``agents.multihost.allgather_json``, as the trainer's processes do. An update of d processes
+takes the slowest one's time (per update, the max over the processes; then the median); each
+process's oir loop runs ``1/d`` of the relabel workers one process would start.
+
+    python bench/pqn_throughput.py --preset paper --devices 1,2,4 --seeds-per-device 2 --processes
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -65,6 +77,12 @@ def parse_args(argv=None):
     p.add_argument("--loops", default="plain,gt,oir",
                    help="loops to time, comma-separated: plain (a), gt (b), oir (c), oir_lag (d): oir with oir.relabel_lag 1; ratios need plain")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--processes", action="store_true",
+                   help="one process per device (jax.distributed on this host) instead of one process over "
+                        "the devices; needs --seeds-per-device (module docstring)")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="with --processes: seconds the processes of one device count may take (default 3600)")
+    p.add_argument("--child-result", default=None, help=argparse.SUPPRESS)  # a process started by --processes
     return p.parse_args(argv)
 
 
@@ -80,6 +98,8 @@ SIZES = {
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.child_result:
+        return child_main(args)
     names = [n.strip() for n in args.preset.split(",") if n.strip()]
     bad = [n for n in names if n not in SIZES]
     if bad or not names:
@@ -100,6 +120,16 @@ def main(argv=None) -> int:
         print(f"error: --warmup {args.warmup} --iterations {args.iterations}: each must be >= 1 (the first "
               "untimed update compiles)", file=sys.stderr)
         return 2
+    if args.processes and not (args.seeds_per_device and args.seeds_per_device >= 1 and args.seeds is None):
+        print("error: --processes needs --seeds-per-device K (K >= 1, the seeds of each process) instead of --seeds",
+              file=sys.stderr)
+        return 2
+    if args.processes:
+        loops = [x.strip() for x in args.loops.split(",") if x.strip()]
+        if not loops or set(loops) - {"plain", *OURS}:
+            print(f"error: --loops {args.loops!r}: choose from plain, {', '.join(OURS)}", file=sys.stderr)
+            return 2
+        return processes_main(args, names, counts)
     plan = [(d, d * args.seeds_per_device if args.seeds_per_device else (args.seeds or d)) for d in counts]
     from agents.sharding import check_layout
 
@@ -118,6 +148,172 @@ def main(argv=None) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- --processes: one process per device
+def gpu_ids() -> list[str]:
+    """This host's GPUs as ``CUDA_VISIBLE_DEVICES`` entries, found without initialising a backend
+    here (the processes pin one each): ``CUDA_VISIBLE_DEVICES`` itself, else ``nvidia-smi -L``;
+    none with ``JAX_PLATFORMS=cpu`` or without a driver."""
+    import shutil
+    import subprocess
+
+    if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [x.strip() for x in visible.split(",") if x.strip() and x.strip() != "-1"]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, _ in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU "))]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def processes_main(args, names: list[str], counts: list[int]) -> int:
+    """``--processes``: per size and device count d, d processes of one device each; their tables,
+    then the scaling table of the updates they achieve together."""
+    from agents.sharding import check_layout
+
+    K = args.seeds_per_device
+    gpus = gpu_ids()
+    visible = len(gpus) if gpus else max(counts)  # on the CPU every process has its own CPU device
+    try:
+        for n in names:
+            for d in counts:
+                check_layout(K, SIZES[n]["pqn.num_envs"], 1, visible=1)
+                if d > visible:
+                    raise ValueError(f"--devices {d} with --processes but this host has {visible} GPU(s); "
+                                     f"use --devices {visible} or fewer")
+    except ValueError as e:
+        print(f"error: {str(e).replace('--run.num-seeds', '--seeds-per-device')}", file=sys.stderr)
+        return 2
+    for n in names:
+        medians = {}
+        for d in counts:
+            results = run_processes(args, n, d, gpus)
+            if results is None:
+                return 1
+            for i, r in enumerate(results):
+                print(f"\n### process {i} of {d} ({n} sizes)\n{r['table']}", flush=True)
+            # an update of d processes ends when the slowest does: per update the max, then the median
+            medians[(d, d * K)] = {loop: statistics.median(max(r["times"][loop][u] for r in results)
+                                                           for u in range(args.iterations))
+                                   for loop in results[0]["times"]}
+        print(scaling_table(n, SIZES[n]["pqn.num_envs"] * SIZES[n]["pqn.num_steps"], medians, processes=True),
+              flush=True)
+    return 0
+
+
+def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dict]]:
+    """Start ``d`` processes of this script (one device each) and return each one's result, in
+    process order; ``None`` (after saying why) when one fails or they run past ``--timeout``:
+    the others are killed."""
+    import contextlib
+    import json
+    import subprocess
+
+    tmp = tempfile.mkdtemp(prefix="oir_bench_procs_")
+    port = _free_port()
+    cmd = [sys.executable, os.path.abspath(__file__), "--preset", size, "--devices", "1",
+           "--seeds", str(args.seeds_per_device), "--iterations", str(args.iterations), "--warmup", str(args.warmup),
+           "--loops", args.loops, "--seed", str(args.seed)]
+    procs, logs = [], []
+    for i in range(d):
+        env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(d),
+                   JAX_PROCESS_ID=str(i))
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i]
+        else:
+            env["JAX_PLATFORMS"] = "cpu"
+        out, err = (open(os.path.join(tmp, f"process{i}.{x}"), "w+") for x in ("out", "err"))
+        logs.append((out, err))
+        procs.append(subprocess.Popen(cmd + ["--child-result", os.path.join(tmp, f"process{i}.json")], env=env,
+                                      stdout=out, stderr=err, cwd=os.path.join(HERE, ".."),
+                                      start_new_session=True))  # a group of its own: killed with its relabel workers
+    print(f"{size} sizes: {d} process(es) of 1 device each started (logs in {tmp})", file=sys.stderr, flush=True)
+    deadline, failed = time.monotonic() + args.timeout, None
+    while failed is None and any(p.poll() is None for p in procs):
+        failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+        if failed is None and time.monotonic() > deadline:
+            failed = "timeout"
+        time.sleep(0.2)
+    if failed is None:
+        failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+    import signal
+
+    for p in procs:
+        # the process and what it started (relabel workers): none is left running, whatever happened
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        if p.poll() is None:
+            p.wait(timeout=60)
+    for out, err in logs:
+        out.close()
+        err.close()
+    if failed == "timeout":
+        print(f"error: the {d} processes ({size} sizes) ran past --timeout {args.timeout:g} s and were killed "
+              f"(logs in {tmp})", file=sys.stderr)
+        return None
+    if failed is not None:
+        with open(os.path.join(tmp, f"process{failed}.err")) as f:
+            tail = f.read().splitlines()[-20:]
+        if tail:
+            print("\n".join(tail), file=sys.stderr)
+        code = procs[failed].returncode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        print(f"error: process {failed} of {d} ({size} sizes) {how} ({'its last lines above, ' if tail else ''}"
+              f"logs in {tmp}); the others were stopped", file=sys.stderr)
+        return None
+    results = []
+    for i in range(d):
+        with open(os.path.join(tmp, f"process{i}.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
+def child_main(args) -> int:
+    """One process of ``--processes``: join the others, time the loops on this process's device,
+    write the table and every update's time to ``--child-result``."""
+    import contextlib
+    import io
+    import json
+
+    from agents.sharding import initialize_distributed
+
+    initialize_distributed()  # before anything else touches JAX's backend
+    from agents.multihost import ProcessLost, allgather_json, process_count
+
+    try:
+        times: dict[str, list[float]] = {}
+        table = io.StringIO()
+        with contextlib.redirect_stdout(table):
+            bench_size(args, args.preset, args.seeds, 1, meet=lambda: allgather_json(0), times_out=times)
+        sys.stdout.write(table.getvalue())
+        with open(args.child_result, "w") as f:
+            json.dump({"table": table.getvalue().strip(), "times": times}, f)
+    except ProcessLost as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        os._exit(3)  # at once: jax.distributed's exit barrier would wait for the lost process
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        if process_count() > 1:
+            os._exit(1)  # not the exit barrier: the others stop at their next meeting (agents.train.script)
+        raise
+    return 0
+
+
 #: our loops: key -> (row label, the settings that differ from the bench's common ones)
 OURS = {
     "gt": ("(b) ours, gt", {"run.method": "gt"}),
@@ -126,12 +322,16 @@ OURS = {
 }
 
 
-def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]]) -> str:
-    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first."""
+def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]],
+                  processes: bool = False) -> str:
+    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first;
+    ``processes``: each count of devices ran as that many processes of one device each."""
     plan = list(medians)
-    head = " | ".join(f"{d} device(s) x {s} seeds (s/update, seed-steps/s)" for d, s in plan)
-    lines = [f"\nScaling | {size} sizes | seed-steps/s against the first column\n",
-             f"| loop | {head} | " + " | ".join(f"{d} / {plan[0][0]} device(s)" for d, _ in plan[1:]) + " |",
+    unit = "process(es)" if processes else "device(s)"
+    head = " | ".join(f"{d} {unit} x {s} seeds (s/update, seed-steps/s)" for d, s in plan)
+    how = "one process per device" if processes else "one process over the devices"
+    lines = [f"\nScaling | {size} sizes | {how} | seed-steps/s against the first column\n",
+             f"| loop | {head} |" + "".join(f" {d} / {plan[0][0]} {unit} |" for d, _ in plan[1:]),
              "|---" * (2 + 2 * (len(plan) - 1)) + "|"]
     for loop in medians[plan[0]]:
         rate = {k: k[1] * steps_per_seed / medians[k][loop] for k in plan}
@@ -141,30 +341,42 @@ def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int],
     return "\n".join(lines)
 
 
-def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
+def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[], None]] = None,
+               times_out: Optional[dict[str, list[float]]] = None) -> dict[str, float]:
     """Time the three loops at one size on ``devices`` devices with ``S`` seeds, print its table and
-    return the median seconds per update of each loop."""
+    return the median seconds per update of each loop.
+
+    ``meet``: called inside every update's timing (a process of ``--processes`` meets the others
+    there); ``times_out``: filled with every timed update's seconds per loop. In a process of a
+    multi-process run (``jax.process_count() > 1``) ``S`` are this process's seeds.
+    """
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from agents import pqn
     from agents.config import TrainConfig
     from agents.oir import Trainer
-    from agents.sharding import make_mesh, shard_leading
+    from agents.sharding import AXIS, shard_leading
     from env_throughput import raw_reset, raw_step
     from oir_gym.craftax_compat import NUM_ACTIONS
     from oir_gym.observation import obs_dim
 
     sizes = SIZES[size]
+    P = jax.process_count()  # the trainer's run.num_seeds counts every process's seeds
     common = {"run.total_timesteps": 10_000_000, "env.obs_mode": "symbolic", "eval.every": 10**9,
-              "run.checkpoint_every": 10**9, "pqn.lr": 1e-5, "run.seed": args.seed, "run.num_seeds": S,
+              "run.checkpoint_every": 10**9, "pqn.lr": 1e-5, "run.seed": args.seed, "run.num_seeds": S * P,
               "run.num_devices": devices, **sizes}
+    if P > 1:  # processes sharing a host share its cores: 1/P of the relabel workers one process would start
+        from oir_gym.relabel.parallel import default_workers
+
+        common["oir.relabel_workers"] = -(-default_workers() // P)
     cfg = TrainConfig().replace(**{"run.method": "gt", **common}).validate()
     E, T, D = cfg.pqn.num_envs, cfg.pqn.num_steps, obs_dim("symbolic")
 
     # ---------------------------------------------------------------- (a) plain PQN-RNN
     net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
-    mesh = make_mesh(devices)
+    mesh = jax.sharding.Mesh(np.asarray(jax.local_devices()[:devices]), (AXIS,))  # this process's devices
     seed_keys = jax.random.split(jax.random.PRNGKey(args.seed), S)
     ts = pqn.create_train_states(seed_keys, cfg.pqn, net, D, 384, cfg.num_updates)
     zero_instr = jnp.zeros((E, 384))
@@ -229,6 +441,8 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
         for _ in range(args.warmup):
             t1 = time.perf_counter()
             fn()
+            if meet:
+                meet()
             warm[name].append(time.perf_counter() - t1)
         compile_s[name] = time.perf_counter() - t
     rules = _rule_workers(ours)
@@ -238,6 +452,8 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
         for name, fn in loops.items():
             t = time.perf_counter()
             fn()
+            if meet:
+                meet()
             times[name].append(time.perf_counter() - t)
             print(f"  iteration {i + 1}/{args.iterations} {name}: {times[name][-1]:.3f}s", file=sys.stderr, flush=True)
     where = _relabeled_where(rules, warming)
@@ -275,6 +491,8 @@ def bench_size(args, size: str, S: int, devices: int) -> dict[str, float]:
             med = {k: statistics.median(r[k] for r in timed) for k in ("time/rollout_s", "time/host_s", "time/update_s")}
             print(f"| {name} | {med['time/rollout_s']:.3f} | {med['time/host_s']:.3f} | {med['time/update_s']:.3f} |",
                   flush=True)
+    if times_out is not None:
+        times_out.update(times)
     return {name: statistics.median(times[name]) for name in loops}
 
 

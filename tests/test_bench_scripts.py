@@ -104,3 +104,41 @@ def test_update_cost_bench_prints_each_variant_with_its_ratio_to_the_first():
                                       ["cell", "1", "float32", "hoisted"]]
     assert cells[0][6] == "1.00" and all(float(c[7]) >= 0 for c in cells)  # ratio to the first, TFLOP/s
     assert "GFLOP" in out.stdout  # the update's matmul FLOPs, counted from the shapes
+
+
+@pytest.mark.slow  # starts three processes that each compile the plain loop: about 2 min on 2 cores
+def test_pqn_throughput_processes_prints_the_scaling_table_of_one_process_per_device():
+    """--processes --devices 1,2: one process, then two joined by jax.distributed (CPU, gloo), each
+    with its own seed; the scaling table of one process per device has both columns."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--processes", "--devices", "1,2",
+                          "--seeds-per-device", "1", "--preset", "cpu", "--loops", "plain", "--iterations", "1",
+                          "--warmup", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "one process per device" in out.stdout
+    assert "### process 1 of 2" in out.stdout  # each process's own table
+    row = next(ln for ln in out.stdout.splitlines() if ln.startswith("| (a) plain PQN-RNN") and ln.endswith("x |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert len(cells) == 4 and cells[3].endswith("x")  # loop, 1 process, 2 processes, the ratio
+    assert "| loop | 1 process(es) x 1 seeds" in out.stdout and "2 process(es) x 2 seeds" in out.stdout
+
+
+def test_pqn_throughput_processes_refuses_seeds_and_unknown_loops_in_one_line(capsys):
+    """--processes needs --seeds-per-device (each process's seeds), not --seeds: one line, exit 2."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import pqn_throughput
+
+    assert pqn_throughput.main(["--processes", "--devices", "2", "--seeds", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--processes needs --seeds-per-device" in err[0]
+    assert pqn_throughput.main(["--processes", "--devices", "2", "--seeds-per-device", "1", "--loops", "nope"]) == 2
+    assert "--loops 'nope'" in capsys.readouterr().err
+
+
+def test_pqn_throughput_processes_that_run_past_the_timeout_are_killed_with_one_line():
+    """No hang: processes still running at --timeout are killed and the bench exits 1 saying so."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--processes", "--devices", "2",
+                          "--seeds-per-device", "1", "--loops", "plain", "--timeout", "1"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("error: the 2 processes (cpu sizes) ran past --timeout 1 s")
