@@ -13,7 +13,8 @@ This module says which texts are packaged (:func:`packaged_texts`), fingerprints
 ``example_instruction_sets.json``, ``oracle_pool.json``, ``oracle.json``, ``captions.json``, the rule
 pair wordings) or the packaged model, regenerate it (tests/test_embedding_table.py fails until then)::
 
-    python -m oir_gym.embedding_table
+    python -m oir_gym.embedding_table          # rewrite oir_gym/data/embeddings_all-MiniLM-L6-v2.npz
+    python -m oir_gym.embedding_table --check  # is it up to date?
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def model_fingerprint(path: str | Path) -> Optional[str]:
     return fingerprint(NumpyBertEncoder(path)) if is_supported(path) else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EmbeddingTable:
     """Texts and their embeddings (``[len(texts), dim]`` float32, read-only) under the model of ``fingerprint``."""
 
@@ -139,6 +140,30 @@ def load(fingerprint: str, path: str | Path | None = None) -> Optional[Embedding
         return EmbeddingTable(tuple(str(t) for t in z["texts"]), np.asarray(z["embeddings"], np.float32), fingerprint)
 
 
+def check(texts: Optional[list[str]] = None, path: str | Path | None = None, model: str | Path | None = None) -> EmbeddingTable:
+    """The table at ``path`` (default: the packaged one), checked to be ``model``'s (default: the
+    packaged model) and to hold every one of ``texts`` (default: :func:`packaged_texts`).
+
+    Raises:
+        ValueError: naming what is missing or stale and the command that rewrites the table.
+    """
+    from oir_gym.encoder import default_model_path
+
+    table = read(path)
+    where = path if path is not None else f"oir_gym/data/{TABLE_FILE}"
+    if table is None:
+        raise ValueError(f"no embedding table at {where}; write it with `{REGENERATE}`")
+    model = str(model) if model is not None else default_model_path()
+    if table.fingerprint != model_fingerprint(model):
+        raise ValueError(f"the embedding table {where} was made by another model than {model}; "
+                         f"regenerate it with `{REGENERATE}`")
+    missing = [t for t in (texts if texts is not None else packaged_texts()) if t not in table]
+    if missing:
+        raise ValueError(f"the embedding table {where} lacks {len(missing)} packaged text(s), e.g. "
+                         f"{missing[:3]}; regenerate it with `{REGENERATE}`")
+    return table
+
+
 def write(path: str | Path | None = None, model: str | Path | None = None,
           texts: Optional[list[str]] = None) -> Path:
     """Encode ``texts`` (default: :func:`packaged_texts`) with ``model`` (default: the packaged
@@ -159,10 +184,20 @@ def write(path: str | Path | None = None, model: str | Path | None = None,
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m oir_gym.embedding_table [PATH]``: rewrite the packaged table (or write it to PATH)."""
+    """``python -m oir_gym.embedding_table [PATH]``: rewrite the packaged table (or write it to PATH);
+    ``--check``: say whether it is up to date (exit status 1 and why when it is not)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
+        return 0
+    if argv and argv[0] == "--check":
+        try:
+            table = check()
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 1
+        print(f"the packaged embedding table holds all {len(packaged_texts())} packaged texts "
+              f"({len(table)} rows) under the packaged model")
         return 0
     path = write(argv[0] if argv else None)
     table = read(path)
