@@ -1,7 +1,7 @@
 """The packaged encoder's embeddings of every packaged text, shipped with the package.
 
 A run's start encodes the evaluation sets, the caption phrasings and (for the rule relabeler) the
-pair and pool wordings: some 500 texts, seconds of the numpy BERT on a few CPU cores. They never
+pair and pool wordings: some 800 texts, seconds of the numpy BERT on a few CPU cores. They never
 change between runs, so ``oir_gym/data/embeddings_all-MiniLM-L6-v2.npz`` holds them as the encoder
 computes them (float32, unit norm), with the :func:`fingerprint` of the model that made them.
 :class:`oir_gym.encoder.InstructionEncoder` answers these texts from the table when its model's

@@ -25,9 +25,12 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oir_gym.embedding_table import EmbeddingTable
 
 DEFAULT_MODEL = "default"
 BACKENDS = ("auto", "numpy", "sentence-transformers")
@@ -105,7 +108,7 @@ class InstructionEncoder:
         self.batch_size = batch_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
-        self.table = None
+        self.table: Optional["EmbeddingTable"] = None
         if backend == "numpy" and cache_size > 0:
             from oir_gym import embedding_table
 
