@@ -12,6 +12,11 @@ Two backends compute the same embeddings (``InstructionEncoder.backend`` says wh
   rounding (< 1e-6 per component on the package's instructions and captions).
 * ``"sentence-transformers"``: every other model or device, or when asked for with
   ``backend="sentence-transformers"`` or ``OIR_GYM_ENCODER_BACKEND=sentence-transformers``.
+
+The package ships its model's embeddings of every packaged text (evaluation sets, caption
+phrasings, relabeler wordings: :mod:`oir_gym.embedding_table`); a numpy-backend encoder whose model
+has that table's fingerprint (the packaged model, or a copy of its weights in any folder) answers
+those texts from it instead of running the model.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oir_gym.embedding_table import EmbeddingTable
 
 DEFAULT_MODEL = "default"
 BACKENDS = ("auto", "numpy", "sentence-transformers")
@@ -52,7 +60,8 @@ class InstructionEncoder:
             (otherwise the model is loaded with ``local_files_only``: nothing is fetched).
         device: ``"cpu"`` (default; the numpy backend runs only there) or a torch device for
             sentence-transformers.
-        cache_size: number of strings whose embeddings are kept.
+        cache_size: number of strings whose embeddings are kept. ``0`` computes every string every
+            time, the packaged texts included (no cache, no table: what a comparison of backends needs).
         batch_size: sentences per forward pass.
         allow_hub: accept a model name that is not a local folder (sentence-transformers may then
             download it; this project never does so itself).
@@ -60,6 +69,13 @@ class InstructionEncoder:
             BERT + mean pooling + Normalize folder on CPU, else ``"sentence-transformers"``),
             ``"numpy"`` (refused for a model or device it cannot run) or ``"sentence-transformers"``.
             The backend in use is the attribute ``backend``.
+
+    Attributes:
+        table: the packaged embeddings (:class:`oir_gym.embedding_table.EmbeddingTable`) this encoder
+            answers from, or ``None``. Used on the numpy backend when ``cache_size > 0`` and the model's
+            :func:`~oir_gym.embedding_table.fingerprint` is the table's; a read-only lookup beside the
+            LRU cache (its texts take no cache entries). The sentence-transformers backend never uses
+            it: it runs on other devices, whose numerics differ, or because it was asked for.
     """
 
     def __init__(
@@ -92,6 +108,11 @@ class InstructionEncoder:
         self.batch_size = batch_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
+        self.table: Optional["EmbeddingTable"] = None
+        if backend == "numpy" and cache_size > 0:
+            from oir_gym import embedding_table
+
+            self.table = embedding_table.load(embedding_table.fingerprint(self._model))
         # The env, the training loop and a relabeler's worker thread share one encoder.
         self._lock = threading.RLock()
 
@@ -114,7 +135,10 @@ class InstructionEncoder:
         # Collect every vector before evicting: a batch larger than the cache must not evict
         # its own entries before the output is assembled.
         found = {t: self._cache[t] for t in items if t in self._cache}
-        missing = list(dict.fromkeys(t for t in items if t not in found))
+        packaged: dict[str, np.ndarray] = {}
+        if self.table is not None:
+            packaged = {t: v for t in items if t not in found and (v := self.table.get(t)) is not None}
+        missing = list(dict.fromkeys(t for t in items if t not in found and t not in packaged))
         if missing:
             vecs = self._model.encode(
                 missing, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=False
@@ -128,6 +152,7 @@ class InstructionEncoder:
             self._cache.move_to_end(t, last=True)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
+        found.update(packaged)  # after the cache update: the table's texts take no cache entries
         out = np.stack([found[t] for t in items]) if items else np.zeros((0, self.dim), np.float32)
         return out[0].copy() if single else out
 

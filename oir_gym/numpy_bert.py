@@ -118,6 +118,8 @@ class NumpyBertEncoder:
         max_pos = int(cfg.get("max_position_embeddings", 512))
         self.max_seq_length = min(int(st_cfg.get("max_seq_length") or max_pos), max_pos)
         self.lower = bool(st_cfg.get("do_lower_case", False))
+        #: the model folder
+        self.path = str(p)
 
         self._tok = Tokenizer.from_file(str(p / "tokenizer.json"))
         self._tok.enable_truncation(max_length=self.max_seq_length)
@@ -132,6 +134,19 @@ class NumpyBertEncoder:
 
     def get_sentence_embedding_dimension(self) -> int:
         return self.hidden
+
+    @property
+    def settings(self) -> dict:
+        """What the forward pass runs with besides the weights and the tokenizer's vocabulary."""
+        return {"hidden": self.hidden, "heads": self.heads, "layers": self.layers, "eps": self.eps,
+                "max_seq_length": self.max_seq_length, "lower": self.lower, "pooling": "mean", "normalize": True}
+
+    def forward_weights(self) -> dict[str, np.ndarray]:
+        """The weights the forward pass reads (names without the ``bert.`` prefix; not the pooler's)."""
+        names = ("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                 "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias")
+        layers = tuple(f"encoder.layer.{i}." for i in range(self.layers))
+        return {k: v for k, v in self._w.items() if k in names or k.startswith(layers)}
 
     def _dense(self, x: np.ndarray, name: str) -> np.ndarray:
         wt, b = self._lin[name]
