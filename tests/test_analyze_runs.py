@@ -477,6 +477,25 @@ def test_4_gpu_scaling_and_fast_size_rows_in_benchmarks_doc_are_rebuilt_from_res
     assert "| 0.910 | 0.807 (0.89x) | 1.302 (1.43x) | 1.375 (1.51x) |" in BENCH
 
 
+def test_one_process_per_gpu_rows_in_benchmarks_doc_are_rebuilt_from_results(capsys):
+    procs, mb = RES / "gpu_h200x4_procs", RES / "gpu_h200x4_minibatch"
+    table = (procs / "scaling_processes.txt").read_text().split("Scaling | paper sizes | one process per device")[1]
+    scaling = [line for line in table.splitlines() if line.startswith("| (")]
+    assert len(scaling) == 3 and all(r in BENCH for r in scaling), scaling
+    assert [r.rsplit("|", 3)[1:3] for r in scaling] == [[" 2.46x ", " 3.57x "], [" 2.05x ", " 3.21x "],
+                                                         [" 2.33x ", " 3.61x "]]
+    rows = _time_rows(capsys, [f"fast preset, 12 seeds, 4 processes={procs / 'fast12mp'}",
+                               f"fast preset, 3 seeds, 1 card={mb / 'fast'}"], "300")
+    assert len(rows) == 2 and all("  " + r in BENCH for r in rows), rows
+    # fewer, larger minibatches: the update program's medians and the score at update 64
+    medians = {n: round(_update_medians(mb / n)[2], 3) for n in ("fast", "mb8", "mb8lr", "mb4")}
+    assert medians == {"fast": 1.059, "mb8": 0.983, "mb8lr": 0.982, "mb4": 0.922}, medians
+    assert _says(BENCH, "took 0.983 and 0.922 s per update (median `time/update_s`) against the preset's 1.059 s")
+    last = {n: json.loads((mb / n / "metrics.jsonl").read_text().splitlines()[-1])["eval/original/mean_success_rate"]
+            for n in ("fast", "mb8", "mb8lr", "mb4")}
+    assert {n: round(v, 3) for n, v in last.items()} == {"fast": 0.350, "mb8": 0.279, "mb8lr": 0.309, "mb4": 0.192}
+
+
 # --------------------------------------------------------------------------- analyze_runs itself
 
 
