@@ -173,7 +173,16 @@ def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: 
 def _prune(root: Path, keep: int) -> None:
     done = list_checkpoints(root)
     for old in done[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        # renamed first (atomic), so a writer killed while deleting leaves a temporary folder, which
+        # the next save removes, not a checkpoint folder without its manifest
+        doomed = root / f".tmp-{old.name}-{os.getpid()}"
+        if doomed.exists():
+            shutil.rmtree(doomed, ignore_errors=True)
+        try:
+            os.rename(old, doomed)
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
     for p in root.iterdir():  # temporary folders of writers that were killed
         if p.name.startswith(".tmp-") and not _owned_by_live_process(p):
             shutil.rmtree(p, ignore_errors=True)

@@ -16,7 +16,7 @@ import pytest
 jax = pytest.importorskip("jax")
 from flax import struct  # noqa: E402
 
-from agents.checkpoint import (ARRAYS, HOST, MANIFEST, CheckpointError, latest_checkpoint, list_checkpoints,  # noqa: E402
+from agents.checkpoint import (ARRAYS, HOST, MANIFEST, CheckpointError, incomplete_checkpoints, latest_checkpoint, list_checkpoints,  # noqa: E402
                                load_checkpoint, refuse_legacy, restore_tree, save_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,6 +107,35 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_readable(tmp_p
     # a later save cleans up the temporary folders of killed writers
     save_checkpoint(tmp_path, 10_000, {"w": np.zeros(2)}, {"update": 10_000}, keep=1)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["010000"]
+
+
+def test_a_writer_killed_while_deleting_an_old_checkpoint_leaves_no_checkpoint_without_its_manifest(tmp_path,
+                                                                                                    monkeypatch):
+    """Pruning renames an old checkpoint before deleting it: a kill part way through the deletion
+    (injected: ``shutil.rmtree`` removes one file and raises, as a SIGKILL there cannot be timed)
+    leaves a temporary folder that the next save removes, never a numbered folder without its
+    manifest (which a later save of that update would keep aside as ``.incomplete``)."""
+    import shutil as real_shutil
+
+    from agents import checkpoint
+
+    save_checkpoint(tmp_path, 1, {"w": np.zeros(3)}, {"update": 1}, keep=1)
+    real_rmtree = real_shutil.rmtree
+
+    def killed_part_way(path, ignore_errors=False):
+        first = sorted(Path(path).iterdir())[0]
+        first.unlink()
+        raise KeyboardInterrupt("killed while deleting")
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_part_way)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 2, {"w": np.ones(3)}, {"update": 2}, keep=1)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    root = tmp_path / "checkpoints"
+    assert incomplete_checkpoints(tmp_path) == [] and latest_checkpoint(tmp_path).name == "000002"
+    assert [p.name for p in root.iterdir() if p.name.startswith(".tmp-")]  # the half-deleted one
+    save_checkpoint(tmp_path, 3, {"w": np.ones(3)}, {"update": 3}, keep=1)
+    assert sorted(p.name for p in root.iterdir()) == ["000003"]
 
 
 class _Payload:

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from oir_gym import embedding_table
+from oir_gym import embedding_table, packaged_embeddings
 from oir_gym.encoder import InstructionEncoder, default_model_path
 
 
@@ -21,7 +21,7 @@ def table() -> embedding_table.EmbeddingTable:
 
 def test_shipped_table_holds_every_packaged_text_under_the_packaged_model(table):
     """A packaged text added (or a model changed) without regenerating fails here, naming the command."""
-    checked = embedding_table.check()  # raises naming `python -m oir_gym.embedding_table` when stale
+    checked = packaged_embeddings.check()  # raises naming `python -m oir_gym.packaged_embeddings` when stale
     assert checked.fingerprint == table.fingerprint == embedding_table.model_fingerprint(default_model_path())
     from oir_gym.captions import VOCAB
     from oir_gym.instructions import ORIGINAL_INSTRUCTIONS, load_instruction_sets
@@ -29,12 +29,12 @@ def test_shipped_table_holds_every_packaged_text_under_the_packaged_model(table)
 
     must = ([i.text for s in load_instruction_sets().values() for i in s] + load_pool().texts()
             + list(VOCAB.phrases) + list(ORIGINAL_INSTRUCTIONS))
-    assert set(must) <= set(embedding_table.packaged_texts()) <= set(table.texts)
+    assert set(must) <= set(packaged_embeddings.packaged_texts()) <= set(table.texts)
     assert table.embeddings.dtype == np.float32 and table.embeddings.shape == (len(table), 384)
-    with pytest.raises(ValueError, match="regenerate it with `python -m oir_gym.embedding_table`"):
-        embedding_table.check(embedding_table.packaged_texts() + ["a packaged text added without regenerating"])
-    with pytest.raises(ValueError, match="write it with `python -m oir_gym.embedding_table`"):
-        embedding_table.check(path="/nonexistent/table.npz")
+    with pytest.raises(ValueError, match="regenerate it with `python -m oir_gym.packaged_embeddings`"):
+        packaged_embeddings.check(packaged_embeddings.packaged_texts() + ["a packaged text added without regenerating"])
+    with pytest.raises(ValueError, match="write it with `python -m oir_gym.packaged_embeddings`"):
+        packaged_embeddings.check(path="/nonexistent/table.npz")
 
 
 def test_table_vectors_equal_a_fresh_uncached_encoding(table):
@@ -46,7 +46,7 @@ def test_table_vectors_equal_a_fresh_uncached_encoding(table):
 
 
 def test_write_and_load_round_trip(tmp_path, table):
-    path = embedding_table.write(tmp_path / "t.npz", texts=["collect wood", "a text no file holds"])
+    path = packaged_embeddings.write(tmp_path / "t.npz", texts=["collect wood", "a text no file holds"])
     got = embedding_table.load(table.fingerprint, path)
     assert got is not None and got.texts == ("collect wood", "a text no file holds")
     np.testing.assert_allclose(got.get("collect wood"), table.get("collect wood"), atol=1e-6)
