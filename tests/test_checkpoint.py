@@ -16,8 +16,9 @@ import pytest
 jax = pytest.importorskip("jax")
 from flax import struct  # noqa: E402
 
-from agents.checkpoint import (ARRAYS, HOST, MANIFEST, CheckpointError, incomplete_checkpoints, latest_checkpoint, list_checkpoints,  # noqa: E402
-                               load_checkpoint, refuse_legacy, restore_tree, save_checkpoint)
+from agents.checkpoint import (ARRAYS, HOST, MANIFEST, CheckpointError, incomplete_checkpoints,  # noqa: E402
+                               latest_checkpoint, list_checkpoints, load_checkpoint, refuse_legacy, restore_tree,
+                               save_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
 Pair = namedtuple("Pair", "mu nu")
