@@ -329,6 +329,7 @@ def test_bound_rows_pay_exactly_at_their_events_on_device(venv):
     np.testing.assert_array_equal(rewards[:, 3], [0, 0, 0, 1])  # bound to the table
 
 
+@pytest.mark.slow  # 20-40 s on 2 cores (4 programs compile); the default suite's 2-device stored pair (test_sharding) runs blocks end to end
 def test_blocks_step_independently_of_each_other(venv):
     """``F.block_step`` over 2 blocks gives, block by block, exactly what ``F.batch_step`` gives each
     block alone (its own key and world pool): the property that lets the trainer run blocks on

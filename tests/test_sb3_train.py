@@ -497,6 +497,7 @@ def test_an_llm_relabeler_is_checked_before_training_like_the_pqn_trainers(tmp_p
     assert RunDir(tmp_path / "both").read_metrics()[-1]["env_steps"] >= 64
 
 
+@pytest.mark.slow  # 25-35 s on 2 cores (an SB3 run with an LLM child); the default suite checks that SB3's "both" is the PQN trainer's BackgroundRelabeler (test_relabel_background.py::test_both_trainers_build_the_same_both)
 def test_sb3_both_applies_the_rules_at_once_and_the_llms_answers_when_they_arrive(tmp_path):
     """--relabeler both is the PQN trainer's BackgroundRelabeler: the rules' results and, later, the
     LLM's (a real tiny backend in a child process, answering from the segments it reads) both reach
