@@ -35,7 +35,6 @@ def test_encoder_loads_offline_without_network(tmp_path):
         from oir_gym.encoder import InstructionEncoder
         import jax
         assert not jax.config.jax_compilation_cache_dir, "import oir_gym switched on the JAX cache"
-        import torch, sentence_transformers  # their own imports set a few variables (KMP_*)
         before = dict(os.environ)
         enc = InstructionEncoder()
         v = enc.encode(["collect wood"])
