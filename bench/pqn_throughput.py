@@ -125,8 +125,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     if args.processes:
-        loops = [x.strip() for x in args.loops.split(",") if x.strip()]
-        if not loops or set(loops) - {"plain", *OURS}:
+        loops, unknown = parse_loops(args.loops)
+        if not loops or unknown:
             print(f"error: --loops {args.loops!r}: choose from plain, {', '.join(OURS)}", file=sys.stderr)
             return 2
         return processes_main(args, names, counts)
@@ -322,6 +322,12 @@ OURS = {
 }
 
 
+def parse_loops(spec: str) -> tuple[list[str], list[str]]:
+    """``--loops``: the loops named, in order, and those of them that are not loops (sorted)."""
+    chosen = [x.strip() for x in spec.split(",") if x.strip()]
+    return chosen, sorted(set(chosen) - {"plain", *OURS})
+
+
 def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]],
                   processes: bool = False) -> str:
     """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first;
@@ -416,8 +422,7 @@ def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[]
     # ---------------------------------------------------------------- (b)-(d) ours
     tmp = tempfile.mkdtemp(prefix="oir_bench_")
     ours = {}
-    chosen = [x.strip() for x in args.loops.split(",") if x.strip()]
-    unknown = sorted(set(chosen) - {"plain", *OURS})
+    chosen, unknown = parse_loops(args.loops)
     if unknown or not chosen:
         raise SystemExit(f"--loops {args.loops!r}: unknown {unknown}; choose from plain, {', '.join(OURS)}")
     for key in [k for k in OURS if k in chosen]:
