@@ -108,10 +108,5 @@ def read(path: str | Path | None = None) -> Optional[EmbeddingTable]:
 def load(fingerprint: str, path: str | Path | None = None) -> Optional[EmbeddingTable]:
     """The table at ``path`` (default: the packaged one) if it was made by the model of ``fingerprint``,
     else ``None`` (also when there is no file): a caller then computes every text."""
-    path = Path(path) if path is not None else table_path()
-    if not path.is_file():
-        return None
-    with np.load(path, allow_pickle=False) as z:  # members are read lazily: the fingerprint first
-        if str(z["fingerprint"]) != fingerprint:
-            return None
-        return EmbeddingTable(tuple(str(t) for t in z["texts"]), np.asarray(z["embeddings"], np.float32), fingerprint)
+    table = read(path)
+    return table if table is not None and table.fingerprint == fingerprint else None
