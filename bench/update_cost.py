@@ -4,6 +4,7 @@
     python bench/update_cost.py --preset fast         # the fast preset's update: 3 seeds x 5,120 trajectories
     python bench/update_cost.py --preset fast --unroll 8,16 --dtype float32,bfloat16
     python bench/update_cost.py --preset fast --variants sequence:8:float32,cell:8:float32,sequence:8:bfloat16
+    python bench/update_cost.py --preset fast --variants sequence:8:bfloat16 --trace /tmp/update_trace
 
 The update is :func:`agents.pqn.update`, vmapped over seeds and jitted as the trainer does, on a
 batch of random trajectories shaped as the preset's (OIR: ``num_envs * (1 + K)`` trajectories of
@@ -77,6 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--parts", action="store_true",
                    help="also time the first variant's parts: one minibatch's update (times the update's "
                         "minibatches), and the LSTM recurrence alone (forward and backward) on one minibatch")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="also record a jax.profiler trace of the first variant's timed updates in DIR and print "
+                        "where its GPU time goes, kernel by kernel (bench/trace_summary.py)")
     return p.parse_args(argv)
 
 
@@ -177,7 +181,25 @@ def main(argv=None) -> int:
               f"{flops / med / 1e12:.1f} | {frac} |")
     if args.parts:
         print_parts(variants[0], cfg, batch, S, N, T, H, args.iterations)
+    if args.trace:
+        print_trace(args.trace, programs[variants[0]], batch, S, args.iterations)
     return 0
+
+
+def print_trace(trace_dir: str, program, batch, S: int, iterations: int) -> None:
+    """Run ``program`` ``iterations`` times under ``jax.profiler.trace`` and print its kernels' times."""
+    import jax
+
+    import trace_summary
+
+    compiled, state, _ = program
+    keys = jax.random.split(jax.random.PRNGKey(0), S)
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        for _ in range(iterations):
+            jax.block_until_ready(compiled(state, keys, batch))
+    kernels = trace_summary.device_kernels(trace_summary.load_trace(trace_dir))
+    print(f"# the first variant's {iterations} traced updates, kernel by kernel (trace in {trace_dir})")
+    print(trace_summary.format_summary(trace_summary.summarise(kernels, iterations)))
 
 
 def _median_time(fn, *a, iterations: int) -> float:

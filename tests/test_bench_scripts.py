@@ -93,9 +93,10 @@ def test_relabel_throughput_bench_reports_the_llms_echo_of_its_prompt():
 
 
 @pytest.mark.slow  # compiles three update variants in a fresh process
-def test_update_cost_bench_prints_each_variant_with_its_ratio_to_the_first():
+def test_update_cost_bench_prints_each_variant_with_its_ratio_to_the_first(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "update_cost.py"), "--iterations", "1",
-                          "--variants", "sequence:1:float32,sequence:1:bfloat16:autodiff,cell:1:float32"],
+                          "--variants", "sequence:1:float32,sequence:1:bfloat16:autodiff,cell:1:float32",
+                          "--trace", str(tmp_path / "trace")],
                          capture_output=True, text=True, timeout=600, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith(("| sequence", "| cell"))]
@@ -104,6 +105,7 @@ def test_update_cost_bench_prints_each_variant_with_its_ratio_to_the_first():
                                       ["cell", "1", "float32", "hoisted"]]
     assert cells[0][6] == "1.00" and all(float(c[7]) >= 0 for c in cells)  # ratio to the first, TFLOP/s
     assert "GFLOP" in out.stdout  # the update's matmul FLOPs, counted from the shapes
+    assert "no device kernels" in out.stdout  # --trace: recorded and read; the CPU has no GPU kernels
 
 
 @pytest.mark.slow  # starts three processes that each compile the plain loop: about 2 min on 2 cores
@@ -142,3 +144,55 @@ def test_pqn_throughput_processes_that_run_past_the_timeout_are_killed_with_one_
                          capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("error: the 2 processes (cpu sizes) ran past --timeout 1 s")
+
+
+def _trace_events():
+    """A trace as jax.profiler writes it: metadata naming a host and a GPU process, then kernels."""
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
+            {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}]
+    kernels = [("sm90_xmma_gemm_bf16bf16_f32", 0, 40), ("loop_fusion_3", 50, 20), ("input_reduce_fusion", 80, 10),
+               ("sm90_xmma_gemm_bf16bf16_f32", 100, 40), ("loop_fusion_3", 150, 20), ("memcpy32_post", 190, 10)]
+    host = [{"ph": "X", "pid": 1, "name": "PjitFunction(update)", "ts": 0, "dur": 500}]
+    return meta + host + [{"ph": "X", "pid": 7, "name": n, "ts": ts, "dur": d} for n, ts, d in kernels]
+
+
+def test_trace_summary_splits_gpu_kernel_time_by_kind_and_name_per_iteration():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import trace_summary
+
+    kernels = trace_summary.device_kernels(_trace_events())
+    assert len(kernels) == 6  # the host's event is not a kernel
+    s = trace_summary.summarise(kernels, iterations=2)
+    assert s["busy_us"] == 70 and s["span_us"] == 100 and s["count"] == 3
+    assert s["kinds"] == {"matmul": (40, 1), "fused elementwise": (20, 1), "reduction": (5, 0.5),
+                          "copy / memset": (5, 0.5)}
+    assert s["names"]["loop_fusion_3"] == (20, 1)
+    text = trace_summary.format_summary(s, top=2)
+    assert "device busy 70%" in text and "| matmul | 0.0 | 57.1% | 1 |" in text
+    assert text.count("| `") == 2  # --top 2 kernels
+    assert "| 0-99 | 0.1 | 100.0% | 3 | 4 |" in text  # by frequency: every kernel ran at most once per iteration
+    assert [trace_summary.call_bucket(c) for c in (8192, 1000, 999, 64, 0.5)] == [
+        ">= 1,000", ">= 1,000", "100-999", "0-99", "0-99"]
+    assert "no device kernels" in trace_summary.format_summary(trace_summary.summarise([], 1))
+    with pytest.raises(ValueError, match="iterations"):
+        trace_summary.summarise(kernels, iterations=0)
+
+
+def test_trace_summary_reads_a_real_cpu_trace_and_says_it_holds_no_device_kernels(tmp_path, capsys):
+    """A real jax.profiler trace on this CPU: found and read; the CPU backend records no kernels.
+    A folder without a trace is a one-line error."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import trace_summary
+
+    f = jax.jit(lambda x: jnp.tanh(x @ x).sum())
+    x = jnp.ones((64, 64))
+    f(x).block_until_ready()
+    with jax.profiler.trace(str(tmp_path / "tr"), create_perfetto_trace=True):
+        f(x).block_until_ready()
+    assert trace_summary.main([str(tmp_path / "tr")]) == 0
+    assert "no device kernels" in capsys.readouterr().out
+    assert trace_summary.main([str(tmp_path / "empty")]) == 2
+    assert "create_perfetto_trace=True" in capsys.readouterr().err

@@ -1,0 +1,152 @@
+"""Where a GPU program's time goes, kernel by kernel, from a ``jax.profiler`` trace.
+
+    python bench/trace_summary.py TRACE_DIR [--iterations N] [--top 25]
+
+``TRACE_DIR`` is the folder given to ``jax.profiler.trace(TRACE_DIR, create_perfetto_trace=True)``
+(``bench/update_cost.py --trace TRACE_DIR`` writes one around its timed updates). The summary reads
+the newest ``perfetto_trace.json.gz`` under it, keeps the kernels the GPU ran (the events of the
+``/device:GPU:*`` processes, recorded by CUPTI) and prints two tables, per profiled iteration:
+
+* by kind of kernel: matmul (cuBLAS/cuDNN/CUTLASS/Triton GEMMs), fused elementwise and reductions,
+  copies and memsets, other;
+* by how often a kernel runs per iteration: the many small launches of a sequential loop (a kernel
+  run 1,000 times or more) against the bulk work launched a few times;
+* the ``--top`` kernels by total time, with their calls per iteration and mean duration.
+
+And one line: the kernels' total time against the span from the first kernel's start to the last
+one's end, the device's busy fraction (below 1: the GPU waited for launches or the host).
+
+The CPU backend records no device kernels; the summary then says so and prints nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable
+
+#: Kernel kinds, matched in order on the kernel's name (case-insensitive).
+KINDS = (
+    ("matmul", re.compile(r"gemm|xmma|cutlass|cublas|cudnn|matmul|triton_dot|dot_|wgmma|gemv")),
+    ("copy / memset", re.compile(r"memcpy|memset|copy|dynamic_update_slice|dynamic-update-slice|transpose")),
+    ("reduction", re.compile(r"reduce|reduction|scatter")),
+    ("fused elementwise", re.compile(r"fusion|elementwise|convert|broadcast|select|concatenate|slice")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a kernel from its name: ``matmul``, ``copy / memset``, ``reduction``,
+    ``fused elementwise`` or ``other``."""
+    low = name.lower()
+    for kind, pattern in KINDS:
+        if pattern.search(low):
+            return kind
+    return "other"
+
+
+#: Buckets of calls per iteration (lower bounds, largest first) for the table by frequency.
+CALL_BUCKETS = (1000, 100, 0)
+
+
+def call_bucket(calls: float) -> str:
+    """The frequency bucket of a kernel run ``calls`` times per iteration."""
+    for i, low in enumerate(CALL_BUCKETS):
+        if calls >= low:
+            return f">= {low:,}" if i == 0 else f"{low:,}-{CALL_BUCKETS[i - 1] - 1:,}"
+    raise ValueError(f"calls must be >= 0, got {calls}")
+
+
+def device_kernels(events: Iterable[dict]) -> list[dict]:
+    """The complete (``ph == "X"``) events of the trace's device processes (``/device:GPU:*``)."""
+    events = list(events)
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and "/device:" in str(e.get("args", {}).get("name", ""))
+               and "/device:CPU" not in str(e.get("args", {}).get("name", ""))}
+    return [e for e in events if e.get("ph") == "X" and e.get("pid") in devices and "dur" in e]
+
+
+def summarise(kernels: list[dict], iterations: int = 1) -> dict:
+    """Totals of ``kernels`` (trace events with ``name``, ``ts`` and ``dur`` in microseconds) per
+    iteration: ``{"busy_us", "span_us", "count", "kinds": {kind: (us, calls)}, "names": {name: (us,
+    calls)}}``, times and calls divided by ``iterations``."""
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    names: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        for table, key in ((kinds, kernel_kind(e["name"])), (names, e["name"])):
+            table[key][0] += float(e["dur"])
+            table[key][1] += 1
+    busy = sum(float(e["dur"]) for e in kernels)
+    span = (max(float(e["ts"]) + float(e["dur"]) for e in kernels) - min(float(e["ts"]) for e in kernels)
+            if kernels else 0.0)
+    per = float(iterations)
+    return {
+        "busy_us": busy / per, "span_us": span / per, "count": len(kernels) / per,
+        "kinds": {k: (us / per, n / per) for k, (us, n) in kinds.items()},
+        "names": {k: (us / per, n / per) for k, (us, n) in names.items()},
+    }
+
+
+def format_summary(summary: dict, top: int = 25) -> str:
+    """Markdown tables of :func:`summarise`'s result, largest first."""
+    busy = summary["busy_us"]
+    if not summary["count"]:
+        return "# no device kernels in the trace (the CPU backend records none)"
+    lines = [f"# per iteration: {summary['count']:,.0f} kernels, {busy / 1e3:,.1f} ms of kernel time over a "
+             f"{summary['span_us'] / 1e3:,.1f} ms span (device busy {busy / max(summary['span_us'], 1e-9):.0%})",
+             "", "| kind | ms | share | calls |", "|---|---|---|---|"]
+    for kind, (us, n) in sorted(summary["kinds"].items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"| {kind} | {us / 1e3:,.1f} | {us / busy:.1%} | {n:,.0f} |")
+    buckets: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for us, n in summary["names"].values():
+        b = buckets[call_bucket(n)]
+        b[0] += us
+        b[1] += n
+        b[2] += 1
+    lines += ["", "| calls per iteration of a kernel | ms | share | calls | kernels |", "|---|---|---|---|---|"]
+    for bucket in (call_bucket(low) for low in CALL_BUCKETS):
+        if bucket in buckets:
+            us, n, k = buckets[bucket]
+            lines.append(f"| {bucket} | {us / 1e3:,.1f} | {us / busy:.1%} | {n:,.0f} | {k} |")
+    lines += ["", f"| kernel (top {top}) | kind | ms | share | calls | mean us |", "|---|---|---|---|---|---|"]
+    for name, (us, n) in sorted(summary["names"].items(), key=lambda kv: -kv[1][0])[:top]:
+        short = name if len(name) <= 90 else name[:87] + "..."
+        lines.append(f"| `{short}` | {kernel_kind(name)} | {us / 1e3:,.2f} | {us / busy:.1%} | {n:,.0f} | "
+                     f"{us / max(n, 1e-9):,.1f} |")
+    return "\n".join(lines)
+
+
+def load_trace(trace_dir: str | Path) -> list[dict]:
+    """The events of the newest ``perfetto_trace.json.gz`` under ``trace_dir``."""
+    found = sorted(Path(trace_dir).rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}: record one with "
+                                "jax.profiler.trace(DIR, create_perfetto_trace=True)")
+    with gzip.open(found[-1], "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trace_dir")
+    p.add_argument("--iterations", type=int, default=1, help="iterations the trace holds (tables are per iteration)")
+    p.add_argument("--top", type=int, default=25, help="kernels listed")
+    args = p.parse_args(argv)
+    try:
+        events = load_trace(args.trace_dir)
+    except FileNotFoundError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(format_summary(summarise(device_kernels(events), args.iterations), args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
