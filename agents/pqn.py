@@ -30,9 +30,33 @@ from agents.config import PQNConfig
 
 
 # ----------------------------------------------------------------------------- network
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def matmul(x, w, dtype=jnp.float32):
-    """``x @ w`` with both cast to ``dtype``, accumulated and returned in float32."""
+    """``x @ w`` with both cast to ``dtype``, accumulated and returned in float32.
+
+    Its gradient multiplies in ``dtype`` as well: the float32 cotangent is cast to ``dtype`` before
+    ``g @ w^T`` and ``x^T @ g`` (float32 accumulation), as the LSTM's written-out backward does.
+    JAX's own gradient would multiply the float32 cotangent with the ``dtype`` operand in float32
+    (TF32 on a GPU), the update's two largest matmuls at half the bfloat16 rate. For float32 the
+    maths is autodiff's.
+    """
     return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _matmul_fwd(x, w, dtype):
+    return matmul(x, w, dtype), (x, w)
+
+
+def _matmul_bwd(dtype, res, g):
+    x, w = res
+    gd = g.astype(dtype)
+    dx = jnp.matmul(gd, w.astype(dtype).T, preferred_element_type=jnp.float32)
+    lead = "abcdefgh"[:x.ndim - 1]
+    dw = jnp.einsum(f"{lead}i,{lead}j->ij", x.astype(dtype), gd, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
 def lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):

@@ -390,3 +390,44 @@ def test_update_losses_equal_with_either_lstm_gradient():
         assert float(m["loss"]) == pytest.approx(float(m_auto["loss"]), rel=1e-5, abs=1e-7)
     for a, b in zip(jax.tree_util.tree_leaves(ts.params), jax.tree_util.tree_leaves(ts_auto.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def _dot_generals(jaxpr) -> list:
+    """Every dot_general of ``jaxpr``, inside its sub-programs too."""
+    found = []
+    for e in jaxpr.eqns:
+        if e.primitive.name == "dot_general":
+            found.append(e)
+        for v in e.params.values():
+            for sub in (v if isinstance(v, (list, tuple)) else [v]):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _dot_generals(inner)
+    return found
+
+
+@pytest.mark.parametrize("shape", [(6, 5), (4, 3, 5)])
+def test_matmul_gradient_is_autodiffs_in_float32_and_multiplies_in_bfloat16_under_bfloat16(shape):
+    """pqn.matmul's written-out gradient: autodiff's maths in float32; under bfloat16 every matmul of
+    the backward takes bfloat16 inputs (JAX's own would multiply the float32 cotangent in float32),
+    and the gradients stay within bfloat16 rounding of float32's."""
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    x, w = jax.random.normal(k[0], shape), jax.random.normal(k[1], (shape[-1], 7))
+    probe = jax.random.normal(k[2], (*shape[:-1], 7))
+
+    def loss(fn):
+        return lambda x, w: jnp.sum(jnp.sin(fn(x, w)) * probe)
+
+    ours = jax.grad(loss(lambda x, w: pqn.matmul(x, w)), argnums=(0, 1))(x, w)
+    ref = jax.grad(loss(lambda x, w: jnp.matmul(x, w)), argnums=(0, 1))(x, w)
+    for a, b in zip(ours, ref):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+    bf16 = jnp.dtype("bfloat16")
+    grad_bf16 = jax.grad(loss(lambda x, w: pqn.matmul(x, w, bf16)), argnums=(0, 1))
+    dots = _dot_generals(jax.make_jaxpr(grad_bf16)(x, w).jaxpr)
+    assert len(dots) == 3  # forward, then g @ w^T and x^T @ g
+    assert all(v.aval.dtype == bf16 for e in dots for v in e.invars)
+    for a, b in zip(grad_bf16(x, w), ours):
+        assert a.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0.05, atol=0.05)
