@@ -7,8 +7,8 @@
 the newest ``perfetto_trace.json.gz`` under it, keeps the kernels the GPU ran (the events of the
 ``/device:GPU:*`` processes, recorded by CUPTI) and prints two tables, per profiled iteration:
 
-* by kind of kernel: matmul (cuBLAS/cuDNN/CUTLASS/Triton GEMMs), fused elementwise and reductions,
-  copies and memsets, other;
+* by kind of kernel: matmul (cuBLAS, cuBLASLt's nvjet, cuDNN, CUTLASS and Triton GEMMs), fused
+  elementwise and reductions, copies and memsets, other;
 * by how often a kernel runs per iteration: the many small launches of a sequential loop (a kernel
   run 1,000 times or more) against the bulk work launched a few times;
 * the ``--top`` kernels by total time, with their calls per iteration and mean duration.
@@ -32,7 +32,7 @@ from typing import Iterable
 
 #: Kernel kinds, matched in order on the kernel's name (case-insensitive).
 KINDS = (
-    ("matmul", re.compile(r"gemm|xmma|cutlass|cublas|cudnn|matmul|triton_dot|dot_|wgmma|gemv")),
+    ("matmul", re.compile(r"gemm|xmma|nvjet|cutlass|cublas|cudnn|matmul|triton_dot|dot_|wgmma|gemv")),
     ("copy / memset", re.compile(r"memcpy|memset|copy|dynamic_update_slice|dynamic-update-slice|transpose")),
     ("reduction", re.compile(r"reduce|reduction|scatter")),
     ("fused elementwise", re.compile(r"fusion|elementwise|convert|broadcast|select|concatenate|slice")),

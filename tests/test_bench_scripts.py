@@ -171,6 +171,7 @@ def test_trace_summary_splits_gpu_kernel_time_by_kind_and_name_per_iteration():
     assert "device busy 70%" in text and "| matmul | 0.0 | 57.1% | 1 |" in text
     assert text.count("| `") == 2  # --top 2 kernels
     assert "| 0-99 | 0.1 | 100.0% | 3 | 4 |" in text  # by frequency: every kernel ran at most once per iteration
+    assert trace_summary.kernel_kind("nvjet_sm90_tss_192x128_64x5_1x2_h_bz_coopB_NNT") == "matmul"  # cuBLASLt
     assert [trace_summary.call_bucket(c) for c in (8192, 1000, 999, 64, 0.5)] == [
         ">= 1,000", ">= 1,000", "100-999", "0-99", "0-99"]
     assert "no device kernels" in trace_summary.format_summary(trace_summary.summarise([], 1))
