@@ -706,9 +706,8 @@ def _fast() -> TrainConfig:
     # cost less per update but learned less per step; 64 updates (8.4M steps per seed) with an
     # evaluation every 8 (about 3 s each). The rule relabeling of 3,072 trajectories (about 0.5 s on
     # the host) runs beside the next rollout and update (oir.relabel_lag 1; its copies train one
-    # update later). bfloat16 matmul inputs and the written-out LSTM gradient cut the update program
-    # from 2.25 to 1.36 s (bench/update_cost.py). Two H100 runs passed 0.33 at 265 s and 295 s, both
-    # before the written-out gradient.
+    # update later). bfloat16 matmuls (forward and backward) and the written-out LSTM gradient cut
+    # the update program from 2.25 s (float32, H100) to 0.93 s (H200) (bench/update_cost.py).
     return _paper().replace(**{
         "run.total_timesteps": 64 * 1024 * 128, "run.num_seeds": 3, "pqn.num_envs": 1024, "pqn.num_steps": 128,
         "pqn.num_epochs": 4, "pqn.num_minibatches": 16, "pqn.lr": 5e-4, "eval.every": 8,
@@ -731,8 +730,8 @@ PRESETS: dict[str, tuple[str, Any]] = {
     "cpu": ("CPU default: OIR with the offline LLM + rules, 98,304 env steps (a few minutes on 2 cores)", _cpu),
     "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
     "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, bfloat16 matmuls, 3 seeds, 8.4M "
-             "env steps per seed (measured on one H100 each: 4-5 min with compile and evaluations, 0.34-0.36 mean success "
-             "at the end with rule labels; docs/benchmarks.md)",
+             "env steps per seed (measured on one H200 each: about 3 min with compile and evaluations, 0.34-0.37 mean "
+             "success at the end with rule labels; docs/benchmarks.md)",
              _fast),
     "smoke": ("The smallest run through every part of the method (4 updates; seconds on a CPU)", _smoke),
 }

@@ -440,6 +440,33 @@ def test_fast_preset_runs_on_h100_and_h200_after_the_worker_start_are_rebuilt_fr
     assert round(_update_medians(h / "fast0e")[2], 2) == 1.06
 
 
+def test_fast_preset_runs_with_the_bfloat16_backward_and_its_kernel_tables_are_rebuilt_from_results(capsys):
+    """The current code's three H200 runs: time-to-target rows, their update medians and start-up lines;
+    the kernel-kind table beside the traced update is the one in the run files."""
+    b = RES / "gpu_h200_bf16_backward"
+    runs = [f"fast preset, seed 0, H200 (cf95ad4)={b / 'fast'}", f"fast preset, seed 0, 2 x H200 (cf95ad4)={b / 'fast0'}",
+            f"fast preset, seed 1, 2 x H200 (cf95ad4)={b / 'fast1'}"]
+    rows = _time_rows(capsys, runs, "300")
+    assert len(rows) == 3 and all(r in BENCH for r in rows), rows
+    assert [r.split("|")[3].split(";")[0].strip() for r in rows] == ["185 s", "183 s", "168 s"]
+    for n in ("fast", "fast0", "fast1"):
+        cfg = json.loads((b / n / "config.json").read_text())
+        assert (cfg["pqn"]["compute_dtype"], cfg["run"]["num_seeds"], cfg["pqn"]["num_envs"]) == ("bfloat16", 3, 1024)
+        assert round(_update_medians(b / n)[2], 2) in (0.93, 0.94)  # "update program 0.93 s"
+    assert "ready after 18 s (imports 3 s, encoder 0 s, instructions 0 s, method 0 s, initial state 11 s)" in (
+        b / "startup.txt").read_text() and _says(BENCH, '"ready after" 18 s')
+
+    def kinds(name: str) -> dict[str, list[str]]:
+        lines = (b / name).read_text().splitlines()
+        i = lines.index("| kind | ms | share | calls |")
+        return {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:4]]
+                for r in lines[i + 2:] if r.startswith("|")}
+
+    before, after = kinds("trace_before.md"), kinds("trace_after.md")
+    for kind in ("matmul", "fused elementwise", "copy / memset", "reduction"):
+        assert f"| {kind} | {' | '.join(before[kind])} | {' | '.join(after[kind])} |" in BENCH, kind
+
+
 def test_where_an_update_goes_table_in_benchmarks_doc_is_rebuilt_from_results():
     runs = {"fast preset, bfloat16 (H100)": BF16 / "h100_bf16", "fast preset as it ships (H100)": BF16 / "h100_fast_final",
             "float32, relabel lag 1 (H100)": H100_TIME / "h100_fast_lag", "float32, relabel lag 0 (H200)": H200 / "fast_oir_k4",
