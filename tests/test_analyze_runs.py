@@ -502,6 +502,10 @@ def test_4_gpu_scaling_and_fast_size_rows_in_benchmarks_doc_are_rebuilt_from_res
     per_update = dict(re.findall(r"^\| \((\w)\) [^|]+\| ([\d.]+) \| [\d,]+ \| [\d.]+ \|", fast, re.M))
     assert per_update == {"a": "0.910", "b": "0.807", "c": "1.302", "d": "1.375"}
     assert "| 0.910 | 0.807 (0.89x) | 1.302 (1.43x) | 1.375 (1.51x) |" in BENCH
+    h200 = (RES / "gpu_h200_bf16_backward" / "thr_fast.txt").read_text()
+    per_update = dict(re.findall(r"^\| \((\w)\) [^|]+\| ([\d.]+) \| [\d,]+ \| [\d.]+ \|", h200, re.M))
+    assert per_update == {"a": "0.771", "b": "0.680", "c": "1.220", "d": "1.125"}
+    assert "| 0.771 | 0.680 (0.88x) | 1.220 (1.58x) | 1.125 (1.46x) |" in BENCH
 
 
 def test_one_process_per_gpu_rows_in_benchmarks_doc_are_rebuilt_from_results(capsys):
