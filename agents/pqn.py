@@ -30,33 +30,39 @@ from agents.config import PQNConfig
 
 
 # ----------------------------------------------------------------------------- network
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def matmul(x, w, dtype=jnp.float32):
     """``x @ w`` with both cast to ``dtype``, accumulated and returned in float32.
 
-    Its gradient multiplies in ``dtype`` as well: the float32 cotangent is cast to ``dtype`` before
-    ``g @ w^T`` and ``x^T @ g`` (float32 accumulation), as the LSTM's written-out backward does.
-    JAX's own gradient would multiply the float32 cotangent with the ``dtype`` operand in float32
-    (TF32 on a GPU), the update's two largest matmuls at half the bfloat16 rate. For float32 the
-    maths is autodiff's.
+    Below float32 its gradient multiplies in ``dtype`` as well (:func:`_low_precision_matmul`);
+    in float32 it is ``jnp.matmul`` and autodiff's gradient.
     """
+    if jnp.dtype(dtype) == jnp.float32:
+        return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), preferred_element_type=jnp.float32)
+    return _low_precision_matmul(x, w, jnp.dtype(dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _low_precision_matmul(x, w, dtype):
+    """:func:`matmul` in ``dtype`` (bfloat16) with a written-out gradient: the float32 cotangent is
+    cast to ``dtype`` before ``g @ w^T`` and ``x^T @ g`` (float32 accumulation), as the LSTM's
+    backward does. JAX's own gradient would multiply the float32 cotangent with the ``dtype``
+    operand in float32 (TF32 on a GPU): the update's two largest matmuls at half the bfloat16 rate."""
     return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _matmul_fwd(x, w, dtype):
-    return matmul(x, w, dtype), (x, w)
+def _low_precision_matmul_fwd(x, w, dtype):
+    return _low_precision_matmul(x, w, dtype), (x, w)
 
 
-def _matmul_bwd(dtype, res, g):
+def _low_precision_matmul_bwd(dtype, res, g):
     x, w = res
-    gd = g.astype(dtype)
-    dx = jnp.matmul(gd, w.astype(dtype).T, preferred_element_type=jnp.float32)
-    lead = "abcdefgh"[:x.ndim - 1]
-    dw = jnp.einsum(f"{lead}i,{lead}j->ij", x.astype(dtype), gd, preferred_element_type=jnp.float32)
+    gd, lead = g.astype(dtype), tuple(range(x.ndim - 1))
+    dx = jax.lax.dot_general(gd, w.astype(dtype), (((g.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dw = jax.lax.dot_general(x.astype(dtype), gd, ((lead, lead), ((), ())), preferred_element_type=jnp.float32)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-matmul.defvjp(_matmul_fwd, _matmul_bwd)
+_low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bwd)
 
 
 def lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
