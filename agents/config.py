@@ -730,8 +730,8 @@ PRESETS: dict[str, tuple[str, Any]] = {
     "cpu": ("CPU default: OIR with the offline LLM + rules, 98,304 env steps (a few minutes on 2 cores)", _cpu),
     "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
     "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, bfloat16 matmuls, 3 seeds, 8.4M "
-             "env steps per seed (measured on one H200 each: about 3 min with compile and evaluations, 0.34-0.37 mean "
-             "success at the end with rule labels; docs/benchmarks.md)",
+             "env steps per seed (measured on one H200 each: 0.34-0.37 mean success with rule labels after about 3 min, "
+             "compile and evaluations included; docs/benchmarks.md)",
              _fast),
     "smoke": ("The smallest run through every part of the method (4 updates; seconds on a CPU)", _smoke),
 }
