@@ -133,6 +133,11 @@ def load_trace(trace_dir: str | Path) -> list[dict]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
+def report(trace_dir: str | Path, iterations: int = 1, top: int = 25) -> str:
+    """The tables of the newest trace under ``trace_dir``, per iteration (:func:`format_summary`)."""
+    return format_summary(summarise(device_kernels(load_trace(trace_dir)), iterations), top)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace_dir")
@@ -140,11 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     args = p.parse_args(argv)
     try:
-        events = load_trace(args.trace_dir)
+        print(report(args.trace_dir, args.iterations, args.top))
     except FileNotFoundError as e:
         print(e, file=sys.stderr)
         return 2
-    print(format_summary(summarise(device_kernels(events), args.iterations), args.top))
     return 0
 
 

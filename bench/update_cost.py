@@ -197,9 +197,8 @@ def print_trace(trace_dir: str, program, batch, S: int, iterations: int) -> None
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         for _ in range(iterations):
             jax.block_until_ready(compiled(state, keys, batch))
-    kernels = trace_summary.device_kernels(trace_summary.load_trace(trace_dir))
     print(f"# the first variant's {iterations} traced updates, kernel by kernel (trace in {trace_dir})")
-    print(trace_summary.format_summary(trace_summary.summarise(kernels, iterations)))
+    print(trace_summary.report(trace_dir, iterations))
 
 
 def _median_time(fn, *a, iterations: int) -> float:
