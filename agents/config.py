@@ -39,7 +39,7 @@ import tyro
 Method = Literal["gt", "cosine", "oir", "ellm"]
 Relabeler = Literal["rules", "llm", "both"]
 Grounding = Literal["cosine", "bound"]
-Oracle = Literal["canonical", "diverse", "tasks", "compound", "noisy"]
+Oracle = Literal["canonical", "diverse", "tasks", "compound", "noisy", "mixed", "progress"]
 ProposerKind = Literal["rules", "llm"]
 LLMBackend = Literal["transformers", "llama_cpp", "openai", "vllm"]
 ObsMode = Literal["paper", "symbolic"]
@@ -188,7 +188,9 @@ class RelabelSettings:
     canonical: each event's caption; diverse: each event named by a wording drawn per trajectory from a
     pool kept away from the evaluation sets; tasks: canonical plus the events outside the 22 achievements;
     compound: canonical plus "A then B" for unrelated events in their order; noisy: diverse with the
-    measured errors of the 270M LLM relabeler. diverse and noisy need oir.grounding bound."""
+    measured errors of the 270M LLM relabeler; mixed: each canonical achievement label or a pool wording,
+    0.5 each; progress: canonical plus the stone tier's progress events (stone in view, facing stone with a
+    wooden pickaxe...). diverse, noisy and mixed need oir.grounding bound."""
 
 
 @dataclass
@@ -210,7 +212,7 @@ class OIRConfig(RelabelSettings):
     copies (and buffer offers) enter one update later: the relabeling leaves the update's critical
     path. The first update then has no relabeled rows, and a resume loses one rollout's relabels."""
     oracle_pool: str = ""
-    """Wording pool file of oir.oracle diverse and noisy (schema: oir_gym/data/oracle_pool.json; empty: that
+    """Wording pool file of oir.oracle diverse, noisy and mixed (schema: oir_gym/data/oracle_pool.json; empty: that
     packaged pool). A wording equal or too close (cosine >= 0.85) to an evaluation string stops the run."""
     relabel_workers: int = -1
     """Worker processes for the rule relabeler (:class:`oir_gym.relabel.parallel.ParallelRelabeler`):
@@ -462,7 +464,7 @@ class TrainConfig:
              f"oir.oracle={o.oracle!r} picks the rule relabeler's labels: it needs run.method oir and oir.relabeler "
              "rules or both")
         need(not o.oracle_pool or o.oracle in USES_POOL,
-             f"oir.oracle_pool is read by oir.oracle diverse or noisy only (oir.oracle={o.oracle!r})")
+             f"oir.oracle_pool is read by oir.oracle {', '.join(USES_POOL)} only (oir.oracle={o.oracle!r})")
         if o.oracle in USES_POOL:
             try:  # the file and its verbatim collisions now; the cosine check when the relabeler is built
                 check_pool(load_pool(o.oracle_pool or None), evaluation_texts(ev.instruction_files))

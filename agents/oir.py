@@ -53,7 +53,9 @@ from agents.multihost import seed_slice
 from agents.sharding import Layout, PerDevice, check_layout, placeholder
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
+from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, PROGRESS_EVENTS
 from oir_gym.craftax_compat import NUM_ACTIONS
+from oir_gym.event_rates import EpisodeEvents, per_1k_steps, rate_metrics
 from oir_gym.encoder import get_encoder
 from oir_gym.evaluation import EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator
 from oir_gym.instruction_registry import InstructionRegistry
@@ -83,6 +85,10 @@ class Runner(NamedTuple):
     #: ``[blocks, 2]`` one rollout key per env block
     keys: Any
 
+
+#: events whose training rates every update logs: the 22 achievements, then the progress events
+RATE_EVENTS: list[int] = [EVENT_NAMES.index(a) for a in ACHIEVEMENT_NAMES] + list(PROGRESS_EVENTS)
+RATE_NAMES: tuple[str, ...] = tuple(EVENT_NAMES[e] for e in RATE_EVENTS)
 
 def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = None):
     """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``, jitted over ``layout``.
@@ -367,6 +373,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = log
+        #: per seed, the events of each env's running episode (training rates, :mod:`oir_gym.event_rates`)
+        self.episode_events = [EpisodeEvents(cfg.pqn.num_envs, len(RATE_EVENTS)) for _ in range(self.S)]
         self._worlds: Future | None = None
         if prefetch_worlds:
             pool = ThreadPoolExecutor(1, thread_name_prefix="oir-worlds")
@@ -730,6 +738,7 @@ class Trainer:
             rows = host["instr"][s, t_idx, e_idx]
             self.buffers[s].record_many([self.registry.text(r) for r in rows], host["ep_return"][s, t_idx, e_idx])
         metrics: dict[str, float] = {"curriculum/unpayable_step_frac": self.unpayable_frac(host["instr"])}
+        metrics.update(self.event_rates(host["events"], host["done"]))
         batch, method_metrics = self.method.update_batch(traj, host)
         metrics.update(method_metrics)
         self.last_rollout, self.last_batch = host, batch
@@ -766,6 +775,20 @@ class Trainer:
         for s in range(self.S):
             metrics[f"seed{self.seed_offset + s}/loss"] = float(upd["loss"][s])
         return IterationLog(self.update_idx, self.env_steps, metrics)
+
+    def event_rates(self, events: np.ndarray, dones: np.ndarray) -> dict[str, float]:
+        """Training rates of the 22 achievements and the progress events in one rollout
+        (``[S, T, E, num_events]`` events): per seed (``seed{i}/rate/...``) and over the seeds."""
+        out: dict[str, float] = {}
+        counts, episodes, per_1k = 0, 0, 0.0
+        for s in range(self.S):
+            ev = events[s][..., RATE_EVENTS]
+            c, n = self.episode_events[s].update(ev, dones[s])
+            r = per_1k_steps(ev)
+            out.update(rate_metrics(RATE_NAMES, r, c, n, prefix=f"seed{self.seed_offset + s}/"))
+            counts, episodes, per_1k = counts + c, episodes + n, per_1k + r / self.S
+        out.update(rate_metrics(RATE_NAMES, per_1k, counts, episodes))
+        return out
 
     def _seed_keys(self, key) -> jax.Array:
         """This process's seeds' keys of ``key`` split over every seed of the run."""

@@ -26,12 +26,15 @@ class CaptionVocabulary:
         achievement_of_event: Craftax achievement index per event, or -1 for non-achievement events.
         phrases: every phrasing, flattened; ``phrase_event[j]`` is the event id of ``phrases[j]``.
         phrase_event: int array ``[num_phrases]``.
+        progress_events: ids of the progress events (``"progress": true``): steps along the stone
+            tier's chain that no achievement names; labels only, never evaluated.
     """
 
     event_names: tuple[str, ...]
     achievement_of_event: tuple[int, ...]
     phrases: tuple[str, ...]
     phrase_event: np.ndarray
+    progress_events: tuple[int, ...] = ()
 
     @property
     def num_events(self) -> int:
@@ -57,19 +60,24 @@ class CaptionVocabulary:
 def load_vocabulary() -> CaptionVocabulary:
     """Load the packaged caption vocabulary (cached)."""
     raw = json.loads(resources.files("oir_gym.data").joinpath("captions.json").read_text())
-    names, achs, phrases, owner = [], [], [], []
+    names, achs, phrases, owner, progress = [], [], [], [], []
     for i, ev in enumerate(raw["events"]):
         names.append(ev["name"])
+        if ev.get("progress", False):
+            progress.append(i)
         achs.append(-1 if ev["achievement"] is None else int(ev["achievement"]))
         for p in ev["phrases"]:
             phrases.append(p)
             owner.append(i)
-    return CaptionVocabulary(tuple(names), tuple(achs), tuple(phrases), np.asarray(owner, dtype=np.int32))
+    return CaptionVocabulary(tuple(names), tuple(achs), tuple(phrases), np.asarray(owner, dtype=np.int32),
+                             tuple(progress))
 
 
 VOCAB = load_vocabulary()
 EVENT_NAMES: tuple[str, ...] = VOCAB.event_names
 NUM_EVENTS: int = VOCAB.num_events
+#: Ids of the progress events (labels only: never evaluated, never among the 22 achievements).
+PROGRESS_EVENTS: tuple[int, ...] = VOCAB.progress_events
 #: Achievement names in Craftax order (achievement index -> event name).
 ACHIEVEMENT_NAMES: tuple[str, ...] = tuple(
     VOCAB.event_names[VOCAB.achievement_of_event.index(a)] for a in range(NUM_ACHIEVEMENTS)

@@ -6,11 +6,11 @@ Craftax is pinned (``craftax==1.6.1``); if its layout changes, this is the only 
 from __future__ import annotations
 
 import jax.numpy as jnp
-from craftax.craftax_classic.constants import DIRECTIONS, Achievement, Action, BlockType
+from craftax.craftax_classic.constants import DIRECTIONS, OBS_DIM, Achievement, Action, BlockType
 from craftax.craftax_classic.envs.craftax_state import EnvParams as CraftaxParams
 from craftax.craftax_classic.envs.craftax_state import EnvState as CraftaxState
 from craftax.craftax_classic.envs.craftax_state import StaticEnvParams as CraftaxStaticParams
-from craftax.craftax_classic.game_logic import craftax_step
+from craftax.craftax_classic.game_logic import craftax_step, is_near_block
 from craftax.craftax_classic.renderer import render_craftax_symbolic
 from craftax.craftax_classic.world_gen import generate_world
 
@@ -31,8 +31,8 @@ HARD_BLOCKS = jnp.array([BlockType.STONE.value, BlockType.COAL.value, BlockType.
                          BlockType.DIAMOND.value], dtype=jnp.int32)
 
 __all__ = [
-    "DIRECTIONS", "Achievement", "Action", "BlockType", "CraftaxParams", "CraftaxState",
-    "CraftaxStaticParams", "craftax_step", "render_craftax_symbolic", "generate_world",
+    "DIRECTIONS", "OBS_DIM", "Achievement", "Action", "BlockType", "CraftaxParams", "CraftaxState",
+    "CraftaxStaticParams", "craftax_step", "is_near_block", "render_craftax_symbolic", "generate_world",
     "NUM_ACTIONS", "NUM_BLOCKS", "MOB_NAMES", "BLOCK_NAMES", "ACTION_NAMES", "INVENTORY_ITEMS",
     "TRIVIAL_BLOCKS", "HARD_BLOCKS",
 ]

@@ -4,14 +4,21 @@ Every occurrence of each of the 22 achievement kinds is detected, not only the f
 an episode: the step function clears Craftax's achievement flags before stepping, so the flags
 set after the step are exactly this step's achievements (Craftax reads the flags only to
 compute its own reward). Other events are read off the state before and after the step.
+
+The progress events (``"progress": true`` in captions.json: stone in view, facing stone, facing
+stone with a wooden pickaxe, standing by a table with a pickaxe's materials, facing coal or iron
+with the pickaxe that mines it) mark steps of the stone tier's chain that no achievement names.
+Each fires at the transition where its condition on the state becomes true (false before the
+step, true after), so it marks a moment of progress rather than every step of a state.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from oir_gym.captions import NUM_ACHIEVEMENTS, NUM_EVENTS, VOCAB
-from oir_gym.craftax_compat import DIRECTIONS, HARD_BLOCKS, Action, BlockType
+from oir_gym.craftax_compat import DIRECTIONS, HARD_BLOCKS, OBS_DIM, Action, BlockType, is_near_block
 
 _E = {name: i for i, name in enumerate(VOCAB.event_names)}
 # event id of achievement a (the 22 achievement events come first in captions.json, but do not
@@ -76,4 +83,46 @@ def detect_events(prev, action, nxt, step_achievements):
     ev = ev.at[_E["die"]].set(nxt.player_health <= 0)
     ev = ev.at[_E["move"]].set(jnp.any(nxt.player_position != prev.player_position))
     ev = ev.at[_E["noop"]].set(awake & (action == Action.NOOP.value))
+    before, after = progress_conditions(prev), progress_conditions(nxt)
+    for name in before:
+        ev = ev.at[_E[name]].set(after[name] & ~before[name])
     return ev
+
+
+def _faced_block(state):
+    target = facing_position(state)
+    in_bounds = jnp.all((target >= 0) & (target < jnp.array(state.map.shape)))
+    tpos = jnp.clip(target, 0, jnp.array(state.map.shape) - 1)
+    return jnp.where(in_bounds, state.map[tpos[0], tpos[1]], BlockType.OUT_OF_BOUNDS.value)
+
+
+def block_in_view(state, block: int):
+    """Whether ``block`` lies in the player's view (the ``OBS_DIM`` window of the observation)."""
+    dims = jnp.array(OBS_DIM, dtype=jnp.int32)
+    shape = jnp.array(state.map.shape, dtype=jnp.int32)
+    start = jnp.clip(state.player_position - dims // 2, 0, shape - dims)
+    window = jax.lax.dynamic_slice(state.map, (start[0], start[1]), OBS_DIM)
+    # a window clipped at the map's edge holds cells outside the view: mask them
+    rows = start[0] + jnp.arange(OBS_DIM[0])
+    cols = start[1] + jnp.arange(OBS_DIM[1])
+    seen = ((jnp.abs(rows - state.player_position[0]) <= OBS_DIM[0] // 2)[:, None]
+            & (jnp.abs(cols - state.player_position[1]) <= OBS_DIM[1] // 2)[None, :])
+    return jnp.any(seen & (window == block))
+
+
+def progress_conditions(state) -> dict:
+    """The state conditions behind the progress events, by event name (scalar bools)."""
+    inv = state.inventory
+    faced = _faced_block(state)
+    near_table = is_near_block(state, BlockType.CRAFTING_TABLE.value)
+    face_stone = faced == BlockType.STONE.value
+    return {
+        "see_stone": block_in_view(state, BlockType.STONE.value),
+        "face_stone": face_stone,
+        "face_stone_with_pickaxe": face_stone & (inv.wood_pickaxe >= 1),
+        # the materials of the next pickaxe, while it is still missing
+        "near_table_with_wood": near_table & (inv.wood >= 1) & (inv.wood_pickaxe == 0),
+        "near_table_with_wood_and_stone": near_table & (inv.wood >= 1) & (inv.stone >= 1) & (inv.stone_pickaxe == 0),
+        "face_coal_with_pickaxe": (faced == BlockType.COAL.value) & (inv.wood_pickaxe >= 1),
+        "face_iron_with_stone_pickaxe": (faced == BlockType.IRON.value) & (inv.stone_pickaxe >= 1),
+    }

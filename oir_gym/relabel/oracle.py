@@ -1,4 +1,4 @@
-"""Oracle relabelers: rule labels read off a trajectory's true events, in five variants.
+"""Oracle relabelers: rule labels read off a trajectory's true events, in seven variants.
 
 Hindsight relabeling with labels that are right by construction isolates, one at a time, what an
 LLM relabeler could add over the canonical captions (docs/relabeling.md, "Oracle relabelers";
@@ -12,6 +12,12 @@ relabeled copy pays exactly at its event whatever its wording:
 * ``diverse``: each achievement event named by one wording of a pool (``oir_gym/data/oracle_pool.json``,
   at least 15 per event, none of them an evaluation string or within cosine 0.85 of one), drawn
   per trajectory: wording diversity with nothing else changed.
+* ``mixed``: each achievement label of ``canonical`` is its canonical caption or one pool wording
+  (as ``diverse`` draws it), with probability 0.5 each, drawn per label; the pair wordings stay
+  canonical. Wording diversity on top of labels that still quote the evaluation's own strings.
+* ``progress``: canonical, plus the canonical captions of the progress events (steps of the stone
+  tier's chain that no achievement names: stone in view, facing stone with a wooden pickaxe...;
+  :mod:`oir_gym.events`), in order of first occurrence.
 * ``tasks``: canonical, plus the canonical captions of the events outside the 22 achievements that
   the event detector reports (``task_events`` of ``oir_gym/data/oracle.json``: attacking, falling
   asleep, searching grass...).
@@ -47,14 +53,17 @@ from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.trajectory import Trajectory
 
 #: The oracle variants, in the order of the ladder.
-ORACLES: tuple[str, ...] = ("canonical", "diverse", "tasks", "compound", "noisy")
+ORACLES: tuple[str, ...] = ("canonical", "diverse", "tasks", "compound", "noisy", "mixed", "progress")
 
 #: Variants whose wordings the cosine reward cannot pay (they are chosen far from the captions'
 #: wordings): they need event-bound grounding.
-NEEDS_BOUND_GROUNDING: tuple[str, ...] = ("diverse", "noisy")
+NEEDS_BOUND_GROUNDING: tuple[str, ...] = ("diverse", "noisy", "mixed")
 
 #: Variants that read the wording pool.
-USES_POOL: tuple[str, ...] = ("diverse", "noisy")
+USES_POOL: tuple[str, ...] = ("diverse", "noisy", "mixed")
+
+#: ``mixed``: the probability that an achievement label takes a pool wording.
+MIXED_POOL_SHARE = 0.5
 
 #: Fewest wordings per achievement event a pool must give.
 MIN_WORDINGS = 15
@@ -78,7 +87,7 @@ RULE_PAIRS: dict[tuple[str, str], str] = {
 }
 
 # separate random streams per draw, so that one variant's draws never shift another's
-_STREAM_DIVERSE, _STREAM_NOISE, _STREAM_COMPOUND = 1, 2, 3
+_STREAM_DIVERSE, _STREAM_NOISE, _STREAM_COMPOUND, _STREAM_MIXED = 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -420,6 +429,26 @@ def diverse_labels(traj: Trajectory, pool: WordingPool, seed: int = 0) -> list[L
     return out
 
 
+def mixed_labels(traj: Trajectory, pool: WordingPool, seed: int = 0,
+                 pair_table: Optional[Mapping[tuple[str, str], str]] = None) -> list[Label]:
+    """:func:`canonical_labels` with each achievement label's text replaced, with probability
+    :data:`MIXED_POOL_SHARE` (drawn per label, :func:`trajectory_rng`), by one of its pool
+    wordings; the pair wordings stay canonical."""
+    rng = trajectory_rng(traj, seed, _STREAM_MIXED)
+    out = []
+    for e in first_occurrence_events(traj):
+        u = rng.random(2)
+        ws = pool.wordings[e]
+        text = ws[int(u[1] * len(ws))] if u[0] < MIXED_POOL_SHARE else VOCAB.canonical(e)
+        out.append(Label(text, e))
+    return out + pair_labels(traj, RULE_PAIRS if pair_table is None else pair_table)
+
+
+def progress_labels(traj: Trajectory) -> list[Label]:
+    """The canonical captions of the progress events that happened (first occurrence order)."""
+    return [Label(VOCAB.canonical(e), e) for e in first_occurrence_events(traj, VOCAB.progress_events)]
+
+
 def corrupt(labels: Sequence[Label], pool: WordingPool, noise: NoiseProfile, rng: np.random.Generator) -> list[Label]:
     """``labels`` with the errors of ``noise`` (see :class:`NoiseProfile`), each label independently;
     repeated texts keep their first binding."""
@@ -472,8 +501,12 @@ def oracle_labels(traj: Trajectory, oracle: str, *, seed: int = 0, pool: Optiona
         labels = canonical_labels(traj, pairs) + task_labels(traj, settings.task_events)
     elif oracle == "compound":
         labels = canonical_labels(traj, pairs) + compound_labels(traj, seed)
+    elif oracle == "progress":
+        labels = canonical_labels(traj, pairs) + progress_labels(traj)
     elif oracle == "diverse":
         labels = diverse_labels(traj, pool or load_pool(), seed)
+    elif oracle == "mixed":
+        labels = mixed_labels(traj, pool or load_pool(), seed, pairs)
     else:
         labels = noisy_labels(traj, pool or load_pool(), settings.noise, seed)
     return unique(labels)

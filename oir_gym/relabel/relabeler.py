@@ -139,8 +139,8 @@ class HindsightRelabeler:
 
         ``settings``: ``delta``, ``grounding``, ``bind_threshold``, ``keep_ungrounded``,
         ``dedup_threshold`` (the grounding and selection fields that matter without an LLM), and
-        ``oracle`` (the rule backend's variant, :mod:`oir_gym.relabel.oracle`; ``"diverse"`` and
-        ``"noisy"`` need ``grounding="bound"``).
+        ``oracle`` (the rule backend's variant, :mod:`oir_gym.relabel.oracle`; ``"diverse"``,
+        ``"noisy"`` and ``"mixed"`` need ``grounding="bound"``).
         """
         oracle = settings.pop("oracle", None)
         return cls(rules_config(k, **settings), encoder=encoder,

@@ -4,7 +4,8 @@ This is the compact trajectory view of the ``segments`` prompt (the paper's own 
 uses it) and the basis of the relabel cache key. Every step gets one *label*:
 
 * the canonical captions (``VOCAB.canonical``) of the events that happened at that step, other
-  than ``move``/``noop``, joined by ``", "``;
+  than ``move``/``noop`` and the progress events (states along the stone tier, labels of the
+  ``progress`` oracle only), joined by ``", "``;
 * otherwise the step is idle: ``"move"`` if it moved the agent (``move`` event, or a movement
   action when the event is missing), else ``"wait"``.
 
@@ -40,7 +41,7 @@ MOVE = "move"
 WAIT = "wait"
 _MOVE_EVENT = EVENT_NAMES.index("move")
 _NOOP_EVENT = EVENT_NAMES.index("noop")
-_IDLE_EVENTS = (_MOVE_EVENT, _NOOP_EVENT)
+_IDLE_EVENTS = (_MOVE_EVENT, _NOOP_EVENT) + tuple(VOCAB.progress_events)
 _MOVE_ACTIONS = (1, 2, 3, 4)
 EPISODE_END = "episode ends"
 #: Events that a busy agent triggers on step after step and that no instruction should ask for

@@ -1,0 +1,74 @@
+"""How often events happen during training: the rates Craftax's own baselines log per update.
+
+Two rates per event and seed, from one rollout's ``[T, E, num_events]`` events and ``[T, E]`` dones
+(pure numpy):
+
+* ``per_1k``: occurrences per 1,000 env steps of the rollout;
+* ``episode_frac``: the share of the episodes that finished in the rollout in which the event
+  happened at least once. Episodes span rollouts, so :class:`EpisodeEvents` carries what each
+  env's running episode has done so far from one rollout to the next (a run resumed from a
+  checkpoint starts it afresh: the first episodes to end after a resume count only their steps
+  since the resume).
+
+Without these nobody can tell whether an achievement never happens in training or happens and is
+not learned (docs/experiments/stone-tier.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def per_1k_steps(events: np.ndarray) -> np.ndarray:
+    """``[num_events]`` occurrences per 1,000 env steps of ``events`` (``[T, E, num_events]`` bool)."""
+    ev = np.asarray(events, dtype=bool)
+    if ev.ndim != 3:
+        raise ValueError(f"events must be [T, E, num_events], got shape {ev.shape}")
+    steps = ev.shape[0] * ev.shape[1]
+    return ev.sum(axis=(0, 1)) * (1000.0 / max(steps, 1))
+
+
+class EpisodeEvents:
+    """Per env, which events its running episode has had; per rollout, the finished episodes' shares.
+
+    Args:
+        num_envs: envs of one seed.
+        num_events: events per step.
+    """
+
+    def __init__(self, num_envs: int, num_events: int) -> None:
+        self.seen = np.zeros((int(num_envs), int(num_events)), dtype=bool)
+
+    def update(self, events: np.ndarray, dones: np.ndarray) -> tuple[np.ndarray, int]:
+        """Add one rollout (``[T, E, num_events]`` events, ``[T, E]`` dones; a step's events belong
+        to the episode it ends) and return ``(count, episodes)``: for each event, in how many of the
+        ``episodes`` that finished in this rollout it happened."""
+        ev = np.asarray(events, dtype=bool)
+        dn = np.asarray(dones, dtype=bool)
+        if ev.shape[1:] != self.seen.shape or dn.shape != ev.shape[:2]:
+            raise ValueError(f"events {ev.shape} and dones {dn.shape} do not match {self.seen.shape[0]} envs "
+                             f"x {self.seen.shape[1]} events")
+        count = np.zeros(self.seen.shape[1], dtype=np.int64)
+        episodes = 0
+        for t in range(ev.shape[0]):
+            self.seen |= ev[t]
+            ended = dn[t]
+            if ended.any():
+                count += self.seen[ended].sum(axis=0)
+                episodes += int(ended.sum())
+                self.seen[ended] = False
+        return count, episodes
+
+
+def rate_metrics(names: Sequence[str], per_1k: np.ndarray, count: np.ndarray, episodes: int,
+                 prefix: str = "") -> dict[str, float]:
+    """Metric keys ``{prefix}rate/{name}`` (per 1,000 steps) and ``{prefix}episode_rate/{name}`` (share
+    of finished episodes; left out when none finished) for each event name."""
+    out: dict[str, float] = {}
+    for i, name in enumerate(names):
+        out[f"{prefix}rate/{name}"] = float(per_1k[i])
+        if episodes:
+            out[f"{prefix}episode_rate/{name}"] = float(count[i] / episodes)
+    return out
