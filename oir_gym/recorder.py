@@ -46,8 +46,8 @@ class TrajectoryRecorder:
 
     Each env has one open segment. A segment ends with its episode (``terminated`` or
     ``truncated``), after ``max_length`` steps (the episode then goes on in a new segment), or at a
-    ``reset`` of the envs, and its :class:`~oir_gym.trajectory.Trajectory` holds the instruction the env followed, the
-    per-step events and actions, ``dones`` (True at the last step of a finished episode), the
+    ``reset`` of the envs, and its :class:`~oir_gym.trajectory.Trajectory` holds the instruction
+    the env followed, the per-step events and actions, ``dones`` (True at the last step of a finished episode), the
     textual observations when the env was made with ``info_text=True``, and in ``meta``:
     ``start_step`` (the recorder's step counter at its first step), ``terminated``,
     ``truncated``, ``success`` (the episode's own instruction was met) and ``return``.
