@@ -19,7 +19,7 @@ from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, NUM_EVENTS
 from oir_gym.encoder import InstructionEncoder, get_encoder
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS, get_instruction_set, load_instruction_sets
 from oir_gym.trajectory import Trajectory
-from oir_gym.recorder import TrajectoryRecorder, rollout
+from oir_gym.recorder import RecordTrajectories, TrajectoryRecorder, rollout
 from oir_gym.vector_env import InstructionCraftax
 from oir_gym.single_env import InstructionCraftaxEnv
 from oir_gym.registration import ENV_ID, register_envs
@@ -74,6 +74,6 @@ def __getattr__(name: str):
 __all__ = [
     "ACHIEVEMENT_NAMES", "ENV_ID", "EVENT_NAMES", "NUM_EVENTS", "ORIGINAL_INSTRUCTIONS",
     "HindsightRelabeler", "InstructionBuffer", "InstructionCraftax", "InstructionCraftaxEnv",
-    "InstructionEncoder", "Trajectory", "TrajectoryRecorder", "enable_compilation_cache", "get_encoder",
+    "InstructionEncoder", "RecordTrajectories", "Trajectory", "TrajectoryRecorder", "enable_compilation_cache", "get_encoder",
     "get_instruction_set", "load_instruction_sets", "rollout",
 ]

@@ -1,19 +1,17 @@
 """Record a vector env's steps as :class:`~oir_gym.trajectory.Trajectory` objects for relabeling.
 
 Data flows one way: env step outputs -> :class:`TrajectoryRecorder` -> trajectories -> relabeler.
-The recorder reads only what :class:`~oir_gym.vector_env.InstructionCraftax` returns from
-``step`` (``info["events"]``, ``info["instruction"]``, and with ``info_text=True``
-``info["text"]`` / ``info["action_text"]``); it never reaches into the env.
+The recorder reads what :class:`~oir_gym.vector_env.InstructionCraftax` returns from ``step``
+(``info["events"]``, ``info["instruction"]``, and with ``info_text=True`` ``info["text"]`` /
+``info["action_text"]``) and the env's ``reset_count``; it never changes the env.
 
-::
+A trajectory never spans a ``reset``: wrap the env and both are recorded::
 
-    recorder = oir_gym.TrajectoryRecorder(envs)
+    envs = oir_gym.RecordTrajectories(gym.make_vec("OIR-CraftaxClassic-v0", num_envs=64))
     obs, info = envs.reset(seed=0)
     for _ in range(64):
-        actions = policy(obs)
-        obs, reward, terminated, truncated, info = envs.step(actions)
-        recorder.record(actions, reward, terminated, truncated, info)
-    results = relabeler.relabel(recorder.trajectories())
+        obs, reward, terminated, truncated, info = envs.step(policy(obs))
+    results = relabeler.relabel(envs.trajectories())
 
 or, for a quick look, ``oir_gym.rollout(envs, policy, steps=64)``.
 """
@@ -23,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import numpy as np
+from gymnasium.vector import VectorEnv, VectorWrapper
 
 from oir_gym.captions import NUM_EVENTS
 from oir_gym.trajectory import Trajectory
@@ -46,12 +45,20 @@ class TrajectoryRecorder:
     """Turns the step outputs of an instruction vector env into one trajectory per episode.
 
     Each env has one open segment. A segment ends with its episode (``terminated`` or
-    ``truncated``) or after ``max_length`` steps (the episode then goes on in a new segment), and
-    its :class:`~oir_gym.trajectory.Trajectory` holds the instruction the env followed, the
-    per-step events and actions, ``dones`` (True at the last step of a finished episode), the
+    ``truncated``), after ``max_length`` steps (the episode then goes on in a new segment), or at a
+    ``reset`` of the envs, and its :class:`~oir_gym.trajectory.Trajectory` holds the instruction
+    the env followed, the per-step events and actions, ``dones`` (True at the last step of a finished episode), the
     textual observations when the env was made with ``info_text=True``, and in ``meta``:
     ``start_step`` (the recorder's step counter at its first step), ``terminated``,
     ``truncated``, ``success`` (the episode's own instruction was met) and ``return``.
+
+    A segment cut by a reset is unfinished, like one cut by ``max_length``: ``dones[-1]`` and
+    ``meta["terminated"]`` / ``["truncated"]`` are False. The recorder sees a reset in three ways:
+    :meth:`record_reset` (what :class:`RecordTrajectories` and :func:`rollout` call after
+    ``envs.reset``); a change of the env's ``reset_count`` between two :meth:`record` calls
+    (:class:`~oir_gym.vector_env.InstructionCraftax` has one); and, for envs without it, an
+    env's ``info["instruction"]`` changing while its episode runs (an episode keeps its
+    instruction, so only a reset changes it).
 
     Args:
         envs: the vector env (its ``num_envs`` and ``metadata["autoreset_mode"]`` are read; with
@@ -81,6 +88,25 @@ class TrajectoryRecorder:
         self._steps = 0
         self._open = [_Segment(0) for _ in range(n)]
         self._done: list[Trajectory] = []
+        self._envs = envs
+        self._seen_resets = self._reset_count()
+
+    def _reset_count(self) -> Optional[int]:
+        """The env's ``reset_count`` (``None`` without an env or a counter)."""
+        if self._envs is None:
+            return None
+        count = getattr(getattr(self._envs, "unwrapped", self._envs), "reset_count", None)
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+    def record_reset(self) -> None:
+        """Tell the recorder that ``envs.reset`` ran: every running segment ends (unfinished) and
+        each env's next step starts a new one, under the instruction that step reports."""
+        for i, seg in enumerate(self._open):
+            if seg.actions:
+                self._done.append(self._close(i, seg, False, False, False, False))
+            self._open[i] = _Segment(self._steps)
+        self._resetting[:] = False  # a pending next-step autoreset was done by the reset
+        self._seen_resets = self._reset_count()
 
     def record(self, actions: Any, rewards: Any, terminated: Any, truncated: Any, info: dict) -> None:
         """Record one step of all envs: the actions taken and what ``envs.step(actions)`` returned."""
@@ -99,15 +125,28 @@ class TrajectoryRecorder:
         for name, arr in (("actions", acts), ("rewards", rewards), ("terminated", term), ("truncated", trunc)):
             if arr.shape != (n,):
                 raise ValueError(f"{name} must hold one value per env ({n}), got shape {arr.shape}")
+        instructions = np.asarray(info["instruction"], dtype=object).reshape(-1)
+        if instructions.shape != (n,):
+            raise ValueError(f"info['instruction'] must hold one instruction per env ({n}), got shape "
+                             f"{instructions.shape}")
         texts = info.get("text")
         action_texts = info.get("action_text")
+        count = self._reset_count()
+        if count is not None and count != self._seen_resets:  # envs.reset ran since the last step
+            self.record_reset()
         for i in range(n):
             if self._resetting[i]:
                 self._open[i].start = self._steps + 1
                 continue
             seg = self._open[i]
+            instruction = str(instructions[i])
             if seg.instruction is None:
-                seg.instruction = str(info["instruction"][i])
+                seg.instruction = instruction
+            elif instruction != seg.instruction:  # a reset the recorder was not told of
+                if seg.actions:
+                    self._done.append(self._close(i, seg, False, False, False, False))
+                seg = self._open[i] = _Segment(self._steps)
+                seg.instruction = instruction
             seg.events.append(events[i])
             seg.actions.append(int(acts[i]))
             seg.ret += float(rewards[i])
@@ -155,6 +194,54 @@ class TrajectoryRecorder:
         return len(self._done)
 
 
+class RecordTrajectories(VectorWrapper):
+    """A vector env wrapper that records every ``reset`` and ``step`` into a :class:`TrajectoryRecorder`.
+
+    The env behaves as before (its public attributes, ``buffer``, ``set_instructions``, ..., are
+    reachable through the wrapper); :meth:`trajectories` returns what was recorded. Since the wrapper
+    sees each ``reset``, no trajectory spans one: a reset ends every running segment (unfinished)
+    and the next step starts new ones under the instructions the reset set.
+
+    Args:
+        env: an instruction vector env (``gym.make_vec("OIR-CraftaxClassic-v0", ...)``; a
+            ``gymnasium.vector.VectorEnv`` whose step info holds ``events`` and ``instruction``).
+        max_length: see :class:`TrajectoryRecorder`.
+
+    Attributes:
+        recorder: the :class:`TrajectoryRecorder` it fills.
+    """
+
+    def __init__(self, env: VectorEnv, *, max_length: Optional[int] = None) -> None:
+        if not isinstance(env, VectorEnv):
+            raise ArgumentTypeError(f"env={show(env)} must be a gymnasium.vector.VectorEnv (e.g. gym.make_vec("
+                                    f"'OIR-CraftaxClassic-v0', num_envs=4)), got {type(env).__name__}")
+        super().__init__(env)
+        self.recorder = TrajectoryRecorder(env, max_length=max_length)
+
+    def __getattr__(self, name: str) -> Any:
+        # The wrapped env's public attributes (buffer, set_instructions, ...) stay reachable.
+        env = self.__dict__.get("env")
+        if env is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(env, name)
+
+    def reset(self, *, seed: Any = None, options: Optional[dict] = None) -> tuple[Any, dict]:
+        """``env.reset(seed=seed, options=options)``, then :meth:`TrajectoryRecorder.record_reset`."""
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.recorder.record_reset()
+        return obs, info
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict]:
+        """``env.step(actions)``, recorded with :meth:`TrajectoryRecorder.record`."""
+        obs, rewards, terminated, truncated, info = self.env.step(actions)
+        self.recorder.record(actions, rewards, terminated, truncated, info)
+        return obs, rewards, terminated, truncated, info
+
+    def trajectories(self, include_open: bool = True) -> list[Trajectory]:
+        """The trajectories recorded since the last call (:meth:`TrajectoryRecorder.trajectories`)."""
+        return self.recorder.trajectories(include_open)
+
+
 def _array(name: str, value: Any, dtype: Any) -> np.ndarray:
     """``value`` as a numpy array of ``dtype``; what cannot be one is an error naming the argument."""
     try:
@@ -196,6 +283,7 @@ def rollout(
         raise ArgumentTypeError(f"policy={show(policy)} must be a callable policy(obs) -> actions or None")
     recorder = TrajectoryRecorder(envs, max_length=max_length)
     obs, _ = envs.reset(seed=seed, options=options)
+    recorder.record_reset()
     for _ in range(int(steps)):
         actions = envs.action_space.sample() if policy is None else policy(obs)
         obs, rewards, terminated, truncated, info = envs.step(actions)

@@ -202,6 +202,9 @@ class InstructionCraftax(VectorEnv):
         self._pinned = np.full((self.num_envs,), -1, np.int32)
         self._needs_reset = np.zeros((self.num_envs,), bool)
         self._last_obs = None
+        # How many times reset() ran: a TrajectoryRecorder that only sees step outputs reads it
+        # to tell that a reset happened between two steps.
+        self.reset_count = 0
         self._episode_start = np.zeros((self.num_envs,), np.float64)
 
     # ------------------------------------------------------------------ instructions
@@ -307,6 +310,7 @@ class InstructionCraftax(VectorEnv):
         obs, self._state = self._reset_fn(k, self._params, self.num_envs, self.pool_size, self._pinned, self.obs_mode)
         self._needs_reset[:] = False
         self._episode_start[:] = time.perf_counter()
+        self.reset_count += 1
         obs_np = self._to_numpy(obs)
         infos = {"instruction": np.array(self.current_instructions(), dtype=object)}
         if self.info_text:
