@@ -240,7 +240,8 @@ def test_loopback_never_goes_through_a_proxy_but_other_hosts_do(server, monkeypa
     monkeypatch.setenv("http_proxy", proxy.url.rsplit("/v1", 1)[0])
     be = OpenAIBackend("http://llm.oir-test.invalid/v1", "m", max_retries=0)
     assert be.generate(["p"]) == [[ANSWER]]
-    assert proxy.requests[-1].path == "http://llm.oir-test.invalid:80/v1/chat/completions"
+    # the proxy is sent the absolute URL (the default port may be written out or not)
+    assert proxy.requests[-1].path.replace(":80/", "/") == "http://llm.oir-test.invalid/v1/chat/completions"
 
 
 # --------------------------------------------------------------------------- the API key
