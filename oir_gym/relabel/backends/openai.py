@@ -1,24 +1,15 @@
 """Chat completions from any OpenAI-compatible server, on the ``openai`` package's ``AsyncOpenAI``.
 
-The package's own retries and redirects are off; what it lacks is added here so that a broken or
-hostile server cannot hurt the training run (each rule is tested against a real fake server on
-loopback in ``tests/test_relabel_openai_hostile.py``):
-
-* every request has a **total** deadline (connect, send and the whole answer): the request runs
-  under :func:`asyncio.wait_for`, so an answer trickled a byte at a time ends on time (the
-  package's own timeouts are per read);
-* answers are capped (``max_response_bytes``, 4 MiB by default) by the HTTP transport itself, so
-  no part of the client, error answers included, reads more; compressed answers are refused
-  (a small compressed body can inflate past any cap);
-* redirects are never followed: a redirect could carry the API key to another host;
-* malformed HTTP, short reads and unparsable or absurdly nested JSON raise :class:`BackendError`;
-* every failed call is counted by cause (:meth:`OpenAIBackend.stats`);
-* requests run on one event loop per process, on a daemon thread, whatever thread calls
-  :meth:`~OpenAIBackend.generate` (and whether or not that thread runs a loop of its own);
-  :meth:`OpenAIBackend.close` cancels those in flight, so shutdown never waits on a stuck server.
-
-The API key never appears in ``repr``, exceptions, logs or :meth:`~OpenAIBackend.stats`: any
-server text quoted in an error has the key masked.
+The package's retries are off and what it lacks is added, so that a broken or hostile server cannot
+hurt the training run (``tests/test_relabel_openai_hostile.py`` tries each rule on loopback):
+every request has a **total** deadline (:func:`asyncio.wait_for`: a trickled answer ends on time;
+the package's own timeouts are per read); the HTTP transport caps every answer, error answers
+included, at ``max_response_bytes`` and refuses compressed ones; redirects are never followed (one
+could carry the API key elsewhere); malformed HTTP, short reads and unusable JSON raise
+:class:`BackendError`, and each failed call is counted by cause. Requests run on one event loop per
+process, on a daemon thread, whatever thread calls :meth:`~OpenAIBackend.generate` (running a loop
+of its own or not); :meth:`~OpenAIBackend.close` cancels those in flight. The API key never appears
+in ``repr``, exceptions, logs (the HTTP libraries' included) or ``stats()``.
 """
 
 from __future__ import annotations
@@ -61,12 +52,9 @@ _CLOSED = "closed (backend.close() was called)"
 
 
 def _rejects_format(status: int, payload: bytes) -> bool:
-    """True when an error answer says the *response format* is what the server cannot do.
-
-    Only then is structured output stepped down; any other 4xx/5xx (a context-length 400, an
-    overloaded 503) is an error of that one call. llama_cpp.server answers an unsupported
-    ``response_format`` with HTTP 500 (a validation error), OpenAI and vLLM with 400.
-    """
+    """True when an error answer says the *response format* is what the server cannot do (only then
+    is structured output stepped down; a context-length 400 or an overloaded 503 fails that call).
+    llama_cpp.server answers an unsupported ``response_format`` with HTTP 500, OpenAI and vLLM 400."""
     if status < 400:
         return False
     text = payload[:4000].decode("utf-8", errors="replace").lower()
@@ -77,19 +65,15 @@ def _rejects_format(status: int, payload: bytes) -> bool:
 
 def _retry_after(value: Optional[str]) -> Optional[float]:
     """Seconds to wait from a ``Retry-After`` header (delay in seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
+    value = (value or "").strip()
     try:
-        secs = float(value)
+        secs = float(value) if value else math.nan
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError):
             return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        secs = (when - datetime.now(timezone.utc)).total_seconds()
+        secs = (when.replace(tzinfo=when.tzinfo or timezone.utc) - datetime.now(timezone.utc)).total_seconds()
     return max(0.0, secs) if math.isfinite(secs) else None
 
 
@@ -127,22 +111,16 @@ def _safe_url(url: str) -> str:
     return urllib.parse.urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment))
 
 
-# ----------------------------------------------------------------------------- the event loop
-_loop_lock = threading.Lock()
+# ----------------------------------------------------------------------------- shared machinery
 _loop: Optional[asyncio.AbstractEventLoop] = None
-
-
-def _forget_loop() -> None:  # a forked child has the loop object but not its thread
-    global _loop, _loop_lock
-    _loop, _loop_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_loop)
+_loop_lock = threading.Lock()
+# A forked child inherits the loop object but not the thread running it.
+os.register_at_fork(after_in_child=lambda: globals().update(_loop=None, _loop_lock=threading.Lock()))
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
-    """This process's event loop for HTTP calls, running on a daemon thread (never the caller's:
-    a caller may run a loop of its own, and a stuck request must never hold the interpreter at exit)."""
+    """This process's loop for HTTP calls, on a daemon thread: never the caller's (it may run a loop
+    of its own), and a stuck request never holds the interpreter at exit."""
     global _loop
     with _loop_lock:
         if _loop is None:
@@ -152,8 +130,9 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 
 
 class _MaskKeys(logging.Filter):
-    """Masks the live backends' API keys in the HTTP libraries' log records: their debug traces
-    quote response headers and protocol errors, which a hostile server can fill with the key."""
+    """Masks live backends' keys in the HTTP libraries' records (their debug traces quote response
+    headers and protocol errors, which a server can fill with the key). A filter sees only its own
+    logger's records, so it goes on each of their loggers."""
 
     backends: "weakref.WeakSet[OpenAIBackend]" = weakref.WeakSet()
 
@@ -165,20 +144,18 @@ class _MaskKeys(logging.Filter):
             record.msg, record.args = masked, None
         return True
 
+    def install(self) -> None:
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if name.split(".")[0] in ("openai", "httpx2", "httpcore2") and isinstance(logger, logging.Logger):
+                if self not in logger.filters:
+                    logger.addFilter(self)
+
 
 _MASK = _MaskKeys()
 
 
-def _mask_library_logs() -> None:
-    """Put :data:`_MASK` on every logger of the client libraries (a filter sees only its own logger's records)."""
-    for name, logger in list(logging.root.manager.loggerDict.items()):
-        if name.split(".")[0] in ("openai", "httpx2", "httpcore2") and isinstance(logger, logging.Logger):
-            if _MASK not in logger.filters:
-                logger.addFilter(_MASK)
-
-
 def _capped_transport(inner: Any, cap: int) -> Any:
-    """``inner`` (an ``httpx2.AsyncHTTPTransport``) whose answers fail past ``cap`` bytes."""
+    """``inner`` (an ``httpx2`` transport) whose answers fail past ``cap`` bytes, whoever reads them."""
     import httpx2
 
     class Capped(httpx2.AsyncByteStream):
@@ -199,18 +176,15 @@ def _capped_transport(inner: Any, cap: int) -> Any:
     class Transport(httpx2.AsyncBaseTransport):
         async def handle_async_request(self, request: Any) -> Any:
             resp = await inner.handle_async_request(request)
-            encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+            encoding = resp.headers.get("Content-Encoding", "").strip().lower()
             length = resp.headers.get("Content-Length", "").strip()
-            failure = None
-            if encoding not in ("", "identity"):
-                failure = _Failure("unusable", f"sent a {encoding[:40]!r}-encoded answer (the client asks for none: "
-                                               "a small compressed answer can inflate past max_response_bytes)")
-            elif length.isdigit() and int(length) > cap:
-                failure = _Failure("unusable", f"announced an answer of {int(length):,} bytes, over "
-                                               f"max_response_bytes={cap:,}")
-            if failure is not None:
+            if encoding not in ("", "identity"):  # asked for none: a small compressed body can inflate past the cap
                 await resp.aclose()
-                raise failure
+                raise _Failure("unusable", f"sent a {encoding[:40]!r}-encoded answer though asked for none")
+            if length.isdigit() and int(length) > cap:
+                await resp.aclose()
+                raise _Failure("unusable", f"announced an answer of {int(length):,} bytes, over "
+                                           f"max_response_bytes={cap:,}")
             return httpx2.Response(resp.status_code, headers=resp.headers, stream=Capped(resp.stream),
                                    extensions=resp.extensions)
 
@@ -224,60 +198,44 @@ class OpenAIBackend:
     """Chat completions from any OpenAI-compatible server, with ``openai.AsyncOpenAI``.
 
     Args:
-        base_url: server root including ``/v1`` (e.g. ``http://127.0.0.1:8000/v1``). Default: the
-            ``OPENAI_BASE_URL`` environment variable, else ``http://127.0.0.1:8000/v1`` (as the
-            OpenAI client: the argument wins over the variable).
+        base_url: server root including ``/v1``. Default: ``OPENAI_BASE_URL``, else
+            ``http://127.0.0.1:8000/v1`` (as the OpenAI client: the argument wins).
         model: model name sent to the server. Empty or ``None``: ask the server
-            (``GET {base_url}/models``) and use the one model it serves; a server serving several
-            models, none, or no model list at all (not an OpenAI-compatible LLM server, wrong
-            URL, unreachable) raises :class:`BackendError` here, before any training starts.
-        api_key: the API key. Default: read from the environment variable ``api_key_env``
-            (``OPENAI_API_KEY``) at each request. Sent as a bearer token; never stored in
-            clear in ``repr``/``vars``, never logged, masked in any error text. Local servers
-            need none.
+            (``GET {base_url}/models``) and use the one model it serves; several models, none, or
+            no model list (not an OpenAI-compatible LLM server, wrong URL, unreachable) raise
+            :class:`BackendError` here, before any training starts.
+        api_key: the API key. Default: the environment variable ``api_key_env`` (``OPENAI_API_KEY``),
+            read at each request. Sent as a bearer token and nowhere else (masked in any error
+            text). Local servers need none.
         api_key_env: name of the environment variable holding the key (``None``: no key).
-        timeout: seconds per HTTP request, **total**: connect, send and the whole answer (an
-            answer still trickling in at the deadline is abandoned). The whole call, retries and
-            waits included, ends within ``timeout * (max_retries + 1)`` seconds.
-        max_retries: retries after a connection error, a short read, HTTP 429 or 5xx
-            (exponential backoff ``backoff * 2**i`` with jitter, or the server's
-            ``Retry-After`` when longer; a ``Retry-After`` beyond the call's deadline ends the
-            call at once). Timeouts are not retried unless ``retry_on_timeout``.
+        timeout: seconds per HTTP request, **total**: connect, send and the whole answer. A call,
+            retries and waits included, ends within ``timeout * (max_retries + 1)`` seconds.
+        max_retries: retries after a connection error, a short read, HTTP 429 or 5xx (backoff
+            ``backoff * 2**i`` with jitter, or the server's ``Retry-After`` when longer; one beyond
+            the call's deadline ends the call at once). Timeouts only with ``retry_on_timeout``.
         concurrency: requests of one :meth:`generate` call in flight at once.
-        response_format: ``"auto"`` tries the OpenAI ``json_schema`` format, steps down to
-            llama.cpp's ``json_object`` + schema, then to none, when (and only when) the server's
-            error says the format is not supported, and remembers what worked; or force one of
-            ``"json_schema"``, ``"json_object"``, ``"none"``.
+        response_format: ``"auto"`` tries OpenAI's ``json_schema`` format, steps down to llama.cpp's
+            ``json_object`` + schema, then to none, only when the server's error says the format is
+            not supported, and remembers what worked; or one of ``"json_schema"``, ``"json_object"``,
+            ``"none"``.
         extra_body: extra JSON fields for every request (e.g. ``{"chat_template_kwargs":
             {"enable_thinking": False}}`` for Qwen3 on vLLM).
         max_response_bytes: largest answer accepted; a longer one is an unusable answer.
 
     Raises:
-        TypeError, ValueError: an argument of the wrong type or out of range (NaN, zero or
-            negative timeouts and sizes, a bool or float where an integer is expected).
+        TypeError, ValueError: an argument of the wrong type or out of range (NaN, zero or negative
+            timeouts and sizes, a bool or float where an integer is expected).
         ImportError: the ``openai`` package is not installed.
-        BackendError: from the constructor only when ``model`` is empty and the server cannot
-            tell which model to use; from :meth:`generate` when a call fails.
+        BackendError: from the constructor when ``model`` is empty and the server cannot tell which
+            model to use; from :meth:`generate` when a call fails.
     """
 
     def __init__(
-        self,
-        base_url: Optional[str] = None,
-        model: Optional[str] = None,
-        *,
-        api_key: Optional[str] = None,
-        api_key_env: Optional[str] = "OPENAI_API_KEY",
-        timeout: float = 60.0,
-        max_retries: int = 2,
-        backoff: float = 0.5,
-        retry_on_timeout: bool = False,
-        concurrency: int = 4,
-        temperature: float = 0.7,
-        max_tokens: Optional[int] = None,
-        seed: Optional[int] = 0,
-        response_format: str = "auto",
-        extra_body: Optional[dict] = None,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        self, base_url: Optional[str] = None, model: Optional[str] = None, *, api_key: Optional[str] = None,
+        api_key_env: Optional[str] = "OPENAI_API_KEY", timeout: float = 60.0, max_retries: int = 2,
+        backoff: float = 0.5, retry_on_timeout: bool = False, concurrency: int = 4, temperature: float = 0.7,
+        max_tokens: Optional[int] = None, seed: Optional[int] = 0, response_format: str = "auto",
+        extra_body: Optional[dict] = None, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         check_choice("response_format", response_format, ("auto", *_RF_MODES))
         check_str("base_url", base_url, none_ok=True, non_empty=False)
@@ -429,13 +387,6 @@ class OpenAIBackend:
             raise errors[0]
         return out
 
-    def _response_format(self, mode: str, schema: Optional[dict]) -> Optional[dict]:
-        if schema is None or mode == "none":
-            return None
-        if mode == "json_schema":
-            return {"type": "json_schema", "json_schema": {"name": "instructions", "schema": schema, "strict": True}}
-        return {"type": "json_object", "schema": schema}
-
     async def _one(self, prompt: str, sample: int, schema: Optional[dict]) -> str:
         deadline = time.monotonic() + self.timeout * (self.max_retries + 1)
         body: dict[str, Any] = {
@@ -451,11 +402,12 @@ class OpenAIBackend:
         try:
             while True:
                 mode = self._rf_mode
-                rf = self._response_format(mode, schema)
+                rf = None if schema is None or mode == "none" else (
+                    {"type": "json_schema", "json_schema": {"name": "instructions", "schema": schema, "strict": True}}
+                    if mode == "json_schema" else {"type": "json_object", "schema": schema})
+                body.pop("response_format", None)
                 if rf is not None:
                     body["response_format"] = rf
-                else:
-                    body.pop("response_format", None)
                 status, payload = await self._request("POST", "/chat/completions", body, deadline)
                 if rf is not None and not self._rf_fixed and _rejects_format(status, payload):
                     self._step_down(mode, status, payload)
@@ -551,7 +503,7 @@ class OpenAIBackend:
                 http_client=http, default_headers={"Accept-Encoding": "identity"})
             self._client_pid = os.getpid()
             _MASK.backends.add(self)
-            _mask_library_logs()
+            _MASK.install()
         return self._client
 
     async def _attempt(self, method: str, path: str, body: Optional[dict], deadline: float):
@@ -577,32 +529,26 @@ class OpenAIBackend:
         except TimeoutError:  # the total deadline
             raise _Failure("timeouts", f"timed out: no complete answer within {budget:.1f} s",
                            retry=self.retry_on_timeout) from None
-        except openai.APIConnectionError as e:
-            raise self._classify(e.__cause__ or e, budget) from None
+        except _Failure:
+            raise
         except Exception as e:  # noqa: BLE001 - every client fault becomes a _Failure
-            if isinstance(e, _Failure):
-                raise
-            raise self._classify(e, budget) from None
+            e = e.__cause__ or e if isinstance(e, openai.APIConnectionError) else e  # the transport's own error
+            what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if self._closed.is_set():
+                raise _Failure("connection_errors", _CLOSED) from None
+            if isinstance(e, httpx2.TimeoutException):
+                raise _Failure("timeouts", f"timed out: no complete answer within {budget:.1f} s",
+                               retry=self.retry_on_timeout) from None
+            if isinstance(e, httpx2.ConnectError):
+                raise _Failure("connection_errors", f"cannot connect ({what})", retry=True) from None
+            # h11 says "peer closed connection ..." (a short read) or "Server disconnected ...": maybe
+            # the network, worth another try; any other protocol error is not.
+            if isinstance(e, httpx2.ProtocolError) and not any(w in str(e).lower() for w in ("closed", "disconnected")):
+                raise _Failure("unusable", f"sent malformed HTTP ({what})") from None
+            if isinstance(e, (httpx2.TransportError, OSError)) or type(e).__name__ == "EndOfStream":
+                raise _Failure("connection_errors", f"connection lost ({what})", retry=True) from None
+            raise _Failure("unusable", f"sent an answer the client cannot read ({what})") from None
         return resp.status_code, resp.headers, resp.content
-
-    def _classify(self, e: BaseException, budget: float) -> _Failure:
-        import httpx2
-
-        what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        if self._closed.is_set():
-            return _Failure("connection_errors", _CLOSED)
-        if isinstance(e, httpx2.TimeoutException):
-            return _Failure("timeouts", f"timed out: no complete answer within {budget:.1f} s",
-                            retry=self.retry_on_timeout)
-        if isinstance(e, httpx2.ConnectError):
-            return _Failure("connection_errors", f"cannot connect ({what})", retry=True)
-        # h11 says "peer closed connection ..." (a short read) or "Server disconnected ...":
-        # those may be the network and are worth another try; any other protocol error is not.
-        if isinstance(e, httpx2.ProtocolError) and not any(w in str(e).lower() for w in ("closed", "disconnected")):
-            return _Failure("unusable", f"sent malformed HTTP ({what})")
-        if isinstance(e, (httpx2.TransportError, OSError, ssl.SSLError)) or type(e).__name__ == "EndOfStream":
-            return _Failure("connection_errors", f"connection lost ({what})", retry=True)
-        return _Failure("unusable", f"sent an answer the client cannot read ({what})")
 
     # ------------------------------------------------------------------ helpers
     def _raw_key(self) -> Optional[str]:
@@ -650,8 +596,5 @@ class OpenAIBackend:
 
 
 def _hint(status: int) -> str:
-    if status in (401, 403):
-        return " (check the API key: OPENAI_API_KEY or api_key)"
-    if status == 404:
-        return " (check base_url, usually ending in /v1, and the model name)"
-    return ""
+    key = " (check the API key: OPENAI_API_KEY or api_key)"
+    return {401: key, 403: key, 404: " (check base_url, usually ending in /v1, and the model name)"}.get(status, "")
