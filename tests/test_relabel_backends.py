@@ -132,7 +132,7 @@ def test_openai_api_key_from_env_never_shown(stub_factory, monkeypatch):
     monkeypatch.setenv("OIR_TEST_KEY", "sk-secret-123")
     be = OpenAIBackend(stub.url, api_key_env="OIR_TEST_KEY")
     be.generate(["p"])
-    assert stub.headers[0]["Authorization"] == "Bearer sk-secret-123"
+    assert {k.lower(): v for k, v in stub.headers[0].items()}["authorization"] == "Bearer sk-secret-123"  # any case
     assert "sk-secret" not in repr(be) and "sk-secret" not in str(vars(be))
     assert "OIR_TEST_KEY" in repr(be)
 

@@ -4,7 +4,7 @@
   packaged Gemma 3 270M GGUF on any CPU, or any local model on CPU / GPU; ``oir-gym[llm]``).
 * :class:`LlamaCppBackend`: in-process llama.cpp (optional, faster on CPU, ``oir-gym[llamacpp]``).
 * :class:`OpenAIBackend`: any OpenAI-compatible server (``vllm serve``, ``llama_cpp.server``,
-  hosted APIs), standard library HTTP only.
+  hosted APIs), on the ``openai`` package's ``AsyncOpenAI`` (``oir-gym[llm]``).
 * :class:`VLLMBackend`: in-process ``vllm.LLM`` (optional dependency, GPU).
 
 Concrete backends import their heavy libraries only when constructed. The rule relabeler lives in

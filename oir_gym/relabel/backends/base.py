@@ -8,7 +8,9 @@ use it for constrained decoding where they can.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, runtime_checkable
+from typing import Any, Optional, Protocol, runtime_checkable
+
+from oir_gym.validation import ArgumentTypeError, show
 
 class BackendError(RuntimeError):
     """An LLM backend could not produce completions (server down, bad answer, model missing)."""
@@ -25,8 +27,31 @@ class LLMBackend(Protocol):
     def generate(
         self, prompts: list[str], n: int = 1, *, schema: Optional[dict] = None
     ) -> list[list[str]]:
-        """``n`` raw completions for each prompt (``len(result) == len(prompts)``)."""
+        """``n`` raw completions for each prompt (``len(result) == len(prompts)``).
+
+        Implementations check ``prompts`` with :func:`check_prompts` first."""
         ...
+
+
+def check_prompts(prompts: Any) -> list[str]:
+    """``prompts`` as a list of strings, for :meth:`LLMBackend.generate`.
+
+    Raises:
+        ArgumentTypeError: (a ``TypeError``) a single string (iterating it would send one prompt per
+            character), not an iterable, or an item that is not a string.
+    """
+    if isinstance(prompts, (str, bytes)):
+        raise ArgumentTypeError(f"prompts={show(prompts)} must be a list of prompt strings, got one "
+                                f"{type(prompts).__name__}: pass [prompt]")
+    try:
+        items = list(prompts)
+    except TypeError:
+        raise ArgumentTypeError(f"prompts={show(prompts)} must be a list of prompt strings, "
+                                f"got {type(prompts).__name__}") from None
+    for i, p in enumerate(items):
+        if not isinstance(p, str):
+            raise ArgumentTypeError(f"prompts[{i}]={show(p)} must be a string, got {type(p).__name__}")
+    return items
 
 
 def default_max_tokens(k: int, analysis: bool) -> int:

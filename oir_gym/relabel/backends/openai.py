@@ -1,44 +1,40 @@
-"""Chat completions from any OpenAI-compatible server (standard library HTTP only).
+"""Chat completions from any OpenAI-compatible server, on the ``openai`` package's ``AsyncOpenAI``.
 
-The transport is :mod:`http.client`, driven directly so that a broken or hostile server cannot
-hurt the training run (each rule is tested against a real fake server on loopback in
-``tests/test_relabel_openai_hostile.py``):
-
-* every request has a **total** deadline (connect + send + the whole answer), enforced by a
-  watchdog that shuts the socket down, so an answer trickled a byte at a time ends on time (the
-  backend keeps its own reference to the socket: :mod:`http.client` hands it over to the response
-  when the answer says ``Connection: close`` or has no length);
-* answers are read in chunks and capped (``max_response_bytes``, 4 MiB by default);
-* redirects are never followed: a redirect could carry the API key to another host;
-* malformed HTTP, short reads and unparsable or absurdly nested JSON raise :class:`BackendError`;
-* every failed call is counted by cause (:meth:`OpenAIBackend.stats`);
-* requests run on daemon threads, and :meth:`OpenAIBackend.close` aborts those in flight, so
-  shutdown never waits on a stuck server.
-
-The API key never appears in ``repr``, exceptions, logs or :meth:`~OpenAIBackend.stats`: any
-server text quoted in an error has the key masked.
+The package's retries are off and what it lacks is added, so that a broken or hostile server cannot
+hurt the training run (``tests/test_relabel_openai_hostile.py`` tries each rule on loopback):
+every request has a **total** deadline (:func:`asyncio.wait_for`: a trickled answer ends on time;
+the package's own timeouts are per read); the HTTP transport caps every answer, error answers
+included, at ``max_response_bytes`` and refuses compressed ones; redirects are never followed (one
+could carry the API key elsewhere); malformed HTTP, short reads and unusable JSON raise
+:class:`BackendError`, and each failed call is counted by cause. Requests run on one event loop per
+process, on a daemon thread, whatever thread calls :meth:`~OpenAIBackend.generate` (running a loop
+of its own or not); :meth:`~OpenAIBackend.close` cancels those in flight. The API key never appears
+in ``repr``, exceptions, logs (the HTTP libraries' included) or ``stats()``.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
+import concurrent.futures
 import email.utils
-import http.client
 import json
 import logging
 import math
 import os
 import random
-import socket
 import ssl
 import threading
 import time
 import urllib.parse
 import urllib.request
+import weakref
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Coroutine, Optional, Sequence
 
-from oir_gym.relabel.backends.base import BackendError, BackendTimeout, default_max_tokens, schema_shape
+from oir_gym.relabel.backends.base import (
+    BackendError, BackendTimeout, check_prompts, default_max_tokens, schema_shape,
+)
+from oir_gym.validation import check_bool, check_choice, check_instance, check_int, check_real, check_str
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +42,19 @@ log = logging.getLogger(__name__)
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 #: Largest answer read from the server (bytes).
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+#: Installing the client library.
+OPENAI_INSTALL_HINT = "OpenAIBackend needs the 'openai' package: pip install 'oir-gym[llm]' (or pip install openai)"
 
 _RF_MODES = ("json_schema", "json_object", "none")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
-_CHUNK = 64 * 1024
 _FAILURE_KINDS = ("timeouts", "connection_errors", "http_errors", "redirects", "unusable")
+_CLOSED = "closed (backend.close() was called)"
 
 
 def _rejects_format(status: int, payload: bytes) -> bool:
-    """True when an error answer says the *response format* is what the server cannot do.
-
-    Only then is structured output stepped down; any other 4xx/5xx (a context-length 400, an
-    overloaded 503) is an error of that one call. llama_cpp.server answers an unsupported
-    ``response_format`` with HTTP 500 (a validation error), OpenAI and vLLM with 400.
-    """
+    """True when an error answer says the *response format* is what the server cannot do (only then
+    is structured output stepped down; a context-length 400 or an overloaded 503 fails that call).
+    llama_cpp.server answers an unsupported ``response_format`` with HTTP 500, OpenAI and vLLM 400."""
     if status < 400:
         return False
     text = payload[:4000].decode("utf-8", errors="replace").lower()
@@ -70,19 +65,15 @@ def _rejects_format(status: int, payload: bytes) -> bool:
 
 def _retry_after(value: Optional[str]) -> Optional[float]:
     """Seconds to wait from a ``Retry-After`` header (delay in seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
+    value = (value or "").strip()
     try:
-        secs = float(value)
+        secs = float(value) if value else math.nan
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError):
             return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        secs = (when - datetime.now(timezone.utc)).total_seconds()
+        secs = (when.replace(tzinfo=when.tzinfo or timezone.utc) - datetime.now(timezone.utc)).total_seconds()
     return max(0.0, secs) if math.isfinite(secs) else None
 
 
@@ -109,7 +100,7 @@ class _Failure(Exception):
 
 
 def _safe_url(url: str) -> str:
-    """``url`` without any ``user:password@`` part (for messages and ``repr``)."""
+    """``url`` without any ``user:password@`` part (for messages, ``repr`` and the client)."""
     p = urllib.parse.urlsplit(url)
     if p.username is None and p.password is None:
         return url
@@ -120,66 +111,152 @@ def _safe_url(url: str) -> str:
     return urllib.parse.urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment))
 
 
+# ----------------------------------------------------------------------------- shared machinery
+_loop: Optional[asyncio.AbstractEventLoop] = None
+_loop_lock = threading.Lock()
+# A forked child inherits the loop object but not the thread running it.
+os.register_at_fork(after_in_child=lambda: globals().update(_loop=None, _loop_lock=threading.Lock()))
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """This process's loop for HTTP calls, on a daemon thread: never the caller's (it may run a loop
+    of its own), and a stuck request never holds the interpreter at exit."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="oir-openai", daemon=True).start()
+        return _loop
+
+
+class _MaskKeys(logging.Filter):
+    """Masks live backends' keys in the HTTP libraries' records (their debug traces quote response
+    headers and protocol errors, which a server can fill with the key). A filter sees only its own
+    logger's records, so it goes on each of their loggers."""
+
+    backends: "weakref.WeakSet[OpenAIBackend]" = weakref.WeakSet()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = masked = record.getMessage()
+        for backend in list(self.backends):
+            masked = backend._redact(masked)
+        if masked != text:
+            record.msg, record.args = masked, None
+        return True
+
+    def install(self) -> None:
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if name.split(".")[0] in ("openai", "httpx2", "httpcore2") and isinstance(logger, logging.Logger):
+                if self not in logger.filters:
+                    logger.addFilter(self)
+
+
+_MASK = _MaskKeys()
+
+
+def _capped_transport(inner: Any, cap: int) -> Any:
+    """``inner`` (an ``httpx2`` transport) whose answers fail past ``cap`` bytes, whoever reads them."""
+    import httpx2
+
+    class Capped(httpx2.AsyncByteStream):
+        def __init__(self, stream: Any) -> None:
+            self.stream = stream
+
+        async def __aiter__(self):
+            total = 0
+            async for chunk in self.stream:
+                total += len(chunk)
+                if total > cap:
+                    raise _Failure("unusable", f"sent an answer over max_response_bytes={cap:,}")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.stream.aclose()
+
+    class Transport(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            resp = await inner.handle_async_request(request)
+            encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+            length = resp.headers.get("Content-Length", "").strip()
+            if encoding not in ("", "identity"):  # asked for none: a small compressed body can inflate past the cap
+                await resp.aclose()
+                raise _Failure("unusable", f"sent a {encoding[:40]!r}-encoded answer though asked for none")
+            if length.isdigit() and int(length) > cap:
+                await resp.aclose()
+                raise _Failure("unusable", f"announced an answer of {int(length):,} bytes, over "
+                                           f"max_response_bytes={cap:,}")
+            return httpx2.Response(resp.status_code, headers=resp.headers, stream=Capped(resp.stream),
+                                   extensions=resp.extensions)
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return Transport()
+
+
 class OpenAIBackend:
-    """Chat completions from any OpenAI-compatible server, with the standard library only.
+    """Chat completions from any OpenAI-compatible server, with ``openai.AsyncOpenAI``.
 
     Args:
-        base_url: server root including ``/v1`` (e.g. ``http://127.0.0.1:8000/v1``). Default: the
-            ``OPENAI_BASE_URL`` environment variable, else ``http://127.0.0.1:8000/v1`` (as the
-            OpenAI client: the argument wins over the variable).
+        base_url: server root including ``/v1``. Default: ``OPENAI_BASE_URL``, else
+            ``http://127.0.0.1:8000/v1`` (as the OpenAI client: the argument wins).
         model: model name sent to the server. Empty or ``None``: ask the server
-            (``GET {base_url}/models``) and use the one model it serves; a server serving several
-            models, none, or no model list at all (not an OpenAI-compatible LLM server, wrong
-            URL, unreachable) raises :class:`BackendError` here, before any training starts.
-        api_key: the API key. Default: read from the environment variable ``api_key_env``
-            (``OPENAI_API_KEY``) at each request. Sent as a bearer token; never stored in
-            clear in ``repr``/``vars``, never logged, masked in any error text. Local servers
-            need none.
+            (``GET {base_url}/models``) and use the one model it serves; several models, none, or
+            no model list (not an OpenAI-compatible LLM server, wrong URL, unreachable) raise
+            :class:`BackendError` here, before any training starts.
+        api_key: the API key. Default: the environment variable ``api_key_env`` (``OPENAI_API_KEY``),
+            read at each request. Sent as a bearer token and nowhere else (masked in any error
+            text). Local servers need none.
         api_key_env: name of the environment variable holding the key (``None``: no key).
-        timeout: seconds per HTTP request, **total**: connect, send and the whole answer (an
-            answer still trickling in at the deadline is abandoned). The whole call, retries and
-            waits included, ends within ``timeout * (max_retries + 1)`` seconds.
-        max_retries: retries after a connection error, a short read, HTTP 429 or 5xx
-            (exponential backoff ``backoff * 2**i`` with jitter, or the server's
-            ``Retry-After`` when longer; a ``Retry-After`` beyond the call's deadline ends the
-            call at once). Timeouts are not retried unless ``retry_on_timeout``.
-        concurrency: requests in flight at once (daemon threads).
-        response_format: ``"auto"`` tries the OpenAI ``json_schema`` format, steps down to
-            llama.cpp's ``json_object`` + schema, then to none, when (and only when) the server's
-            error says the format is not supported, and remembers what worked; or force one of
-            ``"json_schema"``, ``"json_object"``, ``"none"``.
+        timeout: seconds per HTTP request, **total**: connect, send and the whole answer. A call,
+            retries and waits included, ends within ``timeout * (max_retries + 1)`` seconds.
+        max_retries: retries after a connection error, a short read, HTTP 429 or 5xx (backoff
+            ``backoff * 2**i`` with jitter, or the server's ``Retry-After`` when longer; one beyond
+            the call's deadline ends the call at once). Timeouts only with ``retry_on_timeout``.
+        concurrency: requests of one :meth:`generate` call in flight at once.
+        response_format: ``"auto"`` tries OpenAI's ``json_schema`` format, steps down to llama.cpp's
+            ``json_object`` + schema, then to none, only when the server's error says the format is
+            not supported, and remembers what worked; or one of ``"json_schema"``, ``"json_object"``,
+            ``"none"``.
         extra_body: extra JSON fields for every request (e.g. ``{"chat_template_kwargs":
             {"enable_thinking": False}}`` for Qwen3 on vLLM).
         max_response_bytes: largest answer accepted; a longer one is an unusable answer.
 
     Raises:
-        BackendError: from the constructor only when ``model`` is empty and the server cannot
-            tell which model to use; from :meth:`generate` when a call fails.
+        TypeError, ValueError: an argument of the wrong type or out of range (NaN, zero or negative
+            timeouts and sizes, a bool or float where an integer is expected).
+        ImportError: the ``openai`` package is not installed.
+        BackendError: from the constructor when ``model`` is empty and the server cannot tell which
+            model to use; from :meth:`generate` when a call fails.
     """
 
     def __init__(
-        self,
-        base_url: Optional[str] = None,
-        model: Optional[str] = None,
-        *,
-        api_key: Optional[str] = None,
-        api_key_env: Optional[str] = "OPENAI_API_KEY",
-        timeout: float = 60.0,
-        max_retries: int = 2,
-        backoff: float = 0.5,
-        retry_on_timeout: bool = False,
-        concurrency: int = 4,
-        temperature: float = 0.7,
-        max_tokens: Optional[int] = None,
-        seed: Optional[int] = 0,
-        response_format: str = "auto",
-        extra_body: Optional[dict] = None,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        self, base_url: Optional[str] = None, model: Optional[str] = None, *, api_key: Optional[str] = None,
+        api_key_env: Optional[str] = "OPENAI_API_KEY", timeout: float = 60.0, max_retries: int = 2,
+        backoff: float = 0.5, retry_on_timeout: bool = False, concurrency: int = 4, temperature: float = 0.7,
+        max_tokens: Optional[int] = None, seed: Optional[int] = 0, response_format: str = "auto",
+        extra_body: Optional[dict] = None, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
-        if response_format not in ("auto", *_RF_MODES):
-            raise ValueError(f"response_format must be 'auto' or one of {_RF_MODES}, got {response_format!r}")
-        if not timeout or timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        check_choice("response_format", response_format, ("auto", *_RF_MODES))
+        check_str("base_url", base_url, none_ok=True, non_empty=False)
+        check_str("model", model, none_ok=True, non_empty=False)
+        check_str("api_key", api_key, none_ok=True, non_empty=False)
+        check_str("api_key_env", api_key_env, none_ok=True)
+        self.timeout = check_real("timeout", timeout, low=0, low_open=True, hint=" (seconds per request)")
+        self.max_retries = check_int("max_retries", max_retries, minimum=0)
+        self.backoff = check_real("backoff", backoff, low=0)
+        self.retry_on_timeout = check_bool("retry_on_timeout", retry_on_timeout)
+        self.concurrency = check_int("concurrency", concurrency, minimum=1)
+        self.temperature = check_real("temperature", temperature, low=0)
+        self.max_tokens = check_int("max_tokens", max_tokens, minimum=1, none_ok=True)
+        self.seed = check_int("seed", seed, none_ok=True)
+        self.max_response_bytes = check_int("max_response_bytes", max_response_bytes, minimum=1)
+        self.extra_body = dict(check_instance("extra_body", extra_body, dict, none_ok=True) or {})
+        try:
+            import openai  # noqa: F401 - fail here, with the remedy, not at the first call
+        except ImportError as e:
+            raise ImportError(f"{OPENAI_INSTALL_HINT} ({e})") from None
+
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         parts = urllib.parse.urlsplit(base_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -188,32 +265,17 @@ class OpenAIBackend:
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
         self._api_key = _Secret(api_key) if api_key else None
-        self.timeout = float(timeout)
-        self.max_retries = max(0, int(max_retries))
-        self.backoff = float(backoff)
-        self.retry_on_timeout = retry_on_timeout
-        self.concurrency = max(1, int(concurrency))
-        self.temperature = float(temperature)
-        self.max_tokens = max_tokens
-        self.seed = seed
-        self.max_response_bytes = int(max_response_bytes)
         self._rf_fixed = response_format != "auto"
         self._rf_mode = response_format if response_format != "auto" else "json_schema"
-        self.extra_body = dict(extra_body or {})
-
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port or (443 if self._https else 80)
-        self._path = parts.path
         # Proxies from the environment, as urllib does; loopback servers never go through one.
-        proxy = None
-        if self._host not in _LOOPBACK and not urllib.request.proxy_bypass(self._host):
-            proxy = urllib.request.getproxies().get(parts.scheme)
-        self._proxy = urllib.parse.urlsplit(proxy) if proxy else None
-        self._ssl: Optional[ssl.SSLContext] = None
+        host = parts.hostname
+        bypass = host in _LOOPBACK or urllib.request.proxy_bypass(host)
+        self._proxy = None if bypass else urllib.request.getproxies().get(parts.scheme)
+        self._client: Any = None  # built on the event loop's thread, at the first request
+        self._client_pid = 0
 
         self._lock = threading.Lock()
-        self._inflight: set[_Link] = set()
+        self._inflight: set[concurrent.futures.Future] = set()
         self._closed = threading.Event()
         self._counts: dict[str, int] = dict.fromkeys(
             ("calls", "ok", "failures", *_FAILURE_KINDS, "requests", "retries", "format_step_downs"), 0)
@@ -247,7 +309,7 @@ class OpenAIBackend:
         """The model ids the server serves (``GET {base_url}/models``). Raises :class:`BackendError`."""
         url = f"{_safe_url(self.base_url)}/models"
         try:
-            status, data = self._request("GET", "/models", None, time.monotonic() + self.timeout)
+            status, data = self._run(self._request("GET", "/models", None, time.monotonic() + self.timeout))
         except _Failure as f:
             self._count("failures", f.kind)
             cls = BackendTimeout if f.kind == "timeouts" else BackendError
@@ -257,8 +319,7 @@ class OpenAIBackend:
                 f"{url} answered HTTP {status} ({self._snippet(data)}): is {_safe_url(self.base_url)} an "
                 "OpenAI-compatible LLM server (the URL usually ends in /v1)?"))
         try:
-            entries = json.loads(data)["data"]
-            ids = [e["id"] for e in entries]
+            ids = [e["id"] for e in json.loads(data)["data"]]
             if not all(isinstance(i, str) for i in ids):
                 raise TypeError("model ids are not strings")
         except (ValueError, KeyError, TypeError, IndexError, RecursionError):
@@ -267,67 +328,66 @@ class OpenAIBackend:
                 "like an OpenAI-compatible LLM server; check the URL (it usually ends in /v1)")) from None
         return ids
 
-    def generate(self, prompts: list[str], n: int = 1, *, schema: Optional[dict] = None) -> list[list[str]]:
+    def generate(self, prompts: Sequence[str], n: int = 1, *, schema: Optional[dict] = None) -> list[list[str]]:
         """One request per (prompt, sample), ``concurrency`` at a time. Raises :class:`BackendError`.
 
         The first failed request stops the call (requests not yet sent are dropped).
         """
+        prompts = check_prompts(prompts)
+        n = check_int("n", n, minimum=1)
         if self._closed.is_set():
             raise BackendError(f"OpenAIBackend for {_safe_url(self.base_url)} is closed")
-        jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
-        out: list[list[str]] = [[""] * n for _ in prompts]
-        if len(jobs) == 1:
-            out[0][0] = self._one(prompts[0], 0, schema)
-            return out
-        lock = threading.Lock()
-        pending = iter(jobs)
-        errors: list[BaseException] = []
-
-        def work() -> None:
-            while True:
-                with lock:
-                    job = None if errors else next(pending, None)
-                if job is None:
-                    return
-                i, j = job
-                try:
-                    out[i][j] = self._one(prompts[i], j, schema)
-                except BaseException as e:  # noqa: BLE001 - handed to the caller below
-                    with lock:
-                        errors.append(e)
-                    return
-
-        # Daemon threads: a stuck request can never hold the interpreter at exit.
-        threads = [threading.Thread(target=work, name="oir-openai", daemon=True)
-                   for _ in range(min(self.concurrency, len(jobs)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return out
+        return self._run(self._generate(prompts, n, schema))
 
     def close(self) -> None:
-        """Abort requests in flight (their calls raise :class:`BackendError` at once); idempotent.
+        """Cancel requests in flight (their calls raise :class:`BackendError` at once); idempotent.
 
         Later :meth:`generate` calls raise. Shutdown therefore never waits on a stuck server.
         """
         self._closed.set()
         with self._lock:
-            links = list(self._inflight)
-        for link in links:
-            link.abort()
+            calls = list(self._inflight)
+        for fut in calls:
+            fut.cancel()  # cancels its task on the loop
+        client, self._client = self._client, None
+        if client is not None and self._client_pid == os.getpid():
+            asyncio.run_coroutine_threadsafe(client.close(), _event_loop())
 
-    # ------------------------------------------------------------------ one completion
-    def _response_format(self, mode: str, schema: Optional[dict]) -> Optional[dict]:
-        if schema is None or mode == "none":
-            return None
-        if mode == "json_schema":
-            return {"type": "json_schema", "json_schema": {"name": "instructions", "schema": schema, "strict": True}}
-        return {"type": "json_object", "schema": schema}
+    # ------------------------------------------------------------------ calls on the loop
+    def _run(self, coro: Coroutine) -> Any:
+        """Run ``coro`` on the process's event loop and wait for it (from any thread)."""
+        fut = asyncio.run_coroutine_threadsafe(coro, _event_loop())
+        with self._lock:
+            self._inflight.add(fut)
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            raise BackendError(f"OpenAI-compatible server at {_safe_url(self.base_url)}: {_CLOSED}") from None
+        finally:
+            with self._lock:
+                self._inflight.discard(fut)
 
-    def _one(self, prompt: str, sample: int, schema: Optional[dict]) -> str:
+    async def _generate(self, prompts: list[str], n: int, schema: Optional[dict]) -> list[list[str]]:
+        jobs = iter([(i, j) for i in range(len(prompts)) for j in range(n)])
+        out: list[list[str]] = [[""] * n for _ in prompts]
+        errors: list[BaseException] = []
+
+        async def work() -> None:
+            for i, j in jobs:  # one shared iterator: each job is taken once
+                if errors:
+                    return
+                try:
+                    out[i][j] = await self._one(prompts[i], j, schema)
+                except BackendError as e:
+                    errors.append(e)
+                    return
+
+        await asyncio.gather(*(work() for _ in range(min(self.concurrency, len(prompts) * n))))
+        if errors:
+            raise errors[0]
+        return out
+
+    async def _one(self, prompt: str, sample: int, schema: Optional[dict]) -> str:
         deadline = time.monotonic() + self.timeout * (self.max_retries + 1)
         body: dict[str, Any] = {
             "model": self.model,
@@ -337,17 +397,18 @@ class OpenAIBackend:
             **self.extra_body,
         }
         if self.seed is not None:
-            body["seed"] = int(self.seed) + sample
+            body["seed"] = self.seed + sample
         self._count("calls")
         try:
             while True:
                 mode = self._rf_mode
-                rf = self._response_format(mode, schema)
+                rf = None if schema is None or mode == "none" else (
+                    {"type": "json_schema", "json_schema": {"name": "instructions", "schema": schema, "strict": True}}
+                    if mode == "json_schema" else {"type": "json_object", "schema": schema})
+                body.pop("response_format", None)
                 if rf is not None:
                     body["response_format"] = rf
-                else:
-                    body.pop("response_format", None)
-                status, payload = self._request("POST", "/chat/completions", body, deadline)
+                status, payload = await self._request("POST", "/chat/completions", body, deadline)
                 if rf is not None and not self._rf_fixed and _rejects_format(status, payload):
                     self._step_down(mode, status, payload)
                     continue
@@ -360,6 +421,10 @@ class OpenAIBackend:
             self._count("failures", f.kind)
             cls = BackendTimeout if f.kind == "timeouts" else BackendError
             raise cls(self._redact(f"OpenAI-compatible server at {_safe_url(self.base_url)} {f.message}")) from None
+        except asyncio.CancelledError:
+            if self._closed.is_set():  # close() cut this call short
+                self._count("failures", "connection_errors")
+            raise
 
     def _content(self, payload: bytes) -> str:
         try:
@@ -386,15 +451,14 @@ class OpenAIBackend:
             f"(HTTP {status}: {self._snippet(payload, 160)}); using {new!r} from now on"))
 
     # ------------------------------------------------------------------ HTTP
-    def _request(self, method: str, path: str, body: Optional[dict], deadline: float) -> tuple[int, bytes]:
+    async def _request(self, method: str, path: str, body: Optional[dict], deadline: float) -> tuple[int, bytes]:
         """One request with retries: ``(status, body)`` of a non-retryable HTTP answer, or :class:`_Failure`."""
-        data = json.dumps(body).encode("utf-8") if body is not None else None
         last: Optional[_Failure] = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self._count("retries")
             try:
-                status, headers, payload = self._attempt(method, path, data, deadline)
+                status, headers, payload = await self._attempt(method, path, body, deadline)
             except _Failure as f:
                 if not f.retry:
                     raise
@@ -417,128 +481,74 @@ class OpenAIBackend:
             pause = max(wait, self.backoff * (2 ** attempt) * (0.75 + 0.5 * random.random()))
             if time.monotonic() + pause >= deadline:
                 break
-            if self._closed.wait(pause):
-                raise _Failure("connection_errors", "closed (backend.close() was called)")
+            await asyncio.sleep(pause)  # close() cancels it
         assert last is not None
         last.message = f"failed after {attempt + 1} attempt(s): {last.message}"
         raise last
 
-    def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-        """A new connection and the request target for ``self._path`` + suffix (prefix returned)."""
-        kw: dict[str, Any] = {"timeout": timeout}
-        if self._https:
-            if self._ssl is None:
-                self._ssl = ssl.create_default_context()
-            kw["context"] = self._ssl
-        if self._proxy is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            return cls(self._host, self._port, **kw), self._path
-        p = self._proxy
-        if self._https:  # CONNECT tunnel: the proxy sees neither the request nor the key
-            conn = http.client.HTTPSConnection(p.hostname, p.port or 8080, **kw)
-            headers = {}
-            if p.username:
-                cred = f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}"
-                headers["Proxy-Authorization"] = "Basic " + base64.b64encode(cred.encode()).decode()
-            conn.set_tunnel(self._host, self._port, headers=headers)
-            return conn, self._path
-        conn = http.client.HTTPConnection(p.hostname, p.port or 8080, timeout=timeout)
-        return conn, f"http://{self._host}:{self._port}{self._path}"  # absolute form for the proxy
+    def _http(self) -> Any:
+        """This backend's ``AsyncOpenAI`` (built on the loop's thread; again in a forked child)."""
+        if self._client is None or self._client_pid != os.getpid():
+            import httpx2
+            import openai
 
-    def _headers(self, has_body: bool) -> dict[str, str]:
-        h = {"Accept": "application/json", "User-Agent": "oir-gym", "Connection": "close"}
-        if has_body:
-            h["Content-Type"] = "application/json"
-        key = self._key()
-        if key:
-            h["Authorization"] = f"Bearer {key}"
-        if self._proxy is not None and not self._https and self._proxy.username:
-            p = self._proxy
-            cred = f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}"
-            h["Proxy-Authorization"] = "Basic " + base64.b64encode(cred.encode()).decode()
-        return h
+            inner = httpx2.AsyncHTTPTransport(
+                verify=ssl.create_default_context(), proxy=self._proxy, trust_env=False,
+                limits=httpx2.Limits(max_connections=None, max_keepalive_connections=self.concurrency))
+            http = httpx2.AsyncClient(transport=_capped_transport(inner, self.max_response_bytes),
+                                      follow_redirects=False, trust_env=False, timeout=self.timeout)
+            # The key goes with each request (read at each one); this placeholder is never sent.
+            self._client = openai.AsyncOpenAI(
+                api_key="unused", base_url=_safe_url(self.base_url), max_retries=0, timeout=self.timeout,
+                http_client=http, default_headers={"Accept-Encoding": "identity"})
+            self._client_pid = os.getpid()
+            _MASK.backends.add(self)
+            _MASK.install()
+        return self._client
 
-    def _attempt(self, method: str, path: str, data: Optional[bytes], deadline: float):
+    async def _attempt(self, method: str, path: str, body: Optional[dict], deadline: float):
         """One HTTP exchange within ``deadline``: ``(status, headers, body)`` or :class:`_Failure`."""
+        import httpx2
+        import openai
+
         if self._closed.is_set():
-            raise _Failure("connection_errors", "closed (backend.close() was called)")
+            raise _Failure("connection_errors", _CLOSED)
         budget = min(self.timeout, deadline - time.monotonic())
         if budget <= 0:
             raise _Failure("timeouts", "timed out (no time left in this call)")
-        conn, prefix = self._connection(budget)
-        link = _Link(conn)
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            link.abort()
-
-        # The socket timeout only bounds each read; the watchdog bounds the whole exchange.
-        watchdog = threading.Timer(budget, expire)
-        watchdog.daemon = True
-        with self._lock:
-            self._inflight.add(link)
-            self._counts["requests"] += 1
-        watchdog.start()
-        connected = False
-        resp = None
+        key = self._key()
+        options = {"headers": {"Authorization": f"Bearer {key}" if key else openai.Omit()}}
+        client = self._http()
+        self._count("requests")
+        send = (client.get(path, cast_to=httpx2.Response, options=options) if method == "GET" else
+                client.post(path, cast_to=httpx2.Response, body=body, options=options))
         try:
-            conn.connect()
-            link.sock = conn.sock  # before the check below: an expiry from now on reaches the socket
-            if expired.is_set() or self._closed.is_set():
-                raise TimeoutError
-            connected = True
-            conn.request(method, prefix + path, body=data, headers=self._headers(data is not None))
-            resp = conn.getresponse()
-            length = resp.getheader("Content-Length", "").strip()
-            announced = int(length) if length.isdigit() else None
-            if announced is not None and announced > self.max_response_bytes:
-                raise _Failure("unusable", f"announced an answer of {announced:,} bytes, over "
-                                           f"max_response_bytes={self.max_response_bytes:,}")
-            chunks, total = [], 0
-            while True:
-                chunk = resp.read(_CHUNK)
-                if not chunk:
-                    break
-                total += len(chunk)
-                if total > self.max_response_bytes:
-                    raise _Failure("unusable", f"sent an answer over max_response_bytes={self.max_response_bytes:,}")
-                chunks.append(chunk)
-            # An aborted socket reads as a clean end of file: say why it ended.
-            if expired.is_set() or self._closed.is_set():
-                raise TimeoutError
-            if announced is not None and total < announced:
-                raise http.client.IncompleteRead(b"", announced - total)
-            return resp.status, resp.headers, b"".join(chunks)
+            resp = await asyncio.wait_for(send, budget)
+        except openai.APIStatusError as e:  # any status but 2xx, its body read (and capped)
+            resp = e.response
+        except TimeoutError:  # the total deadline
+            raise _Failure("timeouts", f"timed out: no complete answer within {budget:.1f} s",
+                           retry=self.retry_on_timeout) from None
         except _Failure:
             raise
-        except Exception as e:  # noqa: BLE001 - every transport fault becomes a _Failure
-            raise self._classify(e, expired.is_set(), connected, budget) from None
-        finally:
-            watchdog.cancel()
-            with self._lock:
-                self._inflight.discard(link)
-            if resp is not None:
-                resp.close()
-            conn.close()
-
-    def _classify(self, e: Exception, expired: bool, connected: bool, budget: float) -> _Failure:
-        what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        if self._closed.is_set():
-            return _Failure("connection_errors", "closed (backend.close() was called)")
-        if expired or isinstance(e, (socket.timeout, TimeoutError)):
-            return _Failure("timeouts", f"timed out: no complete answer within {budget:.1f} s",
-                            retry=self.retry_on_timeout)
-        if not connected and isinstance(e, OSError):
-            return _Failure("connection_errors", f"cannot connect ({what})", retry=True)
-        if isinstance(e, (http.client.IncompleteRead, ConnectionError)):
-            # short reads and dropped connections may be the network: worth another try
-            return _Failure("connection_errors", f"connection lost ({what})", retry=True)
-        if isinstance(e, http.client.HTTPException):
-            return _Failure("unusable", f"sent malformed HTTP ({what})")
-        if isinstance(e, OSError):
-            return _Failure("connection_errors", f"connection error ({what})", retry=True)
-        return _Failure("unusable", f"sent an answer the client cannot read ({what})")
+        except Exception as e:  # noqa: BLE001 - every client fault becomes a _Failure
+            e = e.__cause__ or e if isinstance(e, openai.APIConnectionError) else e  # the transport's own error
+            what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if self._closed.is_set():
+                raise _Failure("connection_errors", _CLOSED) from None
+            if isinstance(e, httpx2.TimeoutException):
+                raise _Failure("timeouts", f"timed out: no complete answer within {budget:.1f} s",
+                               retry=self.retry_on_timeout) from None
+            if isinstance(e, httpx2.ConnectError):
+                raise _Failure("connection_errors", f"cannot connect ({what})", retry=True) from None
+            # h11 says "peer closed connection ..." (a short read) or "Server disconnected ...": maybe
+            # the network, worth another try; any other protocol error is not.
+            if isinstance(e, httpx2.ProtocolError) and not any(w in str(e).lower() for w in ("closed", "disconnected")):
+                raise _Failure("unusable", f"sent malformed HTTP ({what})") from None
+            if isinstance(e, (httpx2.TransportError, OSError)) or type(e).__name__ == "EndOfStream":
+                raise _Failure("connection_errors", f"connection lost ({what})", retry=True) from None
+            raise _Failure("unusable", f"sent an answer the client cannot read ({what})") from None
+        return resp.status_code, resp.headers, resp.content
 
     # ------------------------------------------------------------------ helpers
     def _raw_key(self) -> Optional[str]:
@@ -549,7 +559,7 @@ class OpenAIBackend:
     def _key(self) -> Optional[str]:
         key = (self._raw_key() or "").strip()  # a key read from a file often ends in a newline
         if any(not (32 < ord(c) < 127) for c in key):
-            # http.client would quote the header, key included, in its own error: never let it
+            # the HTTP library would quote the header, key included, in its own error: never let it
             where = "api_key" if self._api_key is not None else self.api_key_env
             raise _Failure("connection_errors", f"the API key ({where}) holds spaces, control or non-ASCII "
                                                 "characters: fix it")
@@ -585,33 +595,6 @@ class OpenAIBackend:
         return ids[0]
 
 
-class _Link:
-    """The socket of one HTTP exchange, held by the backend itself.
-
-    :mod:`http.client` drops the connection's reference (``conn.sock`` becomes ``None``) when it
-    hands the socket to the response (an answer with ``Connection: close`` or without a length),
-    so a deadline or :meth:`OpenAIBackend.close` that looked only at ``conn.sock`` would abort
-    nothing while a body trickles in: :meth:`abort` reaches the socket either way.
-    """
-
-    __slots__ = ("conn", "sock")
-
-    def __init__(self, conn: http.client.HTTPConnection) -> None:
-        self.conn = conn
-        self.sock: Optional[socket.socket] = None  # set once connected
-
-    def abort(self) -> None:
-        """Wake any thread blocked on the socket (shutdown, not close: close may not wake it)."""
-        for sock in {id(s): s for s in (self.sock, self.conn.sock) if s is not None}.values():
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
 def _hint(status: int) -> str:
-    if status in (401, 403):
-        return " (check the API key: OPENAI_API_KEY or api_key)"
-    if status == 404:
-        return " (check base_url, usually ending in /v1, and the model name)"
-    return ""
+    key = " (check the API key: OPENAI_API_KEY or api_key)"
+    return {401: key, 403: key, 404: " (check base_url, usually ending in /v1, and the model name)"}.get(status, "")
