@@ -68,7 +68,8 @@ def rate_metrics(names: Sequence[str], per_1k: np.ndarray, count: np.ndarray, ep
     of finished episodes; left out when none finished) for each event name."""
     out: dict[str, float] = {}
     for i, name in enumerate(names):
-        out[f"{prefix}rate/{name}"] = float(per_1k[i])
+        # rounded: hundreds of these keys per row fill metrics.jsonl otherwise
+        out[f"{prefix}rate/{name}"] = round(float(per_1k[i]), 3)
         if episodes:
-            out[f"{prefix}episode_rate/{name}"] = float(count[i] / episodes)
+            out[f"{prefix}episode_rate/{name}"] = round(float(count[i] / episodes), 4)
     return out
