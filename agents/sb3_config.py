@@ -104,6 +104,10 @@ def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "
                             or key == "train_freq" and isinstance(value, (tuple, list))):
             raise ValueError(f"hyperparameter {key}={value!r}: {cls.__name__} takes a number there (its default: "
                              f"{default!r})")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"hyperparameter {key}={value!r} must be a finite number")
+        if key in _COUNTS and not (isinstance(value, int) and not isinstance(value, bool) and value >= _COUNTS[key]):
+            raise ValueError(f"hyperparameter {key}={value!r} must be a whole number >= {_COUNTS[key]}")
     pk = hyperparams.get("policy_kwargs") or {}
     if not isinstance(pk, Mapping):
         raise ValueError(f"hyperparameter policy_kwargs={pk!r} must be a dict (or --sb3.hp policy_kwargs.KEY=VALUE)")
@@ -118,6 +122,11 @@ def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "
     if hp_device is not None and device not in ("auto", hp_device):
         raise ValueError(f"device given twice: device={device!r} and hyperparameter device={hp_device!r}; give one")
     check_device(hp_device if hp_device is not None else device)
+
+
+#: Hyperparameters that count (steps, transitions, epochs) and their least value.
+_COUNTS = {"buffer_size": 1, "batch_size": 1, "learning_starts": 0, "n_steps": 1, "n_epochs": 1,
+           "target_update_interval": 1}
 
 
 def _arguments(params: Mapping[str, Any], skip: tuple[str, ...] = ()) -> str:

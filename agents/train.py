@@ -659,7 +659,7 @@ def _finish(recipe: Recipe, trainer: RunTrainer, run: RunDir, cfg: Any, run_eval
     analysis.write_overview_plots({label: [rows]}, run.path)  # success.png, gain.png, relabeling.png
     table = _mean_table(final)
     run.write_eval("final", final, markdown=f"{recipe.eval_title(cfg, trainer, None)}\n\n{table}\n")
-    print(f"\nFinal evaluation (mean over seeds; every row in {run.eval_path('final').with_suffix('.md')}):\n"
+    print(f"\nFinal evaluation (mean over seeds; every row in {run.eval_path('final', 'md')}):\n"
           + compact_table(table))
     recipe.write_diversity(trainer, own_dir, cfg)
     run.mark_complete(update=trainer.update_idx, env_steps=trainer.env_steps, **recipe.completion_info(trainer))
