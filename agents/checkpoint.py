@@ -27,6 +27,10 @@ Old runs wrote ``checkpoint.pkl`` (a pickle). It is refused with a message; conv
 explicit command, because unpickling runs whatever code the file names (only for files you trust)::
 
     python -m agents.legacy_checkpoint RUN_DIR
+
+Check a run's newest checkpoint (sizes, checksums, content) without loading it into a trainer::
+
+    python -m agents.checkpoint RUN_DIR
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ One :class:`TrainConfig` holds every setting of a PQN run, in parts:
 ``PRESETS`` names whole configurations: ``cpu`` (the CLI's default, a few minutes on a small
 CPU), ``paper`` (the paper's Craftax-Classic table, for a GPU), ``fast`` (purejaxql's 1,024-env
 batch with the paper's agent: a strong agent in minutes on one GPU) and ``smoke`` (the smallest run
-that goes through every part of the chosen method, seconds on a CPU; the tests use it).
+that goes through every part of the chosen method: on a 2-core CPU about 2 min the first time, compiling,
+and about 30 s once JAX's compilation cache holds its programs; the tests use it).
 
 :meth:`TrainConfig.validate` refuses every bad value with one error naming the field, so a
 script validates before it writes anything. Old run directories wrote one flat dict of 42 to
@@ -733,7 +734,8 @@ PRESETS: dict[str, tuple[str, Any]] = {
              "env steps per seed (measured on one H200 each: 0.34-0.37 mean success with rule labels after about 3 min, "
              "compile and evaluations included; docs/benchmarks.md)",
              _fast),
-    "smoke": ("The smallest run through every part of the method (4 updates; seconds on a CPU)", _smoke),
+    "smoke": ("The smallest run through every part of the method (4 updates; 2-core CPU: about 2 min the first time, "
+              "compiling, about 30 s once JAX's compilation cache holds its programs)", _smoke),
 }
 DEFAULT_PRESET = "cpu"
 

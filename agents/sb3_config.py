@@ -432,5 +432,6 @@ def _sb3_smoke() -> SB3TrainConfig:
 #: Name -> (description, factory) of the named SB3 configurations.
 SB3_PRESETS: dict[str, tuple[str, Any]] = {
     "cpu": ("CPU default: QR-DQN with the rule relabeler, 30,000 env steps (minutes on 2 cores)", _sb3_cpu),
-    "smoke": ("The smallest run through every part (2 updates of 200 env steps; seconds on a CPU)", _sb3_smoke),
+    "smoke": ("The smallest run through every part, for any --sb3.algo (2 updates of 200 env steps, the algorithm's "
+              "tiny hyperparameters; under a minute on a 2-core CPU)", _sb3_smoke),
 }

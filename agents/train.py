@@ -5,6 +5,8 @@
     main(PQN, ["smoke", "--run-dir", "runs/smoke"])     # what examples/train_pqn.py runs
     main(SB3, ["smoke", "--run-dir", "runs/sb3"])       # what examples/train_sb3.py runs
 
+``python -m agents.train ARGS`` is ``examples/train_pqn.py ARGS``.
+
 A trainer is anything with the small interface of :class:`RunTrainer` (``init_state``, ``load``,
 ``iteration``, ``evaluate``, ``save``, ``close``): :class:`agents.oir.Trainer` (PQN) and
 :class:`agents.sb3_trainer.SB3Trainer`. What differs between the two (their config, presets and
