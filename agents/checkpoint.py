@@ -27,6 +27,10 @@ Old runs wrote ``checkpoint.pkl`` (a pickle). It is refused with a message; conv
 explicit command, because unpickling runs whatever code the file names (only for files you trust)::
 
     python -m agents.legacy_checkpoint RUN_DIR
+
+Check a run's newest checkpoint (sizes, checksums, content) without loading it into a trainer::
+
+    python -m agents.checkpoint RUN_DIR
 """
 
 from __future__ import annotations
@@ -360,15 +364,37 @@ def refuse_legacy(run_dir: str | os.PathLike) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agents.checkpoint", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    v = sub.add_parser("verify", help="check the sizes and checksums of a run's newest checkpoint")
-    v.add_argument("run_dir")
+    """``python -m agents.checkpoint RUN_DIR``: verify a PQN run's newest checkpoint (its files'
+    sizes and sha256 against the manifest, then its content) and print its update. ``verify RUN_DIR``
+    is the same command. Returns the exit status: 0 it is sound, 2 missing or damaged (said why)."""
+    from agents.config import plain_help
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["verify"]:
+        argv = argv[1:]
+    p = argparse.ArgumentParser(
+        prog="python -m agents.checkpoint",
+        description="Verify the newest checkpoint of a PQN run directory (examples/train_pqn.py): the sizes and "
+                    "sha256 of its files against its manifest, then its content (the update, finite arrays). "
+                    "Nothing is loaded into a trainer or changed. Exit status 0: sound; 2: missing or damaged.",
+        epilog=plain_help(__doc__ or ""), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", help="a run directory (its newest checkpoint) or one checkpoint folder "
+                                   "(<run>/checkpoints/<update>)")
     args = p.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        print(f"error: {run_dir} is not a folder (give a run directory written by examples/train_pqn.py)",
+              file=sys.stderr)
+        return 2
+    if (run_dir / "model.zip").exists() and latest_checkpoint(run_dir) is None:
+        print(f"error: {run_dir} holds an SB3 checkpoint (model.zip); this command checks PQN checkpoints. An SB3 "
+              "run's model.zip is checked against the sha256 its run recorded whenever it is loaded (--resume, "
+              "--eval-only, agents.sb3_agents.load_sb3_policy)", file=sys.stderr)
+        return 2
     try:
-        _, host = load_checkpoint(args.run_dir)
-        print(f"{latest_checkpoint(args.run_dir)}: ok (update {host.get('update')})")
+        _, host = load_checkpoint(run_dir)
+        where = run_dir if (run_dir / MANIFEST).exists() else latest_checkpoint(run_dir)
+        print(f"{where}: ok (update {host.get('update')})")
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

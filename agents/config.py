@@ -14,7 +14,8 @@ One :class:`TrainConfig` holds every setting of a PQN run, in parts:
 ``PRESETS`` names whole configurations: ``cpu`` (the CLI's default, a few minutes on a small
 CPU), ``paper`` (the paper's Craftax-Classic table, for a GPU), ``fast`` (purejaxql's 1,024-env
 batch with the paper's agent: a strong agent in minutes on one GPU) and ``smoke`` (the smallest run
-that goes through every part of the chosen method, seconds on a CPU; the tests use it).
+that goes through every part of the chosen method: on a 2-core CPU about 2 min the first time, compiling,
+and about 30 s once JAX's compilation cache holds its programs; the tests use it).
 
 :meth:`TrainConfig.validate` refuses every bad value with one error naming the field, so a
 script validates before it writes anything. Old run directories wrote one flat dict of 42 to
@@ -735,7 +736,8 @@ PRESETS: dict[str, tuple[str, Any]] = {
              "env steps per seed (measured on one H200 each: 0.34-0.37 mean success with rule labels after about 3 min, "
              "compile and evaluations included; docs/benchmarks.md)",
              _fast),
-    "smoke": ("The smallest run through every part of the method (4 updates; seconds on a CPU)", _smoke),
+    "smoke": ("The smallest run through every part of the method (4 updates; 2-core CPU: about 2 min the first time, "
+              "compiling, about 30 s once JAX's compilation cache holds its programs)", _smoke),
 }
 DEFAULT_PRESET = "cpu"
 
@@ -770,17 +772,95 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = No
 
     presets = PRESETS if presets is None else presets
     argv = merge_repeated_flags(list(sys.argv[1:] if args is None else args), config_type or TrainConfig)
+    description = plain_help(description) if description else description
     if base is not None:
         if argv and argv[0] in presets:
             print(f"error: a resumed run keeps its saved config; preset {argv[0]!r} cannot be applied to it "
                   "(override single fields instead, e.g. --eval.epsilon 0.05)", file=sys.stderr)
             raise SystemExit(2)
-        return tyro.cli(options_type, default=options_type(config=base), args=argv, description=description)
-    if not argv or argv[0] not in presets:
-        if not (argv and argv[0] in ("-h", "--help")):  # bare --help lists the presets
-            argv = [default_preset] + argv
+        with _plain_docstrings():
+            return tyro.cli(options_type, default=options_type(config=base), args=argv, description=description)
+    if argv and argv[0] in ("-h", "--help"):  # bare --help: the presets, the default one marked
+        print(preset_help(sys.argv[0], description, presets, default_preset))
+        raise SystemExit(0)
+    named = bool(argv) and argv[0] in presets
+    if not named:
+        argv = [default_preset] + argv
     configs = {name: (desc, options_type(config=factory())) for name, (desc, factory) in presets.items()}
-    return tyro.extras.overridable_config_cli(configs, args=argv, description=description)
+    try:
+        with _plain_docstrings():
+            return tyro.extras.overridable_config_cli(configs, args=argv, description=description)
+    except SystemExit as e:
+        late = [a for a in argv[1:] if a in presets]
+        if e.code and not named and late:  # a preset named after a flag reads as an unknown option
+            print(f"error: a preset ({late[0]}) must be the first argument, before every flag: "
+                  f"{sys.argv[0]} {late[0]} {' '.join(a for a in argv[1:] if a != late[0])}", file=sys.stderr)
+        raise
+
+
+def plain_help(text: str) -> str:
+    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B,
+    ``:mod:`a.b``` -> a.b (docstrings are written for the API reference, help lines are read as printed)."""
+    import re
+
+    def role(m: "re.Match[str]") -> str:
+        target = m.group(1).strip()
+        return target[1:].rsplit(".", 1)[-1] if target.startswith("~") else target
+
+    text = re.sub(r":[a-z]+(?::[a-z]+)?:`([^`]+)`", role, text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
+
+
+def preset_help(prog: str, description: str | None, presets: Mapping[str, tuple[str, Any]],
+                default_preset: str) -> str:
+    """The bare ``--help`` of a training script: its description and the presets, the default marked."""
+    import os
+    import textwrap
+
+    cols = max(60, min(120, int(os.environ.get("COLUMNS", "100") or 100)))
+    width = max(len(n) for n in presets)
+    lines = [f"usage: {prog} [PRESET] [OPTIONS...]", ""]
+    if description:
+        lines += [plain_help(description).strip("\n"), ""]
+    lines.append(f"PRESET (the first argument; default: {default_preset}):")
+    for name, (desc, _) in presets.items():
+        text = f"{desc}{' (the default)' if name == default_preset else ''}"
+        body = textwrap.wrap(text, width=cols - width - 4) or [""]
+        lines.append(f"  {name:<{width}}  {body[0]}")
+        lines += [f"  {'':<{width}}  {b}" for b in body[1:]]
+    lines += ["", f"Every option, with a preset's values: {prog} PRESET --help (e.g. {prog} {default_preset} --help)"]
+    return "\n".join(lines)
+
+
+class _plain_docstrings:
+    """While a command line is parsed, the help text tyro takes from docstrings without RST markup
+    (:func:`plain_help`). Where tyro's internals differ from the ones known here, the help keeps it."""
+
+    _NAMES = ("get_field_docstring", "get_callable_description")
+
+    def __enter__(self) -> "_plain_docstrings":
+        try:
+            from tyro import _docstrings
+        except ImportError:
+            self._module, self._saved = None, {}
+            return self
+        self._module = _docstrings
+        self._saved = {n: getattr(_docstrings, n) for n in self._NAMES if callable(getattr(_docstrings, n, None))}
+        for name, fn in self._saved.items():
+            setattr(_docstrings, name, self._plain(fn))
+        return self
+
+    @staticmethod
+    def _plain(fn: Any) -> Any:
+        def plain(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            return plain_help(out) if isinstance(out, str) else out
+
+        return plain
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, fn in self._saved.items():
+            setattr(self._module, name, fn)
 
 
 def _multi_value_flags(config_type: type) -> dict[str, str]:

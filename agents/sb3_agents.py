@@ -43,7 +43,7 @@ import numpy as np
 from agents import relabeling
 from agents.config import LLMConfig
 from agents.sb3_config import (  # noqa: F401  (re-exported: the algorithms and their checks)
-    ALGOS, RESERVED_HYPERPARAMS, algo_class, check_device, check_hyperparams,
+    ALGOS, HYPERPARAM_DEFAULTS, POLICIES, RESERVED_HYPERPARAMS, algo_class, check_device, check_hyperparams,
 )
 from agents.run_dir import (
     CorruptFileError, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file,
@@ -82,7 +82,17 @@ DEFAULT_HYPERPARAMS: dict[str, dict[str, Any]] = {
     ),
 }
 
-POLICIES = {"recurrent_ppo": "MultiInputLstmPolicy", "qrdqn": "MultiInputPolicy", "dqn": "MultiInputPolicy"}
+#: What ``sb3.defaults="tiny"`` (the smoke preset) changes in :data:`DEFAULT_HYPERPARAMS`, per
+#: algorithm: networks of 32 units, a 2,000-transition replay buffer that starts learning after 100
+#: steps, RecurrentPPO rollouts of 50 steps per env. For checking that a run goes through, not for learning.
+TINY_HYPERPARAMS: dict[str, dict[str, Any]] = {
+    "recurrent_ppo": dict(n_steps=50, n_epochs=2,
+                          policy_kwargs=dict(lstm_hidden_size=32, net_arch=dict(pi=[32], vf=[32]))),
+    "dqn": dict(learning_starts=100, buffer_size=2_000, batch_size=32, target_update_interval=200,
+                policy_kwargs=dict(net_arch=[32, 32])),
+    "qrdqn": dict(learning_starts=100, buffer_size=2_000, batch_size=32, target_update_interval=200,
+                  policy_kwargs=dict(n_quantiles=5, net_arch=[32, 32])),
+}
 
 
 def configure_torch_threads(n: Optional[int] = None) -> int:
@@ -161,16 +171,21 @@ def make_relabel_callback(relabeler, algo: str, **kwargs: Any):
 # ----------------------------------------------------------------------------- models
 
 
-def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """:data:`DEFAULT_HYPERPARAMS` of ``algo`` updated with ``overrides`` (``policy_kwargs`` merged)."""
+def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, Any]] = None,
+                        defaults: str = "craftax") -> dict[str, Any]:
+    """:data:`DEFAULT_HYPERPARAMS` of ``algo`` (with ``defaults="tiny"``: updated with
+    :data:`TINY_HYPERPARAMS`), updated with ``overrides`` (``policy_kwargs`` merged)."""
     if algo not in ALGOS:
         raise ValueError(f"unknown algo {algo!r}; expected one of {ALGOS}")
+    if defaults not in HYPERPARAM_DEFAULTS:
+        raise ValueError(f"defaults={defaults!r}; expected one of {HYPERPARAM_DEFAULTS}")
     hp = json.loads(json.dumps(DEFAULT_HYPERPARAMS[algo]))
-    overrides = dict(overrides or {})
-    pk = overrides.pop("policy_kwargs", None)
-    hp.update(overrides)
-    if pk:
-        hp["policy_kwargs"] = {**hp.get("policy_kwargs", {}), **pk}
+    for layer in ([TINY_HYPERPARAMS[algo]] if defaults == "tiny" else []) + [overrides or {}]:
+        layer = dict(layer)
+        pk = layer.pop("policy_kwargs", None)
+        hp.update(layer)
+        if pk:
+            hp["policy_kwargs"] = {**hp.get("policy_kwargs", {}), **pk}
     if algo == "recurrent_ppo" and "batch_size" not in hp:
         hp["batch_size"] = max(1, num_envs * int(hp["n_steps"]) // 4)
     return hp
@@ -187,15 +202,21 @@ def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
 
 #: Constructor arguments that :func:`make_model` sets itself (not hyperparameters), and what to use instead.
 def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None,
-               tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto"):
-    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams`.
+               tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto", *,
+               defaults: str = "craftax"):
+    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams` (``hyperparams`` over
+    the ``defaults`` set: ``"craftax"`` or ``"tiny"``).
 
     ``device``: where the networks live (``"auto"``: CUDA when available, else CPU). A
     ``"device"`` key in ``hyperparams`` is the same setting (refused when it contradicts
     ``device``). DQN and QR-DQN get a :class:`~oir_gym.sb3.RelabelReplayBuffer` (a
     ``DictReplayBuffer`` that also takes relabeled rows) unless ``replay_buffer_class`` is given.
+
+    Raises:
+        ValueError: a hyperparameter the class or its policy does not take, or a value it refuses
+            (the message names the algorithm and the hyperparameters).
     """
-    hp = resolve_hyperparams(algo, venv.num_envs, hyperparams)
+    hp = resolve_hyperparams(algo, venv.num_envs, hyperparams, defaults)
     check_hyperparams(algo, hp, device)
     device = hp.pop("device", device)
     hp["policy_kwargs"] = _policy_kwargs(hp.get("policy_kwargs", {}))
@@ -204,7 +225,13 @@ def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, A
 
         hp.setdefault("replay_buffer_class", RelabelReplayBuffer)
     cls = algo_class(algo)
-    return cls(POLICIES[algo], venv, seed=seed, tensorboard_log=tensorboard_log, verbose=verbose, device=device, **hp)
+    try:
+        return cls(POLICIES[algo], venv, seed=seed, tensorboard_log=tensorboard_log, verbose=verbose, device=device,
+                   **hp)
+    except (TypeError, ValueError, AssertionError, AttributeError) as e:  # a value of the wrong kind or range
+        given = f"--sb3.hp {hyperparams}" if hyperparams else "the defaults"
+        raise ValueError(f"{cls.__name__} (--sb3.algo {algo}, --sb3.defaults {defaults}) could not be built with "
+                         f"{given}: {type(e).__name__}: {str(e).strip()[:300]}") from e
 
 
 #: The members of an SB3 zip that :func:`load_model` reads: the parameters (tensors only).
@@ -257,10 +284,11 @@ def _policy_kwargs_from_data(path: Path, value: Any) -> dict[str, Any]:
     return out
 
 
-def spaces_only_venv(obs_mode: str = "paper"):
-    """A VecEnv of one env that only declares InstructionCraftax's spaces (observation mode
+def spaces_only_venv(obs_mode: str = "paper", num_envs: int = 1):
+    """A VecEnv of ``num_envs`` envs that only declare InstructionCraftax's spaces (observation mode
     ``obs_mode``, the default encoder's embeddings): enough to build a model that acts on
-    observations given to it (:func:`load_model`); it cannot be stepped."""
+    observations given to it (:func:`load_model`), or to check that a config's model builds; it
+    cannot be stepped."""
     import gymnasium as gym
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -275,7 +303,7 @@ def spaces_only_venv(obs_mode: str = "paper"):
         })
         action_space = gym.spaces.Discrete(NUM_ACTIONS)
 
-    return DummyVecEnv([SpacesOnly])
+    return DummyVecEnv([SpacesOnly] * num_envs)
 
 
 def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
@@ -296,7 +324,8 @@ def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "auto", *,
-               hyperparams: Optional[dict[str, Any]] = None, seed: Optional[int] = None, obs_mode: str = "paper"):
+               hyperparams: Optional[dict[str, Any]] = None, seed: Optional[int] = None, obs_mode: str = "paper",
+               defaults: str = "craftax"):
     """A model saved with ``model.save`` (or :func:`save_checkpoint`), loaded without unpickling anything.
 
     SB3's own ``load`` unpickles the zip's ``data`` (spaces, schedules, classes), which runs any
@@ -311,9 +340,9 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
         venv: the env to attach (training continues on it); default: one that only declares the
             spaces of InstructionCraftax with ``obs_mode`` (enough to act).
         device: torch device of the networks.
-        hyperparams: overrides of :data:`DEFAULT_HYPERPARAMS` that built the saved model (a run's
-            config holds them); default: those of ``data`` that are plain JSON (settings SB3
-            stored only as pickles, e.g. schedules, take their defaults).
+        hyperparams: overrides of the ``defaults`` set that built the saved model (a run's config
+            holds both); default: those of ``data`` that are plain JSON (settings SB3 stored only as
+            pickles, e.g. schedules, take their defaults).
         seed: the model's seed (default: ``data``'s, else 0).
 
     Raises:
@@ -340,7 +369,8 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
         seed = plain.get("seed") if isinstance(plain.get("seed"), int) else 0
     if device != "auto":  # the device asked for here wins over the one the model was trained on
         hyperparams = {k: v for k, v in hyperparams.items() if k != "device"}
-    model = make_model(algo, venv if venv is not None else spaces_only_venv(obs_mode), seed, hyperparams, device=device)
+    model = make_model(algo, venv if venv is not None else spaces_only_venv(obs_mode), seed, hyperparams, device=device,
+                       defaults=defaults)
     try:
         _, params, _ = load_from_zip_file(str(path), load_data=False, device=model.device)
         model.set_parameters({k: params[k] for k in ("policy", "policy.optimizer")}, exact_match=True,
@@ -597,5 +627,5 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
     cfg = load_sb3_config(run.read_config())
     path, _ = verified_model_zip(run.path)
     model = load_model(cfg.sb3.algo, path, device=check_device(device or "auto"), hyperparams=cfg.sb3.hyperparams,
-                       seed=cfg.run.seed, obs_mode=cfg.env.obs_mode)
+                       seed=cfg.run.seed, obs_mode=cfg.env.obs_mode, defaults=cfg.sb3.defaults)
     return SB3AgentPolicy(model, cfg.sb3.algo, {"obs_mode": cfg.env.obs_mode, "delta": cfg.env.delta})

@@ -40,6 +40,11 @@ from agents.config import (
 SB3Method = Literal["oir", "cosine", "gt"]
 Algo = Literal["recurrent_ppo", "qrdqn", "dqn"]
 ALGOS: tuple[str, ...] = ("recurrent_ppo", "qrdqn", "dqn")
+HyperparamDefaults = Literal["craftax", "tiny"]
+HYPERPARAM_DEFAULTS: tuple[str, ...] = ("craftax", "tiny")
+
+#: The SB3 policy of each algorithm: the instruction is part of a Dict observation.
+POLICIES = {"recurrent_ppo": "MultiInputLstmPolicy", "qrdqn": "MultiInputPolicy", "dqn": "MultiInputPolicy"}
 
 
 def algo_class(algo: str):
@@ -81,18 +86,54 @@ def check_device(device: Any) -> str:
 
 
 def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "auto") -> None:
-    """Refuse overrides that the SB3 class of ``algo`` does not take, or that :func:`make_model`
-    sets itself, before anything is built (the error names the key and what to use instead)."""
-    params = inspect.signature(algo_class(algo).__init__).parameters
+    """Refuse overrides that the SB3 class of ``algo`` (or its policy, for ``policy_kwargs``) does not
+    take, or that :func:`make_model` sets itself, before anything is built (the error names the key
+    and what to use instead)."""
+    cls = algo_class(algo)
+    params = inspect.signature(cls.__init__).parameters
     for key in hyperparams:
         if key in RESERVED_HYPERPARAMS:
             raise ValueError(f"hyperparameter {key!r} is set by the trainer; use {RESERVED_HYPERPARAMS[key]}")
         if key not in params:
-            raise ValueError(f"{algo_class(algo).__name__} has no argument {key!r} (hyperparameter override)")
+            raise ValueError(f"{cls.__name__} (--sb3.algo {algo}) has no argument {key!r} (--sb3.hp {key}=...); "
+                             f"it takes {_arguments(params)}")
+        # SB3 takes a value of the wrong kind without a word and fails in the middle of training
+        default, value = params[key].default, hyperparams[key]
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if numeric and not (isinstance(value, (int, float)) and not isinstance(value, bool) or callable(value)
+                            or key == "train_freq" and isinstance(value, (tuple, list))):
+            raise ValueError(f"hyperparameter {key}={value!r}: {cls.__name__} takes a number there (its default: "
+                             f"{default!r})")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"hyperparameter {key}={value!r} must be a finite number")
+        if key in _COUNTS and not (isinstance(value, int) and not isinstance(value, bool) and value >= _COUNTS[key]):
+            raise ValueError(f"hyperparameter {key}={value!r} must be a whole number >= {_COUNTS[key]}")
+    pk = hyperparams.get("policy_kwargs") or {}
+    if not isinstance(pk, Mapping):
+        raise ValueError(f"hyperparameter policy_kwargs={pk!r} must be a dict (or --sb3.hp policy_kwargs.KEY=VALUE)")
+    policy = cls.policy_aliases[POLICIES[algo]]
+    policy_params = inspect.signature(policy.__init__).parameters
+    for key in pk:
+        if key in ("observation_space", "action_space", "lr_schedule") or key not in policy_params:
+            raise ValueError(f"the {POLICIES[algo]} of {cls.__name__} (--sb3.algo {algo}) has no argument {key!r} "
+                             f"(--sb3.hp policy_kwargs.{key}=...); it takes "
+                             f"{_arguments(policy_params, ('observation_space', 'action_space', 'lr_schedule'))}")
     hp_device = hyperparams.get("device")
     if hp_device is not None and device not in ("auto", hp_device):
         raise ValueError(f"device given twice: device={device!r} and hyperparameter device={hp_device!r}; give one")
     check_device(hp_device if hp_device is not None else device)
+
+
+#: Hyperparameters that count (steps, transitions, epochs) and their least value.
+_COUNTS = {"buffer_size": 1, "batch_size": 1, "learning_starts": 0, "n_steps": 1, "n_epochs": 1,
+           "target_update_interval": 1}
+
+
+def _arguments(params: Mapping[str, Any], skip: tuple[str, ...] = ()) -> str:
+    """The keyword arguments of a signature that an override may set, for an error message."""
+    names = [n for n in params if n not in ("self", "_init_setup_model", *skip, *RESERVED_HYPERPARAMS)
+             and params[n].kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    return ", ".join(names)
 
 
 @dataclass
@@ -148,12 +189,15 @@ class SB3Settings:
     """Relabel in a background worker (None: yes for an LLM relabeler, no for rules)."""
     threads: int = 0
     """Torch threads (0: automatic, 1 on machines with <= 4 cores)."""
+    defaults: HyperparamDefaults = "craftax"
+    """The algorithm's own hyperparameters the run starts from: craftax (sized to learn on Craftax;
+    agents.sb3_agents.DEFAULT_HYPERPARAMS) or tiny (small networks and buffers, to check that a run goes
+    through: the smoke preset; TINY_HYPERPARAMS). --sb3.hp overrides single keys of either."""
     hp: tuple[str, ...] = ()
     """Overrides of an SB3 constructor argument, KEY=VALUE (values read as Python literals; policy_kwargs.KEY
     for the network), several after one flag or the flag repeated; they join sb3.hyperparams."""
     hyperparams: Annotated[dict, tyro.conf.Suppress] = field(default_factory=dict)
-    """Overrides of the algorithm's Craftax defaults (agents.sb3_agents.DEFAULT_HYPERPARAMS); on the
-    command line: --sb3.hp KEY=VALUE."""
+    """Overrides of the algorithm's defaults (sb3.defaults); on the command line: --sb3.hp KEY=VALUE."""
 
 
 @dataclass
@@ -221,7 +265,8 @@ class SB3TrainConfig:
 
         for part, name, allowed in (("run", "method", ("oir", "cosine", "gt")), ("sb3", "algo", ALGOS),
                                     ("oir", "relabeler", ("rules", "llm", "both")),
-                                    ("oir", "grounding", ("cosine", "bound")), ("env", "obs_mode", ("paper", "symbolic"))):
+                                    ("oir", "grounding", ("cosine", "bound")), ("env", "obs_mode", ("paper", "symbolic")),
+                                    ("sb3", "defaults", HYPERPARAM_DEFAULTS)):
             v = getattr(getattr(self, part), name)
             need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
         for part, names in (("run", ("total_timesteps", "checkpoint_every")), ("env", ("max_episode_steps",)),
@@ -373,13 +418,12 @@ def _sb3_cpu() -> SB3TrainConfig:
 
 
 def _sb3_smoke() -> SB3TrainConfig:
-    # The smallest run through every part: 400 env steps of 4 envs in 2 updates, a small network,
-    # a checkpoint and an evaluation (original set, 10 steps) after each update.
+    # The smallest run through every part: 400 env steps of 4 envs in 2 updates, the algorithm's tiny
+    # hyperparameters (whichever --sb3.algo), a checkpoint and an evaluation (original set, 10 steps)
+    # after each update.
     return SB3TrainConfig().replace(**{
         "run.total_timesteps": 400, "run.checkpoint_every": 1, "env.max_episode_steps": 40,
-        "sb3.num_envs": 4, "sb3.steps_per_update": 200, "sb3.segment_length": 32,
-        "sb3.hyperparams": {"learning_starts": 100, "buffer_size": 2000, "batch_size": 32,
-                            "target_update_interval": 200, "policy_kwargs": {"n_quantiles": 5, "net_arch": [32, 32]}},
+        "sb3.num_envs": 4, "sb3.steps_per_update": 200, "sb3.segment_length": 32, "sb3.defaults": "tiny",
         "eval.every": 2, "eval.episodes": 1, "eval.horizon": 10, "eval.sets": ("original",), "eval.final_episodes": 1,
         "eval.final_sets": (), "eval.control": False,
     })
@@ -388,5 +432,6 @@ def _sb3_smoke() -> SB3TrainConfig:
 #: Name -> (description, factory) of the named SB3 configurations.
 SB3_PRESETS: dict[str, tuple[str, Any]] = {
     "cpu": ("CPU default: QR-DQN with the rule relabeler, 30,000 env steps (minutes on 2 cores)", _sb3_cpu),
-    "smoke": ("The smallest run through every part (2 updates of 200 env steps; seconds on a CPU)", _sb3_smoke),
+    "smoke": ("The smallest run through every part, for any --sb3.algo (2 updates of 200 env steps, the algorithm's "
+              "tiny hyperparameters; under a minute on a 2-core CPU)", _sb3_smoke),
 }

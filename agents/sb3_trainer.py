@@ -35,9 +35,11 @@ class SB3Trainer:
         cfg: the run's validated config.
         run_dir: where ``model.zip`` / ``state.json`` and SB3's TensorBoard events (``tb/``) go.
         eval_only: build no relabeler (an evaluation starts no LLM).
+        fresh: a run that starts from update 0: its model is built here, so that a hyperparameter
+            SB3 refuses is a ValueError before the driver writes anything (``init_state`` keeps it).
     """
 
-    def __init__(self, cfg: SB3TrainConfig, run_dir: str | Path, eval_only: bool = False) -> None:
+    def __init__(self, cfg: SB3TrainConfig, run_dir: str | Path, eval_only: bool = False, fresh: bool = False) -> None:
         from agents.llm import check_llm
         from agents.sb3_agents import configure_torch_threads, make_env, make_relabeler
 
@@ -78,14 +80,27 @@ class SB3Trainer:
                 self.close()
                 raise
         self.startup["relabeler"] = time.time() - t
+        if fresh and not eval_only:
+            t = time.time()
+            try:
+                self.model = self._new_model()
+            except BaseException:
+                self.close()
+                raise
+            self.startup["model"] = time.time() - t
 
     # ------------------------------------------------------------------ state
-    def init_state(self) -> None:
-        """A fresh model (update 0)."""
+    def _new_model(self) -> Any:
         from agents.sb3_agents import make_model
 
         c = self.cfg
-        self.model = make_model(c.sb3.algo, self.venv, c.run.seed, c.sb3.hyperparams, device=c.sb3.device)
+        return make_model(c.sb3.algo, self.venv, c.run.seed, c.sb3.hyperparams, device=c.sb3.device,
+                          defaults=c.sb3.defaults)
+
+    def init_state(self) -> None:
+        """A fresh model (update 0): the one built with ``fresh``, else a new one."""
+        if self.model is None or int(self.model.num_timesteps) > 0:
+            self.model = self._new_model()
         self._attach()
 
     def load(self, path: str | Path) -> dict[str, Any]:
@@ -95,7 +110,7 @@ class SB3Trainer:
         c = self.cfg
         model_path, state = verified_model_zip(path, repair=True)
         self.model = load_model(c.sb3.algo, model_path, self.venv, device=c.resolved_device,
-                                hyperparams=c.sb3.hyperparams, seed=c.run.seed)
+                                hyperparams=c.sb3.hyperparams, seed=c.run.seed, defaults=c.sb3.defaults)
         if "instruction_buffer" in state:
             self.venv.buffer.load_state_dict(state["instruction_buffer"])
         elif (Path(path) / INSTRUCTION_BUFFER_JSON).exists():  # checkpoints before format 1
@@ -385,17 +400,18 @@ class SB3Recipe(Recipe):
         return state
 
     def build(self, cfg: Any, own_dir: Path, eval_only: bool, fresh: bool = False) -> RunTrainer:
-        return SB3Trainer(cfg, own_dir, eval_only=eval_only)
+        return SB3Trainer(cfg, own_dir, eval_only=eval_only, fresh=fresh)
 
     def write_config(self, run: RunDir, cfg: Any) -> None:
         from agents.sb3_agents import resolve_hyperparams
 
         run.write_config({**cfg.to_dict(), "resolved_hyperparams": resolve_hyperparams(
-            cfg.sb3.algo, cfg.sb3.num_envs, cfg.sb3.hyperparams)})
+            cfg.sb3.algo, cfg.sb3.num_envs, cfg.sb3.hyperparams, cfg.sb3.defaults)})
 
     def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
         device = cfg.resolved_device
-        return (f"oir-gym SB3 | algo={cfg.sb3.algo} method={cfg.run.method} relabeler={cfg.relabeler} | "
+        return (f"oir-gym SB3 | algo={cfg.sb3.algo} ({cfg.sb3.defaults} hyperparameters) method={cfg.run.method} "
+                f"relabeler={cfg.relabeler} | "
                 f"{cfg.sb3.num_envs} envs | {cfg.num_updates} updates of {cfg.sb3.steps_per_update:,} env steps | "
                 f"{cfg.run.total_timesteps:,} env steps | device {device} | run dir {run.path}")
 

@@ -5,6 +5,8 @@
     main(PQN, ["smoke", "--run-dir", "runs/smoke"])     # what examples/train_pqn.py runs
     main(SB3, ["smoke", "--run-dir", "runs/sb3"])       # what examples/train_sb3.py runs
 
+``python -m agents.train ARGS`` is ``examples/train_pqn.py ARGS``.
+
 A trainer is anything with the small interface of :class:`RunTrainer` (``init_state``, ``load``,
 ``iteration``, ``evaluate``, ``save``, ``close``): :class:`agents.oir.Trainer` (PQN) and
 :class:`agents.sb3_trainer.SB3Trainer`. What differs between the two (their config, presets and
@@ -212,6 +214,47 @@ def _mean_table(per_seed: list[dict]) -> str:
         res.achievements[s] = per_seed[0][s]["achievements"]
         res.rates[s] = np.mean([f[s]["rates"] for f in per_seed], axis=0)
     return res.to_markdown()
+
+
+def compact_table(markdown: str) -> str:
+    """The evaluation tables of :meth:`~oir_gym.evaluation.EvalResult.to_markdown` for a terminal:
+    per-instruction rows that are 0 in every column become one count line per set (a short or
+    untrained run prints a few lines, not a row per instruction), and a retention table without a
+    learned achievement one line. The run's eval_*.md keeps every row."""
+    import re
+
+    zero = re.compile(r"^[+-]?0(\.0+)?$")
+    lines, out, i = markdown.split("\n"), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("| instruction |"):
+            j = i + 2
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            rows = lines[i + 2:j]
+            kept = [r for r in rows if not all(zero.match(c.strip().split(" ")[0])
+                                               for c in r.strip("|").split("|")[1:])]
+            heading = out[-2] if len(out) >= 2 and out[-2].startswith("Set ") else None
+            if heading is not None:
+                out = out[:-2]
+            name = heading[:-1] if heading else "Set original, per instruction"
+            if kept:
+                out += [f"{name} ({len(rows) - len(kept)} of {len(rows)} at 0 not shown):", "", *lines[i:i + 2], *kept]
+            else:
+                out.append(f"{name}: all {len(rows)} at 0")
+            i = j
+            continue
+        if line.startswith("Paraphrase retention:") and i + 3 < len(lines) and lines[i + 2].startswith("| set |"):
+            j = i + 4
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            if all(r.split("|")[2].strip() == "-" for r in lines[i + 4:j]):
+                out.append("Paraphrase retention: - (no achievement learned on the original set)")
+                i = j
+                continue
+        out.append(line)
+        i += 1
+    return "\n".join(out)
 
 
 def _metrics_resume(host: dict[str, Any]) -> dict[str, Any]:
@@ -618,7 +661,8 @@ def _finish(recipe: Recipe, trainer: RunTrainer, run: RunDir, cfg: Any, run_eval
     analysis.write_overview_plots({label: [rows]}, run.path)  # success.png, gain.png, relabeling.png
     table = _mean_table(final)
     run.write_eval("final", final, markdown=f"{recipe.eval_title(cfg, trainer, None)}\n\n{table}\n")
-    print("\nFinal evaluation (mean over seeds):\n" + table)
+    print(f"\nFinal evaluation (mean over seeds; every row in {run.eval_path('final', 'md')}):\n"
+          + compact_table(table))
     recipe.write_diversity(trainer, own_dir, cfg)
     run.mark_complete(update=trainer.update_idx, env_steps=trainer.env_steps, **recipe.completion_info(trainer))
 
@@ -628,6 +672,7 @@ def script(recipe: Recipe, description: str | None = None, started: float | None
     multi-process run that lost another ends with one line."""
     from agents.multihost import ProcessLost, process_count
 
+    quiet_xla_logs()
     try:
         code = main(recipe, started=started, description=description)
     except ProcessLost as e:
@@ -652,6 +697,14 @@ def script(recipe: Recipe, description: str | None = None, started: float | None
         sys.stdout.flush()
         os._exit(1)
     sys.exit(code)
+
+
+def quiet_xla_logs() -> None:
+    """A script's process prints no XLA C++ log lines (the "Very slow compile?" banner, the
+    constant-folding alarm: a CPU compile is slow, not broken; XLA's errors reach Python as
+    exceptions). ``TF_CPP_MIN_LOG_LEVEL`` set by the user wins (0 shows them all). A script calls
+    this before JAX is imported; importing the library changes nothing."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 # ----------------------------------------------------------------------------- PQN
@@ -855,3 +908,16 @@ PQN = PQNRecipe()
 def pqn_main(argv: list[str] | None = None, started: float | None = None) -> int:
     """``examples/train_pqn.py``'s command line ``argv``: :func:`main` with :data:`PQN`."""
     return main(PQN, argv, started)
+
+
+if __name__ == "__main__":
+    # python -m agents.train: the PQN trainer's command line (examples/train_pqn.py's); the run goes
+    # through the imported agents.train, the module the trainers use (not this __main__ copy)
+    _started = time.time()
+    from agents.train import PQN as _PQN, script as _script
+
+    sys.argv[0] = "python -m agents.train"  # the usage and error lines name the command as typed
+
+    _script(_PQN, started=_started, description=(
+        "Train PQN with OIR or a baseline on Craftax-Classic: the command line of examples/train_pqn.py "
+        "(python -m agents.train smoke --run-dir runs/smoke; examples/train_sb3.py trains the SB3 agents)."))

@@ -1,14 +1,14 @@
 """Train an instruction-following PQN agent on Craftax-Classic with OIR (or a baseline).
 
     python examples/train_pqn.py                                    # OIR, the cpu preset (offline LLM + rules)
-    python examples/train_pqn.py smoke --run-dir runs/smoke         # the smallest run (seconds)
+    python examples/train_pqn.py smoke --run-dir runs/smoke         # the smallest run (2-core CPU: ~2 min, then ~30 s)
     python examples/train_pqn.py --run.method cosine                # PQN + cosine reward on the 22 achievements
     python examples/train_pqn.py --run.method ellm --ellm.proposer rules   # ELLM baseline, rule goal proposer
     python examples/train_pqn.py paper --run.num-seeds 3 --run-dir runs/paper_oir   # the paper's settings (GPU)
     python examples/train_pqn.py paper --help                       # every option, with the paper preset's values
     python examples/train_pqn.py --run-dir runs/x --resume          # continue a run from its newest checkpoint
 
-The first argument may name a preset (cpu, the default; paper; smoke); flags after it override
+The first argument may name a preset (cpu, the default; paper; fast; smoke); flags after it override
 its values. ``--resume`` continues with the run's saved config (flags override single fields).
 
 Writes ``--run-dir`` (see :mod:`agents.run_dir`): config.json (with the git commit and package

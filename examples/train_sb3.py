@@ -1,7 +1,8 @@
 """Train a Stable-Baselines3 agent (RecurrentPPO, QR-DQN or DQN) on Craftax-Classic with OIR relabeling.
 
     python examples/train_sb3.py                                        # QR-DQN + rule relabeler, the cpu preset
-    python examples/train_sb3.py smoke --run-dir runs/sb3_smoke         # the smallest run (seconds)
+    python examples/train_sb3.py smoke --run-dir runs/sb3_smoke         # the smallest run (under a minute)
+    python examples/train_sb3.py smoke --sb3.algo recurrent_ppo         # the same with the algorithm's own settings
     python examples/train_sb3.py --sb3.algo dqn --oir.relabeler both --run.total-timesteps 200000 --sb3.device cuda
     python examples/train_sb3.py --sb3.algo recurrent_ppo --oir.relabeler llm   # curriculum only (on-policy)
     python examples/train_sb3.py --sb3.hp learning_rate=3e-4 buffer_size=20000  # SB3 constructor overrides
@@ -9,7 +10,9 @@
     python examples/train_sb3.py --run-dir runs/x --resume              # continue from the checkpoint
 
 The first argument may name a preset (cpu, the default; smoke); flags after it override its
-values. The settings both trainers have use the flags, units and boolean syntax of
+values. The algorithm brings its own hyperparameters (``--sb3.defaults``: craftax, or tiny in the
+smoke preset); ``--sb3.hp`` overrides single keys and is checked against the algorithm before
+anything is written. The settings both trainers have use the flags, units and boolean syntax of
 examples/train_pqn.py (``--run.*``, ``--env.*``, ``--oir.*``, ``--llm.*``, ``--eval.*``, and the run
 flags ``--run-dir``, ``--resume``, ``--max-updates``, ``--wandb``...); ``--sb3.*`` is SB3's own.
 An update is ``--sb3.steps-per-update`` env steps (one metrics row): ``--eval.every`` and

@@ -3,14 +3,22 @@ share, help text on every flag, and the old SB3 spellings refused with the new n
 
 from __future__ import annotations
 
+import ast
+import os
 import re
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
+import numpy as np
 import pytest
 import tyro
 
+from agents.config import PRESETS
+from agents.sb3_config import SB3_PRESETS
 from agents.sb3_trainer import SB3, SB3Options
-from agents.train import PQN, PQNOptions
+from agents.train import PQN, PQNOptions, compact_table
 
 SHARED_PARTS = ("--run.", "--env.", "--oir.", "--llm.", "--eval.")
 
@@ -73,3 +81,120 @@ def test_an_old_sb3_spelling_is_a_usage_error_naming_the_new_flag(old, new, caps
     with pytest.raises(SystemExit) as e:
         SB3.parse(["--wandb", "true"])
     assert e.value.code == 2 and "--wandb takes no value now" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- entry points and help text
+ROOT = Path(__file__).resolve().parents[1]
+RST = re.compile(r"``|:(class|mod|func|meth|data|attr):`")
+
+
+def _run(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+@pytest.mark.parametrize("recipe, presets", [(PQN, PRESETS), (SB3, SB3_PRESETS)])
+def test_bare_help_lists_every_preset_and_marks_the_default_not_required(recipe, presets, capsys):
+    with pytest.raises(SystemExit) as e:
+        recipe.parse(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "(required)" not in out and "default: cpu" in out
+    for name, (desc, _) in presets.items():
+        assert re.search(rf"^  {name} +\S", out, re.M), name
+    assert "PRESET --help" in out  # where every option is listed
+
+
+@pytest.mark.parametrize("recipe, presets", [(PQN, PRESETS), (SB3, SB3_PRESETS)])
+def test_help_text_shows_no_rst_markup(recipe, presets, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    description = ast.get_docstring(ast.parse((ROOT / recipe.script).read_text()))  # the script's --help text
+    assert RST.search(description)
+    for argv in (["--help"], *[[name, "--help"] for name in presets]):
+        with pytest.raises(SystemExit):
+            recipe.parse(list(argv), description)
+        out = capsys.readouterr().out
+        assert len(out) > 1000 and not RST.search(out), (argv, RST.search(out) and out[RST.search(out).start() - 80:][:160])
+    # the docstrings themselves keep their markup (the API reference reads them)
+    from agents.config import LLMConfig, plain_help
+
+    assert plain_help("``--eval.sets``, :class:`~oir_gym.relabel.parallel.ParallelRelabeler`, :mod:`agents.run_dir`") \
+        == "--eval.sets, ParallelRelabeler, agents.run_dir"
+    assert "``" in (LLMConfig.__doc__ or "") + (__import__("agents.config").config.__doc__ or "")
+
+
+@pytest.mark.parametrize("recipe", [PQN, SB3])
+def test_a_preset_after_a_flag_is_a_usage_error_saying_it_comes_first(recipe, capsys):
+    with pytest.raises(SystemExit) as e:
+        recipe.parse(["--run-dir", "runs/x", "smoke"])
+    assert e.value.code == 2
+    assert "a preset (smoke) must be the first argument" in capsys.readouterr().err
+    assert recipe.parse(["smoke", "--run-dir", "runs/x"]).run_dir == "runs/x"
+
+
+def test_python_m_agents_train_is_the_pqn_command_line(tmp_path):
+    help_ = _run("-m", "agents.train", "--help")
+    assert help_.returncode == 0 and "usage: python -m agents.train [PRESET]" in help_.stdout and "smoke" in help_.stdout
+    run = tmp_path / "run"  # a bad value: the driver's own check answers, before anything is written
+    bad = _run("-m", "agents.train", "smoke", "--run-dir", str(run), "--run.seed", "-3")
+    assert bad.returncode == 2 and "run.seed=-3" in bad.stderr and not run.exists()
+
+
+def test_python_m_agents_checkpoint_verifies_a_run_directory(tmp_path, capsys):
+    from agents import checkpoint
+
+    help_ = _run("-m", "agents.checkpoint", "--help")
+    assert help_.returncode == 0 and "Verify the newest checkpoint of a PQN run" in help_.stdout
+    assert not RST.search(help_.stdout)
+    missing = _run("-m", "agents.checkpoint", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "is not a folder" in missing.stderr and "invalid choice" not in missing.stderr
+    run = tmp_path / "run"
+    checkpoint.save_checkpoint(run, 3, {"w": np.ones(3, np.float32)}, {"update": 3, "env_steps": 30})
+    for argv in ([str(run)], ["verify", str(run)]):  # "verify" is the same command
+        assert checkpoint.main(argv) == 0
+        assert "update 3" in capsys.readouterr().out
+    (run / "checkpoints" / "000003" / "arrays.msgpack").write_bytes(b"damaged")
+    assert checkpoint.main([str(run)]) == 2
+    assert "arrays.msgpack" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert checkpoint.main([str(empty)]) == 2 and "no checkpoint" in capsys.readouterr().err
+
+
+def test_scripts_silence_xla_log_banners_only_in_their_own_process(monkeypatch):
+    from agents.train import quiet_xla_logs
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    show = "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))"
+    lib = subprocess.run([sys.executable, "-c", f"import os, agents.train, agents.sb3_trainer, oir_gym; {show}"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert lib.returncode == 0 and lib.stdout.strip() != "3"  # importing the library leaves JAX's own default
+    # a script sets it before JAX is imported (JAX keeps a value that is set), so XLA's C++ reads it
+    script = subprocess.run([sys.executable, "-c", f"import os, agents.train; agents.train.quiet_xla_logs(); "
+                                                   f"import jax; {show}"],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert script.stdout.strip() == "3"
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    quiet_xla_logs()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "3"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # the user's own setting wins
+    quiet_xla_logs()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+
+
+def test_the_printed_final_tables_collapse_rows_of_zeros():
+    from oir_gym.evaluation import EvalResult
+
+    res = EvalResult()
+    res.texts["original"] = [f"instruction {i}" for i in range(22)]
+    res.achievements["original"] = list(range(22))
+    res.rates["original"] = np.array([0.5] + [0.0] * 21)
+    res.texts["ordered"] = [f"a{i} then b{i}" for i in range(22)]
+    res.achievements["ordered"] = list(range(22))
+    res.rates["ordered"] = np.zeros(22)
+    full = res.to_markdown()
+    short = compact_table(full)
+    assert "| instruction 0 | 0.50 |" in short and "instruction 1 " not in short
+    assert "(21 of 22 at 0 not shown)" in short and "Set ordered, per instruction: all 22 at 0" in short
+    assert len(short.splitlines()) < 20 < len(full.splitlines())
+    assert short.splitlines()[:4] == full.splitlines()[:4]  # the summary rows stay
