@@ -934,7 +934,7 @@ def eval_plan(cfg: Any) -> str:
 
     ev = cfg.eval
     sets = list(dict.fromkeys([*ev.sets, *ev.final_sets, *load_instruction_files(ev.instruction_files)]))
-    return f"the sets {', '.join(sets)} ({ev.final_episodes} episodes per instruction)"
+    return f"the sets {', '.join(sets)} ({ev.final_episodes} episode(s) per instruction)"
 
 
 def parse_with_base(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any,
