@@ -671,6 +671,8 @@ class RunDir:
         if position is not None and after_update is not None:
             raise ValueError("give the checkpoint's metrics position or after_update, not both")
         path = self.metrics_path
+        if path.is_symlink():  # read from inside the folder only (and appended to in place)
+            raise RunDirError(_link_error(path))
         data = path.read_bytes() if path.exists() else b""
         if position is not None:
             pos = position if isinstance(position, MetricsPosition) else MetricsPosition.from_dict(position)
