@@ -91,3 +91,19 @@ def test_eval_only_refuses_the_runs_own_tags_and_long_ones_before_evaluating(run
     err = capsys.readouterr().err
     assert match in err and "ready after" not in err
     assert _snapshot(run_copy) == before
+
+
+def test_load_policy_builds_nothing_of_training(run_copy, monkeypatch):
+    """``load_policy`` of a diverse-oracle run's folder (issue 39.5): the network and its weights
+    only, ready to act."""
+    import numpy as np
+
+    from agents.policy import load_policy
+
+    _no_training_parts(monkeypatch)
+    cfg = json.loads((run_copy / "config.json").read_text())
+    cfg["oir"].update(oracle="diverse", grounding="bound")
+    (run_copy / "config.json").write_text(json.dumps(cfg))
+    policy = load_policy(run_copy, device="cpu")
+    obs = {"obs": np.zeros(policy.obs_dim, np.float32), "instruction": np.zeros(384, np.float32)}
+    assert 0 <= policy.act(obs) < 17
