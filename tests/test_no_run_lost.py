@@ -340,7 +340,7 @@ def test_a_run_whose_checkpoints_are_gone_is_refused_not_restarted(run_copy, cap
     assert train.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{run_copy / 'checkpoints'} holds no checkpoint, while {run_copy} holds metrics.jsonl rows up to update 4" \
-        in err and "eval_000004.json" in err and "--overwrite" in err and "\n" not in err.strip()
+        in err and "eval_final.json" in err and "--overwrite" in err and "\n" not in err.strip()
     assert _snapshot(run_copy) == before  # nothing written, nothing cut
 
 
