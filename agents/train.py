@@ -411,7 +411,7 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
                     # ... only if its files agree: a run whose checkpoints were moved away is not restarted
                     run.check_before_first_checkpoint(
                         min(cfg.run.checkpoint_every, num_updates), num_updates,
-                        recipe.checkpoint_place(own_dir) if procs == 1 else "no process's checkpoint folder")
+                        recipe.checkpoint_place(own_dir) if procs == 1 else f"{run.path}/process*/checkpoints")
             if not problem and opts.eval_only is None and me == 0:
                 run.check_metrics(**_metrics_resume(saved))
             done = run.completion()
