@@ -14,8 +14,9 @@ Writing is atomic: the three files go to a temporary folder, are fsynced, and th
 renamed into place (one ``os.rename``), so a kill at any moment leaves every earlier checkpoint
 as it was and at most a temporary folder, which readers ignore. Reading checks the manifest's
 sizes and checksums first: a truncated or bit-flipped file raises :class:`CheckpointError`
-naming it; then the content: the manifest's update is the folder's, ``host.json`` is a JSON
-object whose ``update`` and ``env_steps`` are counts that agree with it, and every floating-point
+naming it (so does a manifest that names any other file, and a file that is a symbolic link:
+a checkpoint is read from inside its folder only); then the content: the manifest's update is
+the folder's, ``host.json`` is a JSON object whose ``update`` and ``env_steps`` are counts that agree with it, and every floating-point
 array is finite (a checkpoint of diverged weights is never loaded). The newest ``keep``
 checkpoints are kept.
 
@@ -44,7 +45,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from agents.run_dir import CHECKPOINTS, fsync_dir, read_json, sha256_bytes, CorruptFileError
+from agents.run_dir import CHECKPOINTS, fsync_dir, member, read_json, sha256_bytes, CorruptFileError
 
 FORMAT = "oir-gym-checkpoint/1"
 ARRAYS = "arrays.msgpack"
@@ -214,8 +215,16 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"{type(o).__name__} is not JSON serialisable (host state must be JSON)")
 
 
+def _member(folder: Path, name: str, source: Path | None = None) -> Path:
+    """``folder / name`` inside the folder and through no link (:func:`agents.run_dir.member`)."""
+    try:
+        return member(folder, name, source)
+    except CorruptFileError as e:
+        raise CheckpointError(e.path, str(e).split(": ", 1)[1]) from None
+
+
 def _read_verified(folder: Path, name: str, spec: Mapping[str, Any]) -> bytes:
-    path = folder / name
+    path = _member(folder, name)
     if not path.exists():
         raise CheckpointError(path, "is missing from the checkpoint")
     data = path.read_bytes()
@@ -249,9 +258,9 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
         latest = latest_checkpoint(folder)
         if latest is None:
             raise FileNotFoundError(f"no checkpoint in {folder} (expected {folder / CHECKPOINTS}/<update>/{MANIFEST})")
-        folder = latest
+        folder = _member(latest.parent, latest.name)  # a checkpoint found in a run is read from inside it
     try:
-        manifest = read_json(folder / MANIFEST)
+        manifest = read_json(_member(folder, MANIFEST))
     except CorruptFileError as e:
         raise CheckpointError(e.path, str(e).split(": ", 1)[1]) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -259,6 +268,13 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
                                                  f"{manifest.get('format') if isinstance(manifest, dict) else None!r}, "
                                                  f"expected {FORMAT!r})")
     files = manifest.get("files", {})
+    if not isinstance(files, dict):
+        raise CheckpointError(folder / MANIFEST, f"'files' is a {type(files).__name__}, not an object of file names")
+    for name in files:  # a manifest names its folder's two files, nothing elsewhere
+        _member(folder, name, folder / MANIFEST)
+        if name not in (ARRAYS, HOST):
+            raise CheckpointError(folder / MANIFEST, f"names {name!r}; a checkpoint manifest lists only {ARRAYS} and "
+                                                     f"{HOST} of its own folder")
     blob = _read_verified(folder, ARRAYS, files.get(ARRAYS, {}))
     host_bytes = _read_verified(folder, HOST, files.get(HOST, {}))
     try:

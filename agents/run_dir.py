@@ -40,6 +40,13 @@ Guarantees:
   :class:`CorruptFileError` naming the file) and cuts every row written after the checkpoint, so
   a resumed run never duplicates rows.
 * Every read of a damaged file raises :class:`CorruptFileError` naming the file (and the line).
+* Nothing is written through a symbolic link: :meth:`RunDir.prepare` refuses a folder whose run
+  files (:data:`OUTPUT_PATTERNS`, the per-process folders; inside ``wandb/`` only the folder
+  itself) include a link (:func:`refuse_links`), ``metrics.jsonl`` is opened without following one,
+  and whole files replace a link instead of writing through it. A name read from a file (a
+  checkpoint manifest's) stays in its folder (:func:`member`).
+* A resume that finds no checkpoint starts the run again only when its files agree that it stopped
+  before its first one (:meth:`RunDir.check_before_first_checkpoint`).
 
 This module imports only the standard library (TensorBoard and W&B lazily), so both the JAX and
 the PyTorch trainer can use it.
@@ -67,7 +74,8 @@ __all__ = [
     "CONFIG", "METRICS", "METRICS_CSV", "TENSORBOARD", "WANDB", "CHECKPOINTS", "COMPLETE", "OUTPUT_PATTERNS",
     "RunDirError", "CorruptFileError", "MetricsPosition", "MetricsWriter", "RunDir",
     "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "fsync_dir", "sha256_bytes", "sha256_file",
-    "read_json", "provenance", "check_tag", "require_wandb",
+    "read_json", "provenance", "check_tag", "check_user_tag", "require_wandb", "refuse_links", "member",
+    "MAX_TAG_LENGTH", "RESERVED_TAGS",
 ]
 
 CONFIG = "config.json"
@@ -95,6 +103,13 @@ PROVENANCE_PACKAGES: tuple[str, ...] = (
 )
 
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: The longest evaluation tag (``eval_<tag>.json`` stays far below any file system's name limit).
+MAX_TAG_LENGTH = 64
+#: Tags of the run's own evaluations, which a user's evaluation (``--eval-only TAG``) may not take:
+#: ``final`` and, as a pattern, the periodic evaluations' update numbers (all digits).
+RESERVED_TAGS: tuple[str, ...] = ("final",)
+#: Paths (glob patterns) a run also writes besides :data:`OUTPUT_PATTERNS`: checked for links too.
+_ALSO_WRITTEN: tuple[str, ...] = ("diversity.json", "process[0-9]*")
 
 
 class RunDirError(RuntimeError):
@@ -217,11 +232,96 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def check_tag(tag: str) -> str:
-    """An evaluation tag (``eval_<tag>.json``): letters, digits, '.', '_' and '-', not starting with '.'."""
+    """An evaluation tag (``eval_<tag>.json``): letters, digits, '.', '_' and '-', not starting with
+    '.', at most :data:`MAX_TAG_LENGTH` characters."""
     if not isinstance(tag, str) or not _TAG.fullmatch(tag):
         raise ValueError(f"evaluation tag {tag!r} may hold only letters, digits, '.', '_' and '-' "
                          "(and must start with a letter or digit)")
+    if len(tag) > MAX_TAG_LENGTH:
+        raise ValueError(f"evaluation tag {tag[:20]!r}... has {len(tag)} characters; at most {MAX_TAG_LENGTH}")
     return tag
+
+
+def check_user_tag(tag: str) -> str:
+    """A tag for a user's evaluation (``--eval-only TAG``): :func:`check_tag`, and none of the run's
+    own evaluations' tags (:data:`RESERVED_TAGS`, or all digits as the periodic ones), whose files
+    it would replace."""
+    check_tag(tag)
+    if tag in RESERVED_TAGS or tag.isdigit():
+        raise ValueError(f"evaluation tag {tag!r} is the name of the run's own "
+                         f"{'final' if tag in RESERVED_TAGS else 'periodic'} evaluation (eval_{tag}.json), which "
+                         f"it would replace; choose another name, e.g. {tag}_again")
+    return tag
+
+
+# ----------------------------------------------------------------------------- links
+def _link_error(path: Path) -> str:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return (f"{path} is a symbolic link (to {target}): a run writes its files in its own folder, never through a "
+            "link; remove the link (or put a copy of the file in its place) and run again")
+
+
+def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = (), *, opaque: Iterable[str] = (WANDB,)) -> None:
+    """Raise :class:`RunDirError` naming the first symbolic link among the run files of ``folder``.
+
+    Args:
+        folder: the run folder (itself may be a link: the user named it).
+        patterns: glob patterns (relative to ``folder``) of the run's files and folders; every
+            match is checked, and every path under a matching folder.
+        opaque: folders whose contents belong to another program (W&B keeps links of its own in
+            ``wandb/``): only the folder itself is checked.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    opaque = set(opaque)
+    for pattern in patterns:
+        for p in sorted(folder.glob(pattern)):
+            if p.is_symlink():
+                raise RunDirError(_link_error(p))
+            if not p.is_dir() or p.name in opaque:
+                continue
+            for root, dirs, files in os.walk(p):  # does not descend into linked folders, lists them in dirs
+                for name in dirs + files:
+                    if os.path.islink(os.path.join(root, name)):
+                        raise RunDirError(_link_error(Path(root) / name))
+
+
+def member(folder: str | os.PathLike, name: str, source: str | os.PathLike | None = None) -> Path:
+    """``folder / name`` after checking that ``name`` stays inside ``folder`` and follows no link.
+
+    ``name`` comes from a file (``source``, named in the error; e.g. a checkpoint manifest): it must
+    be a relative path of plain parts (no ``..``), and no part of it may be a symbolic link.
+
+    Raises:
+        CorruptFileError: naming ``source`` (else the path) and the name.
+    """
+    folder = Path(folder)
+    where = Path(source) if source is not None else folder / str(name)
+    parts = Path(name).parts if isinstance(name, str) and name else ()
+    if not parts or Path(name).is_absolute() or any(part in ("..", ".", "") for part in parts) or "\\" in name:
+        raise CorruptFileError(where, f"names {name!r}, which is not a file inside {folder}: the file was changed "
+                                      "(its names stay inside its own folder)")
+    p = folder
+    for part in parts:
+        p = p / part
+        if p.is_symlink():
+            raise CorruptFileError(where, f"names {name!r}, and {p} is a symbolic link (to {os.readlink(p)}): "
+                                          "files are read from inside their folder only; remove the link")
+    return p
+
+
+def _open_no_follow(path: Path, flags: int) -> int:
+    """``os.open`` of ``path`` that refuses a symbolic link (a :class:`RunDirError` naming it)."""
+    try:
+        return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as e:
+        if path.is_symlink():
+            raise RunDirError(_link_error(path)) from None
+        raise e
 
 
 def require_wandb() -> None:
@@ -340,12 +440,14 @@ class MetricsWriter:
                  tb_purge_step: int | None = None, wandb_run: Any = None) -> None:
         self.path = path
         self._hash = hashlib.sha256()
-        with open(path, "rb") as f:  # the kept prefix (verified by the caller)
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                self._hash.update(chunk)
+        fd = _open_no_follow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        offset = 0
+        while chunk := os.pread(fd, 1 << 20, offset):  # the kept prefix (verified by the caller)
+            self._hash.update(chunk)
+            offset += len(chunk)
+        self._file = os.fdopen(fd, "ab")
         self._rows, self._bytes = start.rows, start.bytes
         self._last = (start.update, start.env_steps)
-        self._file = open(path, "ab")
         self.tb = None
         if tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
@@ -432,6 +534,8 @@ class RunDir:
         * ``resume``: the folder must hold a run's ``config.json``.
         * neither: the folder must not hold a run yet.
         * ``overwrite``: the old run's outputs are removed (only those; see :data:`OUTPUT_PATTERNS`).
+        * every mode: no run file is a symbolic link (:meth:`refuse_links`; ``overwrite`` removes the
+          links among the old outputs first), so that nothing is written through one.
 
         Returns:
             The :class:`RunDir`, its folder created.
@@ -448,8 +552,43 @@ class RunDir:
                               "it, or choose another run directory")
         if overwrite:
             run.remove_outputs()
+        run.refuse_links()
         run.path.mkdir(parents=True, exist_ok=True)
         return run
+
+    def refuse_links(self) -> None:
+        """Raise :class:`RunDirError` naming the first symbolic link among the files and folders a
+        run writes here (:func:`refuse_links`): a run never writes through a link."""
+        refuse_links(self.path, OUTPUT_PATTERNS + self.extra_outputs + _ALSO_WRITTEN)
+
+    def check_before_first_checkpoint(self, first_checkpoint: int, last_update: int, place: str | os.PathLike,
+                                      flag: str = "--resume") -> None:
+        """A resume found no checkpoint in ``place``: check that the run's files agree that it stopped
+        before its first one, so that starting it again from update 0 loses nothing.
+
+        They agree when no metrics row is past update ``first_checkpoint`` (the first checkpoint's
+        update; a row of that update is written just before its checkpoint) and every evaluation
+        file is one of those updates (``final`` only when ``last_update``, the run's last, is one).
+
+        Raises:
+            RunDirError: naming what the files hold; nothing is changed.
+        """
+        found = []
+        rows = self.read_metrics()
+        if rows and max(r["update"] for r in rows) > first_checkpoint:
+            found.append(f"{self.metrics_path.name} rows up to update {max(r['update'] for r in rows)}")
+        for p in sorted(self.path.glob("eval_*.json")):
+            tag = p.name[len("eval_"):-len(".json")]
+            update = int(tag) if tag.isdigit() else last_update if tag == "final" else None
+            if update is None or update > first_checkpoint:
+                found.append(p.name)
+        if found:
+            raise RunDirError(
+                f"{flag} given but {place} holds no checkpoint, while {self.path} holds {', '.join(found[:4])}"
+                f"{' and more' if len(found) > 4 else ''}: the run went past its first checkpoint (update "
+                f"{first_checkpoint}), so its checkpoints were moved or deleted. Nothing was changed: put the "
+                "checkpoints back to continue the run, or pass --overwrite instead to start it again (its outputs "
+                "are deleted)")
 
     def holds_run(self) -> bool:
         """Whether the folder holds (part of) a run: a config, metrics, a checkpoint or a completion marker."""
@@ -532,6 +671,8 @@ class RunDir:
         if position is not None and after_update is not None:
             raise ValueError("give the checkpoint's metrics position or after_update, not both")
         path = self.metrics_path
+        if path.is_symlink():  # read from inside the folder only (and appended to in place)
+            raise RunDirError(_link_error(path))
         data = path.read_bytes() if path.exists() else b""
         if position is not None:
             pos = position if isinstance(position, MetricsPosition) else MetricsPosition.from_dict(position)
@@ -577,10 +718,12 @@ class RunDir:
         keep = start.bytes
         data_len = path.stat().st_size if path.exists() else 0
         if data_len > keep or not path.exists():
-            with open(path, "ab") as f:  # create / cut in place (the kept prefix is unchanged)
-                f.truncate(keep)
-                f.flush()
-                os.fsync(f.fileno())
+            fd = _open_no_follow(path, os.O_WRONLY | os.O_CREAT)  # create / cut in place (the kept prefix is unchanged)
+            try:
+                os.ftruncate(fd, keep)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         resumed = start.rows > 0
         tb_dir = None
         if tensorboard is None:

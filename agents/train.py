@@ -40,7 +40,7 @@ from typing import Annotated, Any, Mapping, Optional, Protocol, Sequence
 import tyro
 
 from agents.config import TrainConfig
-from agents.run_dir import CorruptFileError, RunDir, RunDirError, atomic_write_json, check_tag, require_wandb
+from agents.run_dir import CorruptFileError, RunDir, RunDirError, atomic_write_json, check_user_tag, require_wandb
 
 
 @dataclass
@@ -102,9 +102,10 @@ class RunOptions:
     time_limit: Optional[float] = None
     """Stop (with a checkpoint) after this many seconds; resume later."""
     eval_only: Optional[str] = None
-    """No training: evaluate the newest checkpoint as the final evaluation does (this run's --eval.* settings:
-    eval.final_sets too, eval.final_episodes per instruction, any --eval.instruction-files) and write
-    eval_TAG.json/.md."""
+    """No training: evaluate the newest checkpoint on exactly --eval.sets and the sets of --eval.instruction-files
+    (--eval.sets with no name: the files' sets only; --eval.final-sets adds packaged held-out or ordered sets when
+    named), eval.final_episodes per instruction, and write eval_TAG.json/.md (TAG: up to 64 letters, digits, '.',
+    '_', '-'; not 'final' or a number, the run's own evaluations)."""
     wandb: bool = False
     """Also log to Weights & Biases (config = config.json; needs the wandb package)."""
     progress: bool = True
@@ -357,6 +358,10 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
     argv = list(sys.argv[1:] if argv is None else argv)
     opts = recipe.parse(argv, description)
     cfg = opts.config
+    labels = None  # an evaluation: the run's label pool, to warn about a user's texts close to it
+    if opts.eval_only is not None:
+        labels = label_pool(cfg)
+        cfg = opts.config = eval_only_config(cfg, final_sets=named_on_command_line(argv, "eval.final_sets"))
     from agents.multihost import allgather_json, check_processes, merge_evals, newest_common_update, process_dir
     from agents.sharding import initialize_distributed
 
@@ -372,9 +377,9 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
 
     # every check before anything is written or deleted
     try:
-        cfg.validate()
         if opts.eval_only is not None:
-            check_tag(opts.eval_only)
+            check_user_tag(opts.eval_only)  # before anything runs: a bad tag would fail after the evaluation
+        cfg.validate()
         for name in ("max_updates", "log_every"):
             v = getattr(opts, name)
             if v is not None and v < 1:
@@ -444,12 +449,18 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
                 if opts.eval_only is not None:
                     raise FileNotFoundError(own_dir)
                 saved = {}  # killed before its first checkpoint: the run starts again with its saved config
+                done = run.completion()
+                if me == 0 and not (done is not None and done.get("update", 0) >= num_updates):
+                    # ... only if its files agree: a run whose checkpoints were moved away is not restarted
+                    run.check_before_first_checkpoint(
+                        min(cfg.run.checkpoint_every, num_updates), num_updates,
+                        recipe.checkpoint_place(own_dir) if procs == 1 else f"{run.path}/process*/checkpoints")
             if not problem and opts.eval_only is None and me == 0:
                 run.check_metrics(**_metrics_resume(saved))
             done = run.completion()
         except FileNotFoundError:
             problem = f"error: {flag} given but {recipe.checkpoint_place(own_dir)} holds no checkpoint"
-        except (CorruptFileError, CheckpointError, ValueError) as e:
+        except (CorruptFileError, CheckpointError, ValueError, RunDirError) as e:
             problem = f"error: {e}"
         problem = _any_problem(problem)
         if problem:
@@ -492,7 +503,12 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
             if opts.eval_only is None:
                 recipe.drop_newer(own_dir, int(start.name) if start.name.isdigit() else 0)
             host = trainer.load(start)
-            print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
+            if opts.eval_only is not None:
+                if me == 0:
+                    print(f"evaluating the checkpoint {start} (update {trainer.update_idx}, {trainer.env_steps:,} env "
+                          f"steps) on {eval_plan(cfg)}", flush=True)
+            else:
+                print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
             if compile_ahead and trainer.update_idx < num_updates:
                 trainer.start_compiling()  # type: ignore[attr-defined]
         else:
@@ -508,7 +524,9 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
         parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s"
                           for k, v in {"imports": imports, **trainer.startup}.items() if k != "imports" or v >= 0.5)
         print(f"ready after {time.time() - t0:.0f} s ({parts})"
-              f"{'; the first update compiles' if recipe.compiles else ''}", flush=True)
+              f"{'; the first update compiles' if recipe.compiles and opts.eval_only is None else ''}", flush=True)
+        if labels is not None and me == 0 and (warning := pool_overlap_warning(labels, cfg.eval.instruction_files)):
+            print(warning, file=sys.stderr, flush=True)
     except (CheckpointError, CorruptFileError, ValueError) as e:
         trainer.close()
         print(f"error: {e}", file=sys.stderr)
@@ -773,11 +791,12 @@ class PQNRecipe(Recipe):
                       f"{update}", flush=True)
 
     def build(self, cfg: Any, own_dir: Path, eval_only: bool, fresh: bool = False) -> RunTrainer:
-        from agents.config import LLMConfig
+        if eval_only:  # the checkpoint's network and table alone: no relabeler, proposer, LLM or update
+            from agents.policy import PQNEvaluator
+
+            return PQNEvaluator(cfg, own_dir)
         from agents.oir import Trainer
 
-        if eval_only:  # the rule relabeler and proposer: never an LLM, nor a backend the run's files name
-            cfg = cfg.replace(**{"oir.relabeler": "rules", "ellm.proposer": "rules", "llm.backend": LLMConfig.backend})
         return Trainer(cfg, own_dir, prefetch_worlds=fresh)
 
     def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
@@ -850,12 +869,138 @@ def write_diversity_report(method: Any, update: int, folder: Path, grounding: st
               f"e.g. {llm['error_examples'].get(kinds[0][0], '')}")
 
 
+#: Config fields that say where a run connects or what it reads outside its folder, with the flag that
+#: sets each. A resumed run takes them from its ``config.json`` only when its command line names them
+#: again (anyone who can write the folder can change that file: a ``llm.base_url`` of theirs would
+#: receive every request with the API key), as it takes a module-path LLM backend.
+OUTSIDE_FIELDS: dict[str, str] = {
+    "llm.base_url": "--llm.base-url", "llm.template": "--llm.template", "llm.model": "--llm.model",
+    "oir.oracle_pool": "--oir.oracle-pool", "eval.instruction_files": "--eval.instruction-files",
+}
+
+
+def named_on_command_line(argv: Sequence[str], field: str) -> bool:
+    """Whether ``argv`` passes the flag of config field ``field`` (``"llm.base_url"``: ``--llm.base-url``
+    or ``--llm.base_url``, with its value after it or after ``=``)."""
+    part, _, name = field.partition(".")
+    spellings = {f"--{part}.{name}", f"--{part}.{name.replace('_', '-')}"}
+    return any(a.partition("=")[0] in spellings for a in argv)
+
+
+def _points_outside(field: str, value: Any, default: Any) -> bool:
+    if field == "llm.template":  # a packaged template's name is data; a file path is read
+        from oir_gym.relabel.prompts import TEMPLATE_NAMES
+
+        return value not in TEMPLATE_NAMES and value != default
+    if field == "llm.model":  # a model name is data; a local folder is read (transformers, llama.cpp, vLLM)
+        return bool(value) and (str(value).startswith(("/", ".", "~")) or Path(str(value)).expanduser().exists())
+    return value != default
+
+
+def outside_references(cfg: Any) -> dict[str, Any]:
+    """The fields of :data:`OUTSIDE_FIELDS` that ``cfg`` (a PQN or SB3 config) sets to a server or a
+    file of its own (not the default, a packaged name or a model name), with their values."""
+    import dataclasses
+
+    out: dict[str, Any] = {}
+    for field in OUTSIDE_FIELDS:
+        part, name = field.split(".")
+        section = getattr(cfg, part, None)
+        if section is None or name not in {f.name for f in dataclasses.fields(section)}:
+            continue
+        value, default = getattr(section, name), getattr(type(section)(), name)
+        if _points_outside(field, value, default):
+            out[field] = value
+    return out
+
+
+def _repeat(refs: Mapping[str, Any]) -> str:
+    """The flags that pass ``refs`` (field -> value) again, quoted for a shell."""
+    import shlex
+
+    parts = []
+    for field, value in refs.items():
+        values = list(value) if isinstance(value, (tuple, list)) else [value]
+        parts.append(" ".join([OUTSIDE_FIELDS[field], *(shlex.quote(str(v)) for v in values)]))
+    return " ".join(parts)
+
+
+def eval_only_config(cfg: Any, *, final_sets: bool) -> Any:
+    """The config an ``--eval-only`` evaluation runs with: ``eval.final_sets`` only when the command
+    line names them (``final_sets``), so that exactly ``eval.sets`` and the files are evaluated
+    otherwise; the run's training labels (``oir.oracle``, its pool) replaced by the canonical ones,
+    which nothing of an evaluation reads (a user's file close to the run's pool is warned about,
+    :func:`pool_overlap_warning`, not refused)."""
+    changes: dict[str, Any] = {} if final_sets else {"eval.final_sets": ()}
+    oir = getattr(cfg, "oir", None)
+    if oir is not None and hasattr(oir, "oracle"):
+        changes["oir.oracle"] = "canonical"
+        if hasattr(oir, "oracle_pool"):
+            changes["oir.oracle_pool"] = ""
+    return cfg.replace(**changes)
+
+
+def label_pool(cfg: Any) -> str | None:
+    """The wording pool file the run's labels came from (``""``: the packaged pool), or None when
+    its labels use none (``oir.oracle`` not one of the pool oracles)."""
+    from oir_gym.relabel.oracle import USES_POOL
+
+    oir = getattr(cfg, "oir", None)
+    if getattr(cfg, "run", None) is not None and getattr(cfg.run, "method", "oir") != "oir":
+        return None
+    if oir is None or getattr(oir, "oracle", "canonical") not in USES_POOL:
+        return None
+    return getattr(oir, "oracle_pool", "")
+
+
+def pool_overlap_warning(pool_file: str, instruction_files: Sequence[str]) -> str | None:
+    """One warning line naming the texts of ``instruction_files`` within cosine
+    :data:`~oir_gym.relabel.oracle.MAX_EVAL_COSINE` (0.85) of a wording of the run's label pool
+    (``pool_file``; ``""``: the packaged one), or None when none is: their success measures wordings
+    the run was trained on, not held-out ones."""
+    import numpy as np
+
+    from oir_gym import get_encoder
+    from oir_gym.instructions import load_instruction_files
+    from oir_gym.relabel.oracle import MAX_EVAL_COSINE, load_pool
+
+    texts = list(dict.fromkeys(i.text for items in load_instruction_files(instruction_files).values() for i in items))
+    if not texts:
+        return None
+    pool = load_pool(pool_file or None)
+    words = list(pool.owner())
+    enc = get_encoder()
+    sim = np.asarray(enc.encode(texts), np.float32) @ np.asarray(enc.encode(words), np.float32).T
+    close = [(texts[i], words[int(sim[i].argmax())], float(sim[i].max())) for i in range(len(texts))
+             if sim[i].max() >= MAX_EVAL_COSINE]
+    if not close:
+        return None
+    shown = "; ".join(f"{t!r} ({c:.2f} to {w!r})" for t, w, c in close[:8]) + (" ..." if len(close) > 8 else "")
+    return (f"warning: {len(close)} of the {len(texts)} texts of your instruction files are within cosine "
+            f"{MAX_EVAL_COSINE} of a wording of the run's label pool ({pool.source}), so they are not held out from "
+            f"what it was trained on: {shown}")
+
+
+def eval_plan(cfg: Any) -> str:
+    """What an evaluation of ``cfg`` runs, in words: its sets and episodes."""
+    from oir_gym.instructions import load_instruction_files
+
+    ev = cfg.eval
+    sets = list(dict.fromkeys([*ev.sets, *ev.final_sets, *load_instruction_files(ev.instruction_files)]))
+    return f"the sets {', '.join(sets)} ({ev.final_episodes} episode(s) per instruction)"
+
+
 def parse_with_base(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any,
                     check_saved_backend: Any) -> Any:
     """The command line as ``options_type`` (parsed by ``cli``, :func:`agents.config.cli`'s signature):
     ``--resume`` / ``--eval-only`` start from the run's saved config (read by ``load_config``; flags
-    override it, and a module-path LLM backend it names is refused unless the flags name it),
-    otherwise from the preset named first."""
+    override it), otherwise from the preset named first.
+
+    What a run's files may not decide: a module-path LLM backend is refused unless the flags name it
+    (``check_saved_backend``), and so is a field of :data:`OUTSIDE_FIELDS` that points outside
+    (another server, a template, model, pool or instruction file): ``--resume`` refuses, naming the
+    flags to repeat; ``--eval-only``, which starts no LLM and evaluates the files its command line
+    names, leaves them at their defaults with a warning."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--run-dir", "--run_dir")
     pre.add_argument("--resume", action="store_true")
@@ -873,6 +1018,17 @@ def parse_with_base(argv: list[str], description: str | None, options_type: type
                 check_saved_backend(base.llm, file, on_command_line=known.llm_backend is not None)
             except ValueError as e:
                 raise SystemExit(f"error: {e}") from None
+        refs = {f: v for f, v in outside_references(base).items() if not named_on_command_line(argv, f)}
+        if refs:
+            names = ", ".join(f"{f}={v!r}" for f, v in refs.items())
+            if known.eval_only is None:
+                raise SystemExit(
+                    f"error: {file} sets {names}: a resumed run takes where it connects and what it reads outside "
+                    "its folder from its command line only, never from its files (anyone who can write the folder "
+                    f"can change them); repeat {_repeat(refs)} to use them again, or pass other values")
+            print(f"warning: --eval-only does not use {names} of {file} (an evaluation takes files from its command "
+                  f"line only; pass {_repeat(refs)} to use them)", file=sys.stderr, flush=True)
+            base = base.replace(**{f: getattr(type(getattr(base, f.split('.')[0]))(), f.split(".")[1]) for f in refs})
         return cli(options_type, argv, base=base, description=description)
     return cli(options_type, argv, description=description)
 

@@ -69,7 +69,7 @@ HEAVY_FILES = ("test_sharding.py", "test_train_pqn.py", "test_docs_snippets.py",
 #: programs (:func:`agents.oir.trainer_programs`: a smoke run's second trainer starts in a second
 #: instead of tracing for 10-15 s). The tests of the live smoke trainer (:func:`smoke_trainer`) run
 #: on one worker too, which builds it once.
-PQN_FILES = ("test_train_pqn.py", "test_no_run_lost.py", "test_oracle.py", "test_run_trust.py", "test_oir_grounding.py",
+PQN_FILES = ("test_train_pqn.py", "test_no_run_lost.py", "test_eval_only.py", "test_oracle.py", "test_run_trust.py", "test_oir_grounding.py",
              "test_batch_composition.py", "test_methods.py")
 
 #: Costly fixtures built once per worker (a session or module scope): their tests run on one worker,

@@ -253,3 +253,42 @@ def test_checkpoint_content_is_checked_with_an_error_naming_the_file(tmp_path, c
     with pytest.raises(CheckpointError, match=match) as err:
         load_checkpoint(tmp_path)
     assert str(folder / file) in str(err.value)
+
+
+def test_a_manifest_cannot_name_a_file_outside_its_folder(tmp_path):
+    """Issue 37.12: a manifest naming ``../../outside.bin`` (its checksum rewritten to match) is
+    refused naming the manifest; nothing outside the checkpoint folder is read."""
+    run = tmp_path / "run"
+    folder = save_checkpoint(run, 1, {"w": np.zeros(2)}, {"update": 1})
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"secret")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for name in ("../../outside.bin", str(outside), "sub/../../x"):
+        crafted = {**manifest, "files": {**manifest["files"], name: {"bytes": 6, "sha256": "0" * 64}}}
+        (folder / MANIFEST).write_text(json.dumps(crafted))
+        with pytest.raises(CheckpointError, match=rf"{MANIFEST}: names '.*', which is not a file inside"):
+            load_checkpoint(run)
+    crafted = {**manifest, "files": {**manifest["files"], "extra.bin": {"bytes": 6, "sha256": "0" * 64}}}
+    (folder / MANIFEST).write_text(json.dumps(crafted))
+    with pytest.raises(CheckpointError, match=rf"names 'extra.bin'; a checkpoint manifest lists only {ARRAYS} and"):
+        load_checkpoint(run)
+
+
+def test_checkpoint_files_that_are_links_are_not_read_through(tmp_path):
+    """A checkpoint's file (or a checkpoint folder of a run) that is a symbolic link is refused,
+    even when the bytes it points to match the manifest."""
+    run = tmp_path / "run"
+    folder = save_checkpoint(run, 1, {"w": np.zeros(2)}, {"update": 1})
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (folder / HOST).rename(outside / HOST)
+    (folder / HOST).symlink_to(outside / HOST)
+    with pytest.raises(CheckpointError, match=rf"{MANIFEST}: names '{HOST}', and .* is a symbolic link"):
+        load_checkpoint(run)
+    (folder / HOST).unlink()
+    (outside / HOST).rename(folder / HOST)
+    load_checkpoint(run)  # back in place: reads
+    folder.rename(outside / "000001")
+    folder.symlink_to(outside / "000001")
+    with pytest.raises(CheckpointError, match="000001: names '000001', and .* is a symbolic link"):
+        load_checkpoint(run)

@@ -329,3 +329,31 @@ def test_eval_only_refuses_a_checkpoint_of_non_finite_weights(run_copy, capsys):
     err = capsys.readouterr().err
     assert f"{folder / 'arrays.msgpack'}: field train_state/params/params/Dense_0/kernel holds NaN" in err
     assert not (run_copy / "eval_nan.json").exists()
+
+
+def test_a_run_whose_checkpoints_are_gone_is_refused_not_restarted(run_copy, capsys):
+    """Issue 37.13: without checkpoints/ but with metrics rows and evaluations past the first
+    checkpoint, --resume used to restart from update 0 and cut metrics.jsonl to nothing."""
+    (run_copy / "complete.json").unlink()  # a run still to finish
+    shutil.rmtree(run_copy / "checkpoints")
+    before = _snapshot(run_copy)
+    assert train.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_copy / 'checkpoints'} holds no checkpoint, while {run_copy} holds metrics.jsonl rows up to update 4" \
+        in err and "eval_final.json" in err and "--overwrite" in err and "\n" not in err.strip()
+    assert _snapshot(run_copy) == before  # nothing written, nothing cut
+
+
+def test_resume_refuses_a_metrics_file_that_is_a_link_and_leaves_its_target_alone(run_copy, capsys, tmp_path):
+    """Issue 37.12: a symlinked metrics.jsonl was appended to (and tb/ and the plots written) in the
+    link's target, outside the run folder."""
+    (run_copy / "complete.json").unlink()
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes((run_copy / "metrics.jsonl").read_bytes())
+    (run_copy / "metrics.jsonl").unlink()
+    (run_copy / "metrics.jsonl").symlink_to(outside)
+    before = outside.read_bytes()
+    assert train.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_copy / 'metrics.jsonl'} is a symbolic link (to {outside})" in err and "never through a link" in err
+    assert outside.read_bytes() == before

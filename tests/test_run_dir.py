@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 import json
 import subprocess
 import sys
@@ -249,3 +250,86 @@ def test_wandb_logs_offline_and_a_resumed_run_keeps_its_wandb_id(tmp_path, monke
         m.write({"update": 2, "env_steps": 128, "loss": 0.4})
     assert (run.path / "wandb" / "run_id").read_text().strip() == run_id
     assert [r["update"] for r in run.read_metrics()] == [1, 2]
+
+
+# ----------------------------------------------------------------------------- links (issue 37.12)
+@pytest.mark.parametrize("name", ["metrics.jsonl", "tb", "training.png", "checkpoints", "checkpoints/000002",
+                                  "checkpoints/000002/arrays.msgpack", "eval_final.json"])
+def test_a_run_file_that_is_a_link_is_refused_before_anything_is_written(tmp_path, name):
+    run, _ = _new_run(tmp_path)
+    (run.path / "checkpoints" / "000002").mkdir(parents=True)
+    (run.path / "checkpoints" / "000002" / "arrays.msgpack").write_bytes(b"x")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "target"
+    path = run.path / name
+    if path.is_dir():
+        shutil.move(str(path), str(target))
+    elif path.exists():
+        path.rename(target)
+    else:
+        target.write_text("outside")
+    path.symlink_to(target)
+    before = {str(p): p.read_bytes() for p in sorted(outside.rglob("*")) if p.is_file()}
+    with pytest.raises(RunDirError, match=rf"{path} is a symbolic link \(to {target}\): .* never through a link"):
+        RunDir.prepare(run.path, resume=True)
+    assert {str(p): p.read_bytes() for p in sorted(outside.rglob("*")) if p.is_file()} == before
+
+
+def test_links_are_never_written_through(tmp_path):
+    """Without the check of prepare: the metrics file is opened without following a link, and a
+    whole file (atomic write) replaces a link instead of writing into its target."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("outside")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "training.png").symlink_to(outside)  # a fresh run in a folder holding a link
+    with pytest.raises(RunDirError, match="training.png is a symbolic link"):
+        RunDir.prepare(tmp_path / "run")
+    (tmp_path / "run" / "training.png").unlink()
+    run = RunDir.prepare(tmp_path / "run")
+    run.metrics_path.symlink_to(outside)
+    with pytest.raises(RunDirError, match="metrics.jsonl is a symbolic link"):
+        run.open_metrics(tensorboard=False)
+    run.eval_path("mine").symlink_to(outside)
+    run.write_eval("mine", {"a": 1})
+    assert not run.eval_path("mine").is_symlink() and run.read_eval("mine") == {"a": 1}
+    assert outside.read_text() == "outside"
+    # --overwrite removes the links (not their targets) and goes on; W&B's own links are its business
+    run.write_config({"x": 1})
+    again = RunDir.prepare(run.path, overwrite=True)
+    assert not run.metrics_path.exists() and outside.read_text() == "outside"
+    (again.path / "wandb" / "run-1").mkdir(parents=True)
+    (again.path / "wandb" / "latest-run").symlink_to(again.path / "wandb" / "run-1")
+    RunDir.prepare(again.path)
+
+
+def test_evaluation_tags_are_checked_and_the_runs_own_are_reserved():
+    from agents.run_dir import check_tag, check_user_tag
+
+    assert check_tag("final") == "final" and check_tag("000004") == "000004" and check_user_tag("eps0.05") == "eps0.05"
+    for tag in ("final", "000004", "12"):
+        with pytest.raises(ValueError, match=rf"'{tag}' is the name of the run's own .* choose another name"):
+            check_user_tag(tag)
+    with pytest.raises(ValueError, match="has 65 characters; at most 64"):
+        check_user_tag("a" * 65)
+    for tag in ("../x", ".hidden", "a/b", ""):
+        with pytest.raises(ValueError, match="may hold only letters"):
+            check_user_tag(tag)
+
+
+# ----------------------------------------------------------------------------- before the first checkpoint (37.13)
+def test_a_run_without_checkpoints_restarts_only_when_its_files_agree(tmp_path):
+    run, _ = _new_run(tmp_path, rows=2)  # rows of updates 1 and 2
+    run.check_before_first_checkpoint(2, 10, run.path / "checkpoints")  # a kill before checkpoint 2 was written
+    run.write_eval("000002", {})
+    run.check_before_first_checkpoint(2, 10, run.path / "checkpoints")
+    run.write_eval("final", {})  # the last update (10) is past the first checkpoint
+    with pytest.raises(RunDirError, match=r"holds eval_final.json: the run went past its first checkpoint \(update 2\)"):
+        run.check_before_first_checkpoint(2, 10, run.path / "checkpoints")
+    run.check_before_first_checkpoint(2, 2, run.path / "checkpoints")  # a run of 2 updates: its final one
+    with pytest.raises(RunDirError, match="holds no checkpoint, while .* holds metrics.jsonl rows up to update 2"):
+        run.check_before_first_checkpoint(1, 10, run.path / "checkpoints")
+    run.eval_path("final").unlink()
+    run.write_eval("mine", {})  # a user's evaluation needs a checkpoint
+    with pytest.raises(RunDirError, match="holds eval_mine.json"):
+        run.check_before_first_checkpoint(2, 10, run.path / "checkpoints")

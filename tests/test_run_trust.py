@@ -230,3 +230,50 @@ def test_load_model_without_a_config_rebuilds_the_network_from_the_readable_data
     for seed in range(3):
         obs = {k: v[None] for k, v in _obs(seed).items()}
         assert loaded.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
+
+
+# ----------------------------------------------------------------------------- 37.11: where a run connects, what it reads
+def test_resume_refuses_a_server_and_template_named_by_config_json(tmp_path, capsys):
+    """A stopped run's config.json edited to send the LLM's requests (and the API key) to another
+    host with a template file of its own: --resume refuses before anything starts, naming the flags
+    to repeat; repeated on the command line, they are the user's choice."""
+    from agents import train
+
+    run = tmp_path / "run"
+    template = tmp_path / "t.txt"
+    template.write_text("Describe: {{trajectory}}\n")
+    host = "http://collector.invalid:9/v1"
+    cfg = preset("smoke").replace(**{"oir.relabeler": "both", "llm.backend": "openai", "llm.base_url": host,
+                                     "llm.template": str(template)})
+    RunDir(run).write_config(cfg.to_dict())
+    before = sorted(p.name for p in run.iterdir())
+    with pytest.raises(SystemExit) as err:
+        train.pqn_main(["--run-dir", str(run), "--resume", "--no-progress"])
+    msg = str(err.value.code)
+    assert msg.startswith(f"error: {run / 'config.json'} sets llm.base_url='{host}', llm.template='{template}'")
+    assert f"repeat --llm.base-url {host} --llm.template {template} to use them again" in msg and "\n" not in msg
+    assert sorted(p.name for p in run.iterdir()) == before  # nothing written
+    # named on this command line (either spelling), they are used; one of the two is not enough
+    opts = train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.base_url", host, f"--llm.template={template}"])
+    assert (opts.config.llm.base_url, opts.config.llm.template) == (host, str(template))
+    with pytest.raises(SystemExit, match=r"sets llm.template="):
+        train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.base-url", host])
+    # an evaluation starts no LLM: it leaves them at their defaults and says so
+    capsys.readouterr()
+    opts = train.PQN.parse(["--run-dir", str(run), "--eval-only", "x"])
+    assert (opts.config.llm.base_url, opts.config.llm.template) == (LLMConfig.base_url, LLMConfig.template)
+    assert "warning: --eval-only does not use llm.base_url=" in capsys.readouterr().err
+
+
+def test_which_fields_point_outside_a_run(tmp_path):
+    """Every file or server a config names counts, a packaged name or a model name does not."""
+    from agents.train import OUTSIDE_FIELDS, outside_references
+
+    assert outside_references(preset("smoke")) == {} and outside_references(preset("cpu")) == {}
+    pool, mine, model = tmp_path / "pool.json", tmp_path / "mine.json", tmp_path / "model"
+    model.mkdir()
+    cfg = preset("smoke").replace(**{"llm.template": "paper", "llm.model": "google/gemma-3-270m-it"})
+    assert outside_references(cfg) == {}
+    cfg = cfg.replace(**{"llm.model": str(model), "oir.oracle_pool": str(pool), "eval.instruction_files": (str(mine),),
+                         "llm.base_url": "https://example.invalid/v1", "llm.template": str(tmp_path / "t.txt")})
+    assert set(outside_references(cfg)) == set(OUTSIDE_FIELDS)

@@ -125,9 +125,8 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(smoke_run, 
     metrics_before = (run / "metrics.jsonl").read_text()
     assert train.pqn_main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval.epsilon", "0.5"]) == 0
     res = json.loads((run / "eval_eps0.5.json").read_text())
-    # --eval-only is the final evaluation: the held-out and ordered sets too
-    assert set(res[0]) == {"original", "simple", "complex", "heldout", "ordered", "ordered_reverse"}
-    assert len(res[0]["original"]["rates"]) == 22 and len(res[0]["heldout"]["rates"]) == 44
+    # exactly the run's eval.sets (the final evaluation's held-out and ordered sets only when named)
+    assert set(res[0]) == {"original", "simple", "complex"} and len(res[0]["original"]["rates"]) == 22
     assert "epsilon 0.5" in (run / "eval_eps0.5.md").read_text()
     # the run itself is untouched: same config (eval.epsilon 0), no new metrics rows
     assert (run / "config.json").read_text() == config_before
@@ -138,7 +137,7 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(smoke_run, 
                                                   {"text": "have a drink", "achievement": "collect_drink"}]}}))
     capsys.readouterr()
     assert train.pqn_main(["--run-dir", str(run), "--eval-only", "mine", "--eval.instruction-files", str(mine),
-                           "--eval.sets", "--eval.final-sets"]) == 0
+                           "--eval.sets"]) == 0
     out = capsys.readouterr().out
     assert set(json.loads((run / "eval_mine.json").read_text())[0]) == {"mine"}
     assert "Set mine, per instruction:" in out and "| chop a tree |" in out and "| have a drink |" in out
