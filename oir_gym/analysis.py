@@ -663,7 +663,7 @@ def _note(ax, text: str) -> None:
 def _per_set_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str], key: str,
                     ylim: tuple[float, float] | None, ylabel: str, title: str):
     """One axes per set, one line per method (mean over seeds, ± s.e. band), y fixed to ``ylim``
-    (None: :func:`symmetric_limits` of everything drawn, the same on every axes)."""
+    (None: :func:`symmetric_limits` of what each axes holds)."""
     fig, axes = _grid(len(sets))
     for ax, s in zip(axes, sets):
         for i, (label, rows) in enumerate(runs.items()):  # a method keeps its colour on every axes
@@ -678,9 +678,8 @@ def _per_set_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str], 
         ax.set_xlabel("env steps")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    ylim = ylim or symmetric_limits(axes)
-    for ax in axes:
-        ax.set_ylim(*ylim)
+    for ax in axes:  # each set on its own scale: a set's small gains stay readable beside another's large ones
+        ax.set_ylim(*(ylim or symmetric_limits([ax])))
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=11)
     return fig
@@ -733,8 +732,8 @@ def gain_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | Non
     """The instruction-following gain over training (success when asked for an achievement minus success
     when asked for another one, ``eval/control/<set>/gain``; docs/evaluation.md), one axes per set, with
     a dashed line at 0 (a policy that ignores its instruction). The y axis is symmetric around 0 and
-    scaled to the data (:func:`symmetric_limits`: at least ±0.1, at most ±1), the same on every axes, so
-    gains of a few hundredths are not flattened.
+    scaled to each set's data (:func:`symmetric_limits`: at least ±0.1, at most ±1), so gains of a few
+    hundredths are not flattened.
 
     Args:
         runs: per method, the metrics rows of each run, pooled as seeds.

@@ -240,8 +240,7 @@ def test_gain_figure_plots_asked_minus_mismatched_per_set_and_needs_the_control(
     axes = fig.get_axes()
     assert [ax.get_title() for ax in axes] == ["original", "simple", "compound"]
     for ax in axes:
-        # scaled to the data: the largest gain (0.1025 + its s.e.) with a margin, symmetric around 0, the
-        # same on every axes
+        # scaled to the data: the largest gain (0.1025 + its s.e.) with a margin, symmetric around 0
         assert ax.get_ylim() == pytest.approx((-0.15, 0.15)) and _labels(ax) == ["oir (4 seeds)"]
         assert any(ln.get_label() == "_zero" for ln in ax.get_lines())  # the no-following line
     np.testing.assert_allclose(axes[0].get_lines()[0].get_ydata(), [0.0025, 0.0525, 0.1025])
@@ -440,3 +439,11 @@ def test_instruction_bars_are_titled_with_the_set_and_the_episodes():
     (ax,) = analysis.instruction_bars_figure({"oir": [{"mine": {"texts": ["a"], "rates": [1.0]}}]},
                                              episodes=1).get_axes()
     assert ax.get_title() == "success per instruction: set 'mine' (1 instruction, 1 episode per instruction)"
+
+
+def test_each_sets_gain_axis_is_scaled_to_that_sets_gains():
+    rows = [{"update": u, "env_steps": 100 * u, "eval/control/original/gain": 0.02 * u,
+             "eval/control/compound/gain": 0.2 * u} for u in range(4)]
+    original, compound = analysis.gain_figure({"oir": [rows]}).get_axes()
+    assert original.get_ylim() == pytest.approx((-0.1, 0.1))   # 0.06: not flattened by compound's 0.6
+    assert compound.get_ylim() == pytest.approx((-0.7, 0.7))
