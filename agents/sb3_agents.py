@@ -615,16 +615,33 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
         An :class:`SB3AgentPolicy` (``reset()``, ``act(obs) -> action``).
 
     Raises:
+        FileNotFoundError: ``run_dir`` is not a folder, or holds no ``config.json`` (the message names
+            the folder and what an SB3 run directory holds).
         UntrustedModelError: the run's ``model.zip`` is not the file it saved (nothing is loaded).
         agents.run_dir.CorruptFileError: the zip does not fit the run's config, or holds non-finite
             weights (nothing in it is unpickled either way; see :func:`load_model`).
     """
     if seed != 0:
         raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
+    from agents.run_dir import CONFIG
     from agents.sb3_config import load_sb3_config
 
-    run = RunDir(run_dir)
-    cfg = load_sb3_config(run.read_config())
+    folder = Path(run_dir)
+    expected = (f"load_sb3_policy expects a run directory written by examples/train_sb3.py --run-dir "
+                f"(it holds {CONFIG}, {MODEL_ZIP} and {STATE_JSON})")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder{' (it is a file)' if folder.exists() else ''}; {expected}")
+    if not (folder / CONFIG).is_file():
+        raise FileNotFoundError(f"{folder}: no {CONFIG} there, so not a run directory; {expected}")
+    run = RunDir(folder)
+    raw = run.read_config()
+    if "sb3" not in raw and "algo" not in raw:  # nested, or flat (older runs)
+        raise ValueError(f"{folder}: a PQN run (its {CONFIG} has no 'sb3' part); load it with "
+                         "agents.policy.load_policy, which loads PQN and SB3 runs")
+    if not (folder / MODEL_ZIP).exists() and not (folder / STATE_JSON).exists():
+        raise FileNotFoundError(f"{folder}: no checkpoint yet ({MODEL_ZIP}, {STATE_JSON}): the run stopped before "
+                                f"its first; continue it with examples/train_sb3.py --run-dir {folder} --resume")
+    cfg = load_sb3_config(raw)
     path, _ = verified_model_zip(run.path)
     model = load_model(cfg.sb3.algo, path, device=check_device(device or "auto"), hyperparams=cfg.sb3.hyperparams,
                        seed=cfg.run.seed, obs_mode=cfg.env.obs_mode, defaults=cfg.sb3.defaults)

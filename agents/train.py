@@ -675,7 +675,8 @@ def _finish(recipe: Recipe, trainer: RunTrainer, run: RunDir, cfg: Any, run_eval
     analysis.plot_training(rows, run.path / "training.png")
     analysis.plot_learning_curves({label: [rows]}, run.path / "learning_curves.png")
     final = run.read_eval("final")
-    analysis.plot_instruction_bars({label: final}, run.path / "instruction_success.png")
+    analysis.plot_instruction_bars({label: final}, run.path / "instruction_success.png",
+                                   episodes=cfg.eval.final_episodes)
     analysis.write_overview_plots({label: [rows]}, run.path)  # success.png, gain.png, relabeling.png
     table = _mean_table(final)
     run.write_eval("final", final, markdown=f"{recipe.eval_title(cfg, trainer, None)}\n\n{table}\n")

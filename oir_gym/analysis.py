@@ -2,8 +2,9 @@
 
 Works on any run directory written by ``examples/train_pqn.py`` or ``examples/train_sb3.py``;
 several runs (seeds, methods) are aggregated as mean +- standard error. The figures a researcher
-looks at first (:func:`success_figure`, :func:`gain_figure`, :func:`relabeling_figure`) are pure
-functions of metrics rows that return a matplotlib Figure; :func:`write_overview_plots` writes them
+looks at first (:func:`success_figure`, :func:`gain_figure`, :func:`relabeling_figure`,
+:func:`training_figure`, :func:`instruction_bars_figure`) are pure functions of metrics rows (or
+evaluation dicts) that return a matplotlib Figure; :func:`write_overview_plots` writes them
 as PNGs into every run directory at the end of a run and for ``examples/analyze_runs.py``.
 :func:`caption_frame` writes an instruction onto a video frame (``examples/record_video.py``).
 """
@@ -328,32 +329,51 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path | list[dict]]], out
     return _save(fig, out)
 
 
-def plot_training(metrics: list[dict], out: str | Path) -> Path:
-    """Loss, epsilon, training success and throughput vs env steps for one run."""
+#: Below this many points a line also marks each point: a one-point series (an SB3 smoke run logs its
+#: loss once) draws nothing without a marker.
+MARKER_BELOW = 40
+
+
+def _marker(n: int) -> str | None:
+    return "." if n < MARKER_BELOW else None
+
+
+def training_figure(metrics: list[dict]):
+    """Loss, training success, epsilon and throughput vs env steps for one run, one axes per logged key
+    (titled with it); a short series is drawn with a marker on every point. Rows that log none of the
+    keys give one axes with a note saying so."""
     keys = [k for k in ("loss", "train/success_rate", "train/reward_per_step", "curriculum/unpayable_step_frac",
-                        "epsilon", "sps") if any(k in r for r in metrics)]
-    fig, axes = _figure(len(keys), (4 * len(keys), 3.2))
-    axes = np.atleast_1d(axes)
+                        "epsilon", "sps") if any(k in r and "env_steps" in r for r in metrics)]
+    fig, axes = _grid(max(len(keys), 1), max(len(keys), 1), (4.0, 3.2))
+    if not keys:
+        _note(axes[0], "no training metrics logged (loss, train/success_rate, epsilon, sps)")
     rows = [r for r in metrics if "env_steps" in r]
     for ax, k in zip(axes, keys):
-        pts = [(r["env_steps"], r[k]) for r in rows if k in r]
-        ax.plot(*zip(*pts))
+        steps, vals = zip(*[(r["env_steps"], r[k]) for r in rows if k in r])
+        ax.plot(steps, vals, marker=_marker(len(steps)))
         ax.set_title(k)
         ax.set_xlabel("env steps")
         ax.grid(alpha=0.3)
-    return _save(fig, out)
+    return fig
 
 
-def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, set_name: str = "original") -> Path:
-    """Per-instruction success rates, one bar group per instruction, one bar per method.
+def plot_training(metrics: list[dict], out: str | Path) -> Path:
+    """Write :func:`training_figure` to ``out``."""
+    return _save(training_figure(metrics), out)
+
+
+def instruction_bars_figure(results: dict[str, Iterable[dict]], set_name: str = "original",
+                            episodes: int | None = None):
+    """Per-instruction success rates, one bar group per instruction, one bar per method, titled with the
+    set, its number of instructions, the seeds per method and (when given) the episodes per instruction.
 
     ``results[method]`` is a list of evaluation dicts (one per seed) as written by
     :meth:`oir_gym.evaluation.EvalResult.to_dict`. Results without ``set_name`` (a run that
     evaluated only the sets of its instruction files: ``--eval.sets`` empty) plot their first set.
     """
+    results = {m: list(r) for m, r in results.items()}
     methods = list(results)
-    first = next(iter(results.values()))
-    first = list(first)
+    first = results[methods[0]]
     if set_name not in first[0]:
         set_name = next(iter(first[0]))
     texts = first[0][set_name]["texts"]
@@ -363,14 +383,24 @@ def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, s
     for i, m in enumerate(methods):
         rates = np.array([r[set_name]["rates"] for r in results[m]])
         mean, se = mean_and_stderr(rates, axis=0)
-        ax.bar(x + i * width, np.atleast_1d(mean), width, yerr=np.atleast_1d(se) if len(rates) > 1 else None, label=m)
+        ax.bar(x + i * width, np.atleast_1d(mean), width, yerr=np.atleast_1d(se) if len(rates) > 1 else None,
+               label=f"{m} ({len(rates)} seed{'s' * (len(rates) != 1)})")
     ax.set_xticks(x + width * (len(methods) - 1) / 2)
     ax.set_xticklabels(texts, rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("success rate")
     ax.set_ylim(0, 1)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, out)
+    eps = f", {episodes} episode{'s' * (episodes != 1)} per instruction" if episodes is not None else ""
+    n = len(texts)
+    ax.set_title(f"success per instruction: set '{set_name}' ({n} instruction{'s' * (n != 1)}{eps})")
+    return fig
+
+
+def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, set_name: str = "original",
+                          episodes: int | None = None) -> Path:
+    """Write :func:`instruction_bars_figure` to ``out``."""
+    return _save(instruction_bars_figure(results, set_name, episodes), out)
 
 
 def final_table(results: dict[str, list[dict]], sets: Sequence[str] = ("original", "simple", "complex")) -> str:
@@ -621,7 +651,7 @@ def _band(ax, steps: np.ndarray, vals: np.ndarray, label: str, color: str | None
         return
     mean, se = mean_and_stderr(vals.T, axis=0)
     mean, se = np.atleast_1d(mean), np.atleast_1d(se)
-    (line,) = ax.plot(steps, mean, marker="." if len(steps) < 40 else None, label=label, color=color, ls=ls)
+    (line,) = ax.plot(steps, mean, marker=_marker(len(steps)), label=label, color=color, ls=ls)
     if vals.shape[1] > 1:
         ax.fill_between(steps, mean - se, mean + se, alpha=0.2, color=line.get_color())
 
@@ -630,27 +660,51 @@ def _note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="grey", wrap=True)
 
 
-def _per_set_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str], key: str, ylim: tuple[float, float],
-                    ylabel: str, title: str):
-    """One axes per set, one line per method (mean over seeds, ± s.e. band), y fixed to ``ylim``."""
+def _per_set_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str], key: str,
+                    ylim: tuple[float, float] | None, ylabel: str, title: str):
+    """One axes per set, one line per method (mean over seeds, ± s.e. band), y fixed to ``ylim``
+    (None: :func:`symmetric_limits` of what each axes holds)."""
     fig, axes = _grid(len(sets))
     for ax, s in zip(axes, sets):
         for i, (label, rows) in enumerate(runs.items()):  # a method keeps its colour on every axes
             steps, vals = pooled_points(rows, key.format(s))
             if len(steps):
                 _band(ax, steps, vals, f"{label} ({vals.shape[1]} seed{'s' * (vals.shape[1] != 1)})", f"C{i}")
-        if ylim[0] < 0:
+        if ylim is None or ylim[0] < 0:
             ax.axhline(0, color="grey", lw=0.8, ls="--", label="_zero")
         if not [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]:
             _note(ax, "not evaluated")
-        ax.set_ylim(*ylim)
         ax.set_title(s)
         ax.set_xlabel("env steps")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
+    for ax in axes:  # each set on its own scale: a set's small gains stay readable beside another's large ones
+        ax.set_ylim(*(ylim or symmetric_limits([ax])))
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=11)
     return fig
+
+
+#: The smallest half-span of :func:`symmetric_limits`: gains of a few hundredths stay readable without
+#: noise of 0.001 filling the frame.
+MIN_HALF_SPAN = 0.1
+
+
+def symmetric_limits(axes, min_half: float = MIN_HALF_SPAN, cap: float = 1.0) -> tuple[float, float]:
+    """``(-h, h)`` around 0 that holds every line and band drawn on ``axes`` with a 10% margin: ``h`` at
+    least ``min_half`` and at most ``cap`` (a gain lies in [-1, 1]), rounded up to a multiple of 0.05."""
+    top = 0.0
+    for ax in axes:
+        for ln in ax.get_lines():
+            if not ln.get_label().startswith("_"):
+                y = np.asarray(ln.get_ydata(), dtype=float)
+                top = max(top, float(np.nanmax(np.abs(y), initial=0.0)))
+        for coll in ax.collections:  # the ± s.e. bands
+            for path in coll.get_paths():
+                y = path.vertices[:, 1]
+                top = max(top, float(np.nanmax(np.abs(y[np.isfinite(y)]), initial=0.0)))
+    half = min(cap, max(min_half, np.ceil(top * 1.1 / 0.05 - 1e-9) * 0.05))
+    return -float(half), float(half)
 
 
 def success_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | None = None):
@@ -676,8 +730,10 @@ def success_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | 
 
 def gain_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | None = None):
     """The instruction-following gain over training (success when asked for an achievement minus success
-    when asked for another one, ``eval/control/<set>/gain``; docs/evaluation.md), one axes per set, y
-    fixed to [-1, 1] with a dashed line at 0 (a policy that ignores its instruction).
+    when asked for another one, ``eval/control/<set>/gain``; docs/evaluation.md), one axes per set, with
+    a dashed line at 0 (a policy that ignores its instruction). The y axis is symmetric around 0 and
+    scaled to each set's data (:func:`symmetric_limits`: at least ±0.1, at most ±1), so gains of a few
+    hundredths are not flattened.
 
     Args:
         runs: per method, the metrics rows of each run, pooled as seeds.
@@ -690,7 +746,7 @@ def gain_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | Non
     if not sets:
         raise ValueError("no instruction-following gain in these metrics rows (no eval/control/<set>/gain key: "
                          "the evaluation ran without its control, see docs/evaluation.md)")
-    return _per_set_figure(runs, sets, "eval/control/{}/gain", (-1.0, 1.0), "gain (asked - mismatched)",
+    return _per_set_figure(runs, sets, "eval/control/{}/gain", None, "gain (asked - mismatched)",
                            "instruction-following gain (mean over seeds, band ± s.e.)")
 
 
@@ -724,25 +780,42 @@ def _first_logged(rows_list: Sequence[list[dict]], specs) -> tuple[str, str, str
     return None
 
 
+#: Per-update LLM keys of the PQN trainer's background relabeler (agents/oir_method.py).
+LLM_IN_TIME, LLM_STALE, LLM_PENDING = "relabel/llm_results", "relabel/llm_stale", "relabel/llm_pending"
+LLM_LATENCY, LLM_CALLS = "relabel/llm_latency_mean_s", "relabel/llm_calls"
+GROUNDED_FRAC = "relabel/grounded_frac"
+
+
 def has_relabeling(runs: Iterable[list[dict]]) -> bool:
     """Whether some run logged a quantity of the relabeling panel (:func:`relabeling_figure`)."""
-    keys = {k for k, _, _ in RELABEL_ROWS + RELABEL_NOVELTY} | {"relabel/llm_offer_share", "ellm/pinned_frac"}
+    keys = ({k for k, _, _ in RELABEL_ROWS + RELABEL_NOVELTY}
+            | {"relabel/llm_offer_share", "ellm/pinned_frac", GROUNDED_FRAC, LLM_IN_TIME, LLM_LATENCY})
     return any(k in r for rows in runs for r in rows for k in keys)
+
+
+def _logs(rows_list: Sequence[list[dict]], key: str) -> bool:
+    return _first_logged(rows_list, [(key, "", "")]) is not None
 
 
 def relabeling_figure(runs: dict[str, Sequence[list[dict]]]):
     """What relabeling put into training, per update, from the metrics the trainers log.
 
-    Three axes against env steps, one line per method (mean over its runs, ± s.e. band):
+    Six axes against env steps, one line per method (mean over its runs, ± s.e. band):
 
-    * relabeled rows per update (PQN ``relabel/rows``, per seed; SB3: relabeled transitions);
+    * relabeled rows per update (``relabel/rows``, per seed; older SB3 runs: relabeled transitions);
     * where the instructions come from: the share of an update's buffer offers from the rules and
       from the LLM (``relabel/llm_offer_share``; the LLM's line only with an LLM relabeler; updates
       without relabeled rows are left out), and for ELLM the share of envs pinned to a proposer goal
       (``ellm/pinned_frac``), y fixed to [0, 1];
     * novelty: instructions new to the run per update (``relabel/new_instructions``: texts offered to a
       buffer for the first time; ELLM: goals proposed for the first time), with the run's final
-      novelty share beyond the caption phrasings (``diversity/novelty_share``) in the label when logged.
+      novelty share beyond the caption phrasings (``diversity/novelty_share``) in the label when logged;
+    * the grounded fraction: the share of an update's relabeled candidates whose instruction the env's
+      reward function pays on their trajectory (``relabel/grounded_frac``), y fixed to [0, 1];
+    * LLM answers per update: in time to train on (``relabel/llm_results``), too late (stale: the
+      increments of the running count ``relabel/llm_stale``) and still queued (``relabel/llm_pending``);
+    * LLM latency: the mean seconds per call so far (``relabel/llm_latency_mean_s``), from the first
+      update with a call (``relabel/llm_calls`` > 0).
 
     A quantity a run did not log leaves its axes with a note saying so.
 
@@ -752,31 +825,49 @@ def relabeling_figure(runs: dict[str, Sequence[list[dict]]]):
     if not has_relabeling(r for rs in runs.values() for r in rs):
         raise ValueError("no relabeling metrics in these metrics rows (relabel/rows, relabel/llm_offer_share, "
                          "relabel/new_instructions, ellm/...): a run without relabeling")
-    fig, (ax_rows, ax_src, ax_new) = _grid(3, 3, (5.0, 3.6))
+    fig, axes = _grid(6, 3, (5.0, 3.6))
+    ax_rows, ax_src, ax_new, ax_grounded, ax_llm, ax_latency = axes
     for i, (label, rows_list) in enumerate(runs.items()):
         c = f"C{i}"  # a method's colour on every axes; the sources differ by line style
         spec = _first_logged(rows_list, RELABEL_ROWS)
         if spec:
             _band(ax_rows, *_pooled_series(rows_list, spec[0], spec[1]), f"{label} ({spec[2]})", c)
-        if _first_logged(rows_list, [("relabel/llm_offer_share", "", "")]):
+        if _logs(rows_list, "relabel/llm_offer_share"):
             steps, llm = _pooled_series(rows_list, "relabel/llm_offer_share")
             _, relabeled = _pooled_series(rows_list, "relabel/rows")
             if relabeled.shape == llm.shape:  # an update without relabeled rows offered nothing
                 llm = np.where(relabeled > 0, llm, np.nan)
             _band(ax_src, steps, 1.0 - llm, f"{label}: rules", c)
-            if any("relabel/llm_results" in r for rows in rows_list for r in rows):  # an LLM relabeler ran
+            if any(LLM_IN_TIME in r for rows in rows_list for r in rows):  # an LLM relabeler ran
                 _band(ax_src, steps, llm, f"{label}: LLM", c, "--")
-        if _first_logged(rows_list, [("ellm/pinned_frac", "", "")]):
+        if _logs(rows_list, "ellm/pinned_frac"):
             _band(ax_src, *_pooled_series(rows_list, "ellm/pinned_frac"), f"{label}: proposer", c, ":")
         spec = _first_logged(rows_list, RELABEL_NOVELTY)
         if spec:
             final = [r["diversity/novelty_share"] for rows in rows_list for r in rows if "diversity/novelty_share" in r]
             share = f"; final novelty share {np.mean(final):.2f}" if final else ""
             _band(ax_new, *_pooled_series(rows_list, spec[0], spec[1]), f"{label} ({spec[2]}{share})", c)
+        if _logs(rows_list, GROUNDED_FRAC):
+            _band(ax_grounded, *_pooled_series(rows_list, GROUNDED_FRAC), label, c)
+        if _logs(rows_list, LLM_IN_TIME):
+            _band(ax_llm, *_pooled_series(rows_list, LLM_IN_TIME), f"{label}: in time", c)
+            if _logs(rows_list, LLM_STALE):
+                _band(ax_llm, *_pooled_series(rows_list, LLM_STALE, "increment"), f"{label}: stale", c, "--")
+            if _logs(rows_list, LLM_PENDING):
+                _band(ax_llm, *_pooled_series(rows_list, LLM_PENDING), f"{label}: queued", c, ":")
+        if _logs(rows_list, LLM_LATENCY):
+            steps, latency = _pooled_series(rows_list, LLM_LATENCY)
+            _, calls = _pooled_series(rows_list, LLM_CALLS)
+            if calls.shape == latency.shape:  # a mean of no call is not a latency of 0 s
+                latency = np.where(calls > 0, latency, np.nan)
+            _band(ax_latency, steps, latency, label, c)
     titles = {ax_rows: ("relabeled rows per update", "rows", "relabel/rows"),
               ax_src: ("instructions by source (share per update)", "share",
                        "relabel/llm_offer_share or ellm/pinned_frac"),
-              ax_new: ("novelty: new instructions per update", "instructions", "relabel/new_instructions")}
+              ax_new: ("novelty: new instructions per update", "instructions", "relabel/new_instructions"),
+              ax_grounded: ("grounded fraction of relabeled candidates", "fraction", GROUNDED_FRAC),
+              ax_llm: ("LLM answers per update: in time, stale, queued", "answers", LLM_IN_TIME),
+              ax_latency: ("LLM latency (mean per call so far)", "seconds", LLM_LATENCY)}
     for ax, (title, ylabel, key) in titles.items():
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("env steps")
@@ -786,7 +877,8 @@ def relabeling_figure(runs: dict[str, Sequence[list[dict]]]):
             ax.legend(fontsize=7)
         else:
             _note(ax, f"not logged by this run ({key})")
-    ax_src.set_ylim(0.0, 1.05)  # a share of 1 stays visible above the frame's edge
+    for ax in (ax_src, ax_grounded):
+        ax.set_ylim(0.0, 1.05)  # a share of 1 stays visible above the frame's edge
     return fig
 
 

@@ -240,7 +240,8 @@ def test_gain_figure_plots_asked_minus_mismatched_per_set_and_needs_the_control(
     axes = fig.get_axes()
     assert [ax.get_title() for ax in axes] == ["original", "simple", "compound"]
     for ax in axes:
-        assert ax.get_ylim() == (-1.0, 1.0) and _labels(ax) == ["oir (4 seeds)"]
+        # scaled to the data: the largest gain (0.1025 + its s.e.) with a margin, symmetric around 0
+        assert ax.get_ylim() == pytest.approx((-0.15, 0.15)) and _labels(ax) == ["oir (4 seeds)"]
         assert any(ln.get_label() == "_zero" for ln in ax.get_lines())  # the no-following line
     np.testing.assert_allclose(axes[0].get_lines()[0].get_ydata(), [0.0025, 0.0525, 0.1025])
     no_control = [{k: v for k, v in r.items() if "/control/" not in k} for r in rows]
@@ -270,7 +271,7 @@ def _ellm_rows(n: int = 4) -> list[dict]:
 def test_relabeling_figure_shows_rows_sources_and_novelty_per_update():
     fig = analysis.relabeling_figure({"oir": [_relabel_rows(), _relabel_rows()], "rules": [_relabel_rows(llm=False)],
                                       "ellm": [_ellm_rows()]})
-    rows_ax, src_ax, new_ax = fig.get_axes()
+    rows_ax, src_ax, new_ax = fig.get_axes()[:3]
     assert _labels(rows_ax) == ["oir (PQN: rows per seed)", "rules (PQN: rows per seed)"]
     np.testing.assert_allclose(rows_ax.get_lines()[0].get_ydata(), [0, 10, 15, 20])
     assert _labels(src_ax) == ["oir: rules", "oir: LLM", "rules: rules", "ellm: proposer"]
@@ -288,7 +289,7 @@ def test_relabeling_figure_shows_rows_sources_and_novelty_per_update():
     np.testing.assert_allclose(new_ax.get_lines()[2].get_ydata(), [3, 3, 3, 3])  # a running count, differenced
     # a run that did not log a quantity says so on its axes
     old = [{k: v for k, v in r.items() if k != "relabel/new_instructions"} for r in _relabel_rows()]
-    _, _, new_ax = analysis.relabeling_figure({"old": [old]}).get_axes()
+    _, _, new_ax = analysis.relabeling_figure({"old": [old]}).get_axes()[:3]
     assert _labels(new_ax) == [] and _notes(new_ax) == ["not logged by this run (relabel/new_instructions)"]
     with pytest.raises(ValueError, match="no relabeling metrics"):
         analysis.relabeling_figure({"gt": [_rows([[0.5]])]})
@@ -316,7 +317,7 @@ def test_write_overview_plots_on_committed_runs(tmp_path, run, files):
         fig = analysis.success_figure({"oir": [rows]})
         assert len(fig.get_axes()) == 5 and all(ax.get_ylim() == (0.0, 1.0) for ax in fig.get_axes())
         assert all(_labels(ax) == ["oir (3 seeds)"] for ax in fig.get_axes())
-    rows_ax, src_ax, new_ax = analysis.relabeling_figure({"oir": [rows]}).get_axes()
+    rows_ax, src_ax, new_ax = analysis.relabeling_figure({"oir": [rows]}).get_axes()[:3]
     assert _labels(rows_ax) == ["oir (PQN: rows per seed)"]
     if "gain.png" in files:
         assert _labels(src_ax) == ["oir: rules", "oir: LLM"]
@@ -352,8 +353,97 @@ def test_relabeling_figure_reads_the_running_counts_of_an_sb3_run():
     added, inserted = [40, 100, 30, 90], [3, 5, 1, 2]  # the process resumed before the third row
     rows = [{"update": u, "env_steps": 100 * u, "relabel/rows_added": float(a), "relabel/buffer_inserted": float(i)}
             for u, a, i in zip(range(1, 5), added, inserted)]
-    rows_ax, src_ax, new_ax = analysis.relabeling_figure({"qrdqn": [rows]}).get_axes()
+    rows_ax, src_ax, new_ax = analysis.relabeling_figure({"qrdqn": [rows]}).get_axes()[:3]
     assert _labels(rows_ax) == ["qrdqn (SB3: transitions per metrics row)"]
     np.testing.assert_allclose(rows_ax.get_lines()[0].get_ydata(), [40, 60, 30, 60])
     np.testing.assert_allclose(new_ax.get_lines()[0].get_ydata(), [3, 2, 1, 1])
     assert _labels(src_ax) == []  # SB3 does not log where its relabeled texts came from
+
+
+def _gain_rows(gains: list[float]) -> list[dict]:
+    return [{"update": u, "env_steps": 100 * u, "eval/control/original/gain": g} for u, g in enumerate(gains)]
+
+
+@pytest.mark.parametrize("gains, half", [
+    ([0.0, 0.01, 0.02], 0.1),      # near 0: the minimum span, not a flat line on [-1, 1]
+    ([0.0, 0.04, 0.08], 0.1),      # 0.08 * 1.1 = 0.088 -> 0.1
+    ([0.0, -0.3, 0.1], 0.35),      # a negative gain counts by its size: 0.33 -> 0.35
+    ([0.2, 0.9, 1.0], 1.0),        # never beyond what a gain can be
+])
+def test_gain_axis_is_symmetric_around_zero_and_scaled_to_the_data(gains, half):
+    (ax,) = analysis.gain_figure({"oir": [_gain_rows(gains)]}).get_axes()
+    assert ax.get_ylim() == pytest.approx((-half, half))
+    top = max(abs(g) for g in gains)
+    assert ax.get_ylim()[1] >= top  # every point inside the frame
+
+
+def _llm_rows() -> list[dict]:
+    """Rows of a PQN run with an LLM relabeler: no call before update 2, one stale answer at update 3."""
+    rows = []
+    for u, (fresh, stale, pending, calls, latency) in enumerate(
+            [(0, 0, 4, 0, 0.0), (0, 0, 8, 1, 2.0), (2, 1, 6, 3, 3.0), (3, 1, 5, 6, 2.5)], start=1):
+        rows.append({"update": u, "env_steps": 10 * u, "relabel/rows": 4.0, "relabel/grounded_frac": 0.2 * u,
+                     "relabel/llm_results": float(fresh), "relabel/llm_stale": float(stale),
+                     "relabel/llm_pending": float(pending), "relabel/llm_calls": float(calls),
+                     "relabel/llm_latency_mean_s": latency})
+    return rows
+
+
+def test_relabeling_figure_shows_the_grounded_fraction_and_the_llms_staleness_and_latency():
+    axes = analysis.relabeling_figure({"oir": [_llm_rows()], "rules": [_relabel_rows(llm=False)]}).get_axes()
+    assert [ax.get_title() for ax in axes] == [
+        "relabeled rows per update", "instructions by source (share per update)",
+        "novelty: new instructions per update", "grounded fraction of relabeled candidates",
+        "LLM answers per update: in time, stale, queued", "LLM latency (mean per call so far)"]
+    grounded_ax, llm_ax, latency_ax = axes[3:]
+    assert _labels(grounded_ax) == ["oir"] and grounded_ax.get_ylim() == (0.0, 1.05)
+    np.testing.assert_allclose(grounded_ax.get_lines()[0].get_ydata(), [0.2, 0.4, 0.6, 0.8])
+    assert _labels(llm_ax) == ["oir: in time", "oir: stale", "oir: queued"]
+    fresh, stale, queued = (ln.get_ydata() for ln in llm_ax.get_lines())
+    np.testing.assert_allclose(fresh, [0, 0, 2, 3])
+    np.testing.assert_allclose(stale, [0, 0, 1, 0])  # the running count, per update
+    np.testing.assert_allclose(queued, [4, 8, 6, 5])
+    # the mean latency of no call is not drawn as 0 s
+    x, y = latency_ax.get_lines()[0].get_data()
+    np.testing.assert_allclose(x, [20, 30, 40])
+    np.testing.assert_allclose(y, [2.0, 3.0, 2.5])
+    # a run without an LLM (or from before these keys) says what it did not log
+    axes = analysis.relabeling_figure({"rules": [_relabel_rows(llm=False)]}).get_axes()
+    assert _notes(axes[3]) == ["not logged by this run (relabel/grounded_frac)"]
+    assert _notes(axes[4]) == ["not logged by this run (relabel/llm_results)"]
+    assert _notes(axes[5]) == ["not logged by this run (relabel/llm_latency_mean_s)"]
+
+
+def test_training_figure_marks_the_points_of_a_short_series():
+    """An SB3 smoke run logs its loss once: a line without markers would leave the panel empty."""
+    short = [{"update": 1, "env_steps": 64, "loss": 0.5, "sps": 900.0}, {"update": 2, "env_steps": 128, "sps": 950.0}]
+    axes = analysis.training_figure(short).get_axes()
+    assert [ax.get_title() for ax in axes] == ["loss", "sps"]
+    loss, sps = (ax.get_lines()[0] for ax in axes)
+    assert loss.get_marker() not in (None, "None", "") and list(loss.get_xdata()) == [64]
+    assert sps.get_marker() not in (None, "None", "")
+    long = [{"update": u, "env_steps": 10 * u, "loss": 1.0 / u} for u in range(1, 201)]
+    (ax,) = analysis.training_figure(long).get_axes()
+    assert ax.get_lines()[0].get_marker() in (None, "None", "")  # 200 points: a line
+    (ax,) = analysis.training_figure([{"update": 1}]).get_axes()
+    assert "no training metrics logged" in _notes(ax)[0]
+
+
+def test_instruction_bars_are_titled_with_the_set_and_the_episodes():
+    results = {"oir": [{"simple": {"texts": ["collect wood", "place table"], "rates": [0.5, 0.25]}}] * 3}
+    (ax,) = analysis.instruction_bars_figure(results, set_name="simple", episodes=16).get_axes()
+    assert ax.get_title() == "success per instruction: set 'simple' (2 instructions, 16 episodes per instruction)"
+    assert ax.get_legend().get_texts()[0].get_text() == "oir (3 seeds)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["collect wood", "place table"]
+    # a run that evaluated only its own sets: their first set, named in the title
+    (ax,) = analysis.instruction_bars_figure({"oir": [{"mine": {"texts": ["a"], "rates": [1.0]}}]},
+                                             episodes=1).get_axes()
+    assert ax.get_title() == "success per instruction: set 'mine' (1 instruction, 1 episode per instruction)"
+
+
+def test_each_sets_gain_axis_is_scaled_to_that_sets_gains():
+    rows = [{"update": u, "env_steps": 100 * u, "eval/control/original/gain": 0.02 * u,
+             "eval/control/compound/gain": 0.2 * u} for u in range(4)]
+    original, compound = analysis.gain_figure({"oir": [rows]}).get_axes()
+    assert original.get_ylim() == pytest.approx((-0.1, 0.1))   # 0.06: not flattened by compound's 0.6
+    assert compound.get_ylim() == pytest.approx((-0.7, 0.7))

@@ -576,3 +576,20 @@ def test_a_stopped_sb3_run_resumes_to_the_same_rows_and_eval_only_reads_it(tmp_p
     after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     assert set(after) - set(before) == {Path("eval_again.json"), Path("eval_again.md")}
     assert all(after[p] == before[p] for p in before)
+
+
+def test_load_sb3_policy_of_a_folder_that_is_not_a_run_says_what_it_expected(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"runs/nope: no such folder; load_sb3_policy expects a run "
+                                                r"directory written by examples/train_sb3.py.*config.json, model.zip"):
+        sb3_agents.load_sb3_policy(tmp_path / "runs" / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty: no config.json there, so not a run directory"):
+        sb3_agents.load_sb3_policy(tmp_path / "empty")
+    (tmp_path / "pqn").mkdir()
+    (tmp_path / "pqn" / "config.json").write_text('{"pqn": {}, "env": {}}')
+    with pytest.raises(ValueError, match="a PQN run.*agents.policy.load_policy"):
+        sb3_agents.load_sb3_policy(tmp_path / "pqn")
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "config.json").write_text('{"sb3": {"algo": "qrdqn"}}')
+    with pytest.raises(FileNotFoundError, match="no checkpoint yet.*--resume"):
+        sb3_agents.load_sb3_policy(tmp_path / "new")
