@@ -38,7 +38,7 @@ from typing import Any, Optional, Sequence
 from oir_gym.relabel.jobs import CLOSE_TIMEOUT
 from oir_gym.relabel.results import RelabelResult
 from oir_gym.trajectory import Trajectory
-from oir_gym.validation import ArgumentTypeError, check_bool, check_instance, check_real, show
+from oir_gym.validation import ArgumentTypeError, check_bool, check_instance, check_int, check_real, show
 
 #: Trajectories whose rule texts are remembered until their LLM answer arrives (oldest forgotten
 #: first; an LLM batch dropped from the queue never answers).
