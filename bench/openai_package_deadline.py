@@ -49,9 +49,11 @@ def trickling_server() -> tuple[socket.socket, int]:
 
 
 def main(argv=None) -> int:
+    from oir_gym.validation import real_arg
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--timeout", type=float, default=2.0, help="the client's timeout (s)")
-    p.add_argument("--wait", type=float, default=25.0, help="how long to wait for the call (s)")
+    p.add_argument("--timeout", type=real_arg(0, low_open=True), default=2.0, help="the client's timeout (s)")
+    p.add_argument("--wait", type=real_arg(0, low_open=True), default=25.0, help="how long to wait for the call (s)")
     args = p.parse_args(argv)
     try:
         import openai
