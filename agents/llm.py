@@ -64,7 +64,7 @@ def check_llm(component: Any, required: bool, flag: str) -> None:
         else:
             from oir_gym.relabel.llm.build import CHILD_CHECK_TIMEOUT
 
-            component.check_llm(min(max(bound[0] - time.time(), 1.0), CHILD_CHECK_TIMEOUT))
+            component.check_llm(round(min(max(bound[0] - time.time(), 1.0), CHILD_CHECK_TIMEOUT), 1))
     except LLMCheckError as e:
         if bound is not None and time.time() >= bound[0] - 0.5:
             e = LLMCheckError(f"{e} (the check was cut short by {bound[1]})")

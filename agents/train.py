@@ -431,7 +431,8 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
     else:
         try:
             # an LLM is checked here, within --time-limit
-            with check_deadline(t0 + opts.time_limit if opts.time_limit else None, f"--time-limit {opts.time_limit}"):
+            limit = opts.time_limit
+            with check_deadline(t0 + limit if limit else None, f"--time-limit {limit:g}" if limit else ""):
                 trainer = recipe.build(cfg, own_dir, eval_only=False, fresh=start is None)
         except (LLMCheckError, ValueError) as e:  # ValueError: e.g. a wording pool too close to an evaluation string
             problem = f"error: {e}"
