@@ -680,11 +680,13 @@ def load_config(d: Mapping[str, Any]) -> TrainConfig:
 
 # ----------------------------------------------------------------------------- presets
 def _cpu() -> TrainConfig:
-    # Sized for a 2-core CPU: compile + train + evaluation in a few minutes; relabeling with the
-    # offline LLM (background worker) merged with rule instructions. Event-bound grounding, so the
-    # LLM's own wordings (not only near-verbatim captions) can reach the batch and the buffer.
+    # Sized for a 2-core CPU: compile + train + evaluation in a few minutes, relabeling with rules.
+    # The offline LLM is one flag away (--oir.relabeler both, named in the run's first line): on 2
+    # cores its start-up check took 156 s and none of its answers arrived within oir.llm_lag
+    # updates (0 batch rows, 0 buffer entries in 96 updates; issue 37), while it held a core.
+    # Event-bound grounding, so that the LLM's own wordings can reach the batch when it is added.
     # The final evaluation at 4 episodes per instruction (about 40 s here, docs/benchmarks.md), not 16.
-    return TrainConfig().replace(**{"oir.relabeler": "both", "run.total_timesteps": 98_304, "eval.every": 48,
+    return TrainConfig().replace(**{"oir.relabeler": "rules", "run.total_timesteps": 98_304, "eval.every": 48,
                                     "eval.episodes": 1, "run.checkpoint_every": 16, "oir.grounding": "bound",
                                     "eval.final_episodes": 4})
 
@@ -730,7 +732,8 @@ def _smoke() -> TrainConfig:
 
 #: Name -> (description, factory) of the named configurations.
 PRESETS: dict[str, tuple[str, Any]] = {
-    "cpu": ("CPU default: OIR with the offline LLM + rules, 98,304 env steps (a few minutes on 2 cores)", _cpu),
+    "cpu": ("CPU default: OIR with rule relabeling (--oir.relabeler both adds the offline LLM), 98,304 env steps "
+            "(a few minutes on 2 cores)", _cpu),
     "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
     "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, bfloat16 matmuls, 3 seeds, 8.4M "
              "env steps per seed (measured on one H200 each: 0.34-0.37 mean success with rule labels after about 3 min, "

@@ -12,13 +12,32 @@ and goal proposers (:mod:`agents.relabeling`):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
-from typing import Any
+import time
+from typing import Any, Iterator, Optional
 
 from agents.config import LLMConfig
 from oir_gym.relabel.worker import LLMCheckError
 
-__all__ = ["LLMCheckError", "backend_kwargs", "check_llm"]
+__all__ = ["LLMCheckError", "backend_kwargs", "check_llm", "check_deadline"]
+
+# (wall-clock deadline, the option that set it) of the start-up checks made inside check_deadline()
+_DEADLINE: contextvars.ContextVar[Optional[tuple[float, str]]] = contextvars.ContextVar("oir_llm_check_deadline",
+                                                                                         default=None)
+
+
+@contextlib.contextmanager
+def check_deadline(deadline: Optional[float], why: str = "") -> Iterator[None]:
+    """Bound every :func:`check_llm` inside the block by ``deadline`` (a ``time.time()``; ``None``:
+    no bound), so that ``--time-limit`` covers the LLM's start-up as well; ``why`` names the option
+    in the message of a check it cut short."""
+    token = _DEADLINE.set(None if deadline is None else (float(deadline), why))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
 
 
 def backend_kwargs(llm: LLMConfig) -> dict[str, Any]:
@@ -38,9 +57,17 @@ def check_llm(component: Any, required: bool, flag: str) -> None:
             (``FLAG both``) a warning on stderr, and the run relabels with rules meanwhile.
         flag: the command-line flag that chose the LLM (``--oir.relabeler``, ``--relabeler``...).
     """
+    bound = _DEADLINE.get()
     try:
-        component.check_llm()
+        if bound is None:
+            component.check_llm()
+        else:
+            from oir_gym.relabel.llm.build import CHILD_CHECK_TIMEOUT
+
+            component.check_llm(round(min(max(bound[0] - time.time(), 1.0), CHILD_CHECK_TIMEOUT), 1))
     except LLMCheckError as e:
+        if bound is not None and time.time() >= bound[0] - 0.5:
+            e = LLMCheckError(f"{e} (the check was cut short by {bound[1]})")
         if required:
             component.close()
             raise LLMCheckError(f"{flag} llm: {e} (or train without the LLM: {flag} rules)") from None

@@ -81,6 +81,7 @@ class OIRRelabeling(TrainingMethod):
         self.history: list = []
         self.history_len = max(self.cfg.oir.llm_lag if self.async_llm else 1, 1 + self.cfg.oir.relabel_lag)
         self.stale_llm = 0
+        self.in_time_llm = 0  # LLM answers that arrived within history_len updates (stale_llm: the others)
         #: the last iteration's relabeled texts per seed (one per batch row, "" for padding)
         self.last_texts: list[list[str]] = []
         #: the last iteration's chosen candidates per seed (the batch rows' order)
@@ -124,7 +125,7 @@ class OIRRelabeling(TrainingMethod):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "stale_llm": self.stale_llm,
+        return {**super().state_dict(), "stale_llm": self.stale_llm, "in_time_llm": self.in_time_llm,
                 "offers": {"llm": self.offers_llm, "total": self.offers_total,
                            "llm_rows": self.llm_rows, "llm_buffered": self.llm_buffered,
                            "texts": [[t, c, e, src] for t, (c, e, src) in self.offered.items()]},
@@ -133,6 +134,7 @@ class OIRRelabeling(TrainingMethod):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.stale_llm = int(state.get("stale_llm", 0))
+        self.in_time_llm = int(state.get("in_time_llm", 0))
         offers = state.get("offers") or {}  # absent in checkpoints written before the offer counts
         self.offers_llm, self.offers_total = int(offers.get("llm", 0)), int(offers.get("total", 0))
         self.llm_rows, self.llm_buffered = int(offers.get("llm_rows", 0)), int(offers.get("llm_buffered", 0))
@@ -253,9 +255,11 @@ class OIRRelabeling(TrainingMethod):
         if self.async_llm:
             fresh = [r for r in late if update - r.trajectory.meta["update"] < self.history_len]
             self.stale_llm += len(late) - len(fresh)
+            self.in_time_llm += len(fresh)
             results += fresh
             stats["relabel/llm_results"] = float(len(fresh))
             stats["relabel/llm_stale"] = float(self.stale_llm)
+            stats["relabel/llm_in_time_total"] = float(self.in_time_llm)
             stats["relabel/llm_pending"] = float(self.relabeler.pending)
             llm_stats = self.relabeler.stats()
             for k in ("calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
@@ -347,7 +351,7 @@ class OIRRelabeling(TrainingMethod):
                 "error_examples", "dropped", "candidates_llm", "candidates_kept_llm", "restarts", "child_deaths",
                 "down_seconds",
                 "llm_warnings")
-        return {**{k: st[k] for k in keys if k in st}, "stale": self.stale_llm,
+        return {**{k: st[k] for k in keys if k in st}, "stale": self.stale_llm, "in_time": self.in_time_llm,
                 "rows_in_batch": self.llm_rows, "into_buffer": self.llm_buffered}
 
     def diversity(self) -> dict[str, float]:

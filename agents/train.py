@@ -472,7 +472,7 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
             return 0
     enable_compilation_cache()
 
-    from agents.llm import LLMCheckError
+    from agents.llm import LLMCheckError, check_deadline
 
     t0 = time.time()
     if started is not None and started <= t0:  # the wall clock starts with the process
@@ -484,7 +484,10 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
         trainer = recipe.build(cfg, own_dir, eval_only=True)
     else:
         try:
-            trainer = recipe.build(cfg, own_dir, eval_only=False, fresh=start is None)  # an LLM is checked here
+            # an LLM is checked here, within --time-limit
+            limit = opts.time_limit
+            with check_deadline(t0 + limit if limit else None, f"--time-limit {limit:g}" if limit else ""):
+                trainer = recipe.build(cfg, own_dir, eval_only=False, fresh=start is None)
         except (LLMCheckError, ValueError) as e:  # ValueError: e.g. a wording pool too close to an evaluation string
             problem = f"error: {e}"
         problem = _any_problem(problem)
@@ -803,7 +806,9 @@ class PQNRecipe(Recipe):
     def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
         import jax
 
-        source = {"oir": f" relabeler={cfg.oir.relabeler}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(
+        # without an LLM, the first line names the flag that adds one
+        offline = {"rules": " (the offline LLM beside the rules: --oir.relabeler both)"}.get(cfg.oir.relabeler, "")
+        source = {"oir": f" relabeler={cfg.oir.relabeler}{offline}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(
             cfg.run.method, "")
         return (f"oir-gym PQN | method={cfg.run.method}{source} | {cfg.run.num_seeds} seed(s) x {cfg.pqn.num_envs} "
                 f"envs x {cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env "
@@ -1042,13 +1047,15 @@ def summary_line(row: dict[str, Any], num_updates: int) -> str:
         rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
               f"cache hits {row['ellm/cache_hit_rate']:.2f}")
     if "relabel/llm_share" in row:
-        # of the trajectories the LLM was asked about, the share it answered with candidates (falls
-        # while it is down); then what its instructions reached: batch rows and buffer entries (run
-        # totals), so a run where the LLM answers but contributes nothing says so
+        # the LLM's answers (one per trajectory asked about) that arrived in time to train on, of all
+        # that arrived (run totals: an answer older than oir.llm_lag updates is dropped); then what its
+        # instructions reached: batch rows and buffer entries (run totals), so a run where the LLM
+        # answers but contributes nothing says so
         rows, buf = row.get("relabel/llm_rows_total", 0.0), row.get("relabel/llm_buffered_total", 0.0)
+        in_time, stale = row.get("relabel/llm_in_time_total", 0.0), row.get("relabel/llm_stale", 0.0)
         reached = (f"its instructions in {rows:.0f} batch rows, {buf:.0f} buffer entries" if rows or buf
                    else "none of its instructions reached a batch or a buffer yet")
-        rl += (f" | LLM answered {row['relabel/llm_share']:.0%}, offers "
+        rl += (f" | LLM answers {in_time:.0f}/{in_time + stale:.0f} in time, offers "
                f"{row.get('relabel/llm_offer_share', 0.0):.0%}; {reached}")
     elif "ellm/llm_fraction" in row:  # ELLM: the LLM's share of the goals
         rl += f" | LLM goals {row['ellm/llm_fraction']:.0%}"

@@ -38,18 +38,19 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oir_gym.validation import int_arg  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--envs", type=int, nargs="+", default=[64, 256], help="batch sizes (default: 64 256)")
-    p.add_argument("--steps", type=int, default=128, help="steps per timed run (default: 128)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per variant; the median is reported")
+    p.add_argument("--envs", type=int_arg(1), nargs="+", default=[64, 256], help="batch sizes (default: 64 256)")
+    p.add_argument("--steps", type=int_arg(1), default=128, help="steps per timed run (default: 128)")
+    p.add_argument("--repeats", type=int_arg(1), default=3, help="timed runs per variant; the median is reported")
     p.add_argument("--obs-mode", default="paper", choices=["paper", "symbolic"], help="our observation mode")
     p.add_argument("--variants", nargs="+", default=["a", "b", "c", "d"], choices=["a", "b", "c", "d"])
     p.add_argument("--quick", action="store_true", help="--steps 32 --repeats 3 (for a loaded machine)")
     p.add_argument("--no-cache", action="store_true", help="disable JAX's persistent compilation cache")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_arg(0), default=0)
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.repeats = 32, 3

@@ -29,15 +29,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oir_gym.validation import int_arg  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--episodes", type=int, nargs="+", default=[4, 16, 32], help="episodes per instruction")
-    p.add_argument("--horizon", type=int, nargs="+", default=[1000], help="steps per episode (the paper preset's 1000)")
-    p.add_argument("--hidden", type=int, default=128, help="LSTM / dense units of the network")
-    p.add_argument("--repeats", type=int, default=1, help="timed evaluations per episode count (median)")
+    p.add_argument("--episodes", type=int_arg(1), nargs="+", default=[4, 16, 32], help="episodes per instruction")
+    p.add_argument("--horizon", type=int_arg(1), nargs="+", default=[1000], help="steps per episode (the paper preset's 1000)")
+    p.add_argument("--hidden", type=int_arg(1), default=128, help="LSTM / dense units of the network")
+    p.add_argument("--repeats", type=int_arg(1), default=1, help="timed evaluations per episode count (median)")
     p.add_argument("--no-control", action="store_true", help="evaluate without the control's neutral episodes")
     args = p.parse_args(argv)
     if min(args.episodes) < 1 or min(args.horizon) < 1 or args.repeats < 1 or args.hidden < 1:

@@ -25,14 +25,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from oir_gym.encoder import get_encoder  # noqa: E402
 from oir_gym.relabel import HindsightRelabeler  # noqa: E402
 from oir_gym.relabel.synthetic import random_trajectories  # noqa: E402
+from oir_gym.validation import int_arg  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=64, help="trajectories per call")
-    p.add_argument("--length", type=int, default=128, help="steps per trajectory")
-    p.add_argument("--k", type=int, default=64, help="candidates kept per trajectory (64: all, as relabel_balance)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--n", type=int_arg(1), default=64, help="trajectories per call")
+    p.add_argument("--length", type=int_arg(1), default=128, help="steps per trajectory")
+    p.add_argument("--k", type=int_arg(1), default=64, help="candidates kept per trajectory (64: all, as relabel_balance)")
+    p.add_argument("--repeats", type=int_arg(1), default=5)
     a = p.parse_args(argv)
     trajs = random_trajectories(a.n, a.length, seed=0, texts=False)
     enc = get_encoder()

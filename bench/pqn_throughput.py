@@ -60,6 +60,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
+from oir_gym.validation import int_arg, real_arg  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -68,19 +70,19 @@ def parse_args(argv=None):
     p.add_argument("--devices", default="1",
                    help="devices the seeds are split over (default 1); a list such as 1,2 times each count in "
                         "turn with --seeds-per-device seeds each and prints the scaling table")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per loop (default: --devices)")
-    p.add_argument("--seeds-per-device", type=int, default=None,
+    p.add_argument("--seeds", type=int_arg(1), default=None, help="seeds per loop (default: --devices)")
+    p.add_argument("--seeds-per-device", type=int_arg(1), default=None,
                    help="with a list of device counts: seeds per device (so 2 with --devices 1,2 times 2 and 4 seeds)")
-    p.add_argument("--iterations", type=int, default=6, help="timed updates per loop (median reported)")
-    p.add_argument("--warmup", type=int, default=3,
+    p.add_argument("--iterations", type=int_arg(1), default=6, help="timed updates per loop (median reported)")
+    p.add_argument("--warmup", type=int_arg(1), default=3,
                    help="untimed updates per loop before the timed ones (default 3; the first compiles)")
     p.add_argument("--loops", default="plain,gt,oir",
                    help="loops to time, comma-separated: plain (a), gt (b), oir (c), oir_lag (d): oir with oir.relabel_lag 1; ratios need plain")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_arg(0), default=0)
     p.add_argument("--processes", action="store_true",
                    help="one process per device (jax.distributed on this host) instead of one process over "
                         "the devices; needs --seeds-per-device (module docstring)")
-    p.add_argument("--timeout", type=float, default=3600.0,
+    p.add_argument("--timeout", type=real_arg(0, low_open=True), default=3600.0,
                    help="with --processes: seconds the processes of one device count may take (default 3600)")
     p.add_argument("--child-result", default=None, help=argparse.SUPPRESS)  # a process started by --processes
     return p.parse_args(argv)
@@ -226,36 +228,45 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
     cmd = [sys.executable, os.path.abspath(__file__), "--preset", size, "--devices", "1",
            "--seeds", str(args.seeds_per_device), "--iterations", str(args.iterations), "--warmup", str(args.warmup),
            "--loops", args.loops, "--seed", str(args.seed)]
-    procs, logs = [], []
-    for i in range(d):
-        env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(d),
-                   JAX_PROCESS_ID=str(i))
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-        else:
-            env["JAX_PLATFORMS"] = "cpu"
-        out, err = (open(os.path.join(tmp, f"process{i}.{x}"), "w+") for x in ("out", "err"))
-        logs.append((out, err))
-        procs.append(subprocess.Popen(cmd + ["--child-result", os.path.join(tmp, f"process{i}.json")], env=env,
-                                      stdout=out, stderr=err, cwd=os.path.join(HERE, ".."),
-                                      start_new_session=True))  # a group of its own: killed with its relabel workers
-    print(f"{size} sizes: {d} process(es) of 1 device each started (logs in {tmp})", file=sys.stderr, flush=True)
-    deadline, failed = time.monotonic() + args.timeout, None
-    while failed is None and any(p.poll() is None for p in procs):
-        failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-        if failed is None and time.monotonic() > deadline:
-            failed = "timeout"
-        time.sleep(0.2)
-    if failed is None:
-        failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
     import signal
 
-    for p in procs:
-        # the process and what it started (relabel workers): none is left running, whatever happened
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid, signal.SIGKILL)
-        if p.poll() is None:
-            p.wait(timeout=60)
+    procs, logs = [], []
+
+    def stop(signum, frame):  # SIGTERM to the bench: end as Ctrl-C does, through the finally below
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        for i in range(d):
+            env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(d),
+                       JAX_PROCESS_ID=str(i))
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[i]
+            else:
+                env["JAX_PLATFORMS"] = "cpu"
+            out, err = (open(os.path.join(tmp, f"process{i}.{x}"), "w+") for x in ("out", "err"))
+            logs.append((out, err))
+            procs.append(subprocess.Popen(cmd + ["--child-result", os.path.join(tmp, f"process{i}.json")], env=env,
+                                          stdout=out, stderr=err, cwd=os.path.join(HERE, ".."),
+                                          start_new_session=True))  # a group of its own: killed with its relabel workers
+        print(f"{size} sizes: {d} process(es) of 1 device each started (logs in {tmp})", file=sys.stderr, flush=True)
+        deadline, failed = time.monotonic() + args.timeout, None
+        while failed is None and any(p.poll() is None for p in procs):
+            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            if failed is None and time.monotonic() > deadline:
+                failed = "timeout"
+            time.sleep(0.2)
+        if failed is None:
+            failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+    finally:
+        # the processes and what they started (relabel workers): none is left running, whatever
+        # happened here (an error, Ctrl-C, SIGTERM)
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            if p.poll() is None:
+                p.wait(timeout=60)
+        signal.signal(signal.SIGTERM, previous)
     for out, err in logs:
         out.close()
         err.close()

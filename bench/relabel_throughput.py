@@ -38,6 +38,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from oir_gym.diversity import echo_share  # noqa: E402
+from oir_gym.validation import int_arg  # noqa: E402
 from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache, TransformersBackend  # noqa: E402
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle  # noqa: E402
 from oir_gym.relabel.synthetic import (  # noqa: E402
@@ -159,25 +160,25 @@ def bench_speed(llms: list, prompts: list[str], schema: dict, n: int, batch: int
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (about a minute on 2 CPU cores)")
-    ap.add_argument("--n-paper", type=int, default=4, help="trajectories relabeled with the paper template")
-    ap.add_argument("--n-segments", type=int, default=16, help="trajectories relabeled with the segments template")
-    ap.add_argument("--iterations", type=int, default=12, help="simulated training iterations (cache run)")
-    ap.add_argument("--envs", type=int, default=16, help="trajectories per iteration (cache run)")
-    ap.add_argument("--sim-iterations", type=int, default=60, help="iterations of the keys-only cache simulation")
-    ap.add_argument("--sim-envs", type=int, default=64, help="envs of the keys-only cache simulation")
-    ap.add_argument("--length", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--n-paper", type=int_arg(0), default=4, help="trajectories relabeled with the paper template")
+    ap.add_argument("--n-segments", type=int_arg(0), default=16, help="trajectories relabeled with the segments template")
+    ap.add_argument("--iterations", type=int_arg(1), default=12, help="simulated training iterations (cache run)")
+    ap.add_argument("--envs", type=int_arg(1), default=16, help="trajectories per iteration (cache run)")
+    ap.add_argument("--sim-iterations", type=int_arg(1), default=60, help="iterations of the keys-only cache simulation")
+    ap.add_argument("--sim-envs", type=int_arg(1), default=64, help="envs of the keys-only cache simulation")
+    ap.add_argument("--length", type=int_arg(1), default=128)
+    ap.add_argument("--k", type=int_arg(1), default=4)
     ap.add_argument("--backend", nargs="+", default=["transformers"], choices=["transformers", "llama_cpp"],
                     help="in-process backends to measure (several: interleaved speed runs)")
-    ap.add_argument("--n-threads", type=int, default=1,
+    ap.add_argument("--n-threads", type=int_arg(1), default=1,
                     help="LLM CPU threads (default 1, the relabeler default: it shares the CPU with training)")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                     help="transformers weights on CPU (default float32)")
-    ap.add_argument("--n-speed", type=int, default=4, help="segments prompts of the speed table")
-    ap.add_argument("--batch", type=int, default=4, help="prompts per call in the batched column")
+    ap.add_argument("--n-speed", type=int_arg(1), default=4, help="segments prompts of the speed table")
+    ap.add_argument("--batch", type=int_arg(1), default=4, help="prompts per call in the batched column")
     ap.add_argument("--model-path", default=None, help="GGUF file (default: packaged Gemma 3 270M)")
     ap.add_argument("--skip-cache", action="store_true", help="leave out the cache tables")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int_arg(0), default=0)
     ap.add_argument("--isolation", metavar="BACKEND", default=None,
                     help="only compare BACKEND (a backend name or 'module:Class') in a child process with the same "
                          "backend in this process, on --n-segments trajectories")

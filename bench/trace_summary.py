@@ -139,10 +139,12 @@ def report(trace_dir: str | Path, iterations: int = 1, top: int = 25) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from oir_gym.validation import int_arg  # here: update_cost imports this module for report() alone
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace_dir")
-    p.add_argument("--iterations", type=int, default=1, help="iterations the trace holds (tables are per iteration)")
-    p.add_argument("--top", type=int, default=25, help="kernels listed")
+    p.add_argument("--iterations", type=int_arg(1), default=1, help="iterations the trace holds (tables are per iteration)")
+    p.add_argument("--top", type=int_arg(1), default=25, help="kernels listed")
     args = p.parse_args(argv)
     try:
         print(report(args.trace_dir, args.iterations, args.top))

@@ -35,6 +35,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oir_gym.validation import int_arg  # noqa: E402
 
 SIZES = {
     "cpu": dict(seeds=1, trajectories=64, steps=16, hidden=128, epochs=2, minibatches=4),
@@ -74,7 +75,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", help="compute dtypes, comma-separated (float32, bfloat16)")
     p.add_argument("--variants", default=None, help="explicit variants LSTM:UNROLL:DTYPE[:GRAD], comma-separated "
                    "(instead of every combination of the three options)")
-    p.add_argument("--iterations", type=int, default=5, help="timed updates per variant (median reported)")
+    p.add_argument("--iterations", type=int_arg(1), default=5, help="timed updates per variant (median reported)")
     p.add_argument("--parts", action="store_true",
                    help="also time the first variant's parts: one minibatch's update (times the update's "
                         "minibatches), and the LSTM recurrence alone (forward and backward) on one minibatch")

@@ -1,6 +1,6 @@
 """Train an instruction-following PQN agent on Craftax-Classic with OIR (or a baseline).
 
-    python examples/train_pqn.py                                    # OIR, the cpu preset (offline LLM + rules)
+    python examples/train_pqn.py                                    # OIR, the cpu preset (rules; the LLM too: --oir.relabeler both)
     python examples/train_pqn.py smoke --run-dir runs/smoke         # the smallest run (2-core CPU: ~2 min, then ~30 s)
     python examples/train_pqn.py --run.method cosine                # PQN + cosine reward on the 22 achievements
     python examples/train_pqn.py --run.method ellm --ellm.proposer rules   # ELLM baseline, rule goal proposer

@@ -1,11 +1,30 @@
 """The few Craftax-Classic internals oir-gym relies on, imported in one place.
 
 Craftax is pinned (``craftax==1.6.1``); if its layout changes, this is the only module to fix.
+
+Pixel rendering (:func:`make_pixel_renderer`) reads the block textures from a per-user cache
+(:func:`texture_cache_path`), not from the file Craftax writes in place inside its installed
+package, which one process can leave truncated (two renders at once, or one killed while it writes)
+so that every later render on the machine fails with a bare ``EOFError``. Ours is written to a
+temporary file and renamed, and a cache that cannot be read is reported by name
+(:class:`TextureCacheError`) and rebuilt.
 """
 
 from __future__ import annotations
 
+import bz2
+import functools
+import os
+import pickle
+import sys
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Callable
+
 import jax.numpy as jnp
+from craftax.craftax_classic import constants as _constants
+from craftax.craftax_classic import renderer as _renderer
 from craftax.craftax_classic.constants import DIRECTIONS, OBS_DIM, Achievement, Action, BlockType
 from craftax.craftax_classic.envs.craftax_state import EnvParams as CraftaxParams
 from craftax.craftax_classic.envs.craftax_state import EnvState as CraftaxState
@@ -34,5 +53,118 @@ __all__ = [
     "DIRECTIONS", "OBS_DIM", "Achievement", "Action", "BlockType", "CraftaxParams", "CraftaxState",
     "CraftaxStaticParams", "craftax_step", "is_near_block", "render_craftax_symbolic", "generate_world",
     "NUM_ACTIONS", "NUM_BLOCKS", "MOB_NAMES", "BLOCK_NAMES", "ACTION_NAMES", "INVENTORY_ITEMS",
-    "TRIVIAL_BLOCKS", "HARD_BLOCKS",
+    "TRIVIAL_BLOCKS", "HARD_BLOCKS", "TextureCacheError", "TEXTURE_CACHE_ENV", "texture_cache_path",
+    "read_texture_cache", "load_textures", "make_pixel_renderer",
 ]
+
+# ----------------------------------------------------------------------------- the texture cache
+#: Environment variable naming the folder of the texture cache (default ``~/.cache/oir_gym/craftax``).
+TEXTURE_CACHE_ENV = "OIR_GYM_CRAFTAX_CACHE_DIR"
+#: The block sizes Craftax-Classic's texture cache holds (agent observation, image, human view).
+TEXTURE_SIZES = (_constants.BLOCK_PIXEL_SIZE_AGENT, _constants.BLOCK_PIXEL_SIZE_IMG,
+                 _constants.BLOCK_PIXEL_SIZE_HUMAN)
+
+
+class TextureCacheError(RuntimeError):
+    """A Craftax texture cache file that cannot be used (truncated, not a bz2 pickle, wrong shapes);
+    the message names the file. :func:`load_textures` rebuilds such a cache."""
+
+
+def _craftax_version() -> str:
+    try:
+        return version("craftax")
+    except PackageNotFoundError:  # pragma: no cover - a source checkout of craftax
+        return "unknown"
+
+
+def texture_cache_path() -> Path:
+    """The per-user texture cache: ``$OIR_GYM_CRAFTAX_CACHE_DIR`` (default ``~/.cache/oir_gym/craftax``)
+    / ``texture_cache_classic-<craftax version>.pbz2``."""
+    folder = os.environ.get(TEXTURE_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "oir_gym", "craftax")
+    return Path(folder) / f"texture_cache_classic-{_craftax_version()}.pbz2"
+
+
+def read_texture_cache(path: str | os.PathLike) -> dict:
+    """The textures in the cache file ``path``, checked as Craftax checks them (the shapes of every size).
+
+    Raises:
+        TextureCacheError: naming ``path``: unreadable, truncated, not a bz2 pickle, or wrong shapes.
+    """
+    try:
+        with bz2.BZ2File(path, "rb") as f:
+            data = pickle.load(f)
+    except Exception as e:  # noqa: BLE001 - EOFError, OSError, UnpicklingError...: all mean "cannot use it"
+        raise TextureCacheError(f"Craftax texture cache {path} cannot be read ({type(e).__name__}: {e}); "
+                                "it is rebuilt on the next render (or delete the file)") from None
+    for ts in TEXTURE_SIZES:
+        try:
+            shape = tuple(data[ts]["full_map_block_textures"].shape)
+        except Exception:  # noqa: BLE001 - a dict of another layout
+            shape = None
+        want = (len(BlockType), _constants.OBS_DIM[0] * ts, _constants.OBS_DIM[1] * ts, 3)
+        if shape != want:
+            raise TextureCacheError(f"Craftax texture cache {path} holds textures of another layout (size {ts}: "
+                                    f"{shape}, expected {want}); it is rebuilt on the next render")
+    return data
+
+
+def _write_texture_cache(path: Path, textures: dict) -> None:
+    """Write ``textures`` to a temporary file beside ``path`` and rename it over ``path``: a reader
+    sees the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            with bz2.BZ2File(raw, "wb") as f:
+                pickle.dump(textures, f)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@functools.lru_cache(maxsize=None)
+def load_textures() -> dict:
+    """Craftax-Classic's block textures of every size (what its ``load_all_textures`` returns), once
+    per process: from the per-user cache (:func:`texture_cache_path`); else from Craftax's own
+    cache when it reads whole; else built (about a minute) and cached. A cache that cannot be read
+    is named on stderr and rebuilt. ``CRAFTAX_RELOAD_TEXTURES`` set rebuilds, as in Craftax."""
+    path = texture_cache_path()
+    reload = bool(os.environ.get("CRAFTAX_RELOAD_TEXTURES"))
+    if not reload:
+        for source in (path, Path(_constants.TEXTURE_CACHE_FILE)):
+            if not source.is_file():
+                continue
+            try:
+                textures = read_texture_cache(source)
+            except TextureCacheError as e:
+                print(f"oir-gym: WARNING: {e}", file=sys.stderr, flush=True)
+                continue
+            if source != path:
+                _write_cache_quietly(path, textures)
+            return textures
+    print(f"oir-gym: building the Craftax-Classic textures (about a minute, once; cached in {path})",
+          file=sys.stderr, flush=True)
+    textures = {ts: _constants.load_all_textures_given_size(ts) for ts in TEXTURE_SIZES}
+    _write_cache_quietly(path, textures)
+    return textures
+
+
+def _write_cache_quietly(path: Path, textures: dict) -> None:
+    try:
+        _write_texture_cache(path, textures)
+    except OSError as e:  # a read-only home still renders, building the textures each process
+        print(f"oir-gym: WARNING: cannot write the Craftax texture cache {path} ({e}); set "
+              f"{TEXTURE_CACHE_ENV} to a writable folder", file=sys.stderr, flush=True)
+
+
+def make_pixel_renderer(block_pixel_size: int) -> Callable[[Any], Any]:
+    """Craftax-Classic's pixel renderer of ``block_pixel_size``-pixel blocks (one state -> ``[H, W, 3]``
+    floats), its textures from :func:`load_textures` instead of Craftax's in-package cache."""
+    _renderer.load_all_textures = load_textures  # the renderer reads the name from its own module
+    return _renderer.make_craftax_pixel_renderer(block_pixel_size)

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import zipfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
@@ -95,18 +97,123 @@ def table_path() -> Path:
     return Path(str(resources.files("oir_gym.data").joinpath(TABLE_FILE)))
 
 
+#: the command that rewrites the packaged table (:mod:`oir_gym.packaged_embeddings`)
+REGENERATE = "python -m oir_gym.packaged_embeddings"
+#: rows of a table compared with the model's own embeddings when an encoder loads it
+SPOT_CHECKS = 4
+# a row equals the model's embedding of its text to float rounding (measured: 1e-7)
+_SPOT_TOLERANCE = 1e-4
+
+
+class CorruptTableError(ValueError):
+    """An embedding table file that cannot be trusted: unreadable (truncated, not an ``.npz``), with
+    missing or malformed arrays, rows that are not finite unit vectors, or rows that are not the
+    model's embedding of their text. The message names the file and the command that rewrites it."""
+
+
+def _corrupt(path: Path, why: str) -> CorruptTableError:
+    return CorruptTableError(f"embedding table {path}: {why}; rewrite it with `{REGENERATE}` "
+                             "(or reinstall oir-gym for the packaged one)")
+
+
 def read(path: str | Path | None = None) -> Optional[EmbeddingTable]:
-    """The table at ``path`` (default: the packaged one), or ``None`` when there is no such file."""
+    """The table at ``path`` (default: the packaged one), or ``None`` when there is no such file.
+
+    Every row is checked to be a finite unit vector (NaN, infinite or zero rows are refused).
+
+    Raises:
+        CorruptTableError: the file is not a readable table (truncated, random bytes, an archive
+            without ``texts``, ``embeddings`` and ``fingerprint``, repeated texts, bad rows).
+    """
     path = Path(path) if path is not None else table_path()
     if not path.is_file():
         return None
-    with np.load(path, allow_pickle=False) as z:
-        return EmbeddingTable(tuple(str(t) for t in z["texts"]), np.asarray(z["embeddings"], np.float32),
-                              str(z["fingerprint"]))
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise _corrupt(path, "not an .npz archive (a single array)")
+            missing = [k for k in ("texts", "embeddings", "fingerprint") if k not in z.files]
+            if missing:
+                raise _corrupt(path, f"no {', '.join(missing)} array")
+            texts, emb, fp = z["texts"], z["embeddings"], z["fingerprint"]
+    except CorruptTableError:
+        raise
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+        # np.load's own message for bytes it cannot parse suggests allow_pickle=True: never for this file
+        why = ("not an .npz archive" if "pickle" in str(e) else f"cannot be read ({type(e).__name__}: {e})")
+        raise _corrupt(path, why) from None
+    if texts.dtype.kind != "U" or texts.ndim != 1:
+        raise _corrupt(path, f"texts must be a 1-D array of strings, got {texts.dtype} {texts.shape}")
+    if emb.dtype.kind != "f" or emb.ndim != 2 or emb.shape[0] != texts.shape[0]:
+        raise _corrupt(path, f"embeddings must be [{texts.shape[0]}, dim] floats, got {emb.dtype} {emb.shape}")
+    if fp.dtype.kind != "U" or fp.shape != () or len(str(fp)) != 64:
+        raise _corrupt(path, "fingerprint must be a sha256 hex string")
+    emb = np.asarray(emb, np.float32)
+    finite = np.isfinite(emb).all(axis=1)
+    norms = np.linalg.norm(np.where(finite[:, None], emb, 0.0), axis=1)
+    bad = np.flatnonzero(~finite | (np.abs(norms - 1.0) > 1e-3))
+    if bad.size:
+        i = int(bad[0])
+        raise _corrupt(path, f"{bad.size} row(s) are not finite unit vectors, e.g. the row of {str(texts[i])!r}")
+    text_tuple = tuple(str(t) for t in texts)
+    if len(set(text_tuple)) != len(text_tuple):
+        raise _corrupt(path, "a text is given twice")
+    return EmbeddingTable(text_tuple, emb, str(fp))
 
 
-def load(fingerprint: str, path: str | Path | None = None) -> Optional[EmbeddingTable]:
+def spot_check(table: EmbeddingTable, model: "NumpyBertEncoder", path: str | Path,
+               rows: Optional[Sequence[int]] = None) -> None:
+    """Compare rows of ``table`` (default: :data:`SPOT_CHECKS` drawn at random) with ``model``'s own
+    embeddings of their texts: the fingerprint says which model made the table, not that the file
+    holds what it made (a row swapped or edited keeps the fingerprint).
+
+    Raises:
+        CorruptTableError: naming the file and the first text whose row differs.
+    """
+    if rows is None:
+        rows = np.random.default_rng().choice(len(table), size=min(SPOT_CHECKS, len(table)), replace=False)
+    rows = [int(i) for i in rows]
+    if not rows:
+        return
+    texts = [table.texts[i] for i in rows]
+    vecs = np.asarray(model.encode(texts, batch_size=len(texts), convert_to_numpy=True, normalize_embeddings=False),
+                      np.float32)
+    vecs = vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+    for t, i, v in zip(texts, rows, vecs):
+        if not np.abs(v - table.embeddings[i]).max() <= _SPOT_TOLERANCE:
+            raise _corrupt(Path(path), f"the row of {t!r} is not the model's embedding of that text")
+
+
+_VERIFIED: dict[tuple, EmbeddingTable] = {}
+_VERIFIED_LOCK = threading.Lock()
+
+
+def load(fingerprint: str, path: str | Path | None = None, *,
+         model: Optional["NumpyBertEncoder"] = None) -> Optional[EmbeddingTable]:
     """The table at ``path`` (default: the packaged one) if it was made by the model of ``fingerprint``,
-    else ``None`` (also when there is no file): a caller then computes every text."""
-    table = read(path)
-    return table if table is not None and table.fingerprint == fingerprint else None
+    else ``None`` (also when there is no file): a caller then computes every text.
+
+    With ``model`` (the model of ``fingerprint``), :func:`spot_check` compares a few rows with its
+    own embeddings, once per file version and process (the checked table is then shared).
+
+    Raises:
+        CorruptTableError: the file is unreadable or its rows are not the model's (see :func:`read`).
+    """
+    path = Path(path) if path is not None else table_path()
+    if model is None:
+        table = read(path)
+        return table if table is not None and table.fingerprint == fingerprint else None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size, st.st_ino, fingerprint)
+    with _VERIFIED_LOCK:
+        if key in _VERIFIED:
+            return _VERIFIED[key]
+        table = read(path)
+        if table is None or table.fingerprint != fingerprint:
+            return None
+        spot_check(table, model, path)
+        _VERIFIED[key] = table
+        return table

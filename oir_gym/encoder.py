@@ -112,7 +112,7 @@ class InstructionEncoder:
         if backend == "numpy" and cache_size > 0:
             from oir_gym import embedding_table
 
-            self.table = embedding_table.load(embedding_table.fingerprint(self._model))
+            self.table = embedding_table.load(embedding_table.fingerprint(self._model), model=self._model)
         # The env, the training loop and a relabeler's worker thread share one encoder.
         self._lock = threading.RLock()
 

@@ -57,6 +57,7 @@ from oir_gym.instructions import (
 )
 from oir_gym.metrics import LEARNED_THRESHOLD, control_summary, following_gain, paraphrase_retention, summarize
 from oir_gym.prerequisites import PREREQUISITES, related_achievements  # noqa: F401  (PREREQUISITES: re-exported)
+from oir_gym.validation import check_bool, check_int, check_str, check_str_sequence
 
 #: The neutral instruction of the control: it names no task, and the sentence encoder puts it far
 #: from every evaluation instruction (max cosine 0.25) and every caption phrasing (max 0.33), so it
@@ -101,9 +102,14 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         files = self.instruction_files
-        files = (files,) if isinstance(files, (str, os.PathLike)) else tuple(files)
-        object.__setattr__(self, "instruction_files", tuple(str(f) for f in files))
-        object.__setattr__(self, "sets", tuple(self.sets))
+        # one path is a list of one (the trainers pass a path or several); one set name is not
+        files = (files,) if isinstance(files, (str, os.PathLike)) else files
+        object.__setattr__(self, "instruction_files", check_str_sequence("instruction_files", files, paths=True))
+        object.__setattr__(self, "sets", check_str_sequence("sets", self.sets))
+        check_int("episodes", self.episodes, minimum=1)
+        check_int("horizon", self.horizon, minimum=1)
+        check_bool("control", self.control)
+        check_str("neutral_text", self.neutral_text)
         user = load_instruction_files(self.instruction_files)
         object.__setattr__(self, "_user_sets", user)
         for s in self.sets:
@@ -112,10 +118,6 @@ class EvalConfig:
                                  + (f" or of the files' sets {tuple(user)}" if user else ""))
         if not self.set_names:
             raise ValueError("no instruction set to evaluate: give sets or instruction_files")
-        if self.episodes < 1 or self.horizon < 1:
-            raise ValueError(f"episodes ({self.episodes}) and horizon ({self.horizon}) must be >= 1")
-        if not isinstance(self.neutral_text, str) or not self.neutral_text.strip():
-            raise ValueError(f"neutral_text must be a non-empty string, got {self.neutral_text!r}")
 
     @property
     def set_names(self) -> tuple[str, ...]:

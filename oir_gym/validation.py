@@ -16,13 +16,15 @@ Python's.
 
 from __future__ import annotations
 
+import argparse
 import math
-from typing import Any, Iterable
+import os
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 __all__ = ["ArgumentTypeError", "show", "check_int", "check_real", "check_bool", "check_choice", "check_str",
-           "check_instance", "check_seed", "MAX_SEED", "MAX_NUM_ENVS"]
+           "check_instance", "check_seed", "check_str_sequence", "int_arg", "real_arg", "MAX_SEED", "MAX_NUM_ENVS"]
 
 #: Seeds are ``0 <= seed <= MAX_SEED``: JAX keys hold 32 bits (``PRNGKey(2**32)`` is ``PRNGKey(0)``).
 MAX_SEED = 2**32 - 1
@@ -166,3 +168,73 @@ def check_seed(name: str, value: Any, *, none_ok: bool = True) -> int | None:
     """A seed: an integer in ``[0, MAX_SEED]`` (or ``None``). Larger seeds would collide in JAX's
     32-bit keys (``2**32`` gives the worlds of ``0``); negative ones are refused by numpy."""
     return check_int(name, value, minimum=0, maximum=MAX_SEED, none_ok=none_ok)
+
+
+def check_str_sequence(name: str, value: Any, *, non_empty_items: bool = True, allow_empty: bool = True,
+                       paths: bool = False) -> tuple[str, ...]:
+    """``value`` as a tuple of strings: a list, tuple or other iterable of them, never one string.
+
+    A single string is itself a sequence of one-character strings (``sets="original"`` would mean
+    the sets ``"o"``, ``"r"``, ...), so it is refused with a hint to wrap it in a list.
+
+    Args:
+        non_empty_items: every item must be a non-blank string.
+        allow_empty: an empty sequence passes.
+        paths: items may also be ``os.PathLike`` (returned as ``str``).
+
+    Raises:
+        ArgumentTypeError: a string, bytes, a mapping, a non-iterable, or an item of the wrong type.
+        ValueError: an empty sequence when not ``allow_empty``, or a blank item.
+    """
+    kind = "paths" if paths else "strings"
+    if isinstance(value, (str, bytes, os.PathLike)):
+        raise ArgumentTypeError(f"{name}={show(value)} must be a list of {kind}, got one {type(value).__name__}; "
+                                f"write [{show(value)}] for a single one")
+    if isinstance(value, dict) or not isinstance(value, Iterable):
+        raise ArgumentTypeError(f"{name}={show(value)} must be a list of {kind}, got {type(value).__name__}")
+    out = []
+    for i, item in enumerate(value):
+        if paths and isinstance(item, os.PathLike):
+            item = os.fspath(item)
+        if not isinstance(item, str):
+            raise ArgumentTypeError(f"{name}[{i}]={show(item)} must be a {'path' if paths else 'string'}, "
+                                    f"got {type(item).__name__}")
+        check_str(f"{name}[{i}]", item, non_empty=non_empty_items)
+        out.append(item)
+    if not out and not allow_empty:
+        raise ValueError(f"{name}={show(value)} must hold at least one {kind[:-1]}")
+    return tuple(out)
+
+
+def int_arg(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """An ``argparse`` ``type=``: the string as an integer within the bounds, else a clear usage
+    error (``--repeats 0``: "must be an integer >= 1")."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        try:
+            return check_int("value", value, minimum=minimum, maximum=maximum)  # type: ignore[return-value]
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).replace("value=", "", 1)) from None
+    parse.__name__ = "integer"  # argparse names the type in "invalid integer value"
+    return parse
+
+
+def real_arg(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+             high_open: bool = False) -> Callable[[str], float]:
+    """An ``argparse`` ``type=``: the string as a finite number in the interval, else a clear usage
+    error (``--timeout nan``, ``--timeout -1``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        try:
+            return check_real("value", value, low=low, high=high, low_open=low_open,  # type: ignore[return-value]
+                              high_open=high_open)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).replace("value=", "", 1)) from None
+    parse.__name__ = "number"
+    return parse

@@ -427,9 +427,9 @@ class InstructionCraftax(VectorEnv):
         if self._state is None:
             raise RuntimeError("call reset() before render()")
         if self._renderer is None:
-            from craftax.craftax_classic.renderer import make_craftax_pixel_renderer
+            from oir_gym.craftax_compat import make_pixel_renderer
 
-            self._renderer = jax.jit(jax.vmap(make_craftax_pixel_renderer(16)))
+            self._renderer = jax.jit(jax.vmap(make_pixel_renderer(16)))
         frames = np.clip(np.asarray(self._renderer(self._state.env.craftax)), 0, 255).astype(np.uint8)
         return list(frames)
 

@@ -74,8 +74,9 @@ def test_pqn_throughput_scaling_table_and_its_argument_checks(capsys):
     assert pqn_throughput.main(["--devices", "1,2", "--seeds", "4"]) == 2
     assert pqn_throughput.main(["--devices", "0"]) == 2
     assert "--seeds-per-device" in capsys.readouterr().err
-    assert pqn_throughput.main(["--warmup", "0"]) == 2  # the first untimed update compiles: never timed
-    assert "--warmup 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # the first untimed update compiles: never timed
+        pqn_throughput.main(["--warmup", "0"])
+    assert e.value.code == 2 and "argument --warmup: 0 must be an integer >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -197,3 +198,82 @@ def test_trace_summary_reads_a_real_cpu_trace_and_says_it_holds_no_device_kernel
     assert "no device kernels" in capsys.readouterr().out
     assert trace_summary.main([str(tmp_path / "empty")]) == 2
     assert "create_perfetto_trace=True" in capsys.readouterr().err
+
+
+# Every bench CLI refuses numbers of the wrong kind at the command line, naming the flag: NaN,
+# negative or zero sizes and limits, fractions for counts (oir_gym.validation.int_arg / real_arg).
+BAD_ARGUMENTS = [
+    ("pqn_throughput", "main", ["--timeout", "nan"], "argument --timeout: nan is outside the allowed range > 0"),
+    ("pqn_throughput", "main", ["--timeout", "-1"], "argument --timeout: -1.0 is outside the allowed range > 0"),
+    ("pqn_throughput", "main", ["--timeout", "inf"], "argument --timeout: inf is outside"),
+    ("pqn_throughput", "main", ["--iterations", "0"], "argument --iterations: 0 must be an integer >= 1"),
+    ("pqn_throughput", "main", ["--seeds", "2.5"], "argument --seeds: '2.5' is not an integer"),
+    ("pqn_throughput", "main", ["--seeds-per-device", "-1"], "argument --seeds-per-device: -1 must be"),
+    ("pqn_throughput", "main", ["--seed", "-3"], "argument --seed: -3 must be an integer >= 0"),
+    ("update_cost", "main", ["--iterations", "0"], "argument --iterations: 0 must be an integer >= 1"),
+    ("eval_cost", "main", ["--episodes", "4", "0"], "argument --episodes: 0 must be an integer >= 1"),
+    ("eval_cost", "main", ["--horizon", "-5"], "argument --horizon: -5 must be"),
+    ("grounding_cost", "main", ["--repeats", "0"], "argument --repeats: 0 must be an integer >= 1"),
+    ("grounding_cost", "main", ["--n", "1e3"], "argument --n: '1e3' is not an integer"),
+    ("relabel_throughput", "main", ["--k", "0"], "argument --k: 0 must be an integer >= 1"),
+    ("relabel_throughput", "main", ["--n-threads", "-2"], "argument --n-threads: -2 must be"),
+    ("trace_summary", "main", ["somewhere", "--top", "0"], "argument --top: 0 must be an integer >= 1"),
+    ("openai_package_deadline", "main", ["--timeout", "nan"], "argument --timeout: nan is outside"),
+    ("openai_package_deadline", "main", ["--wait", "0"], "argument --wait: 0.0 is outside the allowed range > 0"),
+    ("env_throughput", "parse_args", ["--envs", "64", "0"], "argument --envs: 0 must be an integer >= 1"),
+    ("env_throughput", "parse_args", ["--steps", "nan"], "argument --steps: 'nan' is not an integer"),
+]
+
+
+@pytest.mark.parametrize("module, entry, argv, message", BAD_ARGUMENTS,
+                         ids=[f"{m}{' '.join(a)}" for m, _, a, _ in BAD_ARGUMENTS])
+def test_bench_clis_refuse_numbers_of_the_wrong_kind_naming_the_flag(module, entry, argv, message, capsys):
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    with pytest.raises(SystemExit) as e:
+        getattr(importlib.import_module(module), entry)(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids of this machine's processes whose command line holds ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.slow  # the bench and its two processes import JAX
+def test_pqn_throughput_processes_are_killed_when_the_bench_gets_sigterm():
+    """SIGTERM to ``--processes`` (a job scheduler's stop) ends the processes it started too."""
+    import signal
+    import time
+
+    bench = subprocess.Popen([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--processes", "--devices", "2",
+                              "--seeds-per-device", "1", "--loops", "plain"], stderr=subprocess.PIPE, text=True,
+                             cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    try:
+        line = ""
+        while "started (logs in " not in line:
+            line = bench.stderr.readline()
+            assert line, "the bench ended before it started its processes"
+        tmp = line.split("(logs in ")[1].rstrip(")\n")
+        children = _processes_with(tmp)
+        assert len(children) == 2  # the two processes, each with its --child-result in tmp
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=120) != 0
+        deadline = time.monotonic() + 30  # killed and waited for before the bench exits; a margin for /proc
+        while _processes_with(tmp) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_with(tmp) == []
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        bench.stderr.close()

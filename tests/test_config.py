@@ -73,7 +73,7 @@ def test_every_preset_is_valid_for_every_method():
 
 def test_presets_hold_their_documented_values():
     cpu = preset("cpu")
-    assert (cpu.oir.relabeler, cpu.run.total_timesteps, cpu.eval.every, cpu.eval.episodes) == ("both", 98_304, 48, 1)
+    assert (cpu.oir.relabeler, cpu.run.total_timesteps, cpu.eval.every, cpu.eval.episodes) == ("rules", 98_304, 48, 1)
     smoke = preset("smoke")
     assert smoke.num_updates == 4 and smoke.eval.every == 2 and smoke.run.checkpoint_every == 2
     assert smoke.oir.relabeler == "rules" and smoke.rows_per_update() % smoke.pqn.num_minibatches == 0

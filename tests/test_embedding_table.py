@@ -114,3 +114,64 @@ def test_a_fresh_encoder_encodes_the_evaluation_sets_without_running_the_model(m
     assert np.linalg.norm(enc.encode(texts[0])) == pytest.approx(1.0, abs=1e-6)
     enc.encode(["a sentence no packaged file holds", texts[1]])
     assert calls == [["a sentence no packaged file holds"]]  # the counter sees what the model runs
+
+
+# ----------------------------------------------------------------------------- a table that cannot be trusted
+# Each file below is a real fault written where the reader reads it (a truncated copy, random bytes,
+# a NaN row, two rows swapped): no mock.
+def _rewrite(path, table, texts=None, emb=None):
+    with open(path, "wb") as f:
+        np.savez(f, texts=np.array(list(texts if texts is not None else table.texts), dtype=str),
+                 embeddings=np.asarray(emb if emb is not None else table.embeddings, np.float32),
+                 fingerprint=np.array(table.fingerprint))
+    return path
+
+
+def test_an_unreadable_table_names_its_file_and_the_command_that_rewrites_it(tmp_path):
+    packaged = embedding_table.table_path()
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(packaged.read_bytes()[: packaged.stat().st_size // 2])
+    noise = tmp_path / "noise.npz"
+    noise.write_bytes(np.random.default_rng(0).bytes(4096))
+    empty = tmp_path / "empty.npz"
+    empty.write_bytes(b"")
+    for bad in (truncated, noise, empty):
+        with pytest.raises(embedding_table.CorruptTableError) as e:
+            embedding_table.read(bad)
+        msg = str(e.value)
+        assert str(bad) in msg and "python -m oir_gym.packaged_embeddings" in msg
+        assert "allow_pickle" not in msg and "BadZipFile" not in type(e.value).__name__
+    partial = tmp_path / "partial.npz"
+    np.savez(partial, texts=np.array(["a"]))
+    with pytest.raises(embedding_table.CorruptTableError, match="no embeddings, fingerprint array"):
+        embedding_table.read(partial)
+
+
+def test_rows_that_are_not_finite_unit_vectors_are_refused(tmp_path, table):
+    for value in (np.nan, np.inf, 0.0):
+        emb = np.array(table.embeddings)
+        emb[3] = value
+        path = _rewrite(tmp_path / f"bad_{value}.npz", table, emb=emb)
+        with pytest.raises(embedding_table.CorruptTableError, match=f"not finite unit vectors.*{table.texts[3]!r}"):
+            embedding_table.read(path)
+
+
+def test_swapped_rows_keep_the_fingerprint_but_fail_the_spot_check(tmp_path, table):
+    """The fingerprint names the model; the spot check compares rows with what that model computes."""
+    from oir_gym.numpy_bert import NumpyBertEncoder
+
+    model = NumpyBertEncoder(default_model_path())
+    emb = np.array(table.embeddings)
+    emb[[0, 1]] = emb[[1, 0]]
+    path = _rewrite(tmp_path / "swapped.npz", table, emb=emb)
+    assert embedding_table.read(path).fingerprint == table.fingerprint  # readable, and the same model's
+    with pytest.raises(embedding_table.CorruptTableError, match=f"{table.texts[0]!r} is not the model's embedding"):
+        embedding_table.spot_check(embedding_table.read(path), model, path, rows=[0, 1])
+    embedding_table.spot_check(table, model, "packaged", rows=[0, 1, len(table) - 1])  # the shipped rows pass
+    # every row swapped with its neighbour: whichever rows load() draws, it refuses the file
+    emb = np.array(table.embeddings)
+    emb[: len(emb) // 2 * 2] = emb[: len(emb) // 2 * 2].reshape(-1, 2, emb.shape[1])[:, ::-1].reshape(-1, emb.shape[1])
+    path = _rewrite(tmp_path / "all_swapped.npz", table, emb=emb)
+    with pytest.raises(embedding_table.CorruptTableError, match="is not the model's embedding"):
+        embedding_table.load(table.fingerprint, path, model=model)
+    assert embedding_table.load(table.fingerprint, model=model) is embedding_table.load(table.fingerprint, model=model)

@@ -269,14 +269,14 @@ def test_a_checkpoint_evaluates_instruction_files_its_run_never_saw(smoke_traine
 
 
 def test_progress_line_says_what_the_llm_answered_and_what_it_added():
-    """The per-update line separates the LLM's health (share of the trajectories it was asked about
-    that got candidates) from what it added (its share of the buffer offers)."""
+    """The per-update line separates the LLM's answers that arrived in time to train on (of all that
+    arrived) from what it added (its share of the buffer offers)."""
     from agents import train
 
     row = {"update": 3, "env_steps": 300, "sps": 10.0, "epsilon": 0.5, "loss": 0.1, "train/success_rate": 0.2,
            "relabel/rows": 4, "relabel/grounded_frac": 1.0, "relabel/llm_share": 1.0, "relabel/llm_offer_share": 0.0}
-    line = train.summary_line(row, 10)
-    assert "LLM answered 100%, offers 0%" in line
+    line = train.summary_line(row | {"relabel/llm_in_time_total": 2.0, "relabel/llm_stale": 4.0}, 10)
+    assert "LLM answers 2/6 in time, offers 0%" in line and "100%" not in line
     row = {k: v for k, v in row.items() if not k.startswith("relabel/")} | {"ellm/distinct_goals": 3,
                                                                            "ellm/distinct_pinned": 2,
                                                                            "ellm/cache_hit_rate": 0.5,

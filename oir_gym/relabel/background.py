@@ -38,10 +38,21 @@ from typing import Any, Optional, Sequence
 from oir_gym.relabel.jobs import CLOSE_TIMEOUT
 from oir_gym.relabel.results import RelabelResult
 from oir_gym.trajectory import Trajectory
+from oir_gym.validation import ArgumentTypeError, check_bool, check_instance, check_int, check_real, show
 
 #: Trajectories whose rule texts are remembered until their LLM answer arrives (oldest forgotten
 #: first; an LLM batch dropped from the queue never answers).
 REMEMBERED = 4096
+
+
+def _trajectories(name: str, value: Any) -> list[Trajectory]:
+    """``value`` as a list of :class:`Trajectory` (a list, tuple or other iterable of them)."""
+    if isinstance(value, (Trajectory, str, bytes)) or not hasattr(value, "__iter__"):
+        raise ArgumentTypeError(f"{name}={show(value)} must be a list of Trajectory, got {type(value).__name__}")
+    out = list(value)
+    for i, t in enumerate(out):
+        check_instance(f"{name}[{i}]", t, Trajectory)
+    return out
 
 
 class BackgroundRelabeler:
@@ -66,13 +77,12 @@ class BackgroundRelabeler:
     def __init__(self, rules: Any = None, llm: Any = None, *, rules_lag: int = 0) -> None:
         if rules is None and llm is None:
             raise ValueError("BackgroundRelabeler needs a rule relabeler, an LLM relabeler, or both")
-        if rules_lag not in (0, 1):
-            raise ValueError(f"rules_lag={rules_lag!r} must be 0 or 1")
+        check_int("rules_lag", rules_lag, minimum=0, maximum=1)
         if llm is not None and not all(callable(getattr(llm, m, None)) for m in ("submit", "collect")):
             raise TypeError(f"llm={type(llm).__name__} must have submit() and collect() (a HindsightRelabeler)")
         self.rules = rules
         self.llm = llm
-        self.rules_lag = rules_lag
+        self.rules_lag = int(rules_lag)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="oir-rules") if rules_lag and rules is not None else None
         self._lagged: Optional[Future] = None
         self._ready: list[RelabelResult] = []
@@ -88,7 +98,8 @@ class BackgroundRelabeler:
         ``trajectories``) for the LLM. Never waits for the LLM."""
         if self._closed:
             raise RuntimeError("relabeler is closed")
-        trajs = list(trajectories)
+        trajs = _trajectories("trajectories", trajectories)
+        ask = None if ask is None else _trajectories("ask", ask)
         if self.rules is not None:
             if self._pool is None:
                 self._keep(self.rules.relabel(trajs))
@@ -110,6 +121,8 @@ class BackgroundRelabeler:
     def collect_by_source(self, block: bool = False,
                           timeout: Optional[float] = None) -> tuple[list[RelabelResult], list[RelabelResult]]:
         """:meth:`collect` as ``(rule results, LLM results)``."""
+        check_bool("block", block)
+        check_real("timeout", timeout, low=0, none_ok=True)
         with self._lock:
             rules, self._ready = self._ready, []
         llm = [] if self.llm is None else [self._without_repeats(r) for r in self.llm.collect(block=block,
@@ -189,6 +202,7 @@ class BackgroundRelabeler:
     def close(self, timeout: Optional[float] = CLOSE_TIMEOUT) -> None:
         """Let a lagged rule relabeling finish, close the LLM relabeler (bounded by ``timeout`` as
         :meth:`HindsightRelabeler.close` is), close the rule relabeler. Idempotent."""
+        check_real("timeout", timeout, low=0, none_ok=True)
         if self._closed:
             return
         self._closed = True

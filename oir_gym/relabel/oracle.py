@@ -51,6 +51,7 @@ from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, VOCAB
 from oir_gym.prerequisites import related_achievements
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.trajectory import Trajectory
+from oir_gym.validation import check_int, check_real, check_str
 
 #: The oracle variants, in the order of the ladder.
 ORACLES: tuple[str, ...] = ("canonical", "diverse", "tasks", "compound", "noisy", "mixed", "progress")
@@ -103,6 +104,11 @@ class Label:
     text: str
     final: int
     pre: int = -1
+
+    def __post_init__(self) -> None:
+        check_str("text", self.text)
+        check_int("final", self.final, minimum=0, maximum=len(EVENT_NAMES) - 1)
+        check_int("pre", self.pre, minimum=-1, maximum=len(EVENT_NAMES) - 1)
 
 
 # ----------------------------------------------------------------------------- the wording pool
@@ -164,6 +170,9 @@ def _read(path: Path) -> Any:
         raise ValueError(f"{path}: cannot read the wording pool ({e})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to read as a wording pool (schema: oir_gym/data/"
+                         f"{PACKAGED_POOL})") from None
 
 
 def _parse_pool(raw: Any, source: str) -> WordingPool:
@@ -275,6 +284,12 @@ class NoiseProfile:
     echo_examples: Mapping[int, str]
     sources: Mapping[str, str]
 
+    def __post_init__(self) -> None:
+        for k in ("drop", "echo", "wrong"):
+            check_real(k, getattr(self, k), low=0, high=1)
+        if self.echo + self.wrong > 1:
+            raise ValueError(f"echo + wrong = {self.echo + self.wrong:g} must be <= 1 (they are exclusive outcomes)")
+
 
 @dataclass(frozen=True)
 class OracleSettings:
@@ -324,6 +339,8 @@ def trajectory_rng(traj: Trajectory, seed: int, stream: int) -> np.random.Genera
     """The random stream ``stream`` of one trajectory: keyed by ``seed``, the trajectory's
     ``meta["seed"]``, ``meta["update"]``, ``env_id`` and its events and episode ends (the same
     draws in any process, batch or order)."""
+    check_int("seed", seed)
+    check_int("stream", stream)
     ev = zlib.crc32(np.packbits(np.asarray(traj.events, bool)).tobytes())
     dn = zlib.crc32(np.packbits(np.asarray(traj.dones, bool)).tobytes())
     meta = traj.meta or {}
@@ -493,6 +510,7 @@ def oracle_labels(traj: Trajectory, oracle: str, *, seed: int = 0, pool: Optiona
     extra labels take the slots the canonical ones leave free.
     """
     check_oracle(oracle)
+    check_int("seed", seed)
     pairs = RULE_PAIRS if pair_table is None else pair_table
     settings = settings or load_settings()
     if oracle == "canonical":

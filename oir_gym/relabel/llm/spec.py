@@ -155,8 +155,8 @@ def remedy_for(error: str) -> str:
         return ("the URL does not answer like an OpenAI-compatible LLM server (POST <base_url>/chat/completions): "
                 "check --llm.base-url and the server's log")
     if "timeout" in e or "timed out" in e or "deadline" in e:
-        return ("the LLM is too slow for its deadline: raise the timeout, send fewer prompts per update "
-                "(--llm-per-update) or use a faster backend or a smaller model")
+        return ("the LLM is too slow for its deadline: raise the timeout (--llm.call-timeout), send fewer prompts "
+                "per update (--llm.per-update) or use a faster backend or a smaller model")
     if "unknown backend" in e or "cannot import" in e:
         return "use one of the backend names listed above, or 'package.module:ClassName'"
     if "failed to load" in e or "not a gguf" in e or "invalid model" in e:
@@ -166,7 +166,7 @@ def remedy_for(error: str) -> str:
         return "fix the model path (--llm.model), or leave it empty for the packaged default model"
     if "pip install" in e:
         return ""  # install hints of the backends
-    return "see the error above; --relabeler rules trains without an LLM"
+    return "see the error above; --oir.relabeler rules trains without an LLM"
 
 
 def with_remedy(error: str) -> str:
