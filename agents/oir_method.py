@@ -1,6 +1,6 @@
 """Method ``oir``: hindsight instruction relabeling with an instruction buffer (steps 2-4 of the paper's loop).
 
-After each rollout (:meth:`OIRRelabeling.update_batch`):
+After each rollout (:meth:`OIRRelabeling.step`):
 
 2. **Relabel** (host): every env's segment becomes a :class:`~oir_gym.trajectory.Trajectory`; the
    relabeler proposes up to K instructions. Rule instructions come back at once; LLM answers run
@@ -11,7 +11,9 @@ After each rollout (:meth:`OIRRelabeling.update_batch`):
 4. **Buffer**: the candidates that paid a reward are inserted into each seed's PLR-style
    :class:`~oir_gym.buffer.InstructionBuffer`, whose contents new episodes draw uniformly.
 
-The update batch D is the original trajectories plus the relabeled copies.
+Steps 2 and 4 are :class:`oir_gym.curriculum.InstructionCurriculum`; the method hands the trainer
+the relabel slots, and the trainer builds the update batch D: the original trajectories plus the
+relabeled copies.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from agents.methods import MethodContext, TrainingMethod
+from agents.methods import MethodContext, MethodStep, TrainingMethod
 from oir_gym.captions import NUM_EVENTS
 from oir_gym.curriculum import CurriculumConfig, InstructionCurriculum, balanced_choice  # noqa: F401 (re-export)
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
@@ -48,8 +50,7 @@ class OIRRelabeling(TrainingMethod):
             relabeler = BackgroundRelabeler(None if self.async_llm else relabeler, relabeler if self.async_llm else None,
                                             rules_lag=self.cfg.oir.relabel_lag)
         self.relabeler = relabeler
-        #: recent rollouts, newest first (LLM answers and lagged rule relabels arrive late)
-        self.history: list = []
+        #: recent rollouts the trainer keeps for the slots (LLM answers and lagged rule relabels arrive late)
         self.history_len = max(self.cfg.oir.llm_lag if self.async_llm else 1, 1 + self.cfg.oir.relabel_lag)
         self.stale_llm = 0
         #: the last iteration's relabeled texts per seed (one per batch row, "" for padding)
@@ -65,7 +66,11 @@ class OIRRelabeling(TrainingMethod):
             fixed_texts=tuple(dict.fromkeys([*ctx.all_eval_texts, *ORIGINAL_INSTRUCTIONS])),
             # the LLM prompt's few-shot answers, which a small model copies (diversity/llm_echo_share)
             prompt_examples=tuple(load_template(self.cfg.llm.template).examples()) if self.async_llm else ()),
-            register=lambda texts, bindings: ctx.registry.rows(texts, protected=ctx.protected_rows, bindings=bindings))
+            register=lambda texts, bindings: ctx.registry.rows(texts, protected=self._protected, bindings=bindings))
+        self._env_state: Any = None  # the envs' state of the current step (rows they still use)
+
+    def _protected(self) -> list[int]:
+        return self.ctx.protected_rows(self._env_state)
 
     @property
     def offered(self) -> dict[str, tuple[float, int, str]]:
@@ -73,20 +78,12 @@ class OIRRelabeling(TrainingMethod):
         return self.curriculum.offered
 
     # ------------------------------------------------------------ the hooks
-    def buffer_rows(self, seed: int) -> np.ndarray:
-        ctx = self.ctx
-        return ctx.registry.rows(ctx.buffers[seed].contents(), protected=ctx.protected_rows)
+    def draw_texts(self, seed: int) -> list[str]:
+        return self.ctx.buffers[seed].contents()
 
-    def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
-        slots, metrics = self.relabel(host)
-        self.history = [traj] + self.history[: self.history_len - 1]
-        ring = self.history + [traj] * (self.history_len - len(self.history))
-        batch = self.ctx.build_batch(ring, slots)
-        # steps of relabeled copies without a target: after the copy's first success in an original
-        # episode, or where the original instruction's success ended the episode
-        # a device scalar: the trainer reads it after starting the update (no wait for the batch here)
-        metrics["relabel/cut_steps"] = jnp.sum(batch["cuts"]) / self.ctx.S
-        return batch, metrics
+    def step(self, update: int, host: dict, env_state: Any) -> MethodStep:
+        slots, metrics = self.relabel(host, update, env_state)
+        return MethodStep(metrics, slots=slots)
 
     def generated_payload(self) -> dict[str, Any]:
         """Every relabeled instruction offered to a buffer, with counts (the buffer's priority order
@@ -107,8 +104,6 @@ class OIRRelabeling(TrainingMethod):
         super().load_state_dict(state)
         self.stale_llm = int(state.get("stale_llm", 0))
         self.curriculum.load_state_dict(state.get("offers") or {})  # absent in checkpoints before the offer counts
-        # Rollouts awaiting LLM answers or a lagged relabel are not checkpointed: those are lost on resume.
-        self.history = []
 
     def close(self) -> None:
         self.relabeler.close()  # a lagged rule relabeling in flight finishes first
@@ -154,8 +149,8 @@ class OIRRelabeling(TrainingMethod):
         return dict(src=jnp.asarray(src), env=jnp.asarray(env), emb=jnp.asarray(emb), final=jnp.asarray(final),
                     pre=jnp.asarray(pre), valid=jnp.asarray(valid))
 
-    def warmup_batch(self, traj: dict) -> dict:
-        return self.ctx.build_batch([traj] * self.history_len, self._device_slots(*self._empty_slots()))
+    def warmup_slots(self) -> dict:
+        return self._device_slots(*self._empty_slots())
 
     def llm_subset(self, trajs: list[Trajectory]) -> list[Trajectory]:
         """The ``llm.per_update`` trajectories per seed with the most distinct achievement events.
@@ -175,11 +170,12 @@ class OIRRelabeling(TrainingMethod):
             chosen += [mine[i] for i in order]
         return chosen
 
-    def relabel(self, host: dict) -> tuple[dict, dict[str, float]]:
-        """Relabel this rollout (and collect late LLM answers): the batch's relabel slots and the
-        relabel metrics; grounded candidates go into the seeds' buffers."""
-        ctx, cfg = self.ctx, self.cfg
-        update = ctx.update_idx()
+    def relabel(self, host: dict, update: int = 0, env_state: Any = None) -> tuple[dict, dict[str, float]]:
+        """Relabel this rollout of update ``update`` (and collect late LLM answers): the batch's
+        relabel slots and the relabel metrics; grounded candidates go into the seeds' buffers
+        (``env_state``: the envs' state, whose rows new texts must not take)."""
+        cfg = self.cfg
+        self._env_state = env_state
         trajs = self.trajectories(host, update)
         stats: dict[str, float] = {}
         # the rules' results of this rollout (of the previous one with oir.relabel_lag 1); the LLM reads

@@ -127,28 +127,23 @@ def make_method(cfg: Any, seeds: int, registry: Any, buffers: list, encoder: Any
     from agents.methods import MethodContext
     from agents.oir_method import OIRRelabeling
 
-    update = [0]
-    ctx = MethodContext(
-        cfg=cfg, S=seeds, seed_offset=0, registry=registry, buffers=buffers, encoder=encoder, all_eval_texts=[],
-        log=print, orig_rows=lambda: orig, update_idx=lambda: update[0], get_env_state=lambda: None,
-        set_env_state=lambda state: None, build_batch=lambda trajs, slots=None: {},
-        protected_rows=lambda: orig.tolist())
-    method = OIRRelabeling(ctx, Delivered())
-    method._update = update
-    return method
+    ctx = MethodContext(cfg=cfg, S=seeds, seed_offset=0, registry=registry, buffers=buffers, encoder=encoder,
+                        all_eval_texts=[], log=print)
+    return OIRRelabeling(ctx, Delivered())
 
 
 def step(method: Any, update: int, host: dict, rules: list, late: list) -> dict:
     """One update's hindsight step of ``method`` on these results."""
-    method._update[0] = update
     method.relabeler.now = (rules, late)
-    slots, metrics = method.relabel(host)
+    out = method.step(update, host, None)
+    slots, metrics = out.slots, out.metrics
+    reg, orig = method.ctx.registry, method.ctx.registry.find(method.ctx.fixed_texts).values()
     return {"texts": method.last_texts, "src": np.asarray(slots["src"]).tolist(),
             "env": np.asarray(slots["env"]).tolist(), "valid": np.asarray(slots["valid"]).tolist(),
             "metrics": metrics, "diversity": method.diversity(), "offers": method.state_dict()["offers"],
             "generated": dict(method.generated),
             # the rows new episodes draw (the trainer asks before each rollout; new texts get rows)
-            "draw_rows": [sorted(np.asarray(method.buffer_rows(s)).tolist()) for s in range(S)]}
+            "draw_rows": [sorted(reg.rows(method.draw_texts(s), protected=list(orig)).tolist()) for s in range(S)]}
 
 
 def run_scenario(name: str, encoder: Any) -> dict:
