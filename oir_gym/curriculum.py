@@ -41,7 +41,10 @@ from oir_gym.buffer import InstructionBuffer
 from oir_gym.diversity import echo_share, instruction_diversity, paying_event
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 
-__all__ = ["CurriculumConfig", "InstructionCurriculum", "Offer", "Row", "balanced_choice"]
+__all__ = ["OFFER_METRICS", "CurriculumConfig", "InstructionCurriculum", "Offer", "Row", "balanced_choice"]
+
+#: the keys every :attr:`Offer.metrics` holds (both trainers log them per metrics row)
+OFFER_METRICS = ("relabel/rows", "relabel/grounded_frac", "relabel/new_instructions", "relabel/llm_offer_share")
 
 GROUNDING = ("cosine", "bound")
 

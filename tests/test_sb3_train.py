@@ -278,8 +278,8 @@ def test_qrdqn_tensorboard_folder_has_relabel_and_eval_scalars(trained_run):
     acc = EventAccumulator(str(run / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ("relabel/rows_added", "relabel/grounded_fraction", "eval/original/mean_success_rate", "train/loss",
-                "rollout/exploration_rate"):
+    for tag in ("relabel/rows", "relabel/rows_added", "relabel/grounded_frac", "eval/original/mean_success_rate",
+                "train/loss", "loss", "rollout/exploration_rate"):
         assert tag in tags, (tag, sorted(tags))
     assert acc.Scalars("relabel/rows_added")[-1].value > 0
 
