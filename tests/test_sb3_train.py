@@ -576,3 +576,15 @@ def test_a_stopped_sb3_run_resumes_to_the_same_rows_and_eval_only_reads_it(tmp_p
     after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     assert set(after) - set(before) == {Path("eval_again.json"), Path("eval_again.md")}
     assert all(after[p] == before[p] for p in before)
+
+
+@pytest.mark.slow
+def test_sb3_metrics_rows_use_the_shared_schema(trained_run):
+    """The SB3 trainer's metrics rows carry the keys PQN's do (docs/api.md, "Metric schema")."""
+    from oir_gym.curriculum import OFFER_METRICS as OFFER
+
+    run, _ = trained_run
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    training = [r for r in rows if "sps" in r]  # the last row is written after learn()
+    assert training and all(set(OFFER) <= set(r) for r in rows) and any("loss" in r for r in training)
+    assert not any({"relabel/grounded_fraction", "run/loss", "run/sps"} & set(r) for r in rows)
