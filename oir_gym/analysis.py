@@ -558,8 +558,8 @@ _GAIN_KEY = re.compile(r"^(?:seed\d+/)?eval/control/([^/]+)/gain$")
 
 #: Where the relabeling panel reads each quantity, in order of preference: ``(key, how, what)``.
 #: ``how`` is ``"value"`` (logged per update) or ``"increment"`` (a running count, differenced).
-RELABEL_ROWS = (("relabel/rows", "value", "relabeled copies per seed"),
-                ("relabel/rows_added", "increment", "SB3 runs before one schema: transitions per metrics row"))
+RELABEL_ROWS = (("relabel/rows", "value", "PQN: rows per seed"),
+                ("relabel/rows_added", "increment", "SB3: transitions per metrics row"))
 RELABEL_NOVELTY = (("relabel/new_instructions", "value", "texts offered to a buffer for the first time"),
                    ("ellm/distinct_goals", "increment", "goals proposed for the first time"),
                    ("relabel/buffer_inserted", "increment", "SB3: texts written to the buffer per metrics row"))
