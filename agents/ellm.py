@@ -1,6 +1,6 @@
 """Method ``ellm``: the ELLM baseline (Du et al. 2023) on the PQN backbone.
 
-After each rollout (:meth:`ELLMProposals.update_batch`) the batch is the original trajectories,
+After each rollout (:meth:`ELLMProposals.step`) the batch is the original trajectories,
 and a :class:`~agents.ellm_proposer.GoalProposer` proposes up to K goals from every env's CURRENT
 observation (read from the state arrays; the LLM gets its text); they are registered in the instruction table and each env is pinned to one
 of its goals (drawn uniformly; it applies at the env's next reset). The reward is the env's
@@ -14,11 +14,9 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-import jax.numpy as jnp
 import numpy as np
 
-from agents.methods import MethodContext, TrainingMethod
-from oir_gym import functional as F
+from agents.methods import MethodContext, MethodStep, TrainingMethod
 from oir_gym.text import batch_observations
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,26 +49,24 @@ class ELLMProposals(TrainingMethod):
         self.pinned_counts: Counter = Counter()  # goals envs were pinned to
         self._goal_rng = np.random.default_rng(self.cfg.run.seed + 7919 + ctx.seed_offset)
 
-    def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
-        batch = self.ctx.build_batch(traj)
+    def step(self, update: int, host: dict, env_state: Any) -> MethodStep:
         # goals for the next episodes, from the states the envs continue from
-        return batch, self.propose_goals(np.unique(host["instr"]))
+        return self.propose_goals(np.unique(host["instr"]), env_state)
 
-    def propose_goals(self, rollout_rows: np.ndarray) -> dict[str, float]:
-        """Goals from every env's current observation; pin each env to one of them.
+    def propose_goals(self, rollout_rows: np.ndarray, env_state: Any) -> MethodStep:
+        """Goals from every env's current observation (``env_state``); each env pinned to one of them.
 
         The rows of this rollout's instructions (``rollout_rows``) stay protected from reuse, so
         the batch built from it still reads the right embeddings.
         """
         ctx = self.ctx
         t0 = time.time()
-        bstate = ctx.get_env_state()
-        goals = self.proposer.propose(batch_observations(bstate.env.craftax))
+        goals = self.proposer.propose(batch_observations(env_state.env.craftax))
         chosen = [g[int(self._goal_rng.integers(len(g)))] if g else "" for g in goals]
         for g in goals:
             self.generated.update(dict.fromkeys(g, 1))
         self.pinned_counts.update(t for t in chosen if t)
-        protected = set(ctx.protected_rows()) | {int(r) for r in rollout_rows}
+        protected = ctx.protected_rows(env_state, extra=rollout_rows)
         n_also = also_pays_slots(self.cfg)
         # "any": every proposed goal needs a row (it pays); "pinned": only the chosen ones
         uniq = sorted({t for g in goals for t in g[:n_also]} | {t for t in chosen if t})
@@ -81,14 +77,12 @@ class ELLMProposals(TrainingMethod):
                     "pinning only goals already in the table")
             row_of = ctx.registry.find(uniq)
         pinned = np.array([row_of.get(t, -1) for t in chosen], np.int32)
-        bstate = F.set_pinned(bstate, jnp.asarray(pinned))
+        also = None
         if n_also:  # from now on every goal proposed for an env pays its reward
             also = np.full((len(goals), n_also), -1, np.int32)
             for i, g in enumerate(goals):
                 rows = [row_of[t] for t in g[:n_also] if t in row_of]
                 also[i, : len(rows)] = rows
-            bstate = F.set_also_pays(bstate, jnp.asarray(also))
-        ctx.set_env_state(bstate)
         ok = pinned[pinned >= 0]
         groundable = 1.0 - float(np.mean(~self.payable_rows()[ok])) if len(ok) else 0.0
         stats = self.proposer.stats()
@@ -106,7 +100,7 @@ class ELLMProposals(TrainingMethod):
                   "llm_busy", "llm_fraction", "latency_mean_s", "llm_restarts", "llm_down_seconds"):
             if isinstance(stats.get(k), (int, float)):
                 metrics[f"ellm/{k}"] = float(stats[k])
-        return metrics
+        return MethodStep(metrics, pinned=pinned, also_pays=also)
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

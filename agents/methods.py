@@ -3,8 +3,9 @@
 :class:`~agents.oir.Trainer` runs what every method shares (rollout, return bookkeeping, the
 PQN update, evaluation, checkpoints) and asks its :class:`TrainingMethod` for the rest:
 
-* which instructions new episodes draw (:meth:`TrainingMethod.buffer_rows`),
-* the update batch built from a rollout, and the method's own metrics (:meth:`TrainingMethod.update_batch`),
+* which instructions new episodes draw (:meth:`TrainingMethod.draw_texts`),
+* what to train on after a rollout (:meth:`TrainingMethod.step`: relabel slots, goals to pin the
+  envs to, the method's metrics); the trainer builds the update batch itself,
 * which instruction-table rows can pay a reward (:meth:`TrainingMethod.payable_rows`),
 * its host state for checkpoints (:meth:`TrainingMethod.state_dict`) and the contents of the file
   of generated instructions it writes (:meth:`TrainingMethod.generated_payload`).
@@ -12,8 +13,8 @@ PQN update, evaluation, checkpoints) and asks its :class:`TrainingMethod` for th
 The methods: :class:`GroundTruth` (``gt``) and :class:`Cosine` (``cosine``) here, which train on
 the 22 original instructions; :class:`agents.oir_method.OIRRelabeling` (``oir``) and
 :class:`agents.ellm.ELLMProposals` (``ellm``). A method is built from a :class:`MethodContext`, the
-narrow part of the run it may use, and holds no Trainer; this module and the methods import
-nothing of the trainer. What the trainer needs to know of a method before it builds one (reward,
+narrow part of the run it may use (plain data: no calls back into the trainer), and holds no
+Trainer; this module and the methods import nothing of the trainer. What the trainer needs to know of a method before it builds one (reward,
 table size, generated file) and how to build it is a :class:`MethodSpec`, one per method name in
 :data:`agents.oir.METHOD_SPECS`.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -34,13 +35,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class MethodContext:
-    """What a training method may use of the run that trains it; the trainer
+    """What a training method may use of the run that trains it, as plain data; the trainer
     (:class:`agents.oir.Trainer`) builds one for its method, a test can build one without a trainer.
 
-    Fixed values are held as they are; what changes while training (the update count, the envs'
-    state, the original instructions' rows, which a loaded checkpoint's table may move) is read
-    through a call. The registry and the buffers are the run's own objects: a method registers
-    instructions in the one and inserts into the others.
+    What changes while training (the update count, the envs' state) comes with each
+    :meth:`TrainingMethod.step`. The registry and the buffers are the run's own objects: a method
+    registers instructions in the one and inserts into the others.
     """
 
     #: the run's configuration
@@ -59,19 +59,52 @@ class MethodContext:
     all_eval_texts: list[str]
     #: receives messages for the user
     log: Callable[[str], None]
-    #: the table rows of the 22 original instructions
-    orig_rows: Callable[[], np.ndarray]
-    #: updates done so far
-    update_idx: Callable[[], int]
-    #: the envs' block state (:mod:`oir_gym.functional`), read and replaced between updates (ELLM
-    #: pins its goals there)
-    get_env_state: Callable[[], Any]
-    set_env_state: Callable[[Any], None]
-    #: ``build_batch(trajs, slots=None)``: the update batch of all seeds from a rollout (or recent
-    #: rollouts, newest first, with relabel ``slots``; :meth:`agents.oir.Trainer.build_batch`)
-    build_batch: Callable[..., dict]
-    #: table rows that must not be reused for new instructions (:meth:`agents.oir.Trainer.protected_rows`)
-    protected_rows: Callable[[], list[int]]
+
+    @property
+    def fixed_texts(self) -> list[str]:
+        """The evaluation and original instructions: they keep their own table rows."""
+        from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+
+        return list(dict.fromkeys([*self.all_eval_texts, *ORIGINAL_INSTRUCTIONS]))
+
+    def protected_rows(self, env_state: Any = None, extra: Iterable[int] = ()) -> list[int]:
+        """Table rows a new instruction must not take: :attr:`fixed_texts`', the buffers', the envs'
+        (:func:`protected_rows`) and ``extra``."""
+        fixed = self.registry.find(self.fixed_texts).values()
+        return protected_rows(self.registry, self.buffers, [*fixed, *extra], env_state)
+
+
+def protected_rows(registry: "InstructionRegistry", buffers: "Sequence[InstructionBuffer]", fixed_rows: Iterable[int],
+                   env_state: Any = None) -> list[int]:
+    """Table rows that must not be reused for new instructions: ``fixed_rows``, the envs' current,
+    pinned and also-paying rows (``env_state``: the envs' block state, :mod:`oir_gym.functional`),
+    and every buffer's instructions."""
+    rows = {int(r) for r in fixed_rows}
+    if env_state is not None:
+        rows |= set(np.asarray(env_state.env.instr).reshape(-1).tolist())
+        rows |= {r for r in np.asarray(env_state.env.pinned).reshape(-1).tolist() if r >= 0}
+        rows |= {r for r in np.asarray(env_state.env.also_pays).reshape(-1).tolist() if r >= 0}
+    for b in buffers:
+        rows |= set(registry.find(b.contents()).values())
+    return sorted(rows)
+
+
+@dataclass(frozen=True)
+class MethodStep:
+    """What a method hands back after a rollout; the trainer builds the batch and sets the envs.
+
+    Attributes:
+        metrics: the method's metrics of this update.
+        slots: relabel slots (:func:`agents.oir.build_batch`) indexing the trainer's recent rollouts
+            by age (``None``: the batch is this rollout's trajectories only).
+        pinned: ``[S * E]`` table rows to pin the envs to at their next reset (-1: none), or ``None``.
+        also_pays: ``[S * E, n]`` rows that also pay each env (-1: none), or ``None``.
+    """
+
+    metrics: dict[str, float]
+    slots: Optional[dict] = None
+    pinned: Optional[np.ndarray] = None
+    also_pays: Optional[np.ndarray] = None
 
 
 def configured_table_capacity(cfg: "TrainConfig", n_eval: int) -> int:
@@ -119,25 +152,29 @@ class TrainingMethod:
         #: generated instruction text -> count (oir: offered to the buffers; ellm: proposed)
         self.generated: Counter = Counter()
 
-    # ------------------------------------------------------------ per iteration
-    def buffer_rows(self, seed: int) -> np.ndarray:
-        """Table rows new episodes of seed ``seed`` draw their instruction from."""
-        return self.ctx.orig_rows()
+    #: recent rollouts the trainer keeps for :attr:`MethodStep.slots` (newest first)
+    history_len: int = 1
 
-    def update_batch(self, traj: dict, host: dict) -> tuple[dict, dict[str, float]]:
-        """The PQN update batch from this iteration's rollout, and the method's metrics.
+    # ------------------------------------------------------------ per iteration
+    def draw_texts(self, seed: int) -> Optional[list[str]]:
+        """Instructions new episodes of seed ``seed`` draw from (``None``: the 22 original ones)."""
+        return None
+
+    def step(self, update: int, host: dict, env_state: Any) -> MethodStep:
+        """What to train on after this iteration's rollout, and the method's metrics.
 
         Args:
-            traj: the rollout on device (leaves ``[S, T, E, ...]``, see :func:`agents.oir.make_rollout`).
-            host: host copies of ``instr``, ``events``, ``action``, ``done``, ``reward``, ``ep_return``, ``success``.
+            update: updates done so far.
+            host: host copies of ``instr``, ``events``, ``action``, ``done``, ``reward``, ``ep_return``,
+                ``success`` (leaves ``[S, T, E, ...]``, see :func:`agents.oir.make_rollout`).
+            env_state: the envs' block state after the rollout (:mod:`oir_gym.functional`).
         """
-        return self.ctx.build_batch(traj), {}
+        return MethodStep({})
 
-    def warmup_batch(self, traj: dict) -> dict:
-        """An update batch shaped as :meth:`update_batch`'s, from a rollout of zeros and nothing
-        relabeled: what :meth:`agents.oir.Trainer.start_compiling` compiles the batch and update
-        programs with (no host work, no state touched)."""
-        return self.ctx.build_batch(traj)
+    def warmup_slots(self) -> Optional[dict]:
+        """Relabel slots shaped as :meth:`step`'s, nothing relabeled (``None``: it hands none back):
+        what :meth:`agents.oir.Trainer.start_compiling` compiles the batch program with."""
+        return None
 
     def payable_rows(self) -> np.ndarray:
         """``[capacity]`` bool: table rows whose instruction some caption can pay (above delta)."""

@@ -30,7 +30,6 @@ import json
 import os
 import threading
 import time
-import weakref
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from jax.sharding import PartitionSpec
 
 from agents import ellm, pqn, relabeling
 from agents.ellm import ELLMProposals
-from agents.methods import Cosine, GroundTruth, MethodContext, MethodSpec, TrainingMethod
+from agents.methods import Cosine, GroundTruth, MethodContext, MethodSpec, TrainingMethod, protected_rows
 from agents.oir_method import OIRRelabeling
 from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.config import TrainConfig, load_config
@@ -443,6 +442,8 @@ class Trainer:
         # the last iteration's rollout (host arrays) and update batch, for diagnostics
         # (examples/batch_composition.py)
         self.last_rollout: dict | None = None
+        #: earlier rollouts on device, newest first (at most the method's history_len - 1), for relabel slots
+        self._history: list[dict] = []
         self.last_batch: dict | None = None
 
     @property
@@ -466,36 +467,19 @@ class Trainer:
         return self.method_spec.also_pays_slots(self.cfg)
 
     def method_context(self) -> MethodContext:
-        """What this trainer's method may use of the run (:class:`agents.methods.MethodContext`).
-
-        Its calls reach the trainer through a weak reference, so the method holds no Trainer (and
-        keeps none alive); once the trainer is gone they raise ``RuntimeError``.
-        """
-        me = weakref.ref(self)
-
-        def trainer() -> "Trainer":
-            tr = me()
-            if tr is None:
-                raise RuntimeError("the Trainer of this training method is gone")
-            return tr
-
-        def set_env_state(state: Any) -> None:
-            trainer().env_state = state
-
-        return MethodContext(
-            cfg=self.cfg, S=self.S, seed_offset=self.seed_offset, registry=self.registry, buffers=self.buffers,
-            encoder=self.encoder, all_eval_texts=self.all_eval_texts, log=self.log,
-            orig_rows=lambda: trainer().orig_rows, update_idx=lambda: trainer().update_idx,
-            get_env_state=lambda: trainer().env_state, set_env_state=set_env_state,
-            build_batch=lambda trajs, slots=None: trainer().build_batch(trajs, slots),
-            protected_rows=lambda: trainer().protected_rows())
+        """What this trainer's method may use of the run (:class:`agents.methods.MethodContext`):
+        plain data, so the method holds no Trainer."""
+        return MethodContext(cfg=self.cfg, S=self.S, seed_offset=self.seed_offset, registry=self.registry,
+                             buffers=self.buffers, encoder=self.encoder, all_eval_texts=self.all_eval_texts,
+                             log=self.log)
 
     # -------------------------------------------------------------- setup / state
     def _env_params(self) -> F.EnvParams:
         """Env params: the shared table, with each seed's draw rows as its row of the sample mask."""
         masks = np.zeros((self.S, self.registry.capacity), bool)
         for s in range(self.S):
-            masks[s, self.method.buffer_rows(s)] = True
+            texts = self.method.draw_texts(s)
+            masks[s, self.orig_rows if texts is None else self.registry.rows(texts, protected=self.protected_rows)] = True
         table = self.registry.device_table()
         return self.base_params.replace(table=table.replace(sample_mask=jnp.asarray(masks)))
 
@@ -520,14 +504,17 @@ class Trainer:
     def protected_rows(self) -> list[int]:
         """Table rows that must not be reused for new instructions: evaluation and original rows, the
         envs' current, pinned and also-paying rows, and every buffer's instructions."""
-        rows = set(self.eval_rows.tolist()) | set(self.final_rows.tolist()) | set(self.orig_rows.tolist())
-        if self.runner is not None:
-            rows |= set(np.asarray(self.runner.env_state.env.instr).reshape(-1).tolist())
-            rows |= {r for r in np.asarray(self.runner.env_state.env.pinned).reshape(-1).tolist() if r >= 0}
-            rows |= {r for r in np.asarray(self.runner.env_state.env.also_pays).reshape(-1).tolist() if r >= 0}
-        for b in self.buffers:
-            rows |= set(self.registry.find(b.contents()).values())
-        return sorted(rows)
+        fixed = [*self.eval_rows.tolist(), *self.final_rows.tolist(), *self.orig_rows.tolist()]
+        return protected_rows(self.registry, self.buffers, fixed, None if self.runner is None else self.runner.env_state)
+
+    def method_batch(self, traj: dict, slots: dict | None) -> dict:
+        """The update batch of this rollout and the method's relabel ``slots`` (``None``: none),
+        which index :attr:`_history` (this rollout first, padded with it) by age."""
+        if slots is None:
+            return self.build_batch(traj)
+        n = self.method.history_len
+        ring = [traj, *self._history[: n - 1]]
+        return self.build_batch(ring + [traj] * (n - len(ring)), slots)
 
     def build_batch(self, trajs: dict | Sequence[dict], slots: dict | None = None) -> dict:
         """The update batch (all seeds) from this rollout (``slots=None``: the original trajectories
@@ -711,6 +698,8 @@ class Trainer:
             # get rows again, and every evaluation row must hold its own text
             self._register_fixed_rows(protected=self.protected_rows)
             self.method.load_state_dict(host.get("generated") or {})
+            # rollouts awaiting LLM answers or a lagged relabel are not checkpointed: lost on resume
+            self._history = []
             self.update_idx, self.env_steps = int(host["update"]), int(host["env_steps"])
         except (KeyError, ValueError, TypeError) as e:
             raise CheckpointError(host_file, f"host state is incomplete or inconsistent ({type(e).__name__}: {e})") \
@@ -739,8 +728,19 @@ class Trainer:
             self.buffers[s].record_many([self.registry.text(r) for r in rows], host["ep_return"][s, t_idx, e_idx])
         metrics: dict[str, float] = {"curriculum/unpayable_step_frac": self.unpayable_frac(host["instr"])}
         metrics.update(self.event_rates(host["events"], host["done"]))
-        batch, method_metrics = self.method.update_batch(traj, host)
-        metrics.update(method_metrics)
+        step = self.method.step(self.update_idx, host, self.env_state)
+        batch = self.method_batch(traj, step.slots)
+        self._history = [traj, *self._history[: self.method.history_len - 2]] if self.method.history_len > 1 else []
+        metrics.update(step.metrics)
+        if step.slots is not None:
+            # steps of relabeled copies without a target: after the copy's first success in an original
+            # episode, or where the original instruction's success ended the episode (a device scalar:
+            # read after the update started, no wait for the batch here)
+            metrics["relabel/cut_steps"] = jnp.sum(batch["cuts"]) / self.S
+        if step.pinned is not None:  # goals the envs run at their next reset (ELLM)
+            self.env_state = F.set_pinned(self.env_state, jnp.asarray(step.pinned))
+        if step.also_pays is not None:
+            self.env_state = F.set_also_pays(self.env_state, jnp.asarray(step.also_pays))
         self.last_rollout, self.last_batch = host, batch
         self.key, k = jax.random.split(self.key)
         t_host = time.time()
@@ -863,7 +863,10 @@ class Trainer:
 
         def update() -> None:
             shapes = self.programs.rollout.eval_shape(params, runner, env_params, steps)[1]
-            new_state, _ = self.programs.update(train_state, keys, self.method.warmup_batch(placeholder(shapes)))
+            traj = placeholder(shapes)
+            slots = self.method.warmup_slots()
+            batch = self.build_batch(traj) if slots is None else self.build_batch([traj] * self.method.history_len, slots)
+            new_state, _ = self.programs.update(train_state, keys, batch)
             jax.block_until_ready(self.programs.all_finite(new_state.params))
 
         pool = ThreadPoolExecutor(2, thread_name_prefix="oir-compile")

@@ -212,6 +212,7 @@ class SB3Trainer:
             for k, v in self.relabel_cb.stats.items():
                 if isinstance(v, (int, float)):
                     row[f"relabel/{k}"] = float(v)
+            row.update(self.relabel_cb.metrics(reset=True))  # the schema PQN logs (docs/api.md)
         row["buffer/size"] = len(self.venv.buffer.contents())
         return row
 
@@ -221,7 +222,7 @@ class SB3Trainer:
         logger = self.model.logger
         for k, v in row.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("update", "env_steps", "time"):
-                logger.record(k if "/" in k else f"run/{k}", v)
+                logger.record(k, v)  # the metrics.jsonl names (one schema with PQN)
         logger.dump(step=int(row["env_steps"]))
 
     # ------------------------------------------------------------------ evaluation, checkpoints
@@ -425,9 +426,9 @@ class SB3Recipe(Recipe):
             parts.append(f"loss {row['loss']:.4f}")
         if "train/success_rate" in row:
             parts.append(f"train success {row['train/success_rate']:.3f}")
-        if "relabel/rows_added" in row:
-            parts.append(f"relabel rows {row['relabel/rows_added']:.0f} grounded "
-                         f"{row.get('relabel/grounded_fraction', 0.0):.2f}")
+        if "relabel/rows" in row:
+            parts.append(f"relabel rows {row['relabel/rows']:.0f} grounded "
+                         f"{row.get('relabel/grounded_frac', 0.0):.2f}")
         if "eval/original/mean_success_rate" in row:
             parts.append(f"eval success {row['eval/original/mean_success_rate']:.3f}")
         return " | ".join(parts)

@@ -16,6 +16,7 @@ import os
 
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, NUM_EVENTS
+from oir_gym.curriculum import CurriculumConfig, InstructionCurriculum, Offer
 from oir_gym.encoder import InstructionEncoder, get_encoder
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS, get_instruction_set, load_instruction_sets
 from oir_gym.trajectory import Trajectory
@@ -73,7 +74,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "ACHIEVEMENT_NAMES", "ENV_ID", "EVENT_NAMES", "NUM_EVENTS", "ORIGINAL_INSTRUCTIONS",
-    "HindsightRelabeler", "InstructionBuffer", "InstructionCraftax", "InstructionCraftaxEnv",
-    "InstructionEncoder", "RecordTrajectories", "Trajectory", "TrajectoryRecorder", "enable_compilation_cache", "get_encoder",
+    "CurriculumConfig", "HindsightRelabeler", "InstructionBuffer", "InstructionCraftax", "InstructionCraftaxEnv",
+    "InstructionCurriculum", "InstructionEncoder", "Offer", "RecordTrajectories", "Trajectory", "TrajectoryRecorder",
+    "enable_compilation_cache", "get_encoder",
     "get_instruction_set", "load_instruction_sets", "rollout",
 ]

@@ -97,7 +97,7 @@ def test_bound_relabeling_uses_each_candidates_rows_and_binds_buffer_instruction
         np.testing.assert_array_equal(np.flatnonzero(rew[:, j]), [c.binding.step])
     # the buffer's new instructions carry their binding into the env's table (originals keep theirs)
     offered = {c.text: c for c in cands}
-    added = [t for t in tr.buffers[0].contents() if t in offered and t not in tr.method._fixed]
+    added = [t for t in tr.buffers[0].contents() if t in offered and t not in tr.method.curriculum.config.fixed_texts]
     assert added
     for t in added:
         row = tr.registry.find([t])[t]

@@ -1,9 +1,11 @@
-"""Training methods are built by name from a narrow context (``agents.methods.MethodContext``), not
-from the Trainer: a method works from a context made without any trainer, and the trainer's own
-method keeps no Trainer (issue 27, item 3)."""
+"""Training methods are built by name from a narrow context of plain data
+(``agents.methods.MethodContext``), not from the Trainer: a method works from a context made without
+any trainer, hands back what to train on (``MethodStep``), and the trainer's own method keeps no
+Trainer."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -13,7 +15,7 @@ import pytest
 jax = pytest.importorskip("jax")
 
 from agents.config import METHODS, preset  # noqa: E402
-from agents.methods import Cosine, GroundTruth, MethodContext  # noqa: E402
+from agents.methods import Cosine, GroundTruth, MethodContext, MethodStep  # noqa: E402
 from agents.oir import METHOD_SPECS, Trainer, method_spec  # noqa: E402
 from agents.oir_method import OIRRelabeling  # noqa: E402
 from oir_gym.buffer import InstructionBuffer  # noqa: E402
@@ -37,23 +39,14 @@ def test_methods_are_built_from_a_context_without_a_trainer():
     registry = InstructionRegistry(encoder, capacity=cfg.env.table_capacity)
     orig = registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))))
     buffers = [InstructionBuffer(cfg.oir.instruction_buffer_size, cfg.oir.tau_low, cfg.oir.tau_high, seed=0)]
-    update = [5]
-    built = []
-
-    def build_batch(trajs, slots=None):  # the context's batch builder: what a method hands it comes back
-        built.append((trajs, slots))
-        return {"trajs": trajs}
-
-    ctx = MethodContext(
-        cfg=cfg, S=1, seed_offset=0, registry=registry, buffers=buffers, encoder=encoder, all_eval_texts=[],
-        log=print, orig_rows=lambda: orig, update_idx=lambda: update[0], get_env_state=lambda: None,
-        set_env_state=lambda state: None, build_batch=build_batch, protected_rows=lambda: orig.tolist())
+    ctx = MethodContext(cfg=cfg, S=1, seed_offset=0, registry=registry, buffers=buffers, encoder=encoder,
+                        all_eval_texts=[], log=print)
 
     gt = method_spec("gt").factory(ctx, None, None)
     assert type(gt) is GroundTruth and gt.ctx is ctx
-    np.testing.assert_array_equal(gt.buffer_rows(0), orig)  # new episodes draw the 22 originals
+    assert gt.draw_texts(0) is None  # new episodes draw the 22 originals
     assert gt.payable_rows()[orig].all() and gt.payable_rows().sum() == len(orig)
-    assert gt.update_batch("rollout", {}) == ({"trajs": "rollout"}, {}) and built == [("rollout", None)]
+    assert gt.step(5, {}, None) == MethodStep({})  # nothing relabeled, no goals: the batch is the rollout
     assert type(method_spec("cosine").factory(ctx, None, None)) is Cosine
 
     oir = method_spec("oir").factory(ctx, None, None)  # its rule relabeler built from ctx.cfg
@@ -64,34 +57,32 @@ def test_methods_are_built_from_a_context_without_a_trainer():
             "done": np.stack([t.dones for t in trajs], axis=1)[None],
             "instr": np.broadcast_to(orig[0], (1, cfg.pqn.num_steps, 2))}
     try:
-        assert {t.meta["update"] for t in oir.trajectories(host, update[0])} == {5}
-        slots, stats = oir.relabel(host)
+        assert {t.meta["update"] for t in oir.trajectories(host, 5)} == {5}
+        step = oir.step(5, host, None)
+        stats, slots = step.metrics, step.slots
         assert stats["relabel/rows"] > 0 and (np.asarray(slots["src"]) == 0).all()  # this rollout's copies
+        assert step.pinned is None and step.also_pays is None
         assert "make wood pickaxe" in buffers[0].contents()  # grounded candidates went into the context's buffer
-        rows = oir.buffer_rows(0)
-        assert sorted(registry.text(r) for r in rows) == sorted(buffers[0].contents())
+        assert oir.draw_texts(0) == buffers[0].contents()
         assert oir.state_dict()["offers"]["total"] > 0
     finally:
         oir.close()
 
 
 def test_the_trainers_method_holds_no_reference_to_the_trainer(tmp_path):
-    """The method reaches the run only through its context's values and calls; nothing it holds
-    keeps the Trainer alive, and its calls say so once the Trainer is gone."""
+    """The method's context is plain data (no calls back into the trainer): nothing the method
+    holds keeps the Trainer alive."""
     cfg = preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "rules"})
     tr = Trainer(cfg, tmp_path, log=lambda s: None)
     method = tr.method
     assert method.ctx.registry is tr.registry and method.ctx.buffers is tr.buffers
-    tr.update_idx = 3
-    assert method.ctx.update_idx() == 3  # live values are read through the context's calls
-    np.testing.assert_array_equal(method.ctx.orig_rows(), tr.orig_rows)
+    assert [f.name for f in dataclasses.fields(method.ctx) if callable(getattr(method.ctx, f.name))] == ["log"]
     assert not any(v is tr for v in vars(method).values())
+    assert sorted(method.ctx.protected_rows()) == sorted(tr.protected_rows())  # the same rule, from data
     alive = weakref.ref(tr)
     del tr
     gc.collect()
     try:
         assert alive() is None
-        with pytest.raises(RuntimeError, match="Trainer of this training method is gone"):
-            method.ctx.update_idx()
     finally:
         method.close()

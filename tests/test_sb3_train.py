@@ -278,8 +278,8 @@ def test_qrdqn_tensorboard_folder_has_relabel_and_eval_scalars(trained_run):
     acc = EventAccumulator(str(run / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ("relabel/rows_added", "relabel/grounded_fraction", "eval/original/mean_success_rate", "train/loss",
-                "rollout/exploration_rate"):
+    for tag in ("relabel/rows", "relabel/rows_added", "relabel/grounded_frac", "eval/original/mean_success_rate",
+                "train/loss", "loss", "rollout/exploration_rate"):
         assert tag in tags, (tag, sorted(tags))
     assert acc.Scalars("relabel/rows_added")[-1].value > 0
 
@@ -593,3 +593,15 @@ def test_load_sb3_policy_of_a_folder_that_is_not_a_run_says_what_it_expected(tmp
     (tmp_path / "new" / "config.json").write_text('{"sb3": {"algo": "qrdqn"}}')
     with pytest.raises(FileNotFoundError, match="no checkpoint yet.*--resume"):
         sb3_agents.load_sb3_policy(tmp_path / "new")
+
+
+@pytest.mark.slow
+def test_sb3_metrics_rows_use_the_shared_schema(trained_run):
+    """The SB3 trainer's metrics rows carry the keys PQN's do (docs/api.md, "Metric schema")."""
+    from oir_gym.curriculum import OFFER_METRICS as OFFER
+
+    run, _ = trained_run
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    training = [r for r in rows if "sps" in r]  # the last row is written after learn()
+    assert training and all(set(OFFER) <= set(r) for r in rows) and any("loss" in r for r in training)
+    assert not any({"relabel/grounded_fraction", "run/loss", "run/sps"} & set(r) for r in rows)

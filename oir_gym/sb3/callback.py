@@ -14,9 +14,12 @@ segments to a :class:`~oir_gym.relabel.HindsightRelabeler` and, when the candida
   returns and advantages are computed at the end of ``collect_rollouts`` and the rollout is
   consumed by the very next ``train()``, long before an asynchronous relabeler can answer.
 
-In both modes the env's :class:`~oir_gym.buffer.InstructionBuffer` is updated: every kept
-candidate's relabeled return (1 if grounded, else 0) is recorded, then the grounded candidates are
-inserted in the paper's priority order (see :meth:`InstructionBuffer.insert`).
+In both modes the env's :class:`~oir_gym.buffer.InstructionBuffer` is updated by
+:class:`~oir_gym.curriculum.InstructionCurriculum`, the step PQN's method ``oir`` takes: the
+candidates that paid a reward on their segment are inserted in the paper's priority order (see
+:meth:`InstructionBuffer.insert`), a bound text is registered with its binding. The buffer's
+statistics are the returns of episodes the env ran with a text (the env records them); no
+hindsight return is recorded for a candidate.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ import numpy as np
 from stable_baselines3.common.buffers import DictReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 
+from oir_gym.curriculum import CurriculumConfig, InstructionCurriculum
 from oir_gym.instruction_registry import validate_instruction
 from oir_gym.grounding import episode_starts_from_dones, first_paid_step, no_precondition
-from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.sb3.replay import INSTRUCTION_KEY, RelabelReplayBuffer
 from oir_gym.sb3.vec_env import SB3VecEnv, find_instruction_env
 from oir_gym.trajectory import Trajectory
@@ -139,12 +143,12 @@ class HindsightRelabelCallback(BaseCallback):
             (``HindsightRelabelCallback(r, asynchronous=False)``).
 
     Statistics (:attr:`stats`, and SB3's logger under ``relabel/`` at every rollout end, so they
-    reach TensorBoard with SB3's next dump): ``segments``, ``submitted``, ``results``,
-    ``candidates``, ``grounded``, ``grounded_fraction``, ``first_step_mismatch`` (the relabeler and
+    reach TensorBoard with SB3's next dump; counts over the run): ``segments``, ``submitted``, ``results``,
+    ``candidates``, ``grounded``, ``first_step_mismatch`` (the relabeler and
     the env disagree on the first matching step; the env wins), ``rows_added``, ``success_rows``,
     ``rows_pending`` (from the replay buffer), ``buffer_inserted``, ``buffer_size``, ``pending``,
     ``waiting_segments`` and the relabeler's own counters (``cache_hit_rate``, ``latency_mean_s``,
-    ``errors``, ``fallbacks``...).
+    ``errors``, ``fallbacks``...). :meth:`metrics`: the per-window ``relabel/*`` metrics PQN logs.
     """
 
     def __init__(self, relabeler: Any, config: Optional[RelabelConfig] = None, *, verbose: int = 0,
@@ -162,6 +166,7 @@ class HindsightRelabelCallback(BaseCallback):
         self.mode = self.config.mode
         self.trajectories: dict[int, Trajectory] = {}
         self._counts: Counter = Counter()
+        self._window: Counter = Counter()  # since the last metrics(reset=True)
         self._segments: list[_Segment] = []
         self._finished: list[Trajectory] = []
         self._ready: list[Any] = []
@@ -191,6 +196,14 @@ class HindsightRelabelCallback(BaseCallback):
                 raise TypeError("VecNormalize is not supported by HindsightRelabelCallback: relabeled rows would be "
                                 "stored unnormalised beside normalised ones")
             self.replay_buffer = buf
+        env = self.instruction_env
+        #: the step after relabeling, as PQN's: the buffer takes the texts that paid a reward (all of them
+        #: with insert="all"); a bound text pays at its bound event; offers and diversity are counted
+        self.curriculum = InstructionCurriculum([env.buffer], env.registry, CurriculumConfig(
+            k=int(getattr(self.relabeler, "k", 1) or 1), keep_ungrounded=self.config.insert == "all",
+            grounding="bound" if getattr(self.relabeler, "grounding", "cosine") == "bound" else "cosine",
+            delta=float(env.params.delta)),
+            register=lambda texts, bindings: env.register_instructions(texts, bindings=bindings))
         env_delta = float(self.instruction_env.params.delta)
         rel_delta = getattr(self.relabeler, "delta", env_delta)
         if abs(float(rel_delta) - env_delta) > 1e-9:
@@ -303,7 +316,8 @@ class HindsightRelabelCallback(BaseCallback):
             self.process_results(results)
 
     def process_results(self, results: Sequence[Any]) -> None:
-        """Apply relabeling results: replay rows (``mode="replay"``) and the instruction buffer."""
+        """Apply relabeling results: replay rows (``mode="replay"``), then the instruction buffer
+        through :class:`~oir_gym.curriculum.InstructionCurriculum` (as PQN's method ``oir``)."""
         if not results:
             return
         cfg = self.config
@@ -317,15 +331,14 @@ class HindsightRelabelCallback(BaseCallback):
         bare_emb = self._encode(bare) if bare else np.zeros((0, env.encoder.dim), np.float32)
         bare_sim = env.registry.similarity_to_events(bare_emb) if bare else np.zeros((0, 0), np.float32)
         bare_rows = {t: (bare_emb[j], bare_sim[j], no_precondition(bare_sim.shape[1])) for j, t in enumerate(bare)}
-        recorded: list[tuple[str, float]] = []
-        to_insert: list[str] = []
-        bindings: dict[str, Any] = {}  # text -> its first binding (event-bound grounding)
+        grounded_results = []
         for res in results:
             traj = res.trajectory
             self._counts["results"] += 1
             if cfg.keep_history:
                 self.trajectories[traj.meta.get("sb3_id", -1)] = traj
             replayed = 0
+            kept = []
             for cand in res.candidates:
                 text = _clean(cand.text)
                 if text is None:
@@ -335,8 +348,6 @@ class HindsightRelabelCallback(BaseCallback):
                     emb_j, final, pre = cand.emb, cand.final_row, cand.pre_row
                 else:
                     emb_j, final, pre = bare_rows[text]
-                if getattr(cand, "binding", None) is not None:
-                    bindings.setdefault(text, cand.binding)
                 # the env's own rule (oir_gym.grounding) decides where the relabeled instruction pays
                 first = first_paid_step(traj.events, final, pre, episode_starts_from_dones(traj.dones), delta)
                 self._counts["candidates"] += 1
@@ -344,9 +355,11 @@ class HindsightRelabelCallback(BaseCallback):
                     self._counts["first_step_mismatch"] += 1
                 grounded = first >= 0
                 self._counts["grounded"] += grounded
-                recorded.append((text, 1.0 if grounded else 0.0))
-                if grounded or cfg.insert == "all":
-                    to_insert.append(text)
+                self._window["candidates"] += 1
+                self._window["grounded"] += grounded
+                kept.append(Candidate(text, getattr(cand, "source", "rules"), int(first), grounded,
+                                      float(getattr(cand, "similarity", -1.0)), getattr(cand, "binding", None),
+                                      emb_j, final, pre))
                 if self.replay_buffer is None or "obs" not in traj.meta:
                     continue
                 if grounded:
@@ -355,25 +368,23 @@ class HindsightRelabelCallback(BaseCallback):
                     replayed += 1
                 elif not cfg.replay_ungrounded:
                     continue
+                self._window["copies"] += 1
                 self.replay_buffer.add_relabeled(
                     traj.meta["obs"], traj.actions, emb_j, first, done=bool(traj.dones[-1]),
                     # the original instruction's success ended the episode: no terminal for this one
                     timeout=bool(traj.meta.get("timeout") or traj.meta.get("own_success")),
                     tag=(traj.meta.get("sb3_id"), text))
-        if cfg.insert != "none" and recorded:
-            buf = env.buffer
-            buf.record_many([t for t, _ in recorded], [r for _, r in recorded])
-            if to_insert:
-                written = buf.insert(to_insert)
-                self._counts["buffer_inserted"] += len(written)
-                if written:
-                    # Put the new entries into the env's instruction table now (their embeddings
-                    # are cached from above), so the env's next step does not encode them.
-                    # A bound instruction pays at its bound event(s) (the first binding of a text
-                    # wins); the original instructions keep their cosine rows.
-                    contents = list(dict.fromkeys(buf.contents()))
-                    env.register_instructions(contents, bindings=[
-                        None if t in ORIGINAL_INSTRUCTIONS else bindings.get(t) for t in contents])
+            grounded_results.append(RelabelResult(traj, kept))
+        if cfg.insert == "none":
+            return
+        offer = self.curriculum.apply(grounded_results)
+        self._counts["buffer_inserted"] += len(offer.inserted[0])
+        self._window["new_instructions"] += int(offer.metrics["relabel/new_instructions"])
+        self._window["offers"] += len(offer.offered[0])
+        self._window["offers_llm"] += round(offer.metrics["relabel/llm_offer_share"] * len(offer.offered[0]))
+        if offer.inserted[0] and self.curriculum.config.grounding == "cosine":
+            # the new entries' rows now (their embeddings are cached), so the env's next step does not encode them
+            env.register_instructions(offer.inserted[0])
 
     # ------------------------------------------------------------------ end and logging
     def _on_training_end(self) -> None:
@@ -388,13 +399,29 @@ class HindsightRelabelCallback(BaseCallback):
             self._drain(block=False)
         self._log()
 
+    def metrics(self, reset: bool = False) -> dict[str, float]:
+        """The relabeling metrics of the results applied since the last reset, under the names PQN
+        logs (:mod:`oir_gym.curriculum`): ``relabel/rows`` (relabeled segment copies replayed),
+        ``relabel/grounded_frac``, ``relabel/new_instructions``, ``relabel/llm_offer_share``.
+
+        Args:
+            reset: start the next window (the SB3 trainer does at each metrics row).
+        """
+        w = self._window
+        out = {"relabel/rows": float(w["copies"]),
+               "relabel/grounded_frac": w["grounded"] / w["candidates"] if w["candidates"] else 0.0,
+               "relabel/new_instructions": float(w["new_instructions"]),
+               "relabel/llm_offer_share": w["offers_llm"] / w["offers"] if w["offers"] else 0.0}
+        if reset:
+            self._window = Counter()
+        return out
+
     @property
     def stats(self) -> dict[str, Any]:
         """Callback, replay-buffer and relabeler counters (a fresh dict)."""
         c = self._counts
         out: dict[str, Any] = {k: int(c.get(k, 0)) for k in (
             "segments", "submitted", "results", "candidates", "grounded", "first_step_mismatch", "buffer_inserted")}
-        out["grounded_fraction"] = c["grounded"] / c["candidates"] if c["candidates"] else 0.0
         out.update(self.replay_buffer.stats() if self.replay_buffer is not None
                    else {"rows_added": 0, "success_rows": 0, "rows_pending": 0})
         out["waiting_segments"] = len(self._finished)
@@ -414,3 +441,5 @@ class HindsightRelabelCallback(BaseCallback):
             return
         for k, v in self.stats.items():
             self.logger.record(f"relabel/{k}", v)
+        for k, v in self.metrics().items():
+            self.logger.record(k, v)

@@ -1,0 +1,301 @@
+"""The step after relabeling: rows to train on, the instruction buffers' new texts, their bindings.
+
+The paper's loop (Alg. 1) relabels each rollout's trajectories, then (1) trains on relabeled copies,
+(2) inserts the instructions that paid a reward into a PLR-style instruction buffer, from which new
+episodes draw, and (3) under event-bound grounding pays a new buffer text at its bound event.
+:class:`InstructionCurriculum` is that step, once, for every trainer (PQN's method ``oir``, the
+SB3 callback, a user's own agent)::
+
+    curriculum = InstructionCurriculum([env.buffer], env.registry, CurriculumConfig(k=4))
+    offer = curriculum.apply(relabeler.relabel(trajectories), now=update, rows_per_group=4 * num_envs)
+    offer.rows[0]      # (age, trajectory, candidate) per row to train on, grounded first
+    offer.inserted[0]  # the texts the buffer took
+
+Results fall into **groups**, one per buffer (PQN: one per seed): a result's group is its
+trajectory's ``meta["seed"]`` (0 when absent), its age ``now - meta["update"]`` (0 when absent).
+
+The buffers' statistics are the returns of episodes run with a text (the env or trainer records
+them); the curriculum records none: a 1/0 hindsight return per candidate would rank every
+grounded candidate as solved.
+
+Metric keys of :attr:`Offer.metrics` (per call):
+
+* ``relabel/rows``: rows chosen per group (mean over groups);
+* ``relabel/grounded_frac``: share of the results' candidates that paid a reward on their trajectory;
+* ``relabel/new_instructions``: texts offered to a buffer for the first time in the run;
+* ``relabel/llm_offer_share``: share of this call's offers (one per group and text) from the LLM;
+* with ``config.llm``: ``relabel/llm_rows`` / ``relabel/llm_buffered`` (the LLM's candidates among
+  the rows, its texts the buffers took) and their run totals ``relabel/llm_rows_total`` /
+  ``relabel/llm_buffered_total``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from oir_gym.buffer import InstructionBuffer
+from oir_gym.diversity import echo_share, instruction_diversity, paying_event
+from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+
+__all__ = ["OFFER_METRICS", "CurriculumConfig", "InstructionCurriculum", "Offer", "Row", "balanced_choice"]
+
+#: the keys every :attr:`Offer.metrics` holds (both trainers log them per metrics row)
+OFFER_METRICS = ("relabel/rows", "relabel/grounded_frac", "relabel/new_instructions", "relabel/llm_offer_share")
+
+GROUNDING = ("cosine", "bound")
+
+
+@dataclass(frozen=True)
+class CurriculumConfig:
+    """Settings of :class:`InstructionCurriculum`.
+
+    Attributes:
+        k: relabeled copies per trajectory (with ``balance``, the slots each trajectory fills).
+        balance: spread each trajectory's ``k`` rows over instructions (:func:`balanced_choice`);
+            the relabeler then hands back every grounded candidate, not only ``k``.
+        keep_ungrounded: also buffer candidates that paid no reward on their trajectory (the
+            paper's Alg. 1); by default only those that did.
+        grounding: ``"bound"`` registers each text a buffer took with its candidate's binding (the
+            env pays it at its bound event); ``"cosine"`` leaves registration to the draw.
+        delta: the env's cosine threshold (which event a text pays on, for :meth:`InstructionCurriculum.diversity`).
+        fixed_texts: texts never bound (evaluation and original instructions keep their own rows).
+        llm: the results include an LLM's: report what its instructions reached.
+        prompt_examples: the LLM prompt's few-shot answers (``diversity/llm_echo_share``).
+    """
+
+    k: int
+    balance: bool = False
+    keep_ungrounded: bool = False
+    grounding: str = "cosine"
+    delta: float = 0.8
+    fixed_texts: tuple[str, ...] = ORIGINAL_INSTRUCTIONS
+    llm: bool = False
+    prompt_examples: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
+            raise ValueError(f"k={self.k!r} must be an integer >= 1 (relabeled copies per trajectory)")
+        if self.grounding not in GROUNDING:
+            raise ValueError(f"grounding={self.grounding!r}; expected one of {GROUNDING}")
+        if not isinstance(self.delta, (int, float)) or not -1.0 <= self.delta <= 1.0:
+            raise ValueError(f"delta={self.delta!r} must be a cosine threshold in [-1, 1]")
+        object.__setattr__(self, "fixed_texts", tuple(self.fixed_texts))
+        object.__setattr__(self, "prompt_examples", tuple(self.prompt_examples))
+
+
+class Row(NamedTuple):
+    """One relabeled copy to train on: its candidate on its trajectory, ``age`` updates old."""
+
+    age: int
+    trajectory: Any
+    candidate: Any
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What one :meth:`InstructionCurriculum.apply` did.
+
+    Attributes:
+        rows: per group, the rows to train on (at most ``rows_per_group``; grounded first, then older).
+        offered: per group, the texts offered to its buffer (once each, in row order).
+        inserted: per group, the texts its buffer took.
+        metrics: the ``relabel/*`` metrics of the call (module docstring).
+    """
+
+    rows: list[list[Row]]
+    offered: list[list[str]]
+    inserted: list[list[str]]
+    metrics: dict[str, float]
+
+
+def balanced_choice(candidates: Sequence[Sequence[str]], k: int) -> list[list[str]]:
+    """Up to ``k`` instructions per trajectory, spreading the rows over instructions.
+
+    Round by round, each trajectory in turn takes, among its candidates not yet taken, the one
+    with the fewest rows so far (ties: the candidate's own order). A frequent instruction then
+    fills a trajectory's slots only after the rarer ones it also accomplished.
+
+    Args:
+        candidates: per trajectory, its candidate texts in the relabeler's order (no repeats).
+        k: slots per trajectory.
+
+    Returns:
+        Per trajectory, the chosen texts in the order they were taken.
+    """
+    counts: Counter = Counter()
+    chosen: list[list[str]] = [[] for _ in candidates]
+    for _ in range(k):
+        for i, cands in enumerate(candidates):
+            left = [c for c in cands if c not in chosen[i]]
+            if left:
+                pick = min(left, key=lambda c: counts[c])  # min keeps the first of equal counts
+                chosen[i].append(pick)
+                counts[pick] += 1
+    return chosen
+
+
+class InstructionCurriculum:
+    """The step after relabeling (the paper's Alg. 1): rows, buffer inserts, bindings, offer counts.
+
+    Args:
+        buffers: one :class:`~oir_gym.buffer.InstructionBuffer` per group (PQN: per seed).
+        registry: the instruction table (:class:`~oir_gym.instruction_registry.InstructionRegistry`):
+            the cosine of new texts to the captions (:meth:`diversity`) and, by default, registration.
+        config: a :class:`CurriculumConfig`.
+        register: ``register(texts, bindings)`` puts the texts a buffer took into the env's table
+            with their bindings (``grounding="bound"``); default ``registry.rows(texts, bindings=...)``.
+            A trainer passes its own to keep rows it still reads from being reused.
+    """
+
+    def __init__(self, buffers: Sequence[InstructionBuffer], registry: Any, config: CurriculumConfig, *,
+                 register: Optional[Callable[[list[str], list[Any]], Any]] = None) -> None:
+        if not buffers or not all(isinstance(b, InstructionBuffer) for b in buffers):
+            raise TypeError("buffers must be a non-empty sequence of oir_gym.InstructionBuffer (one per group)")
+        if not isinstance(config, CurriculumConfig):
+            raise TypeError(f"config must be a CurriculumConfig, got {type(config).__name__}")
+        self.buffers = list(buffers)
+        self.registry = registry
+        self.config = config
+        self._register = register or (lambda texts, bindings: registry.rows(texts, bindings=bindings))
+        #: every text offered to a buffer: (best cosine to any caption phrasing, paying event, source)
+        self.offered: dict[str, tuple[float, int, str]] = {}
+        self.offers_llm = 0
+        self.offers_total = 0
+        #: the LLM's candidates that became rows, and its texts the buffers took, over the run
+        self.llm_rows = 0
+        self.llm_buffered = 0
+
+    # ------------------------------------------------------------ the step
+    def apply(self, results: Sequence[Any], now: int = 0, rows_per_group: Optional[int] = None) -> Offer:
+        """Choose the rows, insert into the buffers, bind, count.
+
+        Args:
+            results: :class:`~oir_gym.relabel.RelabelResult` s (of this update or earlier ones).
+            now: the current update (a result's age is ``now - trajectory.meta["update"]``).
+            rows_per_group: most rows per group (``None``: every chosen candidate).
+
+        Returns:
+            An :class:`Offer`. The chosen candidates must carry ``emb``, ``final_row`` and ``pre_row`` (a
+            :class:`~oir_gym.relabel.HindsightRelabeler`'s do); a ``ValueError`` before any insert otherwise.
+        """
+        cfg = self.config
+        G = len(self.buffers)
+        by_group: list[list[Row]] = [[] for _ in range(G)]
+        grouped: list[list[Any]] = [[] for _ in range(G)]
+        for r in results:
+            grouped[self._group(r, G)].append(r)
+        for g, rs in enumerate(grouped):
+            if cfg.balance:  # K per trajectory, spread over instructions (first grounded candidate per text)
+                firsts: list[dict] = [{} for _ in rs]
+                for f, r in zip(firsts, rs):
+                    for c in r.candidates:
+                        if c.grounded:
+                            f.setdefault(c.text, c)
+                picks = balanced_choice([list(f) for f in firsts], cfg.k)
+                for r, f, texts_r in zip(rs, firsts, picks):
+                    by_group[g] += [Row(self._age(r, now), r.trajectory, f[t]) for t in texts_r]
+            else:
+                for r in rs:
+                    by_group[g] += [Row(self._age(r, now), r.trajectory, c) for c in r.candidates]
+        # grounded candidates first (they carry reward), then older rollouts (LLM answers)
+        rows = [sorted(rs, key=lambda x: (not x.candidate.grounded, -x.age))[:rows_per_group] for rs in by_group]
+        for c in (row.candidate for rs in rows for row in rs):
+            if c.emb is None or c.final_row is None or c.pre_row is None:
+                raise ValueError(f"relabeled candidate {c.text!r} carries no embedding or grounding rows (emb, "
+                                 "final_row, pre_row): use oir_gym.relabel.HindsightRelabeler, whose candidates carry them")
+        metrics = {"relabel/rows": sum(map(len, rows)) / G,
+                   "relabel/grounded_frac": float(np.mean([c.grounded for r in results for c in r.candidates] or [0.0]))}
+        # buffer: the rows' texts that paid a reward on their trajectory (all with keep_ungrounded).
+        # An ungrounded one can never succeed as an episode instruction, and its return 0 would rank
+        # it ahead of every failing-but-learnable instruction in the buffer's priority order.
+        grounded = [{c.text for r in rs for c in r.candidates if c.grounded} for rs in grouped]
+        offered, inserted, offers = [], [], []
+        llm_buffered = 0
+        for g, buf in enumerate(self.buffers):
+            first: dict[str, Any] = {}  # text -> the first chosen candidate with it (source, binding)
+            for row in rows[g]:
+                first.setdefault(row.candidate.text, row.candidate)
+            cands = [t for t in first if cfg.keep_ungrounded or t in grounded[g]]
+            written = buf.insert(cands) if cands else []
+            llm_buffered += sum(first[t].source == "llm" for t in written if t in first)
+            if cfg.grounding == "bound" and written:
+                # the env pays a buffer text at its bound event(s) (the first binding of a text wins);
+                # only what the buffer took: new episodes draw from it, and a call stays within its size
+                self._register(written, [None if t in cfg.fixed_texts else first[t].binding for t in written])
+            offered.append(cands)
+            inserted.append(written)
+            offers += [first[t] for t in cands]
+        metrics.update(self._count_offers(offers))
+        if cfg.llm:
+            llm_rows = sum(row.candidate.source == "llm" for rs in rows for row in rs)
+            self.llm_rows += llm_rows
+            self.llm_buffered += llm_buffered
+            metrics.update({"relabel/llm_rows": float(llm_rows), "relabel/llm_buffered": float(llm_buffered),
+                            "relabel/llm_rows_total": float(self.llm_rows),
+                            "relabel/llm_buffered_total": float(self.llm_buffered)})
+        return Offer(rows, offered, inserted, metrics)
+
+    @staticmethod
+    def _group(result: Any, groups: int) -> int:
+        g = int(result.trajectory.meta.get("seed", 0))
+        if not 0 <= g < groups:
+            raise ValueError(f"a result's trajectory has meta['seed']={g}, but the curriculum holds {groups} "
+                             "buffer(s): give each group (seed) its own buffer")
+        return g
+
+    @staticmethod
+    def _age(result: Any, now: int) -> int:
+        return int(now - result.trajectory.meta.get("update", now))
+
+    def _count_offers(self, offers: Sequence[Any]) -> dict[str, float]:
+        """Record this call's offers (one per group and text): their LLM share, the texts no earlier
+        call offered and, for :meth:`diversity`, each new text's best cosine to any caption phrasing
+        and the event it pays on."""
+        new = [c for c in dict((c.text, c) for c in offers).values() if c.text not in self.offered]
+        if new:
+            # the registry's cosine to the caption phrasings (a bound candidate's final_row is an
+            # indicator row, not a cosine); computed once per distinct text
+            best = self.registry.similarity_to_events(np.stack([c.emb for c in new])).max(axis=-1)
+            for c, b in zip(new, best):
+                self.offered[c.text] = (float(b), paying_event(c.final_row, self.config.delta), c.source)
+        n_llm = sum(c.source == "llm" for c in offers)
+        self.offers_llm += n_llm
+        self.offers_total += len(offers)
+        return {"relabel/llm_offer_share": n_llm / len(offers) if offers else 0.0,
+                "relabel/new_instructions": float(len(new))}
+
+    # ------------------------------------------------------------ reports and state
+    def diversity(self) -> dict[str, float]:
+        """Diversity of every text offered so far (:mod:`oir_gym.diversity`): ``diversity/novelty_share``,
+        ``diversity/wordings_per_event``, ``diversity/instructions``..., ``relabel/llm_offer_share_total``
+        and ``relabel/offers_total``; with ``config.llm`` also ``diversity/llm_instructions`` (texts the
+        LLM offered first) and ``diversity/llm_echo_share`` (the share copying the prompt's examples)."""
+        texts = list(self.offered)
+        stats = instruction_diversity(texts, [self.offered[t][0] for t in texts], [self.offered[t][1] for t in texts])
+        out = {**stats.flat(), "relabel/llm_offer_share_total": self.offers_llm / max(self.offers_total, 1),
+               "relabel/offers_total": float(self.offers_total)}
+        if self.config.llm:
+            llm = [t for t in texts if self.offered[t][2] == "llm"]
+            out["diversity/llm_instructions"] = float(len(llm))
+            out["diversity/llm_echo_share"] = echo_share(llm, self.config.prompt_examples)
+        return out
+
+    def report(self) -> dict[str, Any]:
+        """The run so far: offers (all, the LLM's), distinct texts offered, the LLM's rows and buffer texts."""
+        return {"offers": self.offers_total, "offers_llm": self.offers_llm, "distinct_offered": len(self.offered),
+                "rows_in_batch": self.llm_rows, "into_buffer": self.llm_buffered}
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON state for checkpoints (the buffers and the registry keep their own)."""
+        return {"llm": self.offers_llm, "total": self.offers_total, "llm_rows": self.llm_rows,
+                "llm_buffered": self.llm_buffered,
+                "texts": [[t, c, e, src] for t, (c, e, src) in self.offered.items()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.offers_llm, self.offers_total = int(state.get("llm", 0)), int(state.get("total", 0))
+        self.llm_rows, self.llm_buffered = int(state.get("llm_rows", 0)), int(state.get("llm_buffered", 0))
+        self.offered = {str(t): (float(c), int(e), str(src)) for t, c, e, src in state.get("texts", [])}
