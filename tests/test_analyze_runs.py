@@ -34,6 +34,8 @@ OIR = [C / "oir_a", C / "oir_b", C / "oir_c"]
 
 RESULTS = (ROOT / "docs" / "results.md").read_text()
 HISTORY = (ROOT / "docs" / "results_history.md").read_text()
+#: both pages: sections move from the results page to the history page as newer ones take their place
+PAGES = RESULTS + HISTORY
 BENCH = (ROOT / "docs" / "benchmarks.md").read_text()
 
 
@@ -186,7 +188,7 @@ def test_instruction_following_table_in_results_doc_is_rebuilt_from_results(caps
             f"OIR-oracle, fast bf16={BF16 / 'h100_fast_final'}", f"OIR-oracle, fast bf16, 208 updates={BF16 / 'h100_fast_15min'}"]
     rows = [r for r in _section(_out(capsys, "--table-only", "--interval", "t", "--runs", *runs), "Instruction following")
             if "| original |" in r]
-    assert len(rows) == 4 and all(r in RESULTS for r in rows), rows
+    assert len(rows) == 4 and all(r in PAGES for r in rows), rows
     # OIR's gain intervals are above 0, PQN-GT's is not: what the page says
     lows = {_cell(r, 0): float(_cell(r, 6).split("[")[1].split(",")[0]) for r in rows}
     assert all(v > 0 for k, v in lows.items() if k.startswith("OIR")) and lows["PQN-GT, fast"] < 0
@@ -200,7 +202,7 @@ def test_delta_ablation_table_in_results_doc_is_rebuilt_from_results(capsys):
     runs = [f"delta {d}={FAST_1E7 / n}" for d, n in (("0.5", "e7_d05"), ("0.7", "e7_d07"), ("0.9", "e7_d09"))]
     rows = _section(_out(capsys, "--table-only", "--interval", "t", "--runs", *runs), "Summary")
     shown = [r for r in rows if _cell(r, 1) in ("original", "own_words")]
-    assert len(rows) == 15 and len(shown) == 6 and all(r in RESULTS for r in shown), shown
+    assert len(rows) == 15 and len(shown) == 6 and all(r in PAGES for r in shown), shown
     # every run reached 1e7 steps, with the lag the preset now sets, and evaluated the user file during training
     for n in ("e7_d05", "e7_d07", "e7_d09"):
         cfg = json.loads((FAST_1E7 / n / "config.json").read_text())
@@ -208,7 +210,7 @@ def test_delta_ablation_table_in_results_doc_is_rebuilt_from_results(capsys):
         assert cfg["eval"]["instruction_files"] and "own_words" in json.loads((FAST_1E7 / n / "eval_final.json").read_text())[0]
     div = [json.loads((FAST_1E7 / n / "diversity.json").read_text()) for n in ("e7_d05", "e7_d07", "e7_d09")]
     assert [(int(d["diversity/instructions"]), round(d["diversity/novelty_share"], 2)) for d in div] == [(20, 0.15), (48, 0.52), (20, 0.0)]
-    assert _says(RESULTS, "20 distinct instructions each (novelty share 0.15 and 0.00), delta 0.7 offered 48 (0.52)")
+    assert _says(PAGES, "20 distinct instructions each (novelty share 0.15 and 0.00), delta 0.7 offered 48 (0.52)")
 
 
 def test_delta_sensitivity_reference_file_and_doc_table_match_the_script(tmp_path, capsys):
@@ -221,7 +223,7 @@ def test_delta_sensitivity_reference_file_and_doc_table_match_the_script(tmp_pat
     assert json.loads(out.read_text()) == json.loads((RES / "reference" / "delta_sensitivity.json").read_text())
     assert len(rows) == 5
     for row in rows:
-        assert row in RESULTS, row
+        assert row in PAGES, row
     with pytest.raises(SystemExit):
         delta_sensitivity.main(["--deltas", "1.5"])
 
@@ -232,19 +234,19 @@ def test_relabeler_ablation_table_and_llm_facts_in_results_doc_are_rebuilt_from_
             f"OIR-oracle, cosine={H200 / 'fast_oir_k4'}"]
     rows = _section(_out(capsys, "--table-only", "--interval", "t", "--runs", *runs), "Summary")
     shown = [r for r in rows if _cell(r, 1) in ("original", "own_words")]
-    assert len(rows) == 13 and len(shown) == 5 and all(r in RESULTS for r in shown), shown
+    assert len(rows) == 13 and len(shown) == 5 and all(r in PAGES for r in shown), shown
     # offers, the LLM's share, distinct instructions per run
     div = {n: json.loads((H200 / n / "diversity.json").read_text()) for n in ("fast_bound_llm", "fast_bound_rules", "fast_oir_k4")}
     llm = div["fast_bound_llm"]
     offers, share = llm["relabel/offers_total"], llm["relabel/llm_offer_share_total"]
-    assert _says(RESULTS, f"{share:.1%} of the buffer's offers ({round(share * offers):,} of {offers:,.0f})")
+    assert _says(PAGES, f"{share:.1%} of the buffer's offers ({round(share * offers):,} of {offers:,.0f})")
     distinct = [int(d["diversity/instructions"]) for d in div.values()]
-    assert _says(RESULTS, f"{distinct[0]} distinct instructions offered with the LLM, {distinct[1]} with rules, {distinct[2]} with cosine")
+    assert _says(PAGES, f"{distinct[0]} distinct instructions offered with the LLM, {distinct[1]} with rules, {distinct[2]} with cosine")
     # the LLM run's calls, latency and answers as the page states them
     last = [json.loads(line) for line in open(H200 / "fast_bound_llm" / "metrics.jsonl")][-1]
     assert (last["relabel/llm_calls"], last["relabel/llm_candidates_llm"], last["relabel/dropped/unbound"]) == (16, 485, 1582)
     assert round(last["relabel/llm_latency_mean_s"], 1) == 17.2 and last["relabel/llm_stale"] == 0
-    assert _says(RESULTS, "16 calls in 64 updates (mean latency 17.2 s); 485") and _says(RESULTS, "1,582 dropped as unbound")
+    assert _says(PAGES, "16 calls in 64 updates (mean latency 17.2 s); 485") and _says(PAGES, "1,582 dropped as unbound")
     # what only the LLM run offered, and how much of it copies the prompt's example answers
     from oir_gym.diversity import ECHO_BAR, prompt_echo
     from oir_gym.relabel.prompts import load_template
@@ -254,7 +256,7 @@ def test_relabeler_ablation_table_and_llm_facts_in_results_doc_are_rebuilt_from_
     only = {t: c for t, c in items["fast_bound_llm"].items() if t not in items["fast_bound_rules"]}
     echo = {t: c for t, c in only.items() if prompt_echo(t, load_template("segments").examples()) >= ECHO_BAR}
     assert (len(only), sum(only.values()), len(echo), sum(echo.values())) == (95, 374, 40, 307)
-    assert _says(RESULTS, "Of the 95 instructions only the LLM run offered (374 offers), 40") and _says(RESULTS, "hold 307")
+    assert _says(PAGES, "Of the 95 instructions only the LLM run offered (374 offers), 40") and _says(PAGES, "hold 307")
 
 
 def test_results_doc_stays_a_product_page():
