@@ -19,7 +19,7 @@ from oir_gym.encoder import InstructionEncoder
 from oir_gym.functional import InstructionTable, make_table
 from oir_gym.grounding import Binding
 from oir_gym.instructions import MAX_INSTRUCTION_CHARS, validate_instruction  # noqa: F401 - re-exported
-from oir_gym.reward import event_similarity
+from oir_gym.reward import event_similarity, without_events
 
 class InstructionRegistry:
     """Fixed-capacity table of instructions with their embeddings and event similarities.
@@ -48,8 +48,10 @@ class InstructionRegistry:
         self._device: InstructionTable | None = None
 
     def similarity_to_events(self, emb: np.ndarray) -> np.ndarray:
-        """``[n, E]`` max cosine of embeddings to each event's phrasings."""
-        return event_similarity(np.asarray(emb, np.float32), self.phrase_emb, VOCAB.phrase_event, NUM_EVENTS)
+        """``[n, E]`` max cosine of embeddings to each event's phrasings, the progress events at -1
+        (the cosine reward never pays them: :func:`oir_gym.reward.without_events`)."""
+        sims = event_similarity(np.asarray(emb, np.float32), self.phrase_emb, VOCAB.phrase_event, NUM_EVENTS)
+        return without_events(sims, VOCAB.progress_events)
 
     def rows(self, texts: Sequence[str], achievements: Sequence[int] | None = None,
              protected: Iterable[int] | Callable[[], Iterable[int]] = (),

@@ -41,6 +41,23 @@ def event_similarity(instr_emb, phrase_emb, phrase_event, num_events: int):
     return out
 
 
+def without_events(sims, events):
+    """``sims`` (``[..., E]`` event similarities) with the columns ``events`` set to ``-1``.
+
+    The cosine reward reads it with the progress events (``VOCAB.progress_events``) left out: they
+    are labels only, paid through event-bound grounding, so no instruction's cosine reward changes
+    with them at any delta. Binding an answer to an event still reads every event.
+    """
+    cols = list(events)
+    if not cols:
+        return sims
+    if isinstance(sims, jax.Array):
+        return sims.at[..., jnp.asarray(cols)].set(-1.0)
+    out = np.array(sims, dtype=np.float32, copy=True)
+    out[..., cols] = -1.0
+    return out
+
+
 def _np_set(out, e, m):
     out[..., e] = m
     return out

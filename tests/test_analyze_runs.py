@@ -129,8 +129,8 @@ def test_main_table_in_results_doc_is_rebuilt_from_results(capsys):
     kept = {(_cell(r, 0), _cell(r, 1)): float(_cell(r, 8).split()[0]) for r in rows if _cell(r, 1) != "original"}
     assert {round(v, 2) for (m, _), v in kept.items() if m == "OIR-oracle"} == {0.86}
     base = [v for (m, _), v in kept.items() if m != "OIR-oracle"]
-    assert _says(RESULTS, f"the baselines {min(base):.2f}-{max(base):.2f}")
-    assert _says(RESULTS, "OIR-oracle keeps 0.86 of its original-set")
+    assert _says(PAGES, f"the baselines {min(base):.2f}-{max(base):.2f}")
+    assert _says(PAGES, "OIR-oracle keeps 0.86 of its original-set")
 
 
 def test_epsilon_random_policy_and_per_instruction_claims_in_results_doc(capsys):

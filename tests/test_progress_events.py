@@ -170,3 +170,14 @@ def test_episode_shares_are_fractions_that_sum_episodes(T, E, data):
 def test_rate_tracking_refuses_mismatched_shapes():
     with pytest.raises(ValueError, match="do not match"):
         EpisodeEvents(2, 3).update(np.zeros((4, 3, 3), bool), np.zeros((4, 3), bool))
+
+
+def test_the_cosine_reward_never_pays_a_progress_event(encoder):
+    """Labels only: a progress caption as an instruction gets no cosine row for its event (it pays
+    through event-bound grounding), so no instruction's cosine reward changes with them."""
+    from oir_gym.instruction_registry import InstructionRegistry
+
+    reg = InstructionRegistry(encoder, capacity=1)
+    sims = reg.similarity_to_events(encoder.encode(["find stone", "collect stone"]))
+    assert (sims[:, list(PROGRESS_EVENTS)] == -1).all()
+    assert sims[1, EVENT_NAMES.index("collect_stone")] > 0.99

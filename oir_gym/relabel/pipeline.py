@@ -60,7 +60,7 @@ from oir_gym.relabel.parse import parse_candidates
 from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.relabel.rules import rule_events, rule_final_event
 from oir_gym.relabel.segments import is_idle
-from oir_gym.reward import event_similarity, match_steps
+from oir_gym.reward import event_similarity, match_steps, without_events
 from oir_gym.trajectory import Trajectory
 
 
@@ -314,6 +314,8 @@ def ground(trajs: Sequence[Trajectory], merged: Merged, *, encode: Callable[[lis
         np.asarray(event_similarity(emb_all, phrase_emb, VOCAB.phrase_event, NUM_EVENTS))
         if len(enc_texts) else np.zeros((0, NUM_EVENTS), np.float32)
     )
+    if not bound:  # the cosine reward's rows: progress events are paid through bound grounding only
+        sim_all = without_events(sim_all, VOCAB.progress_events)
     half_sims = {h: sim_all[row[h]] for h in halves}
     no_pre = no_precondition(NUM_EVENTS)
     out = []
