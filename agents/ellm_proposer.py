@@ -58,6 +58,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from oir_gym.relabel.backends import BACKEND_NAMES
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
@@ -111,7 +112,7 @@ TARGETS: dict[str, tuple[str, Optional[str]]] = {
     "diamond": ("collect_diamond", "iron pickaxe"),
 }
 
-BACKENDS = ("rules", "transformers", "llama_cpp", "openai", "vllm")
+BACKENDS = BACKEND_NAMES
 SIGNATURES = ("coarse", "text")
 DEFAULT_PROMPT = "ellm"
 
