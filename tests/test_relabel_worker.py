@@ -30,7 +30,6 @@ from oir_gym.relabel.llm.spec import BackendSpec, LLMCheckError, LLMProcessDied,
 from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend
 from oir_gym.relabel.llm.health import LLMHealth
 from oir_gym.relabel.llm.build import build_llm
-)
 from agents.ellm_proposer import GoalProposer, rule_goals
 from conftest_llm import gguf_path  # noqa: F401 - pytest fixture (skips without the offline model)
 
