@@ -42,6 +42,8 @@ Relabeler = Literal["rules", "llm", "both"]
 Grounding = Literal["cosine", "bound"]
 Oracle = Literal["canonical", "diverse", "tasks", "compound", "noisy", "mixed", "progress"]
 ProposerKind = Literal["rules", "llm"]
+#: oir_gym.relabel.backends.BACKEND_NAMES less "rules" (written out so this module stays free of oir_gym's
+#: import time; tests/test_config.py checks they agree)
 LLMBackend = Literal["transformers", "llama_cpp", "openai", "vllm"]
 ObsMode = Literal["paper", "symbolic"]
 EllmReward = Literal["any", "pinned"]

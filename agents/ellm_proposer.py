@@ -40,7 +40,7 @@ the rule goals (counted as ``fallbacks``). A timed-out call keeps running on the
 and its answers still land in the cache (so a slow LLM is used asynchronously, through the
 cache); while it runs, new misses are answered by the rules (``llm_busy``). At most
 ``max_prompts`` signatures go to the LLM per call (the most frequent first); the others get rules.
-Native backends run in a child process (:mod:`oir_gym.relabel.worker`: a crash or hang of the LLM
+Native backends run in a child process (:mod:`oir_gym.relabel.llm.child`: a crash or hang of the LLM
 library ends only the child, which restarts with backoff); after ``warn_after`` failed calls in a
 row (errors, deadlines, nothing usable) one console warning names the cause and the remedy.
 """
@@ -58,15 +58,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from oir_gym.relabel.backends import BACKEND_NAMES
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
 from oir_gym.relabel.prompts import output_schema
 from oir_gym.text import Observation, parse_observation
-from oir_gym.relabel.worker import (
-    BackendSpec, ChildConfig, ChildProcessBackend, LLMBusy, LLMHealth, OffThreadCaller, build_llm, close_llm,
-    llm_process_stats, probe,
-)
+from oir_gym.relabel.llm.spec import BackendSpec, LLMBusy, close_llm
+from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend, llm_process_stats
+from oir_gym.relabel.llm.health import LLMHealth
+from oir_gym.relabel.llm.caller import OffThreadCaller
+from oir_gym.relabel.llm.build import build_llm, probe
 
 #: The rule proposer's wording of each goal (one per Craftax achievement; natural variants of the
 #: 22 original instructions that the caption vocabulary grounds at cosine 1.0).
@@ -110,7 +112,7 @@ TARGETS: dict[str, tuple[str, Optional[str]]] = {
     "diamond": ("collect_diamond", "iron pickaxe"),
 }
 
-BACKENDS = ("rules", "transformers", "llama_cpp", "openai", "vllm")
+BACKENDS = BACKEND_NAMES
 SIGNATURES = ("coarse", "text")
 DEFAULT_PROMPT = "ellm"
 
@@ -223,7 +225,7 @@ class GoalProposer:
 
     Args:
         backend: ``"rules"``, ``"transformers"``, ``"llama_cpp"``, ``"openai"``, ``"vllm"``, ``"package.module:ClassName"``,
-            a :class:`~oir_gym.relabel.worker.BackendSpec`, or an object with
+            a :class:`~oir_gym.relabel.llm.spec.BackendSpec`, or an object with
             ``generate(prompts, n=1, *, schema=None) -> list[list[str]]`` (used as is, in this process).
         k: goals per observation.
         cache_size: LRU entries (0 disables the cache).
@@ -303,7 +305,7 @@ class GoalProposer:
 
     def check_llm(self, timeout: float = 900.0) -> Optional[str]:
         """One tiny real LLM call before use (``None`` for the rule proposer); raises
-        :class:`~oir_gym.relabel.worker.LLMCheckError` with the cause and the remedy."""
+        :class:`~oir_gym.relabel.llm.spec.LLMCheckError` with the cause and the remedy."""
         return None if self.llm is None else probe(self.llm, timeout)
 
     def _llm_call(self, keys: list[str], prompts: list[str]) -> dict[str, list[str]]:

@@ -15,7 +15,6 @@ docs/results.md shows these outputs; tests/test_experiment_report.py rebuilds th
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from oir_gym.analysis.runs import metrics_path, read_jsonl
 from oir_gym.metrics import t_interval, welch_interval
 
 #: The wooden tier's achievements (the stone tier's prerequisites).
@@ -42,9 +42,7 @@ def load_arms(root: str | Path) -> dict[str, list[list[dict]]]:
 
 def read_metrics(run: Path) -> list[dict]:
     """A run folder's metrics rows (``metrics.jsonl`` or ``metrics.jsonl.gz``)."""
-    plain, packed = run / "metrics.jsonl", run / "metrics.jsonl.gz"
-    text = plain.read_text() if plain.exists() else gzip.decompress(packed.read_bytes()).decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return read_jsonl(metrics_path(run))
 
 
 def set_success(seed: dict, set_name: str, text: str | None = None) -> float:

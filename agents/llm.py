@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from agents.config import LLMConfig
-from oir_gym.relabel.worker import LLMCheckError
+from oir_gym.relabel.llm.spec import LLMCheckError
 
 __all__ = ["LLMCheckError", "backend_kwargs", "check_llm", "check_deadline"]
 

@@ -70,6 +70,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from oir_gym.analysis.runs import JsonlError, parse_jsonl
+
 __all__ = [
     "CONFIG", "METRICS", "METRICS_CSV", "TENSORBOARD", "WANDB", "CHECKPOINTS", "COMPLETE", "OUTPUT_PATTERNS",
     "RunDirError", "CorruptFileError", "MetricsPosition", "MetricsWriter", "RunDir",
@@ -411,22 +413,14 @@ class MetricsPosition:
 
 def _parse_rows(path: Path, data: bytes) -> list[tuple[int, dict]]:
     """``(end offset, row)`` per line of a metrics file; a damaged line is a CorruptFileError."""
-    out: list[tuple[int, dict]] = []
-    pos = 0
-    for lineno, line in enumerate(data.splitlines(keepends=True), 1):
-        pos += len(line)
-        if not line.strip():
-            continue
-        if not line.endswith(b"\n"):
-            raise CorruptFileError(path, f"line {lineno} is cut short (no newline at the end of the file)")
-        try:
-            row = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CorruptFileError(path, f"line {lineno} is not valid JSON ({e})") from None
+    try:
+        rows = list(parse_jsonl(data, path, torn_tail=False))
+    except JsonlError as e:
+        raise CorruptFileError(path, e.detail) from None
+    for lineno, (_, row) in enumerate(rows, 1):
         if not isinstance(row, dict) or not isinstance(row.get("update"), int) or "env_steps" not in row:
             raise CorruptFileError(path, f"line {lineno} is not a metrics row (an object with 'update' and 'env_steps')")
-        out.append((pos, row))
-    return out
+    return rows
 
 
 class MetricsWriter:

@@ -34,6 +34,21 @@ def test_read_jsonl_keeps_the_last_row_of_a_repeated_update(tmp_path):
     assert [r["x"] for r in analysis.read_jsonl(p)] == [1, 3, 4]
 
 
+
+def test_read_jsonl_skips_a_torn_last_line_and_names_a_damaged_one(tmp_path):
+    """A run killed mid-write leaves a last line without its newline: the rows before it are read
+    (also from ``metrics.jsonl.gz``); a damaged line in the middle is an error naming file and line."""
+    import gzip
+
+    good = "".join(json.dumps({"update": u, "env_steps": u}) + "\n" for u in (1, 2))
+    (tmp_path / "metrics.jsonl.gz").write_bytes(gzip.compress((good + '{"update": 3, "env_st').encode()))
+    assert analysis.metrics_path(tmp_path).name == "metrics.jsonl.gz"
+    assert [r["update"] for r in analysis.read_jsonl(analysis.metrics_path(tmp_path))] == [1, 2]
+    bad = tmp_path / "metrics.jsonl"
+    bad.write_text(good + "{not json}\n" + good)
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 3 is not valid JSON"):
+        analysis.read_jsonl(bad)
+
 def test_pooled_curves_put_the_seeds_of_several_runs_side_by_side_and_cut_to_the_shortest():
     a = _rows([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]])  # 2 seeds, 3 evaluations
     b = _rows([[0.0], [1.0]])  # 1 seed, stopped after 2 evaluations

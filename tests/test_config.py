@@ -288,3 +288,11 @@ def test_train_script_refuses_bad_values_before_writing_anything(tmp_path, capsy
         train.pqn_main(["smoke", "--run-dir", str(run), "--llm.backend", "gpt"])
     assert e.value.code == 2 and not run.exists()
     capsys.readouterr()
+
+
+def test_the_llm_backend_names_are_the_relabeler_factorys_less_rules():
+    """``llm.backend`` accepts exactly the names oir_gym.relabel.make_backend builds (one table)."""
+    from agents.config import LLM_BACKENDS
+    from oir_gym.relabel.backends import BACKEND_NAMES
+
+    assert LLM_BACKENDS == tuple(n for n in BACKEND_NAMES if n != "rules")

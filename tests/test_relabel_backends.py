@@ -23,7 +23,7 @@ from oir_gym.relabel.backends import VLLM_INSTALL_HINT
 from oir_gym.relabel.composite import CompositeBackend
 from oir_gym.relabel.rules import RuleBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
-from oir_gym.relabel.worker import LLMCheckError
+from oir_gym.relabel.llm.spec import LLMCheckError
 
 ANSWER = '{"Mid-Level": ["collect wood", "place table"], "High-Level": []}'
 

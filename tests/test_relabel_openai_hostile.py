@@ -25,7 +25,7 @@ import pytest
 
 from oir_gym.relabel import BackendError, BackendTimeout, HindsightRelabeler, OpenAIBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
-from oir_gym.relabel.worker import LLMCheckError
+from oir_gym.relabel.llm.spec import LLMCheckError
 from test_relabel_backends import _DummyEncoder
 from test_relabel_openai import (  # noqa: F401 - the server and environment fixtures
     ANSWER, CANARY, _no_openai_env, completion, http_bytes, openai_app, server,

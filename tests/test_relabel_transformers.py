@@ -19,7 +19,7 @@ from oir_gym.relabel import (
     BackendError, HindsightRelabeler, TransformersBackend, load_template, make_backend, parse_candidates,
 )
 from oir_gym.relabel.backends import backend_kwargs
-from oir_gym.relabel.worker import ChildProcessBackend
+from oir_gym.relabel.llm.child import ChildProcessBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
 
 pytestmark = pytest.mark.llm

@@ -26,10 +26,10 @@ import pytest
 
 from oir_gym.relabel import BackendError, BackendTimeout, HindsightRelabeler
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
-from oir_gym.relabel.worker import (
-    BackendSpec, ChildConfig, ChildProcessBackend, LLMCheckError, LLMHealth, LLMProcessDied, LLMUnavailable,
-    build_llm, describe_exit,
-)
+from oir_gym.relabel.llm.spec import BackendSpec, LLMCheckError, LLMProcessDied, LLMUnavailable, describe_exit
+from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend
+from oir_gym.relabel.llm.health import LLMHealth
+from oir_gym.relabel.llm.build import build_llm
 from agents.ellm_proposer import GoalProposer, rule_goals
 from conftest_llm import gguf_path  # noqa: F401 - pytest fixture (skips without the offline model)
 
@@ -167,7 +167,7 @@ def test_a_script_without_a_main_guard_runs_once_and_exits_with_a_hung_child(tmp
     "spawn" would, and fail); at exit a child stuck in a call is stopped, not waited for."""
     script = tmp_path / "unguarded.py"
     script.write_text(
-        "from oir_gym.relabel.worker import ChildProcessBackend, ChildConfig\n"
+        "from oir_gym.relabel.llm.child import ChildProcessBackend, ChildConfig\n"
         "print('script body ran', flush=True)\n"
         f"ok = ChildProcessBackend({SEGMENTS!r})\n"
         "print(ok.generate(['Segments:\\n1: collect wood'])[0][0], flush=True)\n"

@@ -66,7 +66,7 @@ class LLMSettings:
     backend: Union[str, BackendSpec, None] = "transformers"
     """A backend name (``"transformers"``: the offline Gemma 3 270M; ``"llama_cpp"``,
     ``"openai"``, ``"vllm"``), ``"package.module:ClassName"``, a
-    :class:`~oir_gym.relabel.worker.BackendSpec`, or ``"rules"`` / ``None`` (no LLM). A backend
+    :class:`~oir_gym.relabel.llm.spec.BackendSpec`, or ``"rules"`` / ``None`` (no LLM). A backend
     object is passed to :class:`HindsightRelabeler` as ``llm=`` instead."""
     backend_kwargs: Optional[dict] = None
     """Constructor arguments of a named backend (model, server URL...)."""

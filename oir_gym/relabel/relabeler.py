@@ -9,7 +9,7 @@ Failure policy: nothing is ever raised into the training loop. When the LLM back
 exceeds ``llm_timeout`` or answers nothing usable, the error is counted and
 (``fallback="rules"``) the rule instructions answer instead. Native backends (``llama_cpp``,
 ``transformers``, ``vllm``, ``"module:Class"`` specs) run in a child process
-(:mod:`oir_gym.relabel.worker`): a crash or a hang of the LLM library ends only the child, which
+(:mod:`oir_gym.relabel.llm.child`): a crash or a hang of the LLM library ends only the child, which
 is restarted with backoff. After ``warn_after`` failed LLM calls in a row one console warning
 names the cause and the remedy; :meth:`HindsightRelabeler.check_llm` makes one tiny real call
 for a clear error before training starts.
@@ -304,10 +304,10 @@ class HindsightRelabeler:
         """One tiny real LLM call (a child process first starts and loads its model).
 
         Returns the completion (``None`` without an LLM) within ``timeout`` seconds. Default: for
-        an LLM in a child process :data:`~oir_gym.relabel.worker.CHILD_CHECK_TIMEOUT` (start, model
+        an LLM in a child process :data:`~oir_gym.relabel.llm.build.CHILD_CHECK_TIMEOUT` (start, model
         load and one call); for one in this process (``openai``) ``llm_timeout`` when set, else
-        :data:`~oir_gym.relabel.worker.CHECK_TIMEOUT`. Raises
-        :class:`~oir_gym.relabel.worker.LLMCheckError` (a ``RuntimeError``) with a one-line cause
+        :data:`~oir_gym.relabel.llm.build.CHECK_TIMEOUT`. Raises
+        :class:`~oir_gym.relabel.llm.spec.LLMCheckError` (a ``RuntimeError``) with a one-line cause
         and remedy when the backend cannot be built, crashes, hangs, passes the timeout, cannot be
         reached, or is not an LLM server. Call it before training when the run needs the LLM.
         """

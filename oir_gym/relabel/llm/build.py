@@ -29,8 +29,7 @@ def check_spec(spec: BackendSpec) -> None:
     """
     from oir_gym.relabel import backends
 
-    # the factory's own list; the names below only until it exports one
-    names = tuple(getattr(backends, "BACKEND_NAMES", ("llama_cpp", "openai", "vllm", "transformers", "rules")))
+    names = backends.BACKEND_NAMES
     if ":" in spec.name:
         module = spec.name.partition(":")[0]
         try:
