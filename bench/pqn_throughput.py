@@ -40,7 +40,11 @@ pinned to one GPU by ``CUDA_VISIBLE_DEVICES``, or to its own CPU device), each t
 with ``--seeds-per-device K`` seeds on its device and meeting the others once per update in
 ``agents.multihost.allgather_json``, as the trainer's processes do. An update of d processes
 takes the slowest one's time (per update, the max over the processes; then the median); each
-process's oir loop runs ``1/d`` of the relabel workers one process would start.
+process's oir loop runs ``1/d`` of the relabel workers one process would start. The first count
+of ``--devices`` (the baseline of the ratios) runs before, between and after the others
+(``1,2,4``: 1, 2, 1, 4, 1), so that no ratio stands on one slow baseline: the table gives each
+baseline run, the ratios against the mean of their seed-steps/s with the range against the
+slowest and fastest run, and the baseline's spread.
 
     python bench/pqn_throughput.py --preset paper --devices 1,2,4 --seeds-per-device 2 --processes
 """
@@ -199,20 +203,37 @@ def processes_main(args, names: list[str], counts: list[int]) -> int:
         print(f"error: {str(e).replace('--run.num-seeds', '--seeds-per-device')}", file=sys.stderr)
         return 2
     for n in names:
-        medians = {}
-        for d in counts:
+        medians: dict[tuple[int, int], dict[str, float]] = {}
+        baseline_runs: dict[str, list[float]] = {}  # per loop, the baseline count's median in each of its runs
+        order = process_order(counts)
+        for j, d in enumerate(order):
             results = run_processes(args, n, d, gpus)
             if results is None:
                 return 1
+            run = f", run {order[:j + 1].count(d)} of {order.count(d)}" if order.count(d) > 1 else ""
             for i, r in enumerate(results):
-                print(f"\n### process {i} of {d} ({n} sizes)\n{r['table']}", flush=True)
+                print(f"\n### process {i} of {d} ({n} sizes{run})\n{r['table']}", flush=True)
             # an update of d processes ends when the slowest does: per update the max, then the median
-            medians[(d, d * K)] = {loop: statistics.median(max(r["times"][loop][u] for r in results)
-                                                           for u in range(args.iterations))
-                                   for loop in results[0]["times"]}
-        print(scaling_table(n, SIZES[n]["pqn.num_envs"] * SIZES[n]["pqn.num_steps"], medians, processes=True),
-              flush=True)
+            med = {loop: statistics.median(max(r["times"][loop][u] for r in results) for u in range(args.iterations))
+                   for loop in results[0]["times"]}
+            medians[(d, d * K)] = med
+            if d == order[0]:
+                for loop, m in med.items():
+                    baseline_runs.setdefault(loop, []).append(m)
+        print(scaling_table(n, SIZES[n]["pqn.num_envs"] * SIZES[n]["pqn.num_steps"],
+                            {(d, d * K): medians[(d, d * K)] for d in counts}, processes=True,
+                            baseline_runs=baseline_runs if len(order) > 1 else None), flush=True)
     return 0
+
+
+def process_order(counts: list[int]) -> list[int]:
+    """The order in which ``--processes`` runs its device counts: the first (the ratios' baseline)
+    before, between and after the others (``[1, 2, 4]`` -> ``[1, 2, 1, 4, 1]``), so that a change
+    of the machine's speed during the call shows in the baseline's spread instead of in a ratio."""
+    order = [counts[0]]
+    for d in counts[1:]:
+        order += [d, counts[0]]
+    return order
 
 
 def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dict]]:
@@ -340,21 +361,42 @@ def parse_loops(spec: str) -> tuple[list[str], list[str]]:
 
 
 def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]],
-                  processes: bool = False) -> str:
+                  processes: bool = False, baseline_runs: Optional[dict[str, list[float]]] = None) -> str:
     """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first;
-    ``processes``: each count of devices ran as that many processes of one device each."""
+    ``processes``: each count of devices ran as that many processes of one device each.
+    ``baseline_runs``: per loop, the first column's median s/update in each of its runs; then the
+    first column is their mean (and its seed-steps/s), the ratios are against it (in brackets: against the
+    slowest and the fastest run), and two more columns give each run and their spread."""
     plan = list(medians)
     unit = "process(es)" if processes else "device(s)"
-    head = " | ".join(f"{d} {unit} x {s} seeds (s/update, seed-steps/s)" for d, s in plan)
+    d0, s0 = plan[0]
+    first = (f"{d0} {unit} x {s0} seeds, mean of {len(next(iter(baseline_runs.values())))} runs (s/update, seed-steps/s)"
+             if baseline_runs else f"{d0} {unit} x {s0} seeds (s/update, seed-steps/s)")
+    head = " | ".join([first] + [f"{d} {unit} x {s} seeds (s/update, seed-steps/s)" for d, s in plan[1:]])
+    extra = f" {d0} {unit}: each run (s/update) | spread of its seed-steps/s |" if baseline_runs else ""
     how = "one process per device" if processes else "one process over the devices"
-    lines = [f"\nScaling | {size} sizes | {how} | seed-steps/s against the first column\n",
-             f"| loop | {head} |" + "".join(f" {d} / {plan[0][0]} {unit} |" for d, _ in plan[1:]),
-             "|---" * (2 + 2 * (len(plan) - 1)) + "|"]
+    against = ("the mean of the first column's runs (in brackets: against its slowest and fastest run)"
+               if baseline_runs else "the first column")
+    lines = [f"\nScaling | {size} sizes | {how} | seed-steps/s against {against}\n",
+             f"| loop | {head} |{extra}" + "".join(f" {d} / {d0} {unit} |" for d, _ in plan[1:]),
+             "|---" * (2 + 2 * (len(plan) - 1) + (2 if baseline_runs else 0)) + "|"]
     for loop in medians[plan[0]]:
         rate = {k: k[1] * steps_per_seed / medians[k][loop] for k in plan}
-        cells = [f"{medians[k][loop]:.3f}, {rate[k]:,.0f}" for k in plan]
-        ratios = [f"{rate[k] / rate[plan[0]]:.2f}x" for k in plan[1:]]
-        lines.append(f"| {loop} | " + " | ".join(cells + ratios) + " |")
+        if not baseline_runs:
+            cells = [f"{medians[k][loop]:.3f}, {rate[k]:,.0f}" for k in plan]
+            ratios = [f"{rate[k] / rate[plan[0]]:.2f}x" for k in plan[1:]]
+            lines.append(f"| {loop} | " + " | ".join(cells + ratios) + " |")
+            continue
+        runs = baseline_runs[loop]
+        base_rates = [s0 * steps_per_seed / t for t in runs]
+        mean = s0 * steps_per_seed / statistics.fmean(runs)  # the seed-steps/s of the runs' mean s/update
+        cells = [f"{statistics.fmean(runs):.3f}, {mean:,.0f}"] + [f"{medians[k][loop]:.3f}, {rate[k]:,.0f}"
+                                                                   for k in plan[1:]]
+        spread = f"{min(base_rates):,.0f}-{max(base_rates):,.0f} ({(max(base_rates) - min(base_rates)) / mean:.0%})"
+        ratios = [f"{rate[k] / mean:.2f}x ({rate[k] / max(base_rates):.2f}-{rate[k] / min(base_rates):.2f}x)"
+                  for k in plan[1:]]
+        lines.append(f"| {loop} | " + " | ".join(cells + [", ".join(f"{t:.3f}" for t in runs), spread] + ratios)
+                     + " |")
     return "\n".join(lines)
 
 

@@ -109,10 +109,37 @@ def test_update_cost_bench_prints_each_variant_with_its_ratio_to_the_first(tmp_p
     assert "no device kernels" in out.stdout  # --trace: recorded and read; the CPU has no GPU kernels
 
 
-@pytest.mark.slow  # starts three processes that each compile the plain loop: about 2 min on 2 cores
+def test_pqn_throughput_processes_runs_the_baseline_before_between_and_after_the_others():
+    """--processes never rests a ratio on one run of the baseline: the first count of --devices runs
+    before, between and after the others, and the table gives each of its runs, their spread, and
+    the ratios against their mean with the range against the slowest and fastest run."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import pqn_throughput
+
+    assert pqn_throughput.process_order([1, 2, 4]) == [1, 2, 1, 4, 1]
+    assert pqn_throughput.process_order([1, 2]) == [1, 2, 1]
+    assert pqn_throughput.process_order([2]) == [2]
+    loop = "(a) plain PQN-RNN, raw Craftax"
+    med = {(1, 2): {loop: 0.7}, (2, 4): {loop: 0.6}, (4, 8): {loop: 0.8}}
+    table = pqn_throughput.scaling_table("paper", 64 * 128, med, processes=True,
+                                         baseline_runs={loop: [0.75, 0.60, 0.65]})
+    assert "1 process(es) x 2 seeds, mean of 3 runs" in table and "against the mean of the first column's runs" in table
+    steps = 64 * 128
+    mean = 2 * steps / (2.0 / 3)  # the rate of the mean s/update (0.75 + 0.60 + 0.65) / 3
+    slow, fast = 2 * steps / 0.75, 2 * steps / 0.60
+    r4 = 8 * steps / 0.8
+    row = next(ln for ln in table.splitlines() if ln.startswith(f"| {loop} |"))
+    assert row == (f"| {loop} | 0.667, {mean:,.0f} | 0.600, {4 * steps / 0.6:,.0f} | 0.800, {r4:,.0f} "
+                   f"| 0.750, 0.600, 0.650 | {slow:,.0f}-{fast:,.0f} ({(fast - slow) / mean:.0%}) "
+                   f"| {4 * steps / 0.6 / mean:.2f}x ({4 * steps / 0.6 / fast:.2f}-{4 * steps / 0.6 / slow:.2f}x) "
+                   f"| {r4 / mean:.2f}x ({r4 / fast:.2f}-{r4 / slow:.2f}x) |")
+
+
+@pytest.mark.slow  # starts four processes that each compile the plain loop: about 3 min on 2 cores
 def test_pqn_throughput_processes_prints_the_scaling_table_of_one_process_per_device():
     """--processes --devices 1,2: one process, then two joined by jax.distributed (CPU, gloo), each
-    with its own seed; the scaling table of one process per device has both columns."""
+    with its own seed, then one process again; the scaling table of one process per device has both
+    columns, the baseline's two runs and the ratio against their mean."""
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--processes", "--devices", "1,2",
                           "--seeds-per-device", "1", "--preset", "cpu", "--loops", "plain", "--iterations", "1",
                           "--warmup", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -120,10 +147,12 @@ def test_pqn_throughput_processes_prints_the_scaling_table_of_one_process_per_de
     assert out.returncode == 0, out.stderr[-3000:]
     assert "one process per device" in out.stdout
     assert "### process 1 of 2" in out.stdout  # each process's own table
-    row = next(ln for ln in out.stdout.splitlines() if ln.startswith("| (a) plain PQN-RNN") and ln.endswith("x |"))
+    assert "### process 0 of 1 (cpu sizes, run 1 of 2)" in out.stdout and "(cpu sizes, run 2 of 2)" in out.stdout
+    row = next(ln for ln in out.stdout.splitlines() if ln.startswith("| (a) plain PQN-RNN") and ln.endswith("x) |"))
     cells = [c.strip() for c in row.split("|")[1:-1]]
-    assert len(cells) == 4 and cells[3].endswith("x")  # loop, 1 process, 2 processes, the ratio
-    assert "| loop | 1 process(es) x 1 seeds" in out.stdout and "2 process(es) x 2 seeds" in out.stdout
+    # loop, 1 process (mean of its runs), 2 processes, each baseline run, their spread, the ratio
+    assert len(cells) == 6 and len(cells[3].split(", ")) == 2 and cells[5].endswith("x)")
+    assert "| loop | 1 process(es) x 1 seeds, mean of 2 runs" in out.stdout and "2 process(es) x 2 seeds" in out.stdout
 
 
 def test_pqn_throughput_processes_refuses_seeds_and_unknown_loops_in_one_line(capsys):
