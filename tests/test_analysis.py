@@ -462,3 +462,17 @@ def test_each_sets_gain_axis_is_scaled_to_that_sets_gains():
     original, compound = analysis.gain_figure({"oir": [rows]}).get_axes()
     assert original.get_ylim() == pytest.approx((-0.1, 0.1))   # 0.06: not flattened by compound's 0.6
     assert compound.get_ylim() == pytest.approx((-0.7, 0.7))
+
+
+def test_event_rates_figure_has_an_axis_per_event_on_a_log_scale(tmp_path):
+    rows = [{"update": u, "env_steps": 1000 * u, "rate/collect_wood": 5.0 * u, "rate/see_stone": 0.0}
+            for u in range(1, 5)]
+    fig = analysis.event_rates_figure({"oir": [rows]})
+    titled = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in titled] == ["collect_wood", "see_stone"]
+    assert all(ax.get_yscale() == "log" for ax in titled)
+    assert titled[1].get_lines()[0].get_ydata().min() == pytest.approx(1e-3)  # zero rates at the floor
+    written = analysis.write_overview_plots({"oir": [rows]}, tmp_path)
+    assert tmp_path / "event_rates.png" in written
+    with pytest.raises(ValueError, match="no training rates"):
+        analysis.event_rates_figure({"old": [[{"update": 1, "env_steps": 10, "loss": 0.1}]]})

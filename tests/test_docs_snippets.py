@@ -129,9 +129,10 @@ def sb3_run(tmp_path_factory) -> Path:
     cfg = SB3_PRESETS["smoke"][1]()
     run = RunDir.prepare(tmp_path_factory.mktemp("sb3") / "sb3_smoke")
     SB3.write_config(run, cfg)
-    venv = SB3VecEnv(oir_gym.InstructionCraftax(num_envs=2, seed=0, obs_mode=cfg.env.obs_mode))
+    venv = SB3VecEnv(oir_gym.InstructionCraftax(num_envs=cfg.sb3.num_envs, seed=0, obs_mode=cfg.env.obs_mode))
     try:
-        model = sb3_agents.make_model(cfg.sb3.algo, venv, seed=0, hyperparams=cfg.sb3.hyperparams, device="cpu")
+        model = sb3_agents.make_model(cfg.sb3.algo, venv, seed=0, hyperparams=cfg.sb3.hyperparams, device="cpu",
+                                      defaults=cfg.sb3.defaults)
         sb3_agents.save_checkpoint(run.path, model, {"update": 0})
     finally:
         venv.close()

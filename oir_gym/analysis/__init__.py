@@ -25,5 +25,5 @@ from oir_gym.analysis.plots import (  # noqa: F401
     plot_instruction_bars, plot_tsne, plot_metric_vs_param, plot_threshold_confusion, plot_time_to_target,
     RELABEL_ROWS, RELABEL_NOVELTY, save_figure, MIN_HALF_SPAN, symmetric_limits, success_figure, gain_figure,
     LLM_IN_TIME, LLM_STALE, LLM_PENDING, LLM_LATENCY, LLM_CALLS, GROUNDED_FRAC, has_relabeling,
-    relabeling_figure, write_overview_plots, caption_frame,
+    relabeling_figure, event_rates_figure, write_overview_plots, caption_frame,
 )

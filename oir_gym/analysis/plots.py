@@ -486,15 +486,51 @@ def relabeling_figure(runs: dict[str, Sequence[list[dict]]]):
     return fig
 
 
+def rate_events(runs: Iterable[list[dict]]) -> list[str]:
+    """The events whose training rates (``rate/<event>``, :mod:`oir_gym.event_rates`) the runs' rows hold."""
+    return list(dict.fromkeys(k[5:] for rows in runs for r in rows for k in r if k.startswith("rate/")))
+
+
+def event_rates_figure(runs: dict[str, Sequence[list[dict]]]):
+    """How often each achievement and progress event happened in training: one axis per event with a
+    rate, per 1,000 env steps against env steps (log scale, one line per method: the mean over its
+    runs), zero-rate updates drawn at the floor 1e-3. Tells an event that never happens in training
+    from one that happens and is not learned when asked.
+
+    Raises:
+        ValueError: when no row holds a rate (a run from before the rates were logged).
+    """
+    events = rate_events(rows for rs in runs.values() for rows in rs)
+    if not events:
+        raise ValueError("no training rates (rate/<event>) in these metrics rows")
+    fig, axes = _grid(len(events), 6, (3.2, 2.4))
+    for ax, event in zip(axes, events):
+        for i, (label, rows_list) in enumerate(runs.items()):
+            x, values = _pooled_series(rows_list, f"rate/{event}")
+            if len(x):
+                ax.plot(x, np.maximum(values.mean(axis=1), 1e-3), color=f"C{i}", label=label, lw=1)
+        ax.set_yscale("log")
+        ax.set_title(event, fontsize=8)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("per 1,000 env steps", fontsize=7)
+    if len(runs) > 1:
+        axes[0].legend(fontsize=6)
+    fig.suptitle("training rates of the achievements and progress events (env steps on x)", fontsize=10)
+    return fig
+
+
 def write_overview_plots(runs: dict[str, Sequence[list[dict]]], out_dir: str | Path) -> list[Path]:
     """Write the figures a researcher looks at first into ``out_dir``: ``success.png``
     (:func:`success_figure`), ``gain.png`` when the evaluation has the control (:func:`gain_figure`),
-    ``relabeling.png`` when some run relabels (:func:`relabeling_figure`). Returns the paths written."""
+    ``relabeling.png`` when some run relabels (:func:`relabeling_figure`), ``event_rates.png`` when
+    the rows hold training rates (:func:`event_rates_figure`). Returns the paths written."""
     out = Path(out_dir)
     every = [r for rs in runs.values() for r in rs]
     figures = {"success.png": success_figure if evaluated_sets(every) else None,
                "gain.png": gain_figure if gain_sets(every) else None,
-               "relabeling.png": relabeling_figure if has_relabeling(every) else None}
+               "relabeling.png": relabeling_figure if has_relabeling(every) else None,
+               "event_rates.png": event_rates_figure if rate_events(every) else None}
     return [save_figure(make(runs), out / name) for name, make in figures.items() if make is not None]
 
 
