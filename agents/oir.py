@@ -52,9 +52,8 @@ from agents.multihost import seed_slice
 from agents.sharding import Layout, PerDevice, check_layout, placeholder
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
-from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, PROGRESS_EVENTS
 from oir_gym.craftax_compat import NUM_ACTIONS
-from oir_gym.event_rates import EpisodeEvents, per_1k_steps, rate_metrics
+from oir_gym.event_rates import RATE_EVENTS, RATE_NAMES, EpisodeEvents, per_1k_steps, rate_metrics
 from oir_gym.encoder import get_encoder
 from oir_gym.evaluation import EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator
 from oir_gym.instruction_registry import InstructionRegistry
@@ -84,10 +83,6 @@ class Runner(NamedTuple):
     #: ``[blocks, 2]`` one rollout key per env block
     keys: Any
 
-
-#: events whose training rates every update logs: the 22 achievements, then the progress events
-RATE_EVENTS: list[int] = [EVENT_NAMES.index(a) for a in ACHIEVEMENT_NAMES] + list(PROGRESS_EVENTS)
-RATE_NAMES: tuple[str, ...] = tuple(EVENT_NAMES[e] for e in RATE_EVENTS)
 
 def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = None):
     """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``, jitted over ``layout``.
@@ -782,7 +777,7 @@ class Trainer:
         out: dict[str, float] = {}
         counts, episodes, per_1k = 0, 0, 0.0
         for s in range(self.S):
-            ev = events[s][..., RATE_EVENTS]
+            ev = events[s][..., list(RATE_EVENTS)]
             c, n = self.episode_events[s].update(ev, dones[s])
             r = per_1k_steps(ev)
             out.update(rate_metrics(RATE_NAMES, r, c, n, prefix=f"seed{self.seed_offset + s}/"))

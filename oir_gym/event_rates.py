@@ -20,6 +20,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, PROGRESS_EVENTS
+
+#: The events whose training rates the trainers log: the 22 achievements (Craftax order), then the
+#: progress events.
+RATE_EVENTS: tuple[int, ...] = tuple(EVENT_NAMES.index(a) for a in ACHIEVEMENT_NAMES) + tuple(PROGRESS_EVENTS)
+RATE_NAMES: tuple[str, ...] = tuple(EVENT_NAMES[e] for e in RATE_EVENTS)
+
 
 def per_1k_steps(events: np.ndarray) -> np.ndarray:
     """``[num_events]`` occurrences per 1,000 env steps of ``events`` (``[T, E, num_events]`` bool)."""
@@ -73,3 +80,40 @@ def rate_metrics(names: Sequence[str], per_1k: np.ndarray, count: np.ndarray, ep
         if episodes:
             out[f"{prefix}episode_rate/{name}"] = round(float(count[i] / episodes), 4)
     return out
+
+
+class RateWindow:
+    """Training rates of :data:`RATE_EVENTS` over the steps added since the last :meth:`metrics`
+    with ``reset=True`` (a trainer that logs a row every few steps, as the SB3 trainer does).
+
+    Args:
+        num_envs: envs stepped together.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.episodes = EpisodeEvents(num_envs, len(RATE_EVENTS))
+        self._reset()
+
+    def _reset(self) -> None:
+        self.occurrences = np.zeros(len(RATE_EVENTS), np.int64)
+        self.steps = 0
+        self.count = np.zeros(len(RATE_EVENTS), np.int64)
+        self.finished = 0
+
+    def add(self, events: np.ndarray, dones: np.ndarray) -> None:
+        """One step of every env: ``[num_envs, num_events]`` events (every event id), ``[num_envs]`` dones."""
+        ev = np.asarray(events, dtype=bool)[:, list(RATE_EVENTS)]
+        self.occurrences += ev.sum(axis=0)
+        self.steps += ev.shape[0]
+        c, n = self.episodes.update(ev[None], np.asarray(dones, dtype=bool)[None])
+        self.count += c
+        self.finished += n
+
+    def metrics(self, reset: bool = False) -> dict[str, float]:
+        """:func:`rate_metrics` of the window (empty before any step)."""
+        if not self.steps:
+            return {}
+        out = rate_metrics(RATE_NAMES, self.occurrences * (1000.0 / self.steps), self.count, self.finished)
+        if reset:
+            self._reset()
+        return out

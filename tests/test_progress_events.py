@@ -181,3 +181,19 @@ def test_the_cosine_reward_never_pays_a_progress_event(encoder):
     sims = reg.similarity_to_events(encoder.encode(["find stone", "collect stone"]))
     assert (sims[:, list(PROGRESS_EVENTS)] == -1).all()
     assert sims[1, EVENT_NAMES.index("collect_stone")] > 0.99
+
+
+def test_a_rate_window_counts_steps_and_finished_episodes_until_reset():
+    from oir_gym.event_rates import RATE_EVENTS, RATE_NAMES, RateWindow
+
+    w = RateWindow(num_envs=2)
+    assert w.metrics() == {}
+    wood = EVENT_NAMES.index("collect_wood")
+    ev = np.zeros((2, len(EVENT_NAMES)), bool)
+    ev[0, wood] = True
+    w.add(ev, np.array([False, False]))
+    w.add(np.zeros_like(ev), np.array([True, False]))  # env 0's episode (with wood) ends
+    m = w.metrics(reset=True)
+    assert RATE_NAMES[RATE_EVENTS.index(wood)] == "collect_wood"
+    assert m["rate/collect_wood"] == 250.0 and m["episode_rate/collect_wood"] == 1.0
+    assert set(RATE_NAMES) >= PROGRESS and w.metrics() == {}

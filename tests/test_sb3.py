@@ -20,6 +20,7 @@ from stable_baselines3 import DQN  # noqa: E402
 from stable_baselines3.common.vec_env import VecEnvWrapper, VecMonitor, VecNormalize  # noqa: E402
 
 from oir_gym.buffer import InstructionBuffer  # noqa: E402
+from oir_gym.event_rates import RATE_NAMES  # noqa: E402
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS  # noqa: E402
 from oir_gym.relabel import HindsightRelabeler  # noqa: E402
 from oir_gym.reward import first_success_step  # noqa: E402
@@ -224,6 +225,11 @@ def test_callback_writes_relabeled_rows_into_the_dqn_replay_buffer(venv, rules):
     assert st["results"] > 0 and st["grounded"] > 0 and st["rows_added"] > 0
     assert st["rows_added"] == len(buf.history) and st["rows_pending"] < N_ENVS
     assert st["first_step_mismatch"] == 0
+    # training rates of the achievements and progress events over the 1,600 steps, as PQN logs them
+    rates = cb.metrics(reset=True)
+    assert {f"rate/{n}" for n in RATE_NAMES} <= set(rates)
+    assert all(abs(rates[f"rate/{n}"] * 1.6 - round(rates[f"rate/{n}"] * 1.6)) < 1e-3 for n in RATE_NAMES)
+    assert not any(k.startswith("rate/") for k in cb.metrics())  # a new window: no step yet
 
     env = venv.env
     delta = float(env.params.delta)

@@ -604,4 +604,5 @@ def test_sb3_metrics_rows_use_the_shared_schema(trained_run):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     training = [r for r in rows if "sps" in r]  # the last row is written after learn()
     assert training and all(set(OFFER) <= set(r) for r in rows) and any("loss" in r for r in training)
+    assert any("rate/collect_wood" in r and "rate/see_stone" in r for r in training)  # training rates, as PQN
     assert not any({"relabel/grounded_fraction", "run/loss", "run/sps"} & set(r) for r in rows)

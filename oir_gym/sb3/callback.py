@@ -35,6 +35,7 @@ from stable_baselines3.common.buffers import DictReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 
 from oir_gym.curriculum import CurriculumConfig, InstructionCurriculum
+from oir_gym.event_rates import RateWindow
 from oir_gym.instruction_registry import validate_instruction
 from oir_gym.grounding import episode_starts_from_dones, first_paid_step, no_precondition
 from oir_gym.relabel.results import Candidate, RelabelResult
@@ -167,6 +168,7 @@ class HindsightRelabelCallback(BaseCallback):
         self.trajectories: dict[int, Trajectory] = {}
         self._counts: Counter = Counter()
         self._window: Counter = Counter()  # since the last metrics(reset=True)
+        self._rates: Optional[RateWindow] = None  # built with the env (its number of envs)
         self._segments: list[_Segment] = []
         self._finished: list[Trajectory] = []
         self._ready: list[Any] = []
@@ -180,6 +182,7 @@ class HindsightRelabelCallback(BaseCallback):
     def _init_callback(self) -> None:
         self.adapter, self.instruction_env = find_instruction_env(self.model.get_env())
         self.n_envs = self.adapter.num_envs
+        self._rates = RateWindow(self.n_envs)  # training rates of the achievements and progress events
         buf = getattr(self.model, "replay_buffer", None)
         if self.config.mode == "auto":
             self.mode = "replay" if isinstance(buf, DictReplayBuffer) else "curriculum"
@@ -249,6 +252,7 @@ class HindsightRelabelCallback(BaseCallback):
         replay = self.mode == "replay"
         new_obs = self._strip(self.locals["new_obs"]) if replay else None
         limit = self.config.segment_length
+        self._rates.add(np.stack([np.asarray(info["events"], dtype=bool) for info in infos]), dones)
         for i in range(self.n_envs):
             seg = self._segments[i]
             info = infos[i]
@@ -402,7 +406,9 @@ class HindsightRelabelCallback(BaseCallback):
     def metrics(self, reset: bool = False) -> dict[str, float]:
         """The relabeling metrics of the results applied since the last reset, under the names PQN
         logs (:mod:`oir_gym.curriculum`): ``relabel/rows`` (relabeled segment copies replayed),
-        ``relabel/grounded_frac``, ``relabel/new_instructions``, ``relabel/llm_offer_share``.
+        ``relabel/grounded_frac``, ``relabel/new_instructions``, ``relabel/llm_offer_share``, and the
+        training rates of the achievements and progress events (``rate/<event>``,
+        ``episode_rate/<event>``: :class:`oir_gym.event_rates.RateWindow`).
 
         Args:
             reset: start the next window (the SB3 trainer does at each metrics row).
@@ -412,6 +418,7 @@ class HindsightRelabelCallback(BaseCallback):
                "relabel/grounded_frac": w["grounded"] / w["candidates"] if w["candidates"] else 0.0,
                "relabel/new_instructions": float(w["new_instructions"]),
                "relabel/llm_offer_share": w["offers_llm"] / w["offers"] if w["offers"] else 0.0}
+        out.update(self._rates.metrics(reset) if self._rates is not None else {})
         if reset:
             self._window = Counter()
         return out
