@@ -199,7 +199,7 @@ def training_rates(root: str | Path, events: tuple[str, ...]) -> dict[str, dict[
 
 def plot_stone_tier(root: str | Path, out: str | Path) -> Path:
     """Training rates (per 1,000 env steps, log scale) of the wooden tier, collect stone and the
-    progress events, one panel per arm."""
+    progress events, one panel per arm, at ``out``; the arms' learning curves at ``<out>_curves.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -222,6 +222,13 @@ def plot_stone_tier(root: str | Path, out: str | Path) -> Path:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
     plt.close(fig)
+    # the learning curves of both arms (evaluation success against env steps), beside it
+    from oir_gym.analysis import plot_learning_curves
+
+    runs: dict[str, list[list[dict]]] = {}
+    for run in sorted(p for p in Path(root).iterdir() if p.is_dir() and re.fullmatch(r".+_s\d+", p.name)):
+        runs.setdefault(run.name.rsplit("_s", 1)[0], []).append(read_metrics(run))
+    plot_learning_curves(runs, Path(out).with_name(Path(out).stem + "_curves.png"))
     return Path(out)
 
 
