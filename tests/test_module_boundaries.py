@@ -165,9 +165,9 @@ def test_oir_gym_has_no_import_circle():
 
 
 def test_agents_has_no_import_circle():
-    """The training methods are built from an ``agents.methods.MethodContext`` (no import of
-    ``agents.oir``), and the legacy converter, which builds a Trainer, lives outside
-    ``agents.checkpoint``."""
+    """The training methods are built from an ``agents.pqn.methods.MethodContext`` (no import of
+    ``agents.pqn.trainer``), and the legacy converter, which builds a Trainer, lives outside
+    ``agents.run.checkpoint``."""
     found = circles(_without_package_edges(import_graph("agents")))
     assert not found, "import circles in agents/:\n" + "\n".join(", ".join(c) for c in found)
 

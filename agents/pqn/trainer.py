@@ -1,23 +1,23 @@
-"""The PQN training loop (Algorithms 1 and 2 of the paper) around the PQN agent of :mod:`agents.pqn`.
+"""The PQN training loop (Algorithms 1 and 2 of the paper) around the PQN agent of :mod:`agents.pqn.network`.
 
 One iteration (:meth:`Trainer.iteration`):
 
 1. **Rollout** (jitted, seeds vmapped): ``num_steps`` steps of ``num_envs`` envs with the
    epsilon-greedy policy; per step we keep observations, actions, rewards, dones and the
    transition events. Finished episodes' returns go to the instruction statistics.
-2. **The method's step** (:mod:`agents.methods`), which also builds the update batch:
+2. **The method's step** (:mod:`agents.pqn.methods`), which also builds the update batch:
 
-   * ``oir`` (:class:`agents.oir_method.OIRRelabeling`): relabel the trajectories, ground the
+   * ``oir`` (:class:`agents.pqn.oir_method.OIRRelabeling`): relabel the trajectories, ground the
      candidates on device, fill the instruction buffer; the batch D is the originals plus the
      relabeled copies;
-   * ``ellm`` (:class:`agents.ellm.ELLMProposals`): goals proposed from the envs' text
+   * ``ellm`` (:class:`agents.pqn.ellm.ELLMProposals`): goals proposed from the envs' text
      observations pin the next episodes; the batch is the originals;
-   * ``gt`` / ``cosine`` (:class:`agents.methods.GroundTruth`, :class:`agents.methods.Cosine`):
+   * ``gt`` / ``cosine`` (:class:`agents.pqn.methods.GroundTruth`, :class:`agents.pqn.methods.Cosine`):
      the 22 original instructions with the ground-truth or the cosine reward.
 3. **Update** (jitted, seeds vmapped): one PQN update on the batch.
 
 This module holds the trainer, the jitted rollout and batch builders, the methods by name
-(:data:`METHOD_SPECS`: how to build each from the :class:`~agents.methods.MethodContext` the
+(:data:`METHOD_SPECS`: how to build each from the :class:`~agents.pqn.methods.MethodContext` the
 trainer hands it, its reward, table size and generated file) and the factories of the relabeler
 and the goal proposer a config names.
 """
@@ -41,15 +41,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from agents import ellm, pqn, relabeling
-from agents.ellm import ELLMProposals
-from agents.methods import Cosine, GroundTruth, MethodContext, MethodSpec, TrainingMethod, protected_rows
-from agents.oir_method import OIRRelabeling
-from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
-from agents.config import TrainConfig, load_config
-from agents.run_dir import MetricsPosition, atomic_write_json
-from agents.multihost import seed_slice
-from agents.sharding import Layout, PerDevice, check_layout, placeholder
+from agents.pqn import ellm, ellm_proposer
+from agents.pqn import network as pqn
+from agents.run import relabeling
+from agents.pqn.ellm import ELLMProposals
+from agents.pqn.methods import Cosine, GroundTruth, MethodContext, MethodSpec, TrainingMethod, protected_rows
+from agents.pqn.oir_method import OIRRelabeling
+from agents.run.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
+from agents.pqn.config import TrainConfig, load_config
+from agents.run.run_dir import MetricsPosition, atomic_write_json
+from agents.run.multihost import seed_slice
+from agents.pqn.sharding import Layout, PerDevice, check_layout, placeholder
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, PROGRESS_EVENTS
@@ -94,10 +96,10 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
 
     The envs of all seeds form one batch of ``num_seeds * num_envs`` (seed s owns envs
     ``[s*E, (s+1)*E)`` and draws from row s of the table's sample mask), cut into independent
-    blocks (:class:`agents.sharding.Layout`: one per seed or seed part, each with its own world pool
+    blocks (:class:`agents.pqn.sharding.Layout`: one per seed or seed part, each with its own world pool
     and key), so auto-resets stay a real branch taken only when some env finished (under a vmap
     over seeds, ``lax.cond`` would turn into a select that generates worlds at every step). Each
-    device runs the scan over its own blocks as its own program (:class:`agents.sharding.PerDevice`):
+    device runs the scan over its own blocks as its own program (:class:`agents.pqn.sharding.PerDevice`):
     nothing crosses devices inside it. The network is vmapped over the device's seeds. ``traj``
     leaves are ``[S, T, E, ...]``.
     """
@@ -337,9 +339,9 @@ class Trainer:
     """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for ``cfg.run.num_seeds`` seeds side by side.
 
     What every method shares runs here (rollout, return bookkeeping, the PQN update, evaluation,
-    checkpoints); the per-method part is :attr:`method` (:mod:`agents.methods`). In a run over
+    checkpoints); the per-method part is :attr:`method` (:mod:`agents.pqn.methods`). In a run over
     several processes (``jax.distributed``), each process's trainer holds its share of the seeds
-    (:attr:`S` of :attr:`num_seeds`, global indices from :attr:`seed_offset`; :mod:`agents.multihost`).
+    (:attr:`S` of :attr:`num_seeds`, global indices from :attr:`seed_offset`; :mod:`agents.run.multihost`).
 
     Args:
         cfg: the run configuration.
@@ -347,7 +349,7 @@ class Trainer:
         relabeler: method ``oir``: a :class:`~oir_gym.relabel.HindsightRelabeler` (default: built from
             ``cfg.oir.relabeler``).
         log: callable receiving messages.
-        proposer: method ``ellm``: a :class:`~agents.ellm_proposer.GoalProposer` (default: built from
+        proposer: method ``ellm``: a :class:`~agents.pqn.ellm_proposer.GoalProposer` (default: built from
             ``cfg.ellm.proposer``).
         prefetch_worlds: generate the initial worlds of :meth:`init_state` on a side thread from the
             start, while the encoder loads (a fresh run; a resumed one loads its envs instead).
@@ -357,7 +359,7 @@ class Trainer:
                  log: Callable[[str], None] = print, proposer=None, prefetch_worlds: bool = False) -> None:
         self.cfg = cfg.validate()
         #: processes of this run (jax.distributed): each trains whole seeds on its own devices
-        #: (:mod:`agents.multihost`); ``seeds`` are this process's global seed indices, ``S`` of
+        #: (:mod:`agents.run.multihost`); ``seeds`` are this process's global seed indices, ``S`` of
         #: the run's ``num_seeds``
         self.processes, self.process_index = jax.process_count(), jax.process_index()
         self.seeds = seed_slice(cfg.run.num_seeds, self.processes, self.process_index)
@@ -366,7 +368,7 @@ class Trainer:
         local = len(jax.local_devices())
         self.num_devices = cfg.run.num_devices or local
         check_layout(self.S, cfg.pqn.num_envs, self.num_devices, visible=local)
-        #: seeds, env blocks and the device mesh (:class:`agents.sharding.Layout`)
+        #: seeds, env blocks and the device mesh (:class:`agents.pqn.sharding.Layout`)
         self.layout = Layout(self.S, cfg.pqn.num_envs, self.num_devices)
         self.mesh = self.layout.mesh()
         self.run_dir = Path(run_dir)
@@ -423,7 +425,7 @@ class Trainer:
         self.runner = None
         self.startup["instructions"] = time.time() - t
         t = time.time()
-        #: the per-method part (:mod:`agents.methods`), built from :meth:`method_context` (it holds no Trainer)
+        #: the per-method part (:mod:`agents.pqn.methods`), built from :meth:`method_context` (it holds no Trainer)
         self.method: TrainingMethod = self.method_spec.factory(self.method_context(), relabeler, proposer)
         self.startup["method"] = time.time() - t
 
@@ -467,7 +469,7 @@ class Trainer:
         return self.method_spec.also_pays_slots(self.cfg)
 
     def method_context(self) -> MethodContext:
-        """What this trainer's method may use of the run (:class:`agents.methods.MethodContext`):
+        """What this trainer's method may use of the run (:class:`agents.pqn.methods.MethodContext`):
         plain data, so the method holds no Trainer."""
         return MethodContext(cfg=self.cfg, S=self.S, seed_offset=self.seed_offset, registry=self.registry,
                              buffers=self.buffers, encoder=self.encoder, all_eval_texts=self.all_eval_texts,
@@ -595,7 +597,7 @@ class Trainer:
         return ts, lay.place(placeholder(runner), lay.runner_specs(runner))
 
     def _place(self) -> None:
-        """Put the per-seed state on the mesh (:class:`agents.sharding.Layout`): parameters and
+        """Put the per-seed state on the mesh (:class:`agents.pqn.sharding.Layout`): parameters and
         optimiser state split on the seed axis ``[S, ...]``, the env batch, world pools and block keys
         on their flat axis (seed s's envs land on the device(s) of seed s). The jitted programs follow
         this placement."""
@@ -616,10 +618,10 @@ class Trainer:
 
     def save(self, *, metrics: MetricsPosition | Mapping[str, Any] | None = None, keep: int | None = None,
              metrics_after_update: int | None = None) -> Path:
-        """Checkpoint the current state (:mod:`agents.checkpoint`: atomic, checksummed, no pickle).
+        """Checkpoint the current state (:mod:`agents.run.checkpoint`: atomic, checksummed, no pickle).
 
         Args:
-            metrics: the run's metrics position (:meth:`agents.run_dir.MetricsWriter.position`) at
+            metrics: the run's metrics position (:meth:`agents.run.run_dir.MetricsWriter.position`) at
                 this update; a resume cuts ``metrics.jsonl`` back to it.
             keep: checkpoints kept (default ``run.keep_checkpoints``).
             metrics_after_update: without a position: resume keeps the metrics rows up to this update.
@@ -658,7 +660,7 @@ class Trainer:
         """Restore a checkpoint (default: the run directory's newest) into this trainer.
 
         Raises:
-            agents.checkpoint.CheckpointError: a damaged, legacy or foreign checkpoint, or one of
+            agents.run.checkpoint.CheckpointError: a damaged, legacy or foreign checkpoint, or one of
                 another method, network size or batch shape (naming the file and the field).
 
         Returns:
@@ -880,7 +882,7 @@ class Trainer:
 
 
 #: Method name (``run.method``) -> how the trainer builds it and what it needs to know of it (the
-#: names are :data:`agents.config.METHODS`, which the config validates against). A factory takes the
+#: names are :data:`agents.pqn.config.METHODS`, which the config validates against). A factory takes the
 #: method's context and the relabeler and proposer handed to the Trainer (``None``: from the config).
 METHOD_SPECS: dict[str, MethodSpec] = {
     "gt": MethodSpec(lambda ctx, relabeler, proposer: GroundTruth(ctx), reward_mode=1),
@@ -894,7 +896,7 @@ METHOD_SPECS: dict[str, MethodSpec] = {
 
 
 def method_spec(name: str) -> MethodSpec:
-    """The :class:`~agents.methods.MethodSpec` of method ``name``; an unknown name is a ValueError
+    """The :class:`~agents.pqn.methods.MethodSpec` of method ``name``; an unknown name is a ValueError
     naming the known ones."""
     if name not in METHOD_SPECS:
         raise ValueError(f"run.method={name!r}; expected one of {tuple(METHOD_SPECS)}")
@@ -902,13 +904,13 @@ def method_spec(name: str) -> MethodSpec:
 
 
 def make_proposer(cfg: TrainConfig):
-    """The ELLM goal proposer of ``cfg.ellm.proposer`` (:func:`agents.relabeling.make_proposer`)."""
-    return relabeling.make_proposer(cfg.ellm.proposer, cfg.llm, k=cfg.ellm.k, timeout=cfg.ellm.timeout,
+    """The ELLM goal proposer of ``cfg.ellm.proposer`` (:func:`agents.pqn.ellm_proposer.make_proposer`)."""
+    return ellm_proposer.make_proposer(cfg.ellm.proposer, cfg.llm, k=cfg.ellm.k, timeout=cfg.ellm.timeout,
                                     max_prompts=cfg.llm.per_update * cfg.run.num_seeds)
 
 
 def make_relabeler(cfg: TrainConfig, encoder: Any = None):
-    """The relabeler of ``cfg.oir.relabeler`` (:func:`agents.relabeling.make_relabeler`; an LLM is
+    """The relabeler of ``cfg.oir.relabeler`` (:func:`agents.run.relabeling.make_relabeler`; an LLM is
     checked with one real call). The rule relabeler keeps K candidates per trajectory, or
     (``oir.relabel_balance``) every grounded event, for the trainer to choose K from
     (``balanced_choice``); it runs over worker processes (``oir.relabel_workers``) when a rollout

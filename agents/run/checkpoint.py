@@ -7,7 +7,7 @@ A checkpoint is a folder ``<run>/checkpoints/<update:06d>/`` with three files:
   Reading it (:func:`flax.serialization.msgpack_restore`) builds dicts and arrays only: unlike a
   pickle, nothing in the file can name code to run.
 * ``host.json``: the host state (instruction buffers, registry rows, relabel statistics, update
-  index, numpy RNG states, the metrics position of :mod:`agents.run_dir`, the run's config).
+  index, numpy RNG states, the metrics position of :mod:`agents.run.run_dir`, the run's config).
 * ``manifest.json``: the format, the update, and the size and sha256 of the other two files.
 
 Writing is atomic: the three files go to a temporary folder, are fsynced, and the folder is
@@ -27,11 +27,11 @@ readers skip it, and a later save of the same update moves it aside to ``<update
 Old runs wrote ``checkpoint.pkl`` (a pickle). It is refused with a message; converting it is an
 explicit command, because unpickling runs whatever code the file names (only for files you trust)::
 
-    python -m agents.legacy_checkpoint RUN_DIR
+    python -m agents.tools.legacy_checkpoint RUN_DIR
 
 Check a run's newest checkpoint (sizes, checksums, content) without loading it into a trainer::
 
-    python -m agents.checkpoint RUN_DIR
+    python -m agents.run.checkpoint RUN_DIR
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from agents.run_dir import CHECKPOINTS, fsync_dir, member, read_json, sha256_bytes, CorruptFileError
+from agents.run.run_dir import CHECKPOINTS, fsync_dir, member, read_json, sha256_bytes, CorruptFileError
 
 FORMAT = "oir-gym-checkpoint/1"
 ARRAYS = "arrays.msgpack"
@@ -216,7 +216,7 @@ def _json_default(o: Any) -> Any:
 
 
 def _member(folder: Path, name: str, source: Path | None = None) -> Path:
-    """``folder / name`` inside the folder and through no link (:func:`agents.run_dir.member`)."""
+    """``folder / name`` inside the folder and through no link (:func:`agents.run.run_dir.member`)."""
     try:
         return member(folder, name, source)
     except CorruptFileError as e:
@@ -376,20 +376,20 @@ def refuse_legacy(run_dir: str | os.PathLike) -> None:
     if legacy.exists() and latest_checkpoint(run_dir) is None:
         raise CheckpointError(legacy, "is a legacy pickle checkpoint, which is not loaded because unpickling runs any "
                                       "code the file names. If you trust the file (you wrote it), convert it once "
-                                      f"with: python -m agents.legacy_checkpoint {run_dir}")
+                                      f"with: python -m agents.tools.legacy_checkpoint {run_dir}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m agents.checkpoint RUN_DIR``: verify a PQN run's newest checkpoint (its files'
+def main(argv: list[str] | None = None, prog: str = "python -m agents.run.checkpoint") -> int:
+    """``python -m agents.run.checkpoint RUN_DIR``: verify a PQN run's newest checkpoint (its files'
     sizes and sha256 against the manifest, then its content) and print its update. ``verify RUN_DIR``
     is the same command. Returns the exit status: 0 it is sound, 2 missing or damaged (said why)."""
-    from agents.config import plain_help
+    from agents.run.config import plain_help
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["verify"]:
         argv = argv[1:]
     p = argparse.ArgumentParser(
-        prog="python -m agents.checkpoint",
+        prog=prog,
         description="Verify the newest checkpoint of a PQN run directory (examples/train_pqn.py): the sizes and "
                     "sha256 of its files against its manifest, then its content (the update, finite arrays). "
                     "Nothing is loaded into a trainer or changed. Exit status 0: sound; 2: missing or damaged.",
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     if (run_dir / "model.zip").exists() and latest_checkpoint(run_dir) is None:
         print(f"error: {run_dir} holds an SB3 checkpoint (model.zip); this command checks PQN checkpoints. An SB3 "
               "run's model.zip is checked against the sha256 its run recorded whenever it is loaded (--resume, "
-              "--eval-only, agents.sb3_agents.load_sb3_policy)", file=sys.stderr)
+              "--eval-only, agents.sb3.models.load_sb3_policy)", file=sys.stderr)
         return 2
     try:
         _, host = load_checkpoint(run_dir)

@@ -1,21 +1,25 @@
 """One run driver for both trainers: parse, prepare the run directory, agree across processes, train
 (evaluations, checkpoints, stop requests and signals), write the final outputs.
 
-    from agents.train import main, PQN, SB3
+    from agents.run.train import main
+    from agents.pqn.recipe import PQN
+    from agents.sb3.trainer import SB3
     main(PQN, ["smoke", "--run-dir", "runs/smoke"])     # what examples/train_pqn.py runs
     main(SB3, ["smoke", "--run-dir", "runs/sb3"])       # what examples/train_sb3.py runs
 
-``python -m agents.train ARGS`` is ``examples/train_pqn.py ARGS``.
+``python -m agents.run.train ARGS`` is ``examples/train_pqn.py ARGS``. This package imports no
+trainer: the command line finds the PQN recipe through the registry :data:`TRAINERS` (module names,
+imported when it runs).
 
 A trainer is anything with the small interface of :class:`RunTrainer` (``init_state``, ``load``,
-``iteration``, ``evaluate``, ``save``, ``close``): :class:`agents.oir.Trainer` (PQN) and
-:class:`agents.sb3_trainer.SB3Trainer`. What differs between the two (their config, presets and
+``iteration``, ``evaluate``, ``save``, ``close``): :class:`agents.pqn.trainer.Trainer` (PQN) and
+:class:`agents.sb3.trainer.SB3Trainer`. What differs between the two (their config, presets and
 checkpoint format, the header and progress lines) is a :class:`Recipe`; everything else, the
 command-line options of :class:`RunOptions` included, is one code path, so both scripts accept
 the same run flags (``--run-dir``, ``--resume``, ``--overwrite``, ``--max-updates``,
 ``--time-limit``, ``--eval-only``, ``--wandb``, ``--progress``, ``--log-every``) with one meaning.
 
-A run directory (:mod:`agents.run_dir`) gets config.json, metrics.jsonl / metrics.csv, TensorBoard
+A run directory (:mod:`agents.run.run_dir`) gets config.json, metrics.jsonl / metrics.csv, TensorBoard
 events, the trainer's checkpoints, eval_<update>.json, eval_final.md, PNG plots and complete.json
 last. SIGINT and SIGTERM stop after the current update with a checkpoint; a second signal ends the
 process at once (exit status 128 + the signal's number; the newest checkpoint on disk is the last
@@ -33,20 +37,17 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional, Protocol, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence
 
-import tyro
-
-from agents.config import TrainConfig
-from agents.run_dir import CorruptFileError, RunDir, RunDirError, atomic_write_json, check_user_tag, require_wandb
+from agents.run.run_dir import CorruptFileError, RunDir, RunDirError, check_user_tag, require_wandb
 
 
 @dataclass
 class IterationLog:
     """What :meth:`RunTrainer.iteration` returns: the update's number, the env steps so far, its
-    metrics (:class:`agents.oir.IterationLog` has the same fields)."""
+    metrics (:class:`agents.pqn.trainer.IterationLog` has the same fields)."""
 
     update: int
     env_steps: int
@@ -270,7 +271,7 @@ def _metrics_resume(host: dict[str, Any]) -> dict[str, Any]:
 
 def _any_problem(problem: str | None) -> str | None:
     """The first process's problem (an error message) or None: every process stops on it alike."""
-    from agents.multihost import allgather_json
+    from agents.run.multihost import allgather_json
 
     return next((p for p in allgather_json(problem) if p), None)
 
@@ -362,12 +363,12 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
     if opts.eval_only is not None:
         labels = label_pool(cfg)
         cfg = opts.config = eval_only_config(cfg, final_sets=named_on_command_line(argv, "eval.final_sets"))
-    from agents.multihost import allgather_json, check_processes, merge_evals, newest_common_update, process_dir
-    from agents.sharding import initialize_distributed
+    from agents.run.multihost import allgather_json, check_processes, merge_evals, newest_common_update, process_dir
+    from agents.run.multihost import initialize_distributed
 
     # a multi-host job (scheduler env vars) joins before JAX starts its backend (which
     # validating a config's instruction files would: oir_gym imports Craftax); every process
-    # trains its share of the seeds (agents.multihost), process 0 writes the run's merged files
+    # trains its share of the seeds (agents.run.multihost), process 0 writes the run's merged files
     if initialize_distributed():
         import jax
 
@@ -424,7 +425,7 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
     own_dir = process_dir(run.path, procs, me)  # this process's checkpoints (the run directory itself alone)
     own_dir.mkdir(parents=True, exist_ok=True)
 
-    from agents.checkpoint import CheckpointError
+    from agents.run.checkpoint import CheckpointError
     from oir_gym import enable_compilation_cache
 
     done = None
@@ -472,7 +473,7 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
             return 0
     enable_compilation_cache()
 
-    from agents.llm import LLMCheckError, check_deadline
+    from agents.run.llm import LLMCheckError, check_deadline
 
     t0 = time.time()
     if started is not None and started <= t0:  # the wall clock starts with the process
@@ -603,7 +604,7 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
     """The training loop; returns why it stopped early (None: it reached the last update)."""
     from tqdm import tqdm
 
-    from agents.multihost import allgather_json, merge_rows
+    from agents.run.multihost import allgather_json, merge_rows
 
     cfg = opts.config  # type: ignore[attr-defined]
     bar = None
@@ -664,7 +665,7 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
 def _finish(recipe: Recipe, trainer: RunTrainer, run: RunDir, cfg: Any, run_eval: Any, own_dir: Path) -> None:
     """The final outputs (evaluation, CSV, plots, table), then the completion marker, in that order
     (process 0; the others evaluate with it and write their diversity.json)."""
-    from agents.multihost import allgather_json
+    from agents.run.multihost import allgather_json
     from oir_gym import analysis
 
     if allgather_json(not run.eval_path("final").exists())[0]:  # killed between the last checkpoint and its evaluation file
@@ -692,7 +693,7 @@ def _finish(recipe: Recipe, trainer: RunTrainer, run: RunDir, cfg: Any, run_eval
 def script(recipe: Recipe, description: str | None = None, started: float | None = None) -> None:
     """A script's entry: :func:`main` with ``sys.argv``, then exit with its status; a process of a
     multi-process run that lost another ends with one line."""
-    from agents.multihost import ProcessLost, process_count
+    from agents.run.multihost import ProcessLost, process_count
 
     quiet_xla_logs()
     try:
@@ -727,152 +728,6 @@ def quiet_xla_logs() -> None:
     exceptions). ``TF_CPP_MIN_LOG_LEVEL`` set by the user wins (0 shows them all). A script calls
     this before JAX is imported; importing the library changes nothing."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-
-# ----------------------------------------------------------------------------- PQN
-@dataclass
-class PQNOptions(RunOptions):
-    """Train PQN with OIR or a baseline on Craftax-Classic."""
-
-    config: Annotated[TrainConfig, tyro.conf.arg(name="")] = field(default_factory=TrainConfig)
-
-
-class PQNRecipe(Recipe):
-    """The PQN trainer (:class:`agents.oir.Trainer`), its nested :class:`~agents.config.TrainConfig`
-    and its checkpoints (:mod:`agents.checkpoint`)."""
-
-    name = "PQN"
-    script = "examples/train_pqn.py"
-    multi_process = True
-
-    @property
-    def options_type(self) -> type:
-        """The dataclass the command line parses into: :class:`RunOptions` plus ``config``."""
-        return PQNOptions
-
-    def parse(self, argv: list[str], description: str | None = None) -> Any:
-        """``--resume`` / ``--eval-only`` start from the run's saved config (flags override it);
-        otherwise from the preset named first (default cpu)."""
-        from agents.config import check_saved_backend, cli, load_config
-
-        return parse_with_base(argv, description, self.options_type, cli, load_config, check_saved_backend)
-
-    def num_updates(self, cfg: Any) -> int:
-        return cfg.num_updates
-
-    def default_run_dir(self, cfg: Any) -> str:
-        return f"runs/{cfg.run.method}_{time.strftime('%Y%m%d-%H%M%S')}"
-
-    def checkpoint_place(self, own_dir: Path) -> Path:
-        return own_dir / "checkpoints"
-
-    def checkpoints(self, own_dir: Path) -> dict[int, Path]:
-        from agents.checkpoint import list_checkpoints
-
-        return {int(p.name): p for p in list_checkpoints(own_dir)}
-
-    def read_checkpoint(self, path: Path) -> dict[str, Any]:
-        from agents.checkpoint import load_checkpoint
-
-        return load_checkpoint(path)[1]
-
-    def no_checkpoint(self, own_dir: Path) -> None:
-        from agents.checkpoint import refuse_legacy
-
-        refuse_legacy(own_dir)
-
-    def drop_newer(self, own_dir: Path, update: int) -> None:
-        """Remove this process's newer checkpoints (the updates are replayed and saved again) and say
-        what happened to them and to incomplete copies."""
-        from agents.checkpoint import incomplete_checkpoints, remove_checkpoints_after
-
-        for p in remove_checkpoints_after(own_dir, update):
-            print(f"removed {p}: not every process of the run reached it; updates after {update} run again",
-                  flush=True)
-        for p in incomplete_checkpoints(own_dir):
-            if int(p.name) > update:
-                print(f"skipped {p}: it has no manifest.json (a copy that stopped part way); resuming from update "
-                      f"{update}", flush=True)
-
-    def build(self, cfg: Any, own_dir: Path, eval_only: bool, fresh: bool = False) -> RunTrainer:
-        if eval_only:  # the checkpoint's network and table alone: no relabeler, proposer, LLM or update
-            from agents.policy import PQNEvaluator
-
-            return PQNEvaluator(cfg, own_dir)
-        from agents.oir import Trainer
-
-        return Trainer(cfg, own_dir, prefetch_worlds=fresh)
-
-    def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
-        import jax
-
-        # without an LLM, the first line names the flag that adds one
-        offline = {"rules": " (the offline LLM beside the rules: --oir.relabeler both)"}.get(cfg.oir.relabeler, "")
-        source = {"oir": f" relabeler={cfg.oir.relabeler}{offline}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(
-            cfg.run.method, "")
-        return (f"oir-gym PQN | method={cfg.run.method}{source} | {cfg.run.num_seeds} seed(s) x {cfg.pqn.num_envs} "
-                f"envs x {cfg.pqn.num_steps} steps | {cfg.num_updates} updates | {cfg.run.total_timesteps:,} env "
-                f"steps | device {jax.devices()[0].platform}{f' | {procs} processes' if procs > 1 else ''} | "
-                f"run dir {run.path}")
-
-    def summary_line(self, row: dict[str, Any], num_updates: int) -> str:
-        return summary_line(row, num_updates)
-
-    def label(self, cfg: Any) -> str:
-        return cfg.run.method
-
-    def eval_title(self, cfg: Any, trainer: RunTrainer, tag: str | None) -> str:
-        if tag is None:
-            return (f"# Final evaluation ({cfg.run.method}, {cfg.run.num_seeds} seed(s), {trainer.env_steps:,} env "
-                    f"steps, {cfg.eval.final_episodes} episodes x {cfg.eval.horizon} steps per instruction)")
-        return (f"# Evaluation '{tag}' ({cfg.run.method}, {cfg.run.num_seeds} seed(s), checkpoint at "
-                f"{trainer.env_steps:,} env steps, {cfg.eval.final_episodes} episodes x {cfg.eval.horizon} steps per "
-                f"instruction, epsilon {cfg.eval.epsilon})")
-
-    def compile_ahead(self, trainer: RunTrainer) -> bool:
-        # on an accelerator the programs compile side by side, beside the initial state's own compile
-        # (a CPU has no spare cores for the throwaway calls this costs)
-        import jax
-
-        return jax.default_backend() != "cpu"
-
-    def final_extras(self, trainer: RunTrainer) -> dict[str, float]:
-        method = getattr(trainer, "method", None)
-        return method.diversity() if hasattr(method, "diversity") else {}  # oir: the diversity of all buffer offers
-
-    def write_diversity(self, trainer: RunTrainer, folder: Path, cfg: Any) -> None:
-        """oir: how far the buffer's instructions go beyond the captions, and the LLM's record (errors
-        by type with an example, drops by reason, stale answers) in diversity.json; a line each."""
-        method = getattr(trainer, "method", None)
-        if not hasattr(method, "diversity"):
-            return
-        write_diversity_report(method, trainer.update_idx, folder, cfg.oir.grounding, cfg.oir.relabeler)
-
-
-def write_diversity_report(method: Any, update: int, folder: Path, grounding: str, relabeler: str) -> None:
-    """Write ``diversity.json`` of an OIR method (its :meth:`diversity` and :meth:`llm_report`) and
-    print what it says: the novelty of the buffer's instructions, the LLM's share and errors."""
-    llm = method.llm_report()
-    d = {"grounding": grounding, "relabeler": relabeler, "update": update,
-         **method.diversity(), **({"llm": llm} if llm else {})}
-    atomic_write_json(folder / "diversity.json", d)
-    print(f"relabeled instructions ({grounding} grounding): novelty share "
-          f"{d['diversity/novelty_share']:.3f} of {int(d['diversity/instructions'])} distinct; LLM share of "
-          f"buffer offers {d['relabel/llm_offer_share_total']:.3f} of {int(d['relabel/offers_total'])}; "
-          f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
-          f"({int(d['diversity/events_named'])} events); wrote {folder / 'diversity.json'}")
-    if "diversity/llm_echo_share" in d:  # a small LLM mostly copies its prompt's examples: say how much
-        print(f"LLM instructions: {int(d['diversity/llm_instructions'])} distinct, "
-              f"{d['diversity/llm_echo_share']:.3f} of them copies of the prompt's example answers")
-    if llm:  # what the LLM contributed, in counts (a share of zero offers reads like a success)
-        rows, buf = int(llm.get("rows_in_batch", 0)), int(llm.get("into_buffer", 0))
-        print(f"LLM instructions reached {rows} training batch rows and {buf} buffer entries"
-              if rows or buf else "the LLM contributed nothing: none of its instructions reached a training batch "
-              "or a buffer (rule instructions or nothing trained the agent)")
-    if llm.get("errors_by_type"):  # what went wrong with the LLM, in one line
-        kinds = sorted(llm["errors_by_type"].items(), key=lambda kv: -kv[1])
-        print(f"LLM errors by type (calls): {', '.join(f'{k} {n}' for k, n in kinds)}; "
-              f"e.g. {llm['error_examples'].get(kinds[0][0], '')}")
 
 
 #: Config fields that say where a run connects or what it reads outside its folder, with the flag that
@@ -998,7 +853,7 @@ def eval_plan(cfg: Any) -> str:
 
 def parse_with_base(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any,
                     check_saved_backend: Any) -> Any:
-    """The command line as ``options_type`` (parsed by ``cli``, :func:`agents.config.cli`'s signature):
+    """The command line as ``options_type`` (parsed by ``cli``, :func:`agents.pqn.config.cli`'s signature):
     ``--resume`` / ``--eval-only`` start from the run's saved config (read by ``load_config``; flags
     override it), otherwise from the preset named first.
 
@@ -1039,49 +894,34 @@ def parse_with_base(argv: list[str], description: str | None, options_type: type
     return cli(options_type, argv, description=description)
 
 
-def summary_line(row: dict[str, Any], num_updates: int) -> str:
-    """The one-line progress summary of a PQN metrics row."""
-    ev = f" | eval success {row['eval/original/mean_success_rate']:.3f}" if "eval/original/mean_success_rate" in row else ""
-    rl = f" | relabel rows {row['relabel/rows']:.0f} grounded {row['relabel/grounded_frac']:.2f}" if "relabel/rows" in row else ""
-    if "ellm/distinct_goals" in row:
-        rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
-              f"cache hits {row['ellm/cache_hit_rate']:.2f}")
-    if "relabel/llm_share" in row:
-        # the LLM's answers (one per trajectory asked about) that arrived in time to train on, of all
-        # that arrived (run totals: an answer older than oir.llm_lag updates is dropped); then what its
-        # instructions reached: batch rows and buffer entries (run totals), so a run where the LLM
-        # answers but contributes nothing says so
-        rows, buf = row.get("relabel/llm_rows_total", 0.0), row.get("relabel/llm_buffered_total", 0.0)
-        in_time, stale = row.get("relabel/llm_in_time_total", 0.0), row.get("relabel/llm_stale", 0.0)
-        reached = (f"its instructions in {rows:.0f} batch rows, {buf:.0f} buffer entries" if rows or buf
-                   else "none of its instructions reached a batch or a buffer yet")
-        rl += (f" | LLM answers {in_time:.0f}/{in_time + stale:.0f} in time, offers "
-               f"{row.get('relabel/llm_offer_share', 0.0):.0%}; {reached}")
-    elif "ellm/llm_fraction" in row:  # ELLM: the LLM's share of the goals
-        rl += f" | LLM goals {row['ellm/llm_fraction']:.0%}"
-    if row.get("curriculum/unpayable_step_frac", 0.0) > 0:
-        rl += f" | unpayable steps {row['curriculum/unpayable_step_frac']:.2f}"
-    return (f"[{row['update']:5d}/{num_updates}] steps {row['env_steps']:>10,} | {row['sps']:8.0f} sps | "
-            f"eps {row['epsilon']:.2f} | loss {row['loss']:.4f} | train success {row['train/success_rate']:.3f}"
-            f"{rl}{ev}")
-
-#: The PQN trainer's recipe (``examples/train_pqn.py``).
-PQN = PQNRecipe()
+#: The trainers the driver runs from its own command line (``python -m agents.run.train``), by name:
+#: the module and the :class:`Recipe` in it. A registry of names, imported only when run, so this
+#: package imports no trainer (``agents.pqn`` and ``agents.sb3`` import it).
+TRAINERS: dict[str, tuple[str, str]] = {"pqn": ("agents.pqn.recipe", "PQN"), "sb3": ("agents.sb3.trainer", "SB3")}
 
 
-def pqn_main(argv: list[str] | None = None, started: float | None = None) -> int:
-    """``examples/train_pqn.py``'s command line ``argv``: :func:`main` with :data:`PQN`."""
-    return main(PQN, argv, started)
+def recipe(name: str) -> Recipe:
+    """The :class:`Recipe` of trainer ``name`` (a key of :data:`TRAINERS`), imported now."""
+    import importlib
+
+    if name not in TRAINERS:
+        raise ValueError(f"unknown trainer {name!r}; expected one of {sorted(TRAINERS)}")
+    module, attr = TRAINERS[name]
+    return getattr(importlib.import_module(module), attr)
+
+
+def run_module(prog: str) -> None:
+    """``python -m agents.run.train ARGS`` (``prog`` names the command as typed): the PQN trainer's
+    command line, ``examples/train_pqn.py ARGS``."""
+    started = time.time()
+    sys.argv[0] = prog  # the usage and error lines name the command as typed
+    script(recipe("pqn"), started=started, description=(
+        "Train PQN with OIR or a baseline on Craftax-Classic: the command line of examples/train_pqn.py "
+        f"({prog} smoke --run-dir runs/smoke; examples/train_sb3.py trains the SB3 agents)."))
 
 
 if __name__ == "__main__":
-    # python -m agents.train: the PQN trainer's command line (examples/train_pqn.py's); the run goes
-    # through the imported agents.train, the module the trainers use (not this __main__ copy)
-    _started = time.time()
-    from agents.train import PQN as _PQN, script as _script
+    # the run goes through the imported agents.run.train, the module the trainers use (not this __main__ copy)
+    from agents.run.train import run_module as _run_module
 
-    sys.argv[0] = "python -m agents.train"  # the usage and error lines name the command as typed
-
-    _script(_PQN, started=_started, description=(
-        "Train PQN with OIR or a baseline on Craftax-Classic: the command line of examples/train_pqn.py "
-        "(python -m agents.train smoke --run-dir runs/smoke; examples/train_sb3.py trains the SB3 agents)."))
+    _run_module("python -m agents.run.train")

@@ -16,8 +16,8 @@ Building blocks (each usable alone)::
     model.learn(100_000, callback=make_relabel_callback(relabeler, "qrdqn"))
     result = evaluate(model)                        # oir_gym.evaluation protocol, greedy
 
-:class:`agents.sb3_trainer.SB3Trainer` runs all of it in a run directory through the run driver
-(:mod:`agents.train`; what ``examples/train_sb3.py`` calls), and :func:`load_sb3_policy` gives a trained run's policy back as
+:class:`agents.sb3.trainer.SB3Trainer` runs all of it in a run directory through the run driver
+(:mod:`agents.run.train`; what ``examples/train_sb3.py`` calls), and :func:`load_sb3_policy` gives a trained run's policy back as
 an object with ``reset()`` and ``act(obs)`` for the Gymnasium env.
 
 Checkpoints: SB3's ``model.zip`` holds pickled Python objects, and SB3's own ``load`` unpickles
@@ -40,12 +40,12 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from agents import relabeling
-from agents.config import LLMConfig
-from agents.sb3_config import (  # noqa: F401  (re-exported: the algorithms and their checks)
+from agents.run import relabeling
+from agents.run.config import LLMConfig
+from agents.sb3.config import (  # noqa: F401  (re-exported: the algorithms and their checks)
     ALGOS, HYPERPARAM_DEFAULTS, POLICIES, RESERVED_HYPERPARAMS, algo_class, check_device, check_hyperparams,
 )
-from agents.run_dir import (
+from agents.run.run_dir import (
     CorruptFileError, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file,
 )
 
@@ -139,16 +139,16 @@ def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = 
                    cache_path: Optional[str] = None, grounding: str = "cosine", bind_threshold: float = 0.5,
                    oracle: str = "canonical", seed: int = 0, eval_files: Sequence[str] = (), **kwargs: Any):
     """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (the rules at once, the LLM's
-    answers when they arrive) or ``"none"``: :func:`agents.relabeling.make_relabeler`, the PQN
+    answers when they arrive) or ``"none"``: :func:`agents.run.relabeling.make_relabeler`, the PQN
     trainer's factory, with the SB3 trainer's settings (the LLM is not called here).
 
-    ``llm``: the LLM part shared with the PQN trainer (:class:`agents.config.LLMConfig`: backend,
+    ``llm``: the LLM part shared with the PQN trainer (:class:`agents.run.config.LLMConfig`: backend,
     model, server URL, prompt template, call timeout; default: the offline transformers backend).
     ``grounding``: ``"cosine"`` (the paper's rule) or ``"bound"`` (event-bound, with
     ``bind_threshold``; :mod:`oir_gym.grounding`). ``oracle``: the rule relabeler's variant
     (:mod:`oir_gym.relabel.oracle`), its draws seeded by ``seed``; a wording pool is checked against
     every evaluation string (``eval_files`` too) before anything runs. ``kwargs``: more keywords of
-    :func:`agents.relabeling.make_relabeler` (``keep_ungrounded``, ``queue_size``...)."""
+    :func:`agents.run.relabeling.make_relabeler` (``keep_ungrounded``, ``queue_size``...)."""
     return relabeling.make_relabeler(kind, llm, k=k, delta=delta, encoder=encoder, cache_path=cache_path,
                                      grounding=grounding, bind_threshold=bind_threshold, oracle=oracle, seed=seed,
                                      eval_files=eval_files, **kwargs)
@@ -308,7 +308,7 @@ def spaces_only_venv(obs_mode: str = "paper", num_envs: int = 1):
 
 def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
     """Check that ``path`` is an SB3 zip with parameters (nothing unpickled); returns its ``data``
-    as JSON. Raises :class:`~agents.run_dir.CorruptFileError` naming the file otherwise."""
+    as JSON. Raises :class:`~agents.run.run_dir.CorruptFileError` naming the file otherwise."""
     import zipfile
 
     path = Path(path)
@@ -346,7 +346,7 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
         seed: the model's seed (default: ``data``'s, else 0).
 
     Raises:
-        agents.run_dir.CorruptFileError: not an SB3 zip of ``algo`` with these hyperparameters, or
+        agents.run.run_dir.CorruptFileError: not an SB3 zip of ``algo`` with these hyperparameters, or
             non-finite weights (the message names the file).
     """
     import zipfile
@@ -431,7 +431,7 @@ def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str,
 class SB3AgentPolicy:
     """A trained SB3 model acting greedily in the Gymnasium env: ``reset()`` and ``act(obs) -> action``.
 
-    The ``Policy`` interface of ``agents.policy`` (what ``load_policy`` returns for PQN runs too).
+    The ``Policy`` interface of ``agents.tools.policy`` (what ``load_policy`` returns for PQN runs too).
     ``obs`` is the env's Dict observation: one env's (``obs["obs"]`` of shape ``[D]``; ``act``
     returns an ``int``) or a vector env's batch (``[n, D]``; returns ``[n]`` int64 actions). A
     recurrent model (RecurrentPPO) keeps its LSTM state from one ``act`` to the next;
@@ -544,7 +544,7 @@ def save_checkpoint(run_dir: str | os.PathLike, model, state: Mapping[str, Any])
 
 def read_checkpoint_state(run_dir: str | os.PathLike) -> Optional[dict[str, Any]]:
     """``state.json`` of a run (None when the run saved no checkpoint yet); a damaged file is a
-    :class:`~agents.run_dir.CorruptFileError` naming it."""
+    :class:`~agents.run.run_dir.CorruptFileError` naming it."""
     path = Path(run_dir) / STATE_JSON
     if not path.exists():
         return None
@@ -574,7 +574,7 @@ def verified_model_zip(run_dir: str | os.PathLike, *, repair: bool = False) -> t
             f"{zip_path}: this run recorded no checksum for it ({run_dir / STATE_JSON} "
             f"{'is missing' if state is None else 'has no model_sha256: saved by an older version'}). {why} "
             "If you made this file yourself and trust it, record its checksum with "
-            f"agents.sb3_agents.trust_model_zip({str(run_dir)!r}).")
+            f"agents.sb3.models.trust_model_zip({str(run_dir)!r}).")
     sha = str(state["model_sha256"])
     if zip_path.exists() and sha256_file(zip_path) == sha:
         return zip_path, state
@@ -618,13 +618,13 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
         FileNotFoundError: ``run_dir`` is not a folder, or holds no ``config.json`` (the message names
             the folder and what an SB3 run directory holds).
         UntrustedModelError: the run's ``model.zip`` is not the file it saved (nothing is loaded).
-        agents.run_dir.CorruptFileError: the zip does not fit the run's config, or holds non-finite
+        agents.run.run_dir.CorruptFileError: the zip does not fit the run's config, or holds non-finite
             weights (nothing in it is unpickled either way; see :func:`load_model`).
     """
     if seed != 0:
         raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
-    from agents.run_dir import CONFIG
-    from agents.sb3_config import load_sb3_config
+    from agents.run.run_dir import CONFIG
+    from agents.sb3.config import load_sb3_config
 
     folder = Path(run_dir)
     expected = (f"load_sb3_policy expects a run directory written by examples/train_sb3.py --run-dir "
@@ -637,7 +637,7 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
     raw = run.read_config()
     if "sb3" not in raw and "algo" not in raw:  # nested, or flat (older runs)
         raise ValueError(f"{folder}: a PQN run (its {CONFIG} has no 'sb3' part); load it with "
-                         "agents.policy.load_policy, which loads PQN and SB3 runs")
+                         "agents.tools.policy.load_policy, which loads PQN and SB3 runs")
     if not (folder / MODEL_ZIP).exists() and not (folder / STATE_JSON).exists():
         raise FileNotFoundError(f"{folder}: no checkpoint yet ({MODEL_ZIP}, {STATE_JSON}): the run stopped before "
                                 f"its first; continue it with examples/train_sb3.py --run-dir {folder} --resume")

@@ -1,7 +1,7 @@
 """Trained policies as objects that act in the Gymnasium env, for any instruction text.
 
     import gymnasium as gym, oir_gym
-    from agents.policy import load_policy
+    from agents.tools.policy import load_policy
 
     policy = load_policy("runs/paper_oir", seed=0)            # a PQN or an SB3 run directory
     env = gym.make("OIR-CraftaxClassic-v0", **policy.env_kwargs)
@@ -19,9 +19,9 @@ batched observation and ``episode_start`` (the previous step's ``terminated | tr
 those envs' recurrent state starts afresh.
 
 PQN runs load here (:class:`PQNPolicy`, from the run's newest checkpoint, no pickle); SB3 runs
-load through ``agents.sb3_agents.load_sb3_policy`` with the same :class:`Policy` interface.
-:class:`PQNEvaluator` evaluates every seed of a PQN checkpoint on instruction sets at once (what
-``--eval-only`` runs). Neither builds anything of training: no relabeler or goal proposer (no LLM,
+load through ``agents.sb3.models.load_sb3_policy`` with the same :class:`Policy` interface.
+:class:`agents.pqn.evaluator.PQNEvaluator` evaluates every seed of a PQN checkpoint on instruction
+sets at once (what ``--eval-only`` runs). Neither builds anything of training: no relabeler or goal proposer (no LLM,
 no oracle pool), no training envs, no update program.
 """
 
@@ -34,7 +34,7 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Policy", "PQNPolicy", "PQNEvaluator", "load_policy", "is_sb3_run"]
+__all__ = ["Policy", "PQNPolicy", "load_policy", "is_sb3_run"]
 
 
 @runtime_checkable
@@ -59,7 +59,7 @@ class Policy(Protocol):
 def is_sb3_run(run_dir: str | os.PathLike) -> bool:
     """Whether ``run_dir`` was written by the SB3 trainer (its config names an ``algo``, or it holds a
     ``model.zip`` and no PQN checkpoints)."""
-    from agents.run_dir import CONFIG, read_json
+    from agents.run.run_dir import CONFIG, read_json
 
     run_dir = Path(run_dir)
     if (run_dir / CONFIG).is_file():
@@ -80,14 +80,14 @@ def load_policy(run_dir: str | os.PathLike, seed: int = 0, device: Any = None) -
 
     Raises:
         FileNotFoundError: no run or no checkpoint there.
-        agents.checkpoint.CheckpointError: a damaged, legacy or mismatched checkpoint (names the file).
+        agents.run.checkpoint.CheckpointError: a damaged, legacy or mismatched checkpoint (names the file).
         ImportError: an SB3 run without stable-baselines3 installed (the message names the extra).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory")
     if is_sb3_run(run_dir):
-        from agents.sb3_agents import load_sb3_policy
+        from agents.sb3.models import load_sb3_policy
 
         return load_sb3_policy(run_dir, seed=seed, device=device)
     return PQNPolicy.load(run_dir, seed=seed, device=device)
@@ -99,7 +99,7 @@ class PQNPolicy:
     Build it with :meth:`load` (or :func:`load_policy`).
 
     Args:
-        net: the :class:`~agents.pqn.QNetwork`.
+        net: the :class:`~agents.pqn.network.QNetwork`.
         params: its parameters (one seed).
         env_kwargs: see :attr:`Policy.env_kwargs`.
         epsilon: probability of a uniformly random action (0: greedy).
@@ -135,10 +135,10 @@ class PQNPolicy:
         import jax
         import jax.numpy as jnp
 
-        from agents import pqn
-        from agents.checkpoint import ARRAYS, latest_checkpoint, load_checkpoint, restore_tree
-        from agents.config import load_config
-        from agents.run_dir import RunDir
+        from agents.pqn import network as pqn
+        from agents.run.checkpoint import ARRAYS, latest_checkpoint, load_checkpoint, restore_tree
+        from agents.pqn.config import load_config
+        from agents.run.run_dir import RunDir
         from oir_gym.craftax_compat import NUM_ACTIONS
         from oir_gym.observation import obs_dim
 
@@ -195,124 +195,3 @@ class PQNPolicy:
             rand = self._rng.random(n) < self.epsilon
             action = np.where(rand, self._rng.integers(0, q.shape[-1], n), action)
         return int(action[0]) if single else action
-
-
-class PQNEvaluator:
-    """Every seed of a PQN run's checkpoint evaluated on instruction sets, as the run's own
-    evaluations do (the same network, instruction table, evaluation program and worlds), built
-    from the checkpoint alone: what ``--eval-only`` runs.
-
-    Nothing of training is built: no relabeler or goal proposer (so no LLM and no oracle pool is
-    read), no training envs, and the update program is never traced or compiled. It has the run
-    driver's trainer interface for an evaluation (:class:`agents.train.RunTrainer`: :meth:`load`,
-    :meth:`evaluate`, :meth:`close`); in a run over several processes each evaluates its own seeds.
-
-    Args:
-        cfg: the run's :class:`~agents.config.TrainConfig` (its ``eval`` part chooses the sets).
-        run_dir: this process's run folder (its checkpoints).
-    """
-
-    def __init__(self, cfg: Any, run_dir: str | os.PathLike) -> None:
-        import jax
-
-        from agents.multihost import seed_slice
-        from agents.oir import trainer_programs
-        from agents.sharding import Layout, check_layout
-        from oir_gym import get_encoder
-
-        self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        self.processes, self.process_index = jax.process_count(), jax.process_index()
-        self.seeds = seed_slice(cfg.run.num_seeds, self.processes, self.process_index)
-        self.S = self.seeds.stop - self.seeds.start
-        local = len(jax.local_devices())
-        num_devices = cfg.run.num_devices or local
-        check_layout(self.S, cfg.pqn.num_envs, num_devices, visible=local)
-        self.layout = Layout(self.S, cfg.pqn.num_envs, num_devices)
-        #: seconds each part of the start took (the driver prints them)
-        self.startup: dict[str, float] = {}
-        t = time.time()
-        self.encoder = get_encoder()
-        self.startup["encoder"] = time.time() - t
-        # shared with any trainer of this configuration in the process (agents.oir.trainer_programs):
-        # only its evaluation program is ever compiled here
-        self.programs = trainer_programs(cfg, self.layout, self.encoder.dim)
-        self.update_idx = 0
-        self.env_steps = 0
-        #: the checkpoint folder :meth:`load` read
-        self.checkpoint: Path | None = None
-        self.method = None  # no training method (the driver's diversity report has nothing to say)
-        self._params: Any = None
-        self._registry: Any = None
-
-    @property
-    def seed_offset(self) -> int:
-        """The global index of this process's first seed."""
-        return self.seeds.start
-
-    def load(self, path: str | os.PathLike) -> dict[str, Any]:
-        """Read the checkpoint at ``path`` (a checkpoint folder, or a run folder: its newest) and
-        keep its parameters and instruction table; returns its host state.
-
-        Raises:
-            agents.checkpoint.CheckpointError: a damaged, foreign or mismatched checkpoint (naming the file).
-        """
-        import jax
-        import jax.numpy as jnp
-
-        from agents.checkpoint import ARRAYS, MANIFEST, CheckpointError, latest_checkpoint, load_checkpoint, \
-            restore_tree
-        from oir_gym.instruction_registry import InstructionRegistry
-
-        arrays, host = load_checkpoint(path)
-        folder = Path(path) if (Path(path) / MANIFEST).exists() else latest_checkpoint(path)
-        try:
-            keys = jax.ShapeDtypeStruct((self.S, 2), jnp.uint32)
-            shapes = jax.eval_shape(self.programs.init_train_states, keys).params
-            template = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), shapes)
-            params = restore_tree(template, arrays["train_state"]["params"], folder / ARRAYS,
-                                  prefix="train_state/params")
-            registry = InstructionRegistry(self.encoder, capacity=int(host["registry"]["capacity"]))
-            registry.load_state_dict({**host["registry"], **arrays["registry"]})
-            self.update_idx, self.env_steps = int(host["update"]), int(host["env_steps"])
-        except (KeyError, ValueError, TypeError) as e:
-            raise CheckpointError(folder / "host.json", f"does not hold what an evaluation needs "
-                                                        f"({type(e).__name__}: {e})") from None
-        lay = self.layout
-        self._params = lay.place(jax.tree_util.tree_map(jnp.asarray, params),
-                                 jax.tree_util.tree_map(lambda _: lay.seed_spec, params))
-        self._registry = registry
-        self.checkpoint = folder
-        return host
-
-    def eval_config(self, final: bool = False) -> Any:
-        """The :class:`~oir_gym.evaluation.EvalConfig` of an evaluation: ``eval.sets`` and the
-        instruction files (``final``: ``eval.final_sets`` too, ``eval.final_episodes`` episodes)."""
-        from oir_gym.evaluation import eval_config
-
-        ev = self.cfg.eval
-        return eval_config(ev.instruction_files, sets=(*ev.sets, *(ev.final_sets if final else ())),
-                           episodes=ev.final_episodes if final else ev.episodes, horizon=ev.horizon,
-                           control=ev.control)
-
-    def evaluate(self, final: bool = False) -> list:
-        """Every seed's :class:`~oir_gym.evaluation.EvalResult` (see :meth:`eval_config`), on the
-        worlds the run's own evaluation at the checkpoint's update meets."""
-        from agents.oir import method_spec
-        from oir_gym import functional as F
-        from oir_gym.evaluation import eval_instructions, eval_keys, evaluate_jax_seeds
-
-        if self._params is None:
-            raise RuntimeError("PQNEvaluator.evaluate before load: load a checkpoint first")
-        cfg = self.cfg
-        ecfg = self.eval_config(final)
-        texts, achs, sets = eval_instructions(ecfg)
-        rows = self._registry.rows(texts, achs)  # the checkpoint's rows; new texts (a user's file) get rows
-        params = F.EnvParams(table=self._registry.device_table(), delta=cfg.env.delta,
-                             max_steps=cfg.env.max_episode_steps, reward_mode=method_spec(cfg.run.method).reward_mode)
-        keys = eval_keys(cfg.run.seed, self.seeds.stop, self.update_idx)[self.seeds]
-        evaluator = self.programs.evaluator(len(texts) * ecfg.episodes)
-        return evaluate_jax_seeds(evaluator, keys, self._params, params, rows, ecfg, texts, achs, sets)
-
-    def close(self) -> None:
-        """Nothing runs beside an evaluation: nothing to stop."""
