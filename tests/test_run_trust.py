@@ -268,7 +268,7 @@ def test_resume_refuses_a_server_and_template_named_by_config_json(tmp_path, cap
 
 def test_which_fields_point_outside_a_run(tmp_path):
     """Every file or server a config names counts, a packaged name or a model name does not."""
-    from agents.run.train import OUTSIDE_FIELDS, outside_references
+    from agents.run.resume import OUTSIDE_FIELDS, outside_references
 
     assert outside_references(preset("smoke")) == {} and outside_references(preset("cpu")) == {}
     pool, mine, model = tmp_path / "pool.json", tmp_path / "mine.json", tmp_path / "model"

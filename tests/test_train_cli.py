@@ -121,7 +121,7 @@ def test_help_text_shows_no_rst_markup(recipe, presets, capsys, monkeypatch):
 
     assert plain_help("``--eval.sets``, :class:`~oir_gym.relabel.parallel.ParallelRelabeler`, :mod:`agents.run.run_dir`") \
         == "--eval.sets, ParallelRelabeler, agents.run.run_dir"
-    assert "``" in (LLMConfig.__doc__ or "") + (__import__("agents.run.config").config.__doc__ or "")
+    assert "``" in (LLMConfig.__doc__ or "") + (__import__("agents.run.config").run.config.__doc__ or "")
 
 
 @pytest.mark.parametrize("recipe", [PQN, SB3])
@@ -137,7 +137,7 @@ def test_python_m_agents_train_is_the_pqn_command_line(tmp_path):
     help_ = _run("-m", "agents.run.train", "--help")
     assert help_.returncode == 0 and "usage: python -m agents.run.train [PRESET]" in help_.stdout and "smoke" in help_.stdout
     run = tmp_path / "run"  # a bad value: the driver's own check answers, before anything is written
-    bad = _run("-m", "agents.run.train", "smoke", "--run-dir", str(run), "--run.seed", "-3")
+    bad = _run("-m", "agents.train", "smoke", "--run-dir", str(run), "--run.seed", "-3")  # the old path still runs
     assert bad.returncode == 2 and "run.seed=-3" in bad.stderr and not run.exists()
 
 
@@ -147,7 +147,7 @@ def test_python_m_agents_checkpoint_verifies_a_run_directory(tmp_path, capsys):
     help_ = _run("-m", "agents.run.checkpoint", "--help")
     assert help_.returncode == 0 and "Verify the newest checkpoint of a PQN run" in help_.stdout
     assert not RST.search(help_.stdout)
-    missing = _run("-m", "agents.run.checkpoint", str(tmp_path / "nowhere"))
+    missing = _run("-m", "agents.checkpoint", str(tmp_path / "nowhere"))  # the old path still runs
     assert missing.returncode == 2 and "is not a folder" in missing.stderr and "invalid choice" not in missing.stderr
     run = tmp_path / "run"
     checkpoint.save_checkpoint(run, 3, {"w": np.ones(3, np.float32)}, {"update": 3, "env_steps": 30})

@@ -19,7 +19,8 @@ import tyro
 
 from agents.pqn.config import TrainConfig
 from agents.run.run_dir import RunDir, atomic_write_json
-from agents.run.train import Recipe, RunOptions, RunTrainer, main, parse_with_base
+from agents.run.resume import parse_with_base
+from agents.run.train import Recipe, RunOptions, RunTrainer, main
 
 @dataclass
 class PQNOptions(RunOptions):

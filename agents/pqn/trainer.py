@@ -16,10 +16,9 @@ One iteration (:meth:`Trainer.iteration`):
      the 22 original instructions with the ground-truth or the cosine reward.
 3. **Update** (jitted, seeds vmapped): one PQN update on the batch.
 
-This module holds the trainer, the jitted rollout and batch builders, the methods by name
-(:data:`METHOD_SPECS`: how to build each from the :class:`~agents.pqn.methods.MethodContext` the
-trainer hands it, its reward, table size and generated file) and the factories of the relabeler
-and the goal proposer a config names.
+This module holds the trainer and the jitted rollout and batch builders; the methods by name
+(:data:`~agents.pqn.method_specs.METHOD_SPECS`) and the factories of the relabeler and the goal
+proposer a config names are :mod:`agents.pqn.method_specs`.
 """
 
 from __future__ import annotations
@@ -41,12 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from agents.pqn import ellm, ellm_proposer
 from agents.pqn import network as pqn
-from agents.run import relabeling
-from agents.pqn.ellm import ELLMProposals
-from agents.pqn.methods import Cosine, GroundTruth, MethodContext, MethodSpec, TrainingMethod, protected_rows
-from agents.pqn.oir_method import OIRRelabeling
+from agents.pqn.methods import MethodContext, TrainingMethod, protected_rows
+from agents.pqn.method_specs import METHOD_SPECS, make_proposer, make_relabeler, method_spec  # noqa: F401  (re-exported)
 from agents.run.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.pqn.config import TrainConfig, load_config
 from agents.run.run_dir import MetricsPosition, atomic_write_json
@@ -879,53 +875,3 @@ class Trainer:
     def close(self) -> None:
         """Stop the method's background workers (LLM relabeler or proposer)."""
         self.method.close()
-
-
-#: Method name (``run.method``) -> how the trainer builds it and what it needs to know of it (the
-#: names are :data:`agents.pqn.config.METHODS`, which the config validates against). A factory takes the
-#: method's context and the relabeler and proposer handed to the Trainer (``None``: from the config).
-METHOD_SPECS: dict[str, MethodSpec] = {
-    "gt": MethodSpec(lambda ctx, relabeler, proposer: GroundTruth(ctx), reward_mode=1),
-    "cosine": MethodSpec(lambda ctx, relabeler, proposer: Cosine(ctx)),
-    "oir": MethodSpec(lambda ctx, relabeler, proposer: OIRRelabeling(
-        ctx, relabeler or make_relabeler(ctx.cfg, ctx.encoder)), generated_file="instructions.json"),
-    "ellm": MethodSpec(lambda ctx, relabeler, proposer: ELLMProposals(ctx, proposer or make_proposer(ctx.cfg)),
-                       generated_file="goals.json", table_capacity=ellm.table_capacity,
-                       also_pays_slots=ellm.also_pays_slots),
-}
-
-
-def method_spec(name: str) -> MethodSpec:
-    """The :class:`~agents.pqn.methods.MethodSpec` of method ``name``; an unknown name is a ValueError
-    naming the known ones."""
-    if name not in METHOD_SPECS:
-        raise ValueError(f"run.method={name!r}; expected one of {tuple(METHOD_SPECS)}")
-    return METHOD_SPECS[name]
-
-
-def make_proposer(cfg: TrainConfig):
-    """The ELLM goal proposer of ``cfg.ellm.proposer`` (:func:`agents.pqn.ellm_proposer.make_proposer`)."""
-    return ellm_proposer.make_proposer(cfg.ellm.proposer, cfg.llm, k=cfg.ellm.k, timeout=cfg.ellm.timeout,
-                                    max_prompts=cfg.llm.per_update * cfg.run.num_seeds)
-
-
-def make_relabeler(cfg: TrainConfig, encoder: Any = None):
-    """The relabeler of ``cfg.oir.relabeler`` (:func:`agents.run.relabeling.make_relabeler`; an LLM is
-    checked with one real call). The rule relabeler keeps K candidates per trajectory, or
-    (``oir.relabel_balance``) every grounded event, for the trainer to choose K from
-    (``balanced_choice``); it runs over worker processes (``oir.relabel_workers``) when a rollout
-    holds at least 64 trajectories."""
-    from oir_gym.relabel.parallel import default_workers
-
-    # cfg.oir.keep_ungrounded (default False): under cosine grounding the rules' ungrounded candidates
-    # are their "A then B" compounds, which the single-caption cosine reward never pays; as rows of D
-    # they are zero-reward copies of exactly the trajectories where B happened ("collect wood then
-    # place table": cos 0.69 to "place table"). Under bound grounding they bind to the ordered pair.
-    o = cfg.oir
-    return relabeling.make_relabeler(
-        o.relabeler, cfg.llm, k=o.k, delta=cfg.env.delta, grounding=o.grounding, bind_threshold=o.bind_threshold,
-        keep_ungrounded=o.keep_ungrounded, oracle=o.oracle, oracle_pool=o.oracle_pool, seed=cfg.run.seed,
-        eval_files=cfg.eval.instruction_files, encoder=encoder or get_encoder(),
-        rules_k=64 if o.relabel_balance else o.k,
-        workers=default_workers() if o.relabel_workers < 0 else o.relabel_workers,
-        batch=cfg.run.num_seeds * cfg.pqn.num_envs, rules_lag=o.relabel_lag, flag="--oir.relabeler")

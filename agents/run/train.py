@@ -31,7 +31,6 @@ directory error (nothing written or deleted).
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
+from agents.run.resume import eval_only_config, eval_plan, label_pool, named_on_command_line, pool_overlap_warning
 from agents.run.run_dir import CorruptFileError, RunDir, RunDirError, check_user_tag, require_wandb
 
 
@@ -348,6 +348,44 @@ class _StopRequest:
         os.close(self._write_fd)
 
 
+@dataclass
+class _Run:
+    """One invocation's state, shared by the steps of :func:`main`."""
+
+    recipe: Recipe
+    opts: Any
+    cfg: Any
+    procs: int
+    me: int
+    num_updates: int = 0
+    resume: bool = False
+    run: Any = None
+    own_dir: Any = None
+
+    @property
+    def flag(self) -> str:
+        return "--eval-only" if self.opts.eval_only is not None else "--resume"
+
+    @property
+    def evaluating(self) -> bool:
+        return self.opts.eval_only is not None
+
+
+class _Exit(Exception):
+    """Ends :func:`main` with ``code`` after printing ``message`` (if any) to stderr."""
+
+    def __init__(self, code: int, message: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _fail(problem: str | None) -> None:
+    """Stop every process with status 2 when any process has a ``problem`` (after the exchange)."""
+    problem = _any_problem(problem)
+    if problem:
+        raise _Exit(2, problem)
+
+
 def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = None,
          description: str | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``) with the trainer of ``recipe``.
@@ -356,14 +394,70 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
     ``--time-limit`` count the imports too (default: from this call); ``description``: the ``--help``
     text. Returns the exit status (module docstring).
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(recipe, list(sys.argv[1:] if argv is None else argv), started, description)
+    except _Exit as e:
+        if e.message:
+            print(e.message, file=sys.stderr, flush=True)
+        return e.code
+
+
+def _main(recipe: Recipe, argv: list[str], started: float | None, description: str | None) -> int:
+    r, labels = _parse_and_join(recipe, argv, description)
+    _check_options(r)
+    _prepare_run_dir(r)
+    start = _resume_point(r) if r.resume else None
+    if start is False:  # the run is already complete
+        return 0
+    from oir_gym import enable_compilation_cache
+
+    enable_compilation_cache()
+    t0 = time.time()
+    if started is not None and started <= t0:  # the wall clock starts with the process
+        t0 = started
+    imports = time.time() - t0
+    trainer = _build(r, start, t0)
+    if r.me == 0:
+        print(recipe.header(r.cfg, trainer, r.procs, r.run), flush=True)
+    host = _start(r, trainer, start, t0, imports, labels)
+    run_eval = _evaluation(r, trainer)
+    if r.evaluating:  # the run's metrics, config and TensorBoard files stay as they are
+        return _evaluate_only(r, trainer, run_eval)
+    # process 0 writes the run's metrics (every process's rows merged); the others keep none
+    metrics = r.run.open_metrics(**(_metrics_resume(host) if r.resume else {}), wandb=r.opts.wandb,
+                                 tensorboard=recipe.tensorboard) if r.me == 0 else _NoMetrics()
+    stopped: str | None = None
+    try:
+        stopped = _train(recipe, trainer, r.num_updates, metrics, r.opts, run_eval, t0)
+    except FloatingPointError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        trainer.close()
+        metrics.close()
+    if stopped:
+        recipe.write_diversity(trainer, r.own_dir, r.cfg)  # a stopped run's buffer is reported too (it may never resume)
+        if r.me:
+            return 0
+        r.run.write_csv()
+        print(f"stopped ({stopped}) at update {trainer.update_idx}/{r.num_updates}; continue with: "
+              f"python {recipe.script} --run-dir {r.run.path} --resume", flush=True)
+        return 0
+    _finish(recipe, trainer, r.run, r.cfg, run_eval, r.own_dir)
+    if r.me == 0:
+        print(f"\ndone in {time.time() - t0:.0f}s; outputs in {r.run.path}/", flush=True)
+    return 0
+
+
+def _parse_and_join(recipe: Recipe, argv: list[str], description: str | None) -> tuple[_Run, str | None]:
+    """The parsed command line (an evaluation's config) and this process's place in the job; and,
+    for an evaluation, the run's label pool (to warn about a user's texts close to it)."""
     opts = recipe.parse(argv, description)
     cfg = opts.config
-    labels = None  # an evaluation: the run's label pool, to warn about a user's texts close to it
+    labels = None
     if opts.eval_only is not None:
         labels = label_pool(cfg)
         cfg = opts.config = eval_only_config(cfg, final_sets=named_on_command_line(argv, "eval.final_sets"))
-    from agents.run.multihost import allgather_json, check_processes, merge_evals, newest_common_update, process_dir
     from agents.run.multihost import initialize_distributed
 
     # a multi-host job (scheduler env vars) joins before JAX starts its backend (which
@@ -375,8 +469,14 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
         procs, me = jax.process_count(), jax.process_index()
     else:
         procs, me = 1, 0
+    return _Run(recipe, opts, cfg, procs, me), labels
 
-    # every check before anything is written or deleted
+
+def _check_options(r: _Run) -> None:
+    """Every check before anything is written or deleted."""
+    from agents.run.multihost import check_processes
+
+    opts, cfg = r.opts, r.cfg
     try:
         if opts.eval_only is not None:
             check_user_tag(opts.eval_only)  # before anything runs: a bad tag would fail after the evaluation
@@ -389,138 +489,140 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
             raise ValueError(f"--time-limit={opts.time_limit} must be > 0")
         if opts.wandb:
             require_wandb()
-        if procs > 1 and not recipe.multi_process:
-            raise ValueError(f"the {recipe.name} trainer runs in one process ({procs} joined)")
+        if r.procs > 1 and not r.recipe.multi_process:
+            raise ValueError(f"the {r.recipe.name} trainer runs in one process ({r.procs} joined)")
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise _Exit(2, f"error: {e}") from None
     if opts.eval_only is not None and opts.overwrite:
-        print("error: --eval-only reads a run; it cannot be combined with --overwrite", file=sys.stderr)
-        return 2
-    num_updates = recipe.num_updates(cfg)
-    resume = opts.resume or opts.eval_only is not None
-    run_path = Path(opts.run_dir or recipe.default_run_dir(cfg))
-    if opts.run_dir is None and procs > 1:
-        print("error: a run over several processes needs --run-dir (one directory every host sees)", file=sys.stderr)
-        return 2
-    if recipe.multi_process:
+        raise _Exit(2, "error: --eval-only reads a run; it cannot be combined with --overwrite")
+    r.num_updates = r.recipe.num_updates(cfg)
+    r.resume = opts.resume or opts.eval_only is not None
+    if opts.run_dir is None and r.procs > 1:
+        raise _Exit(2, "error: a run over several processes needs --run-dir (one directory every host sees)")
+    if r.recipe.multi_process:
         try:
-            check_processes(cfg.run.num_seeds, procs)
+            check_processes(cfg.run.num_seeds, r.procs)
         except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    flag = "--eval-only" if opts.eval_only is not None else "--resume"
+            raise _Exit(2, f"error: {e}") from None
+
+
+def _prepare_run_dir(r: _Run) -> None:
+    """Process 0 prepares the run directory (or refuses: every process knows); this process's
+    checkpoint folder (the run directory itself alone)."""
+    from agents.run.multihost import process_dir
+
+    run_path = Path(r.opts.run_dir or r.recipe.default_run_dir(r.cfg))
     problem = None
-    if me == 0:
+    if r.me == 0:
         try:
-            run = RunDir.prepare(run_path, resume=resume, overwrite=opts.overwrite)
+            r.run = RunDir.prepare(run_path, resume=r.resume, overwrite=r.opts.overwrite)
         except RunDirError as e:
-            problem = f"error: {str(e).replace('--resume', flag)}"
-    problem = _any_problem(problem)  # process 0 prepared the directory (or refused): every process knows
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
-    if me:
-        run = RunDir(run_path)
-    own_dir = process_dir(run.path, procs, me)  # this process's checkpoints (the run directory itself alone)
-    own_dir.mkdir(parents=True, exist_ok=True)
+            problem = f"error: {str(e).replace('--resume', r.flag)}"
+    _fail(problem)
+    if r.me:
+        r.run = RunDir(run_path)
+    r.own_dir = process_dir(r.run.path, r.procs, r.me)
+    r.own_dir.mkdir(parents=True, exist_ok=True)
 
+
+def _resume_point(r: _Run) -> Path | None | bool:
+    """The checkpoint this process continues from: the newest every process holds (a process that
+    stopped between its save and the others' holds a newer one, which the resume replays and
+    replaces), verified with the metrics it covers before anything is written; None: update 0;
+    False: the run is complete (said so)."""
     from agents.run.checkpoint import CheckpointError
-    from oir_gym import enable_compilation_cache
+    from agents.run.multihost import allgather_json, newest_common_update
 
-    done = None
-    start: Path | None = None  # the checkpoint this process continues from (None: update 0)
-    if resume:
-        # the newest checkpoint every process holds: a process that stopped between its save and
-        # the others' holds a newer one, which the resume replays and replaces
-        try:
-            mine = recipe.checkpoints(own_dir)
-        except (CorruptFileError, ValueError) as e:
-            mine, problem = {}, f"error: {e}"
-        common = newest_common_update(allgather_json(sorted(mine)))
-        # verify the checkpoint and the metrics it covers before anything is written
-        try:
-            if problem:
-                pass
-            elif common is not None:
-                start = mine[common]
-                saved = recipe.read_checkpoint(start)
-            else:
-                recipe.no_checkpoint(own_dir)
-                if opts.eval_only is not None:
-                    raise FileNotFoundError(own_dir)
-                saved = {}  # killed before its first checkpoint: the run starts again with its saved config
-                done = run.completion()
-                if me == 0 and not (done is not None and done.get("update", 0) >= num_updates):
-                    # ... only if its files agree: a run whose checkpoints were moved away is not restarted
-                    run.check_before_first_checkpoint(
-                        min(cfg.run.checkpoint_every, num_updates), num_updates,
-                        recipe.checkpoint_place(own_dir) if procs == 1 else f"{run.path}/process*/checkpoints")
-            if not problem and opts.eval_only is None and me == 0:
-                run.check_metrics(**_metrics_resume(saved))
-            done = run.completion()
-        except FileNotFoundError:
-            problem = f"error: {flag} given but {recipe.checkpoint_place(own_dir)} holds no checkpoint"
-        except (CorruptFileError, CheckpointError, ValueError, RunDirError) as e:
-            problem = f"error: {e}"
-        problem = _any_problem(problem)
+    recipe, run, own_dir, me = r.recipe, r.run, r.own_dir, r.me
+    problem = None
+    start: Path | None = None
+    try:
+        mine = recipe.checkpoints(own_dir)
+    except (CorruptFileError, ValueError) as e:
+        mine, problem = {}, f"error: {e}"
+    common = newest_common_update(allgather_json(sorted(mine)))
+    try:
         if problem:
-            print(problem, file=sys.stderr)
-            return 2
-        if opts.eval_only is None and done is not None and done.get("update", 0) >= num_updates:
-            print(f"{run.path} is already complete ({done['update']}/{num_updates} updates, final evaluation, "
-                  "CSV and plots written); nothing to resume. Evaluate it again with --eval-only TAG.", flush=True)
-            return 0
-    enable_compilation_cache()
+            pass
+        elif common is not None:
+            start = mine[common]
+            saved = recipe.read_checkpoint(start)
+        else:
+            recipe.no_checkpoint(own_dir)
+            if r.evaluating:
+                raise FileNotFoundError(own_dir)
+            saved = {}  # killed before its first checkpoint: the run starts again with its saved config
+            done = run.completion()
+            if me == 0 and not (done is not None and done.get("update", 0) >= r.num_updates):
+                # ... only if its files agree: a run whose checkpoints were moved away is not restarted
+                run.check_before_first_checkpoint(
+                    min(r.cfg.run.checkpoint_every, r.num_updates), r.num_updates,
+                    recipe.checkpoint_place(own_dir) if r.procs == 1 else f"{run.path}/process*/checkpoints")
+        if not problem and not r.evaluating and me == 0:
+            run.check_metrics(**_metrics_resume(saved))
+        done = run.completion()
+    except FileNotFoundError:
+        problem = f"error: {r.flag} given but {recipe.checkpoint_place(own_dir)} holds no checkpoint"
+    except (CorruptFileError, CheckpointError, ValueError, RunDirError) as e:
+        problem = f"error: {e}"
+    _fail(problem)
+    if not r.evaluating and done is not None and done.get("update", 0) >= r.num_updates:
+        print(f"{run.path} is already complete ({done['update']}/{r.num_updates} updates, final evaluation, "
+              "CSV and plots written); nothing to resume. Evaluate it again with --eval-only TAG.", flush=True)
+        return False
+    return start
 
+
+def _build(r: _Run, start: Path | None, t0: float) -> RunTrainer:
+    """The trainer (an evaluation's: no relabeler, goal proposer or LLM, nor a backend the run's
+    files name: nothing of it may be imported); a training run's LLM is checked within
+    ``--time-limit``, then process 0 writes the config."""
     from agents.run.llm import LLMCheckError, check_deadline
 
-    t0 = time.time()
-    if started is not None and started <= t0:  # the wall clock starts with the process
-        t0 = started
-    imports = time.time() - t0
-    if opts.eval_only is not None:
-        # evaluation needs no relabeler or goal proposer: never an LLM (nor a backend the run's
-        # files name: nothing of it may be imported)
-        trainer = recipe.build(cfg, own_dir, eval_only=True)
-    else:
-        try:
-            # an LLM is checked here, within --time-limit
-            limit = opts.time_limit
-            with check_deadline(t0 + limit if limit else None, f"--time-limit {limit:g}" if limit else ""):
-                trainer = recipe.build(cfg, own_dir, eval_only=False, fresh=start is None)
-        except (LLMCheckError, ValueError) as e:  # ValueError: e.g. a wording pool too close to an evaluation string
-            problem = f"error: {e}"
-        problem = _any_problem(problem)
-        if problem:
-            print(problem, file=sys.stderr)
-            return 2
-        if me == 0:
-            run.clear_complete()
-            recipe.write_config(run, cfg)
-    if me == 0:
-        print(recipe.header(cfg, trainer, procs, run), flush=True)
+    if r.evaluating:
+        return r.recipe.build(r.cfg, r.own_dir, eval_only=True)
+    problem = None
+    try:
+        limit = r.opts.time_limit
+        with check_deadline(t0 + limit if limit else None, f"--time-limit {limit:g}" if limit else ""):
+            trainer = r.recipe.build(r.cfg, r.own_dir, eval_only=False, fresh=start is None)
+    except (LLMCheckError, ValueError) as e:  # ValueError: e.g. a wording pool too close to an evaluation string
+        problem = f"error: {e}"
+    _fail(problem)
+    if r.me == 0:
+        r.run.clear_complete()
+        r.recipe.write_config(r.run, r.cfg)
+    return trainer
+
+
+def _start(r: _Run, trainer: RunTrainer, start: Path | None, t0: float, imports: float,
+           labels: str | None) -> dict[str, Any]:
+    """Load the checkpoint ``start`` (or the initial state), compiling ahead where the recipe says
+    so; returns the checkpoint's host state."""
+    from agents.run.checkpoint import CheckpointError
+
+    recipe, cfg, me, own_dir = r.recipe, r.cfg, r.me, r.own_dir
     host: dict[str, Any] = {}
-    compile_ahead = opts.eval_only is None and recipe.compile_ahead(trainer)
+    compile_ahead = not r.evaluating and recipe.compile_ahead(trainer)
     try:
         if start is not None:
-            if opts.eval_only is None:
+            if not r.evaluating:
                 recipe.drop_newer(own_dir, int(start.name) if start.name.isdigit() else 0)
             host = trainer.load(start)
-            if opts.eval_only is not None:
+            if r.evaluating:
                 if me == 0:
                     print(f"evaluating the checkpoint {start} (update {trainer.update_idx}, {trainer.env_steps:,} env "
                           f"steps) on {eval_plan(cfg)}", flush=True)
             else:
                 print(f"resumed from update {trainer.update_idx} ({trainer.env_steps:,} env steps)", flush=True)
-            if compile_ahead and trainer.update_idx < num_updates:
+            if compile_ahead and trainer.update_idx < r.num_updates:
                 trainer.start_compiling()  # type: ignore[attr-defined]
         else:
-            if resume:  # no checkpoint every process holds: the run starts again
+            if r.resume:  # no checkpoint every process holds: the run starts again
                 recipe.drop_newer(own_dir, 0)
                 if me == 0:
                     why = (f"{recipe.checkpoint_place(own_dir)} holds no checkpoint yet (the run stopped before its "
-                           "first)" if procs == 1 else "the processes hold no checkpoint of the same update")
+                           "first)" if r.procs == 1 else "the processes hold no checkpoint of the same update")
                     print(f"{why}: starting the run from update 0 with its saved config", flush=True)
             if compile_ahead:
                 trainer.start_compiling()  # type: ignore[attr-defined]
@@ -528,64 +630,46 @@ def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = 
         parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s"
                           for k, v in {"imports": imports, **trainer.startup}.items() if k != "imports" or v >= 0.5)
         print(f"ready after {time.time() - t0:.0f} s ({parts})"
-              f"{'; the first update compiles' if recipe.compiles and opts.eval_only is None else ''}", flush=True)
+              f"{'; the first update compiles' if recipe.compiles and not r.evaluating else ''}", flush=True)
         if labels is not None and me == 0 and (warning := pool_overlap_warning(labels, cfg.eval.instruction_files)):
             print(warning, file=sys.stderr, flush=True)
     except (CheckpointError, CorruptFileError, ValueError) as e:
         trainer.close()
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise _Exit(2, f"error: {e}") from None
+    return host
+
+
+def _evaluation(r: _Run, trainer: RunTrainer) -> Any:
+    """``run_eval(tag, final=False)``: every seed's evaluation (process 0 writes the run's eval file
+    with all of them) and this process's metrics row part (its seeds' columns and their means);
+    ``final``: the final evaluation (eval.final_sets, eval.final_episodes)."""
+    from agents.run.multihost import allgather_json, merge_evals
 
     def run_eval(tag: str, final: bool = False) -> tuple[list[dict], dict[str, float]]:
-        """Every seed's evaluation (process 0 writes the run's eval file with all of them) and this
-        process's metrics row part (its seeds' columns and their means); ``final``: the final
-        evaluation (eval.final_sets, eval.final_episodes)."""
         results = trainer.evaluate(final=final)
         row: dict[str, float] = {}
-        for s, r in enumerate(results):
-            for k, v in r.flat_metrics().items():
+        for s, res in enumerate(results):
+            for k, v in res.flat_metrics().items():
                 row[f"seed{trainer.seed_offset + s}/{k}"] = v
-        row.update(seed_means([r.flat_metrics() for r in results]))
-        every = merge_evals(allgather_json([r.to_dict() for r in results]))
-        if me == 0:
-            run.write_eval(tag, every)
+        row.update(seed_means([res.flat_metrics() for res in results]))
+        every = merge_evals(allgather_json([res.to_dict() for res in results]))
+        if r.me == 0:
+            r.run.write_eval(tag, every)
         return every, row
 
-    if opts.eval_only is not None:  # the run's metrics, config and TensorBoard files stay as they are
-        trainer.close()
-        results, _ = run_eval(opts.eval_only, final=True)
-        if me:
-            return 0
-        table = _mean_table(results)
-        run.write_eval(opts.eval_only, results, markdown=f"{recipe.eval_title(cfg, trainer, opts.eval_only)}\n\n{table}\n")
-        print(table + f"\nwrote {run.eval_path(opts.eval_only)}", flush=True)
-        return 0
+    return run_eval
 
-    # process 0 writes the run's metrics (every process's rows merged); the others keep none
-    metrics = run.open_metrics(**(_metrics_resume(host) if resume else {}), wandb=opts.wandb,
-                                tensorboard=recipe.tensorboard) if me == 0 \
-        else _NoMetrics()
-    stopped: str | None = None
-    try:
-        stopped = _train(recipe, trainer, num_updates, metrics, opts, run_eval, t0)
-    except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        trainer.close()
-        metrics.close()
-    if stopped:
-        recipe.write_diversity(trainer, own_dir, cfg)  # a stopped run's buffer is reported too (it may never resume)
-        if me:
-            return 0
-        run.write_csv()
-        print(f"stopped ({stopped}) at update {trainer.update_idx}/{num_updates}; continue with: "
-              f"python {recipe.script} --run-dir {run.path} --resume", flush=True)
+
+def _evaluate_only(r: _Run, trainer: RunTrainer, run_eval: Any) -> int:
+    """``--eval-only TAG``: the final evaluation sets into eval_TAG.json / .md."""
+    trainer.close()
+    results, _ = run_eval(r.opts.eval_only, final=True)
+    if r.me:
         return 0
-    _finish(recipe, trainer, run, cfg, run_eval, own_dir)
-    if me:
-        return 0
-    print(f"\ndone in {time.time() - t0:.0f}s; outputs in {run.path}/", flush=True)
+    table = _mean_table(results)
+    r.run.write_eval(r.opts.eval_only, results,
+                     markdown=f"{r.recipe.eval_title(r.cfg, trainer, r.opts.eval_only)}\n\n{table}\n")
+    print(table + f"\nwrote {r.run.eval_path(r.opts.eval_only)}", flush=True)
     return 0
 
 
@@ -728,170 +812,6 @@ def quiet_xla_logs() -> None:
     exceptions). ``TF_CPP_MIN_LOG_LEVEL`` set by the user wins (0 shows them all). A script calls
     this before JAX is imported; importing the library changes nothing."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-
-#: Config fields that say where a run connects or what it reads outside its folder, with the flag that
-#: sets each. A resumed run takes them from its ``config.json`` only when its command line names them
-#: again (anyone who can write the folder can change that file: a ``llm.base_url`` of theirs would
-#: receive every request with the API key), as it takes a module-path LLM backend.
-OUTSIDE_FIELDS: dict[str, str] = {
-    "llm.base_url": "--llm.base-url", "llm.template": "--llm.template", "llm.model": "--llm.model",
-    "oir.oracle_pool": "--oir.oracle-pool", "eval.instruction_files": "--eval.instruction-files",
-}
-
-
-def named_on_command_line(argv: Sequence[str], field: str) -> bool:
-    """Whether ``argv`` passes the flag of config field ``field`` (``"llm.base_url"``: ``--llm.base-url``
-    or ``--llm.base_url``, with its value after it or after ``=``)."""
-    part, _, name = field.partition(".")
-    spellings = {f"--{part}.{name}", f"--{part}.{name.replace('_', '-')}"}
-    return any(a.partition("=")[0] in spellings for a in argv)
-
-
-def _points_outside(field: str, value: Any, default: Any) -> bool:
-    if field == "llm.template":  # a packaged template's name is data; a file path is read
-        from oir_gym.relabel.prompts import TEMPLATE_NAMES
-
-        return value not in TEMPLATE_NAMES and value != default
-    if field == "llm.model":  # a model name is data; a local folder is read (transformers, llama.cpp, vLLM)
-        return bool(value) and (str(value).startswith(("/", ".", "~")) or Path(str(value)).expanduser().exists())
-    return value != default
-
-
-def outside_references(cfg: Any) -> dict[str, Any]:
-    """The fields of :data:`OUTSIDE_FIELDS` that ``cfg`` (a PQN or SB3 config) sets to a server or a
-    file of its own (not the default, a packaged name or a model name), with their values."""
-    import dataclasses
-
-    out: dict[str, Any] = {}
-    for field in OUTSIDE_FIELDS:
-        part, name = field.split(".")
-        section = getattr(cfg, part, None)
-        if section is None or name not in {f.name for f in dataclasses.fields(section)}:
-            continue
-        value, default = getattr(section, name), getattr(type(section)(), name)
-        if _points_outside(field, value, default):
-            out[field] = value
-    return out
-
-
-def _repeat(refs: Mapping[str, Any]) -> str:
-    """The flags that pass ``refs`` (field -> value) again, quoted for a shell."""
-    import shlex
-
-    parts = []
-    for field, value in refs.items():
-        values = list(value) if isinstance(value, (tuple, list)) else [value]
-        parts.append(" ".join([OUTSIDE_FIELDS[field], *(shlex.quote(str(v)) for v in values)]))
-    return " ".join(parts)
-
-
-def eval_only_config(cfg: Any, *, final_sets: bool) -> Any:
-    """The config an ``--eval-only`` evaluation runs with: ``eval.final_sets`` only when the command
-    line names them (``final_sets``), so that exactly ``eval.sets`` and the files are evaluated
-    otherwise; the run's training labels (``oir.oracle``, its pool) replaced by the canonical ones,
-    which nothing of an evaluation reads (a user's file close to the run's pool is warned about,
-    :func:`pool_overlap_warning`, not refused)."""
-    changes: dict[str, Any] = {} if final_sets else {"eval.final_sets": ()}
-    oir = getattr(cfg, "oir", None)
-    if oir is not None and hasattr(oir, "oracle"):
-        changes["oir.oracle"] = "canonical"
-        if hasattr(oir, "oracle_pool"):
-            changes["oir.oracle_pool"] = ""
-    return cfg.replace(**changes)
-
-
-def label_pool(cfg: Any) -> str | None:
-    """The wording pool file the run's labels came from (``""``: the packaged pool), or None when
-    its labels use none (``oir.oracle`` not one of the pool oracles)."""
-    from oir_gym.relabel.oracle import USES_POOL
-
-    oir = getattr(cfg, "oir", None)
-    if getattr(cfg, "run", None) is not None and getattr(cfg.run, "method", "oir") != "oir":
-        return None
-    if oir is None or getattr(oir, "oracle", "canonical") not in USES_POOL:
-        return None
-    return getattr(oir, "oracle_pool", "")
-
-
-def pool_overlap_warning(pool_file: str, instruction_files: Sequence[str]) -> str | None:
-    """One warning line naming the texts of ``instruction_files`` within cosine
-    :data:`~oir_gym.relabel.oracle.MAX_EVAL_COSINE` (0.85) of a wording of the run's label pool
-    (``pool_file``; ``""``: the packaged one), or None when none is: their success measures wordings
-    the run was trained on, not held-out ones."""
-    import numpy as np
-
-    from oir_gym import get_encoder
-    from oir_gym.instructions import load_instruction_files
-    from oir_gym.relabel.oracle import MAX_EVAL_COSINE, load_pool
-
-    texts = list(dict.fromkeys(i.text for items in load_instruction_files(instruction_files).values() for i in items))
-    if not texts:
-        return None
-    pool = load_pool(pool_file or None)
-    words = list(pool.owner())
-    enc = get_encoder()
-    sim = np.asarray(enc.encode(texts), np.float32) @ np.asarray(enc.encode(words), np.float32).T
-    close = [(texts[i], words[int(sim[i].argmax())], float(sim[i].max())) for i in range(len(texts))
-             if sim[i].max() >= MAX_EVAL_COSINE]
-    if not close:
-        return None
-    shown = "; ".join(f"{t!r} ({c:.2f} to {w!r})" for t, w, c in close[:8]) + (" ..." if len(close) > 8 else "")
-    return (f"warning: {len(close)} of the {len(texts)} texts of your instruction files are within cosine "
-            f"{MAX_EVAL_COSINE} of a wording of the run's label pool ({pool.source}), so they are not held out from "
-            f"what it was trained on: {shown}")
-
-
-def eval_plan(cfg: Any) -> str:
-    """What an evaluation of ``cfg`` runs, in words: its sets and episodes."""
-    from oir_gym.instructions import load_instruction_files
-
-    ev = cfg.eval
-    sets = list(dict.fromkeys([*ev.sets, *ev.final_sets, *load_instruction_files(ev.instruction_files)]))
-    return f"the sets {', '.join(sets)} ({ev.final_episodes} episode(s) per instruction)"
-
-
-def parse_with_base(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any,
-                    check_saved_backend: Any) -> Any:
-    """The command line as ``options_type`` (parsed by ``cli``, :func:`agents.pqn.config.cli`'s signature):
-    ``--resume`` / ``--eval-only`` start from the run's saved config (read by ``load_config``; flags
-    override it), otherwise from the preset named first.
-
-    What a run's files may not decide: a module-path LLM backend is refused unless the flags name it
-    (``check_saved_backend``), and so is a field of :data:`OUTSIDE_FIELDS` that points outside
-    (another server, a template, model, pool or instruction file): ``--resume`` refuses, naming the
-    flags to repeat; ``--eval-only``, which starts no LLM and evaluates the files its command line
-    names, leaves them at their defaults with a warning."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--run-dir", "--run_dir")
-    pre.add_argument("--resume", action="store_true")
-    pre.add_argument("--eval-only", "--eval_only")
-    pre.add_argument("--llm.backend", dest="llm_backend")
-    known, _ = pre.parse_known_args(argv)
-    if (known.resume or known.eval_only) and known.run_dir and (Path(known.run_dir) / "config.json").is_file():
-        file = Path(known.run_dir) / "config.json"
-        try:
-            base = load_config(RunDir(known.run_dir).read_config())
-        except (ValueError, CorruptFileError) as e:
-            raise SystemExit(f"error: {file}: {e}") from None
-        if known.eval_only is None:  # an evaluation starts no LLM (the recipe replaces the backend)
-            try:
-                check_saved_backend(base.llm, file, on_command_line=known.llm_backend is not None)
-            except ValueError as e:
-                raise SystemExit(f"error: {e}") from None
-        refs = {f: v for f, v in outside_references(base).items() if not named_on_command_line(argv, f)}
-        if refs:
-            names = ", ".join(f"{f}={v!r}" for f, v in refs.items())
-            if known.eval_only is None:
-                raise SystemExit(
-                    f"error: {file} sets {names}: a resumed run takes where it connects and what it reads outside "
-                    "its folder from its command line only, never from its files (anyone who can write the folder "
-                    f"can change them); repeat {_repeat(refs)} to use them again, or pass other values")
-            print(f"warning: --eval-only does not use {names} of {file} (an evaluation takes files from its command "
-                  f"line only; pass {_repeat(refs)} to use them)", file=sys.stderr, flush=True)
-            base = base.replace(**{f: getattr(type(getattr(base, f.split('.')[0]))(), f.split(".")[1]) for f in refs})
-        return cli(options_type, argv, base=base, description=description)
-    return cli(options_type, argv, description=description)
 
 
 #: The trainers the driver runs from its own command line (``python -m agents.run.train``), by name:

@@ -357,10 +357,9 @@ class SB3Recipe(Recipe):
         then flags. An old flag spelling is a usage error naming the new flag."""
         import sys
 
-        from agents.run.config import check_saved_backend
-        from agents.pqn.config import cli
+        from agents.run.config import check_saved_backend, cli
+        from agents.run.resume import parse_with_base
         from agents.sb3.config import old_flag_error
-        from agents.run.train import parse_with_base
 
         old = old_flag_error(argv)
         if old:
@@ -368,8 +367,8 @@ class SB3Recipe(Recipe):
             raise SystemExit(2)
 
         def parse(options_type: type, args: list[str], *, base: Any = None, description: str | None = None) -> Any:
-            return cli(options_type, args, base=base, description=description, presets=SB3_PRESETS,
-                       config_type=SB3TrainConfig)
+            return cli(options_type, args, base=base, description=description, default_preset="cpu",
+                       presets=SB3_PRESETS, config_type=SB3TrainConfig)
 
         opts = parse_with_base(argv, description, SB3Options, parse, load_sb3_config, check_saved_backend)
         opts.config = opts.config.with_hp()
