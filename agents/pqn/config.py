@@ -24,15 +24,14 @@ script validates before it writes anything. Old run directories wrote one flat d
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, Mapping, Sequence, get_args
 
 from agents.run import config as shared
 from agents.run.config import (
-    LLM_BACKENDS, MAX_EVAL_EPISODES, ORACLES, RELABELERS, EvalSettings, Grounding, LLMConfig, ObsMode,
-    RelabelSettings, did_you_mean, is_module_path, nested_from_dict, nested_replace, nested_to_dict, redact_url,
+    MAX_EVAL_EPISODES, ORACLES, RELABELERS, EvalSettings, Grounding, LLMConfig, ObsMode, RelabelSettings,
+    did_you_mean, nested_from_dict, nested_replace, nested_to_dict,
 )
 
 Method = Literal["gt", "cosine", "oir", "ellm"]

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 class PQNEvaluator:
     """Every seed of a PQN run's checkpoint evaluated on instruction sets, as the run's own

@@ -15,8 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Annotated, Any, Literal, Mapping, Sequence, get_args
 
 import tyro

@@ -28,7 +28,6 @@ no oracle pool), no training envs, no update program.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol, runtime_checkable
 
