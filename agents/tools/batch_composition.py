@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.run import config as config_lib
+from agents.pqn import config as config_lib
 
 CPU_DEFAULTS = {"pqn.hidden_size": 64, "pqn.lr": 3e-4, "pqn.lr_linear_decay": False, "pqn.num_epochs": 2,
                 "pqn.eps_decay": 0.3, "oir.relabeler": "rules", "eval.every": 10**9}
