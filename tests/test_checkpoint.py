@@ -87,7 +87,7 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_readable(tmp_p
     """SIGKILL a process that keeps writing large checkpoints; what is on disk must load and verify."""
     code = (
         "import sys, numpy as np; sys.path.insert(0, %r)\n"
-        "from agents.checkpoint import save_checkpoint\n"
+        "from agents.run.checkpoint import save_checkpoint\n"
         "big = {'w': np.random.default_rng(0).random(8_000_000).astype(np.float32)}\n"
         "save_checkpoint(%r, 0, big, {'update': 0})\n"
         "print('first', flush=True)\n"

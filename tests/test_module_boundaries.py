@@ -280,3 +280,17 @@ def test_an_old_import_path_warns_and_gives_the_same_objects(old, new, name):
     with pytest.warns(DeprecationWarning, match=f"{old} moved to .*{new}"):
         shim = importlib.import_module(old)
     assert getattr(shim, name) is getattr(importlib.import_module(new), name)
+
+
+def test_every_agents_import_names_an_existing_module():
+    """An import of a moved module's old path inside the packages (say ``agents.sharding`` in a
+    function body) would fail only when that line runs: none is left."""
+    graph = import_graph("agents")
+    missing = []
+    for path in sorted((ROOT / "agents").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            missing += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                        if n.startswith("agents.") and n not in graph]
+    assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)

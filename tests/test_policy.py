@@ -108,7 +108,7 @@ def test_an_sb3_run_without_stable_baselines3_names_the_extra_to_install(tmp_pat
     # Fault injection: stable-baselines3 and sb3-contrib absent (None in sys.modules blocks the import).
     code = ("import sys; sys.path.insert(0, %r)\n"
             "sys.modules['stable_baselines3'] = sys.modules['sb3_contrib'] = None\n"
-            "from agents.policy import load_policy\n"
+            "from agents.tools.policy import load_policy\n"
             "try:\n    load_policy(%r)\nexcept ImportError as e:\n    print('ImportError:', e)\n"
             ) % (str(Path(__file__).resolve().parents[1]), str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

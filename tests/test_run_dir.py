@@ -170,7 +170,7 @@ def test_atomic_json_write_killed_midway_leaves_the_old_file(tmp_path):
     path = tmp_path / "state.json"
     atomic_write_json(path, {"version": 1})
     code = ("import sys; sys.path.insert(0, %r)\n"
-            "from agents.run_dir import atomic_write_json\n"
+            "from agents.run.run_dir import atomic_write_json\n"
             "big = {'version': 2, 'pad': 'x' * 20_000_000}\n"
             "print('ready', flush=True)\n"
             "while True:\n"

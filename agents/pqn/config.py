@@ -217,7 +217,7 @@ class TrainConfig:
 
     @classmethod
     def from_flat_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
-        """From the flat ``config.json`` of runs written before the nested config (``agents.pqn.PQNConfig``).
+        """From the flat ``config.json`` of runs written before the nested config (``agents.pqn.config.PQNConfig``).
 
         Every old key maps to one new field (``k`` to both ``oir.k`` and ``ellm.k``); keys those
         runs did not have yet keep their defaults, which are the old defaults. Unknown keys are a
@@ -275,7 +275,7 @@ class TrainConfig:
         if r.num_devices > 0:
             # the layout's arithmetic only; the Trainer checks against the visible devices (asking JAX
             # for them here would start its backend before a multi-host jax.distributed.initialize)
-            from agents.sharding import check_layout
+            from agents.pqn.sharding import check_layout
 
             check_layout(r.num_seeds, p.num_envs, r.num_devices, visible=r.num_devices)
         need(0 < p.lr < 1, f"pqn.lr={p.lr} must be in (0, 1)")
@@ -352,7 +352,7 @@ FLAT_KEYS: dict[str, tuple[str, ...]] = {
 
 
 # ----------------------------------------------------------------------------- nested configs
-# A run config is a dataclass of part dataclasses (TrainConfig here, agents.sb3_config.SB3TrainConfig):
+# A run config is a dataclass of part dataclasses (TrainConfig here, agents.sb3.config.SB3TrainConfig):
 # one way to write, read and change them for both trainers.
 def _check_types(cfg: TrainConfig) -> None:
     """Every field holds its declared type; every number is finite (NaN and inf are refused)."""
