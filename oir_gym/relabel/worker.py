@@ -1,7 +1,7 @@
 """Running an LLM backend off the training thread: crash isolation, deadlines, health.
 
 One module shared by the :class:`~oir_gym.relabel.HindsightRelabeler` and the ELLM
-:class:`~agents.ellm_proposer.GoalProposer`:
+:class:`~agents.pqn.ellm_proposer.GoalProposer`:
 
 * :class:`BackendSpec`: a picklable recipe for a backend (a :func:`~oir_gym.relabel.make_backend`
   name, or ``"package.module:ClassName"`` for any class with the backend protocol, plus kwargs).
