@@ -3,7 +3,7 @@
     python bench/eval_cost.py                                  # 4, 16, 32 episodes; horizon 1000
     python bench/eval_cost.py --episodes 4 16 32 --horizon 1 100 --repeats 3
 
-What is timed is what ``agents.oir.Trainer.evaluate`` runs for one seed: the 22 original
+What is timed is what ``agents.pqn.trainer.Trainer.evaluate`` runs for one seed: the 22 original
 instructions and their 132 paraphrases (simple + complex) plus the control's neutral instruction
 (155 instructions), ``episodes`` envs each, ``horizon`` greedy steps of a small PQN network (LSTM,
 ``--hidden`` units) in one ``lax.scan``, vmapped over 1 seed as the trainer does. Per episode
@@ -57,7 +57,7 @@ def bench_one(episodes: int, horizon: int, args, encoder) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from agents import pqn
+    from agents.pqn import network as pqn
     from oir_gym import functional as F
     from oir_gym.craftax_compat import NUM_ACTIONS
     from oir_gym.evaluation import (

@@ -19,8 +19,8 @@ reader sees whether the timed ones are a steady state:
 
 (a) plain PQN-RNN: Craftax's own step, symbolic observation and reward, optimistic resets from a
     world pool (``bench/env_throughput.py``'s raw batch), the same network with a zero instruction,
-    the same ``agents.pqn.update``. One jitted rollout and one jitted update per iteration.
-(b) ours, method ``gt``: ``agents.oir.Trainer.iteration``, with the instruction layer (events,
+    the same ``agents.pqn.network.update``. One jitted rollout and one jitted update per iteration.
+(b) ours, method ``gt``: ``agents.pqn.trainer.Trainer.iteration``, with the instruction layer (events,
     ground-truth reward, instruction embeddings, termination at success) and the host
     bookkeeping (episode records, metrics). Same observation size (``--obs-mode symbolic``).
 (c) ours, method ``oir`` with the rule relabeler: (b) plus relabeling on the host, the buffer
@@ -34,11 +34,11 @@ reader sees whether the timed ones are a steady state:
 The ratios (b)/(a) and (c)/(a) are the costs of the instruction layer and of OIR.
 
 ``--processes``: the scaling table with one process per device, the multi-process path of
-training (``agents.multihost``) on one host. For each count d of ``--devices`` the bench starts d
+training (``agents.run.multihost``) on one host. For each count d of ``--devices`` the bench starts d
 processes of itself (``JAX_COORDINATOR_ADDRESS``/``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``, each
 pinned to one GPU by ``CUDA_VISIBLE_DEVICES``, or to its own CPU device), each timing the loops
 with ``--seeds-per-device K`` seeds on its device and meeting the others once per update in
-``agents.multihost.allgather_json``, as the trainer's processes do. An update of d processes
+``agents.run.multihost.allgather_json``, as the trainer's processes do. An update of d processes
 takes the slowest one's time (per update, the max over the processes; then the median); each
 process's oir loop runs ``1/d`` of the relabel workers one process would start. The first count
 of ``--devices`` (the baseline of the ratios) runs before, between and after the others
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
             return 2
         return processes_main(args, names, counts)
     plan = [(d, d * args.seeds_per_device if args.seeds_per_device else (args.seeds or d)) for d in counts]
-    from agents.sharding import check_layout
+    from agents.pqn.sharding import check_layout
 
     try:  # the layout before anything compiles
         for n in names:
@@ -187,7 +187,7 @@ def _free_port() -> int:
 def processes_main(args, names: list[str], counts: list[int]) -> int:
     """``--processes``: per size and device count d, d processes of one device each; their tables,
     then the scaling table of the updates they achieve together."""
-    from agents.sharding import check_layout
+    from agents.pqn.sharding import check_layout
 
     K = args.seeds_per_device
     gpus = gpu_ids()
@@ -319,10 +319,10 @@ def child_main(args) -> int:
     import io
     import json
 
-    from agents.sharding import initialize_distributed
+    from agents.run.multihost import initialize_distributed
 
     initialize_distributed()  # before anything else touches JAX's backend
-    from agents.multihost import ProcessLost, allgather_json, process_count
+    from agents.run.multihost import ProcessLost, allgather_json, process_count
 
     try:
         times: dict[str, list[float]] = {}
@@ -341,7 +341,7 @@ def child_main(args) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         if process_count() > 1:
-            os._exit(1)  # not the exit barrier: the others stop at their next meeting (agents.train.script)
+            os._exit(1)  # not the exit barrier: the others stop at their next meeting (agents.run.train.script)
         raise
     return 0
 
@@ -413,10 +413,10 @@ def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[]
     import jax.numpy as jnp
     import numpy as np
 
-    from agents import pqn
-    from agents.config import TrainConfig
-    from agents.oir import Trainer
-    from agents.sharding import AXIS, shard_leading
+    from agents.pqn import network as pqn
+    from agents.pqn.config import TrainConfig
+    from agents.pqn.trainer import Trainer
+    from agents.pqn.sharding import AXIS, shard_leading
     from env_throughput import raw_reset, raw_step
     from oir_gym.craftax_compat import NUM_ACTIONS
     from oir_gym.observation import obs_dim

@@ -6,19 +6,19 @@
     python bench/update_cost.py --preset fast --variants sequence:8:float32,cell:8:float32,sequence:8:bfloat16
     python bench/update_cost.py --preset fast --variants sequence:8:bfloat16 --trace /tmp/update_trace
 
-The update is :func:`agents.pqn.update`, vmapped over seeds and jitted as the trainer does, on a
+The update is :func:`agents.pqn.network.update`, vmapped over seeds and jitted as the trainer does, on a
 batch of random trajectories shaped as the preset's (OIR: ``num_envs * (1 + K)`` trajectories of
 ``num_steps`` steps). Variants, timed interleaved (a, b, a, b, ...) so that machine load hits them
 alike; medians reported, with each variant's ratio to the first:
 
-* ``lstm``: ``sequence`` (:class:`agents.pqn.SequenceLSTM`: the input projection of all steps as
+* ``lstm``: ``sequence`` (:class:`agents.pqn.network.SequenceLSTM`: the input projection of all steps as
   one matmul before the scan) or ``cell`` (flax's ``OptimizedLSTMCell`` called at every step under
   ``nn.scan``: both matmuls per step). Same parameters, same math.
 * ``unroll``: the scan's unroll (``pqn.scan_unroll``).
 * ``dtype``: ``pqn.compute_dtype``, the matmuls' input type (``sequence`` only; float32
   accumulation either way).
 * ``grad`` (a fourth field of ``--variants``, default ``hoisted``): the LSTM's gradient,
-  :func:`agents.pqn.lstm_scan`'s written-out one or JAX's ``autodiff`` of the scan (``sequence`` only).
+  :func:`agents.pqn.network.lstm_scan`'s written-out one or JAX's ``autodiff`` of the scan (``sequence`` only).
 
 Beside each time: the update's matmul FLOPs (counted from the shapes: forward, and the backward's
 input and weight gradients), the FLOP/s achieved and their fraction of the card's dense peak for
@@ -115,8 +115,8 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     from flax.training.train_state import TrainState
 
-    from agents import pqn
-    from agents.config import PQNConfig, TrainConfig
+    from agents.pqn import network as pqn
+    from agents.pqn.config import PQNConfig, TrainConfig
     from oir_gym.craftax_compat import NUM_ACTIONS
     from oir_gym.observation import obs_dim
 
@@ -221,7 +221,7 @@ def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
     import jax.numpy as jnp
     from flax.training.train_state import TrainState
 
-    from agents import pqn
+    from agents.pqn import network as pqn
     from oir_gym.craftax_compat import NUM_ACTIONS
 
     lstm, unroll, dtype, grad = variant

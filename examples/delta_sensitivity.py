@@ -1,6 +1,6 @@
 """What the cosine reward pays for at each threshold delta, before any training.
 
-The tool is :mod:`agents.delta_sensitivity` (its docstring has the usage); ``python examples/delta_sensitivity.py --help``
+The tool is :mod:`agents.tools.delta_sensitivity` (its docstring has the usage); ``python examples/delta_sensitivity.py --help``
 lists its options.
 """
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.delta_sensitivity import main  # noqa: E402
+from agents.tools.delta_sensitivity import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

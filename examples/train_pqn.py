@@ -11,14 +11,14 @@
 The first argument may name a preset (cpu, the default; paper; fast; smoke); flags after it override
 its values. ``--resume`` continues with the run's saved config (flags override single fields).
 
-Writes ``--run-dir`` (see :mod:`agents.run_dir`): config.json (with the git commit and package
+Writes ``--run-dir`` (see :mod:`agents.run.run_dir`): config.json (with the git commit and package
 versions), metrics.jsonl / metrics.csv, TensorBoard events (if installed; ``--wandb`` also logs to
-Weights & Biases), checkpoints/ (:mod:`agents.checkpoint`), eval_<update>.json, eval_final.md,
+Weights & Biases), checkpoints/ (:mod:`agents.run.checkpoint`), eval_<update>.json, eval_final.md,
 PNG plots, and complete.json last; method ``oir`` also instructions.json (every instruction
 inserted into the buffer, with counts), method ``ellm`` goals.json. SIGINT and SIGTERM stop after
 the current update with a checkpoint; a second signal ends the process at once, whatever it is
 waiting on (exit status 128 + the signal's number; the newest checkpoint on disk is the last state).
-The run driver is :mod:`agents.train` (shared with examples/train_sb3.py).
+The run driver is :mod:`agents.run.train` (shared with examples/train_sb3.py).
 """
 
 import sys
@@ -29,7 +29,8 @@ _STARTED = time.time()  # before the heavy imports: a run's wall clock counts th
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.train import PQN, script  # noqa: E402
+from agents.pqn.recipe import PQN  # noqa: E402
+from agents.run.train import script
 
 if __name__ == "__main__":
     script(PQN, description=__doc__, started=_STARTED)

@@ -22,11 +22,11 @@ The relabeler is attached with ``oir_gym.sb3.HindsightRelabelCallback``: QR-DQN 
 relabeled transitions in their replay buffer, RecurrentPPO the instruction-buffer curriculum only
 (see docs/sb3.md).
 
-Writes ``--run-dir`` (agents/run_dir.py, the format of ``train_pqn.py``): config.json,
+Writes ``--run-dir`` (agents/run/run_dir.py, the format of ``train_pqn.py``): config.json,
 metrics.jsonl / metrics.csv, TensorBoard events in tb/ (if installed), model.zip + state.json
 (checkpoint; --resume loads only the model.zip whose sha256 the run recorded: an SB3 zip holds
 pickled objects, so a foreign one is code), eval_*.json, eval_final.md, PNG plots and, last,
-complete.json. The run driver is :mod:`agents.train` (shared with examples/train_pqn.py): SIGINT
+complete.json. The run driver is :mod:`agents.run.train` (shared with examples/train_pqn.py): SIGINT
 and SIGTERM stop after the current update with a checkpoint.
 """
 
@@ -38,8 +38,8 @@ _STARTED = time.time()  # before the heavy imports: a run's wall clock counts th
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.sb3_trainer import SB3  # noqa: E402
-from agents.train import script  # noqa: E402
+from agents.sb3.trainer import SB3  # noqa: E402
+from agents.run.train import script  # noqa: E402
 
 if __name__ == "__main__":
     script(SB3, description=__doc__, started=_STARTED)

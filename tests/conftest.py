@@ -7,7 +7,7 @@ second instance of the same configuration cheap). Tests that need a particular s
 the Craftax state of the shared env (:class:`Scene`) instead of searching for a world.
 
 Training a PQN ``Trainer`` first traces its programs (10-15 s even with a warm cache; a second
-trainer of the same program configuration in the process shares them: ``agents.oir.trainer_programs``),
+trainer of the same program configuration in the process shares them: ``agents.pqn.trainer.trainer_programs``),
 so the training tests share one trained smoke trainer (:func:`smoke_trainer`) and one finished
 smoke run directory (:func:`smoke_run`) per session.
 """
@@ -66,7 +66,7 @@ HEAVY_FILES = ("test_sharding.py", "test_train_pqn.py", "test_docs_snippets.py",
 
 #: Files whose tests train PQN runs in the test process: each file's tests run on one pytest-xdist
 #: worker (``--dist loadgroup``), so those of equal program configurations share their compiled
-#: programs (:func:`agents.oir.trainer_programs`: a smoke run's second trainer starts in a second
+#: programs (:func:`agents.pqn.trainer.trainer_programs`: a smoke run's second trainer starts in a second
 #: instead of tracing for 10-15 s). The tests of the live smoke trainer (:func:`smoke_trainer`) run
 #: on one worker too, which builds it once.
 PQN_FILES = ("test_train_pqn.py", "test_no_run_lost.py", "test_eval_only.py", "test_oracle.py", "test_run_trust.py", "test_oir_grounding.py",
@@ -139,7 +139,7 @@ def venv(_venv_session):
 def tiny(**changes):
     """The smoke preset (4 envs x 16 steps, LSTM 32, K=2, rule relabeler) for 6 updates, no periodic
     evaluation or checkpoint; ``changes`` are dotted fields, e.g. ``tiny(**{"run.method": "gt"})``."""
-    from agents.config import preset
+    from agents.pqn.config import preset
 
     return preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "rules", "run.total_timesteps": 4 * 16 * 6,
                                       "eval.every": 1000, "run.checkpoint_every": 1000, **changes})
@@ -152,10 +152,10 @@ SMOKE_TRAINER_CHANGES = {"run.num_seeds": 2, "eval.horizon": 50, "eval.epsilon":
 
 @pytest.fixture(scope="session")
 def pqn_main():
-    """The PQN command line's ``main(argv) -> exit code`` (:func:`agents.train.pqn_main`)."""
-    from agents import train
+    """The PQN command line's ``main(argv) -> exit code`` (:func:`agents.pqn.recipe.pqn_main`)."""
+    from agents.pqn import recipe
 
-    return train.pqn_main
+    return recipe.pqn_main
 
 
 @pytest.fixture(scope="session")
@@ -201,7 +201,7 @@ def smoke_trainer(tmp_path_factory) -> SmokeTrainer:
     """One ``Trainer`` of ``tiny(**SMOKE_TRAINER_CHANGES)`` trained 4 updates, evaluated at update 2 and
     checkpointed at update 3, shared by the tests that only need a trained state or a reference
     run of this configuration (another Trainer of other program settings traces its own for 10-15 s)."""
-    from agents.oir import Trainer
+    from agents.pqn.trainer import Trainer
 
     cfg = tiny(**SMOKE_TRAINER_CHANGES)
     tr = Trainer(cfg, tmp_path_factory.mktemp("smoke_trainer"), log=lambda s: None)

@@ -124,8 +124,8 @@ class Delivered(BackgroundRelabeler):
 
 def make_method(cfg: Any, seeds: int, registry: Any, buffers: list, encoder: Any, orig: np.ndarray) -> Any:
     """Method ``oir`` on a context built without a trainer, its relabeler a :class:`Delivered`."""
-    from agents.methods import MethodContext
-    from agents.oir_method import OIRRelabeling
+    from agents.pqn.methods import MethodContext
+    from agents.pqn.oir_method import OIRRelabeling
 
     ctx = MethodContext(cfg=cfg, S=seeds, seed_offset=0, registry=registry, buffers=buffers, encoder=encoder,
                         all_eval_texts=[], log=print)
@@ -148,7 +148,7 @@ def step(method: Any, update: int, host: dict, rules: list, late: list) -> dict:
 
 def run_scenario(name: str, encoder: Any) -> dict:
     """The record of one scenario: per update the rows, metrics and buffers; then the totals."""
-    from agents.config import preset
+    from agents.pqn.config import preset
     from oir_gym.buffer import InstructionBuffer
     from oir_gym.instruction_registry import InstructionRegistry
     from oir_gym.instructions import ORIGINAL_INSTRUCTIONS

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-from agents import analyze_runs  # noqa: E402
+from agents.tools import analyze_runs  # noqa: E402
 
 from oir_gym import analysis  # noqa: E402
 from oir_gym.metrics import t_interval  # noqa: E402
@@ -216,7 +216,7 @@ def test_delta_ablation_table_in_results_doc_is_rebuilt_from_results(capsys):
 
 def test_delta_sensitivity_reference_file_and_doc_table_match_the_script(tmp_path, capsys):
     """examples/delta_sensitivity.py rebuilds results/reference/delta_sensitivity.json exactly."""
-    from agents import delta_sensitivity
+    from agents.tools import delta_sensitivity
 
     out = tmp_path / "d.json"
     assert delta_sensitivity.main(["--out", str(out)]) == 0

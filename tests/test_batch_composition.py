@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("jax")
 ROOT = Path(__file__).resolve().parents[1]
-from agents import batch_composition  # noqa: E402
+from agents.tools import batch_composition  # noqa: E402
 
 
 def test_counts_of_a_real_oir_iteration_add_up_to_the_batch(tmp_path):
-    from agents.config import TrainConfig
-    from agents.oir import Trainer
+    from agents.pqn.config import TrainConfig
+    from agents.pqn.trainer import Trainer
 
     cfg = TrainConfig().replace(**{**batch_composition.CPU_DEFAULTS, "run.method": "oir", "pqn.num_envs": 8,
                                    "pqn.num_steps": 32, "pqn.num_minibatches": 2, "run.total_timesteps": 8 * 32 * 10,

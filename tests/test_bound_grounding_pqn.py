@@ -17,8 +17,8 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from agents.config import TrainConfig  # noqa: E402
-from agents.oir import Trainer, build_batch  # noqa: E402
+from agents.pqn.config import TrainConfig  # noqa: E402
+from agents.pqn.trainer import Trainer, build_batch  # noqa: E402
 from oir_gym.captions import NUM_EVENTS, VOCAB  # noqa: E402
 from oir_gym.grounding import BOUND, Binding, indicator_row  # noqa: E402
 

@@ -16,9 +16,10 @@ import pytest
 jax = pytest.importorskip("jax")
 from flax import struct  # noqa: E402
 
-from agents.checkpoint import (ARRAYS, HOST, MANIFEST, CheckpointError, incomplete_checkpoints,  # noqa: E402
-                               latest_checkpoint, list_checkpoints, load_checkpoint, refuse_legacy, restore_tree,
-                               save_checkpoint)
+from agents.run.checkpoint import (  # noqa: E402
+    ARRAYS, HOST, MANIFEST, CheckpointError, incomplete_checkpoints, latest_checkpoint, list_checkpoints,
+    load_checkpoint, refuse_legacy, restore_tree, save_checkpoint,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 Pair = namedtuple("Pair", "mu nu")
@@ -86,7 +87,7 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint_readable(tmp_p
     """SIGKILL a process that keeps writing large checkpoints; what is on disk must load and verify."""
     code = (
         "import sys, numpy as np; sys.path.insert(0, %r)\n"
-        "from agents.checkpoint import save_checkpoint\n"
+        "from agents.run.checkpoint import save_checkpoint\n"
         "big = {'w': np.random.default_rng(0).random(8_000_000).astype(np.float32)}\n"
         "save_checkpoint(%r, 0, big, {'update': 0})\n"
         "print('first', flush=True)\n"
@@ -118,7 +119,7 @@ def test_a_writer_killed_while_deleting_an_old_checkpoint_leaves_no_checkpoint_w
     manifest (which a later save of that update would keep aside as ``.incomplete``)."""
     import shutil as real_shutil
 
-    from agents import checkpoint
+    from agents.run import checkpoint
 
     save_checkpoint(tmp_path, 1, {"w": np.zeros(3)}, {"update": 1}, keep=1)
     real_rmtree = real_shutil.rmtree
@@ -166,7 +167,7 @@ def test_a_crafted_checkpoint_cannot_run_code(tmp_path):
     legacy = tmp_path / "old"
     legacy.mkdir()
     (legacy / "checkpoint.pkl").write_bytes(payload)
-    with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*python -m agents.legacy_checkpoint"):
+    with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*python -m agents.tools.legacy_checkpoint"):
         load_checkpoint(legacy)
     with pytest.raises(CheckpointError, match="checkpoint.pkl"):
         refuse_legacy(legacy)
@@ -188,7 +189,7 @@ def test_a_checkpoint_folder_without_its_manifest_is_skipped_and_saves_go_on(tmp
     """Issue 30.7: a partial copy (no manifest.json) of the newest checkpoint: readers fall back to
     the one before, and saving its update again moves the partial folder aside (it used to fail
     with 'Directory not empty' at every later save)."""
-    from agents.checkpoint import incomplete_checkpoints
+    from agents.run.checkpoint import incomplete_checkpoints
 
     for u in (2, 4):
         save_checkpoint(tmp_path, u, _tree(u), {"update": u})

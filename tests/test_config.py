@@ -12,8 +12,9 @@ from typing import Annotated
 import pytest
 import tyro
 
-from agents.config import FLAT_KEYS, MAX_EVAL_EPISODES, PRESETS, LLMConfig, TrainConfig, cli, load_config, preset
-from agents.run_dir import RunDir
+from agents.pqn.config import FLAT_KEYS, PRESETS, TrainConfig, cli, load_config, preset
+from agents.run.config import MAX_EVAL_EPISODES, LLMConfig
+from agents.run.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_CONFIGS = sorted((ROOT / "results").glob("*/*config.json"))
@@ -113,14 +114,14 @@ def test_an_unknown_key_of_a_nested_config_json_is_named_with_its_section_and_a_
 def test_an_out_of_range_seed_is_refused_before_anything_is_written(tmp_path, capsys):
     """--run.seed 99999999999999999999 used to pass validation and overflow in JAX after config.json
     was written; seeds 2**32 and up would also meet seed 0's worlds (JAX keys hold 32 bits)."""
-    from agents import train
+    from agents.pqn import recipe
 
     for seed, seeds in ((99999999999999999999, 1), (2**32, 1), (-1, 1), (2**32 - 1, 2)):
         with pytest.raises(ValueError, match=rf"run.seed={seed} must be in \[0, {2**32 - seeds}\]"):
             TrainConfig().replace(**{"run.seed": seed, "run.num_seeds": seeds}).validate()
     TrainConfig().replace(**{"run.seed": 2**32 - 1}).validate()
     run = tmp_path / "run"
-    assert train.pqn_main(["smoke", "--run-dir", str(run), "--run.seed", "99999999999999999999"]) == 2
+    assert recipe.pqn_main(["smoke", "--run-dir", str(run), "--run.seed", "99999999999999999999"]) == 2
     assert "run.seed=99999999999999999999" in capsys.readouterr().err and not run.exists()
 
 
@@ -133,10 +134,10 @@ def test_a_missing_prompt_template_is_refused_whichever_relabeler_runs():
 def test_a_key_inside_the_llm_url_never_reaches_config_json_or_a_checkpoint(tmp_path):
     """The key belongs in OPENAI_API_KEY; one typed into --llm.base-url (user:key@ or ?api_key=) is
     redacted from everything a run writes (config.json, and checkpoints, which store to_dict())."""
-    from agents import train
+    from agents.pqn import recipe
 
     url = "http://me:sk-SECRET1@127.0.0.1:8000/v1?api_key=sk-SECRET2&version=3"
-    opts = train.PQN.parse(["smoke", "--llm.base-url", url])
+    opts = recipe.PQN.parse(["smoke", "--llm.base-url", url])
     d = opts.config.to_dict()
     assert d["llm"]["base_url"] == "http://REDACTED@127.0.0.1:8000/v1?api_key=REDACTED&version=3"
     run = RunDir.prepare(tmp_path / "run")
@@ -150,7 +151,7 @@ def test_a_key_inside_the_llm_url_never_reaches_config_json_or_a_checkpoint(tmp_
 def test_a_repeated_multi_value_flag_keeps_every_value(tmp_path):
     """--eval.instruction-files a.json --eval.instruction-files b.json used to keep only b.json; both
     spellings (several values after one flag, or the flag repeated, or mixed) now add up."""
-    from agents import train
+    from agents.pqn import recipe
 
     files = []
     for name in ("a", "b", "c"):
@@ -162,23 +163,23 @@ def test_a_repeated_multi_value_flag_keeps_every_value(tmp_path):
     for argv in (["--eval.instruction-files", a, "--eval.instruction-files", b, c],
                  ["--eval.instruction-files", a, b, "--pqn.lr", "0.001", "--eval.instruction_files", c],
                  [f"--eval.instruction-files={a}", "--eval.instruction-files", b, f"--eval.instruction-files={c}"]):
-        cfg = train.PQN.parse(["smoke", *argv]).config
+        cfg = recipe.PQN.parse(["smoke", *argv]).config
         assert cfg.eval.instruction_files == (a, b, c), argv
         cfg.validate()
-    assert train.PQN.parse(["smoke", "--eval.instruction-files", a]).config.eval.instruction_files == (a,)
+    assert recipe.PQN.parse(["smoke", "--eval.instruction-files", a]).config.eval.instruction_files == (a,)
 
 
 def test_eval_sets_chooses_the_built_in_sets_and_can_leave_only_the_files_sets(tmp_path):
-    from agents import train
+    from agents.pqn import recipe
 
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_wood"}]}}))
-    cfg = train.PQN.parse(["smoke", "--eval.instruction-files", str(path), "--eval.sets"]).config.validate()
+    cfg = recipe.PQN.parse(["smoke", "--eval.instruction-files", str(path), "--eval.sets"]).config.validate()
     assert cfg.eval.sets == ()
     from oir_gym.evaluation import eval_config
 
     assert eval_config(cfg.eval.instruction_files, sets=cfg.eval.sets).set_names == ("mine",)
-    assert train.PQN.parse(["smoke", "--eval.sets", "original"]).config.eval.sets == ("original",)
+    assert recipe.PQN.parse(["smoke", "--eval.sets", "original"]).config.eval.sets == ("original",)
     assert preset("smoke").eval.sets == ("original", "simple", "complex")
     with pytest.raises(ValueError, match="eval.sets: unknown built-in set 'mine'"):
         cfg.replace(**{"eval.sets": ("mine",)}).validate()  # a file's sets are always evaluated: not named here
@@ -276,16 +277,16 @@ def test_a_preset_cannot_be_applied_to_a_resumed_run(capsys):
 
 
 def test_train_script_refuses_bad_values_before_writing_anything(tmp_path, capsys):
-    from agents import train
+    from agents.pqn import recipe
 
     run = tmp_path / "run"
     for argv in (["--pqn.num-minibatches", "5"], ["--pqn.max-grad-norm", "nan"], ["--env.delta", "nan"],
                  ["--pqn.max-grad-norm", "-1"], ["--eval.episodes", "64"], ["--max-updates", "0"]):
-        assert train.pqn_main(["smoke", "--run-dir", str(run), *argv]) == 2, argv
+        assert recipe.pqn_main(["smoke", "--run-dir", str(run), *argv]) == 2, argv
         assert "error:" in capsys.readouterr().err
         assert not run.exists(), argv
     with pytest.raises(SystemExit) as e:
-        train.pqn_main(["smoke", "--run-dir", str(run), "--llm.backend", "gpt"])
+        recipe.pqn_main(["smoke", "--run-dir", str(run), "--llm.backend", "gpt"])
     assert e.value.code == 2 and not run.exists()
     capsys.readouterr()
 

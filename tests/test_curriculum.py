@@ -75,9 +75,9 @@ def test_pqn_method_and_sb3_callback_leave_the_same_buffer(encoder, results):
     pytest.importorskip("jax")
     from stable_baselines3 import DQN
 
-    from agents.config import preset
-    from agents.methods import MethodContext
-    from agents.oir_method import OIRRelabeling
+    from agents.pqn.config import preset
+    from agents.pqn.methods import MethodContext
+    from agents.pqn.oir_method import OIRRelabeling
     from curriculum_golden import Delivered
     from oir_gym.sb3 import HindsightRelabelCallback, SB3VecEnv
     from oir_gym.vector_env import InstructionCraftax

@@ -17,9 +17,10 @@ def _layout() -> str:
 
 def test_readme_layout_names_every_module_and_only_existing_ones():
     layout = _layout()
-    files = {p.name for d in LAYOUT_DIRS for p in (ROOT / d).iterdir()
-             if p.suffix in (".py", ".sh") and p.name != "__init__.py"}
-    subdirs = {f"{p.name}/" for p in (ROOT / "oir_gym").iterdir() if p.is_dir() and not p.name.startswith("__")}
+    packages = [ROOT / d for d in LAYOUT_DIRS] + [p for p in (ROOT / "agents").iterdir() if (p / "__init__.py").is_file()]
+    files = {p.name for d in packages for p in d.iterdir() if p.suffix in (".py", ".sh") and p.name != "__init__.py"}
+    subdirs = {f"{p.name}/" for d in ("oir_gym", "agents") for p in (ROOT / d).iterdir()
+               if p.is_dir() and not p.name.startswith("__")}
     named = set(re.findall(r"\b[\w]+\.(?:py|sh)\b", layout))
     assert not files - named, f"README Layout misses {sorted(files - named)}"
     assert not named - files, f"README Layout names files that do not exist: {sorted(named - files)}"

@@ -120,10 +120,10 @@ def sb3_run(tmp_path_factory) -> Path:
     checksummed model.zip, state.json) with an untrained QR-DQN: docs/sb3.md's ``load_sb3_policy`` example
     loads and acts with it; training it (the smoke command) would only cost time here."""
     pytest.importorskip("sb3_contrib")
-    from agents import sb3_agents
-    from agents.run_dir import RunDir
-    from agents.sb3_config import SB3_PRESETS
-    from agents.sb3_trainer import SB3
+    from agents.sb3 import models as sb3_agents
+    from agents.run.run_dir import RunDir
+    from agents.sb3.config import SB3_PRESETS
+    from agents.sb3.trainer import SB3
     from oir_gym.sb3 import SB3VecEnv
 
     cfg = SB3_PRESETS["smoke"][1]()

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.config import METHODS, TrainConfig
-from agents.ellm_proposer import FALLBACK_GOALS, GOALS, GoalProposer, load_prompt, rule_goals, signature
+from agents.pqn.config import METHODS, TrainConfig
+from agents.pqn.ellm_proposer import FALLBACK_GOALS, GOALS, GoalProposer, load_prompt, rule_goals, signature
 from oir_gym.text import Observation, parse_observation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,7 +260,7 @@ def _counts(goals_json) -> Counter:
 
 def test_ellm_trainer_pins_envs_to_proposed_goals_and_resumes(tmp_path):
     pytest.importorskip("jax")
-    from agents.oir import Trainer
+    from agents.pqn.trainer import Trainer
     from test_train_pqn import tiny
 
     # episodes of 8 steps: every env resets twice per 16-step rollout, so the pins set after a
@@ -325,7 +325,7 @@ def test_ellm_trainer_pins_envs_to_proposed_goals_and_resumes(tmp_path):
 
 def test_ellm_pinned_reward_pays_only_the_pinned_goal(tmp_path):
     pytest.importorskip("jax")
-    from agents.oir import Trainer
+    from agents.pqn.trainer import Trainer
     from test_train_pqn import tiny
 
     cfg = tiny(**{"run.method": "ellm", "ellm.reward": "pinned"})
@@ -343,7 +343,7 @@ def test_ellm_pinned_reward_pays_only_the_pinned_goal(tmp_path):
 def test_ellm_fresh_process_resume_and_script(tmp_path):
     """A fresh Trainer continues identically, and the main script runs ``--method ellm`` end to end."""
     pytest.importorskip("jax")
-    from agents.oir import Trainer
+    from agents.pqn.trainer import Trainer
     from test_train_pqn import tiny
 
     cfg = tiny(**{"run.method": "ellm"})

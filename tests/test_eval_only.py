@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from agents import train  # noqa: E402
+from agents.pqn import recipe  # noqa: E402
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:
@@ -28,7 +28,8 @@ def run_copy(smoke_run, tmp_path) -> Path:
 def _no_training_parts(monkeypatch) -> None:
     """Building a trainer or a relabeler fails the test: an evaluation must build neither (the only
     fault injected here; every other part is the real one)."""
-    from agents import oir, relabeling
+    from agents.pqn import trainer as oir
+    from agents.run import relabeling
 
     def refuse(*a, **k):
         raise AssertionError("an evaluation built part of training")
@@ -42,7 +43,7 @@ def test_eval_only_reproduces_the_runs_final_evaluation_from_its_checkpoint(run_
     the same network, table, worlds and program, built without the trainer."""
     _no_training_parts(monkeypatch)
     before = _snapshot(run_copy)
-    assert train.pqn_main(["--run-dir", str(run_copy), "--eval-only", "again",
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--eval-only", "again",
                            "--eval.final-sets", "heldout", "ordered", "ordered_reverse"]) == 0
     out = capsys.readouterr().out
     ckpt = run_copy / "checkpoints" / "000004"
@@ -71,7 +72,7 @@ def test_eval_only_evaluates_a_users_file_on_a_pool_oracle_run_with_a_warning(ru
     mine = tmp_path / "mine.json"
     mine.write_text(json.dumps({"sets": {"mine": [{"text": wording, "achievement": "collect_wood"},
                                                   {"text": "have a drink", "achievement": "collect_drink"}]}}))
-    assert train.pqn_main(["--run-dir", str(run_copy), "--eval-only", "mine", "--eval.instruction-files", str(mine),
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--eval-only", "mine", "--eval.instruction-files", str(mine),
                            "--eval.sets"]) == 0
     cap = capsys.readouterr()
     assert "on the sets mine (1 episode(s) per instruction)" in cap.out
@@ -87,7 +88,7 @@ def test_eval_only_evaluates_a_users_file_on_a_pool_oracle_run_with_a_warning(ru
                                         ("a" * 300, "has 300 characters; at most 64")])
 def test_eval_only_refuses_the_runs_own_tags_and_long_ones_before_evaluating(run_copy, capsys, tag, match):
     before = _snapshot(run_copy)
-    assert train.pqn_main(["--run-dir", str(run_copy), "--eval-only", tag]) == 2
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--eval-only", tag]) == 2
     err = capsys.readouterr().err
     assert match in err and "ready after" not in err
     assert _snapshot(run_copy) == before
@@ -98,7 +99,7 @@ def test_load_policy_builds_nothing_of_training(run_copy, monkeypatch):
     only, ready to act."""
     import numpy as np
 
-    from agents.policy import load_policy
+    from agents.tools.policy import load_policy
 
     _no_training_parts(monkeypatch)
     cfg = json.loads((run_copy / "config.json").read_text())

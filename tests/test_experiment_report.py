@@ -1,4 +1,4 @@
-"""agents.experiment_report rebuilds the mixed-arm and stone-tier tables of docs/results.md from
+"""agents.tools.experiment_report rebuilds the mixed-arm and stone-tier tables of docs/results.md from
 results/, and its verdicts follow the pre-registered endpoints."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agents import experiment_report as er
+from agents.tools import experiment_report as er
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = (ROOT / "docs" / "results.md").read_text()

@@ -1,5 +1,5 @@
 """Training methods are built by name from a narrow context of plain data
-(``agents.methods.MethodContext``), not from the Trainer: a method works from a context made without
+(``agents.pqn.methods.MethodContext``), not from the Trainer: a method works from a context made without
 any trainer, hands back what to train on (``MethodStep``), and the trainer's own method keeps no
 Trainer."""
 
@@ -14,10 +14,10 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from agents.config import METHODS, preset  # noqa: E402
-from agents.methods import Cosine, GroundTruth, MethodContext, MethodStep  # noqa: E402
-from agents.oir import METHOD_SPECS, Trainer, method_spec  # noqa: E402
-from agents.oir_method import OIRRelabeling  # noqa: E402
+from agents.pqn.config import METHODS, preset  # noqa: E402
+from agents.pqn.methods import Cosine, GroundTruth, MethodContext, MethodStep  # noqa: E402
+from agents.pqn.trainer import METHOD_SPECS, Trainer, method_spec  # noqa: E402
+from agents.pqn.oir_method import OIRRelabeling  # noqa: E402
 from oir_gym.buffer import InstructionBuffer  # noqa: E402
 from oir_gym.encoder import get_encoder  # noqa: E402
 from oir_gym.instruction_registry import InstructionRegistry  # noqa: E402

@@ -1,4 +1,4 @@
-"""A run over several processes joined by jax.distributed (agents.multihost): seeds split by
+"""A run over several processes joined by jax.distributed (agents.run.multihost): seeds split by
 process, one merged metrics file, per-process checkpoints that resume, and bad layouts refused.
 
 The end-to-end tests start real processes on localhost (CPU, gloo collectives), as a cluster
@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from run_metrics import assert_same_seeds_metrics, read_rows
 
-from agents.multihost import (allgather_json, check_processes, merge_evals, merge_rows, newest_common_update,
-                              process_dir, seed_slice)
+from agents.run.multihost import (
+    allgather_json, check_processes, merge_evals, merge_rows, newest_common_update, process_dir, seed_slice,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,7 +226,7 @@ def test_a_lost_process_ends_the_others_in_one_line_and_the_run_resumes_where_ev
 
 _FAILS_AT_START = """
 import os, runpy, sys
-import agents.train as train
+import agents.pqn.recipe as train
 if os.environ["JAX_PROCESS_ID"] == "0":  # injected fault: process 0's start raises
     build = train.PQNRecipe.build
     def failing_build(self, *a, **k):

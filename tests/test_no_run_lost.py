@@ -15,11 +15,11 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from agents.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from agents.oir import Trainer  # noqa: E402
+from agents.run.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from agents.pqn.trainer import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-from agents import train  # noqa: E402
+from agents.pqn import recipe  # noqa: E402
 
 FINAL_OUTPUTS = ("eval_final.md", "metrics.csv", "training.png", "learning_curves.png", "instruction_success.png")
 
@@ -125,7 +125,7 @@ def test_a_second_signal_ends_the_run_while_the_main_thread_waits_on_the_device(
         import sys, threading
         sys.path[:0] = [{str(ROOT)!r}]
         import jax, jax.numpy as jnp
-        from agents.oir import Trainer
+        from agents.pqn.trainer import Trainer
         never = threading.Event()
         def wait_forever(v):
             assert threading.current_thread() is not threading.main_thread()
@@ -141,8 +141,8 @@ def test_a_second_signal_ends_the_run_while_the_main_thread_waits_on_the_device(
             jax.device_get(y)
         Trainer.iteration = iteration
         Trainer.init_state = lambda self: None  # (no state needed: saves its compile)
-        from agents import train
-        sys.exit(train.pqn_main(["smoke", "--run-dir", {str(run)!r}, "--no-progress"]))
+        from agents.pqn import recipe
+        sys.exit(recipe.pqn_main(["smoke", "--run-dir", {str(run)!r}, "--no-progress"]))
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT)
@@ -182,15 +182,15 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(t
     code = textwrap.dedent(f"""
         import os, signal, sys
         sys.path[:0] = [{str(ROOT)!r}]
-        import agents.checkpoint as ck
+        import agents.run.checkpoint as ck
         real = ck._write_synced
         def write(path, data):
             real(path, data)
             if path.name == ck.ARRAYS and path.parent.name.startswith(".tmp-000003-"):
                 os.kill(os.getpid(), signal.SIGKILL)
         ck._write_synced = write
-        from agents import train
-        sys.exit(train.pqn_main(["smoke", "--run-dir", {str(run)!r}, "--no-progress",
+        from agents.pqn import recipe
+        sys.exit(recipe.pqn_main(["smoke", "--run-dir", {str(run)!r}, "--no-progress",
                                  "--run.checkpoint-every", "1", "--run.keep-checkpoints", "3"]))
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -200,7 +200,7 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(t
                                                         for p in ckpts.glob(".tmp-*")] + ["000001", "000002"]
     assert latest_checkpoint(run).name == "000002" and not (run / "complete.json").exists()
 
-    assert train.pqn_main(["--run-dir", str(run), "--resume", "--no-progress"]) == 0
+    assert recipe.pqn_main(["--run-dir", str(run), "--resume", "--no-progress"]) == 0
     assert "resumed from update 2" in capsys.readouterr().out
     assert _updates(run) == [1, 2, 3, 4]  # the rows of update 3 written before the kill are not repeated
     assert (run / "complete.json").exists() and latest_checkpoint(run).name == "000004"
@@ -212,11 +212,11 @@ def test_an_llm_that_fails_its_start_up_check_leaves_no_run_behind(tmp_path, cap
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     run = tmp_path / "run"
     dead = ["--llm.backend", "openai", "--llm.model", "m", "--llm.base-url", "http://127.0.0.1:9/v1"]  # nothing listens
-    assert train.pqn_main(["smoke", "--run-dir", str(run), "--no-progress", "--oir.relabeler", "llm", *dead]) == 2
+    assert recipe.pqn_main(["smoke", "--run-dir", str(run), "--no-progress", "--oir.relabeler", "llm", *dead]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --oir.relabeler llm: ") and "--oir.relabeler rules" in err
     assert not run.exists() or not any(run.iterdir())  # no config.json that would block a fresh start
-    assert train.pqn_main(["smoke", "--run-dir", str(run), "--no-progress", "--max-updates", "1"]) == 0
+    assert recipe.pqn_main(["smoke", "--run-dir", str(run), "--no-progress", "--max-updates", "1"]) == 0
 
 
 def test_a_kill_just_after_the_final_save_is_finished_by_resume(run_copy, capsys):
@@ -224,7 +224,7 @@ def test_a_kill_just_after_the_final_save_is_finished_by_resume(run_copy, capsys
     for name in FINAL_OUTPUTS + ("complete.json",):
         (run_copy / name).unlink()
     metrics = (run_copy / "metrics.jsonl").read_text()
-    assert train.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 0
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 0
     assert "already complete" not in capsys.readouterr().out
     for name in FINAL_OUTPUTS + ("complete.json",):
         assert (run_copy / name).exists(), name
@@ -236,7 +236,7 @@ def test_a_kill_just_before_the_final_save_resumes_without_duplicate_rows(run_co
     # the checkpoint of update 2 is the newest, rows 3 and 4 are in metrics.jsonl
     shutil.rmtree(run_copy / "checkpoints" / "000004")
     (run_copy / "complete.json").unlink()
-    assert train.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 0
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "already complete" not in out and "resumed from update 2" in out
     assert _updates(run_copy) == [1, 2, 3, 4]
@@ -245,14 +245,14 @@ def test_a_kill_just_before_the_final_save_resumes_without_duplicate_rows(run_co
 
 def test_resume_with_overwrite_is_refused_before_anything_is_deleted(run_copy, capsys):
     before = _snapshot(run_copy)
-    assert train.pqn_main(["--run-dir", str(run_copy), "--resume", "--overwrite"]) == 2
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--resume", "--overwrite"]) == 2
     assert "pass one of them" in capsys.readouterr().err
     assert _snapshot(run_copy) == before
 
 
 def test_overwrite_removes_the_old_runs_outputs(run_copy):
     (run_copy / "notes.txt").write_text("mine")
-    assert train.pqn_main(["smoke", "--run-dir", str(run_copy), "--overwrite", "--no-progress",
+    assert recipe.pqn_main(["smoke", "--run-dir", str(run_copy), "--overwrite", "--no-progress",
                            "--max-updates", "1"]) == 0
     assert _updates(run_copy) == [1]
     assert [p.name for p in (run_copy / "checkpoints").iterdir()] == ["000001"]
@@ -275,7 +275,7 @@ def test_a_damaged_file_stops_resume_with_an_error_naming_it(run_copy, capsys, t
             data[j] = ord("7") if data[j] != ord("7") else ord("3")
     path.write_bytes(bytes(data))
     before = _snapshot(run_copy)
-    assert train.pqn_main(["--run-dir", str(run_copy), "--resume"]) == 2
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--resume"]) == 2
     assert str(path) in capsys.readouterr().err
     assert _snapshot(run_copy) == before  # nothing written, nothing cut
 
@@ -284,16 +284,16 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_pat
     """Issue 30.9: what a kill during the first updates leaves (the config and a metrics row, no
     checkpoint) used to be blocked for good: a fresh start said "pass --resume", --resume said
     "no checkpoint". --resume now starts the run again with its saved config."""
-    from agents.config import preset
-    from agents.run_dir import RunDir
+    from agents.pqn.config import preset
+    from agents.run.run_dir import RunDir
 
     run = RunDir.prepare(tmp_path / "run")
     run.write_config(preset("smoke").validate().to_dict())
     with run.open_metrics(tensorboard=False) as metrics:
         metrics.write({"update": 1, "env_steps": 64, "loss": 123.0})
-    assert train.pqn_main(["smoke", "--run-dir", str(run.path), "--no-progress"]) == 2
+    assert recipe.pqn_main(["smoke", "--run-dir", str(run.path), "--no-progress"]) == 2
     assert "pass --resume to continue it" in capsys.readouterr().err
-    assert train.pqn_main(["--run-dir", str(run.path), "--resume", "--no-progress", "--max-updates", "2"]) == 0
+    assert recipe.pqn_main(["--run-dir", str(run.path), "--resume", "--no-progress", "--max-updates", "2"]) == 0
     out = capsys.readouterr().out
     assert "holds no checkpoint yet" in out and "stopped (--max-updates 2) at update 2/4" in out
     rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
@@ -306,7 +306,7 @@ def test_a_partial_copy_of_the_newest_checkpoint_resumes_from_the_one_before_and
     resume starts from 000002, and saving update 4 again used to fail with 'Directory not empty'."""
     (run_copy / "complete.json").unlink()
     (run_copy / "checkpoints" / "000004" / "manifest.json").unlink()
-    assert train.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 0
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "resumed from update 2" in out and f"skipped {run_copy / 'checkpoints' / '000004'}: it has no" in out
     assert _updates(run_copy) == [1, 2, 3, 4] and (run_copy / "complete.json").exists()
@@ -317,7 +317,7 @@ def test_a_partial_copy_of_the_newest_checkpoint_resumes_from_the_one_before_and
 def test_eval_only_refuses_a_checkpoint_of_non_finite_weights(run_copy, capsys):
     """Issue 30.8: a checkpoint whose manifest matches its files but whose weights are NaN was
     evaluated with exit status 0."""
-    from agents.checkpoint import save_checkpoint
+    from agents.run.checkpoint import save_checkpoint
 
     folder = latest_checkpoint(run_copy)
     arrays, host = load_checkpoint(folder)
@@ -325,7 +325,7 @@ def test_eval_only_refuses_a_checkpoint_of_non_finite_weights(run_copy, capsys):
     dense["kernel"] = np.full_like(dense["kernel"], np.nan)
     shutil.rmtree(folder)
     save_checkpoint(run_copy, host["update"], arrays, host)  # a consistent manifest
-    assert train.pqn_main(["--run-dir", str(run_copy), "--eval-only", "nan"]) == 2
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--eval-only", "nan"]) == 2
     err = capsys.readouterr().err
     assert f"{folder / 'arrays.msgpack'}: field train_state/params/params/Dense_0/kernel holds NaN" in err
     assert not (run_copy / "eval_nan.json").exists()
@@ -337,7 +337,7 @@ def test_a_run_whose_checkpoints_are_gone_is_refused_not_restarted(run_copy, cap
     (run_copy / "complete.json").unlink()  # a run still to finish
     shutil.rmtree(run_copy / "checkpoints")
     before = _snapshot(run_copy)
-    assert train.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 2
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{run_copy / 'checkpoints'} holds no checkpoint, while {run_copy} holds metrics.jsonl rows up to update 4" \
         in err and "eval_final.json" in err and "--overwrite" in err and "\n" not in err.strip()
@@ -353,7 +353,7 @@ def test_resume_refuses_a_metrics_file_that_is_a_link_and_leaves_its_target_alon
     (run_copy / "metrics.jsonl").unlink()
     (run_copy / "metrics.jsonl").symlink_to(outside)
     before = outside.read_bytes()
-    assert train.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 2
+    assert recipe.pqn_main(["--run-dir", str(run_copy), "--resume", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{run_copy / 'metrics.jsonl'} is a symbolic link (to {outside})" in err and "never through a link" in err
     assert outside.read_bytes() == before

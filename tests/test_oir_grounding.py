@@ -8,8 +8,8 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from agents.config import preset  # noqa: E402
-from agents.oir import Trainer  # noqa: E402
+from agents.pqn.config import preset  # noqa: E402
+from agents.pqn.trainer import Trainer  # noqa: E402
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory  # noqa: E402
 from oir_gym.reward import first_success_step  # noqa: E402
 

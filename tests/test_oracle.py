@@ -332,9 +332,9 @@ def test_each_variant_relabels_a_rollout_into_rows_that_pay_at_their_events(tmp_
 
 
 def _main(argv):
-    from agents import train
+    from agents.pqn import recipe
 
-    return train.pqn_main(argv)
+    return recipe.pqn_main(argv)
 
 
 def test_bad_oracle_settings_stop_the_run_before_it_writes_anything(tmp_path, capsys):
@@ -422,8 +422,8 @@ def test_smoke_run_of_each_variant(tmp_path, oracle):
 
 def test_the_sb3_trainer_takes_the_same_oracle_flag(encoder):
     pytest.importorskip("stable_baselines3")
-    from agents import sb3_agents
-    from agents.sb3_trainer import SB3
+    from agents.sb3 import models as sb3_agents
+    from agents.sb3.trainer import SB3
 
     def cfg(*argv):
         return SB3.parse(list(argv)).config.validate()
@@ -443,8 +443,8 @@ def test_the_sb3_trainer_takes_the_same_oracle_flag(encoder):
 
 
 def test_the_final_evaluation_adds_its_sets_and_episodes_and_the_table_must_hold_them(tmp_path):
-    from agents.config import preset
-    from agents.oir import Trainer
+    from agents.pqn.config import preset
+    from agents.pqn.trainer import Trainer
 
     cfg = preset("smoke").replace(**{"eval.final_episodes": 3, "eval.instruction_files": (
         str(ROOT / "oir_gym" / "data" / "example_instruction_sets.json"),)})

@@ -15,8 +15,8 @@ import gymnasium as gym  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import oir_gym  # noqa: E402,F401  (registers the env id)
-from agents.policy import Policy, PQNPolicy, is_sb3_run, load_policy  # noqa: E402
-from agents.run_dir import RunDir  # noqa: E402
+from agents.tools.policy import Policy, PQNPolicy, is_sb3_run, load_policy  # noqa: E402
+from agents.run.run_dir import RunDir  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +98,8 @@ def test_bad_inputs_are_named(trained_run, tmp_path):
 
 def test_an_sb3_run_without_stable_baselines3_names_the_extra_to_install(tmp_path):
     """load_policy sends an SB3 run to the SB3 loader; without the package the error says what to install."""
-    from agents.sb3_agents import trust_model_zip
-    from agents.sb3_config import SB3TrainConfig
+    from agents.sb3.models import trust_model_zip
+    from agents.sb3.config import SB3TrainConfig
 
     (tmp_path / "config.json").write_text(json.dumps(SB3TrainConfig().to_dict()))
     (tmp_path / "model.zip").write_bytes(b"a checkpoint that is never unpickled here")
@@ -108,7 +108,7 @@ def test_an_sb3_run_without_stable_baselines3_names_the_extra_to_install(tmp_pat
     # Fault injection: stable-baselines3 and sb3-contrib absent (None in sys.modules blocks the import).
     code = ("import sys; sys.path.insert(0, %r)\n"
             "sys.modules['stable_baselines3'] = sys.modules['sb3_contrib'] = None\n"
-            "from agents.policy import load_policy\n"
+            "from agents.tools.policy import load_policy\n"
             "try:\n    load_policy(%r)\nexcept ImportError as e:\n    print('ImportError:', e)\n"
             ) % (str(Path(__file__).resolve().parents[1]), str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -121,7 +121,7 @@ def test_record_video_writes_a_gif_of_the_policy(trained_run, tmp_path):
 
     from PIL import Image
 
-    from agents import record_video
+    from agents.tools import record_video
 
     run, _, _ = trained_run
     out = tmp_path / "v.gif"
@@ -140,9 +140,9 @@ def test_a_checkpoint_of_non_finite_weights_is_refused_naming_the_file(trained_r
     loaded (and record_video.py ran it)."""
     import shutil
 
-    from agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+    from agents.run.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 
-    from agents import record_video
+    from agents.tools import record_video
 
     run = tmp_path / "run"
     shutil.copytree(trained_run[0], run)

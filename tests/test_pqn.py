@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from agents import pqn  # noqa: E402
-from agents.config import PQNConfig, TrainConfig, preset  # noqa: E402
-from agents.oir import build_batch  # noqa: E402
-from agents.oir_method import balanced_choice  # noqa: E402
+from agents.pqn import network as pqn  # noqa: E402
+from agents.pqn.config import PQNConfig, TrainConfig, preset  # noqa: E402
+from agents.pqn.trainer import build_batch  # noqa: E402
+from agents.pqn.oir_method import balanced_choice  # noqa: E402
 from oir_gym.captions import NUM_EVENTS, VOCAB  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents import record_video  # noqa: E402
+from agents.tools import record_video  # noqa: E402
 
 
 @pytest.mark.parametrize("fps", ["-1", "0", "1000"])

@@ -51,7 +51,7 @@ def traj(shift: int = 0):
 
 
 def llm_half(llm, encoder, **settings) -> HindsightRelabeler:
-    """The LLM relabeler of ``both`` as agents.relabeling builds it: no rules of its own, no fallback,
+    """The LLM relabeler of ``both`` as agents.run.relabeling builds it: no rules of its own, no fallback,
     one queued batch, the oldest dropped when full."""
     cfg = RelabelerConfig()
     cfg.selection.use_rules = False
@@ -133,9 +133,10 @@ def test_bad_arguments():
 
 def test_both_trainers_build_the_same_both(tmp_path):
     """The PQN and SB3 trainers' ``both``: one factory, the same two halves and queue policy."""
-    from agents import sb3_agents
-    from agents.config import LLMConfig, preset
-    from agents.oir import make_relabeler as pqn_relabeler
+    from agents.sb3 import models as sb3_agents
+    from agents.run.config import LLMConfig
+    from agents.pqn.config import preset
+    from agents.pqn.trainer import make_relabeler as pqn_relabeler
 
     backend = "llm_child_backends:SegmentsBackend"
     pqn = pqn_relabeler(preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "both",

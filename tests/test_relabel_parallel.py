@@ -59,7 +59,7 @@ class _GatedFactory:
             deadline = time.monotonic() + 120
             while not os.path.exists(self.gate) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        from agents.relabeling import relabeler_config
+        from agents.run.relabeling import relabeler_config
 
         return HindsightRelabeler(relabeler_config("rules", k=4), encoder=self.table)
 
@@ -110,7 +110,7 @@ class _ReportsItsJax:
 
             with open(os.path.join(self.folder, f"worker{os.getpid()}.txt"), "w") as f:
                 f.write(f"{os.environ.get('JAX_PLATFORMS')} {jax.default_backend()}")
-        from agents.relabeling import relabeler_config
+        from agents.run.relabeling import relabeler_config
 
         return HindsightRelabeler(relabeler_config("rules", k=4), encoder=self.table)
 
@@ -170,7 +170,7 @@ class _FailsToStartInWorker:
     def __call__(self):
         if multiprocessing.parent_process() is not None:
             raise RuntimeError("no relabeler in this worker")
-        from agents.relabeling import relabeler_config
+        from agents.run.relabeling import relabeler_config
 
         return HindsightRelabeler(relabeler_config("rules", k=2))
 
@@ -200,8 +200,8 @@ def test_bad_arguments_and_the_automatic_worker_count():
 
 
 def test_the_trainer_relabels_over_workers_when_asked_and_its_batch_is_large_enough(tmp_path):
-    from agents.config import TrainConfig
-    from agents.oir import make_relabeler
+    from agents.pqn.config import TrainConfig
+    from agents.pqn.trainer import make_relabeler
 
     base = TrainConfig().replace(**{"run.method": "oir", "oir.relabeler": "rules", "pqn.num_envs": 32,
                                     "run.num_seeds": 2, "oir.relabel_workers": 2})

@@ -50,7 +50,7 @@ def test_the_rules_vocabulary_holds_every_label_they_give(oracle):
 
 
 def test_parallel_rule_relabeling_builds_workers_on_the_table(encoder):
-    from agents.relabeling import make_rules_relabeler
+    from agents.run.relabeling import make_rules_relabeler
 
     parallel = make_rules_relabeler(4, encoder=encoder, workers=2, batch=64)
     try:

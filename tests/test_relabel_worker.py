@@ -30,7 +30,7 @@ from oir_gym.relabel.llm.spec import BackendSpec, LLMCheckError, LLMProcessDied,
 from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend
 from oir_gym.relabel.llm.health import LLMHealth
 from oir_gym.relabel.llm.build import build_llm
-from agents.ellm_proposer import GoalProposer, rule_goals
+from agents.pqn.ellm_proposer import GoalProposer, rule_goals
 from conftest_llm import gguf_path  # noqa: F401 - pytest fixture (skips without the offline model)
 
 SEGMENTS = "llm_child_backends:SegmentsBackend"
@@ -404,8 +404,8 @@ def test_unreachable_server_and_a_server_that_is_not_an_llm(encoder, tmp_path):
 
 
 def test_trainer_factory_stops_on_a_broken_llm_or_warns_with_both(capsys):
-    from agents.config import preset
-    from agents.oir import make_relabeler
+    from agents.pqn.config import preset
+    from agents.pqn.trainer import make_relabeler
 
     cfg = preset("smoke").replace(**{"run.method": "oir", "oir.relabeler": "llm",
                                      "llm.backend": "llm_child_backends:SigillAtStart"})
@@ -456,7 +456,7 @@ def test_training_whose_llm_child_is_killed_completes_every_update(tmp_path):
     """Done-when (a) on the real trainer: a SIGKILLed LLM child costs no update; the metrics show
     the failed LLM call and the restart (the relabeler test above checks the rules fallback)."""
     pytest.importorskip("jax")
-    from agents.oir import Trainer
+    from agents.pqn.trainer import Trainer
     from test_train_pqn import tiny
 
     cfg = tiny(**{"oir.relabeler": "llm", "llm.backend": SEGMENTS, "run.total_timesteps": 4 * 16 * 8,

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.run_dir import (COMPLETE, CONFIG, CorruptFileError, MetricsPosition, RunDir, RunDirError,
-                            atomic_write_json, read_json)
+from agents.run.run_dir import (
+    COMPLETE, CONFIG, CorruptFileError, MetricsPosition, RunDir, RunDirError, atomic_write_json, read_json,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +170,7 @@ def test_atomic_json_write_killed_midway_leaves_the_old_file(tmp_path):
     path = tmp_path / "state.json"
     atomic_write_json(path, {"version": 1})
     code = ("import sys; sys.path.insert(0, %r)\n"
-            "from agents.run_dir import atomic_write_json\n"
+            "from agents.run.run_dir import atomic_write_json\n"
             "big = {'version': 2, 'pad': 'x' * 20_000_000}\n"
             "print('ready', flush=True)\n"
             "while True:\n"
@@ -188,7 +189,7 @@ def test_atomic_json_write_killed_midway_leaves_the_old_file(tmp_path):
 
 
 def test_provenance_takes_the_commit_declared_in_the_environment(tmp_path, monkeypatch):
-    from agents.run_dir import provenance
+    from agents.run.run_dir import provenance
 
     monkeypatch.delenv("OIR_GYM_SOURCE_COMMIT", raising=False)
     assert provenance(tmp_path)["git_commit"] is None  # a copy of the source without .git
@@ -209,7 +210,7 @@ def test_run_files_take_the_users_umask_like_every_other_file(tmp_path, umask):
     mkstemp's mode) beside plots and logs of 0644: every atomic write now gets 0666 less the umask."""
     import os
 
-    from agents.run_dir import atomic_write_bytes
+    from agents.run.run_dir import atomic_write_bytes
 
     old = os.umask(umask)
     try:
@@ -304,7 +305,7 @@ def test_links_are_never_written_through(tmp_path):
 
 
 def test_evaluation_tags_are_checked_and_the_runs_own_are_reserved():
-    from agents.run_dir import check_tag, check_user_tag
+    from agents.run.run_dir import check_tag, check_user_tag
 
     assert check_tag("final") == "final" and check_tag("000004") == "000004" and check_user_tag("eps0.05") == "eps0.05"
     for tag in ("final", "000004", "12"):

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.config import LLMConfig, preset
-from agents.run_dir import CorruptFileError, RunDir
+from agents.run.config import LLMConfig
+from agents.pqn.config import preset
+from agents.run.run_dir import CorruptFileError, RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,32 +56,32 @@ def _importable_run_dir(tmp_path: Path, monkeypatch) -> tuple[Path, Path, str]:
 def test_resume_refuses_a_module_backend_named_by_config_json(tmp_path, monkeypatch, capsys):
     """The run stopped before its first checkpoint, so --resume starts it again: its LLM would be
     built from config.json's llm.backend, a module in the run folder itself."""
-    from agents import train
+    from agents.pqn import recipe
 
     run, marker, spec = _importable_run_dir(tmp_path, monkeypatch)
     cfg = preset("smoke").replace(**{"oir.relabeler": "llm", "llm.backend": spec})
     RunDir(run).write_config(cfg.to_dict())
     before = sorted(p.name for p in run.iterdir())
     with pytest.raises(SystemExit) as err:
-        train.pqn_main(["--run-dir", str(run), "--resume", "--no-progress"])
+        recipe.pqn_main(["--run-dir", str(run), "--resume", "--no-progress"])
     msg = str(err.value.code)
     assert f"{run / 'config.json'}: llm.backend='{spec}' is a Python module path" in msg
     assert "pass --llm.backend on the command line" in msg and "\n" not in msg
     assert not marker.exists() and "crafted_run.evil" not in sys.modules
     assert sorted(p.name for p in run.iterdir()) == before  # nothing written
     # the command line of this invocation chooses the backend (it wins over the file)
-    opts = train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.backend", "openai"])
+    opts = recipe.PQN.parse(["--run-dir", str(run), "--resume", "--llm.backend", "openai"])
     assert opts.config.llm.backend == "openai" and opts.config.oir.relabeler == "llm"
     # ... a module path included: named on this command line, it is the user's choice (not imported here)
-    opts = train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.backend", spec])
+    opts = recipe.PQN.parse(["--run-dir", str(run), "--resume", "--llm.backend", spec])
     assert opts.config.llm.backend == spec and not marker.exists()
 
 
 def test_sb3_resume_refuses_a_module_backend_named_by_config_json(tmp_path, monkeypatch, capsys):
     """The SB3 trainer refuses it the same way (one parser for both)."""
     pytest.importorskip("stable_baselines3")
-    from agents.sb3_config import SB3TrainConfig
-    from agents.sb3_trainer import sb3_main
+    from agents.sb3.config import SB3TrainConfig
+    from agents.sb3.trainer import sb3_main
 
     run, marker, spec = _importable_run_dir(tmp_path, monkeypatch)
     RunDir(run).write_config(SB3TrainConfig().replace(**{"oir.relabeler": "llm", "llm.backend": spec}).to_dict())
@@ -93,7 +94,7 @@ def test_sb3_resume_refuses_a_module_backend_named_by_config_json(tmp_path, monk
 
 
 def test_a_module_backend_is_used_only_when_the_command_line_names_it(tmp_path):
-    from agents.config import check_saved_backend
+    from agents.run.config import check_saved_backend
 
     file = tmp_path / "config.json"
     for backend in ("transformers", "openai", "vllm", "llama_cpp"):  # registered names are data
@@ -104,7 +105,7 @@ def test_a_module_backend_is_used_only_when_the_command_line_names_it(tmp_path):
 
 
 # ----------------------------------------------------------------------------- 30.6: SB3 zips are never unpickled
-sb3 = pytest.importorskip("agents.sb3_agents")
+sb3 = pytest.importorskip("agents.sb3.models")
 
 HP = dict(learning_starts=100, buffer_size=200, batch_size=32, policy_kwargs=dict(n_quantiles=5, net_arch=[16]))
 
@@ -113,7 +114,7 @@ def _sb3_run(path: Path, hyperparams=HP):
     """A run folder with a config and a checkpoint of an untrained QR-DQN (no env is stepped)."""
     pytest.importorskip("stable_baselines3")
     pytest.importorskip("sb3_contrib")
-    from agents.sb3_config import SB3TrainConfig
+    from agents.sb3.config import SB3TrainConfig
 
     cfg = SB3TrainConfig().replace(**{"sb3.algo": "qrdqn", "sb3.num_envs": 1, "sb3.hyperparams": dict(hyperparams)})
     run = RunDir.prepare(path)
@@ -140,9 +141,9 @@ def _obs(seed: int = 0) -> dict[str, np.ndarray]:
 def test_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path):
     """Whoever can write the run folder replaces model.zip and the sha256 in state.json: loading
     (load_policy, record_video.py, train_sb3.py --resume) reads no pickle, so nothing runs."""
-    from agents.policy import load_policy
+    from agents.tools.policy import load_policy
 
-    from agents import record_video
+    from agents.tools import record_video
 
     run, _ = _sb3_run(tmp_path / "run")
     marker = tmp_path / "code_ran"
@@ -163,7 +164,7 @@ def test_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path):
 @pytest.mark.slow  # builds the run's env (about 30 s on 2 busy cores); the loader it reaches is tested above
 def test_sb3_resume_of_a_swapped_model_zip_with_a_matching_checksum_runs_no_code(tmp_path, capsys):
     """train_sb3.py --resume checks the zip before it writes anything, and reads no pickle."""
-    from agents.sb3_trainer import sb3_main
+    from agents.sb3.trainer import sb3_main
 
     run, _ = _sb3_run(tmp_path / "run")
     marker = tmp_path / "code_ran"
@@ -237,7 +238,7 @@ def test_resume_refuses_a_server_and_template_named_by_config_json(tmp_path, cap
     """A stopped run's config.json edited to send the LLM's requests (and the API key) to another
     host with a template file of its own: --resume refuses before anything starts, naming the flags
     to repeat; repeated on the command line, they are the user's choice."""
-    from agents import train
+    from agents.pqn import recipe
 
     run = tmp_path / "run"
     template = tmp_path / "t.txt"
@@ -248,26 +249,26 @@ def test_resume_refuses_a_server_and_template_named_by_config_json(tmp_path, cap
     RunDir(run).write_config(cfg.to_dict())
     before = sorted(p.name for p in run.iterdir())
     with pytest.raises(SystemExit) as err:
-        train.pqn_main(["--run-dir", str(run), "--resume", "--no-progress"])
+        recipe.pqn_main(["--run-dir", str(run), "--resume", "--no-progress"])
     msg = str(err.value.code)
     assert msg.startswith(f"error: {run / 'config.json'} sets llm.base_url='{host}', llm.template='{template}'")
     assert f"repeat --llm.base-url {host} --llm.template {template} to use them again" in msg and "\n" not in msg
     assert sorted(p.name for p in run.iterdir()) == before  # nothing written
     # named on this command line (either spelling), they are used; one of the two is not enough
-    opts = train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.base_url", host, f"--llm.template={template}"])
+    opts = recipe.PQN.parse(["--run-dir", str(run), "--resume", "--llm.base_url", host, f"--llm.template={template}"])
     assert (opts.config.llm.base_url, opts.config.llm.template) == (host, str(template))
     with pytest.raises(SystemExit, match=r"sets llm.template="):
-        train.PQN.parse(["--run-dir", str(run), "--resume", "--llm.base-url", host])
+        recipe.PQN.parse(["--run-dir", str(run), "--resume", "--llm.base-url", host])
     # an evaluation starts no LLM: it leaves them at their defaults and says so
     capsys.readouterr()
-    opts = train.PQN.parse(["--run-dir", str(run), "--eval-only", "x"])
+    opts = recipe.PQN.parse(["--run-dir", str(run), "--eval-only", "x"])
     assert (opts.config.llm.base_url, opts.config.llm.template) == (LLMConfig.base_url, LLMConfig.template)
     assert "warning: --eval-only does not use llm.base_url=" in capsys.readouterr().err
 
 
 def test_which_fields_point_outside_a_run(tmp_path):
     """Every file or server a config names counts, a packaged name or a model name does not."""
-    from agents.train import OUTSIDE_FIELDS, outside_references
+    from agents.run.resume import OUTSIDE_FIELDS, outside_references
 
     assert outside_references(preset("smoke")) == {} and outside_references(preset("cpu")) == {}
     pool, mine, model = tmp_path / "pool.json", tmp_path / "mine.json", tmp_path / "model"

@@ -374,7 +374,7 @@ def test_callback_options_override_the_config_and_unknown_ones_are_refused(rules
 
 @pytest.mark.parametrize("algo", ["dqn", "qrdqn", "recurrent_ppo"])
 def test_short_training_with_callback_then_save_and_load(algo, venv, rules, tmp_path):
-    from agents import sb3_agents
+    from agents.sb3 import models as sb3_agents
 
     small = {
         "dqn": dict(learning_starts=500, buffer_size=10_000, batch_size=32, target_update_interval=500,
@@ -416,7 +416,7 @@ def test_short_training_with_callback_then_save_and_load(algo, venv, rules, tmp_
 
 
 def test_sb3_policy_keeps_and_resets_lstm_state(venv):
-    from agents import sb3_agents
+    from agents.sb3 import models as sb3_agents
 
     model = sb3_agents.make_model("recurrent_ppo", venv, hyperparams=dict(
         n_steps=16, policy_kwargs=dict(lstm_hidden_size=16, net_arch=dict(pi=[16], vf=[16]))))

@@ -19,10 +19,10 @@ pytest.importorskip("sb3_contrib")
 
 import torch  # noqa: E402
 
-from agents import sb3_agents  # noqa: E402
-from agents.run_dir import RunDir  # noqa: E402
-from agents.sb3_config import ALGOS, SB3_PRESETS, SB3TrainConfig  # noqa: E402
-from agents.sb3_trainer import SB3, sb3_main  # noqa: E402
+from agents.sb3 import models as sb3_agents  # noqa: E402
+from agents.run.run_dir import RunDir  # noqa: E402
+from agents.sb3.config import ALGOS, SB3_PRESETS, SB3TrainConfig  # noqa: E402
+from agents.sb3.trainer import SB3, sb3_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)

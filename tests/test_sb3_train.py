@@ -25,11 +25,11 @@ pytest.importorskip("sb3_contrib")
 import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
-from agents import sb3_agents  # noqa: E402
-from agents.sb3_config import SB3_PRESETS, SB3TrainConfig, load_sb3_config  # noqa: E402
-from agents.sb3_trainer import SB3, sb3_main  # noqa: E402
-from agents.policy import Policy, load_policy  # noqa: E402
-from agents.run_dir import CorruptFileError, RunDir  # noqa: E402
+from agents.sb3 import models as sb3_agents  # noqa: E402
+from agents.sb3.config import SB3_PRESETS, SB3TrainConfig, load_sb3_config  # noqa: E402
+from agents.sb3.trainer import SB3, sb3_main  # noqa: E402
+from agents.tools.policy import Policy, load_policy  # noqa: E402
+from agents.run.run_dir import CorruptFileError, RunDir  # noqa: E402
 from oir_gym import ENV_ID  # noqa: E402
 from oir_gym.vector_env import InstructionCraftax  # noqa: E402
 
@@ -213,7 +213,7 @@ _WRITER = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     from stable_baselines3 import DQN
-    from agents import sb3_agents
+    from agents.sb3 import models as sb3_agents
     model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[512, 512]), device="cpu")
     i = 0
     while True:
@@ -440,9 +440,9 @@ def test_eval_instruction_files_reach_the_sb3_config_and_bad_files_are_refused(t
 
 
 def test_the_llm_part_is_the_pqn_trainers_llm_config_with_its_flags_and_old_flat_keys():
-    """SB3 and PQN share agents.config.LLMConfig: the same --llm.* flags, one validation, and the
+    """SB3 and PQN share agents.run.config.LLMConfig: the same --llm.* flags, one validation, and the
     flat llm_* keys of older SB3 config.json files load."""
-    from agents.config import LLMConfig
+    from agents.run.config import LLMConfig
 
     cfg = _cfg("--llm.model", "/m.gguf", "--llm.backend", "openai", "--llm.call-timeout", "5")
     assert isinstance(cfg.llm, LLMConfig)
@@ -460,8 +460,9 @@ def test_the_llm_part_is_the_pqn_trainers_llm_config_with_its_flags_and_old_flat
 
 def test_llm_call_timeout_reaches_the_relabeler_in_both_trainers(monkeypatch, capfd):
     """``llm.call_timeout`` bounds each LLM call (it was a config field nothing read)."""
-    from agents.config import LLMConfig, preset
-    from agents.oir import make_relabeler as pqn_relabeler
+    from agents.run.config import LLMConfig
+    from agents.pqn.config import preset
+    from agents.pqn.trainer import make_relabeler as pqn_relabeler
 
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     llm = LLMConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", call_timeout=3.0)
@@ -517,10 +518,10 @@ def test_wandb_without_its_package_is_refused_before_anything_is_written(tmp_pat
     # CI installs wandb (the `all` extra): a None entry in sys.modules makes `import wandb` fail as
     # it does where the package is missing (a real package cannot be uninstalled for one test)
     monkeypatch.setitem(sys.modules, "wandb", None)
-    from agents import train
+    from agents.pqn import recipe
 
     run = tmp_path / "pqn"
-    assert train.pqn_main(["smoke", "--run-dir", str(run), "--wandb"]) == 2
+    assert recipe.pqn_main(["smoke", "--run-dir", str(run), "--wandb"]) == 2
     assert "pip install 'oir-gym[wandb]'" in capsys.readouterr().err and not run.exists()
     run = tmp_path / "sb3"
     assert sb3_main(["smoke", "--run-dir", str(run), "--wandb"]) == 2
@@ -587,7 +588,7 @@ def test_load_sb3_policy_of_a_folder_that_is_not_a_run_says_what_it_expected(tmp
         sb3_agents.load_sb3_policy(tmp_path / "empty")
     (tmp_path / "pqn").mkdir()
     (tmp_path / "pqn" / "config.json").write_text('{"pqn": {}, "env": {}}')
-    with pytest.raises(ValueError, match="a PQN run.*agents.policy.load_policy"):
+    with pytest.raises(ValueError, match="a PQN run.*agents.tools.policy.load_policy"):
         sb3_agents.load_sb3_policy(tmp_path / "pqn")
     (tmp_path / "new").mkdir()
     (tmp_path / "new" / "config.json").write_text('{"sb3": {"algo": "qrdqn"}}')

@@ -1,4 +1,4 @@
-"""Device layouts for seeds and envs (agents.sharding, run.num_devices): refused before compiling or
+"""Device layouts for seeds and envs (agents.pqn.sharding, run.num_devices): refused before compiling or
 writing anything, placed by axis, and a run over 2 devices matching the same seeds on 1 device.
 
 Several devices on a CPU need ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` set before JAX
@@ -22,8 +22,8 @@ import pytest
 
 from run_metrics import assert_same_seeds_metrics, read_rows
 
-from agents.config import preset
-from agents.sharding import check_layout, make_mesh, shard_leading
+from agents.pqn.config import preset
+from agents.pqn.sharding import check_layout, make_mesh, shard_leading
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def test_config_validation_refuses_a_layout_that_cannot_divide(changes, match):
 
 
 def test_trainer_refuses_more_devices_than_visible_before_writing(tmp_path):
-    from agents.oir import Trainer
+    from agents.pqn.trainer import Trainer
 
     n = len(jax.devices())
     cfg = preset("smoke").replace(**{"run.num_seeds": n + 1, "run.num_devices": n + 1, "pqn.num_envs": 4})
@@ -83,9 +83,9 @@ def test_trainer_refuses_more_devices_than_visible_before_writing(tmp_path):
 
 
 def test_script_refuses_a_bad_layout_before_writing(tmp_path, capsys):
-    from agents import train
+    from agents.pqn import recipe
 
-    rc = train.pqn_main(["smoke", "--run-dir", str(tmp_path / "run"), "--run.num-seeds", "3", "--run.num-devices", "2"])
+    rc = recipe.pqn_main(["smoke", "--run-dir", str(tmp_path / "run"), "--run.num-seeds", "3", "--run.num-devices", "2"])
     assert rc == 2 and "num_seeds=3 is not divisible by num_devices=2" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -105,8 +105,8 @@ def test_trainer_splits_seeds_or_envs_over_two_devices_and_restore_reshards(tmp_
     parameters on both and splits its envs; a checkpoint restored into a 2-device trainer is split again."""
     out = _child(f"""
         import jax, json
-        from agents.config import preset
-        from agents.oir import Trainer
+        from agents.pqn.config import preset
+        from agents.pqn.trainer import Trainer
         def layout(tr):
             p = jax.tree_util.tree_leaves(tr.train_state.params)[0]
             instr = tr.runner[0].env.instr
@@ -144,8 +144,8 @@ def test_the_rollout_runs_as_one_program_per_device_with_no_traffic_between_them
     the any-env-finished branch), and two H100s ran no faster than one."""
     out = _child(f"""
         import re, jax
-        from agents.config import preset
-        from agents.oir import Trainer
+        from agents.pqn.config import preset
+        from agents.pqn.trainer import Trainer
         cfg = preset("smoke").replace(**{{"run.method": "gt", "pqn.num_envs": 4, "pqn.num_steps": 4, "run.num_seeds": 2,
                                           "pqn.num_minibatches": 1}})
         tr = Trainer(cfg, {str(tmp_path / "run")!r})
@@ -179,9 +179,9 @@ def _smoke_on_devices(tmp_path: Path, devices: tuple[int, ...]) -> list[list[dic
     """The smoke preset, OIR (rules), 2 seeds, through train_pqn in a child with 2 virtual CPU devices,
     on each number of ``devices`` (run dirs ``tmp_path/d<n>``); their metrics rows."""
     _child(f"""
-        from agents import train
+        from agents.pqn import recipe
         for nd in {devices!r}:
-            rc = train.pqn_main(["smoke", "--run-dir", f"{tmp_path}/d{{nd}}", "--no-progress", "--run.method", "oir",
+            rc = recipe.pqn_main(["smoke", "--run-dir", f"{tmp_path}/d{{nd}}", "--no-progress", "--run.method", "oir",
                                  "--oir.relabeler", "rules", "--run.num-seeds", "2", "--run.num-devices", str(nd)])
             assert rc == 0, rc
     """, timeout=900)
@@ -234,7 +234,8 @@ def test_two_processes_share_one_mesh_through_jax_distributed():
     code = textwrap.dedent("""
         import jax, numpy as np
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        from agents.sharding import initialize_distributed, make_mesh, shard_leading
+        from agents.run.multihost import initialize_distributed
+        from agents.pqn.sharding import make_mesh, shard_leading
         assert initialize_distributed()
         mesh = make_mesh()
         x = shard_leading({"a": np.arange(8.0).reshape(4, 2), "b": np.ones(3)}, mesh, sizes=(4,))
@@ -258,7 +259,7 @@ def test_two_processes_share_one_mesh_through_jax_distributed():
 def test_relayout_runner_fits_an_old_or_other_block_layout():
     """A checkpoint's runner with one rollout key, a scalar cursor and one pool (written before env
     blocks existed) is fitted to 2 blocks: keys re-split, cursors at 0, pool worlds reused in order."""
-    from agents.oir import relayout_runner
+    from agents.pqn.trainer import relayout_runner
 
     old = {"0": {"env": {"x": np.arange(8)}, "pool": {"map": np.arange(5 * 2).reshape(5, 2)}, "cursor": np.int32(3)},
            "1": {}, "2": {}, "3": np.zeros(8, bool), "4": np.asarray(jax.random.PRNGKey(4))}
@@ -277,7 +278,7 @@ def test_placeholder_keeps_shape_dtype_weak_type_and_sharding():
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from agents.sharding import make_mesh, placeholder
+    from agents.pqn.sharding import make_mesh, placeholder
 
     mesh = make_mesh(1)
     real = {"step": jnp.broadcast_to(jnp.asarray(0), (2,)), "x": jnp.ones((2, 3), jnp.float32),

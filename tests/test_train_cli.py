@@ -1,4 +1,4 @@
-"""One command line for both trainers (agents.train): the same flag names for the settings they
+"""One command line for both trainers (agents.run.train): the same flag names for the settings they
 share, help text on every flag, and the old SB3 spellings refused with the new name."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import tyro
 
-from agents.config import PRESETS
-from agents.sb3_config import SB3_PRESETS
-from agents.sb3_trainer import SB3, SB3Options
-from agents.train import PQN, PQNOptions, compact_table
+from agents.pqn.config import PRESETS
+from agents.sb3.config import SB3_PRESETS
+from agents.sb3.trainer import SB3, SB3Options
+from agents.pqn.recipe import PQN, PQNOptions
+from agents.run.train import compact_table
 
 SHARED_PARTS = ("--run.", "--env.", "--oir.", "--llm.", "--eval.")
 
@@ -116,11 +117,11 @@ def test_help_text_shows_no_rst_markup(recipe, presets, capsys, monkeypatch):
         out = capsys.readouterr().out
         assert len(out) > 1000 and not RST.search(out), (argv, RST.search(out) and out[RST.search(out).start() - 80:][:160])
     # the docstrings themselves keep their markup (the API reference reads them)
-    from agents.config import LLMConfig, plain_help
+    from agents.run.config import LLMConfig, plain_help
 
-    assert plain_help("``--eval.sets``, :class:`~oir_gym.relabel.parallel.ParallelRelabeler`, :mod:`agents.run_dir`") \
-        == "--eval.sets, ParallelRelabeler, agents.run_dir"
-    assert "``" in (LLMConfig.__doc__ or "") + (__import__("agents.config").config.__doc__ or "")
+    assert plain_help("``--eval.sets``, :class:`~oir_gym.relabel.parallel.ParallelRelabeler`, :mod:`agents.run.run_dir`") \
+        == "--eval.sets, ParallelRelabeler, agents.run.run_dir"
+    assert "``" in (LLMConfig.__doc__ or "") + (__import__("agents.run.config").run.config.__doc__ or "")
 
 
 @pytest.mark.parametrize("recipe", [PQN, SB3])
@@ -133,20 +134,20 @@ def test_a_preset_after_a_flag_is_a_usage_error_saying_it_comes_first(recipe, ca
 
 
 def test_python_m_agents_train_is_the_pqn_command_line(tmp_path):
-    help_ = _run("-m", "agents.train", "--help")
-    assert help_.returncode == 0 and "usage: python -m agents.train [PRESET]" in help_.stdout and "smoke" in help_.stdout
+    help_ = _run("-m", "agents.run.train", "--help")
+    assert help_.returncode == 0 and "usage: python -m agents.run.train [PRESET]" in help_.stdout and "smoke" in help_.stdout
     run = tmp_path / "run"  # a bad value: the driver's own check answers, before anything is written
-    bad = _run("-m", "agents.train", "smoke", "--run-dir", str(run), "--run.seed", "-3")
+    bad = _run("-m", "agents.train", "smoke", "--run-dir", str(run), "--run.seed", "-3")  # the old path still runs
     assert bad.returncode == 2 and "run.seed=-3" in bad.stderr and not run.exists()
 
 
 def test_python_m_agents_checkpoint_verifies_a_run_directory(tmp_path, capsys):
-    from agents import checkpoint
+    from agents.run import checkpoint
 
-    help_ = _run("-m", "agents.checkpoint", "--help")
+    help_ = _run("-m", "agents.run.checkpoint", "--help")
     assert help_.returncode == 0 and "Verify the newest checkpoint of a PQN run" in help_.stdout
     assert not RST.search(help_.stdout)
-    missing = _run("-m", "agents.checkpoint", str(tmp_path / "nowhere"))
+    missing = _run("-m", "agents.checkpoint", str(tmp_path / "nowhere"))  # the old path still runs
     assert missing.returncode == 2 and "is not a folder" in missing.stderr and "invalid choice" not in missing.stderr
     run = tmp_path / "run"
     checkpoint.save_checkpoint(run, 3, {"w": np.ones(3, np.float32)}, {"update": 3, "env_steps": 30})
@@ -162,15 +163,15 @@ def test_python_m_agents_checkpoint_verifies_a_run_directory(tmp_path, capsys):
 
 
 def test_scripts_silence_xla_log_banners_only_in_their_own_process(monkeypatch):
-    from agents.train import quiet_xla_logs
+    from agents.run.train import quiet_xla_logs
 
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     show = "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))"
-    lib = subprocess.run([sys.executable, "-c", f"import os, agents.train, agents.sb3_trainer, oir_gym; {show}"],
+    lib = subprocess.run([sys.executable, "-c", f"import os, agents.run.train, agents.sb3.trainer, oir_gym; {show}"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert lib.returncode == 0 and lib.stdout.strip() != "3"  # importing the library leaves JAX's own default
     # a script sets it before JAX is imported (JAX keeps a value that is set), so XLA's C++ reads it
-    script = subprocess.run([sys.executable, "-c", f"import os, agents.train; agents.train.quiet_xla_logs(); "
+    script = subprocess.run([sys.executable, "-c", f"import os, agents.run.train; agents.run.train.quiet_xla_logs(); "
                                                    f"import jax; {show}"],
                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert script.stdout.strip() == "3"

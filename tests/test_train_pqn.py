@@ -23,9 +23,9 @@ jax = pytest.importorskip("jax")
 
 from conftest import tiny  # noqa: E402  (re-exported: other test modules import it from here)
 
-from agents.checkpoint import CheckpointError  # noqa: E402
-from agents.config import TrainConfig, preset  # noqa: E402
-from agents.oir import Trainer  # noqa: E402
+from agents.run.checkpoint import CheckpointError  # noqa: E402
+from agents.pqn.config import TrainConfig, preset  # noqa: E402
+from agents.pqn.trainer import Trainer  # noqa: E402
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,24 +106,24 @@ def test_main_job_script_writes_a_complete_run_directory(tmp_path):
 
 
 def test_main_job_refuses_to_mix_a_new_run_into_an_existing_run_dir(tmp_path, capsys):
-    from agents import train
+    from agents.pqn import recipe
 
     (tmp_path / "metrics.jsonl").write_text('{"update": 1, "env_steps": 64}\n')
-    assert train.pqn_main(_script(tmp_path)) == 2
+    assert recipe.pqn_main(_script(tmp_path)) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (tmp_path / "metrics.jsonl").read_text() == '{"update": 1, "env_steps": 64}\n'  # nothing lost
-    assert train.pqn_main(["--run-dir", str(tmp_path / "nothing"), "--resume"]) == 2
+    assert recipe.pqn_main(["--run-dir", str(tmp_path / "nothing"), "--resume"]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
 def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(smoke_run, tmp_path, capsys):
-    from agents import train
+    from agents.pqn import recipe
 
     run = tmp_path / "run"
     shutil.copytree(smoke_run, run)
     config_before = (run / "config.json").read_text()
     metrics_before = (run / "metrics.jsonl").read_text()
-    assert train.pqn_main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval.epsilon", "0.5"]) == 0
+    assert recipe.pqn_main(["--run-dir", str(run), "--eval-only", "eps0.5", "--eval.epsilon", "0.5"]) == 0
     res = json.loads((run / "eval_eps0.5.json").read_text())
     # exactly the run's eval.sets (the final evaluation's held-out and ordered sets only when named)
     assert set(res[0]) == {"original", "simple", "complex"} and len(res[0]["original"]["rates"]) == 22
@@ -136,15 +136,15 @@ def test_eval_only_evaluates_the_checkpoint_without_touching_the_run(smoke_run, 
     mine.write_text(json.dumps({"sets": {"mine": [{"text": "chop a tree", "achievement": "collect_wood"},
                                                   {"text": "have a drink", "achievement": "collect_drink"}]}}))
     capsys.readouterr()
-    assert train.pqn_main(["--run-dir", str(run), "--eval-only", "mine", "--eval.instruction-files", str(mine),
+    assert recipe.pqn_main(["--run-dir", str(run), "--eval-only", "mine", "--eval.instruction-files", str(mine),
                            "--eval.sets"]) == 0
     out = capsys.readouterr().out
     assert set(json.loads((run / "eval_mine.json").read_text())[0]) == {"mine"}
     assert "Set mine, per instruction:" in out and "| chop a tree |" in out and "| have a drink |" in out
     assert (run / "config.json").read_text() == config_before
-    assert train.pqn_main(["--run-dir", str(run), "--eval-only", "../x"]) == 2
+    assert recipe.pqn_main(["--run-dir", str(run), "--eval-only", "../x"]) == 2
     assert "evaluation tag" in capsys.readouterr().err
-    assert train.pqn_main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2
+    assert recipe.pqn_main(["--run-dir", str(tmp_path / "none"), "--eval-only", "a"]) == 2
 
 
 def test_seeds_are_evaluated_together_exactly_as_one_by_one(smoke_trainer):
@@ -165,7 +165,7 @@ def test_seeds_are_evaluated_together_exactly_as_one_by_one(smoke_trainer):
 
 
 def _legacy_pickle(tr: Trainer) -> dict:
-    """What the pickle checkpoints of earlier versions held (``Trainer.save`` before agents.checkpoint)."""
+    """What the pickle checkpoints of earlier versions held (``Trainer.save`` before agents.run.checkpoint)."""
     reg = tr.registry.state_dict()
     return {
         "cfg": {"method": "oir", "relabeler": "rules", "num_envs": 4, "num_steps": 16, "hidden_size": 32, "k": 2},
@@ -201,15 +201,16 @@ def _legacy_run(path) -> tuple[TrainConfig, dict]:
 
 
 def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp_path, capsys):
-    """Loading refuses checkpoint.pkl (unpickling runs code); ``python -m agents.legacy_checkpoint``
+    """Loading refuses checkpoint.pkl (unpickling runs code); ``python -m agents.tools.legacy_checkpoint``
     converts a trusted one."""
-    from agents import legacy_checkpoint, train
+    from agents.tools import legacy_checkpoint
+    from agents.pqn import recipe
 
     cfg, state = _legacy_run(tmp_path)
     with pytest.raises(CheckpointError, match="legacy pickle checkpoint.*convert"):
         Trainer(cfg, tmp_path, log=lambda s: None).load()
-    assert train.pqn_main(["--run-dir", str(tmp_path), "--resume"]) == 2
-    assert "python -m agents.legacy_checkpoint" in capsys.readouterr().err
+    assert recipe.pqn_main(["--run-dir", str(tmp_path), "--resume"]) == 2
+    assert "python -m agents.tools.legacy_checkpoint" in capsys.readouterr().err
 
     assert legacy_checkpoint.main([str(tmp_path)]) == 0
     again = Trainer(cfg, tmp_path, log=lambda s: None)
@@ -224,12 +225,13 @@ def test_a_legacy_pickle_checkpoint_is_refused_and_converted_only_on_request(tmp
 
 @pytest.mark.slow
 def test_a_converted_legacy_run_resumes_to_its_end_through_the_script(tmp_path):
-    from agents import legacy_checkpoint, train
+    from agents.tools import legacy_checkpoint
+    from agents.pqn import recipe
 
     _legacy_run(tmp_path)
     assert legacy_checkpoint.main([str(tmp_path)]) == 0
     # the flat config.json loads, the metrics rows after the converted checkpoint's update are cut
-    assert train.pqn_main(["--run-dir", str(tmp_path), "--resume", "--no-progress"]) == 0
+    assert recipe.pqn_main(["--run-dir", str(tmp_path), "--resume", "--no-progress"]) == 0
     rows = [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2, 3, 4, 5, 6] and (tmp_path / "complete.json").exists()
     assert json.loads((tmp_path / "config.json").read_text())["pqn"]["num_envs"] == 4  # now nested
@@ -271,17 +273,17 @@ def test_a_checkpoint_evaluates_instruction_files_its_run_never_saw(smoke_traine
 def test_progress_line_says_what_the_llm_answered_and_what_it_added():
     """The per-update line separates the LLM's answers that arrived in time to train on (of all that
     arrived) from what it added (its share of the buffer offers)."""
-    from agents import train
+    from agents.pqn import recipe
 
     row = {"update": 3, "env_steps": 300, "sps": 10.0, "epsilon": 0.5, "loss": 0.1, "train/success_rate": 0.2,
            "relabel/rows": 4, "relabel/grounded_frac": 1.0, "relabel/llm_share": 1.0, "relabel/llm_offer_share": 0.0}
-    line = train.summary_line(row | {"relabel/llm_in_time_total": 2.0, "relabel/llm_stale": 4.0}, 10)
+    line = recipe.summary_line(row | {"relabel/llm_in_time_total": 2.0, "relabel/llm_stale": 4.0}, 10)
     assert "LLM answers 2/6 in time, offers 0%" in line and "100%" not in line
     row = {k: v for k, v in row.items() if not k.startswith("relabel/")} | {"ellm/distinct_goals": 3,
                                                                            "ellm/distinct_pinned": 2,
                                                                            "ellm/cache_hit_rate": 0.5,
                                                                            "ellm/llm_fraction": 0.25}
-    assert "LLM goals 25%" in train.summary_line(row, 10)
+    assert "LLM goals 25%" in recipe.summary_line(row, 10)
 
 
 @pytest.mark.parametrize("when", ["before init_state", pytest.param("after init_state", marks=pytest.mark.slow)])
@@ -333,16 +335,16 @@ def test_compiling_on_side_threads_leaves_training_and_evaluation_unchanged(smok
 def test_train_pqn_compiles_ahead_on_an_accelerator_with_the_same_run(tmp_path, monkeypatch, capsys):
     """On an accelerator train_pqn starts Trainer.start_compiling before init_state (a CPU skips it);
     faked here on the CPU: the run's metrics and final evaluation are those of a run without it."""
-    from agents import train
+    from agents.pqn import recipe
 
     started = []
     real = Trainer.start_compiling
     monkeypatch.setattr(Trainer, "start_compiling", lambda self: started.append(self.runner is None) or real(self))
     args = ["smoke", "--no-progress", "--eval.horizon", "4"]
-    assert train.pqn_main(args + ["--run-dir", str(tmp_path / "plain")]) == 0
+    assert recipe.pqn_main(args + ["--run-dir", str(tmp_path / "plain")]) == 0
     assert started == []
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert train.pqn_main(args + ["--run-dir", str(tmp_path / "ahead")]) == 0
+    assert recipe.pqn_main(args + ["--run-dir", str(tmp_path / "ahead")]) == 0
     assert started == [True]  # before init_state
     rows = [[json.loads(line) for line in open(tmp_path / n / "metrics.jsonl")] for n in ("plain", "ahead")]
     strip = lambda r: {k: v for k, v in r.items() if k not in ("sps", "time") and not k.startswith("time/")}  # noqa: E731
@@ -354,11 +356,11 @@ def test_train_pqn_compiles_ahead_on_an_accelerator_with_the_same_run(tmp_path, 
 def test_wall_clock_and_time_limit_count_from_the_process_start(tmp_path, capsys):
     """main(started=...) (the script passes its own start) puts the imports on the run's clock: the
     metrics' time and --time-limit count from there, not from when main was called."""
-    from agents import train
+    from agents.pqn import recipe
 
     run = tmp_path / "run"
     args = ["smoke", "--no-progress", "--eval.horizon", "4", "--run-dir", str(run), "--time-limit", "1000"]
-    assert train.pqn_main(args, started=time.time() - 1000) == 0
+    assert recipe.pqn_main(args, started=time.time() - 1000) == 0
     out = capsys.readouterr().out
     # the 1,000 s before main() plus the seconds main() took to parse and prepare (more on a loaded machine)
     assert re.search(r"imports 10[0-5]\d s", out) and "stopped (--time-limit 1000s) at update 1/4" in out
@@ -420,7 +422,7 @@ def test_relabel_lag_trains_each_rollouts_relabeled_copies_one_update_later(tmp_
 def _on_two_cpus(cmd: list[str]) -> list[str]:
     """``cmd`` (a Python command line) run on two CPUs: XLA sizes its CPU thread pool from the
     affinity, and a pool of two threads is where the presets' first update once waited for ever
-    (:func:`agents.pqn.create_train_states`)."""
+    (:func:`agents.pqn.network.create_train_states`)."""
     import os
 
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -454,7 +456,7 @@ def test_the_gpu_presets_first_update_runs_on_a_small_cpu(tmp_path, name, envs):
 def test_seed_means_average_each_metric_over_the_seeds_that_hold_it():
     """A seed that learned no achievement has no paraphrase retention: the run's row averages the
     retention over the seeds that have one (the final summary once stopped on the missing key)."""
-    from agents.train import seed_means
+    from agents.run.train import seed_means
 
     rows = [{"eval/original/mean_success_rate": 0.5, "eval/simple/retention": 0.8, "eval/simple/retention_learned": 2.0},
             {"eval/original/mean_success_rate": 0.1, "eval/simple/retention_learned": 0.0}]
@@ -468,8 +470,8 @@ def test_trainers_of_one_program_config_share_their_programs(smoke_trainer, tmp_
     """A second trainer of the same program configuration reuses the first's jitted programs (no
     trace, no compile); a field the programs read gives it programs of its own; the programs are
     built from the program fields alone (the others at their defaults)."""
-    from agents.config import TrainConfig
-    from agents.oir import Trainer, program_config
+    from agents.pqn.config import TrainConfig
+    from agents.pqn.trainer import Trainer, program_config
 
     first = smoke_trainer.trainer
     same = Trainer(first.cfg.replace(**{"eval.every": 7, "run.checkpoint_every": 3, "run.seed": 5}), tmp_path / "a",

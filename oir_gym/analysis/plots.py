@@ -384,7 +384,7 @@ def _first_logged(rows_list: Sequence[list[dict]], specs) -> tuple[str, str, str
     return None
 
 
-#: Per-update LLM keys of the PQN trainer's background relabeler (agents/oir_method.py).
+#: Per-update LLM keys of the PQN trainer's background relabeler (agents/pqn/oir_method.py).
 LLM_IN_TIME, LLM_STALE, LLM_PENDING = "relabel/llm_results", "relabel/llm_stale", "relabel/llm_pending"
 LLM_LATENCY, LLM_CALLS = "relabel/llm_latency_mean_s", "relabel/llm_calls"
 GROUNDED_FRAC = "relabel/grounded_frac"

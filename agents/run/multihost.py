@@ -1,7 +1,7 @@
 """A run over several processes (hosts) joined by ``jax.distributed``: seeds split by process.
 
 Every process trains ``num_seeds / P`` whole seeds on its own devices (a local mesh,
-:class:`agents.sharding.Layout`) with its own host loop: its relabeler, buffers and checkpoints
+:class:`agents.pqn.sharding.Layout`) with its own host loop: its relabeler, buffers and checkpoints
 (``RUN_DIR/process{p}/``). Seeds exchange nothing while they train, so nothing crosses hosts inside
 an update; the processes meet once per update, in :func:`allgather_json`, to agree on when to stop
 and so that process 0 writes the run's one ``metrics.jsonl`` and evaluation files
@@ -10,7 +10,7 @@ and so that process 0 writes the run's one ``metrics.jsonl`` and evaluation file
 
 A global mesh over every host's devices would instead make each host-side read (the relabeler's
 trajectories, the episode records, the metrics) a cross-host gather, and the per-device rollout
-programs (:class:`agents.sharding.PerDevice`) only run on devices their process holds.
+programs (:class:`agents.pqn.sharding.PerDevice`) only run on devices their process holds.
 
 The run directory must be on a file system every host sees (process 0 prepares it and writes the
 merged files; each process writes its checkpoints).
@@ -25,6 +25,7 @@ updates; a resume continues every process from :func:`newest_common_update`.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -152,3 +153,27 @@ def merge_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def merge_evals(per_process: Sequence[Sequence[Any]]) -> list[Any]:
     """The per-seed evaluation results of every process as one list in global seed order."""
     return [r for results in per_process for r in results]
+
+
+def initialize_distributed() -> bool:
+    """Join a multi-host run when the environment describes one; returns whether it did.
+
+    Reads ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` (or lets JAX
+    detect SLURM / Open MPI when ``OIR_GYM_DISTRIBUTED=auto``). Single-host runs need nothing.
+    CPU processes exchange through gloo (unless ``JAX_CPU_COLLECTIVES_IMPLEMENTATION`` names another).
+    """
+    if not (os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("OIR_GYM_DISTRIBUTED") == "auto"):
+        return False
+    import jax
+
+    if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize(
+            coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+            num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+            process_id=int(os.environ["JAX_PROCESS_ID"]),
+        )
+    else:
+        jax.distributed.initialize()
+    return True

@@ -7,7 +7,7 @@ After each rollout (:meth:`OIRRelabeling.step`):
    in a background worker and are used one iteration later (their rollout is kept), so the loop
    never waits on the LLM.
 3. **Ground** (device): each candidate's rewards and terminations along its trajectory are
-   recomputed from the stored events (:func:`agents.oir.build_batch`).
+   recomputed from the stored events (:func:`agents.pqn.trainer.build_batch`).
 4. **Buffer**: the candidates that paid a reward are inserted into each seed's PLR-style
    :class:`~oir_gym.buffer.InstructionBuffer`, whose contents new episodes draw uniformly.
 
@@ -23,7 +23,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from agents.methods import MethodContext, MethodStep, TrainingMethod
+from agents.pqn.methods import MethodContext, MethodStep, TrainingMethod
 from oir_gym.captions import NUM_EVENTS
 from oir_gym.curriculum import CurriculumConfig, InstructionCurriculum, balanced_choice  # noqa: F401 (re-export)
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
@@ -38,7 +38,7 @@ class OIRRelabeling(TrainingMethod):
     Args:
         ctx: what the method may use of its run.
         relabeler: the relabeler of ``cfg.oir.relabeler``: a
-            :class:`~oir_gym.relabel.background.BackgroundRelabeler` (:func:`agents.relabeling.make_relabeler`:
+            :class:`~oir_gym.relabel.background.BackgroundRelabeler` (:func:`agents.run.relabeling.make_relabeler`:
             rules at once, LLM answers when they arrive), used as is; any other relabeler is the
             LLM half (``llm``, ``both``) or the rules (``rules``) of one.
     """

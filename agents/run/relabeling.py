@@ -1,6 +1,6 @@
 """The relabelers and goal proposers of both trainers, built from plain settings.
 
-The PQN trainer (:mod:`agents.oir`) and the SB3 trainer (:mod:`agents.sb3_agents`) build what
+The PQN trainer (:mod:`agents.pqn.trainer`) and the SB3 trainer (:mod:`agents.sb3.models`) build what
 relabels their trajectories here, from the same settings, so ``rules``, ``llm`` and ``both``
 mean the same in both:
 
@@ -15,9 +15,8 @@ mean the same in both:
   :class:`~oir_gym.relabel.RelabelerConfig`.
 * :func:`oracle_rules`: the rule backend of an oracle variant, its wording pool checked against
   the evaluation strings.
-* :func:`make_proposer`: the ELLM goal proposer (rules, or the LLM falling back to rules).
 
-A factory that builds an LLM makes its start-up call (:func:`agents.llm.check_llm`) when given
+A factory that builds an LLM makes its start-up call (:func:`agents.run.llm.check_llm`) when given
 the command-line ``flag`` that chose it: ``llm`` stops with the cause, ``both`` warns and goes on.
 """
 
@@ -26,15 +25,15 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from agents.config import LLMConfig
-from agents.llm import backend_kwargs, check_llm
+from agents.run.config import LLMConfig
+from agents.run.llm import backend_kwargs, check_llm
 
 if TYPE_CHECKING:
     from oir_gym.relabel import RelabelerConfig
     from oir_gym.relabel.background import BackgroundRelabeler
     from oir_gym.relabel.rules import RuleBackend
 
-__all__ = ["RELABELERS", "make_proposer", "make_relabeler", "make_rules_relabeler", "oracle_rules",
+__all__ = ["RELABELERS", "make_relabeler", "make_rules_relabeler", "oracle_rules",
            "relabeler_config"]
 
 #: What ``make_relabeler``'s ``kind`` accepts.
@@ -133,7 +132,7 @@ def make_relabeler(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, de
     """The relabeler of ``kind`` (``"rules"``, ``"llm"``, ``"both"`` or ``"none"``; see the module).
 
     Args:
-        llm: the LLM part (:class:`~agents.config.LLMConfig`; default: the offline transformers backend).
+        llm: the LLM part (:class:`~agents.run.config.LLMConfig`; default: the offline transformers backend).
         k, delta, grounding, bind_threshold, keep_ungrounded: candidates kept per trajectory and how
             they are grounded (:mod:`oir_gym.grounding`).
         oracle, oracle_pool, seed, eval_files: the rule backend (:func:`oracle_rules`).
@@ -144,7 +143,7 @@ def make_relabeler(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, de
         cache_path: where the LLM relabeler keeps its answer cache.
         queue_size: LLM batches queued before the oldest is dropped.
         flag: the command-line flag that chose ``kind``: an LLM gets its start-up call
-            (:func:`agents.llm.check_llm`; ``llm`` stops on failure, ``both`` warns).
+            (:func:`agents.run.llm.check_llm`; ``llm`` stops on failure, ``both`` warns).
     """
     if kind not in RELABELERS:
         raise ValueError(f"unknown relabeler {kind!r}; expected one of {RELABELERS}")
@@ -176,21 +175,3 @@ def make_relabeler(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, de
     if flag is not None:
         check_llm(relabeler, kind == "llm", flag)
     return relabeler
-
-
-def make_proposer(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, timeout: Optional[float] = None,
-                  max_prompts: Optional[int] = None, flag: Optional[str] = "--ellm.proposer"):
-    """The ELLM goal proposer (:class:`~agents.ellm_proposer.GoalProposer`): ``"rules"``, or
-    ``"llm"``, the backend of ``llm`` (falling back to rules), checked with one real call."""
-    from agents.ellm_proposer import GoalProposer
-
-    if kind == "rules":
-        return GoalProposer("rules", k=k)
-    if kind != "llm":
-        raise ValueError(f"unknown proposer {kind!r}; expected 'rules' or 'llm'")
-    llm = (llm or LLMConfig()).validate()
-    proposer = GoalProposer(llm.backend, k=k, timeout=timeout, max_prompts=max_prompts,
-                            backend_kwargs=backend_kwargs(llm))
-    if flag is not None:
-        check_llm(proposer, True, flag)
-    return proposer

@@ -1,15 +1,15 @@
 """The configuration of an SB3 run: nested dataclasses with the PQN trainer's names and units.
 
 One :class:`SB3TrainConfig` holds every setting of an SB3 run, in the parts the PQN config
-(:class:`agents.config.TrainConfig`) has, with the same names, units and meaning for every
+(:class:`agents.pqn.config.TrainConfig`) has, with the same names, units and meaning for every
 setting the two share:
 
 * ``run``  (:class:`SB3RunConfig`): method (``oir``, ``cosine``, ``gt``), env steps, seed, checkpoints
   (in updates);
 * ``env``  (:class:`SB3EnvConfig`): observation mode, reward threshold delta, episode length;
 * ``oir``  (:class:`SB3OIRConfig`): the relabeler and the instruction buffer (method ``oir``);
-* ``llm``  (:class:`agents.config.LLMConfig`): the LLM backend, the PQN trainer's part itself;
-* ``eval`` (:class:`agents.config.EvalSettings`): the PQN trainer's part itself (``eval.every`` in
+* ``llm``  (:class:`agents.run.config.LLMConfig`): the LLM backend, the PQN trainer's part itself;
+* ``eval`` (:class:`agents.run.config.EvalSettings`): the PQN trainer's part itself (``eval.every`` in
   updates; the SB3 policies are greedy, so ``eval.epsilon`` stays 0);
 * ``sb3``  (:class:`SB3Settings`): what only SB3 has: the algorithm, its envs and device, the env
   steps of one update (one metrics row), hyperparameter overrides.
@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 import tyro
 
-from agents.config import (
+from agents.run.config import (
     EvalSettings, LLMConfig, ObsMode, RelabelSettings, nested_from_dict, nested_replace, nested_to_dict,
 )
 
@@ -166,7 +166,7 @@ class SB3EnvConfig:
 @dataclass
 class SB3OIRConfig(RelabelSettings):
     """Hindsight instruction relabeling and the instruction buffer (method ``oir``): the settings the
-    PQN trainer's ``oir`` part shares (:class:`agents.config.RelabelSettings`)."""
+    PQN trainer's ``oir`` part shares (:class:`agents.run.config.RelabelSettings`)."""
 
 
 @dataclass
@@ -191,7 +191,7 @@ class SB3Settings:
     """Torch threads (0: automatic, 1 on machines with <= 4 cores)."""
     defaults: HyperparamDefaults = "craftax"
     """The algorithm's own hyperparameters the run starts from: craftax (sized to learn on Craftax;
-    agents.sb3_agents.DEFAULT_HYPERPARAMS) or tiny (small networks and buffers, to check that a run goes
+    agents.sb3.models.DEFAULT_HYPERPARAMS) or tiny (small networks and buffers, to check that a run goes
     through: the smoke preset; TINY_HYPERPARAMS). --sb3.hp overrides single keys of either."""
     hp: tuple[str, ...] = ()
     """Overrides of an SB3 constructor argument, KEY=VALUE (values read as Python literals; policy_kwargs.KEY

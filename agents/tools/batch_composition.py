@@ -16,7 +16,7 @@ Compare ``--method oir`` with ``--method cosine`` to see how relabeling redistri
     python examples/batch_composition.py --method oir --updates 40 --skip 30 --out /tmp/oir_batch.json
     python examples/batch_composition.py --method cosine --updates 40 --skip 30
 
-``--set PART.FIELD=VALUE`` overrides any field of :class:`agents.config.TrainConfig` (values are read
+``--set PART.FIELD=VALUE`` overrides any field of :class:`agents.pqn.config.TrainConfig` (values are read
 as JSON when they parse, e.g. ``--set pqn.hidden_size=64 pqn.lr=3e-4``). The defaults make early-training competence
 reachable on a CPU: the paper preset's envs and steps, a smaller network, lr 3e-4, faster epsilon.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents import config as config_lib
+from agents.pqn import config as config_lib
 
 CPU_DEFAULTS = {"pqn.hidden_size": 64, "pqn.lr": 3e-4, "pqn.lr_linear_decay": False, "pqn.num_epochs": 2,
                 "pqn.eps_decay": 0.3, "oir.relabeler": "rules", "eval.every": 10**9}
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     try:
         cfg = config_lib.preset(args.preset).replace(**over, **{"run.method": args.method, "run.seed": args.seed})
     except (ValueError, TypeError) as e:  # unknown fields
-        raise SystemExit(f"{e}; see agents/config.py") from None
+        raise SystemExit(f"{e}; see agents/run/config.py") from None
     # room for at least 100 updates, so the epsilon schedule (a fraction of the total) is the CPU defaults'
     cfg = cfg.replace(**{"run.total_timesteps": max(cfg.run.total_timesteps if "run.total_timesteps" in over else 0,
                                                     100 * cfg.batch_steps)})
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 
-    from agents.oir import Trainer
+    from agents.pqn.trainer import Trainer
 
     totals: dict[str, Counter] = defaultdict(Counter)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
-"""The LLM part both trainers share: what an :class:`~agents.config.LLMConfig` becomes.
+"""The LLM part both trainers share: what an :class:`~agents.run.config.LLMConfig` becomes.
 
 One implementation for the PQN trainer and the SB3 trainer, used by their one factory of relabelers
-and goal proposers (:mod:`agents.relabeling`):
+and goal proposers (:mod:`agents.run.relabeling`):
 
 * :func:`backend_kwargs`: the LLM backend's constructor arguments (model, server URL);
 * :func:`check_llm`: the start-up check, one tiny real LLM call before training. A run that
@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Iterator, Optional
 
-from agents.config import LLMConfig
+from agents.run.config import LLMConfig
 from oir_gym.relabel.llm.spec import LLMCheckError
 
 __all__ = ["LLMCheckError", "backend_kwargs", "check_llm", "check_deadline"]

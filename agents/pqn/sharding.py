@@ -17,17 +17,16 @@ scan under ``jax.shard_map`` crashed XLA's GPU compiler (jax 0.11.2, 2 x H100) w
 while single-device programs are the path every one-GPU run takes.) The update, batch building
 and evaluation are vmapped over seeds and sharded on that axis by jit.
 
-Multi-host: call :func:`initialize_distributed` (``jax.distributed.initialize``) at the top of the
+Multi-host: call :func:`agents.run.multihost.initialize_distributed` (``jax.distributed.initialize``) at the top of the
 program on every host; a cluster scheduler sets the coordinator address, the process count and
 the process id (SLURM and Open MPI are detected by JAX itself; otherwise set
 ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``). Each process then lays
 its own seeds over its own devices (:meth:`Layout.mesh` takes ``jax.local_devices()``);
-:mod:`agents.multihost` splits the seeds and merges what the processes write.
+:mod:`agents.run.multihost` splits the seeds and merges what the processes write.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -279,25 +278,3 @@ def shard_leading(tree: Any, mesh: Mesh, sizes: tuple[int, ...]) -> Any:
         return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
 
     return jax.tree_util.tree_map(put, tree)
-
-
-def initialize_distributed() -> bool:
-    """Join a multi-host run when the environment describes one; returns whether it did.
-
-    Reads ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` (or lets JAX
-    detect SLURM / Open MPI when ``OIR_GYM_DISTRIBUTED=auto``). Single-host runs need nothing.
-    CPU processes exchange through gloo (unless ``JAX_CPU_COLLECTIVES_IMPLEMENTATION`` names another).
-    """
-    if not (os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("OIR_GYM_DISTRIBUTED") == "auto"):
-        return False
-    if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
-    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        jax.distributed.initialize(
-            coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
-            num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-            process_id=int(os.environ["JAX_PROCESS_ID"]),
-        )
-    else:
-        jax.distributed.initialize()
-    return True

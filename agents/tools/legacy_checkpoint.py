@@ -1,12 +1,12 @@
 """Convert a trusted legacy ``checkpoint.pkl`` of a PQN run into a checkpoint folder.
 
-    python -m agents.legacy_checkpoint RUN_DIR
+    python -m agents.tools.legacy_checkpoint RUN_DIR
 
-Runs of early versions saved one pickle; :mod:`agents.checkpoint` refuses to load it, because
+Runs of early versions saved one pickle; :mod:`agents.run.checkpoint` refuses to load it, because
 unpickling runs any code the file names. This converter does unpickle it, so use it only on
-files you trust (you wrote them). It builds the run's :class:`~agents.oir.Trainer` from its
+files you trust (you wrote them). It builds the run's :class:`~agents.pqn.trainer.Trainer` from its
 ``config.json`` (no LLM), loads the pickle's state into it and saves a checkpoint folder; the
-pickle is left in place. It lives apart from :mod:`agents.checkpoint`, which the trainer imports.
+pickle is left in place. It lives apart from :mod:`agents.run.checkpoint`, which the trainer imports.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import os
 import sys
 from pathlib import Path
 
-from agents.checkpoint import LEGACY_PICKLE, CheckpointError
+from agents.run.checkpoint import LEGACY_PICKLE, CheckpointError
 
 
 def convert_legacy(run_dir: str | os.PathLike, keep: int = 2) -> Path:
     """Convert a trusted legacy ``checkpoint.pkl`` of a PQN run into a checkpoint folder.
 
     THIS UNPICKLES THE FILE, which runs any code it names: use it only on files you trust. It
-    builds a :class:`~agents.oir.Trainer` from the run's ``config.json`` (no LLM), loads the
+    builds a :class:`~agents.pqn.trainer.Trainer` from the run's ``config.json`` (no LLM), loads the
     pickle's state into it and saves it in the new format; the pickle is left in place.
     """
     import pickle
@@ -31,9 +31,9 @@ def convert_legacy(run_dir: str | os.PathLike, keep: int = 2) -> Path:
     import jax.numpy as jnp
     import numpy as np
 
-    from agents.config import load_config
-    from agents.oir import Runner, Trainer
-    from agents.run_dir import RunDir
+    from agents.pqn.config import load_config
+    from agents.pqn.trainer import Runner, Trainer
+    from agents.run.run_dir import RunDir
     from oir_gym import functional as F
 
     run_dir = Path(run_dir)
@@ -72,7 +72,7 @@ def convert_legacy(run_dir: str | os.PathLike, keep: int = 2) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agents.legacy_checkpoint", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m agents.tools.legacy_checkpoint", description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", help="the run directory holding checkpoint.pkl (a TRUSTED file: it is unpickled)")
     args = p.parse_args(argv)
     try:

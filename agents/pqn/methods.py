@@ -1,6 +1,6 @@
 """The per-method part of a PQN iteration, behind one small interface.
 
-:class:`~agents.oir.Trainer` runs what every method shares (rollout, return bookkeeping, the
+:class:`~agents.pqn.trainer.Trainer` runs what every method shares (rollout, return bookkeeping, the
 PQN update, evaluation, checkpoints) and asks its :class:`TrainingMethod` for the rest:
 
 * which instructions new episodes draw (:meth:`TrainingMethod.draw_texts`),
@@ -11,12 +11,12 @@ PQN update, evaluation, checkpoints) and asks its :class:`TrainingMethod` for th
   of generated instructions it writes (:meth:`TrainingMethod.generated_payload`).
 
 The methods: :class:`GroundTruth` (``gt``) and :class:`Cosine` (``cosine``) here, which train on
-the 22 original instructions; :class:`agents.oir_method.OIRRelabeling` (``oir``) and
-:class:`agents.ellm.ELLMProposals` (``ellm``). A method is built from a :class:`MethodContext`, the
+the 22 original instructions; :class:`agents.pqn.oir_method.OIRRelabeling` (``oir``) and
+:class:`agents.pqn.ellm.ELLMProposals` (``ellm``). A method is built from a :class:`MethodContext`, the
 narrow part of the run it may use (plain data: no calls back into the trainer), and holds no
 Trainer; this module and the methods import nothing of the trainer. What the trainer needs to know of a method before it builds one (reward,
 table size, generated file) and how to build it is a :class:`MethodSpec`, one per method name in
-:data:`agents.oir.METHOD_SPECS`.
+:data:`agents.pqn.trainer.METHOD_SPECS`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agents.config import TrainConfig
+    from agents.pqn.config import TrainConfig
     from oir_gym.buffer import InstructionBuffer
     from oir_gym.instruction_registry import InstructionRegistry
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclass(frozen=True)
 class MethodContext:
     """What a training method may use of the run that trains it, as plain data; the trainer
-    (:class:`agents.oir.Trainer`) builds one for its method, a test can build one without a trainer.
+    (:class:`agents.pqn.trainer.Trainer`) builds one for its method, a test can build one without a trainer.
 
     What changes while training (the update count, the envs' state) comes with each
     :meth:`TrainingMethod.step`. The registry and the buffers are the run's own objects: a method
@@ -95,7 +95,7 @@ class MethodStep:
 
     Attributes:
         metrics: the method's metrics of this update.
-        slots: relabel slots (:func:`agents.oir.build_batch`) indexing the trainer's recent rollouts
+        slots: relabel slots (:func:`agents.pqn.trainer.build_batch`) indexing the trainer's recent rollouts
             by age (``None``: the batch is this rollout's trajectories only).
         pinned: ``[S * E]`` table rows to pin the envs to at their next reset (-1: none), or ``None``.
         also_pays: ``[S * E, n]`` rows that also pay each env (-1: none), or ``None``.
@@ -125,7 +125,7 @@ MethodFactory = Callable[[MethodContext, Any, Any], "TrainingMethod"]
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One training method as the trainer looks it up by name (:data:`agents.oir.METHOD_SPECS`)."""
+    """One training method as the trainer looks it up by name (:data:`agents.pqn.trainer.METHOD_SPECS`)."""
 
     factory: MethodFactory
     #: the env's reward: 0 cosine similarity of captions to the instruction, 1 the ground truth
@@ -166,14 +166,14 @@ class TrainingMethod:
         Args:
             update: updates done so far.
             host: host copies of ``instr``, ``events``, ``action``, ``done``, ``reward``, ``ep_return``,
-                ``success`` (leaves ``[S, T, E, ...]``, see :func:`agents.oir.make_rollout`).
+                ``success`` (leaves ``[S, T, E, ...]``, see :func:`agents.pqn.trainer.make_rollout`).
             env_state: the envs' block state after the rollout (:mod:`oir_gym.functional`).
         """
         return MethodStep({})
 
     def warmup_slots(self) -> Optional[dict]:
         """Relabel slots shaped as :meth:`step`'s, nothing relabeled (``None``: it hands none back):
-        what :meth:`agents.oir.Trainer.start_compiling` compiles the batch program with."""
+        what :meth:`agents.pqn.trainer.Trainer.start_compiling` compiles the batch program with."""
         return None
 
     def payable_rows(self) -> np.ndarray:

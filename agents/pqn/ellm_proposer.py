@@ -1,6 +1,6 @@
 """ELLM-style forward goal proposal (Du et al. 2023): goals suggested from the CURRENT observation.
 
-The proposer of method ``ellm`` (:mod:`agents.ellm`).
+The proposer of method ``ellm`` (:mod:`agents.pqn.ellm`).
 
 Where OIR's relabeler (:mod:`oir_gym.relabel`) looks back at a finished trajectory and names what
 the agent did, ELLM looks at the state the agent is in and suggests what it could do next; the
@@ -59,6 +59,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from oir_gym.relabel.backends import BACKEND_NAMES
+from agents.run.config import LLMConfig
+from agents.run.llm import backend_kwargs, check_llm
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
@@ -480,3 +482,19 @@ class GoalProposer:
         idle = self._caller.close(0.0 if isinstance(self.llm, ChildProcessBackend) else wait)
         if self.llm is not None and (idle or isinstance(self.llm, ChildProcessBackend)):
             close_llm(self.llm)
+
+
+def make_proposer(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, timeout: Optional[float] = None,
+                  max_prompts: Optional[int] = None, flag: Optional[str] = "--ellm.proposer"):
+    """The ELLM goal proposer (:class:`~agents.pqn.ellm_proposer.GoalProposer`): ``"rules"``, or
+    ``"llm"``, the backend of ``llm`` (falling back to rules), checked with one real call."""
+    if kind == "rules":
+        return GoalProposer("rules", k=k)
+    if kind != "llm":
+        raise ValueError(f"unknown proposer {kind!r}; expected 'rules' or 'llm'")
+    llm = (llm or LLMConfig()).validate()
+    proposer = GoalProposer(llm.backend, k=k, timeout=timeout, max_prompts=max_prompts,
+                            backend_kwargs=backend_kwargs(llm))
+    if flag is not None:
+        check_llm(proposer, True, flag)
+    return proposer

@@ -3,7 +3,7 @@
     python examples/record_video.py runs/paper_oir "collect wood then place a table" --out table.gif
     python examples/record_video.py runs/sb3_qrdqn "drink water" --seed 0 --steps 300 --out drink.mp4
 
-Works for PQN and SB3 run directories (:func:`agents.policy.load_policy`). Each episode starts
+Works for PQN and SB3 run directories (:func:`agents.tools.policy.load_policy`). Each episode starts
 with the instruction; the video ends after ``--episodes`` episodes or ``--steps`` steps. MP4
 needs imageio with its ffmpeg plugin (``pip install 'oir-gym[video]'``); GIFs are written with
 Pillow. Every argument, the output folder (which must exist) and the MP4 writer are checked
@@ -63,7 +63,7 @@ def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int 
     import numpy as np
 
     import oir_gym  # noqa: F401  (registers the env id)
-    from agents.policy import load_policy
+    from agents.tools.policy import load_policy
 
     out = check_output(out)
     for name, value in (("steps", steps), ("episodes", episodes), ("scale", scale)):

@@ -2,8 +2,8 @@
 
 Read top to bottom: network -> acting -> Q(lambda) targets -> loss/update. The OIR
 training loop that wraps it (rollouts, relabeling, instruction buffer, evaluation, checkpoints)
-is in :mod:`agents.oir`; the hyperparameters are :class:`agents.config.PQNConfig` (the ``pqn`` part
-of a run's :class:`~agents.config.TrainConfig`).
+is in :mod:`agents.pqn.trainer`; the hyperparameters are :class:`agents.pqn.config.PQNConfig` (the ``pqn`` part
+of a run's :class:`~agents.pqn.config.TrainConfig`).
 
 The network: LayerNorm on the input (obs features ++ instruction embedding), an MLP of
 ``num_layers`` Dense+LayerNorm+ReLU blocks, one LSTM layer, a linear Q head on the LSTM output
@@ -26,7 +26,7 @@ import optax
 from flax.linen.recurrent import DenseParams
 from flax.training.train_state import TrainState
 
-from agents.config import PQNConfig
+from agents.pqn.config import PQNConfig
 
 
 # ----------------------------------------------------------------------------- network

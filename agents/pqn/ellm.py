@@ -1,7 +1,7 @@
 """Method ``ellm``: the ELLM baseline (Du et al. 2023) on the PQN backbone.
 
 After each rollout (:meth:`ELLMProposals.step`) the batch is the original trajectories,
-and a :class:`~agents.ellm_proposer.GoalProposer` proposes up to K goals from every env's CURRENT
+and a :class:`~agents.pqn.ellm_proposer.GoalProposer` proposes up to K goals from every env's CURRENT
 observation (read from the state arrays; the LLM gets its text); they are registered in the instruction table and each env is pinned to one
 of its goals (drawn uniformly; it applies at the env's next reset). The reward is the env's
 cosine reward against that goal and, with ``ellm.reward="any"`` (default), against every other
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agents.methods import MethodContext, MethodStep, TrainingMethod
+from agents.pqn.methods import MethodContext, MethodStep, TrainingMethod
 from oir_gym.text import batch_observations
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agents.config import TrainConfig
+    from agents.pqn.config import TrainConfig
 
 
 def also_pays_slots(cfg: "TrainConfig") -> int:

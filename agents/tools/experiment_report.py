@@ -1,8 +1,8 @@
 """The tables and verdicts of the pre-registered experiments, rebuilt from their run folders.
 
-    python -m agents.experiment_report mixed results/mixed_arm      # docs/experiments/mixed-arm.md
-    python -m agents.experiment_report stone results/stone_tier     # docs/experiments/stone-tier.md
-    python -m agents.experiment_report stone results/stone_tier --plot docs/img/stone_tier.png
+    python -m agents.tools.experiment_report mixed results/mixed_arm      # docs/experiments/mixed-arm.md
+    python -m agents.tools.experiment_report stone results/stone_tier     # docs/experiments/stone-tier.md
+    python -m agents.tools.experiment_report stone results/stone_tier --plot docs/img/stone_tier.png
 
 A folder holds one run directory per process, named ``<arm>_s<first seed>`` (``canonical_s0``,
 ``canonical_s3``...), each with ``eval_final.json`` (one entry per seed) and ``metrics.jsonl``
@@ -233,7 +233,7 @@ def plot_stone_tier(root: str | Path, out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agents.experiment_report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m agents.tools.experiment_report", description=__doc__.split("\n\n")[0])
     ap.add_argument("experiment", choices=("mixed", "stone"))
     ap.add_argument("root", help="the experiment's results folder")
     ap.add_argument("--plot", help="stone: write the training-rate curves to this PNG")

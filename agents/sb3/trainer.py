@@ -1,4 +1,4 @@
-"""The SB3 trainer behind the run driver (:mod:`agents.train`): :class:`SB3Trainer` and its recipe.
+"""The SB3 trainer behind the run driver (:mod:`agents.run.train`): :class:`SB3Trainer` and its recipe.
 
 SB3's ``model.learn`` owns its loop and calls back at every env step. The driver owns the loop
 of both trainers (evaluations, checkpoints, stop requests), one update at a time. So
@@ -8,7 +8,7 @@ it waits while the driver evaluates, logs and saves; the two threads never run a
 The training is the one ``learn`` call would give in one go (nothing is cut or repeated at the
 boundaries, unlike calling ``learn`` once per update, which would restart SB3's schedules).
 
-Checkpoints are SB3's: ``model.zip`` checksummed in ``state.json`` (:func:`agents.sb3_agents.save_checkpoint`).
+Checkpoints are SB3's: ``model.zip`` checksummed in ``state.json`` (:func:`agents.sb3.models.save_checkpoint`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import Any, Optional
 
 import numpy as np
 
-from agents.run_dir import RunDir, read_json
-from agents.sb3_config import SB3_PRESETS, SB3TrainConfig, load_sb3_config
-from agents.train import IterationLog, Recipe, RunOptions, RunTrainer
+from agents.run.run_dir import RunDir, read_json
+from agents.sb3.config import SB3_PRESETS, SB3TrainConfig, load_sb3_config
+from agents.run.train import IterationLog, Recipe, RunOptions, RunTrainer
 
 _STOP = "stop"
 
 
 class SB3Trainer:
-    """One SB3 run (one seed) with the driver's interface (:class:`agents.train.RunTrainer`).
+    """One SB3 run (one seed) with the driver's interface (:class:`agents.run.train.RunTrainer`).
 
     Args:
         cfg: the run's validated config.
@@ -40,8 +40,8 @@ class SB3Trainer:
     """
 
     def __init__(self, cfg: SB3TrainConfig, run_dir: str | Path, eval_only: bool = False, fresh: bool = False) -> None:
-        from agents.llm import check_llm
-        from agents.sb3_agents import configure_torch_threads, make_env, make_relabeler
+        from agents.run.llm import check_llm
+        from agents.sb3.models import configure_torch_threads, make_env, make_relabeler
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -91,7 +91,7 @@ class SB3Trainer:
 
     # ------------------------------------------------------------------ state
     def _new_model(self) -> Any:
-        from agents.sb3_agents import make_model
+        from agents.sb3.models import make_model
 
         c = self.cfg
         return make_model(c.sb3.algo, self.venv, c.run.seed, c.sb3.hyperparams, device=c.sb3.device,
@@ -105,7 +105,7 @@ class SB3Trainer:
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore the run's checkpoint in ``path`` (its verified ``model.zip`` and ``state.json``)."""
-        from agents.sb3_agents import INSTRUCTION_BUFFER_JSON, load_model, verified_model_zip
+        from agents.sb3.models import INSTRUCTION_BUFFER_JSON, load_model, verified_model_zip
 
         c = self.cfg
         model_path, state = verified_model_zip(path, repair=True)
@@ -121,7 +121,7 @@ class SB3Trainer:
         return state
 
     def _attach(self) -> None:
-        from agents.sb3_agents import make_relabel_callback
+        from agents.sb3.models import make_relabel_callback
 
         # an evaluation leaves the run's TensorBoard files as they are
         self.model.set_logger(_sb3_logger(self.run_dir / "tb" if _tensorboard_installed() and not self.eval_only
@@ -162,7 +162,7 @@ class SB3Trainer:
     def _learn(self, remaining: int) -> None:
         from stable_baselines3.common.callbacks import CallbackList
 
-        from agents.sb3_agents import configure_torch_threads
+        from agents.sb3.models import configure_torch_threads
 
         try:
             configure_torch_threads(self.cfg.sb3.threads or None)  # this thread's own torch settings
@@ -229,7 +229,7 @@ class SB3Trainer:
     def evaluate(self, final: bool = False) -> list:
         """The greedy evaluation (:mod:`oir_gym.evaluation`); ``final``: eval.final_sets and
         eval.final_episodes. One result: the run's one seed."""
-        from agents.sb3_agents import evaluate
+        from agents.sb3.models import evaluate
         from oir_gym.evaluation import eval_config
 
         ev = self.cfg.eval
@@ -241,7 +241,7 @@ class SB3Trainer:
     def save(self, *, metrics: Any = None) -> Path:
         """A checkpoint: model.zip (checksummed), and in state.json the instruction buffer, the
         metrics position (rows after it are cut on resume) and the update."""
-        from agents.sb3_agents import save_checkpoint
+        from agents.sb3.models import save_checkpoint
 
         position = metrics.to_dict() if hasattr(metrics, "to_dict") else metrics
         save_checkpoint(self.run_dir, self.model, {"update": self.update_idx, "metrics": position,
@@ -338,7 +338,7 @@ class SB3Options(RunOptions):
 
 
 class SB3Recipe(Recipe):
-    """The SB3 trainer (:class:`SB3Trainer`), its nested :class:`~agents.sb3_config.SB3TrainConfig`
+    """The SB3 trainer (:class:`SB3Trainer`), its nested :class:`~agents.sb3.config.SB3TrainConfig`
     and its checkpoint (``model.zip`` + ``state.json`` in the run directory)."""
 
     name = "SB3"
@@ -357,9 +357,9 @@ class SB3Recipe(Recipe):
         then flags. An old flag spelling is a usage error naming the new flag."""
         import sys
 
-        from agents.config import check_saved_backend, cli
-        from agents.sb3_config import old_flag_error
-        from agents.train import parse_with_base
+        from agents.run.config import check_saved_backend, cli
+        from agents.run.resume import parse_with_base
+        from agents.sb3.config import old_flag_error
 
         old = old_flag_error(argv)
         if old:
@@ -367,8 +367,8 @@ class SB3Recipe(Recipe):
             raise SystemExit(2)
 
         def parse(options_type: type, args: list[str], *, base: Any = None, description: str | None = None) -> Any:
-            return cli(options_type, args, base=base, description=description, presets=SB3_PRESETS,
-                       config_type=SB3TrainConfig)
+            return cli(options_type, args, base=base, description=description, default_preset="cpu",
+                       presets=SB3_PRESETS, config_type=SB3TrainConfig)
 
         opts = parse_with_base(argv, description, SB3Options, parse, load_sb3_config, check_saved_backend)
         opts.config = opts.config.with_hp()
@@ -381,7 +381,7 @@ class SB3Recipe(Recipe):
         return f"runs/sb3_{cfg.sb3.algo}_{cfg.relabeler}_{time.strftime('%Y%m%d-%H%M%S')}"
 
     def checkpoints(self, own_dir: Path) -> dict[int, Path]:
-        from agents.sb3_agents import MODEL_ZIP, UntrustedModelError, read_checkpoint_state, verified_model_zip
+        from agents.sb3.models import MODEL_ZIP, UntrustedModelError, read_checkpoint_state, verified_model_zip
 
         state = read_checkpoint_state(own_dir)
         if state is None and not (own_dir / MODEL_ZIP).exists():
@@ -394,7 +394,7 @@ class SB3Recipe(Recipe):
 
     def read_checkpoint(self, path: Path) -> dict[str, Any]:
         """The checkpoint's state.json, its zip checked (before anything is written; nothing unpickled)."""
-        from agents.sb3_agents import check_model_zip, verified_model_zip
+        from agents.sb3.models import check_model_zip, verified_model_zip
 
         zip_path, state = verified_model_zip(path, repair=True)
         check_model_zip(zip_path)
@@ -404,7 +404,7 @@ class SB3Recipe(Recipe):
         return SB3Trainer(cfg, own_dir, eval_only=eval_only, fresh=fresh)
 
     def write_config(self, run: RunDir, cfg: Any) -> None:
-        from agents.sb3_agents import resolve_hyperparams
+        from agents.sb3.models import resolve_hyperparams
 
         run.write_config({**cfg.to_dict(), "resolved_hyperparams": resolve_hyperparams(
             cfg.sb3.algo, cfg.sb3.num_envs, cfg.sb3.hyperparams, cfg.sb3.defaults)})
@@ -446,7 +446,7 @@ class SB3Recipe(Recipe):
                 "per instruction)")
 
     def completion_info(self, trainer: RunTrainer) -> dict[str, Any]:
-        from agents.sb3_agents import read_checkpoint_state
+        from agents.sb3.models import read_checkpoint_state
 
         return {"model_sha256": (read_checkpoint_state(trainer.run_dir) or {}).get("model_sha256")}  # type: ignore[attr-defined]
 
@@ -456,7 +456,7 @@ SB3 = SB3Recipe()
 
 
 def sb3_main(argv: list[str] | None = None, started: float | None = None) -> int:
-    """``examples/train_sb3.py``'s command line ``argv``: :func:`agents.train.main` with :data:`SB3`."""
-    from agents.train import main
+    """``examples/train_sb3.py``'s command line ``argv``: :func:`agents.run.train.main` with :data:`SB3`."""
+    from agents.run.train import main
 
     return main(SB3, argv, started)

@@ -7,7 +7,7 @@ A run directory holds everything one training run writes. Its layout::
     metrics.csv        the same rows as CSV (written by :meth:`RunDir.write_csv`)
     tb/                TensorBoard events (when the ``tensorboard`` package is installed)
     wandb/             Weights & Biases files (only with ``wandb=True``)
-    checkpoints/       checkpoints (PQN: :mod:`agents.checkpoint`)
+    checkpoints/       checkpoints (PQN: :mod:`agents.run.checkpoint`)
     eval_<tag>.json    evaluation results (and eval_<tag>.md, a table for people)
     *.png              plots
     complete.json      written LAST, after the final evaluation, CSV and plots: the run is complete

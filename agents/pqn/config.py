@@ -1,0 +1,476 @@
+"""The PQN run's configuration: :class:`TrainConfig` (nested dataclasses), its validation and presets.
+
+One :class:`TrainConfig` holds every setting of a PQN run, in parts:
+
+* ``run``  (:class:`RunConfig`): method, seeds, length, checkpoints;
+* ``pqn``  (:class:`PQNConfig`): the PQN-RNN agent (batch shape, exploration, optimiser, network);
+* ``env``  (:class:`EnvConfig`): observation mode, reward threshold delta, episode length, table size;
+* ``oir``  (:class:`OIRConfig`): hindsight relabeling and the instruction buffer (method ``oir``);
+* ``llm``  (:class:`~agents.run.config.LLMConfig`): the LLM backend (shared with SB3);
+* ``ellm`` (:class:`ELLMConfig`): the ELLM baseline's goal proposer (method ``ellm``);
+* ``eval`` (:class:`~agents.run.config.EvalSettings`): periodic evaluation.
+
+``PRESETS`` names whole configurations: ``cpu`` (the CLI's default, a few minutes on a small
+CPU), ``paper`` (the paper's Craftax-Classic table, for a GPU), ``fast`` (purejaxql's 1,024-env
+batch with the paper's agent: a strong agent in minutes on one GPU) and ``smoke`` (the smallest run
+that goes through every part of the chosen method: on a 2-core CPU about 2 min the first time, compiling,
+and about 30 s once JAX's compilation cache holds its programs; the tests use it).
+
+:meth:`TrainConfig.validate` refuses every bad value with one error naming the field, so a
+script validates before it writes anything. Old run directories wrote one flat dict of 42 to
+46 keys; :meth:`TrainConfig.from_flat_dict` reads them (:func:`load_config` reads either form).
+:func:`cli` is :func:`agents.run.config.cli` with these presets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal, Mapping, Sequence, get_args
+
+from agents.run import config as shared
+from agents.run.config import (
+    MAX_EVAL_EPISODES, ORACLES, RELABELERS, EvalSettings, Grounding, LLMConfig, ObsMode, RelabelSettings,
+    did_you_mean, nested_from_dict, nested_replace, nested_to_dict,
+)
+
+Method = Literal["gt", "cosine", "oir", "ellm"]
+ProposerKind = Literal["rules", "llm"]
+EllmReward = Literal["any", "pinned"]
+
+METHODS: tuple[str, ...] = get_args(Method)
+ELLM_PROPOSERS: tuple[str, ...] = get_args(ProposerKind)
+
+
+# ----------------------------------------------------------------------------- the parts
+@dataclass
+class RunConfig:
+    """What to run and for how long."""
+
+    method: Method = "oir"
+    """gt: ground-truth reward on the 22 achievements; cosine: the cosine reward on them; oir: hindsight
+    relabeling with an instruction buffer; ellm: ELLM goal proposals on the same PQN backbone."""
+    total_timesteps: int = 200_000
+    """Env steps per seed."""
+    num_seeds: int = 1
+    """Seeds trained side by side in one program."""
+    num_devices: int = 0
+    """Local devices (GPUs) the seeds are spread over in one program (``jax.sharding``): 0 = every
+    visible device, 1 = one device. Seeds must divide by it (each device runs whole seeds); with fewer
+    seeds than devices, each seed's envs are split instead (``pqn.num_envs`` must divide by it)."""
+    seed: int = 0
+    """The first seed (seeds run.seed to run.seed + run.num_seeds - 1: networks, envs, instruction buffers)."""
+    checkpoint_every: int = 25
+    """Updates between checkpoints."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (the newest ones)."""
+
+
+@dataclass
+class PQNConfig:
+    """The PQN-RNN agent (Gallici et al. 2024)."""
+
+    num_envs: int = 16
+    """Envs per seed."""
+    num_steps: int = 64
+    """Rollout length per update."""
+    eps_start: float = 1.0
+    """Epsilon-greedy exploration at the start."""
+    eps_finish: float = 0.1
+    """Epsilon-greedy exploration after the decay."""
+    eps_decay: float = 0.1
+    """Fraction of training over which epsilon decays linearly."""
+    lr: float = 3e-4
+    """Adam's learning rate."""
+    lr_linear_decay: bool = True
+    """Decay the learning rate linearly to 0 over the run."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip (> 0)."""
+    num_epochs: int = 2
+    """Passes over each update's batch."""
+    num_minibatches: int = 4
+    """Minibatches per pass (they must divide the update's trajectories)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lam: float = 0.5
+    """Q(lambda)'s lambda."""
+    hidden_size: int = 128
+    """Width of the hidden layer and the LSTM."""
+    num_layers: int = 1
+    """Dense + LayerNorm + ReLU layers before the LSTM."""
+    norm_input: bool = True
+    """Normalise the observation input (layer norm)."""
+    scan_unroll: int = 1
+    """LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)."""
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Input type of the hidden layer's and the LSTM's matmuls (``bfloat16``: float32 accumulation,
+    parameters, norms, gates and Q-values; half the bytes and twice the tensor-core rate)."""
+
+    @property
+    def batch_steps(self) -> int:
+        """Env steps of one update (one seed)."""
+        return self.num_envs * self.num_steps
+
+
+@dataclass
+class EnvConfig:
+    """The instruction-conditioned Craftax-Classic env."""
+
+    obs_mode: ObsMode = "paper"
+    """paper: the paper's observation; symbolic: Craftax's symbolic one."""
+    delta: float = 0.9
+    """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
+    max_episode_steps: int = 10_000
+    """Steps before an episode is truncated."""
+    table_capacity: int = 512
+    """Rows of the device instruction table: every evaluation instruction (periodic and final, about 250
+    with the packaged sets), the buffers' instructions and those the envs run."""
+
+
+
+@dataclass
+class OIRConfig(RelabelSettings):
+    """Hindsight instruction relabeling and the instruction buffer (method ``oir``)."""
+
+    keep_ungrounded: bool = False
+    """Keep relabeled instructions that paid no reward on their own trajectory (the paper's Alg. 1 keeps
+    them; by default they are neither training rows nor buffer entries)."""
+    relabel_every_match: bool = False
+    """A relabeled copy pays every match, not only the first per original episode."""
+    relabel_balance: bool = False
+    """Spread the K slots over instructions (rare events kept); an extension, not in the paper."""
+    llm_lag: int = 16
+    """Rollouts kept for late LLM answers (older answers are dropped)."""
+    relabel_lag: int = 0
+    """0: the paper's order, a rollout's relabeled copies train in its own update. 1: the rule relabeler
+    reads a rollout on a side thread while the device runs that update and the next rollout, and the
+    copies (and buffer offers) enter one update later: the relabeling leaves the update's critical
+    path. The first update then has no relabeled rows, and a resume loses one rollout's relabels."""
+    oracle_pool: str = ""
+    """Wording pool file of oir.oracle diverse, noisy and mixed (schema: oir_gym/data/oracle_pool.json; empty: that
+    packaged pool). A wording equal or too close (cosine >= 0.85) to an evaluation string stops the run."""
+    relabel_workers: int = -1
+    """Worker processes for the rule relabeler (:class:`oir_gym.relabel.parallel.ParallelRelabeler`):
+    -1 chooses from the machine (none below 4 cores, else up to 8), 0 relabels in the training process.
+    Used when a rollout holds at least 64 trajectories (seeds x envs): the same candidates, their
+    embeddings equal to float rounding (each process batches its encoder calls its own way). The
+    workers start beside the first updates, which relabel in the training process until they are up."""
+
+
+@dataclass
+class ELLMConfig:
+    """The ELLM baseline (Du et al. 2023) on the PQN backbone (method ``ellm``)."""
+
+    proposer: ProposerKind = "rules"
+    """rules: rule goals; llm: the LLM backend (``llm.*``), falling back to rules."""
+    k: int = 4
+    """Goals proposed per env."""
+    timeout: float = 10.0
+    """Seconds an update waits for the LLM's goals before the rule goals answer."""
+    reward: EllmReward = "any"
+    """any: a caption matching any goal proposed for the env pays; pinned: only the env's own goal."""
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a PQN training run."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    pqn: PQNConfig = field(default_factory=PQNConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    oir: OIRConfig = field(default_factory=OIRConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    ellm: ELLMConfig = field(default_factory=ELLMConfig)
+    eval: EvalSettings = field(default_factory=EvalSettings)
+
+    # ------------------------------------------------------------ derived
+    @property
+    def method(self) -> str:
+        return self.run.method
+
+    @property
+    def batch_steps(self) -> int:
+        """Env steps of one update (one seed)."""
+        return self.pqn.batch_steps
+
+    @property
+    def num_updates(self) -> int:
+        return max(1, self.run.total_timesteps // self.batch_steps)
+
+    def rows_per_update(self) -> int:
+        """Trajectories of one update batch: the originals, plus K relabeled copies each for ``oir``."""
+        return self.pqn.num_envs * (1 + (self.oir.k if self.run.method == "oir" else 0))
+
+    # ------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain dict (what ``config.json`` and checkpoints hold), credentials in
+        ``llm.base_url`` redacted (:func:`redact_url`)."""
+        return nested_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
+        """From :meth:`to_dict`'s form; unknown parts or keys and wrong types are a ValueError naming them.
+
+        Missing keys keep their defaults.
+        """
+        return nested_from_dict(cls, d)
+
+    @classmethod
+    def from_flat_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
+        """From the flat ``config.json`` of runs written before the nested config (``agents.pqn.config.PQNConfig``).
+
+        Every old key maps to one new field (``k`` to both ``oir.k`` and ``ellm.k``); keys those
+        runs did not have yet keep their defaults, which are the old defaults. Unknown keys are a
+        ValueError naming them.
+        """
+        unknown = sorted(set(d) - set(FLAT_KEYS), key=str)
+        if unknown:
+            raise ValueError(f"unknown config key {unknown[0]!r} in a flat (pre-nested) config"
+                             f"{did_you_mean(unknown[0], list(FLAT_KEYS))}")
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in d.items():
+            for path in FLAT_KEYS[key]:
+                part, name = path.split(".")
+                nested.setdefault(part, {})[name] = value
+        return cls.from_dict(nested)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        """A copy with dotted-path changes, e.g. ``cfg.replace(**{"pqn.lr": 1e-3, "run.method": "gt"})``."""
+        return nested_replace(self, changes)
+
+    # ------------------------------------------------------------ validation
+    def validate(self) -> "TrainConfig":
+        """Check every field; raise one ValueError naming the field (and what to use) at the first bad one."""
+        _check_types(self)
+        r, p, e, o, l, el, ev = self.run, self.pqn, self.env, self.oir, self.llm, self.ellm, self.eval
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        for part, name, allowed in (("run", "method", METHODS), ("oir", "relabeler", RELABELERS),
+                                    ("ellm", "proposer", ELLM_PROPOSERS),
+                                    ("env", "obs_mode", get_args(ObsMode)), ("ellm", "reward", get_args(EllmReward)),
+                                    ("pqn", "compute_dtype", ("float32", "bfloat16"))):
+            v = getattr(getattr(self, part), name)
+            need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
+        l.validate()
+        for part, names in (("run", ("total_timesteps", "num_seeds", "checkpoint_every", "keep_checkpoints")),
+                            ("pqn", ("num_envs", "num_steps", "num_epochs", "num_minibatches", "hidden_size",
+                                     "num_layers", "scan_unroll")),
+                            ("env", ("max_episode_steps", "table_capacity")),
+                            ("oir", ("k", "instruction_buffer_size", "llm_lag")),
+                            ("ellm", ("k",)),
+                            ("eval", ("every", "episodes", "horizon"))):
+            for name in names:
+                v = getattr(getattr(self, part), name)
+                need(v >= 1, f"{part}.{name}={v!r} must be >= 1")
+        from oir_gym.validation import MAX_SEED  # JAX keys hold 32 bits: seed 2**32 would meet seed 0's worlds
+
+        need(0 <= r.seed and r.seed + r.num_seeds - 1 <= MAX_SEED,
+             f"run.seed={r.seed} must be in [0, {MAX_SEED - r.num_seeds + 1}] (seeds run.seed to run.seed + "
+             f"run.num_seeds - 1 must fit JAX's 32-bit keys)")
+        need(e.max_episode_steps <= 2**31 - 1, f"env.max_episode_steps={e.max_episode_steps} must be < 2**31")
+        need(r.num_devices >= 0, f"run.num_devices={r.num_devices} must be >= 0 (0: every visible device)")
+        if r.num_devices > 0:
+            # the layout's arithmetic only; the Trainer checks against the visible devices (asking JAX
+            # for them here would start its backend before a multi-host jax.distributed.initialize)
+            from agents.pqn.sharding import check_layout
+
+            check_layout(r.num_seeds, p.num_envs, r.num_devices, visible=r.num_devices)
+        need(0 < p.lr < 1, f"pqn.lr={p.lr} must be in (0, 1)")
+        need(p.max_grad_norm > 0, f"pqn.max_grad_norm={p.max_grad_norm} must be > 0 (a negative clip flips the "
+                                  "gradient's sign)")
+        need(0 <= p.gamma <= 1, f"pqn.gamma={p.gamma} must be in [0, 1]")
+        need(0 <= p.lam <= 1, f"pqn.lam={p.lam} must be in [0, 1]")
+        need(0 <= p.eps_finish <= p.eps_start <= 1,
+             f"need 0 <= pqn.eps_finish ({p.eps_finish}) <= pqn.eps_start ({p.eps_start}) <= 1")
+        need(0 < p.eps_decay <= 1, f"pqn.eps_decay={p.eps_decay} must be in (0, 1]")
+        need(-1 < e.delta <= 1, f"env.delta={e.delta} is outside (-1, 1]")
+        need(o.grounding in get_args(Grounding), f"oir.grounding={o.grounding!r}; expected one of {get_args(Grounding)}")
+        need(-1 <= o.bind_threshold <= 1, f"oir.bind_threshold={o.bind_threshold} must be a cosine in [-1, 1]")
+        need(o.relabel_lag in (0, 1), f"oir.relabel_lag={o.relabel_lag!r} must be 0 (relabel before the rollout's own "
+                                      "update) or 1 (one update later, on a side thread)")
+        need(o.oracle in ORACLES, f"oir.oracle={o.oracle!r}; expected one of {ORACLES}")
+        from oir_gym.relabel.oracle import USES_POOL, check_oracle, check_pool, evaluation_texts, load_pool
+
+        try:
+            check_oracle(o.oracle, o.grounding)
+        except ValueError as err:
+            raise ValueError(f"oir.oracle={o.oracle!r}: {err}") from None
+        need(o.oracle == "canonical" or r.method == "oir" and o.relabeler != "llm",
+             f"oir.oracle={o.oracle!r} picks the rule relabeler's labels: it needs run.method oir and oir.relabeler "
+             "rules or both")
+        need(not o.oracle_pool or o.oracle in USES_POOL,
+             f"oir.oracle_pool is read by oir.oracle {', '.join(USES_POOL)} only (oir.oracle={o.oracle!r})")
+        if o.oracle in USES_POOL:
+            try:  # the file and its verbatim collisions now; the cosine check when the relabeler is built
+                check_pool(load_pool(o.oracle_pool or None), evaluation_texts(ev.instruction_files))
+            except ValueError as err:
+                raise ValueError(f"oir.oracle_pool: {err}") from None
+        need(o.relabel_workers >= -1, f"oir.relabel_workers={o.relabel_workers} must be -1 (auto), 0 (in process) "
+                                      "or a number of worker processes")
+        need(0 <= o.tau_low < o.tau_high <= 1,
+             f"need 0 <= oir.tau_low ({o.tau_low}) < oir.tau_high ({o.tau_high}) <= 1")
+        need(not (o.relabel_balance and o.keep_ungrounded),
+             "oir.relabel_balance spreads slots over grounded instructions only; it cannot be combined with "
+             "oir.keep_ungrounded=True")
+        need(el.timeout >= 0, f"ellm.timeout={el.timeout} must be >= 0")
+        need(ev.episodes <= MAX_EVAL_EPISODES, f"eval.episodes={ev.episodes} must be <= {MAX_EVAL_EPISODES}")
+        need(1 <= ev.final_episodes <= MAX_EVAL_EPISODES,
+             f"eval.final_episodes={ev.final_episodes} must be in [1, {MAX_EVAL_EPISODES}]")
+        need(0 <= ev.epsilon <= 1, f"eval.epsilon={ev.epsilon} must be in [0, 1]")
+        ev.check_sets()
+        rows = self.rows_per_update()
+        need(rows % p.num_minibatches == 0,
+             f"pqn.num_minibatches={p.num_minibatches} must divide the {rows} trajectories of an update "
+             f"(pqn.num_envs x (1 + oir.k) for oir, pqn.num_envs otherwise)")
+        need(r.total_timesteps >= self.batch_steps,
+             f"run.total_timesteps={r.total_timesteps} is less than one update ({self.batch_steps} steps = "
+             "pqn.num_envs x pqn.num_steps)")
+        return self
+
+
+FLAT_KEYS: dict[str, tuple[str, ...]] = {
+    "method": ("run.method",), "total_timesteps": ("run.total_timesteps",), "num_seeds": ("run.num_seeds",),
+    "seed": ("run.seed",), "checkpoint_every": ("run.checkpoint_every",),
+    **{k: (f"pqn.{k}",) for k in ("num_envs", "num_steps", "eps_start", "eps_finish", "eps_decay", "lr",
+                                  "lr_linear_decay", "max_grad_norm", "num_epochs", "num_minibatches", "gamma",
+                                  "lam", "hidden_size", "num_layers", "norm_input", "scan_unroll")},
+    **{k: (f"env.{k}",) for k in ("obs_mode", "delta", "max_episode_steps", "table_capacity")},
+    "relabeler": ("oir.relabeler",), "buffer_size": ("oir.instruction_buffer_size",), "tau_low": ("oir.tau_low",),
+    "tau_high": ("oir.tau_high",), "keep_ungrounded": ("oir.keep_ungrounded",),
+    "relabel_every_match": ("oir.relabel_every_match",), "relabel_balance": ("oir.relabel_balance",),
+    "llm_lag": ("oir.llm_lag",), "k": ("oir.k", "ellm.k"),
+    "llm_backend": ("llm.backend",), "llm_base_url": ("llm.base_url",), "llm_model": ("llm.model",),
+    "llm_template": ("llm.template",), "llm_per_update": ("llm.per_update",),
+    "ellm_proposer": ("ellm.proposer",), "ellm_timeout": ("ellm.timeout",), "ellm_reward": ("ellm.reward",),
+    "eval_every": ("eval.every",), "eval_episodes": ("eval.episodes",), "eval_horizon": ("eval.horizon",),
+    "eval_epsilon": ("eval.epsilon",),
+}
+"""Old flat key -> the nested field(s) it becomes."""
+
+
+# ----------------------------------------------------------------------------- nested configs
+# A run config is a dataclass of part dataclasses (TrainConfig here, agents.sb3.config.SB3TrainConfig):
+# one way to write, read and change them for both trainers.
+def _check_types(cfg: TrainConfig) -> None:
+    """Every field holds its declared type; every number is finite (NaN and inf are refused)."""
+    for part in fields(cfg):
+        obj = getattr(cfg, part.name)
+        if not is_dataclass(obj):
+            raise ValueError(f"config part {part.name!r} is a {type(obj).__name__}, not a {part.type}")
+        default = type(obj)()
+        for f in fields(obj):
+            v, d = getattr(obj, f.name), getattr(default, f.name)
+            path = f"{part.name}.{f.name}"
+            if f.name == "call_timeout":  # float | None
+                if v is None:
+                    continue
+                d = 1.0
+            if isinstance(d, bool):
+                ok = isinstance(v, bool)
+            elif isinstance(d, int):
+                ok = isinstance(v, int) and not isinstance(v, bool)
+            elif isinstance(d, float):
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+                if ok and not math.isfinite(v):
+                    raise ValueError(f"{path}={v!r} must be a finite number")
+            elif isinstance(d, tuple):
+                ok = isinstance(v, tuple) and all(isinstance(x, str) for x in v)
+            else:
+                ok = isinstance(v, type(d))
+            if not ok:
+                raise ValueError(f"{path}={v!r} has type {type(v).__name__}; expected {type(d).__name__}")
+
+
+def load_config(d: Mapping[str, Any]) -> TrainConfig:
+    """A config from ``config.json``'s contents, nested or flat (old runs); provenance keys are ignored."""
+    d = {k: v for k, v in d.items() if k not in ("provenance", "resumed")}
+    parts = {f.name for f in fields(TrainConfig)}
+    # a flat config (old runs) holds only values; a nested one names sections holding objects
+    if d and (set(d) & parts or any(isinstance(v, Mapping) for v in d.values())):
+        return TrainConfig.from_dict(d)
+    return TrainConfig.from_flat_dict(d)
+
+
+# ----------------------------------------------------------------------------- presets
+def _cpu() -> TrainConfig:
+    # Sized for a 2-core CPU: compile + train + evaluation in a few minutes, relabeling with rules.
+    # The offline LLM is one flag away (--oir.relabeler both, named in the run's first line): on 2
+    # cores its start-up check took 156 s and none of its answers arrived within oir.llm_lag
+    # updates (0 batch rows, 0 buffer entries in 96 updates; issue 37), while it held a core.
+    # Event-bound grounding, so that the LLM's own wordings can reach the batch when it is added.
+    # The final evaluation at 4 episodes per instruction (about 40 s here, docs/benchmarks.md), not 16.
+    return TrainConfig().replace(**{"oir.relabeler": "rules", "run.total_timesteps": 98_304, "eval.every": 48,
+                                    "eval.episodes": 1, "run.checkpoint_every": 16, "oir.grounding": "bound",
+                                    "eval.final_episodes": 4})
+
+
+def _paper() -> TrainConfig:
+    # Table "Hyperparameters used in Craftax-Classic" of the paper.
+    return TrainConfig().replace(**{
+        "run.total_timesteps": 10_000_000, "pqn.num_envs": 64, "pqn.num_steps": 128, "pqn.num_epochs": 8,
+        "pqn.num_minibatches": 4, "pqn.lr": 1e-5, "pqn.gamma": 0.99, "pqn.lam": 0.5, "pqn.eps_start": 1.0,
+        "pqn.eps_finish": 0.1, "pqn.eps_decay": 0.1, "pqn.hidden_size": 512, "pqn.num_layers": 1,
+        "pqn.max_grad_norm": 0.5, "oir.instruction_buffer_size": 10, "env.delta": 0.9, "oir.k": 4, "ellm.k": 4,
+        "eval.every": 50, "llm.per_update": 64, "eval.episodes": 4, "eval.horizon": 1000, "run.checkpoint_every": 20,
+        "pqn.scan_unroll": 8,
+    })
+
+
+def _fast() -> TrainConfig:
+    # Time-to-score on one GPU (issue 15): purejaxql's own PQN-RNN batch for Craftax (1,024 envs x
+    # 128 steps, 4 epochs) with the paper's agent and OIR settings (LSTM 512, buffer 10, delta 0.9,
+    # K 4). The batch of OIR is 1,024 x (1 + K) = 5,120 trajectories: 16 minibatches of 320.
+    # Tuned on H100s (docs/results.md): lr 5e-4 learned faster than 2.5e-4 and than 7e-4; 2 epochs
+    # cost less per update but learned less per step; 64 updates (8.4M steps per seed) with an
+    # evaluation every 8 (about 3 s each). The rule relabeling of 3,072 trajectories (about 0.5 s on
+    # the host) runs beside the next rollout and update (oir.relabel_lag 1; its copies train one
+    # update later). bfloat16 matmuls (forward and backward) and the written-out LSTM gradient cut
+    # the update program from 2.25 s (float32, H100) to 0.93 s (H200) (bench/update_cost.py).
+    return _paper().replace(**{
+        "run.total_timesteps": 64 * 1024 * 128, "run.num_seeds": 3, "pqn.num_envs": 1024, "pqn.num_steps": 128,
+        "pqn.num_epochs": 4, "pqn.num_minibatches": 16, "pqn.lr": 5e-4, "eval.every": 8,
+        "run.checkpoint_every": 16, "oir.relabel_lag": 1, "pqn.compute_dtype": "bfloat16",
+    })
+
+
+def _smoke() -> TrainConfig:
+    # The smallest run through every part of a method: 4 updates of 4 envs x 16 steps, relabeling
+    # (rules), buffer, an evaluation and a checkpoint every 2 updates, the final evaluation.
+    return TrainConfig().replace(**{
+        "run.total_timesteps": 4 * 4 * 16, "pqn.num_envs": 4, "pqn.num_steps": 16, "pqn.hidden_size": 32,
+        "pqn.num_epochs": 2, "pqn.num_minibatches": 2, "pqn.lr": 1e-3, "oir.k": 2, "ellm.k": 2,
+        "eval.every": 2, "eval.episodes": 1, "eval.horizon": 8, "run.checkpoint_every": 2, "eval.final_episodes": 1,
+    })
+
+
+#: Name -> (description, factory) of the named configurations.
+PRESETS: dict[str, tuple[str, Any]] = {
+    "cpu": ("CPU default: OIR with rule relabeling (--oir.relabeler both adds the offline LLM), 98,304 env steps "
+            "(a few minutes on 2 cores)", _cpu),
+    "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
+    "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, bfloat16 matmuls, 3 seeds, 8.4M "
+             "env steps per seed (measured on one H200 each: 0.34-0.37 mean success with rule labels after about 3 min, "
+             "compile and evaluations included; docs/benchmarks.md)",
+             _fast),
+    "smoke": ("The smallest run through every part of the method (4 updates; 2-core CPU: about 2 min the first time, "
+              "compiling, about 30 s once JAX's compilation cache holds its programs)", _smoke),
+}
+DEFAULT_PRESET = "cpu"
+
+
+def preset(name: str) -> TrainConfig:
+    """A fresh copy of preset ``name`` (not validated)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    return PRESETS[name][1]()
+
+
+
+def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = None,
+        description: str | None = None) -> Any:
+    """The PQN command line: :func:`agents.run.config.cli` with :data:`PRESETS` and :class:`TrainConfig`."""
+    return shared.cli(options_type, args, base=base, description=description, default_preset=DEFAULT_PRESET,
+                      presets=PRESETS, config_type=TrainConfig)

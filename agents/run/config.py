@@ -1,0 +1,472 @@
+"""The config parts and the CLI both trainers share (the PQN config and presets are
+:mod:`agents.pqn.config`, SB3's :mod:`agents.sb3.config`).
+
+* :class:`LLMConfig`: the LLM backend, shared by the relabeler, the ELLM proposer and the SB3 trainer;
+* :class:`RelabelSettings`: hindsight relabeling (the PQN ``oir`` part and SB3's relabeling part);
+* :class:`EvalSettings`: periodic evaluation;
+* ``nested_to_dict`` / ``nested_from_dict`` / ``nested_replace``: a nested config as a dict and back;
+* :func:`cli`: a command line built by tyro from a trainer's config dataclasses: the preset comes
+  first, as a subcommand, then overrides of its values, and ``--help`` after a preset shows that
+  preset's values::
+
+    python examples/train_pqn.py paper --pqn.num-envs 64 --run.num-seeds 3 --help
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Annotated, Any, Literal, Mapping, Sequence, get_args
+
+import tyro
+
+Relabeler = Literal["rules", "llm", "both"]
+Grounding = Literal["cosine", "bound"]
+Oracle = Literal["canonical", "diverse", "tasks", "compound", "noisy", "mixed", "progress"]
+#: oir_gym.relabel.backends.BACKEND_NAMES less "rules" (written out so this module stays free of oir_gym's
+#: import time; tests/test_config.py checks they agree)
+LLMBackend = Literal["transformers", "llama_cpp", "openai", "vllm"]
+ObsMode = Literal["paper", "symbolic"]
+
+RELABELERS: tuple[str, ...] = get_args(Relabeler)
+ORACLES: tuple[str, ...] = get_args(Oracle)
+LLM_BACKENDS: tuple[str, ...] = get_args(LLMBackend)
+
+
+def is_module_path(value: str) -> bool:
+    """Whether ``value`` is written ``package.module:ClassName`` (dotted identifiers, a colon, an identifier)."""
+    module, colon, name = value.partition(":")
+    return bool(colon) and all(p.isidentifier() for p in module.split(".")) and name.isidentifier()
+
+
+def _backend_from_argv(args: list[str]) -> str:
+    value = args[0]
+    if value in LLM_BACKENDS or is_module_path(value):
+        return value
+    raise ValueError(f"{value!r} is neither one of {', '.join(LLM_BACKENDS)} nor package.module:ClassName")
+
+
+#: ``llm.backend`` on the command line: a registered name or ``package.module:ClassName``
+LLMBackendArg = Annotated[str, tyro.constructors.PrimitiveConstructorSpec(
+    nargs=1, metavar="{" + ",".join(LLM_BACKENDS) + "}|MODULE:CLASS", instance_from_str=_backend_from_argv,
+    is_instance=lambda x: isinstance(x, str), str_from_instance=lambda x: [x])]
+
+#: ``eval.episodes`` above this is refused (the evaluation runs every episode of every
+#: instruction in one batch).
+MAX_EVAL_EPISODES = 32
+
+
+# ----------------------------------------------------------------------------- the parts
+@dataclass
+class RelabelSettings:
+    """What both trainers' relabeling shares (the ``oir`` part of the PQN and the SB3 config)."""
+
+    relabeler: Relabeler = "rules"
+    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: the rules'
+    instructions at once and the LLM's when they arrive (``oir_gym.relabel.BackgroundRelabeler``)."""
+    k: int = 4
+    """Relabeled instructions per trajectory (an SB3 run's trajectories are segments of
+    ``sb3.segment_length`` steps)."""
+    instruction_buffer_size: int = 10
+    """B_max: instructions new episodes draw from (the PLR-style buffer; not a replay buffer)."""
+    tau_low: float = 0.1
+    """Buffer priority: an instruction whose mean return is at or below it counts as failing (ranked after
+    those at the learning boundary)."""
+    tau_high: float = 0.9
+    """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
+    grounding: Grounding = "cosine"
+    """cosine: the paper's rule (an instruction pays where a caption matches it above ``env.delta``);
+    bound: event-bound, a relabeled instruction pays exactly at the event(s) it was accomplished with
+    on its trajectory, whatever its wording (:mod:`oir_gym.grounding`; an extension)."""
+    bind_threshold: float = 0.5
+    """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
+    oracle: Oracle = "canonical"
+    """The rule relabeler's labels (oir_gym.relabel.oracle; docs/relabeling.md, "Oracle relabelers"):
+    canonical: each event's caption; diverse: each event named by a wording drawn per trajectory from a
+    pool kept away from the evaluation sets; tasks: canonical plus the events outside the 22 achievements;
+    compound: canonical plus "A then B" for unrelated events in their order; noisy: diverse with the
+    measured errors of the 270M LLM relabeler; mixed: each canonical achievement label or a pool wording,
+    0.5 each; progress: canonical plus the stone tier's progress events (stone in view, facing stone with a
+    wooden pickaxe...). diverse, noisy and mixed need oir.grounding bound."""
+
+
+@dataclass
+class LLMConfig:
+    """The LLM backend, shared by the OIR relabeler, the ELLM proposer and the SB3 trainer."""
+
+    backend: LLMBackendArg = "transformers"
+    """transformers (the offline default) / llama_cpp: a local model, run in a child process;
+    openai: an OpenAI-compatible server at ``base_url``; vllm: vLLM in a child process; or
+    ``package.module:ClassName`` of any class with the backend protocol (run in a child process; a
+    resumed run imports one only when this command line names it)."""
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """The OpenAI-compatible server (backend openai). The API key goes in the environment
+    (``OPENAI_API_KEY``), never in the URL: a ``user:key@`` part or a query string is not sent to
+    the server, and is replaced by ``REDACTED`` in ``config.json`` and checkpoints."""
+    model: str = ""
+    """Model path or name (empty: the backend's packaged default)."""
+    template: str = "segments"
+    """Relabeling prompt template."""
+    per_update: int = 2
+    """Trajectories (oir) or envs (ellm) per seed sent to the LLM each update (most eventful first; the PQN
+    trainer: the SB3 trainer sends every segment)."""
+    call_timeout: float | None = None
+    """Seconds one relabeling LLM call may take (None: the backend's own limit)."""
+    max_prompt_tokens: int = 768
+    """Token budget of one relabeling prompt: longer trajectories are compacted to fit (past about
+    900 tokens Gemma 3 270M copies the prompt's examples; docs/relabeling.md). 0: never compact."""
+
+    def validate(self) -> "LLMConfig":
+        """Raise ``ValueError`` naming the field for a setting the LLM part cannot use; returns self."""
+        if not (isinstance(self.backend, str) and (self.backend in LLM_BACKENDS or is_module_path(self.backend))):
+            raise ValueError(f"llm.backend={self.backend!r}; expected one of {LLM_BACKENDS} or package.module:ClassName")
+        if not (isinstance(self.per_update, int) and self.per_update >= 1):
+            raise ValueError(f"llm.per_update={self.per_update!r} must be >= 1")
+        if not (isinstance(self.max_prompt_tokens, int) and self.max_prompt_tokens >= 0):
+            raise ValueError(f"llm.max_prompt_tokens={self.max_prompt_tokens!r} must be a number of tokens >= 1, "
+                             "or 0 (never compact)")
+        if not (self.call_timeout is None or self.call_timeout > 0):
+            raise ValueError(f"llm.call_timeout={self.call_timeout} must be > 0 (or None)")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"llm.base_url={redact_url(self.base_url)!r} must be an http(s) URL")
+        from oir_gym.relabel.prompts import load_template
+
+        try:  # a template that does not exist or does not parse stops the run now, whichever relabeler it uses
+            load_template(self.template)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"llm.template={self.template!r}: {e}") from None
+        return self
+
+
+@dataclass
+class EvalSettings:
+    """Periodic evaluation on the instruction sets."""
+
+    every: int = 25
+    """Updates between evaluations (and at the end)."""
+    episodes: int = 2
+    """Episodes per instruction (at most 32)."""
+    horizon: int = 300
+    """Steps per evaluation episode."""
+    epsilon: float = 0.0
+    """0: greedy evaluation."""
+    instruction_files: tuple[str, ...] = ()
+    """JSON files of named instruction sets evaluated beside the built-in ones (schema:
+    docs/evaluation.md); several after one flag or the flag repeated."""
+    sets: tuple[str, ...] = ("original", "simple", "complex")
+    """Built-in sets to evaluate (any of original, simple, complex); the files' sets are always
+    evaluated. ``--eval.sets`` with no name evaluates only the files' sets."""
+    control: bool = True
+    """Also evaluate each achievement under a mismatched and a neutral instruction (instruction-following gain)."""
+    final_episodes: int = 16
+    """Episodes per instruction of the final evaluation (the end of a run, and --eval-only; at most 32)."""
+    final_sets: tuple[str, ...] = ("heldout", "ordered", "ordered_reverse")
+    """Packaged sets the final evaluation adds to the periodic ones: the held-out paraphrases and the
+    ordered compounds with their reverse-order control (docs/evaluation.md)."""
+
+    def check_sets(self) -> None:
+        """ValueError naming the set or file unless every set named is a packaged one, none twice, and
+        something is evaluated (a user file's sets are read here, so a bad file is named too)."""
+        from oir_gym.instructions import EXTRA_SET_NAMES, SET_NAMES, load_instruction_files
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        for name in self.final_sets:
+            need(name in EXTRA_SET_NAMES, f"eval.final_sets: unknown set {name!r}; expected some of {EXTRA_SET_NAMES} "
+                                          f"(the periodic evaluations already hold {SET_NAMES})")
+        need(len(set(self.final_sets)) == len(self.final_sets),
+             f"eval.final_sets={self.final_sets}: a set is listed twice")
+        user_sets = load_instruction_files(self.instruction_files)  # ValueError naming the file, the entry and the field
+        for s in self.sets:
+            need(s in SET_NAMES, f"eval.sets: unknown built-in set {s!r}; expected some of {SET_NAMES} (the sets of "
+                                 "eval.instruction_files are always evaluated)")
+        need(len(set(self.sets)) == len(self.sets), f"eval.sets={self.sets} names a set twice")
+        need(bool(self.sets or user_sets), "eval.sets is empty and eval.instruction_files gives no set: nothing to "
+                                           "evaluate")
+
+
+def nested_to_dict(cfg: Any) -> dict[str, Any]:
+    """``cfg`` as a nested plain dict (what ``config.json`` and checkpoints hold), credentials in
+    ``llm.base_url`` redacted (:func:`redact_url`)."""
+    d = asdict(cfg)
+    d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
+    return d
+
+
+def nested_from_dict(cls: Any, d: Mapping[str, Any]) -> Any:
+    """``cls`` from :func:`nested_to_dict`'s form; unknown parts or keys are a ValueError naming them
+    (with the closest name); missing keys keep their defaults."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
+    parts = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(d) - set(parts), key=str)
+    if unknown:
+        raise ValueError(f"unknown config section {unknown[0]!r}{did_you_mean(unknown[0], parts)} (the "
+                         f"sections are {', '.join(parts)})")
+    return cls(**{name: _part_from_dict(parts[name].default_factory, name, value)  # type: ignore[misc]
+                  for name, value in d.items()})
+
+
+def nested_replace(cfg: Any, changes: Mapping[str, Any]) -> Any:
+    """A copy of ``cfg`` with dotted-path ``changes`` (``{"part.field": value}``)."""
+    part_names = [f.name for f in fields(cfg)]
+    by_part: dict[str, dict[str, Any]] = {}
+    for path, value in changes.items():
+        part, _, name = path.partition(".")
+        if not name or part not in part_names:
+            example = f"{part_names[0]}.{fields(getattr(cfg, part_names[0]))[0].name}"
+            raise ValueError(f"unknown config field {path!r}; use part.field, e.g. {example!r}")
+        by_part.setdefault(part, {})[name] = value
+    out = cfg
+    for part, vals in by_part.items():
+        cur = getattr(out, part)
+        bad = sorted(set(vals) - {f.name for f in fields(cur)})
+        if bad:
+            raise ValueError(f"unknown config field(s) {[f'{part}.{b}' for b in bad]}")
+        out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **vals)})
+    return out
+
+
+# ----------------------------------------------------------------------------- helpers
+def _part_from_dict(factory: Any, part: str, value: Any) -> Any:
+    default = factory()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"config part {part!r} must be an object, got {type(value).__name__}")
+    names = [f.name for f in fields(default)]
+    unknown = sorted(set(value) - set(names), key=str)
+    if unknown:
+        raise ValueError(f"unknown config key {f'{part}.{unknown[0]}'!r} in section {part!r}"
+                         f"{did_you_mean(unknown[0], names, prefix=part + '.')}")
+    vals = dict(value)
+    for f in fields(default):
+        if f.name in vals and isinstance(getattr(default, f.name), tuple) and isinstance(vals[f.name], list):
+            vals[f.name] = tuple(vals[f.name])  # JSON has lists only
+    return replace(default, **vals)
+
+
+def did_you_mean(name: Any, choices: Sequence[str], prefix: str = "") -> str:
+    """``"; did you mean 'pqn.lr'?"`` for the closest of ``choices`` (or ``""``)."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
+
+
+#: Query-string names whose values :func:`redact_url` hides.
+_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "auth", "sig", "credential")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any ``user:password@`` part and every query value that names a key, token,
+    secret, password or signature replaced by ``REDACTED`` (what a file may keep of a server URL)."""
+    import urllib.parse
+
+    try:
+        p = urllib.parse.urlsplit(url)
+        netloc = p.netloc
+        if "@" in netloc:
+            netloc = "REDACTED@" + netloc.rpartition("@")[2]
+        query = p.query
+        if query:
+            pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+            query = "&".join(f"{k}={'REDACTED' if any(w in k.lower() for w in _SECRET_WORDS) else v}"
+                             for k, v in pairs)
+        return urllib.parse.urlunsplit((p.scheme, netloc, p.path, query, p.fragment))
+    except ValueError:  # not a URL at all: keep nothing that could be a secret
+        return "REDACTED"
+
+
+def is_module_backend(backend: str) -> bool:
+    """Whether an ``llm.backend`` value names code to import (``package.module:ClassName``) rather
+    than one of the registered backends (:data:`LLM_BACKENDS`)."""
+    return ":" in backend
+
+
+def check_saved_backend(llm: LLMConfig, file: Any, *, on_command_line: bool) -> None:
+    """Refuse an LLM backend that a run's file names as code, unless this command line names it.
+
+    A resumed run takes ``llm.backend`` from its ``config.json``. A registered backend's name is
+    data, but ``package.module:ClassName`` is code, imported when the LLM starts; and anyone who
+    can write the run folder can change the file (a run folder under the working directory is
+    even importable itself). So a module path is used only when the command line of this
+    invocation passes ``--llm.backend`` (the value given there wins over the file).
+
+    Args:
+        llm: the LLM part read from ``file``.
+        file: the file it was read from (named in the message).
+        on_command_line: whether this invocation's command line passes ``--llm.backend``.
+
+    Raises:
+        ValueError: naming the file, the value and what to pass instead.
+    """
+    if on_command_line or not is_module_backend(llm.backend):
+        return
+    raise ValueError(f"{file}: llm.backend={llm.backend!r} is a Python module path, and a resumed run never imports "
+                     "code named by its files; pass --llm.backend on the command line to choose the backend for "
+                     f"this run: one of {', '.join(LLM_BACKENDS)}, or that module path if you trust the code it names")
+
+
+# ----------------------------------------------------------------------------- CLI
+def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = None,
+        description: str | None = None, default_preset: str, presets: Mapping[str, tuple[str, Any]],
+        config_type: type) -> Any:
+    """Parse a command line into ``options_type``, a dataclass with a ``config`` field (a trainer config)
+    (its flags appear without a prefix: ``--pqn.lr``) beside the script's own options.
+
+    Without ``base``, the first argument may name a preset (``cpu``, ``paper``, ``smoke``; default
+    ``default_preset``); the flags after it override that preset's values, and ``--help`` there
+    shows them. With ``base`` (a resumed run's saved config) the flags override ``base`` and no
+    preset may be named. A flag of several values (``--eval.instruction-files a.json b.json``) may
+    also be repeated: its values add up (:func:`merge_repeated_flags`). Booleans are flags (``--oir.keep-ungrounded`` /
+    ``--oir.no-keep-ungrounded``), enums take only their choices, numbers only numbers: anything
+    else is a usage error (exit status 2) before the script does anything. ``presets`` and
+    ``config_type``: the trainer's named configurations and config class
+    (:func:`agents.pqn.config.cli` passes PQN's).
+    """
+    import sys
+
+    import tyro
+
+    argv = merge_repeated_flags(list(sys.argv[1:] if args is None else args), config_type)
+    description = plain_help(description) if description else description
+    if base is not None:
+        if argv and argv[0] in presets:
+            print(f"error: a resumed run keeps its saved config; preset {argv[0]!r} cannot be applied to it "
+                  "(override single fields instead, e.g. --eval.epsilon 0.05)", file=sys.stderr)
+            raise SystemExit(2)
+        with _plain_docstrings():
+            return tyro.cli(options_type, default=options_type(config=base), args=argv, description=description)
+    if argv and argv[0] in ("-h", "--help"):  # bare --help: the presets, the default one marked
+        print(preset_help(sys.argv[0], description, presets, default_preset))
+        raise SystemExit(0)
+    named = bool(argv) and argv[0] in presets
+    if not named:
+        argv = [default_preset] + argv
+    configs = {name: (desc, options_type(config=factory())) for name, (desc, factory) in presets.items()}
+    try:
+        with _plain_docstrings():
+            return tyro.extras.overridable_config_cli(configs, args=argv, description=description)
+    except SystemExit as e:
+        late = [a for a in argv[1:] if a in presets]
+        if e.code and not named and late:  # a preset named after a flag reads as an unknown option
+            print(f"error: a preset ({late[0]}) must be the first argument, before every flag: "
+                  f"{sys.argv[0]} {late[0]} {' '.join(a for a in argv[1:] if a != late[0])}", file=sys.stderr)
+        raise
+
+
+def plain_help(text: str) -> str:
+    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B,
+    ``:mod:`a.b``` -> a.b (docstrings are written for the API reference, help lines are read as printed)."""
+    import re
+
+    def role(m: "re.Match[str]") -> str:
+        target = m.group(1).strip()
+        return target[1:].rsplit(".", 1)[-1] if target.startswith("~") else target
+
+    text = re.sub(r":[a-z]+(?::[a-z]+)?:`([^`]+)`", role, text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
+
+
+def preset_help(prog: str, description: str | None, presets: Mapping[str, tuple[str, Any]],
+                default_preset: str) -> str:
+    """The bare ``--help`` of a training script: its description and the presets, the default marked."""
+    import os
+    import textwrap
+
+    cols = max(60, min(120, int(os.environ.get("COLUMNS", "100") or 100)))
+    width = max(len(n) for n in presets)
+    lines = [f"usage: {prog} [PRESET] [OPTIONS...]", ""]
+    if description:
+        lines += [plain_help(description).strip("\n"), ""]
+    lines.append(f"PRESET (the first argument; default: {default_preset}):")
+    for name, (desc, _) in presets.items():
+        text = f"{desc}{' (the default)' if name == default_preset else ''}"
+        body = textwrap.wrap(text, width=cols - width - 4) or [""]
+        lines.append(f"  {name:<{width}}  {body[0]}")
+        lines += [f"  {'':<{width}}  {b}" for b in body[1:]]
+    lines += ["", f"Every option, with a preset's values: {prog} PRESET --help (e.g. {prog} {default_preset} --help)"]
+    return "\n".join(lines)
+
+
+class _plain_docstrings:
+    """While a command line is parsed, the help text tyro takes from docstrings without RST markup
+    (:func:`plain_help`). Where tyro's internals differ from the ones known here, the help keeps it."""
+
+    _NAMES = ("get_field_docstring", "get_callable_description")
+
+    def __enter__(self) -> "_plain_docstrings":
+        try:
+            from tyro import _docstrings
+        except ImportError:
+            self._module, self._saved = None, {}
+            return self
+        self._module = _docstrings
+        self._saved = {n: getattr(_docstrings, n) for n in self._NAMES if callable(getattr(_docstrings, n, None))}
+        for name, fn in self._saved.items():
+            setattr(_docstrings, name, self._plain(fn))
+        return self
+
+    @staticmethod
+    def _plain(fn: Any) -> Any:
+        def plain(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            return plain_help(out) if isinstance(out, str) else out
+
+        return plain
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, fn in self._saved.items():
+            setattr(self._module, name, fn)
+
+
+def _multi_value_flags(config_type: type) -> dict[str, str]:
+    """Every spelling of the flags of tuple fields (``--eval.instruction-files``...) -> one spelling."""
+    out: dict[str, str] = {}
+    for part in fields(config_type):
+        for f in fields(part.default_factory()):  # type: ignore[misc]
+            if isinstance(getattr(part.default_factory(), f.name), tuple):  # type: ignore[misc]
+                canonical = f"--{part.name}.{f.name.replace('_', '-')}"
+                out[canonical] = out[f"--{part.name}.{f.name}"] = canonical
+    return out
+
+
+def merge_repeated_flags(argv: Sequence[str], config_type: type) -> list[str]:
+    """``--eval.instruction-files a.json --eval.instruction-files b.json`` -> ``--eval.instruction-files
+    a.json b.json``: a flag of several values keeps every value of every occurrence (the parser alone
+    would keep the last occurrence's), in order, at its first occurrence. ``--flag=value`` counts as one
+    value; a bare ``--eval.sets`` adds none (alone, it gives the empty tuple). ``config_type``: the
+    config class whose tuple fields are meant."""
+    multi = _multi_value_flags(config_type)
+    argv = list(argv)
+    values: dict[str, list[str]] = {}
+    out: list[Any] = []
+    i = 0
+    while i < len(argv):
+        name, eq, val = argv[i].partition("=")
+        flag = multi.get(name)
+        if flag is None or argv[i] == "--":
+            if argv[i] == "--":
+                out.extend(argv[i:])
+                break
+            out.append(argv[i])
+            i += 1
+            continue
+        if flag not in values:
+            values[flag] = []
+            out.append((flag,))  # where its values go
+        i += 1
+        if eq:
+            values[flag].append(val)
+            continue
+        while i < len(argv) and not argv[i].startswith("-"):
+            values[flag].append(argv[i])
+            i += 1
+    merged: list[str] = []
+    for item in out:
+        if isinstance(item, tuple):
+            merged += [item[0], *values[item[0]]]
+        else:
+            merged.append(item)
+    return merged

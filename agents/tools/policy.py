@@ -1,0 +1,196 @@
+"""Trained policies as objects that act in the Gymnasium env, for any instruction text.
+
+    import gymnasium as gym, oir_gym
+    from agents.tools.policy import load_policy
+
+    policy = load_policy("runs/paper_oir", seed=0)            # a PQN or an SB3 run directory
+    env = gym.make("OIR-CraftaxClassic-v0", **policy.env_kwargs)
+    obs, info = env.reset(seed=1, options={"instruction": "collect wood then place a table"})
+    policy.reset()
+    while True:
+        obs, reward, terminated, truncated, info = env.step(policy.act(obs))
+        if terminated or truncated:
+            break
+
+The observation carries the instruction's embedding (the env encodes the text), so a policy acts
+on any instruction the env is given. A policy keeps its recurrent state between calls;
+:meth:`Policy.reset` starts a new episode. With a vector env (``gym.make_vec``), pass the
+batched observation and ``episode_start`` (the previous step's ``terminated | truncated``):
+those envs' recurrent state starts afresh.
+
+PQN runs load here (:class:`PQNPolicy`, from the run's newest checkpoint, no pickle); SB3 runs
+load through ``agents.sb3.models.load_sb3_policy`` with the same :class:`Policy` interface.
+:class:`agents.pqn.evaluator.PQNEvaluator` evaluates every seed of a PQN checkpoint on instruction
+sets at once (what ``--eval-only`` runs). Neither builds anything of training: no relabeler or goal proposer (no LLM,
+no oracle pool), no training envs, no update program.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Policy", "PQNPolicy", "load_policy", "is_sb3_run"]
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What :func:`load_policy` returns, for PQN and SB3 runs alike."""
+
+    #: Keyword arguments for ``gym.make("OIR-CraftaxClassic-v0", **env_kwargs)`` that match the
+    #: training env (observation mode, reward threshold).
+    env_kwargs: dict[str, Any]
+
+    def reset(self) -> None:
+        """Start a new episode: the next :meth:`act` begins from a fresh recurrent state."""
+        ...
+
+    def act(self, obs: Mapping[str, np.ndarray], episode_start: Any = None) -> Any:
+        """The action for ``obs`` (a single env's observation: an ``int``; a vector env's batch:
+        an ``int64`` array). ``episode_start`` (bool or ``[num_envs]`` bool) marks envs whose
+        episode starts at this observation (after :meth:`reset`, the first call does)."""
+        ...
+
+
+def is_sb3_run(run_dir: str | os.PathLike) -> bool:
+    """Whether ``run_dir`` was written by the SB3 trainer (its config names an ``algo``, or it holds a
+    ``model.zip`` and no PQN checkpoints)."""
+    from agents.run.run_dir import CONFIG, read_json
+
+    run_dir = Path(run_dir)
+    if (run_dir / CONFIG).is_file():
+        cfg = read_json(run_dir / CONFIG)
+        if isinstance(cfg, dict) and ("sb3" in cfg or "algo" in cfg):  # nested, or flat (older runs)
+            return True
+    return (run_dir / "model.zip").exists() and not (run_dir / "checkpoints").is_dir()
+
+
+def load_policy(run_dir: str | os.PathLike, seed: int = 0, device: Any = None) -> Policy:
+    """The trained policy of a run directory (PQN or SB3), greedy, ready to act.
+
+    Args:
+        run_dir: a run directory of ``examples/train_pqn.py`` or ``examples/train_sb3.py``.
+        seed: which of the run's seeds (PQN runs train ``run.num_seeds`` side by side).
+        device: where to run it (PQN: a JAX device or platform name such as ``"cpu"``; SB3: a torch
+            device); default: the framework's default device.
+
+    Raises:
+        FileNotFoundError: no run or no checkpoint there.
+        agents.run.checkpoint.CheckpointError: a damaged, legacy or mismatched checkpoint (names the file).
+        ImportError: an SB3 run without stable-baselines3 installed (the message names the extra).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a run directory")
+    if is_sb3_run(run_dir):
+        from agents.sb3.models import load_sb3_policy
+
+        return load_sb3_policy(run_dir, seed=seed, device=device)
+    return PQNPolicy.load(run_dir, seed=seed, device=device)
+
+
+class PQNPolicy:
+    """A PQN run's greedy recurrent Q-network (one seed), acting on env observations.
+
+    Build it with :meth:`load` (or :func:`load_policy`).
+
+    Args:
+        net: the :class:`~agents.pqn.network.QNetwork`.
+        params: its parameters (one seed).
+        env_kwargs: see :attr:`Policy.env_kwargs`.
+        epsilon: probability of a uniformly random action (0: greedy).
+        rng_seed: seed of the epsilon draws.
+        device: a JAX device for the parameters and the computation.
+    """
+
+    def __init__(self, net: Any, params: Any, env_kwargs: dict[str, Any], obs_dim: int, epsilon: float = 0.0,
+                 rng_seed: int = 0, device: Any = None) -> None:
+        import jax
+
+        self.net = net
+        self.env_kwargs = dict(env_kwargs)
+        self.obs_dim = int(obs_dim)
+        self.epsilon = float(epsilon)
+        self.device = device
+        if isinstance(device, str):
+            device = jax.devices(device)[0]
+        self.params = jax.device_put(params, device) if device is not None else params
+        self._rng = np.random.default_rng(rng_seed)
+        self._carry = None
+        self._start = True
+
+        def step(params, carry, obs, instr, start):
+            carry, q = net.apply(params, carry, obs[None], instr[None], start[None])
+            return carry, q[0]
+
+        self._step = jax.jit(step)  # runs where the parameters are
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike, seed: int = 0, device: Any = None, epsilon: float = 0.0) -> "PQNPolicy":
+        """Seed ``seed`` of the PQN run in ``run_dir``, from its newest checkpoint (verified; no pickle)."""
+        import jax
+        import jax.numpy as jnp
+
+        from agents.pqn import network as pqn
+        from agents.run.checkpoint import ARRAYS, latest_checkpoint, load_checkpoint, restore_tree
+        from agents.pqn.config import load_config
+        from agents.run.run_dir import RunDir
+        from oir_gym.craftax_compat import NUM_ACTIONS
+        from oir_gym.observation import obs_dim
+
+        run_dir = Path(run_dir)
+        cfg = load_config(RunDir(run_dir).read_config())
+        if not 0 <= seed < cfg.run.num_seeds:
+            raise ValueError(f"seed={seed}: the run in {run_dir} trained seeds 0..{cfg.run.num_seeds - 1}")
+        arrays, host = load_checkpoint(run_dir)
+        saved = load_config(host["config"]) if "config" in host else cfg
+        net = pqn.make_network(saved.pqn, NUM_ACTIONS)
+        d_obs = obs_dim(saved.env.obs_mode)
+        emb_dim = int(np.asarray(arrays["registry"]["emb"]).shape[-1])
+
+        def init(k):
+            return net.init(k, net.initial_carry(1), jnp.zeros((1, 1, d_obs)), jnp.zeros((1, 1, emb_dim)),
+                            jnp.zeros((1, 1), bool))
+
+        shapes = jax.eval_shape(jax.vmap(init), jax.random.split(jax.random.PRNGKey(0), saved.run.num_seeds))
+        template = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+        params = restore_tree(template, arrays["train_state"]["params"], latest_checkpoint(run_dir) / ARRAYS,
+                              prefix="train_state/params")
+        params = jax.tree_util.tree_map(lambda x: jnp.asarray(x[seed]), params)
+        env_kwargs = {"obs_mode": saved.env.obs_mode, "delta": saved.env.delta}
+        return cls(net, params, env_kwargs, d_obs, epsilon=epsilon, rng_seed=seed, device=device)
+
+    def reset(self) -> None:
+        self._carry = None
+        self._start = True
+
+    def act(self, obs: Mapping[str, np.ndarray], episode_start: Any = None) -> Any:
+        import jax.numpy as jnp
+
+        if not isinstance(obs, Mapping) or "obs" not in obs or "instruction" not in obs:
+            raise TypeError("obs must be the env's observation dict with 'obs' and 'instruction' "
+                            f"(got {type(obs).__name__})")
+        o = np.asarray(obs["obs"], np.float32)
+        single = o.ndim == 1
+        o = o[None] if single else o
+        ins = np.asarray(obs["instruction"], np.float32)
+        ins = ins[None] if ins.ndim == 1 else ins
+        if o.shape[-1] != self.obs_dim:
+            raise ValueError(f"observation of {o.shape[-1]} features; this policy was trained on "
+                             f"{self.obs_dim} (make the env with {self.env_kwargs})")
+        n = o.shape[0]
+        if self._carry is None or self._carry[0].shape[0] != n:
+            self._carry = self.net.initial_carry(n)
+            self._start = True
+        start = np.zeros(n, bool) if episode_start is None else np.broadcast_to(np.asarray(episode_start, bool), (n,))
+        start = start | self._start
+        self._start = False
+        self._carry, q = self._step(self.params, self._carry, jnp.asarray(o), jnp.asarray(ins), jnp.asarray(start))
+        action = np.asarray(q).argmax(-1).astype(np.int64)
+        if self.epsilon > 0:
+            rand = self._rng.random(n) < self.epsilon
+            action = np.where(rand, self._rng.integers(0, q.shape[-1], n), action)
+        return int(action[0]) if single else action
