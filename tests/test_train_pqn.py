@@ -95,6 +95,10 @@ def test_main_job_script_writes_a_complete_run_directory(tmp_path):
     # the wall clock starts with the process: the imports are part of the startup it reports
     imports = float(re.search(r"ready after \d+ s \(imports (\d+) s", out.stdout).group(1))
     assert rows[0]["time"] >= imports
+    # the first update's wait, launch to its end, is said and logged
+    first = float(re.search(r"first update done (\d+) s after launch", out.stdout).group(1))
+    assert rows[0]["time/first_update_s"] == rows[0]["time"] and abs(first - rows[0]["time"]) <= 1
+    assert "time/first_update_s" not in rows[1]
     config = json.loads((run / "config.json").read_text())
     assert config["pqn"]["num_envs"] == 4 and config["provenance"]["git_commit"]
     # --resume of a finished run is a no-op that still succeeds and says so

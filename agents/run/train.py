@@ -698,9 +698,15 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
             if trainer.update_idx < n and not quiet and recipe.compiles:
                 print(f"update {trainer.update_idx + 1}: compiling the rollout and update programs (the first "
                       "update of a process takes tens of seconds on a CPU)...", flush=True)
+            first = True
             while trainer.update_idx < n:
                 log = trainer.iteration()
                 row = {"update": log.update, "env_steps": log.env_steps, "time": time.time() - t0, **log.metrics}
+                if first:  # how long a user waits for the first update, compile and start-up included
+                    row["time/first_update_s"] = row["time"]
+                    if not quiet:
+                        print(f"first update done {row['time']:.0f} s after launch", flush=True)
+                    first = False
                 last = log.update >= n
                 if log.update % cfg.eval.every == 0 or last:
                     t_eval = time.time()
