@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import oir_gym
+from oir_gym.captions import NUM_EVENTS
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.curriculum import OFFER_METRICS, CurriculumConfig, InstructionCurriculum
 from oir_gym.instruction_registry import InstructionRegistry
@@ -106,7 +107,7 @@ def test_pqn_method_and_sb3_callback_leave_the_same_buffer(encoder, results):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 n = len(results)  # the rollout itself goes to the (delivering) relabeler only
-                method.relabel({"instr": np.zeros((1, 1, n), np.int32), "events": np.zeros((1, 1, n, 32), bool),
+                method.relabel({"instr": np.zeros((1, 1, n), np.int32), "events": np.zeros((1, 1, n, NUM_EVENTS), bool),
                                 "action": np.zeros((1, 1, n)), "done": np.zeros((1, 1, n))}, update=0)
                 cb.process_results(results)
             before = InstructionBuffer(env_buf.capacity, env_buf.tau_low, env_buf.tau_high)
