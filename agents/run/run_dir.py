@@ -70,7 +70,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from oir_gym.analysis.runs import JsonlError, parse_jsonl
 
 __all__ = [
     "CONFIG", "METRICS", "METRICS_CSV", "TENSORBOARD", "WANDB", "CHECKPOINTS", "COMPLETE", "OUTPUT_PATTERNS",
@@ -413,6 +412,10 @@ class MetricsPosition:
 
 def _parse_rows(path: Path, data: bytes) -> list[tuple[int, dict]]:
     """``(end offset, row)`` per line of a metrics file; a damaged line is a CorruptFileError."""
+    # imported here: any oir_gym module imports JAX, which a script must be able to configure first
+    # (XLA's log level, jax.distributed) after importing the driver
+    from oir_gym.analysis.runs import JsonlError, parse_jsonl
+
     try:
         rows = list(parse_jsonl(data, path, torn_tail=False))
     except JsonlError as e:
