@@ -81,8 +81,9 @@ def process_scaling() -> tuple[str, str]:
 
 
 def newest_suite_log() -> Path | None:
-    """The newest raw log of bench/suite_timing.sh (names start with the UTC date)."""
-    logs = sorted((RES / "test_suite").glob("*_*.txt"))
+    """The newest finished raw log of bench/suite_timing.sh (names start with the UTC date; a log
+    still being written, as during the timed run itself, has no "wall time" line yet)."""
+    logs = [p for p in sorted((RES / "test_suite").glob("*_*.txt")) if "\nwall time: " in p.read_text()]
     return logs[-1] if logs else None
 
 
