@@ -195,11 +195,11 @@ def test_gemma_prompt_within_budget(tf_backend):  # noqa: F811
 
 
 def test_the_llm_prompt_budget_reaches_the_relabeler_from_the_config():
-    from agents.run.config import LLMConfig
+    from agents.run.config import LLMConfig, RelabelSettings
     from agents.run.relabeling import make_relabeler
 
     for budget, expected in ((300, 300), (0, None)):
-        r = make_relabeler("llm", LLMConfig(backend="transformers", max_prompt_tokens=budget), k=2)
+        r = make_relabeler("llm", RelabelSettings(k=2), LLMConfig(backend="transformers", max_prompt_tokens=budget))
         try:
             assert r.llm.max_prompt_tokens == expected
         finally:

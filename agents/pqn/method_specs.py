@@ -56,10 +56,10 @@ def make_relabeler(cfg: TrainConfig, encoder: Any = None):
     # they are zero-reward copies of exactly the trajectories where B happened ("collect wood then
     # place table": cos 0.69 to "place table"). Under bound grounding they bind to the ordered pair.
     o = cfg.oir
-    return relabeling.make_relabeler(
-        o.relabeler, cfg.llm, k=o.k, delta=cfg.env.delta, grounding=o.grounding, bind_threshold=o.bind_threshold,
-        keep_ungrounded=o.keep_ungrounded, oracle=o.oracle, oracle_pool=o.oracle_pool, seed=cfg.run.seed,
-        eval_files=cfg.eval.instruction_files, encoder=encoder or get_encoder(),
-        rules_k=64 if o.relabel_balance else o.k,
+    options = relabeling.RelabelerOptions(
+        keep_ungrounded=o.keep_ungrounded, oracle_pool=o.oracle_pool, seed=cfg.run.seed,
+        eval_files=cfg.eval.instruction_files, rules_k=64 if o.relabel_balance else o.k,
         workers=default_workers() if o.relabel_workers < 0 else o.relabel_workers,
         batch=cfg.run.num_seeds * cfg.pqn.num_envs, rules_lag=o.relabel_lag, flag="--oir.relabeler")
+    return relabeling.make_relabeler(o.relabeler, o, cfg.llm, delta=cfg.env.delta, encoder=encoder or get_encoder(),
+                                     options=options)

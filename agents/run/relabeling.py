@@ -23,9 +23,10 @@ the command-line ``flag`` that chose it: ``llm`` stops with the cause, ``both`` 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from agents.run.config import LLMConfig
+from agents.run.config import LLMConfig, RelabelSettings
 from agents.run.llm import backend_kwargs, check_llm
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from oir_gym.relabel.background import BackgroundRelabeler
     from oir_gym.relabel.rules import RuleBackend
 
-__all__ = ["RELABELERS", "make_relabeler", "make_rules_relabeler", "oracle_rules",
+__all__ = ["RELABELERS", "RelabelerOptions", "make_relabeler", "make_rules_relabeler", "oracle_rules",
            "relabeler_config"]
 
 #: What ``make_relabeler``'s ``kind`` accepts.
@@ -123,28 +124,51 @@ def make_rules_relabeler(k: int = 4, *, delta: float = 0.9, grounding: str = "co
     return HindsightRelabeler(rcfg, encoder=encoder, rules=rules)
 
 
-def make_relabeler(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, delta: float = 0.9,
-                   grounding: str = "cosine", bind_threshold: float = 0.5, keep_ungrounded: bool = True,
-                   oracle: str = "canonical", oracle_pool: str = "", seed: int = 0, eval_files: Sequence[str] = (),
-                   encoder: Any = None, rules_k: Optional[int] = None, workers: int = 0, batch: int = 0,
-                   rules_lag: int = 0, cache_path: Optional[str] = None, queue_size: int = 1,
-                   flag: Optional[str] = None) -> Optional["BackgroundRelabeler"]:
-    """The relabeler of ``kind`` (``"rules"``, ``"llm"``, ``"both"`` or ``"none"``; see the module).
+@dataclass(frozen=True)
+class RelabelerOptions:
+    """What a trainer adds to the shared :class:`~agents.run.config.RelabelSettings` to build its relabeler.
 
-    Args:
-        llm: the LLM part (:class:`~agents.run.config.LLMConfig`; default: the offline transformers backend).
-        k, delta, grounding, bind_threshold, keep_ungrounded: candidates kept per trajectory and how
-            they are grounded (:mod:`oir_gym.grounding`).
-        oracle, oracle_pool, seed, eval_files: the rule backend (:func:`oracle_rules`).
-        encoder: the sentence encoder (default: the shared one).
-        rules_k: candidates the rule relabeler keeps (default ``k``).
+    Attributes:
+        keep_ungrounded: keep candidates that paid no reward on their own trajectory.
+        oracle_pool, seed, eval_files: the rule backend's wording pool, its draws' seed, and the
+            user's evaluation files the pool is checked against (:func:`oracle_rules`).
+        rules_k: candidates the rule relabeler keeps (default ``settings.k``).
         workers, batch: rule relabeling over worker processes (:func:`make_rules_relabeler`).
         rules_lag: 1: the rules relabel on a side thread, a batch's results arriving with the next.
         cache_path: where the LLM relabeler keeps its answer cache.
         queue_size: LLM batches queued before the oldest is dropped.
-        flag: the command-line flag that chose ``kind``: an LLM gets its start-up call
+        flag: the command-line flag that chose the relabeler: an LLM gets its start-up call
             (:func:`agents.run.llm.check_llm`; ``llm`` stops on failure, ``both`` warns).
     """
+
+    keep_ungrounded: bool = True
+    oracle_pool: str = ""
+    seed: int = 0
+    eval_files: Sequence[str] = ()
+    rules_k: Optional[int] = None
+    workers: int = 0
+    batch: int = 0
+    rules_lag: int = 0
+    cache_path: Optional[str] = None
+    queue_size: int = 1
+    flag: Optional[str] = None
+
+
+def make_relabeler(kind: str, settings: Optional[RelabelSettings] = None, llm: Optional[LLMConfig] = None, *,
+                   delta: float = 0.9, encoder: Any = None,
+                   options: RelabelerOptions = RelabelerOptions()) -> Optional["BackgroundRelabeler"]:
+    """The relabeler of ``kind`` (``"rules"``, ``"llm"``, ``"both"`` or ``"none"``; see the module).
+
+    Args:
+        settings: K and grounding (``k``, ``grounding``, ``bind_threshold``; :mod:`oir_gym.grounding`)
+            and the rule backend's ``oracle`` (default: :class:`~agents.run.config.RelabelSettings`).
+        llm: the LLM part (:class:`~agents.run.config.LLMConfig`; default: the offline transformers backend).
+        delta: the reward threshold.
+        encoder: the sentence encoder (default: the shared one).
+        options: the rest (:class:`RelabelerOptions`).
+    """
+    settings = settings or RelabelSettings()
+    k, o = settings.k, options
     if kind not in RELABELERS:
         raise ValueError(f"unknown relabeler {kind!r}; expected one of {RELABELERS}")
     if kind == "none":
@@ -157,21 +181,22 @@ def make_relabeler(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, de
     llm = (llm or LLMConfig()).validate()
     # one lock for both halves: the rules (training thread) and the LLM's worker share the encoder
     encoder = encoder if isinstance(encoder, SharedEncoder) else SharedEncoder(encoder)
-    grounding_kw = dict(delta=delta, grounding=grounding, bind_threshold=bind_threshold,
-                        keep_ungrounded=keep_ungrounded)
+    grounding_kw = dict(delta=delta, grounding=settings.grounding, bind_threshold=settings.bind_threshold,
+                        keep_ungrounded=o.keep_ungrounded)
     rules = None
     if kind in ("rules", "both"):
-        backend = oracle_rules(oracle, seed=seed, pool=oracle_pool, eval_files=eval_files, encoder=encoder)
-        rules = make_rules_relabeler(k if rules_k is None else rules_k, rules=backend, encoder=encoder,
-                                     workers=workers, batch=batch, **grounding_kw)
+        backend = oracle_rules(settings.oracle, seed=o.seed, pool=o.oracle_pool, eval_files=o.eval_files,
+                               encoder=encoder)
+        rules = make_rules_relabeler(k if o.rules_k is None else o.rules_k, rules=backend, encoder=encoder,
+                                     workers=o.workers, batch=o.batch, **grounding_kw)
     if kind == "rules":
-        return BackgroundRelabeler(rules, rules_lag=rules_lag)
+        return BackgroundRelabeler(rules, rules_lag=o.rules_lag)
     # the LLM half: its rules are the other half's (both) or only its fallback (llm); "replace":
     # while the LLM is busy, newer batches replace older ones instead of piling up answers that
     # would arrive too late to train on
-    rcfg = relabeler_config("llm", llm, k=k, use_rules=False, cache_path=cache_path, queue_size=queue_size,
+    rcfg = relabeler_config("llm", llm, k=k, use_rules=False, cache_path=o.cache_path, queue_size=o.queue_size,
                             on_full="replace", fallback="none" if kind == "both" else "rules", **grounding_kw)
-    relabeler = BackgroundRelabeler(rules, HindsightRelabeler(rcfg, encoder=encoder), rules_lag=rules_lag)
-    if flag is not None:
-        check_llm(relabeler, kind == "llm", flag)
+    relabeler = BackgroundRelabeler(rules, HindsightRelabeler(rcfg, encoder=encoder), rules_lag=o.rules_lag)
+    if o.flag is not None:
+        check_llm(relabeler, kind == "llm", o.flag)
     return relabeler

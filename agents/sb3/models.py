@@ -41,7 +41,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from agents.run import relabeling
-from agents.run.config import LLMConfig
+from agents.run.config import LLMConfig, RelabelSettings
 from agents.sb3.config import (  # noqa: F401  (re-exported: the algorithms and their checks)
     ALGOS, HYPERPARAM_DEFAULTS, POLICIES, RESERVED_HYPERPARAMS, algo_class, check_device, check_hyperparams,
 )
@@ -135,23 +135,28 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
     return SB3VecEnv(env)
 
 
-def make_relabeler(kind: str, k: int = 4, delta: float = 0.9, *, encoder: Any = None, llm: Optional[LLMConfig] = None,
-                   cache_path: Optional[str] = None, grounding: str = "cosine", bind_threshold: float = 0.5,
-                   oracle: str = "canonical", seed: int = 0, eval_files: Sequence[str] = (), **kwargs: Any):
+def make_relabeler(kind: str = "rules", settings: Optional[RelabelSettings] = None, *, llm: Optional[LLMConfig] = None,
+                   delta: float = 0.9, encoder: Any = None, seed: int = 0, eval_files: Sequence[str] = (),
+                   **overrides: Any):
     """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (the rules at once, the LLM's
     answers when they arrive) or ``"none"``: :func:`agents.run.relabeling.make_relabeler`, the PQN
     trainer's factory, with the SB3 trainer's settings (the LLM is not called here).
 
-    ``llm``: the LLM part shared with the PQN trainer (:class:`agents.run.config.LLMConfig`: backend,
-    model, server URL, prompt template, call timeout; default: the offline transformers backend).
-    ``grounding``: ``"cosine"`` (the paper's rule) or ``"bound"`` (event-bound, with
-    ``bind_threshold``; :mod:`oir_gym.grounding`). ``oracle``: the rule relabeler's variant
-    (:mod:`oir_gym.relabel.oracle`), its draws seeded by ``seed``; a wording pool is checked against
-    every evaluation string (``eval_files`` too) before anything runs. ``kwargs``: more keywords of
-    :func:`agents.run.relabeling.make_relabeler` (``keep_ungrounded``, ``queue_size``...)."""
-    return relabeling.make_relabeler(kind, llm, k=k, delta=delta, encoder=encoder, cache_path=cache_path,
-                                     grounding=grounding, bind_threshold=bind_threshold, oracle=oracle, seed=seed,
-                                     eval_files=eval_files, **kwargs)
+    ``settings``: K, grounding and oracle (:class:`agents.run.config.RelabelSettings`); ``overrides``
+    replace its fields (``k=8``, ``grounding="bound"``, ``oracle="diverse"``...) or set those of
+    :class:`agents.run.relabeling.RelabelerOptions` (``keep_ungrounded``, ``cache_path``,
+    ``queue_size``...). ``llm``: the LLM part shared with the PQN trainer (backend, model, server URL,
+    prompt template, call timeout; default: the offline transformers backend). The oracle's draws are
+    seeded by ``seed``, and a wording pool is checked against every evaluation string (``eval_files``
+    too) before anything runs."""
+    from dataclasses import fields, replace
+
+    from agents.run.relabeling import RelabelerOptions
+
+    own = {f.name for f in fields(RelabelerOptions)}
+    settings = replace(settings or RelabelSettings(), **{k: v for k, v in overrides.items() if k not in own})
+    options = RelabelerOptions(seed=seed, eval_files=tuple(eval_files), **{k: v for k, v in overrides.items() if k in own})
+    return relabeling.make_relabeler(kind, settings, llm, delta=delta, encoder=encoder, options=options)
 
 
 def make_relabel_callback(relabeler, algo: str, **kwargs: Any):

@@ -71,8 +71,7 @@ class SB3Trainer:
         t = time.time()
         if relabel:
             o = cfg.oir
-            self.relabeler = make_relabeler(cfg.relabeler, o.k, cfg.env.delta, encoder=self.venv.encoder, llm=cfg.llm,
-                                            grounding=o.grounding, bind_threshold=o.bind_threshold, oracle=o.oracle,
+            self.relabeler = make_relabeler(cfg.relabeler, o, llm=cfg.llm, delta=cfg.env.delta, encoder=self.venv.encoder,
                                             seed=cfg.run.seed, eval_files=cfg.eval.instruction_files)
             try:  # the PQN trainer's start-up check: relabeler llm stops, both warns
                 check_llm(self.relabeler, cfg.relabeler == "llm", "--oir.relabeler")
