@@ -83,8 +83,8 @@ def rate_metrics(names: Sequence[str], per_1k: np.ndarray, count: np.ndarray, ep
 
 
 class RateWindow:
-    """Training rates of :data:`RATE_EVENTS` over the steps added since the last :meth:`metrics`
-    with ``reset=True`` (a trainer that logs a row every few steps, as the SB3 trainer does).
+    """Training rates of :data:`RATE_EVENTS` over the steps added since the last reset: one per seed
+    of a PQN trainer (a rollout a row), one for an SB3 run (a step at a time, a row every few).
 
     Args:
         num_envs: envs stepped together.
@@ -92,28 +92,41 @@ class RateWindow:
 
     def __init__(self, num_envs: int) -> None:
         self.episodes = EpisodeEvents(num_envs, len(RATE_EVENTS))
-        self._reset()
+        self.reset()
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
+        """Start a new window (the envs' running episodes carry on)."""
         self.occurrences = np.zeros(len(RATE_EVENTS), np.int64)
         self.steps = 0
         self.count = np.zeros(len(RATE_EVENTS), np.int64)
         self.finished = 0
 
     def add(self, events: np.ndarray, dones: np.ndarray) -> None:
-        """One step of every env: ``[num_envs, num_events]`` events (every event id), ``[num_envs]`` dones."""
-        ev = np.asarray(events, dtype=bool)[:, list(RATE_EVENTS)]
-        self.occurrences += ev.sum(axis=0)
-        self.steps += ev.shape[0]
-        c, n = self.episodes.update(ev[None], np.asarray(dones, dtype=bool)[None])
+        """Steps of every env: ``[..., num_envs, num_events]`` events (every event id; leading axes are
+        time, none for one step) and ``[..., num_envs]`` dones."""
+        ev = np.asarray(events, dtype=bool)[..., list(RATE_EVENTS)]
+        ev = ev.reshape((-1,) + ev.shape[-2:])
+        dn = np.asarray(dones, dtype=bool).reshape(ev.shape[:2])
+        self.occurrences += ev.sum(axis=(0, 1))
+        self.steps += ev.shape[0] * ev.shape[1]
+        c, n = self.episodes.update(ev, dn)
         self.count += c
         self.finished += n
 
-    def metrics(self, reset: bool = False) -> dict[str, float]:
-        """:func:`rate_metrics` of the window (empty before any step)."""
-        if not self.steps:
-            return {}
-        out = rate_metrics(RATE_NAMES, self.occurrences * (1000.0 / self.steps), self.count, self.finished)
+    def metrics(self, reset: bool = False, prefix: str = "") -> dict[str, float]:
+        """:func:`pooled_metrics` of this window alone."""
+        out = pooled_metrics([self], prefix)
         if reset:
-            self._reset()
+            self.reset()
         return out
+
+
+def pooled_metrics(windows: Sequence[RateWindow], prefix: str = "") -> dict[str, float]:
+    """:func:`rate_metrics` over the steps and finished episodes of ``windows`` together (empty before
+    any step): occurrences per 1,000 of all their env steps, shares of all their finished episodes."""
+    steps = sum(w.steps for w in windows)
+    if not steps:
+        return {}
+    occurrences = sum(w.occurrences for w in windows)
+    return rate_metrics(RATE_NAMES, occurrences * (1000.0 / steps), sum(w.count for w in windows),
+                        sum(w.finished for w in windows), prefix)

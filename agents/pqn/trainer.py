@@ -51,7 +51,7 @@ from agents.pqn.sharding import Layout, PerDevice, check_layout, placeholder
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.craftax_compat import NUM_ACTIONS
-from oir_gym.event_rates import RATE_EVENTS, RATE_NAMES, EpisodeEvents, per_1k_steps, rate_metrics
+from oir_gym.event_rates import RateWindow, pooled_metrics
 from oir_gym.encoder import get_encoder
 from oir_gym.evaluation import EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator
 from oir_gym.instruction_registry import InstructionRegistry
@@ -365,8 +365,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = log
-        #: per seed, the events of each env's running episode (training rates, :mod:`oir_gym.event_rates`)
-        self.episode_events = [EpisodeEvents(cfg.pqn.num_envs, len(RATE_EVENTS)) for _ in range(self.S)]
+        #: per seed, the training rates of a rollout (:mod:`oir_gym.event_rates`)
+        self.rate_windows = [RateWindow(cfg.pqn.num_envs) for _ in range(self.S)]
         self._worlds: Future | None = None
         if prefetch_worlds:
             pool = ThreadPoolExecutor(1, thread_name_prefix="oir-worlds")
@@ -773,14 +773,12 @@ class Trainer:
         """Training rates of the 22 achievements and the progress events in one rollout
         (``[S, T, E, num_events]`` events): per seed (``seed{i}/rate/...``) and over the seeds."""
         out: dict[str, float] = {}
-        counts, episodes, per_1k = 0, 0, 0.0
-        for s in range(self.S):
-            ev = events[s][..., list(RATE_EVENTS)]
-            c, n = self.episode_events[s].update(ev, dones[s])
-            r = per_1k_steps(ev)
-            out.update(rate_metrics(RATE_NAMES, r, c, n, prefix=f"seed{self.seed_offset + s}/"))
-            counts, episodes, per_1k = counts + c, episodes + n, per_1k + r / self.S
-        out.update(rate_metrics(RATE_NAMES, per_1k, counts, episodes))
+        for s, window in enumerate(self.rate_windows):
+            window.add(events[s], dones[s])
+            out.update(window.metrics(prefix=f"seed{self.seed_offset + s}/"))
+        out.update(pooled_metrics(self.rate_windows))
+        for window in self.rate_windows:
+            window.reset()
         return out
 
     def _seed_keys(self, key) -> jax.Array:
