@@ -56,9 +56,7 @@ def detect_events(prev, action, nxt, step_achievements):
     act = jnp.where(awake, action, Action.NOOP.value)
     is_do = act == Action.DO.value
     target = facing_position(prev)
-    in_bounds = jnp.all((target >= 0) & (target < jnp.array(prev.map.shape)))
-    tpos = jnp.clip(target, 0, jnp.array(prev.map.shape) - 1)
-    block = jnp.where(in_bounds, prev.map[tpos[0], tpos[1]], BlockType.OUT_OF_BOUNDS.value)
+    block, in_bounds, tpos = _faced(prev)
     mob_there = jnp.logical_and(in_bounds, prev.mob_map[tpos[0], tpos[1]])
 
     def ach(name):
@@ -89,11 +87,13 @@ def detect_events(prev, action, nxt, step_achievements):
     return ev
 
 
-def _faced_block(state):
+def _faced(state):
+    """The block in front of the player (``OUT_OF_BOUNDS`` past the map's edge), whether that tile is
+    on the map, and its position clipped to the map."""
     target = facing_position(state)
     in_bounds = jnp.all((target >= 0) & (target < jnp.array(state.map.shape)))
     tpos = jnp.clip(target, 0, jnp.array(state.map.shape) - 1)
-    return jnp.where(in_bounds, state.map[tpos[0], tpos[1]], BlockType.OUT_OF_BOUNDS.value)
+    return jnp.where(in_bounds, state.map[tpos[0], tpos[1]], BlockType.OUT_OF_BOUNDS.value), in_bounds, tpos
 
 
 def block_in_view(state, block: int):
@@ -113,7 +113,7 @@ def block_in_view(state, block: int):
 def progress_conditions(state) -> dict:
     """The state conditions behind the progress events, by event name (scalar bools)."""
     inv = state.inventory
-    faced = _faced_block(state)
+    faced = _faced(state)[0]
     near_table = is_near_block(state, BlockType.CRAFTING_TABLE.value)
     face_stone = faced == BlockType.STONE.value
     return {
