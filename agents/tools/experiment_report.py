@@ -29,20 +29,25 @@ from oir_gym.metrics import t_interval, welch_interval
 WOODEN_TIER = ("collect wood", "place table", "make wooden pickaxe", "make wooden sword")
 
 
-def load_arms(root: str | Path) -> dict[str, list[list[dict]]]:
-    """``arm -> [per process: [per seed: evaluation dict]]`` of the run folders under ``root``."""
-    arms: dict[str, list[list[dict]]] = {}
+def arm_runs(root: str | Path) -> dict[str, list[Path]]:
+    """``arm -> its process folders`` (``<arm>_s<first seed>``) under ``root``, in name order."""
+    arms: dict[str, list[Path]] = {}
     for run in sorted(p for p in Path(root).iterdir() if p.is_dir() and re.fullmatch(r".+_s\d+", p.name)):
-        arm = run.name.rsplit("_s", 1)[0]
-        arms.setdefault(arm, []).append(json.loads((run / "eval_final.json").read_text()))
+        arms.setdefault(run.name.rsplit("_s", 1)[0], []).append(run)
     if not arms:
         raise FileNotFoundError(f"{root}: no run folders named <arm>_s<seed>")
     return arms
 
 
-def read_metrics(run: Path) -> list[dict]:
-    """A run folder's metrics rows (``metrics.jsonl`` or ``metrics.jsonl.gz``)."""
-    return read_jsonl(metrics_path(run))
+def load_arms(root: str | Path) -> dict[str, list[list[dict]]]:
+    """``arm -> [per process: [per seed: evaluation dict]]`` of the run folders under ``root``."""
+    return {arm: [json.loads((run / "eval_final.json").read_text()) for run in runs]
+            for arm, runs in arm_runs(root).items()}
+
+
+def arm_metrics(root: str | Path) -> dict[str, list[list[dict]]]:
+    """``arm -> [per process: its metrics rows]`` (``metrics.jsonl`` or ``metrics.jsonl.gz``), read once."""
+    return {arm: [read_jsonl(metrics_path(run)) for run in runs] for arm, runs in arm_runs(root).items()}
 
 
 def set_success(seed: dict, set_name: str, text: str | None = None) -> float:
@@ -127,7 +132,7 @@ STONE_TEXTS = ("collect stone", "place stone", "make stone pickaxe")
 def final_episodes(root: str | Path) -> int:
     """The episodes per instruction of the final evaluation, the same in every run under ``root``."""
     n = {json.loads((run / "config.json").read_text())["eval"]["final_episodes"]
-         for run in Path(root).iterdir() if (run / "config.json").exists()}
+         for runs in arm_runs(root).values() for run in runs}
     if len(n) != 1:
         raise ValueError(f"{root}: runs with different eval.final_episodes {sorted(n)}")
     return int(n.pop())
@@ -147,7 +152,8 @@ def fisher_p(a: tuple[int, int], b: tuple[int, int]) -> float:
     return float(fisher_exact([[a[0], a[1] - a[0]], [b[0], b[1] - b[0]]])[1])
 
 
-def stone_report(root: str | Path) -> str:
+def stone_report(root: str | Path, metrics: dict[str, list[list[dict]]] | None = None) -> str:
+    """The stone tier's tables; ``metrics``: :func:`arm_metrics` of ``root`` when already read."""
     arms, n = load_arms(root), final_episodes(root)
     lines = ["| instruction (original set) | canonical successes / episodes | progress successes / episodes | "
              "Fisher p |", "|---|---|---|---|"]
@@ -164,7 +170,7 @@ def stone_report(root: str | Path) -> str:
                        + ("support: progress labels open the stone tier" if ok else "not reached at this budget") + "**")
     guard = comparison_table({a: arms[a] for a in ("progress", "canonical")}, [("progress", "canonical")],
                              [("original success", lambda s: set_success(s, "original"))])
-    return primary + "\n\n" + "\n".join(lines) + "\n\n" + guard + "\n\n" + rates_table(root)
+    return primary + "\n\n" + "\n".join(lines) + "\n\n" + guard + "\n\n" + rates_table(metrics or arm_metrics(root))
 
 
 #: The events of the stone tier's chain whose training rates the report shows.
@@ -172,10 +178,10 @@ CHAIN_EVENTS = ("make_wood_pickaxe", "see_stone", "face_stone", "face_stone_with
                 "collect_stone", "place_stone", "near_table_with_wood_and_stone", "make_stone_pickaxe")
 
 
-def rates_table(root: str | Path, last: int = 100) -> str:
+def rates_table(metrics: dict[str, list[list[dict]]], last: int = 100) -> str:
     """Training rate per 1,000 env steps of the chain's events, mean over each arm's last ``last``
-    updates and processes."""
-    rates = training_rates(root, CHAIN_EVENTS)
+    updates and processes (``metrics``: :func:`arm_metrics`)."""
+    rates = training_rates(metrics, CHAIN_EVENTS)
     arms = sorted(rates)
     lines = [f"| event (rate per 1,000 env steps, last {last} updates) | " + " | ".join(arms) + " |",
              "|---|" + "---|" * len(arms)]
@@ -184,22 +190,22 @@ def rates_table(root: str | Path, last: int = 100) -> str:
     return "\n".join(lines)
 
 
-def training_rates(root: str | Path, events: tuple[str, ...]) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+def training_rates(metrics: dict[str, list[list[dict]]],
+                   events: tuple[str, ...]) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """``arm -> event -> (env steps, mean over the arm's processes of the per-update training rate
-    per 1,000 steps)``."""
-    out: dict[str, dict[str, list]] = {}
-    for run in sorted(p for p in Path(root).iterdir() if p.is_dir() and re.fullmatch(r".+_s\d+", p.name)):
-        arm = run.name.rsplit("_s", 1)[0]
-        rows = [r for r in read_metrics(run) if "rate/collect_wood" in r]
-        steps = np.array([r["env_steps"] for r in rows], float)
-        for e in events:
-            out.setdefault(arm, {}).setdefault(e, []).append((steps, np.array([r[f"rate/{e}"] for r in rows], float)))
-    return {a: {e: (v[0][0], np.mean([x for _, x in v], axis=0)) for e, v in ev.items()} for a, ev in out.items()}
+    per 1,000 steps)`` (``metrics``: :func:`arm_metrics`)."""
+    out: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for arm, run_rows in metrics.items():
+        rows = [[r for r in rs if "rate/collect_wood" in r] for rs in run_rows]
+        steps = np.array([r["env_steps"] for r in rows[0]], float)
+        out[arm] = {e: (steps, np.mean([[r[f"rate/{e}"] for r in rs] for rs in rows], axis=0)) for e in events}
+    return out
 
 
-def plot_stone_tier(root: str | Path, out: str | Path) -> Path:
+def plot_stone_tier(metrics: dict[str, list[list[dict]]], out: str | Path) -> Path:
     """Training rates (per 1,000 env steps, log scale) of the wooden tier, collect stone and the
-    progress events, one panel per arm, at ``out``; the arms' learning curves at ``<out>_curves.png``."""
+    progress events, one panel per arm, at ``out``; the arms' learning curves at ``<out>_curves.png``
+    (``metrics``: :func:`arm_metrics`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,7 +213,7 @@ def plot_stone_tier(root: str | Path, out: str | Path) -> Path:
 
     events = ("collect_wood", "make_wood_pickaxe", "see_stone", "face_stone", "face_stone_with_pickaxe",
               "near_table_with_wood", "collect_stone", "place_stone", "make_stone_pickaxe")
-    rates = training_rates(root, events)
+    rates = training_rates(metrics, events)
     fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), sharey=True, squeeze=False)
     for ax, (arm, ev) in zip(axes[0], sorted(rates.items())):
         for e in events:
@@ -225,10 +231,7 @@ def plot_stone_tier(root: str | Path, out: str | Path) -> Path:
     # the learning curves of both arms (evaluation success against env steps), beside it
     from oir_gym.analysis import plot_learning_curves
 
-    runs: dict[str, list[list[dict]]] = {}
-    for run in sorted(p for p in Path(root).iterdir() if p.is_dir() and re.fullmatch(r".+_s\d+", p.name)):
-        runs.setdefault(run.name.rsplit("_s", 1)[0], []).append(read_metrics(run))
-    plot_learning_curves(runs, Path(out).with_name(Path(out).stem + "_curves.png"))
+    plot_learning_curves(metrics, Path(out).with_name(Path(out).stem + "_curves.png"))
     return Path(out)
 
 
@@ -239,9 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", help="stone: write the training-rate curves to this PNG")
     args = ap.parse_args(argv)
     try:
-        print(mixed_report(args.root) if args.experiment == "mixed" else stone_report(args.root))
-        if args.plot and args.experiment == "stone":
-            print(f"wrote {plot_stone_tier(args.root, args.plot)}")
+        if args.experiment == "mixed":
+            print(mixed_report(args.root))
+        else:
+            metrics = arm_metrics(args.root)  # the largest files here: read once for the tables and the plots
+            print(stone_report(args.root, metrics))
+            if args.plot:
+                print(f"wrote {plot_stone_tier(metrics, args.plot)}")
     except (FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
