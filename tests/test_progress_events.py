@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, PROGRESS_EVENTS, VOCAB
 from oir_gym.event_rates import EpisodeEvents, per_1k_steps, rate_metrics
-from oir_gym.grounding import episode_starts_from_dones, paid_steps
+from oir_gym.grounding import episode_starts_from_dones, indicator_row, paid_steps
 from oir_gym.relabel import HindsightRelabeler
 from oir_gym.relabel.oracle import (
     MAX_EVAL_COSINE, MIXED_POOL_SHARE, evaluation_texts, load_pool, mixed_labels, oracle_labels,
@@ -94,11 +94,7 @@ def test_progress_oracle_puts_canonical_first_and_each_label_pays_at_its_event(e
 
 def _pays_only_at_its_event(traj: Trajectory, lab) -> None:
     n = len(EVENT_NAMES)
-    final = np.full(n, -1.0, np.float32)
-    final[lab.final] = 1
-    pre = np.full(n, -1.0, np.float32)
-    if lab.pre >= 0:
-        pre[lab.pre] = 1
+    final, pre = indicator_row(lab.final, n), indicator_row(lab.pre, n)
     paid = paid_steps(traj.events, final, pre, episode_starts_from_dones(traj.dones), 0.9)
     assert paid.any() and traj.events[paid, lab.final].all(), lab
 
