@@ -20,9 +20,11 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 #: Largest row block, hidden-unit block and contraction chunk (powers of two; Triton's dot needs >= 16).
 MAX_ROWS, MAX_UNITS, MAX_CHUNK, MIN_BLOCK = 64, 32, 128, 16
+NUM_WARPS = 4
 
 
 def _block(n: int, largest: int) -> int:
@@ -97,6 +99,7 @@ def _step_call(kernel, shapes, B, H, dtype, aliases):
     bb, bn, bk = _block(B, MAX_ROWS), _block(H, MAX_UNITS), _block(H, MAX_CHUNK)
     return pl.pallas_call(functools.partial(kernel, bb=bb, bn=bn, bk=bk, dtype=dtype), out_shape=shapes,
                           grid=(B // bb, H // bn), input_output_aliases=aliases,
+                          compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS),
                           interpret=jax.default_backend() == "cpu")
 
 
