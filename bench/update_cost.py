@@ -19,6 +19,8 @@ alike; medians reported, with each variant's ratio to the first:
   accumulation either way).
 * ``grad`` (a fourth field of ``--variants``, default ``hoisted``): the LSTM's gradient,
   :func:`agents.pqn.network.lstm_scan`'s written-out one or JAX's ``autodiff`` of the scan (``sequence`` only).
+* ``--lstm-kernel scan,pallas``: each variant with each LSTM recurrence (``pqn.lstm_kernel``: the scan, or
+  :func:`agents.pqn.lstm_pallas.lstm_scan_pallas`'s fused kernels; ``sequence`` with ``hoisted`` only).
 
 Beside each time: the update's matmul FLOPs (counted from the shapes: forward, and the backward's
 input and weight gradients), the FLOP/s achieved and their fraction of the card's dense peak for
@@ -75,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", help="compute dtypes, comma-separated (float32, bfloat16)")
     p.add_argument("--variants", default=None, help="explicit variants LSTM:UNROLL:DTYPE[:GRAD], comma-separated "
                    "(instead of every combination of the three options)")
+    p.add_argument("--lstm-kernel", default="scan", help="LSTM recurrences (pqn.lstm_kernel), comma-separated "
+                   "(scan, pallas)")
     p.add_argument("--iterations", type=int_arg(1), default=5, help="timed updates per variant (median reported)")
     p.add_argument("--parts", action="store_true",
                    help="also time the first variant's parts: one minibatch's update (times the update's "
@@ -141,9 +145,11 @@ def main(argv=None) -> int:
     else:
         variants = [(*v, "hoisted") for v in itertools.product(
             args.lstm.split(","), [int(u) for u in args.unroll.split(",")], args.dtype.split(","))]
+    variants = [(*v, kern) for v in variants for kern in args.lstm_kernel.split(",")
+                if kern == "scan" or v[0] == "sequence" and v[3] == "hoisted"]
     programs = {}
-    for lstm, unroll, dtype, grad in variants:
-        net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad) if lstm == "sequence"
+    for lstm, unroll, dtype, grad, kern in variants:
+        net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad, kern) if lstm == "sequence"
                else cell_network(NUM_ACTIONS, H, unroll))
         tx = pqn.make_optimizer(cfg, 100)
 
@@ -156,7 +162,7 @@ def main(argv=None) -> int:
         fn = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, cfg, key, b)))
         t = time.time()
         compiled = fn.lower(state, jax.random.split(k, S), batch).compile()
-        programs[(lstm, unroll, dtype, grad)] = (compiled, state, time.time() - t)
+        programs[(lstm, unroll, dtype, grad, kern)] = (compiled, state, time.time() - t)
         jax.block_until_ready(compiled(state, jax.random.split(k, S), batch))  # warm-up
     times = {v: [] for v in variants}
     for _ in range(args.iterations):
@@ -171,14 +177,14 @@ def main(argv=None) -> int:
     flops = update_flops(S, N, T, H, size["epochs"], D + 384, NUM_ACTIONS)
     kind = jax.devices()[0].device_kind
     print(f"# matmul FLOPs per update: {flops / 1e9:,.1f} GFLOP")
-    print("| lstm | unroll | dtype | grad | compile s | update s | ratio to first | TFLOP/s | of peak |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+    print("| lstm | unroll | dtype | grad | kernel | compile s | update s | ratio to first | TFLOP/s | of peak |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     base = statistics.median(times[variants[0]])
     for v in variants:
         med = statistics.median(times[v])
         top = peak(kind, v[2])
         frac = f"{flops / med / top:.1%}" if top else "-"
-        print(f"| {v[0]} | {v[1]} | {v[2]} | {v[3]} | {programs[v][2]:.1f} | {med:.3f} | {med / base:.2f} | "
+        print(f"| {v[0]} | {v[1]} | {v[2]} | {v[3]} | {v[4]} | {programs[v][2]:.1f} | {med:.3f} | {med / base:.2f} | "
               f"{flops / med / 1e12:.1f} | {frac} |")
     if args.parts:
         print_parts(variants[0], cfg, batch, S, N, T, H, args.iterations)
@@ -222,16 +228,17 @@ def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
     from flax.training.train_state import TrainState
 
     from agents.pqn import network as pqn
+    from agents.pqn.lstm_pallas import lstm_scan_pallas
     from oir_gym.craftax_compat import NUM_ACTIONS
 
-    lstm, unroll, dtype, grad = variant
+    lstm, unroll, dtype, grad, kern = variant
     mb = N // cfg.num_minibatches
     steps = cfg.num_epochs * cfg.num_minibatches
     one = dataclasses.replace(cfg, num_epochs=1, num_minibatches=1)
     small = jax.tree_util.tree_map(lambda x: x[:, :, :mb] if x.ndim >= 3 and x.shape[2] == N else x, batch)
     small = {k: (v[:, :mb] if k in ("weights", "next_obs_last", "next_instr_last") else v) for k, v in small.items()}
     small["carry0"] = tuple(c[:, :mb] for c in batch["carry0"])
-    net = pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad)
+    net = pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad, kern)
     k = jax.random.PRNGKey(0)
     D = batch["obs"].shape[-1]
 
@@ -253,7 +260,7 @@ def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
 
     def recurrence(kernel, bias, x_proj, resets, carry):
         if grad == "hoisted":
-            out = pqn.lstm_scan(kernel, bias, x_proj, resets, carry, cdt, unroll)
+            out = (lstm_scan_pallas if kern == "pallas" else pqn.lstm_scan)(kernel, bias, x_proj, resets, carry, cdt, unroll)
         else:
             c, (hs, *_) = pqn.lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)
             out = (c, hs)
@@ -264,7 +271,7 @@ def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
     fwd = jax.jit(jax.vmap(recurrence))
     t_fwd = _median_time(fwd, kernel, bias, x_proj, resets, carry, iterations=iterations)
     per_step = t_rec / (2 * (T + 1))
-    print(f"# parts of the first variant ({lstm}, unroll {unroll}, {dtype}, {grad}); {steps} minibatches per update")
+    print(f"# parts of the first variant ({lstm}, unroll {unroll}, {dtype}, {grad}, {kern}); {steps} minibatches per update")
     print("| part | s | x minibatches per update |\n|---|---|---|")
     print(f"| one minibatch's update ({S} x {mb} trajectories) | {t_mb:.4f} | {t_mb * steps:.3f} |")
     print(f"| the LSTM recurrence, forward and backward | {t_rec:.4f} | {t_rec * steps:.3f} |")

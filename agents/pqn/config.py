@@ -102,6 +102,8 @@ class PQNConfig:
     """Normalise the observation input (layer norm)."""
     scan_unroll: int = 1
     """LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)."""
+    lstm_kernel: Literal["scan", "pallas"] = "scan"
+    """The LSTM recurrence: ``scan`` of XLA ops, or ``pallas`` (one fused kernel per step; same maths)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Input type of the hidden layer's and the LSTM's matmuls (``bfloat16``: float32 accumulation,
     parameters, norms, gates and Q-values; half the bytes and twice the tensor-core rate)."""
@@ -251,7 +253,8 @@ class TrainConfig:
         for part, name, allowed in (("run", "method", METHODS), ("oir", "relabeler", RELABELERS),
                                     ("ellm", "proposer", ELLM_PROPOSERS),
                                     ("env", "obs_mode", get_args(ObsMode)), ("ellm", "reward", get_args(EllmReward)),
-                                    ("pqn", "compute_dtype", ("float32", "bfloat16"))):
+                                    ("pqn", "compute_dtype", ("float32", "bfloat16")),
+                                    ("pqn", "lstm_kernel", ("scan", "pallas"))):
             v = getattr(getattr(self, part), name)
             need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
         l.validate()

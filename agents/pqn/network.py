@@ -27,6 +27,7 @@ from flax.linen.recurrent import DenseParams
 from flax.training.train_state import TrainState
 
 from agents.pqn.config import PQNConfig
+from agents.pqn.lstm_pallas import lstm_scan_pallas
 
 
 # ----------------------------------------------------------------------------- network
@@ -152,12 +153,15 @@ class SequenceLSTM(nn.Module):
     ``dtype``: the matmuls' input type (``bfloat16``: half the bytes; float32 accumulation, float32
     gates and carry). ``grad``: ``"hoisted"`` (:func:`lstm_scan`'s written-out gradient, the weight
     gradient after the loop) or ``"autodiff"`` (JAX's gradient of the scan; the reference).
+    ``kernel``: with ``"hoisted"``, ``"scan"`` (:func:`lstm_scan`) or ``"pallas"``
+    (:func:`agents.pqn.lstm_pallas.lstm_scan_pallas`, the same maths as fused kernels).
     """
 
     features: int
     unroll: int = 1
     dtype: Any = jnp.float32
     grad: str = "hoisted"
+    kernel: str = "scan"
 
     @nn.compact
     def __call__(self, carry, x, resets):
@@ -170,7 +174,8 @@ class SequenceLSTM(nn.Module):
         kernel_h = jnp.concatenate([k for k, _ in w_h], axis=-1)
         bias_h = jnp.concatenate([b for _, b in w_h], axis=-1)
         if self.grad == "hoisted":
-            return lstm_scan(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
+            lstm = lstm_scan_pallas if self.kernel == "pallas" else lstm_scan
+            return lstm(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
         carry, (hs, *_) = lstm_forward(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
         return carry, hs
 
@@ -191,6 +196,7 @@ class QNetwork(nn.Module):
     unroll: int = 1
     dtype: Any = jnp.float32
     grad: str = "hoisted"
+    lstm_kernel: str = "scan"
 
     @nn.compact
     def __call__(self, carry, obs, instruction, resets):
@@ -200,7 +206,7 @@ class QNetwork(nn.Module):
         for _ in range(self.num_layers):
             x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden_size, dtype=self.dtype)(x).astype(jnp.float32)))
         # the parameters of flax's OptimizedLSTMCell under its name (checkpoints load either way)
-        carry, y = SequenceLSTM(self.hidden_size, self.unroll, self.dtype, self.grad,
+        carry, y = SequenceLSTM(self.hidden_size, self.unroll, self.dtype, self.grad, self.lstm_kernel,
                                 name="OptimizedLSTMCell_0")(carry, x, resets)
         return carry, nn.Dense(self.num_actions)(y)
 
@@ -212,7 +218,7 @@ class QNetwork(nn.Module):
 def make_network(cfg: PQNConfig, num_actions: int) -> QNetwork:
     """The Q-network of ``cfg`` for ``num_actions`` actions."""
     return QNetwork(num_actions, cfg.hidden_size, cfg.num_layers, cfg.norm_input, cfg.scan_unroll,
-                    jnp.dtype(cfg.compute_dtype))
+                    jnp.dtype(cfg.compute_dtype), lstm_kernel=cfg.lstm_kernel)
 
 
 def make_optimizer(cfg: PQNConfig, num_updates: int):
