@@ -61,7 +61,7 @@ def plan_prompts(trajs: Sequence[Trajectory], *, use_llm: bool, skip_idle: bool,
                  render: Callable[[Trajectory], tuple[str, int, int]]) -> PromptPlan:
     """One prompt per distinct behaviour that is neither cached nor idle (``skip_idle``).
 
-    ``lookup`` gives a key's cached answer or ``None``; ``render`` a trajectory's ``(prompt, compaction level, tokens)``.
+    ``lookup``: a key's cached answer or ``None``; ``render``: ``(prompt, compaction level, tokens)``.
     """
     n = len(trajs)
     keys: list[Optional[str]] = [key_of(t) for t in trajs] if use_llm else [None] * n
