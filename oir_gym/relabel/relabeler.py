@@ -33,7 +33,7 @@ from oir_gym.relabel.llm.spec import BackendSpec as LLMSpec, backend_identity, c
 from oir_gym.relabel.oracle import check_oracle
 from oir_gym.relabel.pipeline import assemble, ground, merge_rules, plan_prompts, read_answers, select
 from oir_gym.relabel.prompts import PromptTemplate, load_template
-from oir_gym.relabel.results import RelabelResult
+from oir_gym.relabel.results import Closing, RelabelResult
 from oir_gym.relabel.rules import RuleBackend
 from oir_gym.relabel.segments import behaviour_key
 from oir_gym.relabel.stats import RelabelStats
@@ -44,7 +44,7 @@ from oir_gym.validation import check_bool, check_instance, check_real
 __all__ = ["CLOSE_TIMEOUT", "HindsightRelabeler"]
 
 
-class HindsightRelabeler:
+class HindsightRelabeler(Closing):
     """LLM hindsight instruction relabeling as a library component.
 
     Args:
@@ -281,12 +281,6 @@ class HindsightRelabeler:
             close_llm(self.backend.llm)  # a call still running fails now, so the worker ends
         self._jobs.join(1.0)
         self.save_cache()
-
-    def __enter__(self) -> "HindsightRelabeler":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"HindsightRelabeler(backend={self.backend!r}, k={self.k}, template={self.template.name!r}, "
