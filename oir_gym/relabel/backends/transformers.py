@@ -22,7 +22,7 @@ import tempfile
 import threading
 from typing import Any, Optional
 
-from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape
+from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape, set_sampling
 from oir_gym.relabel.prompts import instruction_gbnf, output_schema
 
 #: Gemma's chat turn format (what llama.cpp's ``chat_format="gemma"`` renders); the packaged GGUF
@@ -165,11 +165,7 @@ class TransformersBackend:
         self.device_arg = device
         self.dtype_arg = dtype
         self.num_threads = None if num_threads is None else int(num_threads)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.seed = int(seed)
-        self.max_tokens = max_tokens
-        self.grammar_mode = grammar
+        set_sampling(self, temperature, top_p, seed, max_tokens, grammar)
         self.chat_template = chat_template
         self.batch_size = max(1, int(batch_size))
         self.verbose = verbose
