@@ -40,6 +40,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from oir_gym.diversity import echo_share  # noqa: E402
 from oir_gym.validation import int_arg  # noqa: E402
 from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache, TransformersBackend  # noqa: E402
+from oir_gym.relabel.config import (  # noqa: E402
+    CacheSettings, LLMSettings, PromptSettings, RelabelerConfig, SelectionSettings,
+)
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle  # noqa: E402
 from oir_gym.relabel.synthetic import (  # noqa: E402
     WOOD_TABLE_PICKAXE, make_trajectory, random_trajectories, training_run,
@@ -47,10 +50,12 @@ from oir_gym.relabel.synthetic import (  # noqa: E402
 
 
 def bench_template(template: str, trajs, backend, encoder, k: int) -> dict:
-    rl = HindsightRelabeler(backend=backend, k=k, template=template, encoder=encoder, cache_size=0)
+    cfg = RelabelerConfig(prompt=PromptSettings(template=template), cache=CacheSettings(size=0),
+                          selection=SelectionSettings(k=k))
+    rl = HindsightRelabeler(cfg, llm=backend, encoder=encoder)
     # warm-up on a short trajectory: model load, grammar, encoder phrases, template prefix in the KV cache
     rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 8)])
-    rl = HindsightRelabeler(backend=backend, k=k, template=template, encoder=encoder, cache_size=0)
+    rl = HindsightRelabeler(cfg, llm=backend, encoder=encoder)
     t0 = time.perf_counter()
     results = [rl.relabel([t])[0] for t in trajs]  # one at a time: no in-batch de-duplication
     wall = time.perf_counter() - t0
@@ -83,8 +88,9 @@ def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, see
 
     encoder = get_encoder()
     trajs = [t for t in random_trajectories(4 * n, length, seed=seed) if not is_idle(t)][:n]
-    modes = {name: HindsightRelabeler(backend, k=k, encoder=encoder, cache_size=0, use_rules=False,
-                                      backend_kwargs=kwargs, isolate=iso)
+    modes = {name: HindsightRelabeler(RelabelerConfig(
+        llm=LLMSettings(backend=backend, backend_kwargs=kwargs, isolate=iso), cache=CacheSettings(size=0),
+        selection=SelectionSettings(k=k, use_rules=False)), encoder=encoder)
              for name, iso in (("in process", False), ("child process", True))}
     for rl in modes.values():  # warm-up: model load, grammar, encoder phrases
         rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 8)])
@@ -268,7 +274,7 @@ def main(argv=None) -> None:
     # the relabeler's own cache statistics over a (shorter) run with the model
     cache_backend = _Echo() if args.quick else backend
     label = "scripted stub LLM (--quick)" if args.quick else "the offline model"
-    rl = HindsightRelabeler(backend=cache_backend, k=args.k, template="segments", encoder=encoder)
+    rl = HindsightRelabeler(RelabelerConfig(selection=SelectionSettings(k=args.k)), llm=cache_backend, encoder=encoder)
     t0 = time.perf_counter()
     for batch in training_run(args.iterations, args.envs, args.length, seed=args.seed + 1):
         rl.relabel(batch)

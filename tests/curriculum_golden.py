@@ -27,6 +27,7 @@ import numpy as np
 
 from oir_gym.relabel.background import BackgroundRelabeler
 from oir_gym.relabel.synthetic import training_run
+from relabel_config import relabel_config
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "curriculum_golden.json"
 S, E, UPDATES = 2, 4, 3
@@ -67,10 +68,10 @@ def _results(name: str, encoder: Any) -> list[tuple[list, list]]:
 
     backend, balance, keep, grounding = SCENARIOS[name]
     rollouts = _rollouts(seed=11)
-    rules = HindsightRelabeler(encoder=encoder, backend="rules", k=64 if balance else 2, grounding=grounding,
-                               keep_ungrounded=keep)
-    llm = HindsightRelabeler(encoder=encoder, backend=ScriptedLLM(), k=2, grounding=grounding,
-                             keep_ungrounded=keep, use_rules=False) if backend == "both" else None
+    rules = HindsightRelabeler(relabel_config("rules", k=64 if balance else 2, grounding=grounding,
+                                              keep_ungrounded=keep), encoder=encoder)
+    llm = HindsightRelabeler(relabel_config(None, k=2, grounding=grounding, keep_ungrounded=keep, use_rules=False),
+                             llm=ScriptedLLM(), encoder=encoder) if backend == "both" else None
     try:
         out = []
         for u, trajs in enumerate(rollouts):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from oir_gym.relabel.synthetic import random_trajectories, training_run
+from relabel_config import relabel_config
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "relabel_golden.json"
 
@@ -103,8 +104,10 @@ def scenarios() -> dict[str, tuple[Callable[..., Any], list]]:
     run = training_run(8, 10, seed=5)  # 80 trajectories, competence rising: repeats hit the cache
     from oir_gym.relabel import HindsightRelabeler
 
-    def make(**kw: Any) -> Callable[[Any], Any]:
-        return lambda encoder: HindsightRelabeler(encoder=encoder, **kw)
+    def make(backend: Any, **kw: Any) -> Callable[[Any], Any]:
+        if isinstance(backend, str):
+            return lambda encoder: HindsightRelabeler(relabel_config(backend, **kw), encoder=encoder)
+        return lambda encoder: HindsightRelabeler(relabel_config(None, **kw), llm=backend, encoder=encoder)
 
     return {
         "rules_cosine": (make(backend="rules", k=4), [mixed[:20], mixed[20:]]),

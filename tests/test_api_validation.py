@@ -29,6 +29,7 @@ from oir_gym.captions import NUM_EVENTS
 from oir_gym.single_env import InstructionCraftaxEnv
 from oir_gym.validation import ArgumentTypeError, check_bool, check_int, check_real
 from oir_gym.vector_env import InstructionCraftax
+from relabel_config import relabel_config
 
 CHECKED = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -234,7 +235,8 @@ RELABEL_ARGS = {
 def test_the_relabeler_constructor_checks_every_argument(arg, encoder):
     name, value = arg
     kwargs = {"backend": "rules", "encoder": encoder, name: value}
-    relabeler = refused_or_ok(name, lambda: HindsightRelabeler(**kwargs))
+    objects = {key: kwargs.pop(key) for key in ("encoder", "rules") if key in kwargs}
+    relabeler = refused_or_ok(name, lambda: HindsightRelabeler(relabel_config(**kwargs), **objects))
     if relabeler is not None:
         assert isinstance(relabeler.k, int) and relabeler.k >= 1
         relabeler.close()
@@ -246,15 +248,16 @@ def test_the_relabeler_constructor_checks_every_argument(arg, encoder):
     ({"keep_ungrounded": "no"}, "keep_ungrounded"),
 ])
 def test_relabeler_values_that_used_to_pass_are_refused(kwargs, name):
+    objects = {key: kwargs.pop(key) for key in ("encoder",) if key in kwargs}
     with pytest.raises((TypeError, ValueError), match=name):
-        HindsightRelabeler("rules", **kwargs)
+        HindsightRelabeler(relabel_config("rules", **kwargs), **objects)
 
 
 @CHECKED
 @given(batch=st.one_of(WEIRD, st.just([]), st.lists(st.sampled_from([_traj(), _traj(1), "collect wood", None]),
                                                    max_size=3)))
 def test_relabel_and_submit_refuse_what_is_not_a_batch_of_trajectories(batch, encoder):
-    relabeler = HindsightRelabeler("rules", encoder=encoder)
+    relabeler = HindsightRelabeler(relabel_config("rules"), encoder=encoder)
     try:
         results = refused_or_ok("trajectories", lambda: relabeler.relabel(batch))
         if results is not None:
@@ -267,7 +270,7 @@ def test_relabel_and_submit_refuse_what_is_not_a_batch_of_trajectories(batch, en
 @CHECKED
 @given(block=WEIRD, timeout=st.one_of(WEIRD, st.just(0.0)))
 def test_collect_checks_block_and_timeout(block, timeout, encoder):
-    relabeler = HindsightRelabeler("rules", encoder=encoder)
+    relabeler = HindsightRelabeler(relabel_config("rules"), encoder=encoder)
     try:
         out = refused_or_ok(("block", "timeout"), lambda: relabeler.collect(block=block, timeout=timeout))
         assert out in (None, [])
@@ -276,7 +279,7 @@ def test_collect_checks_block_and_timeout(block, timeout, encoder):
 
 
 def test_a_non_trajectory_batch_is_an_error_not_a_warning_and_empty_results(encoder):
-    relabeler = HindsightRelabeler("rules", encoder=encoder)
+    relabeler = HindsightRelabeler(relabel_config("rules"), encoder=encoder)
     with pytest.raises(TypeError, match=r"trajectories\[1\]=.* must be an oir_gym.Trajectory"):
         relabeler.relabel([_traj(), {"events": []}])
     with pytest.raises(TypeError, match="trajectories="):

@@ -162,9 +162,7 @@ def test_unknown_variants_and_variants_the_grounding_cannot_pay_are_refused():
     with pytest.raises(ValueError, match=r"unknown oracle relabeler 'paraphrase'; expected one of canonical, diverse"):
         RuleBackend(oracle="paraphrase")
     with pytest.raises(ValueError, match="oracle 'noisy' needs event-bound grounding"):
-        HindsightRelabeler("rules", oracle="noisy", grounding="cosine")
-    with pytest.raises(ValueError, match="not both"):
-        HindsightRelabeler("rules", oracle="diverse", rules=RuleBackend(), grounding="bound")
+        HindsightRelabeler.rules(grounding="cosine", oracle="noisy")
 
 
 # --------------------------------------------------------------------------- the labelers
@@ -283,7 +281,7 @@ def test_a_diverse_wording_pays_at_its_events_step_under_bound_grounding(encoder
     """Whatever the wording, a relabeled copy pays where its event happened (first time per episode)."""
     steps = [[], [], ["collect_wood"], [], ["place_table"], [], ["collect_wood"], [], []]
     traj = traj_of(steps, [False] * 5 + [True] + [False] * 3)
-    rl = HindsightRelabeler("rules", oracle="diverse", grounding="bound", k=8, encoder=encoder, cache_size=0)
+    rl = HindsightRelabeler.rules(k=8, grounding="bound", oracle="diverse", encoder=encoder)
     (res,) = rl.relabel([traj])
     pool = load_pool()
     by_event = {c.binding.final: c for c in res.candidates}

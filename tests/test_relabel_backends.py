@@ -24,6 +24,7 @@ from oir_gym.relabel.composite import CompositeBackend
 from oir_gym.relabel.rules import RuleBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
 from oir_gym.relabel.llm.spec import LLMCheckError
+from relabel_config import relabel_config
 
 ANSWER = '{"Mid-Level": ["collect wood", "place table"], "High-Level": []}'
 
@@ -155,7 +156,7 @@ def test_openai_slow_server_timeout_honoured(stub_factory):
         be.generate(["p"])
     assert time.perf_counter() - t0 < 1.5
     # in the relabeler: no exception, rule fallback, error counted
-    rl = HindsightRelabeler(backend=be, use_rules=False, encoder=_DummyEncoder())
+    rl = HindsightRelabeler(relabel_config(use_rules=False), llm=be, encoder=_DummyEncoder())
     (res,) = rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 32)])
     assert res.fallback == "rules" and res.candidates and rl.stats()["errors_by_type"] == {"BackendTimeout": 1}
 
@@ -193,12 +194,12 @@ def test_vllm_missing_gives_install_hint():
         VLLMBackend("Qwen/Qwen3-8B")
     assert "pip install" in str(ei.value) and str(ei.value) == VLLM_INSTALL_HINT
     # the relabeler builds vLLM in a child process: its check says what to install
-    rl = HindsightRelabeler(backend="vllm", backend_kwargs={"model": "Qwen/Qwen3-8B"})
+    rl = HindsightRelabeler(relabel_config("vllm", backend_kwargs={"model": "Qwen/Qwen3-8B"}))
     with pytest.raises(LLMCheckError, match="ImportError: VLLMBackend needs .*pip install"):
         rl.check_llm()
     rl.close()
     with pytest.raises(ImportError, match="vllm"):  # built in this process: at once
-        HindsightRelabeler(backend="vllm", backend_kwargs={"model": "Qwen/Qwen3-8B"}, isolate=False)
+        HindsightRelabeler(relabel_config("vllm", backend_kwargs={"model": "Qwen/Qwen3-8B"}, isolate=False))
 
 
 def test_gbnf_grammar_shape():

@@ -16,6 +16,7 @@ from oir_gym.relabel import (
     BackendError, HindsightRelabeler, LlamaCppBackend, OpenAIBackend, load_template, parse_candidates,
 )
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
+from relabel_config import relabel_config
 
 pytestmark = pytest.mark.llm
 
@@ -53,7 +54,7 @@ class RecordingWithTokenizer(Recording):
 def test_llama_cpp_segments_parseable(backend, encoder):
     traj = make_trajectory(WOOD_TABLE_PICKAXE, 128)
     rec = RecordingWithTokenizer(backend)
-    rl = HindsightRelabeler(backend=rec, k=4, encoder=encoder)
+    rl = HindsightRelabeler(relabel_config(k=4), llm=rec, encoder=encoder)
     (res,) = rl.relabel([traj])
     raw = rec.raw[0][0]
     obj = json.loads(raw)  # the grammar guarantees valid JSON with bounded lists
@@ -78,7 +79,7 @@ def _openai_round_trip(url: str, encoder) -> tuple[OpenAIBackend, HindsightRelab
     be = OpenAIBackend(url, model="gemma", api_key_env=None, timeout=120, max_retries=1, backoff=0.1)
     rec = Recording(be)  # an HTTP backend has no tokenizer: prompt tokens are approximated
     traj = make_trajectory(WOOD_TABLE_PICKAXE, 128)
-    rl = HindsightRelabeler(backend=rec, k=4, encoder=encoder, cache_size=0)
+    rl = HindsightRelabeler(relabel_config(k=4, cache_size=0), llm=rec, encoder=encoder)
     (res,) = rl.relabel([traj])
     raw = rec.raw[0][0]
     cands, reasons = parse_candidates(raw)

@@ -25,6 +25,7 @@ from test_relabel_backends import _DummyEncoder, free_port
 from oir_gym.relabel import BackendError, HindsightRelabeler, OpenAIBackend, output_schema
 from oir_gym.relabel.backends import backend_kwargs
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
+from relabel_config import relabel_config
 
 ANSWER = '{"Mid-Level": ["collect wood", "place table"], "High-Level": []}'
 CANARY = "sk-canary-7f3e9a1c5b2d4e6f8a0b"
@@ -162,7 +163,7 @@ def test_no_model_given_uses_the_single_model_served(server):
     assert srv.requests[0].method == "GET" and srv.requests[0].path == "/v1/models"
     assert srv.requests[1].json()["model"] == "Qwen/Qwen3-8B"
     # the trainers' settings with no --llm.model: the same, before any training starts
-    rl = HindsightRelabeler(backend="openai", backend_kwargs=backend_kwargs("openai", "", srv.url))
+    rl = HindsightRelabeler(relabel_config("openai", backend_kwargs=backend_kwargs("openai", "", srv.url)))
     assert rl.backend.llm.model == "Qwen/Qwen3-8B"
 
 
@@ -173,7 +174,7 @@ def test_several_models_served_fails_at_construction_with_the_list(server):
     assert "llama-3-8b" in str(ei.value) and "qwen3-8b" in str(ei.value) and "model=" in str(ei.value)
     # through the relabeler the same error comes from its start-up check (a `both` run warns and
     # continues on rules, an `llm` run stops with it; see tests/test_relabel_worker.py)
-    rl = HindsightRelabeler(backend="openai", backend_kwargs=backend_kwargs("openai", "", srv.url))
+    rl = HindsightRelabeler(relabel_config("openai", backend_kwargs=backend_kwargs("openai", "", srv.url)))
     with pytest.raises(RuntimeError, match="llama-3-8b, qwen3-8b"):
         rl.check_llm()
     assert all(r.method == "GET" for r in srv.requests)  # nothing was generated
@@ -279,7 +280,7 @@ def test_the_key_never_appears_in_errors_logs_repr_or_stats(server, monkeypatch,
         seen += [str(ei.value), repr(ei.value), "".join(traceback.format_exception(ei.value)),
                  repr(be), str(vars(be)), json.dumps(be.stats())]
         # the relabeler's view of the failure (result error text and its stats)
-        rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_DummyEncoder(), cache_size=0)
+        rl = HindsightRelabeler(relabel_config(use_rules=True, cache_size=0), llm=be, encoder=_DummyEncoder())
         (res,) = rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 32)])
         assert res.error and res.fallback == "rules"
         seen += [res.error, json.dumps(rl.stats())]

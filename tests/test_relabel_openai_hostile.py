@@ -30,6 +30,7 @@ from test_relabel_backends import _DummyEncoder
 from test_relabel_openai import (  # noqa: F401 - the server and environment fixtures
     ANSWER, CANARY, _no_openai_env, completion, http_bytes, openai_app, server,
 )
+from relabel_config import relabel_config
 
 MARGIN = 4.0  # seconds of slack on a deadline (loaded CI machine)
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +76,7 @@ def test_a_trickled_answer_ends_at_the_deadline_and_the_llm_path_recovers(server
             if where == "body" else b"HTTP/1.1 200 OK\r\nX-Slow: ")
     srv.handler = lambda req, conn: trickle(srv.stop, conn, head)
     be = OpenAIBackend(srv.url, "m", timeout=1.0, max_retries=1, backoff=0.01)
-    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_DummyEncoder(), cache_size=0)
+    rl = HindsightRelabeler(relabel_config(use_rules=True, cache_size=0), llm=be, encoder=_DummyEncoder())
     traj = make_trajectory(WOOD_TABLE_PICKAXE, 32)
 
     t0 = time.monotonic()
@@ -226,7 +227,7 @@ def test_malformed_answers_raise_the_backends_own_error_and_are_counted(server, 
     assert s["failures"] == 1 and s["ok"] == 0
     assert s["unusable"] + s["connection_errors"] == 1, s
     # and the relabeler falls back to rules, counting the error
-    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=_DummyEncoder(), cache_size=0)
+    rl = HindsightRelabeler(relabel_config(use_rules=True, cache_size=0), llm=be, encoder=_DummyEncoder())
     (res,) = rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 32)])
     assert res.fallback == "rules" and res.candidates and rl.stats()["errors"] == 1
 
@@ -257,7 +258,7 @@ def test_a_call_cut_short_by_close_is_not_counted_as_an_llm_error(server):
     srv = server()
     srv.handler = lambda req, conn: trickle(srv.stop, conn, b"HTTP/1.1 200 OK\r\nContent-Length: 9999\r\n\r\n")
     be = OpenAIBackend(srv.url, "m", timeout=600, max_retries=0)
-    rl = HindsightRelabeler(backend=be, use_rules=True, encoder=get_encoder(), cache_size=0)
+    rl = HindsightRelabeler(relabel_config(use_rules=True, cache_size=0), llm=be, encoder=get_encoder())
     rl.submit([make_trajectory(WOOD_TABLE_PICKAXE, 32)])
     deadline = time.monotonic() + 15
     while not [r for r in srv.requests if r.method == "POST"] and time.monotonic() < deadline:
@@ -277,9 +278,9 @@ def test_the_start_up_check_gives_up_at_its_bound_while_a_body_trickles(server):
     ``llm_timeout`` here) is what ends the wait; close() then aborts the abandoned request."""
     srv = server()
     srv.handler = lambda req, conn: trickle(srv.stop, conn, HANDED_OVER["Connection: close with a length"])
-    rl = HindsightRelabeler("openai", backend_kwargs={"base_url": srv.url, "model": "m", "timeout": 600,
-                                                      "max_retries": 0},
-                            llm_timeout=2, use_rules=True, encoder=_DummyEncoder(), cache_size=0)
+    rl = HindsightRelabeler(relabel_config("openai", backend_kwargs={"base_url": srv.url, "model": "m", "timeout": 600,
+                                                                     "max_retries": 0},
+                                           llm_timeout=2, use_rules=True, cache_size=0), encoder=_DummyEncoder())
     check, caught = _in_thread(rl.check_llm)
     check.join(2 + MARGIN)
     assert not check.is_alive(), "the start-up check outlived its 2 s bound"
@@ -300,8 +301,8 @@ def test_the_start_up_check_of_an_http_backend_has_a_bound_by_default(server, mo
     monkeypatch.setattr(worker, "CHECK_TIMEOUT", 1.0)
     srv = server()
     srv.handler = lambda req, conn: trickle(srv.stop, conn, HANDED_OVER["no length, read to the end"])
-    rl = HindsightRelabeler("openai", backend_kwargs={"base_url": srv.url, "model": "m", "timeout": 600},
-                            use_rules=True, encoder=_DummyEncoder(), cache_size=0)
+    rl = HindsightRelabeler(relabel_config("openai", backend_kwargs={"base_url": srv.url, "model": "m", "timeout": 600},
+                                           use_rules=True, cache_size=0), encoder=_DummyEncoder())
     check, caught = _in_thread(rl.check_llm)
     check.join(1 + MARGIN)
     assert not check.is_alive() and isinstance(caught[0], LLMCheckError)
@@ -313,9 +314,10 @@ def test_close_is_bounded_while_the_worker_sits_in_a_trickled_body_and_a_batch_i
     in a body read with a 600 s deadline and the queue is full. close() must not wait on either."""
     srv = server()
     srv.handler = lambda req, conn: trickle(srv.stop, conn, HANDED_OVER["Connection: close with a length"])
-    rl = HindsightRelabeler("openai", backend_kwargs={"base_url": srv.url, "model": "m", "timeout": 600,
-                                                      "max_retries": 0},
-                            use_rules=False, encoder=_DummyEncoder(), cache_size=0, on_full="replace", queue_size=1)
+    rl = HindsightRelabeler(relabel_config("openai", backend_kwargs={"base_url": srv.url, "model": "m", "timeout": 600,
+                                                                     "max_retries": 0},
+                                           use_rules=False, cache_size=0, on_full="replace", queue_size=1),
+                            encoder=_DummyEncoder())
     traj = make_trajectory(WOOD_TABLE_PICKAXE, 32)
     rl.submit([traj])
     deadline = time.monotonic() + 15

@@ -14,6 +14,7 @@ import pytest
 from oir_gym.relabel import HindsightRelabeler
 from oir_gym.relabel.parallel import ParallelRelabeler, default_workers
 from oir_gym.relabel.synthetic import random_trajectories
+from relabel_config import relabel_config
 
 
 def _summary(results):
@@ -24,9 +25,9 @@ def _summary(results):
 @pytest.mark.parametrize("grounding", ["cosine", pytest.param("bound", marks=pytest.mark.slow)])
 def test_workers_give_the_in_process_results_in_order_with_the_callers_trajectories(grounding):
     trajs = random_trajectories(96, 64, seed=3, texts=False)
-    kw = dict(k=4, delta=0.9, cache_size=0, grounding=grounding)
-    ref = HindsightRelabeler("rules", **kw).relabel(trajs)
-    with ParallelRelabeler(functools.partial(HindsightRelabeler, "rules", **kw), workers=2, min_batch=64) as par:
+    kw = dict(k=4, delta=0.9, grounding=grounding)
+    ref = HindsightRelabeler.rules(**kw).relabel(trajs)
+    with ParallelRelabeler(functools.partial(HindsightRelabeler.rules, **kw), workers=2, min_batch=64) as par:
         assert par.wait_ready(timeout=300)
         got = par.relabel(trajs)
         again = par.relabel(trajs[:10])  # below min_batch: in process
@@ -139,7 +140,7 @@ class _DiesInWorker:
     death, which a healthy relabeler cannot be made to produce on demand)."""
 
     def __init__(self):
-        self.inner = HindsightRelabeler("rules", k=2, delta=0.9, cache_size=0)
+        self.inner = HindsightRelabeler(relabel_config("rules", k=2, delta=0.9, cache_size=0))
 
     def relabel(self, trajs):
         if multiprocessing.parent_process() is not None:
@@ -154,7 +155,8 @@ def test_a_dead_worker_warns_once_and_the_batch_is_relabeled_in_process():
         assert par.wait_ready(timeout=300)  # else the batch is relabeled in process while they start
         with pytest.warns(RuntimeWarning, match="worker process died"):
             got = par.relabel(trajs)
-        assert _summary(got) == _summary(HindsightRelabeler("rules", k=2, delta=0.9, cache_size=0).relabel(trajs))
+        assert _summary(got) == _summary(HindsightRelabeler(relabel_config("rules", k=2, delta=0.9,
+                                                                           cache_size=0)).relabel(trajs))
         assert par.stats()["workers"] == 0 and "died" in par.stats()["broken"]
         par.relabel(trajs)  # in process from now on, without a second warning
     finally:
@@ -195,7 +197,7 @@ def test_bad_arguments_and_the_automatic_worker_count():
     with pytest.raises(ValueError, match="min_batch"):
         ParallelRelabeler(functools.partial(HindsightRelabeler, "rules"), workers=1, min_batch=0)
     with pytest.raises((pickle.PicklingError, AttributeError)):  # found here, not in a worker
-        ParallelRelabeler(lambda: HindsightRelabeler("rules"), workers=1)
+        ParallelRelabeler(lambda: HindsightRelabeler(relabel_config("rules")), workers=1)
     assert [default_workers(c) for c in (1, 2, 3, 4, 8, 16, 128)] == [0, 0, 0, 2, 6, 8, 8]
 
 

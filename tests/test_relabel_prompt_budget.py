@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 from conftest_llm import gguf_path, tf_backend  # noqa: F401 - pytest fixtures
 from oir_gym.captions import EVENT_NAMES
 from oir_gym.relabel import HindsightRelabeler, load_template, segments, segments_text
-from oir_gym.relabel.relabeler import DEFAULT_MAX_PROMPT_TOKENS
+from oir_gym.relabel.config import DEFAULT_MAX_PROMPT_TOKENS
 from oir_gym.relabel.segments import BACKGROUND_EVENTS, MAX_LEVEL, behaviour_key, compact_text
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
 from oir_gym.relabel.tokens import approx_token_count
 from oir_gym.trajectory import Trajectory
+from relabel_config import relabel_config
 
 ACH = ("collect_wood", "collect_sapling", "collect_drink", "place_plant", "eat_cow", "place_table")
 NOISE = ("search_grass", "take_damage", "hit_hard_block", "attack_cow", "collect_wood", "collect_sapling")
@@ -165,7 +166,7 @@ class Echo:
 def test_relabeler_compacts_long_prompts_only():
     llm = Echo()
     busy, calm = busy_trajectory(), make_trajectory(WOOD_TABLE_PICKAXE, 128, texts=False)
-    rl = HindsightRelabeler(llm, k=4, cache_size=0, isolate=False, max_prompt_tokens=600)
+    rl = HindsightRelabeler(relabel_config(k=4, cache_size=0, isolate=False, max_prompt_tokens=600), llm=llm)
     res = rl.relabel([busy, calm])
     assert rl.max_prompt_tokens == 600 and all(r.error is None for r in res)
     assert res[0].prompt_tokens <= 600 and llm.count_tokens(llm.prompts[0]) == res[0].prompt_tokens
@@ -173,12 +174,12 @@ def test_relabeler_compacts_long_prompts_only():
     assert rl.stats()["prompts_compacted"] == 1
     assert rl.render_prompt(busy) == llm.prompts[0]
 
-    off = HindsightRelabeler(Echo(), k=4, cache_size=0, isolate=False, max_prompt_tokens=None)
+    off = HindsightRelabeler(relabel_config(k=4, cache_size=0, isolate=False, max_prompt_tokens=None), llm=Echo())
     assert off.render_prompt(busy) == off.template.render(busy)
-    assert HindsightRelabeler("rules").max_prompt_tokens == DEFAULT_MAX_PROMPT_TOKENS
+    assert HindsightRelabeler(relabel_config("rules")).max_prompt_tokens == DEFAULT_MAX_PROMPT_TOKENS
     for bad in (0, -5, 1.5, "768"):
         with pytest.raises(ValueError, match="max_prompt_tokens"):
-            HindsightRelabeler("rules", max_prompt_tokens=bad)
+            HindsightRelabeler(relabel_config("rules", max_prompt_tokens=bad))
 
 
 @pytest.mark.llm
@@ -188,7 +189,7 @@ def test_gemma_prompt_within_budget(tf_backend):  # noqa: F811
     within the default budget, and the model's answer is used."""
     traj = busy_trajectory()
     assert tf_backend.count_tokens(load_template("segments").render(traj)) > 1200
-    rl = HindsightRelabeler(tf_backend, k=4, cache_size=0, isolate=False, grounding="bound")
+    rl = HindsightRelabeler(relabel_config(k=4, cache_size=0, isolate=False, grounding="bound"), llm=tf_backend)
     (res,) = rl.relabel([traj])
     assert 0 < res.prompt_tokens <= DEFAULT_MAX_PROMPT_TOKENS
     assert res.error is None and rl.stats()["prompts_compacted"] == 1

@@ -18,6 +18,7 @@ import pytest
 from oir_gym.encoder import get_encoder
 from oir_gym.relabel import HindsightRelabeler, RelabelResult
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
+from relabel_config import relabel_config
 
 ANSWER = json.dumps({"Mid-Level": ["collect wood from the tree", "make iron sword", "walk to the tree"],
                      "High-Level": ["collect wood then place a table"]})
@@ -65,7 +66,7 @@ def by_text(res: RelabelResult) -> dict:
 
 
 def test_grounding_rules_only(encoder):
-    rl = HindsightRelabeler(backend="rules", k=8, encoder=encoder)
+    rl = HindsightRelabeler(relabel_config("rules", k=8), encoder=encoder)
     (res,) = rl.relabel([wtp()])
     c = by_text(res)
     assert c["collect wood"].grounded and c["collect wood"].first_step == 5
@@ -77,7 +78,7 @@ def test_grounding_rules_only(encoder):
 
 def test_grounding_llm_candidates_and_selection(encoder):
     llm = Scripted()
-    rl = HindsightRelabeler(backend=llm, k=10, encoder=encoder)
+    rl = HindsightRelabeler(relabel_config(k=10), llm=llm, encoder=encoder)
     (res,) = rl.relabel([wtp()])
     c = by_text(res)
     assert c["collect wood from the tree"].source == "llm" and c["collect wood from the tree"].first_step == 5
@@ -91,14 +92,14 @@ def test_grounding_llm_candidates_and_selection(encoder):
     assert res.num_scored == len(res.candidates) and res.num_grounded == sum(flags)
     assert 0 < rl.stats()["grounded_fraction"] < 1
     # k limits, ungrounded can be excluded
-    assert len(HindsightRelabeler(backend=llm, k=2, encoder=encoder)([wtp()])[0].candidates) == 2
-    strict = HindsightRelabeler(backend=llm, k=10, encoder=encoder, keep_ungrounded=False)
+    assert len(HindsightRelabeler(relabel_config(k=2), llm=llm, encoder=encoder)([wtp()])[0].candidates) == 2
+    strict = HindsightRelabeler(relabel_config(k=10, keep_ungrounded=False), llm=llm, encoder=encoder)
     assert all(x.grounded for x in strict([wtp()])[0].candidates)
 
 
 def test_cache_hits_on_identical_behaviour(encoder):
     llm = Scripted()
-    rl = HindsightRelabeler(backend=llm, encoder=encoder)
+    rl = HindsightRelabeler(relabel_config(), llm=llm, encoder=encoder)
     first = rl.relabel([wtp()])[0]
     again = rl.relabel([wtp()])[0]
     shifted = rl.relabel([wtp(shift=9, seed=4)])[0]  # same events, other timing -> same key
@@ -106,7 +107,7 @@ def test_cache_hits_on_identical_behaviour(encoder):
     assert not first.cache_hit and again.cache_hit and shifted.cache_hit
     assert shifted.candidates[0].first_step == 5 + 9  # grounding is per trajectory, not cached
     # one prompt for identical behaviour within a batch
-    rl2 = HindsightRelabeler(backend=llm, encoder=encoder)
+    rl2 = HindsightRelabeler(relabel_config(), llm=llm, encoder=encoder)
     rl2.relabel([wtp(), wtp(seed=1), wtp(seed=2)])
     assert len(llm.prompts) == 2
     s = rl.stats()
@@ -116,13 +117,13 @@ def test_cache_hits_on_identical_behaviour(encoder):
 def test_cache_persisted(tmp_path, encoder):
     path = tmp_path / "relabel_cache.json"
     llm = Scripted()
-    with HindsightRelabeler(backend=llm, encoder=encoder, cache_path=path) as rl:
+    with HindsightRelabeler(relabel_config(cache_path=path), llm=llm, encoder=encoder) as rl:
         rl.relabel([wtp()])
     assert path.is_file()
-    rl2 = HindsightRelabeler(backend=llm, encoder=encoder, cache_path=path)
+    rl2 = HindsightRelabeler(relabel_config(cache_path=path), llm=llm, encoder=encoder)
     assert rl2.relabel([wtp()])[0].cache_hit and llm.calls == 1
     path.write_text("{ corrupt")
-    rl3 = HindsightRelabeler(backend=llm, encoder=encoder, cache_path=path)
+    rl3 = HindsightRelabeler(relabel_config(cache_path=path), llm=llm, encoder=encoder)
     assert rl3.cache.load_error and len(rl3.cache) == 0
 
 
@@ -130,8 +131,8 @@ def test_a_cache_that_cannot_be_saved_is_counted_and_warned_once_not_an_llm_erro
     """A real filesystem fault: the cache's folder is a file. Relabeling goes on from memory."""
     (tmp_path / "not_a_folder").write_text("")
     llm = Scripted()
-    rl = HindsightRelabeler(backend=llm, encoder=encoder, cache_path=tmp_path / "not_a_folder" / "cache.json",
-                            cache_save_every=1)
+    rl = HindsightRelabeler(relabel_config(cache_path=tmp_path / "not_a_folder" / "cache.json", cache_save_every=1),
+                            llm=llm, encoder=encoder)
     with pytest.warns(RuntimeWarning, match="could not save the relabel cache"):
         rl.relabel([wtp()])
     with warnings.catch_warnings():
@@ -145,33 +146,34 @@ def test_a_cache_that_cannot_be_saved_is_counted_and_warned_once_not_an_llm_erro
     (tmp_path / "not_a_folder").mkdir()
     rl.save_cache()
     assert (tmp_path / "not_a_folder" / "cache.json").is_file() and rl.cache.dirty == 0
-    assert HindsightRelabeler(backend=llm, encoder=encoder, cache_path=tmp_path / "not_a_folder" / "cache.json").relabel(
+    assert HindsightRelabeler(relabel_config(cache_path=tmp_path / "not_a_folder" / "cache.json"), llm=llm,
+                              encoder=encoder).relabel(
         [wtp()])[0].cache_hit
 
 
 def test_idle_trajectories_skip_the_llm(encoder):
     llm = Scripted()
-    rl = HindsightRelabeler(backend=llm, encoder=encoder)
+    rl = HindsightRelabeler(relabel_config(), llm=llm, encoder=encoder)
     (res,) = rl.relabel([make_trajectory([], 64)])
     assert llm.calls == 0 and res.candidates == [] and rl.stats()["skipped_idle"] == 1
 
 
 def test_fallback_to_rules_when_backend_raises(encoder):
     """Fault injection: the backend raises on every call."""
-    rl = HindsightRelabeler(backend=Raising(), use_rules=False, encoder=encoder)
+    rl = HindsightRelabeler(relabel_config(use_rules=False), llm=Raising(), encoder=encoder)
     (res,) = rl.relabel([wtp()])
     assert res.fallback == "rules" and "LLM server exploded" in res.error
     assert res.instructions[:3] == ["collect wood", "place table", "make wood pickaxe"]
     s = rl.stats()
     assert s["errors"] == 1 and s["fallbacks"] == 1 and s["errors_by_type"] == {"ConnectionError": 1}
-    none = HindsightRelabeler(backend=Raising(), use_rules=False, fallback="none", encoder=encoder)
+    none = HindsightRelabeler(relabel_config(use_rules=False, fallback="none"), llm=Raising(), encoder=encoder)
     assert none.relabel([wtp()])[0].candidates == []
     assert len(none.cache) == 0  # failures are not cached
 
 
 def test_llm_timeout_falls_back(encoder):
     """Fault injection: a backend that takes longer than ``llm_timeout``."""
-    rl = HindsightRelabeler(backend=Scripted(delay=3.0), encoder=encoder, llm_timeout=0.3)
+    rl = HindsightRelabeler(relabel_config(llm_timeout=0.3), llm=Scripted(delay=3.0), encoder=encoder)
     t0 = time.perf_counter()
     (res,) = rl.relabel([wtp()])
     assert time.perf_counter() - t0 < 2.0
@@ -191,7 +193,7 @@ def test_internal_error_does_not_raise():
         def encode(self, texts):
             raise MemoryError("no memory for embeddings")
 
-    rl = HindsightRelabeler(backend="rules", encoder=BrokenEncoder())
+    rl = HindsightRelabeler(relabel_config("rules"), encoder=BrokenEncoder())
     with pytest.warns(RuntimeWarning, match="relabeling failed"):
         (res,) = rl.relabel([wtp()])
     assert res.candidates == [] and "MemoryError" in res.error
@@ -209,7 +211,7 @@ def test_async_submit_collect(encoder):
             return super().generate(prompts, n, schema=schema)
 
     llm = Gated()
-    rl = HindsightRelabeler(backend=llm, encoder=encoder)
+    rl = HindsightRelabeler(relabel_config(), llm=llm, encoder=encoder)
     ids1 = rl.submit([wtp(), make_trajectory([(3, "collect_drink")], 64)])
     ids2 = rl.submit([wtp(seed=5)])
     assert rl.collect() == [] and rl.pending == 3  # returns at once while the LLM is busy
@@ -227,7 +229,7 @@ def test_async_submit_collect(encoder):
 
 def test_async_fault_injection_keeps_worker_alive(encoder):
     """Fault injection: the backend raises inside the background worker."""
-    rl = HindsightRelabeler(backend=Raising(), encoder=encoder)
+    rl = HindsightRelabeler(relabel_config(), llm=Raising(), encoder=encoder)
     rl.submit([wtp()])
     rl.submit([wtp(seed=2)])
     out = rl.collect(block=True, timeout=20)
@@ -239,7 +241,7 @@ def test_async_fault_injection_keeps_worker_alive(encoder):
 @pytest.mark.parametrize("policy", ["rules", "skip", "replace"])
 def test_async_overflow_policy(policy, encoder):
     llm = Scripted(delay=0.5)
-    rl = HindsightRelabeler(backend=llm, encoder=encoder, queue_size=1, on_full=policy, cache_size=0)
+    rl = HindsightRelabeler(relabel_config(queue_size=1, on_full=policy, cache_size=0), llm=llm, encoder=encoder)
     ids = [rl.submit([wtp(seed=i)])[0] for i in range(5)]
     out = rl.collect(block=True, timeout=30)
     s = rl.stats()
@@ -260,7 +262,7 @@ def test_async_overflow_policy(policy, encoder):
 
 
 def test_callable_and_stats_keys(encoder):
-    rl = HindsightRelabeler(backend=Scripted(), encoder=encoder)
+    rl = HindsightRelabeler(relabel_config(), llm=Scripted(), encoder=encoder)
     assert rl.instructions([wtp()])[0][0] == "collect wood from the tree"
     res = rl([wtp()])
     assert isinstance(res[0], RelabelResult)
@@ -270,7 +272,7 @@ def test_callable_and_stats_keys(encoder):
         assert key in s
     assert s["prompt_tokens"] > 0 and s["dropped"]["forbidden_word"] >= 1
     with pytest.raises(ValueError):
-        HindsightRelabeler(backend="nope", encoder=encoder)
+        HindsightRelabeler(relabel_config("nope"), encoder=encoder)
 
 
 def test_rule_compounds_that_pay_on_their_first_event_are_dropped_as_premature(encoder):
@@ -284,7 +286,7 @@ def test_rule_compounds_that_pay_on_their_first_event_are_dropped_as_premature(e
     from oir_gym.relabel import RuleBackend
 
     # the consecutive "A then B" compounds (RuleBackend(compounds=True); prerequisite pairs included)
-    rl = HindsightRelabeler(backend="rules", k=16, encoder=encoder, keep_ungrounded=False,
+    rl = HindsightRelabeler(relabel_config("rules", k=16, keep_ungrounded=False), encoder=encoder,
                             rules=RuleBackend(compounds=True))
     script = [(5, "collect_stone"), (9, "make_stone_pickaxe"), (14, "place_stone"), (20, "make_stone_pickaxe")]
     (res,) = rl.relabel([make_trajectory(script, 64)])
@@ -313,11 +315,12 @@ def test_bound_grounding_binds_free_wording_to_its_events(encoder):
     from oir_gym.grounding import Binding, paid_steps
 
     wood, table = EVENT_NAMES.index("collect_wood"), EVENT_NAMES.index("place_table")
-    cosine = HindsightRelabeler(backend=Scripted(OWN_WORDS), k=10, encoder=encoder, use_rules=False)
+    cosine = HindsightRelabeler(relabel_config(k=10, use_rules=False), llm=Scripted(OWN_WORDS), encoder=encoder)
     (res_cos,) = cosine.relabel([wtp()])
     assert res_cos.grounded == []  # own wordings never reach delta 0.9 against the captions
 
-    rl = HindsightRelabeler(backend=Scripted(OWN_WORDS), k=10, encoder=encoder, use_rules=False, grounding="bound")
+    rl = HindsightRelabeler(relabel_config(k=10, use_rules=False, grounding="bound"), llm=Scripted(OWN_WORDS),
+                            encoder=encoder)
     traj = wtp()
     (res,) = rl.relabel([traj])
     c = by_text(res)
@@ -341,7 +344,8 @@ def test_bound_grounding_binds_rule_instructions_exactly(encoder):
 
     from oir_gym.relabel import RuleBackend
 
-    rl = HindsightRelabeler(backend="rules", k=20, encoder=encoder, grounding="bound", rules=RuleBackend(compounds=True))
+    rl = HindsightRelabeler(relabel_config("rules", k=20, grounding="bound"), encoder=encoder,
+                            rules=RuleBackend(compounds=True))
     (res,) = rl.relabel([wtp()])
     c = by_text(res)
     assert c["collect wood"].binding.final == EVENT_NAMES.index("collect_wood")
@@ -349,4 +353,4 @@ def test_bound_grounding_binds_rule_instructions_exactly(encoder):
     assert (compound.pre, compound.final, compound.step) == (
         EVENT_NAMES.index("collect_wood"), EVENT_NAMES.index("place_table"), 12)
     with pytest.raises(ValueError, match="grounding"):
-        HindsightRelabeler(backend="rules", grounding="semantic")
+        HindsightRelabeler(relabel_config("rules", grounding="semantic"))

@@ -21,6 +21,7 @@ from oir_gym.relabel import (
 from oir_gym.relabel.backends import backend_kwargs
 from oir_gym.relabel.llm.child import ChildProcessBackend
 from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory
+from relabel_config import relabel_config
 
 pytestmark = pytest.mark.llm
 
@@ -94,7 +95,7 @@ def test_backend_kwargs_for_transformers():
 # ------------------------------------------------------------------------------ real model
 def test_relabeler_gets_llm_candidates_for_a_real_trajectory(tf_backend, encoder):
     rec = RecordingWithTokenizer(tf_backend)
-    rl = HindsightRelabeler(backend=rec, k=4, encoder=encoder)
+    rl = HindsightRelabeler(relabel_config(k=4), llm=rec, encoder=encoder)
     (res,) = rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 128)])
     _check_answer(rec.raw[0][0], 4)
     assert res.error is None and any(c.source == "llm" for c in res.candidates), (rec.raw, res)
@@ -127,7 +128,7 @@ def test_a_call_is_reproducible_from_its_seed(tf_backend):
 
 @pytest.mark.slow
 def test_relabeler_by_name_and_paper_template(encoder, gguf_path):  # noqa: F811
-    rl = HindsightRelabeler(backend="transformers", k=4, encoder=encoder, cache_size=0, use_rules=False)
+    rl = HindsightRelabeler(relabel_config("transformers", k=4, cache_size=0, use_rules=False), encoder=encoder)
     # by name, the in-process native LLM runs in a child process (its crash cannot end training)
     assert isinstance(rl.backend.llm, ChildProcessBackend) and rl.backend.llm.spec.name == "transformers"
     (res,) = rl.relabel([make_trajectory(DRINK_EAT_SLEEP, 128)])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from oir_gym.relabel import HindsightRelabeler
+from relabel_config import relabel_config
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -28,7 +29,7 @@ from oir_gym.relabel import HindsightRelabeler
 ])
 def test_bad_values_are_refused_with_the_value_and_the_range(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        HindsightRelabeler("rules", **kwargs)
+        HindsightRelabeler(relabel_config("rules", **kwargs))
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -36,12 +37,12 @@ def test_bad_values_are_refused_with_the_value_and_the_range(kwargs, match):
     dict(dedup_threshold=1.0), dict(llm_timeout=None), dict(llm_timeout=2),
 ])
 def test_values_inside_the_ranges_are_accepted(kwargs):
-    rl = HindsightRelabeler("rules", **kwargs)
+    rl = HindsightRelabeler(relabel_config("rules", **kwargs))
     rl.close()
 
 
 def test_public_encode_matches_the_encoder(encoder):
-    rl = HindsightRelabeler("rules", encoder=encoder)
+    rl = HindsightRelabeler(relabel_config("rules"), encoder=encoder)
     try:
         v = rl.encode(["collect wood", "place table"])
         assert v.shape == (2, encoder.dim) and v.dtype == np.float32
@@ -58,21 +59,12 @@ def test_the_config_form_validates_once_and_names_the_field():
     cfg.grounding.delta = 1.5
     with pytest.raises(ValueError, match=r"delta=1.5 .*grounding\.delta"):
         HindsightRelabeler(cfg)
-    cfg = RelabelerConfig()
-    cfg.llm.backend = "rules"
-    with pytest.raises(TypeError, match="set them on the config"):
+    with pytest.raises(TypeError, match="k"):
         HindsightRelabeler(cfg, k=4)
 
 
-def test_the_keyword_form_is_deprecated_but_builds_the_same_relabeler():
-    from oir_gym.relabel import RelabelerConfig
-
-    with pytest.warns(DeprecationWarning, match="RelabelerConfig"):
-        old = HindsightRelabeler("rules", k=3, delta=0.8, grounding="bound", cache_size=0)
-    new = HindsightRelabeler.rules(k=3, delta=0.8, grounding="bound")
-    assert old.config == new.config and isinstance(new.config, RelabelerConfig)
-    assert (new.k, new.delta, new.grounding, new.cache.capacity, new.backend.llm) == (3, 0.8, "bound", 0, None)
+def test_the_keyword_form_is_refused_with_what_replaces_it():
+    with pytest.raises(TypeError, match=r"config='rules' must be a RelabelerConfig \(or use HindsightRelabeler.rules"):
+        HindsightRelabeler("rules")
     with pytest.raises(TypeError, match="unexpected setting 'cache_size'"):
         HindsightRelabeler.rules(k=3, cache_size=5)
-    old.close()
-    new.close()

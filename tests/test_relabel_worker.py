@@ -32,6 +32,7 @@ from oir_gym.relabel.llm.health import LLMHealth
 from oir_gym.relabel.llm.build import build_llm
 from agents.pqn.ellm_proposer import GoalProposer, rule_goals
 from conftest_llm import gguf_path  # noqa: F401 - pytest fixture (skips without the offline model)
+from relabel_config import relabel_config
 
 SEGMENTS = "llm_child_backends:SegmentsBackend"
 FAST = ChildConfig(backoff=0.05, max_backoff=0.2, grace=2.0)
@@ -190,9 +191,9 @@ def test_a_script_without_a_main_guard_runs_once_and_exits_with_a_hung_child(tmp
 # ------------------------------------------------------------------------------------- the relabeler
 def test_async_relabeling_survives_a_sigkilled_child(encoder):
     """Done-when (a): every batch completes; stats show the death, the restart and the rules."""
-    rl = HindsightRelabeler(SEGMENTS, backend_kwargs={"delay": 0.3}, use_rules=False, encoder=encoder,
-                            cache_size=0, on_full="block", queue_size=32,
-                            child_config=ChildConfig(backoff=0.3, grace=2.0))
+    rl = HindsightRelabeler(relabel_config(SEGMENTS, backend_kwargs={"delay": 0.3}, use_rules=False, cache_size=0,
+                                           on_full="block", queue_size=32,
+                                           child_config=ChildConfig(backoff=0.3, grace=2.0)), encoder=encoder)
     ids = []
     for i in range(4):
         ids += rl.submit([traj(i)])
@@ -219,8 +220,9 @@ def test_async_relabeling_survives_a_sigkilled_child(encoder):
 
 def test_sigill_at_start_relabels_with_rules_and_says_why_once(encoder, capsys):
     """Done-when (b): the child dies with SIGILL at once; complete results on rules, one message."""
-    rl = HindsightRelabeler("llm_child_backends:SigillAtStart", use_rules=False, encoder=encoder, cache_size=0,
-                            on_full="block", child_config=ChildConfig(backoff=0.05, max_backoff=0.1))
+    rl = HindsightRelabeler(relabel_config("llm_child_backends:SigillAtStart", use_rules=False, cache_size=0,
+                                           on_full="block", child_config=ChildConfig(backoff=0.05, max_backoff=0.1)),
+                            encoder=encoder)
     ids = []
     for i in range(6):
         ids += rl.submit([traj(i, seed=i)])
@@ -239,7 +241,8 @@ def test_sigill_at_start_relabels_with_rules_and_says_why_once(encoder, capsys):
 
 def test_a_hung_child_is_abandoned_and_relabel_answers_with_rules(encoder):
     """Done-when (c): the call returns after the deadline with rule instructions."""
-    rl = HindsightRelabeler("llm_child_backends:HangsInGenerate", use_rules=False, encoder=encoder, llm_timeout=1.0)
+    rl = HindsightRelabeler(relabel_config("llm_child_backends:HangsInGenerate", use_rules=False, llm_timeout=1.0),
+                            encoder=encoder)
     t0 = time.monotonic()
     (res,) = rl.relabel([traj()])
     assert time.monotonic() - t0 < 30  # the child sleeps for an hour
@@ -253,8 +256,8 @@ def test_close_kills_a_child_that_stopped_answering_without_dying(encoder):
     with an hour's deadline and the next batch waits in the trainer's full queue (one slot, newer
     rollouts replace older ones). close() returns within its bound and the child is gone."""
     grace = 1.0
-    rl = HindsightRelabeler(SEGMENTS, use_rules=False, encoder=encoder, cache_size=0, on_full="replace",
-                            queue_size=1, child_config=ChildConfig(timeout=3600, grace=grace))
+    rl = HindsightRelabeler(relabel_config(SEGMENTS, use_rules=False, cache_size=0, on_full="replace", queue_size=1,
+                                           child_config=ChildConfig(timeout=3600, grace=grace)), encoder=encoder)
     pid = None
     try:
         for i in range(3):
@@ -285,7 +288,7 @@ def test_garbage_answers_count_as_errors_fall_back_to_rules_and_warn_once(encode
         def generate(self, prompts, n=1, *, schema=None):
             return [["I like trains."] * n for _ in prompts]
 
-    rl = HindsightRelabeler(Babbler(), use_rules=False, encoder=encoder, cache_size=0, warn_after=3)
+    rl = HindsightRelabeler(relabel_config(use_rules=False, cache_size=0, warn_after=3), llm=Babbler(), encoder=encoder)
     results = [rl.relabel([traj(i)])[0] for i in range(5)]
     assert all(r.fallback == "rules" and r.error.startswith("UnusableAnswer") for r in results)
     s = rl.stats()
@@ -304,7 +307,8 @@ def test_a_model_that_fails_most_prompts_is_warned_about_once_and_its_errors_are
             good = json.dumps({"Mid-Level": ["collect wood"], "High-Level": []})
             return [[good if i == 0 else "I like trains."] * n for i in range(len(prompts))]
 
-    rl = HindsightRelabeler(MostlyBabbler(), use_rules=False, encoder=encoder, cache_size=0, warn_after=3)
+    rl = HindsightRelabeler(relabel_config(use_rules=False, cache_size=0, warn_after=3), llm=MostlyBabbler(),
+                            encoder=encoder)
     scripts = [[(5, "collect_wood")], [(5, "collect_sapling")], [(5, "collect_drink")]]  # 3 distinct prompts
     for call in range(4):  # 4 calls of 3 prompts: each call has a good answer, so none is an outage
         rl.relabel([make_trajectory(sc, 32, seed=call) for sc in scripts])
@@ -359,10 +363,10 @@ def test_health_warns_once_per_outage_and_again_after_a_recovery():
 # ------------------------------------------------------------------------------------- bad input
 def test_wrong_backend_names_fail_at_construction(encoder):
     with pytest.raises(ValueError, match="unknown backend 'lama_cpp'"):
-        HindsightRelabeler("lama_cpp", encoder=encoder)
+        HindsightRelabeler(relabel_config("lama_cpp"), encoder=encoder)
     with pytest.raises(ValueError, match="no module 'no_such_module'"):
-        HindsightRelabeler("no_such_module:Backend", encoder=encoder)
-    rl = HindsightRelabeler("llm_child_backends:NoSuchClass", encoder=encoder)
+        HindsightRelabeler(relabel_config("no_such_module:Backend"), encoder=encoder)
+    rl = HindsightRelabeler(relabel_config("llm_child_backends:NoSuchClass"), encoder=encoder)
     with pytest.raises(LLMCheckError, match="cannot import 'NoSuchClass'"):
         rl.check_llm()
     rl.close()
@@ -370,7 +374,8 @@ def test_wrong_backend_names_fail_at_construction(encoder):
 
 def test_missing_or_broken_model_file_is_one_clear_line(encoder, tmp_path):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed")
-    rl = HindsightRelabeler("llama_cpp", encoder=encoder, backend_kwargs={"model_path": str(tmp_path / "none.gguf")})
+    rl = HindsightRelabeler(relabel_config("llama_cpp", backend_kwargs={"model_path": str(tmp_path / "none.gguf")}),
+                            encoder=encoder)
     with pytest.raises(LLMCheckError) as err:
         rl.check_llm()
     msg = str(err.value)
@@ -378,7 +383,7 @@ def test_missing_or_broken_model_file_is_one_clear_line(encoder, tmp_path):
     rl.close()
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + os.urandom(4096))
-    rl = HindsightRelabeler("llama_cpp", encoder=encoder, backend_kwargs={"model_path": str(broken)})
+    rl = HindsightRelabeler(relabel_config("llama_cpp", backend_kwargs={"model_path": str(broken)}), encoder=encoder)
     with pytest.raises(LLMCheckError, match="(?s)broken.gguf.*Fix:"):
         rl.check_llm()
     rl.close()
@@ -386,7 +391,8 @@ def test_missing_or_broken_model_file_is_one_clear_line(encoder, tmp_path):
 
 def test_unreachable_server_and_a_server_that_is_not_an_llm(encoder, tmp_path):
     url = f"http://127.0.0.1:{free_port()}/v1"
-    rl = HindsightRelabeler("openai", encoder=encoder, backend_kwargs={"base_url": url, "max_retries": 0})
+    rl = HindsightRelabeler(relabel_config("openai", backend_kwargs={"base_url": url, "max_retries": 0}),
+                            encoder=encoder)
     with pytest.raises(LLMCheckError, match="cannot connect.*Fix: start the LLM server"):
         rl.check_llm()
     # a real web server that is no LLM server: a static file server
@@ -395,7 +401,8 @@ def test_unreachable_server_and_a_server_that_is_not_an_llm(encoder, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        rl = HindsightRelabeler("openai", encoder=encoder, backend_kwargs={"base_url": url, "max_retries": 0})
+        rl = HindsightRelabeler(relabel_config("openai", backend_kwargs={"base_url": url, "max_retries": 0}),
+                                encoder=encoder)
         with pytest.raises(LLMCheckError, match="HTTP 404.*an OpenAI-compatible LLM server") as err:
             rl.check_llm()
         assert "\n" not in str(err.value)  # the server's HTML page, flattened

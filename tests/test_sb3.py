@@ -28,6 +28,7 @@ from oir_gym.sb3 import (  # noqa: E402
     HindsightRelabelCallback, RelabelConfig, RelabelReplayBuffer, SB3VecEnv, find_instruction_env,
 )
 from oir_gym.vector_env import InstructionCraftax  # noqa: E402
+from relabel_config import relabel_config
 
 N_ENVS = 4
 HORIZON = 40
@@ -55,7 +56,7 @@ def venv(cenv):
 
 @pytest.fixture(scope="module")
 def rules():
-    r = HindsightRelabeler(backend="rules", k=4, cache_size=0)
+    r = HindsightRelabeler(relabel_config("rules", k=4, cache_size=0))
     yield r
     r.close()
 
@@ -436,7 +437,7 @@ def test_callback_in_bound_mode_pays_at_the_bound_step_and_binds_buffer_instruct
     from oir_gym.captions import NUM_EVENTS
     from oir_gym.grounding import indicator_row
 
-    bound = HindsightRelabeler(backend="rules", k=4, cache_size=0, grounding="bound", encoder=venv.env.encoder)
+    bound = HindsightRelabeler(relabel_config("rules", k=4, cache_size=0, grounding="bound"), encoder=venv.env.encoder)
     model = DQN("MultiInputPolicy", venv, seed=0, learning_starts=10**9, buffer_size=20_000, verbose=0,
                 replay_buffer_class=RelabelReplayBuffer, replay_buffer_kwargs=dict(keep_history=True))
     cb = HindsightRelabelCallback(bound, asynchronous=False, segment_length=32, keep_history=True)

@@ -1,30 +1,12 @@
 """``BackgroundRelabeler``: the one meaning of "LLM + rules" (``both``) for every trainer.
 
-The rules answer at once; the LLM's answers join when they arrive:
-
-* :meth:`BackgroundRelabeler.submit` relabels the batch with the rule relabeler right away (or,
-  with ``rules_lag=1``, on a side thread whose results come with the next ``submit``) and queues
-  the trajectories the LLM should read (``ask``; default all of them) on the LLM relabeler's
-  background worker.
-* :meth:`BackgroundRelabeler.collect` hands back the rules' results, then the LLM's results that
-  have arrived (of this or earlier batches). An LLM candidate whose text the rules already gave
-  for the same trajectory is dropped (it would be a second copy of the same relabeled row),
-  counted as ``llm_repeats_rules`` (with ``rules_lag=1``, only once the rules' results of its
-  batch have come back: an LLM answer that comes first is kept whole).
-
-**Queue policy when full.** The LLM relabeler's queue holds ``queue_size`` batches (default 1).
-When the LLM is still busy and the queue is full, the *oldest* queued batch is dropped and the
-new one queued (``on_full="replace"`` of :meth:`HindsightRelabeler.submit
-<oir_gym.relabel.relabeler.HindsightRelabeler.submit>`, counted as ``overflow_replaced``): the LLM
-always reads the freshest rollouts, and answers that would come too late to train on are never
-asked for. The rules have already answered for a dropped batch, so no trajectory goes without
-instructions.
-
-:meth:`close` is bounded like :meth:`HindsightRelabeler.close`: a rule relabeling in flight
-finishes, then the LLM relabeler gets ``timeout`` seconds for its queue and is stopped.
-
-Either half may be absent: ``BackgroundRelabeler(rules)`` is a rule relabeler (with the same lag
-option), ``BackgroundRelabeler(None, llm)`` the LLM alone (its own fallback rules aside).
+:meth:`BackgroundRelabeler.submit` relabels the batch with the rules at once (or, with
+``rules_lag=1``, on a side thread whose results come with the next ``submit``) and queues ``ask``
+on the LLM relabeler's worker; :meth:`BackgroundRelabeler.collect` hands back the rules' results,
+then the LLM's that have arrived, without LLM candidates the rules already gave for the same
+trajectory (``llm_repeats_rules``). With the LLM queue full, the oldest queued batch is dropped
+(``on_full="replace"``): the LLM always reads the freshest rollouts, and the rules have answered
+for the dropped one. Either half may be ``None``.
 """
 
 from __future__ import annotations
@@ -36,17 +18,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional, Sequence
 
 from oir_gym.relabel.jobs import CLOSE_TIMEOUT
-from oir_gym.relabel.results import RelabelResult
+from oir_gym.relabel.results import Closing, RelabelResult
 from oir_gym.trajectory import Trajectory
 from oir_gym.validation import ArgumentTypeError, check_bool, check_instance, check_int, check_real, show
 
-#: Trajectories whose rule texts are remembered until their LLM answer arrives (oldest forgotten
-#: first; an LLM batch dropped from the queue never answers).
+#: Trajectories whose rule texts are remembered until their LLM answer arrives (oldest forgotten first).
 REMEMBERED = 4096
 
 
 def _trajectories(name: str, value: Any) -> list[Trajectory]:
-    """``value`` as a list of :class:`Trajectory` (a list, tuple or other iterable of them)."""
+    """``value`` as a list of :class:`Trajectory`."""
     if isinstance(value, (Trajectory, str, bytes)) or not hasattr(value, "__iter__"):
         raise ArgumentTypeError(f"{name}={show(value)} must be a list of Trajectory, got {type(value).__name__}")
     out = list(value)
@@ -55,23 +36,18 @@ def _trajectories(name: str, value: Any) -> list[Trajectory]:
     return out
 
 
-class BackgroundRelabeler:
+class BackgroundRelabeler(Closing):
     """Rules now, the LLM's answers when they arrive (see the module docstring).
 
     Args:
-        rules: a synchronous relabeler (``relabel(list[Trajectory])``: a rule
-            :class:`~oir_gym.relabel.HindsightRelabeler` or a
+        rules: a synchronous relabeler (a rule :class:`~oir_gym.relabel.HindsightRelabeler` or a
             :class:`~oir_gym.relabel.parallel.ParallelRelabeler`), or ``None``.
-        llm: an LLM :class:`~oir_gym.relabel.HindsightRelabeler` used through its background queue
-            (``submit``/``collect``; build it with ``selection.use_rules=False`` and
-            ``llm.on_full="replace"``), or ``None``.
-        rules_lag: 0: the rules relabel in :meth:`submit`; 1: on a side thread, their results
-            arriving with the next :meth:`submit` (the trainer does not wait for them).
+        llm: an LLM :class:`~oir_gym.relabel.HindsightRelabeler` used through ``submit``/``collect``
+            (``selection.use_rules=False``, ``llm.on_full="replace"``), or ``None``.
+        rules_lag: 0: the rules relabel in :meth:`submit`; 1: on a side thread, results with the next one.
 
-    Both relabelers belong to this object: :meth:`close` closes them. Give them one
-    :class:`~oir_gym.relabel.encoding.SharedEncoder` (``HindsightRelabeler(..., encoder=shared)``)
-    when they share an encoder: the rules (in the caller's thread) and the LLM's worker then never
-    encode at the same time.
+    :meth:`close` closes both. Give them one :class:`~oir_gym.relabel.encoding.SharedEncoder` when
+    they share an encoder, so they never encode at the same time.
     """
 
     def __init__(self, rules: Any = None, llm: Any = None, *, rules_lag: int = 0) -> None:
@@ -92,10 +68,8 @@ class BackgroundRelabeler:
         self._counts = {"rules_results": 0, "llm_results": 0, "llm_repeats_rules": 0}
         self._closed = False
 
-    # ------------------------------------------------------------------ relabeling
     def submit(self, trajectories: Sequence[Trajectory], *, ask: Optional[Sequence[Trajectory]] = None) -> None:
-        """Relabel ``trajectories`` with the rules (now, or lagged) and queue ``ask`` (default:
-        ``trajectories``) for the LLM. Never waits for the LLM."""
+        """Relabel ``trajectories`` with the rules and queue ``ask`` (default: all) for the LLM; never waits for it."""
         if self._closed:
             raise RuntimeError("relabeler is closed")
         trajs = _trajectories("trajectories", trajectories)
@@ -113,8 +87,7 @@ class BackgroundRelabeler:
                 self.llm.submit(asked)
 
     def collect(self, block: bool = False, timeout: Optional[float] = None) -> list[RelabelResult]:
-        """The rules' results so far, then the LLM's arrived results (``block``: wait up to
-        ``timeout`` seconds for every queued LLM batch)."""
+        """The rules' results so far, then the LLM's (``block``: wait up to ``timeout`` s for its queue)."""
         rules, llm = self.collect_by_source(block, timeout)
         return rules + llm
 
@@ -132,8 +105,7 @@ class BackgroundRelabeler:
         return rules, llm
 
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
-        """:meth:`submit` then :meth:`collect` (not blocking): the rules' results for this batch
-        (the previous one with ``rules_lag=1``) and whatever the LLM has answered so far."""
+        """:meth:`submit` then :meth:`collect` (not blocking)."""
         self.submit(trajectories)
         return self.collect()
 
@@ -150,7 +122,6 @@ class BackgroundRelabeler:
                     self._rule_texts.popitem(last=False)
 
     def _without_repeats(self, result: RelabelResult) -> RelabelResult:
-        """``result`` without the LLM candidates whose text the rules gave for its trajectory."""
         with self._lock:
             entry = self._rule_texts.pop(id(result.trajectory), None)
         seen = entry[1] if entry is not None and entry[0]() is result.trajectory else None
@@ -163,7 +134,6 @@ class BackgroundRelabeler:
             result.candidates = kept
         return result
 
-    # ------------------------------------------------------------------ what the trainers read
     @property
     def pending(self) -> int:
         """LLM trajectories queued or in flight."""
@@ -171,12 +141,11 @@ class BackgroundRelabeler:
 
     @property
     def encoder(self) -> Any:
-        """The sentence encoder of the LLM relabeler (the rule relabeler's without an LLM)."""
+        """The LLM relabeler's sentence encoder (the rule relabeler's without an LLM)."""
         return getattr(self.llm if self.llm is not None else self.rules, "encoder", None)
 
     def encode(self, texts: Sequence[str]) -> Any:
-        """``[n, dim]`` embeddings of ``texts``, serialised with the relabelers' background work
-        (:meth:`HindsightRelabeler.encode <oir_gym.relabel.relabeler.HindsightRelabeler.encode>`)."""
+        """``[n, dim]`` embeddings of ``texts``, serialised with the relabelers' background work."""
         return (self.llm if self.llm is not None else self.rules).encode(texts)
 
     @property
@@ -185,9 +154,7 @@ class BackgroundRelabeler:
         return getattr(self.llm if self.llm is not None else self.rules, "backend", None)
 
     def stats(self) -> dict[str, Any]:
-        """The LLM relabeler's counters (:data:`oir_gym.relabel.stats.STAT_KEYS`; the rule
-        relabeler's without an LLM), plus ``rules_results``, ``llm_results`` (results handed back by
-        each half) and ``llm_repeats_rules`` (LLM candidates dropped as repeats of a rule text)."""
+        """The LLM (else rule) relabeler's counters plus ``rules_results``, ``llm_results``, ``llm_repeats_rules``."""
         base = self.llm if self.llm is not None else self.rules
         out = dict(base.stats()) if hasattr(base, "stats") else {}
         with self._lock:
@@ -195,13 +162,11 @@ class BackgroundRelabeler:
         return out
 
     def check_llm(self, timeout: Optional[float] = None) -> Optional[str]:
-        """The LLM relabeler's start-up call (``None`` without an LLM); see
-        :meth:`HindsightRelabeler.check_llm <oir_gym.relabel.relabeler.HindsightRelabeler.check_llm>`."""
+        """The LLM relabeler's :meth:`~oir_gym.relabel.HindsightRelabeler.check_llm` (``None`` without an LLM)."""
         return None if self.llm is None else self.llm.check_llm(timeout)
 
     def close(self, timeout: Optional[float] = CLOSE_TIMEOUT) -> None:
-        """Let a lagged rule relabeling finish, close the LLM relabeler (bounded by ``timeout`` as
-        :meth:`HindsightRelabeler.close` is), close the rule relabeler. Idempotent."""
+        """Let a lagged rule relabeling finish, close the LLM relabeler (within ``timeout``), then the rules. Idempotent."""
         check_real("timeout", timeout, low=0, none_ok=True)
         if self._closed:
             return
@@ -212,12 +177,6 @@ class BackgroundRelabeler:
             self.llm.close(timeout)
         if self.rules is not None and hasattr(self.rules, "close"):
             self.rules.close()
-
-    def __enter__(self) -> "BackgroundRelabeler":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"BackgroundRelabeler(rules={self.rules!r}, llm={self.llm!r}, rules_lag={self.rules_lag})"

@@ -10,10 +10,7 @@
     relabeler = HindsightRelabeler(cfg)            # validates cfg first
     rules_only = HindsightRelabeler.rules(k=4)     # no LLM
 
-The parts follow the pipeline (:mod:`oir_gym.relabel.pipeline`): :class:`PromptSettings` (what is
-sent), :class:`LLMSettings` (who answers, how long it may take, what happens when it fails),
-:class:`CacheSettings` (answers reused across batches), :class:`GroundingSettings` (where a
-candidate is paid) and :class:`SelectionSettings` (which candidates are kept).
+The parts follow the pipeline (:mod:`oir_gym.relabel.pipeline`).
 """
 
 from __future__ import annotations
@@ -47,91 +44,79 @@ FALLBACKS = ("rules", "none")
 
 @dataclass
 class PromptSettings:
-    """What is sent to the LLM."""
+    """What is sent to the LLM.
+
+    ``template``: ``"segments"`` (default), ``"paper"`` (Appendix C), a template file or a
+    :class:`~oir_gym.relabel.prompts.PromptTemplate`; ``max_prompt_tokens``: one prompt's budget (a
+    longer ``segments`` prompt is compacted; ``None``: never); ``skip_idle``: do not ask about
+    trajectories where nothing but moving/waiting happened.
+    """
 
     template: Union[str, PromptTemplate] = "segments"
-    """``"segments"`` (compressed, default) or ``"paper"`` (Appendix C, per-timestep), a path to a
-    template file, or a :class:`~oir_gym.relabel.prompts.PromptTemplate`."""
     max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS
-    """Token budget of one prompt, template included (the backend's tokenizer where it has one,
-    else approximate): a longer ``segments`` prompt is compacted. ``None``: never compact."""
     skip_idle: bool = True
-    """Do not ask the LLM about trajectories where nothing but moving/waiting happened."""
 
 
 @dataclass
 class LLMSettings:
-    """Who answers, within which deadline, and what happens when it cannot."""
+    """Who answers, within which deadline, and what happens when it cannot.
+
+    ``backend``: ``"transformers"`` (the offline Gemma 3 270M), ``"llama_cpp"``, ``"openai"``,
+    ``"vllm"``, ``"package.module:ClassName"``, a :class:`~oir_gym.relabel.llm.spec.BackendSpec`, or
+    ``"rules"`` / ``None`` (no LLM); a backend object goes to ``HindsightRelabeler(..., llm=)``.
+    ``backend_kwargs``: its constructor arguments. ``isolate``: run it in a child process (default:
+    all but ``openai``), with ``child_config``. ``timeout``: seconds one batched call may take.
+    ``samples``: completions per prompt. ``fallback``: ``"rules"`` answer when the LLM fails, or
+    ``"none"``. ``warn_after``: failed calls in a row before the one console warning.
+    ``queue_size``: pending batches of ``submit`` before ``on_full`` (``"rules"``, ``"skip"``,
+    ``"replace"``, ``"block"``) applies.
+    """
 
     backend: Union[str, BackendSpec, None] = "transformers"
-    """A backend name (``"transformers"``: the offline Gemma 3 270M; ``"llama_cpp"``,
-    ``"openai"``, ``"vllm"``), ``"package.module:ClassName"``, a
-    :class:`~oir_gym.relabel.llm.spec.BackendSpec`, or ``"rules"`` / ``None`` (no LLM). A backend
-    object is passed to :class:`HindsightRelabeler` as ``llm=`` instead."""
     backend_kwargs: Optional[dict] = None
-    """Constructor arguments of a named backend (model, server URL...)."""
     isolate: Optional[bool] = None
-    """Run a named backend in a child process (default: every backend but ``openai``)."""
     child_config: Optional[ChildConfig] = None
-    """The child's deadlines and restart backoff (default: from ``timeout`` when set)."""
     timeout: Optional[float] = None
-    """Seconds one batched LLM call may take (``None``: the backend's own limit). For a child
-    process it is the child's deadline (the child is killed past it and restarts); otherwise the
-    call is abandoned on its thread."""
     samples: int = 1
-    """Completions per prompt."""
     fallback: str = "rules"
-    """``"rules"``: rule instructions answer when the LLM fails; ``"none"``: nothing does."""
     warn_after: int = 3
-    """Failed LLM calls in a row before the one console warning of an outage."""
     queue_size: int = 8
-    """Pending batches of :meth:`HindsightRelabeler.submit` before ``on_full`` applies."""
     on_full: str = "rules"
-    """Full queue: ``"rules"``, ``"skip"``, ``"replace"`` or ``"block"`` (see ``submit``)."""
 
 
 @dataclass
 class CacheSettings:
-    """LLM answers reused across trajectories that behaved alike."""
+    """LLM answers reused across trajectories that behaved alike: ``size`` LRU entries (0: off),
+    ``path`` of its JSON file, ``key`` mode (:func:`~oir_gym.relabel.segments.behaviour_key`) and
+    new entries between saves (``save_every``)."""
 
     size: int = 4096
-    """LRU entries (0 disables the cache)."""
     path: Optional[Union[str, os.PathLike]] = None
-    """JSON file the cache is loaded from and saved to (``None``: memory only)."""
     key: str = "behaviour"
-    """How trajectories become keys: ``"behaviour"``, ``"events"`` (coarser) or ``"segments"``
-    (exact, with timing); see :func:`~oir_gym.relabel.segments.behaviour_key`."""
     save_every: int = 256
-    """New entries between saves to ``path``."""
 
 
 @dataclass
 class GroundingSettings:
-    """Where a candidate is paid on its trajectory (:mod:`oir_gym.grounding`)."""
+    """Where a candidate is paid (:mod:`oir_gym.grounding`): ``mode`` ``"cosine"`` (the paper's) or
+    ``"bound"``, the cosine threshold ``delta`` (strict ``>``) and ``bind_threshold`` (``"bound"``)."""
 
     mode: str = "cosine"
-    """``"cosine"`` (the paper's rule) or ``"bound"`` (event-bound)."""
     delta: float = 0.9
-    """Cosine threshold (strict ``>``), as the env's reward."""
     bind_threshold: float = 0.5
-    """Loosest similarity between a candidate and an event that binds it (``"bound"``)."""
 
 
 @dataclass
 class SelectionSettings:
-    """Which candidates a trajectory keeps."""
+    """Which candidates a trajectory keeps: up to ``k``, with rule instructions merged in
+    (``use_rules``), ungrounded ones filling up (``keep_ungrounded``), near-duplicates at cosine
+    ``dedup_threshold`` dropped, texts passed through ``candidate_filter`` (default one)."""
 
     k: int = 4
-    """Candidates kept per trajectory (the paper's K; also the answer schema's list length)."""
     use_rules: bool = True
-    """Merge rule instructions into the LLM's candidates (after them)."""
     keep_ungrounded: bool = True
-    """Fill up to ``k`` with ungrounded candidates after the grounded ones."""
     dedup_threshold: float = 0.95
-    """Cosine at or above which a later candidate is a near-duplicate of an earlier one."""
     candidate_filter: Optional[CandidateFilter] = None
-    """Text filter (forbidden words, lengths); ``None``: the default
-    :class:`~oir_gym.relabel.filters.CandidateFilter`."""
 
 
 @dataclass
@@ -145,11 +130,8 @@ class RelabelerConfig:
     selection: SelectionSettings = field(default_factory=SelectionSettings)
 
     def validate(self) -> "RelabelerConfig":
-        """Raise ``ValueError`` (``TypeError`` too, for a value of the wrong kind:
-        :class:`~oir_gym.validation.ArgumentTypeError` is both) for a value that would misbehave.
-        The message names the value by its keyword (``k=2.5``, ``cache_size=-1``...) and ends with
-        its field here (``(RelabelerConfig.selection.k)``). Values are normalised in place
-        (``k=4.0`` stays refused; ``np.float32`` thresholds become floats). Returns ``self``."""
+        """Normalise in place and return ``self``; raise ``ValueError`` / ``TypeError`` naming the value
+        (``k=2.5``) and its field (``(RelabelerConfig.selection.k)``) for one that would misbehave."""
         g, s, l, c, p = self.grounding, self.selection, self.llm, self.cache, self.prompt
         with _field("grounding.mode"):
             check_choice("grounding", g.mode, GROUNDING_MODES)
@@ -212,7 +194,6 @@ class RelabelerConfig:
 
 @contextmanager
 def _field(path: str) -> Iterator[None]:
-    """Re-raise a check's error with the field it is about appended (same exception type)."""
     try:
         yield
     except (TypeError, ValueError) as e:

@@ -1,36 +1,9 @@
-"""Oracle relabelers: rule labels read off a trajectory's true events, in seven variants.
+"""Oracle relabelers: rule labels read off a trajectory's true events, in the variants of :data:`ORACLES`.
 
-Hindsight relabeling with labels that are right by construction isolates, one at a time, what an
-LLM relabeler could add over the canonical captions (docs/relabeling.md, "Oracle relabelers";
-docs/experiments/oracle-ladder.md). Every variant names only events that happened, and each label
-carries the event(s) it is bound to, so under event-bound grounding (``grounding="bound"``) a
-relabeled copy pays exactly at its event whatever its wording:
-
-* ``canonical``: each achievement event's canonical caption ("collect wood"), in order of first
-  occurrence, then the natural pair wordings of :data:`RULE_PAIRS`
-  ("sleep and wake up"). The rule relabeler's labels, and the default.
-* ``diverse``: each achievement event named by one wording of a pool (``oir_gym/data/oracle_pool.json``,
-  at least 15 per event, none of them an evaluation string or within cosine 0.85 of one), drawn
-  per trajectory: wording diversity with nothing else changed.
-* ``mixed``: each achievement label of ``canonical`` is its canonical caption or one pool wording
-  (as ``diverse`` draws it), with probability 0.5 each, drawn per label; the pair wordings stay
-  canonical. Wording diversity on top of labels that still quote the evaluation's own strings.
-* ``progress``: canonical, plus the canonical captions of the progress events (steps of the stone
-  tier's chain that no achievement names: stone in view, facing stone with a wooden pickaxe...;
-  :mod:`oir_gym.events`), in order of first occurrence.
-* ``tasks``: canonical, plus the canonical captions of the events outside the 22 achievements that
-  the event detector reports (``task_events`` of ``oir_gym/data/oracle.json``: attacking, falling
-  asleep, searching grass...).
-* ``compound``: canonical, plus "A then B" for achievement events that happened in this order in
-  one episode where neither is a prerequisite of the other (:mod:`oir_gym.prerequisites`): never
-  "collect wood then place table".
-* ``noisy``: diverse, corrupted to the error profile measured on the packaged Gemma 3 270M
-  relabeler (``noise`` of ``oir_gym/data/oracle.json``): labels dropped (answers that bind to
-  nothing), copies of the prompt's few-shot answers, and wordings of another event bound to this one.
-
-Every variant is a pure function of the trajectory's events and a seed (:func:`oracle_labels`):
-the draws come from :func:`trajectory_rng`, keyed by the seed and the trajectory's own identity, so
-they are the same in any process, batch or order.
+Each label names only events that happened and carries the event(s) it is bound to, so under
+``grounding="bound"`` it pays exactly at its event whatever its wording. The variants are described
+in docs/relabeling.md ("Oracle relabelers"). Every variant is a pure function of the trajectory's
+events and a seed (:func:`oracle_labels`, draws from :func:`trajectory_rng`).
 """
 
 from __future__ import annotations
@@ -56,8 +29,7 @@ from oir_gym.validation import check_int, check_real, check_str
 #: The oracle variants, in the order of the ladder.
 ORACLES: tuple[str, ...] = ("canonical", "diverse", "tasks", "compound", "noisy", "mixed", "progress")
 
-#: Variants whose wordings the cosine reward cannot pay (they are chosen far from the captions'
-#: wordings): they need event-bound grounding.
+#: Variants whose wordings the cosine reward cannot pay: they need event-bound grounding.
 NEEDS_BOUND_GROUNDING: tuple[str, ...] = ("diverse", "noisy", "mixed")
 
 #: Variants that read the wording pool.
@@ -77,9 +49,7 @@ PACKAGED_POOL = "oracle_pool.json"
 
 _IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))
 _ACHIEVEMENT_EVENTS = tuple(e for e in range(len(EVENT_NAMES)) if _IS_ACHIEVEMENT[e])
-#: Ordered event pairs with a natural combined instruction ("sleep and wake up"). Each wording must
-#: pay (cosine > 0.9) on its second event and not on its first, or its reward would land before the
-#: task is done ("collect a sapling and plant it" matched collecting the sapling; tested).
+#: Ordered event pairs with a natural combined instruction; each wording pays on its second event only (tested).
 RULE_PAIRS: dict[tuple[str, str], str] = {
     ("fall_asleep", "wake_up"): "sleep and wake up",
     ("attack_cow", "eat_cow"): "kill and eat a cow",
@@ -93,13 +63,7 @@ _STREAM_DIVERSE, _STREAM_NOISE, _STREAM_COMPOUND, _STREAM_MIXED = 1, 2, 3, 4
 
 @dataclass(frozen=True)
 class Label:
-    """One oracle label: its text and the event(s) it is bound to.
-
-    Attributes:
-        text: the instruction.
-        final: event id whose occurrence completes it.
-        pre: event id that must happen earlier in the same episode, or -1.
-    """
+    """One oracle label: its text, the event completing it (``final``), an earlier one it needs (``pre``, or -1)."""
 
     text: str
     final: int
@@ -111,7 +75,6 @@ class Label:
         check_int("pre", self.pre, minimum=-1, maximum=len(EVENT_NAMES) - 1)
 
 
-# ----------------------------------------------------------------------------- the wording pool
 @dataclass(frozen=True)
 class WordingPool:
     """Wordings per achievement event (event id -> wordings) and where they came from."""
@@ -120,7 +83,6 @@ class WordingPool:
     source: str
 
     def owner(self) -> dict[str, int]:
-        """wording -> its event id."""
         return {w: e for e, ws in self.wordings.items() for w in ws}
 
     def texts(self) -> list[str]:
@@ -128,8 +90,7 @@ class WordingPool:
 
 
 def expand_grammar(spec: Mapping[str, Any]) -> list[str]:
-    """The wordings of one event's pool entry: every ``verb object modifier`` of its grammar (empty
-    parts left out) followed by its explicit ``wordings``, in order, without repeats."""
+    """One event's pool wordings: each ``verb object modifier`` of its grammar, then its ``wordings``."""
     out: list[str] = []
     if any(k in spec for k in ("verbs", "objects", "modifiers")):
         parts = [spec.get(k, [""]) or [""] for k in ("verbs", "objects", "modifiers")]
@@ -142,15 +103,8 @@ def expand_grammar(spec: Mapping[str, Any]) -> list[str]:
 def load_pool(path: Optional[str | os.PathLike] = None) -> WordingPool:
     """Read and check a wording pool file (default: the packaged ``oracle_pool.json``).
 
-    Schema: ``{"events": {achievement event name: {"verbs": [...], "objects": [...],
-    "modifiers": [...], "wordings": [...]}}}`` (:func:`expand_grammar`; any part may be left out).
-
-    Raises:
-        ValueError: naming the file and the event or wording: unreadable or invalid JSON, an
-            unknown or non-achievement event, an achievement event missing or with fewer than
-            :data:`MIN_WORDINGS` wordings, a wording given for two events, a wording with " then "
-            in it (reserved for ordered compounds), or one the relabeler's candidate filter
-            would drop (:class:`~oir_gym.relabel.filters.CandidateFilter`: movement words...).
+    Schema: ``{"events": {achievement event name: {"verbs", "objects", "modifiers", "wordings"}}}``.
+    Raises ``ValueError`` naming the file and the event or wording for anything that breaks it.
     """
     if path is None:
         return _packaged_pool()
@@ -216,8 +170,7 @@ def _parse_pool(raw: Any, source: str) -> WordingPool:
 
 
 def evaluation_texts(files: Iterable[str | os.PathLike] = ()) -> list[str]:
-    """Every evaluation string a pool must keep away from: the packaged sets, the example user file
-    (``oir_gym/data/example_instruction_sets.json``) and the sets of ``files``."""
+    """Every evaluation string a pool must keep away from (packaged sets, the example file, ``files``)."""
     from oir_gym.instructions import load_instruction_file, load_instruction_sets
 
     texts = [i.text for items in load_instruction_sets().values() for i in items]
@@ -231,18 +184,8 @@ def evaluation_texts(files: Iterable[str | os.PathLike] = ()) -> list[str]:
 
 def check_pool(pool: WordingPool, eval_texts: Sequence[str], encoder: Any = None,
                max_cosine: float = MAX_EVAL_COSINE) -> None:
-    """Refuse a pool that overlaps the evaluation strings: a relabeler trained on an evaluation
-    string verbatim (or nearly) would make the evaluation measure memory, not generalisation.
-
-    Args:
-        pool: the wording pool.
-        eval_texts: the evaluation strings (e.g. :func:`evaluation_texts`).
-        encoder: the sentence encoder (``encode(list[str]) -> [n, D]`` unit-norm); ``None`` checks
-            verbatim collisions only (case and whitespace ignored).
-        max_cosine: the pool's wordings must stay strictly below it.
-
-    Raises:
-        ValueError: naming the pool file, the wording and the evaluation string it collides with.
+    """Raise ``ValueError`` for a pool wording that is an evaluation string, or (with ``encoder``) at
+    least ``max_cosine`` similar to one: the evaluation must stay held out.
     """
     def norm(t: str) -> str:
         return " ".join(t.lower().strip(" .!?").split())
@@ -264,18 +207,10 @@ def check_pool(pool: WordingPool, eval_texts: Sequence[str], encoder: Any = None
                          f"{max_cosine}; reword it so the evaluation stays held out")
 
 
-# ----------------------------------------------------------------------------- the other settings
 @dataclass(frozen=True)
 class NoiseProfile:
-    """The ``noisy`` oracle's error rates (probabilities, each label independently, in this order).
-
-    Attributes:
-        drop: the label is lost (an answer that binds to nothing).
-        echo: else, it becomes a copy of a prompt few-shot answer: the example of its own event
-            when the prompt has one, else any example (then a wrong binding).
-        wrong: else, it becomes another achievement event's pool wording, bound to its own event.
-        echo_examples: event id -> the prompt example naming it.
-        sources: where each rate was measured.
+    """The ``noisy`` oracle's error rates, applied per label in order: ``drop`` it, else ``echo`` a prompt
+    few-shot answer (``echo_examples``), else a ``wrong`` event's pool wording bound to its own event.
     """
 
     drop: float
@@ -334,11 +269,10 @@ def check_oracle(oracle: str, grounding: Optional[str] = None) -> None:
                          "would pay them nowhere")
 
 
-# ----------------------------------------------------------------------------- the labelers
 def trajectory_rng(traj: Trajectory, seed: int, stream: int) -> np.random.Generator:
-    """The random stream ``stream`` of one trajectory: keyed by ``seed``, the trajectory's
-    ``meta["seed"]``, ``meta["update"]``, ``env_id`` and its events and episode ends (the same
-    draws in any process, batch or order)."""
+    """The random stream ``stream`` of one trajectory, keyed by ``seed`` and the trajectory's identity
+    (the same draws in any process, batch or order).
+    """
     check_int("seed", seed)
     check_int("stream", stream)
     ev = zlib.crc32(np.packbits(np.asarray(traj.events, bool)).tobytes())
@@ -350,13 +284,11 @@ def trajectory_rng(traj: Trajectory, seed: int, stream: int) -> np.random.Genera
 
 
 def _episodes(traj: Trajectory) -> np.ndarray:
-    """``[T]`` episode index of each step (a step after a ``done`` starts the next episode)."""
     return np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
 
 
 def achievement_sequence(traj: Trajectory) -> list[tuple[int, int, int]]:
-    """``(event, episode, step)`` of the achievement events in time order, repeats of an event
-    within an episode collapsed to their first step."""
+    """``(event, episode, step)`` of the achievement events in time order, first step per episode."""
     episode = _episodes(traj)
     seq, seen = [], set()
     # only the achievement columns: moving and waiting fill most steps, and a loop over them is slow
@@ -370,8 +302,7 @@ def achievement_sequence(traj: Trajectory) -> list[tuple[int, int, int]]:
 
 
 def first_occurrence_events(traj: Trajectory, events: Optional[Iterable[int]] = None) -> list[int]:
-    """The events of ``traj`` (achievement events, or those of ``events``) in order of first
-    occurrence (events of one step in event-id order)."""
+    """The achievement events of ``traj`` (or those of ``events``) in order of first occurrence."""
     cols = list(_ACHIEVEMENT_EVENTS) if events is None else sorted(set(events))
     ev = np.asarray(traj.events)[:, cols]
     happened = np.flatnonzero(ev.any(axis=0))
@@ -380,8 +311,7 @@ def first_occurrence_events(traj: Trajectory, events: Optional[Iterable[int]] = 
 
 
 def canonical_labels(traj: Trajectory, pair_table: Mapping[tuple[str, str], str]) -> list[Label]:
-    """Each achievement event's canonical caption (first occurrence order), then the pair wordings
-    of ``pair_table`` whose first event is followed by the second in one episode."""
+    """Each achievement event's canonical caption, then the pair wordings of ``pair_table`` that happened."""
     out = [Label(VOCAB.canonical(e), e) for e in first_occurrence_events(traj)]
     return out + pair_labels(traj, pair_table)
 
@@ -413,15 +343,11 @@ def task_labels(traj: Trajectory, task_events: Sequence[int]) -> list[Label]:
 
 
 def compound_labels(traj: Trajectory, seed: int = 0) -> list[Label]:
-    """``"A then B"`` (canonical captions) for every ordered pair of distinct achievement events of
-    one episode where A first happened before B did and neither is a prerequisite of the other,
-    bound to the pair (B after A); in a per-trajectory random order (:func:`trajectory_rng`), so
-    that the K slots do not always take the same pairs."""
+    """``"A then B"`` for ordered pairs of unrelated achievement events of one episode, in random order."""
     seq = achievement_sequence(traj)
     out = []
     for (a, ea, ta), (b, eb, tb) in itertools.permutations(seq, 2):
-        # B happens after A's first occurrence (any of B's occurrences: the first one of B in the
-        # episode may come before A, a later one after it)
+        # any occurrence of B after A's first counts (B's first may come before A)
         if ea != eb or a == b or related_achievements(VOCAB.achievement_of_event[a], VOCAB.achievement_of_event[b]):
             continue
         later = np.flatnonzero(traj.events[ta + 1:, b])
@@ -436,8 +362,7 @@ def _same_episode(traj: Trajectory, t0: int, t1: int) -> bool:
 
 
 def diverse_labels(traj: Trajectory, pool: WordingPool, seed: int = 0) -> list[Label]:
-    """Each achievement event (first occurrence order) named by one of its pool wordings, drawn per
-    trajectory (:func:`trajectory_rng`)."""
+    """Each achievement event named by one of its pool wordings, drawn per trajectory."""
     rng = trajectory_rng(traj, seed, _STREAM_DIVERSE)
     out = []
     for e in first_occurrence_events(traj):
@@ -448,9 +373,7 @@ def diverse_labels(traj: Trajectory, pool: WordingPool, seed: int = 0) -> list[L
 
 def mixed_labels(traj: Trajectory, pool: WordingPool, seed: int = 0,
                  pair_table: Optional[Mapping[tuple[str, str], str]] = None) -> list[Label]:
-    """:func:`canonical_labels` with each achievement label's text replaced, with probability
-    :data:`MIXED_POOL_SHARE` (drawn per label, :func:`trajectory_rng`), by one of its pool
-    wordings; the pair wordings stay canonical."""
+    """:func:`canonical_labels` with each achievement text a pool wording with probability :data:`MIXED_POOL_SHARE`."""
     rng = trajectory_rng(traj, seed, _STREAM_MIXED)
     out = []
     for e in first_occurrence_events(traj):
@@ -467,8 +390,7 @@ def progress_labels(traj: Trajectory) -> list[Label]:
 
 
 def corrupt(labels: Sequence[Label], pool: WordingPool, noise: NoiseProfile, rng: np.random.Generator) -> list[Label]:
-    """``labels`` with the errors of ``noise`` (see :class:`NoiseProfile`), each label independently;
-    repeated texts keep their first binding."""
+    """``labels`` with the errors of ``noise``, each label independently; repeated texts keep their first binding."""
     examples = list(dict.fromkeys(noise.echo_examples.values()))
     achievements = sorted(pool.wordings)
     out: list[Label] = []
@@ -504,11 +426,7 @@ def noisy_labels(traj: Trajectory, pool: WordingPool, noise: NoiseProfile, seed:
 def oracle_labels(traj: Trajectory, oracle: str, *, seed: int = 0, pool: Optional[WordingPool] = None,
                   pair_table: Optional[Mapping[tuple[str, str], str]] = None,
                   settings: Optional[OracleSettings] = None) -> list[Label]:
-    """The labels of one trajectory by oracle variant ``oracle`` (:data:`ORACLES`), without repeated texts.
-
-    Canonical labels come first in ``tasks`` and ``compound``: with K slots per trajectory, the
-    extra labels take the slots the canonical ones leave free.
-    """
+    """The labels of one trajectory by variant ``oracle`` (:data:`ORACLES`), without repeated texts."""
     check_oracle(oracle)
     check_int("seed", seed)
     pairs = RULE_PAIRS if pair_table is None else pair_table

@@ -1,37 +1,14 @@
 """Relabel a large batch of trajectories over worker processes (synchronous relabelers).
 
-A rule relabeler spends about 0.7 ms of Python per trajectory (filters, grounding, binding): at
-1,024 envs x 3 seeds that is about 2 s of every update, on one core, while the GPU waits.
-:class:`ParallelRelabeler` cuts the batch into contiguous chunks and relabels them in worker
-processes, each holding its own relabeler built by ``factory`` (a picklable callable, e.g.
-``functools.partial(HindsightRelabeler, "rules", k=4)``), and returns the results in the
-batch's order, with the caller's own :class:`~oir_gym.trajectory.Trajectory` objects: the same
-candidates as in process, their embeddings and cosine rows equal to float rounding (the encoder
-batches texts differently in each process).
-
-Workers start with the ``spawn`` method (the parent may hold JAX or CUDA state, which ``fork``
-would copy half-initialised). They all start at construction, from a side thread: neither the
-constructor nor a batch waits on a worker's start (a second or more of imports each: the package
-imports JAX). Left to itself, ``concurrent.futures`` starts a ``spawn`` pool's processes one per
-submitted task while none is idle, and ``submit`` waits until the new process has read its
-arguments (after its imports, when they are larger than a pipe holds): the pool would grow by a
-process at a time inside the first batches, each of them waiting on a start. Here each worker's first task
-waits until every worker has built its relabeler, so the pool starts them all at once, and the
-pickled factory travels in shared memory, so that a worker's arguments fit the pipe. Until every
-worker is ready, a batch is relabeled in the calling process by a relabeler of the same factory,
-with the results the workers give (as above; ``stats()["in_process_warming"]`` counts those
-trajectories, ``stats()["ready_s"]`` is the seconds from construction until the workers were
-ready).
-
-A worker's JAX runs on the CPU (``WORKER_ENV``): importing the package initialises JAX's default
-backend (Craftax's constants are JAX arrays), and on a GPU machine every worker would otherwise
-open a CUDA context (seconds each, and accelerator memory) for work that never touches the
-device. The variables are set in this process's environment only while the workers start (a
-process another thread starts meanwhile inherits them too).
-
-A batch smaller than ``min_batch`` is relabeled in the calling process too. If a worker dies, or
-the workers fail to start, the batch is relabeled in process, a warning says so once, and every
-later batch stays in process: training goes on, slower.
+:class:`ParallelRelabeler` cuts the batch into contiguous chunks, relabels them in ``spawn``
+worker processes, each holding a relabeler built by ``factory`` (picklable, e.g.
+``functools.partial(HindsightRelabeler.rules, k=4)``), and returns the results in the batch's order
+with the caller's own trajectories: the same candidates as in process (embeddings equal to float
+rounding). All workers start at construction from a side thread (each first task waits at a
+barrier, so the pool starts them at once; the pickled factory goes in shared memory so a worker's
+arguments fit the pipe). Until they are ready, and for batches below ``min_batch``, the calling
+process relabels. Workers run JAX on the CPU (``WORKER_ENV``): no CUDA context each. A worker that
+dies or fails to start is warned about once, and later batches stay in process.
 """
 
 from __future__ import annotations
@@ -52,7 +29,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional, Sequence
 
-from oir_gym.relabel.results import RelabelResult
+from oir_gym.relabel.results import Closing, RelabelResult
 from oir_gym.trajectory import Trajectory
 
 #: seconds a worker waits for the others to start before the pool counts as failed to start
@@ -68,7 +45,7 @@ _ENV_LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def _environment(changes: dict[str, str]):
-    """``os.environ`` with ``changes`` while inside, restored after (processes started inside inherit them)."""
+    """``os.environ`` with ``changes`` while inside (processes started inside inherit them)."""
     with _ENV_LOCK:
         before = {k: os.environ.get(k) for k in changes}
         os.environ.update(changes)
@@ -84,8 +61,7 @@ def _environment(changes: dict[str, str]):
 
 def _init_worker(factory: Any, barrier: Any) -> None:
     global _WORKER_RELABELER, _WORKER_BARRIER
-    # one core per worker: the workers are the parallelism. torch (imported only by a relabeler that
-    # encodes texts itself: 2 s of start-up otherwise) takes its thread count from this when imported
+    # one core per worker: the workers are the parallelism (torch reads this when imported)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch = sys.modules.get("torch")
     if torch is not None:  # imported already (by the parent's main module): too late for the variable
@@ -107,25 +83,18 @@ def _warmup() -> int:
 
 
 def default_workers(cpus: Optional[int] = None) -> int:
-    """Worker processes for a machine with ``cpus`` cores: 0 (in process) below 4 cores, else
-    ``min(8, cpus - 2)`` (two cores stay for the training loop and the accelerator's driver)."""
+    """Worker processes for ``cpus`` cores: 0 below 4 cores, else ``min(8, cpus - 2)``."""
     cpus = (os.cpu_count() or 1) if cpus is None else cpus
     return 0 if cpus < 4 else min(8, cpus - 2)
 
 
-class ParallelRelabeler:
-    """A synchronous relabeler whose :meth:`relabel` runs over ``workers`` processes.
-
-    The workers start at construction, without the constructor waiting for them; until all of them
-    are ready, :meth:`relabel` relabels in the calling process (the same results; module docstring).
+class ParallelRelabeler(Closing):
+    """A synchronous relabeler whose :meth:`relabel` runs over ``workers`` processes (module docstring).
 
     Args:
-        factory: picklable zero-argument callable returning a relabeler with ``relabel(trajs)``
-            (each worker builds one; the calling process builds one for small batches and while the
-            workers start).
+        factory: picklable zero-argument callable returning a relabeler with ``relabel(trajs)``.
         workers: worker processes (>= 1).
-        min_batch: batches with fewer trajectories are relabeled in process (a chunk must be
-            worth the round trip: about 10 ms for pickling and scheduling).
+        min_batch: batches with fewer trajectories are relabeled in process.
 
     Raises:
         ValueError: ``workers < 1`` or ``min_batch < 1``.
@@ -137,9 +106,7 @@ class ParallelRelabeler:
             raise ValueError(f"workers={workers!r} must be an integer >= 1 (0 workers: use the relabeler itself)")
         if not isinstance(min_batch, int) or min_batch < 1:
             raise ValueError(f"min_batch={min_batch!r} must be an integer >= 1")
-        # pickled first (an unpicklable factory fails here, not in a worker) into shared memory: a new
-        # process's arguments stay a few KB, which the pipe to it takes at once, so starting one does
-        # not wait until it has imported this module (seconds: the package imports JAX) to read them
+        # pickled here (an unpicklable factory fails at once), passed in shared memory (module docstring)
         blob = pickle.dumps(factory)
         self.factory = factory
         self.workers = workers
@@ -156,8 +123,7 @@ class ParallelRelabeler:
         self._next_id = 0
         self._t0 = time.perf_counter()
         self._ready_s: Optional[float] = None
-        # one warm-up task per worker, each done once every worker has built its relabeler; submitted
-        # from a side thread, as each submit starts a process
+        # one warm-up task per worker, submitted from a side thread (each submit starts a process)
         self._warmups: list[Future] = []
         self._start_error: Optional[BaseException] = None
         self._starter = threading.Thread(target=self._start_workers, args=(self._pool,),
@@ -174,7 +140,6 @@ class ParallelRelabeler:
             self._barrier.abort()  # the workers started so far stop waiting for the others
 
     def _workers_ready(self) -> bool:
-        """Whether every worker has built its relabeler; gives the workers up if they failed to start."""
         if self._ready_s is not None:
             return True
         if self._pool is None or self._starter.is_alive() or not all(f.done() for f in self._warmups):
@@ -188,9 +153,7 @@ class ParallelRelabeler:
         return True
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
-        """Wait until every worker has built its relabeler (at most ``timeout`` seconds); whether
-        they have. ``False`` also once the workers are given up (a worker died or failed to start).
-        Relabeling does not need it: batches go to the workers once they are ready."""
+        """Wait up to ``timeout`` s until every worker is ready; ``False`` if not (or given up)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._starter.join(timeout)
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -221,7 +184,6 @@ class ParallelRelabeler:
     __call__ = relabel
 
     def _numbered(self, results: list[RelabelResult], trajs: list[Trajectory]) -> list[RelabelResult]:
-        """The results with the caller's trajectories and this relabeler's request ids."""
         first, self._next_id = self._next_id, self._next_id + len(trajs)
         return [dataclasses.replace(r, trajectory=t, request_id=first + i)
                 for i, (r, t) in enumerate(zip(results, trajs))]
@@ -236,10 +198,7 @@ class ParallelRelabeler:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> dict[str, Any]:
-        """Trajectories relabeled in workers (``in_workers``), in process (``in_process``: small
-        batches or after the workers were given up; ``in_process_warming``: while the workers
-        started), seconds from construction until every worker was ready (``ready_s``, once they
-        are), and why the workers were given up (``broken``, if so)."""
+        """Trajectories relabeled ``in_workers``, ``in_process``, ``in_process_warming``; ``ready_s`` and ``broken`` when set."""
         return {"workers": self.workers if self._pool is not None else 0, **self._counts,
                 **({"ready_s": round(self._ready_s, 3)} if self._ready_s is not None else {}),
                 **({"broken": self.broken} if self.broken else {})}
@@ -253,12 +212,6 @@ class ParallelRelabeler:
         self._starter.join()
         if hasattr(self.local, "close"):
             self.local.close()
-
-    def __enter__(self) -> "ParallelRelabeler":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"ParallelRelabeler(workers={self.workers}, factory={self.factory!r})"

@@ -1,7 +1,6 @@
-"""The relabeling pipeline as five plain functions over small dataclasses.
+"""The relabeling pipeline as plain functions over small dataclasses.
 
-:meth:`HindsightRelabeler.relabel <oir_gym.relabel.HindsightRelabeler.relabel>` is these calls,
-with the LLM call between the first two::
+:meth:`HindsightRelabeler.relabel <oir_gym.relabel.HindsightRelabeler.relabel>` is these calls::
 
     plan = plan_prompts(trajs, ...)            # cache keys, cache hits, one prompt per behaviour
     proposals = <one batched LLM call>         # the relabeler's only I/O (plus the rules)
@@ -11,34 +10,8 @@ with the LLM call between the first two::
     chosen = [select(g, ...) for g in grounded]  # near-dedup, grounded first, up to k
     results, counts, dropped = assemble(...)   # one RelabelResult per trajectory, the batch's counts
 
-What the stages do for a batch of trajectories:
-
-1. **Key and cache.** Each trajectory's behaviour key (:func:`~oir_gym.relabel.segments.behaviour_key`:
-   the ordered non-idle events, without timing) is looked up in an LRU cache of LLM answers;
-   trajectories with the same key in one batch share one prompt. Idle trajectories (nothing but
-   moving/waiting) are not sent to the LLM by default (``skip_idle``): nothing happened to relabel.
-2. **Generate.** One batched ``generate`` call on the LLM backend for the remaining prompts,
-   with the template's JSON schema for constrained decoding.
-3. **Parse and filter.** :func:`~oir_gym.relabel.parse.parse_candidates`; rule instructions are
-   merged in (LLM candidates first); exact and embedding near-duplicates are dropped.
-4. **Ground** (:mod:`oir_gym.grounding`). Each candidate is encoded once and compared with the
-   caption vocabulary (:func:`oir_gym.reward.event_similarity`). With ``grounding="cosine"`` (the
-   paper's rule) ``first_step`` is its first step with a caption above ``delta``; a two-event rule
-   instruction ("A then B", "sleep and wake up") that would be paid where its final event did not
-   happen is dropped (``dropped["premature"]``): its wording matches the first event's captions,
-   so it would teach only the first half. With ``grounding="bound"`` it is bound to the event(s)
-   of this trajectory it names (:func:`~oir_gym.grounding.bind`: the best event that happened,
-   at least ``bind_threshold`` similar; "A then B" to an ordered pair; rule instructions to their
-   exact events), and pays exactly there; a candidate that binds to nothing is dropped
-   (``dropped["unbound"]``). Each candidate carries its embedding and grounding rows.
-5. **Select.** Up to ``k`` candidates per trajectory: grounded ones first (in source order: LLM,
-   then rules), then, if ``keep_ungrounded``, ungrounded ones. Ungrounded candidates never pay
-   off in the buffer, so they are only used to fill up to ``k`` (the paper keeps all K LLM
-   answers); they are always counted in :meth:`HindsightRelabeler.stats <oir_gym.relabel.HindsightRelabeler.stats>`.
-
-No stage starts a thread, holds a lock or touches the relabeler's counters: each takes its inputs
-and returns what it found, including the candidates it dropped and why (``dropped``), so each is
-tested on its own (``tests/test_relabel_pipeline.py``).
+No stage starts a thread, holds a lock or touches the relabeler's counters; each returns what it
+dropped and why (``dropped``).
 """
 
 from __future__ import annotations
@@ -64,19 +37,10 @@ from oir_gym.reward import event_similarity, match_steps, without_events
 from oir_gym.trajectory import Trajectory
 
 
-# ----------------------------------------------------------------------------- 1. plan prompts
 @dataclass
 class PromptPlan:
-    """Which trajectories the LLM is asked about, per trajectory of the batch.
-
-    Attributes:
-        keys: cache key (``None`` when the LLM is not used for this batch).
-        eligible: the LLM may answer for it (LLM in use, and not skipped as idle).
-        cached: the cached answer, or ``None``.
-        prompts: the prompt it carries, or ``None`` (cached, idle, or sharing an earlier one's).
-        tokens: prompt tokens of the prompt it carries (0 without one).
-        counts: ``trajectories``, ``skipped_idle``, ``cache_hits``, ``batch_dedup``,
-            ``cache_misses``, ``prompts_compacted``, ``rules_only``.
+    """Which trajectories the LLM is asked about: per trajectory its cache key, whether the LLM may
+    answer, the cached answer, the prompt it carries and its tokens; ``counts`` for the stats.
     """
 
     keys: list[Optional[str]]
@@ -88,21 +52,16 @@ class PromptPlan:
 
     @property
     def asked(self) -> list[Optional[str]]:
-        """The prompts, or ``None`` when none is sent (no LLM call needed)."""
+        """The prompts, or ``None`` when none is sent."""
         return self.prompts if any(p is not None for p in self.prompts) else None
 
 
 def plan_prompts(trajs: Sequence[Trajectory], *, use_llm: bool, skip_idle: bool,
                  key_of: Callable[[Trajectory], str], lookup: Callable[[str], Optional[list[str]]],
                  render: Callable[[Trajectory], tuple[str, int, int]]) -> PromptPlan:
-    """One prompt per distinct behaviour that is neither cached nor idle.
+    """One prompt per distinct behaviour that is neither cached nor idle (``skip_idle``).
 
-    Args:
-        use_llm: the LLM answers this batch (``False``: rules only, nothing is planned).
-        skip_idle: idle trajectories (nothing but moving/waiting) get no prompt.
-        key_of: a trajectory's cache key.
-        lookup: the cached answer of a key, or ``None`` (a disabled cache always answers ``None``).
-        render: ``(prompt, compaction level, prompt tokens)`` of a trajectory.
+    ``lookup``: a key's cached answer or ``None``; ``render``: ``(prompt, compaction level, tokens)``.
     """
     n = len(trajs)
     keys: list[Optional[str]] = [key_of(t) for t in trajs] if use_llm else [None] * n
@@ -134,18 +93,10 @@ def plan_prompts(trajs: Sequence[Trajectory], *, use_llm: bool, skip_idle: bool,
     return PromptPlan(keys, eligible, cached, prompts, tokens, counts)
 
 
-# ----------------------------------------------------------------------------- 2. read answers
 @dataclass
 class Answers:
-    """The LLM's candidates per trajectory.
-
-    Attributes:
-        llm: parsed, filtered candidate texts (fresh or cached; empty when none).
-        errors: why the LLM gave this trajectory nothing usable, or ``None``.
-        dropped: parser and filter drops, counted once per prompt.
-        asked: indices whose prompt was answered (not cut short by ``close``).
-        to_cache: ``(key, texts)`` of every usable fresh answer, in prompt order.
-        counts: ``errors``, ``closed_in_flight``.
+    """The LLM's parsed, filtered candidates per trajectory, why it gave nothing usable (``errors``),
+    the indices ``asked`` and the fresh answers ``to_cache``.
     """
 
     llm: list[list[str]]
@@ -160,9 +111,8 @@ def read_answers(plan: PromptPlan, proposals: Sequence[Proposal], candidate_filt
                  closing: bool = False) -> Answers:
     """Parse each prompt's completions; trajectories that shared a prompt share its answer.
 
-    An answer with nothing usable is an error (``UnusableAnswer: ...``), not cached, so it is
-    asked again. ``closing``: the relabeler is closing, so a failed call is the shutdown's doing:
-    counted in ``closed_in_flight`` and treated as never asked (no error, nothing cached).
+    An answer with nothing usable is an error, not cached. ``closing``: a failed call is the
+    shutdown's doing, counted in ``closed_in_flight`` and treated as never asked.
     """
     n = len(plan.prompts)
     counts: Counter = Counter()
@@ -210,16 +160,9 @@ def read_answers(plan: PromptPlan, proposals: Sequence[Proposal], candidate_filt
     return Answers(llm, errors, dropped, asked, to_cache, counts)
 
 
-# ----------------------------------------------------------------------------- 3. merge rules
 @dataclass
 class Merged:
-    """Candidate ``(text, source)`` pairs per trajectory, exact duplicates removed.
-
-    Attributes:
-        items: LLM candidates first, then rule instructions.
-        fallbacks: ``"rules"`` where rule instructions replaced a failed LLM answer, else ``None``.
-        dropped: rule texts the filter refused, and exact duplicates.
-    """
+    """Candidate ``(text, source)`` pairs per trajectory (LLM first, then rules), exact duplicates removed."""
 
     items: list[list[tuple[str, str]]]
     fallbacks: list[Optional[str]]
@@ -229,14 +172,9 @@ class Merged:
 def merge_rules(trajs: Sequence[Trajectory], answers: Answers, rules: Sequence[list[str]], *,
                 rules_of: Callable[[Trajectory], list[str]], use_rules: bool, fallback: str,
                 candidate_filter: CandidateFilter) -> Merged:
-    """Append rule instructions to the LLM's candidates.
+    """Append rule instructions (``rules``, or ``rules_of(traj)`` for the fallback) to the LLM's candidates.
 
-    Args:
-        rules: the rule instructions that came with the LLM call, per trajectory (empty without
-            rules beside the LLM).
-        rules_of: a trajectory's rule instructions (for the fallback when ``rules`` has none).
-        use_rules: rules are merged in always; otherwise only as the fallback.
-        fallback: ``"rules"``: a trajectory whose LLM answer failed gets rule instructions.
+    ``use_rules``: merge them always, otherwise only when ``fallback="rules"`` and the LLM failed.
     """
     items_all: list[list[tuple[str, str]]] = []
     fallbacks: list[Optional[str]] = []
@@ -267,16 +205,9 @@ def merge_rules(trajs: Sequence[Trajectory], answers: Answers, rules: Sequence[l
     return Merged(items_all, fallbacks, dropped_all)
 
 
-# ----------------------------------------------------------------------------- 4. ground
 @dataclass
 class Grounded:
-    """One trajectory's candidates with their grounding (before selection).
-
-    Attributes:
-        candidates: in merge order; those the grounding check refused are not here.
-        dropped: ``premature`` (cosine: a two-event rule instruction paid before its final event)
-            or ``unbound`` (bound: the candidate binds to no event of the trajectory).
-    """
+    """One trajectory's grounded candidates and what grounding dropped (``premature`` or ``unbound``)."""
 
     candidates: list[Candidate]
     dropped: Counter
@@ -290,18 +221,9 @@ def ground(trajs: Sequence[Trajectory], merged: Merged, *, encode: Callable[[lis
     """Encode every candidate once and ground it on its trajectory (:mod:`oir_gym.grounding`).
 
     ``mode="cosine"``: paid from the first step with a caption above ``delta``; a two-event rule
-    instruction paid where its final event did not happen is dropped (``premature``).
-    ``mode="bound"``: bound to the event(s) it names (rule instructions to their exact events,
-    "A then B" to an ordered pair, otherwise the best event at least ``bind_threshold`` similar);
-    unbound candidates are dropped. These checks run before the near-duplicate pass of
-    :func:`select`, or a removed wording could shadow its valid reverse.
-
-    Args:
-        encode: ``[n, D]`` unit-norm embeddings of texts.
-        phrase_emb: embeddings of the caption vocabulary (``VOCAB.phrases``).
-        pair_table: the rules' two-event wordings (``RuleBackend.pair_table``).
-        rule_table: ``{text: (pre, final)}`` of a trajectory's rule labels when the rules can say
-            it (``RuleBackend.label_events``: an oracle's wording binds to its own event).
+    instruction paid before its final event is dropped (``premature``). ``mode="bound"``: bound to
+    the event(s) it names (rule labels via ``rule_table`` / ``pair_table``); unbound ones are dropped.
+    This runs before :func:`select`'s near-dedup, or a removed wording could shadow its valid reverse.
     """
     all_texts = list(dict.fromkeys(t for items in merged.items for t, _ in items))
     bound = mode == "bound"
@@ -356,8 +278,7 @@ def ground(trajs: Sequence[Trajectory], merged: Merged, *, encode: Callable[[lis
 
 
 def premature(events: np.ndarray, text: str, sim: np.ndarray, delta: float, pair_table: Optional[dict] = None) -> bool:
-    """True for a two-event rule instruction that the reward pays where its final event did not
-    happen (the wording matches its first event's captions): it would teach the first half."""
+    """True for a two-event rule instruction the reward pays where its final event did not happen."""
     final = rule_final_event(text, pair_table)
     if final is None:
         return False
@@ -369,8 +290,7 @@ def bind_candidate(text: str, src: str, sim: np.ndarray, traj: Trajectory, start
                    half_sims: dict[str, np.ndarray], *, delta: float, bind_threshold: float,
                    pair_table: Optional[dict] = None,
                    rule_table: Optional[dict[str, tuple[int, int]]] = None) -> Optional[Binding]:
-    """The event(s) of ``traj`` that candidate ``text`` is bound to (``grounding="bound"``), or
-    ``None``. A rule instruction binds to its own events (``rule_table``'s entry when given)."""
+    """The binding of candidate ``text`` on ``traj`` (``grounding="bound"``), or ``None``."""
     if src == "rules":
         ev = rule_table.get(text) if rule_table is not None else rule_events(text, pair_table)
         if ev is None:
@@ -386,16 +306,9 @@ def bind_candidate(text: str, src: str, sim: np.ndarray, traj: Trajectory, start
     return bind(sim, traj.events, threshold=bind_threshold)
 
 
-# ----------------------------------------------------------------------------- 5. select
 @dataclass
 class Selection:
-    """One trajectory's kept candidates.
-
-    Attributes:
-        chosen: up to ``k``: grounded ones first (in merge order), then, if kept, ungrounded ones.
-        scored: candidates after the near-dedup (what ``num_scored`` and the stats count).
-        dropped: ``near_duplicate`` (present, possibly 0, whenever two or more were compared).
-    """
+    """One trajectory's kept candidates (``chosen``), those after near-dedup (``scored``) and drops."""
 
     chosen: list[Candidate]
     scored: list[Candidate]
@@ -403,14 +316,12 @@ class Selection:
 
     @property
     def grounded(self) -> list[Candidate]:
-        """The scored candidates that are grounded (kept or not)."""
+        """The scored candidates that are grounded."""
         return [c for c in self.scored if c.grounded]
 
 
 def select(grounded: Grounded, *, k: int, keep_ungrounded: bool, dedup_threshold: float) -> Selection:
-    """Drop near-duplicates (a later candidate at least ``dedup_threshold`` similar to an earlier
-    one), then keep up to ``k``: grounded first, then ungrounded ones if ``keep_ungrounded``
-    (they never pay off, so they only fill up to ``k``)."""
+    """Drop near-duplicates, then keep up to ``k``: grounded first, then ungrounded if ``keep_ungrounded``."""
     cands = list(grounded.candidates)
     dropped: Counter = Counter()
     if len(cands) > 1:
@@ -425,9 +336,7 @@ def select(grounded: Grounded, *, k: int, keep_ungrounded: bool, dedup_threshold
 def assemble(trajs: Sequence[Trajectory], ids: Sequence[int], plan: PromptPlan, answers: Answers, merged: Merged,
              grounded: Sequence[Grounded], chosen: Sequence[Selection]) -> tuple[list[RelabelResult], Counter,
                                                                                  list[Counter]]:
-    """One :class:`RelabelResult` per trajectory, the batch's counters (the
-    :class:`~oir_gym.relabel.stats.RelabelStats` keys ``candidates_*``, ``fallbacks`` and the earlier
-    stages' counts) and the candidates each trajectory dropped, by reason."""
+    """One :class:`RelabelResult` per trajectory, the batch's counters and each trajectory's drops."""
     s = plan.counts + answers.counts
     results, dropped = [], []
     for i, (traj, g, sel) in enumerate(zip(trajs, grounded, chosen)):

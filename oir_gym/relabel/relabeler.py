@@ -1,24 +1,11 @@
 """The HindsightRelabeler: trajectories in, grounded relabeled instructions out (paper section 4.1).
 
-Each batch goes through the five stages of :mod:`oir_gym.relabel.pipeline` (where each is
-described): plan prompts (behaviour keys, the LRU cache of LLM answers, idle trajectories skipped)
--> one batched LLM call -> read answers (parse, filter) -> merge rules -> ground (cosine or
-event-bound, :mod:`oir_gym.grounding`) -> select up to ``k`` per trajectory, grounded first.
-
-Failure policy: nothing is ever raised into the training loop. When the LLM backend raises,
-exceeds ``llm_timeout`` or answers nothing usable, the error is counted and
-(``fallback="rules"``) the rule instructions answer instead. Native backends (``llama_cpp``,
-``transformers``, ``vllm``, ``"module:Class"`` specs) run in a child process
-(:mod:`oir_gym.relabel.llm.child`): a crash or a hang of the LLM library ends only the child, which
-is restarted with backoff. After ``warn_after`` failed LLM calls in a row one console warning
-names the cause and the remedy; :meth:`HindsightRelabeler.check_llm` makes one tiny real call
-for a clear error before training starts.
-
-Modes: :meth:`~HindsightRelabeler.relabel` (or calling the object) is synchronous, the paper's
-lock-step behaviour. :meth:`~HindsightRelabeler.submit` / :meth:`~HindsightRelabeler.collect` run
-the same pipeline on a background thread with a bounded queue (:mod:`oir_gym.relabel.jobs`, where
-the ``on_full`` policies are). "LLM + rules" for a trainer, the rules at once and the LLM's answers
-when they arrive, is :class:`~oir_gym.relabel.background.BackgroundRelabeler`.
+Each batch goes through the stages of :mod:`oir_gym.relabel.pipeline`. Failure policy: nothing is
+raised into the training loop; an LLM that raises, passes ``llm_timeout`` or answers nothing usable
+is counted and (``fallback="rules"``) the rule instructions answer instead. Native backends run in a
+child process (:mod:`oir_gym.relabel.llm.child`) restarted with backoff. :meth:`~HindsightRelabeler.relabel`
+is synchronous (the paper's lock-step); :meth:`~HindsightRelabeler.submit` / :meth:`~HindsightRelabeler.collect`
+run the same pipeline on a background thread (:mod:`oir_gym.relabel.jobs`).
 """
 
 from __future__ import annotations
@@ -27,17 +14,15 @@ import functools
 import threading
 import time
 import warnings
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from oir_gym.relabel.arguments import (
-    UNSET, BackendArg, check_objects, check_trajectories, is_legacy, resolve, rules_config,
-)
+from oir_gym.relabel.arguments import check_objects, check_trajectories, rules_config
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.composite import CompositeBackend
 from oir_gym.relabel.encoding import SharedEncoder
-from oir_gym.relabel.config import DEFAULT_MAX_PROMPT_TOKENS, RelabelerConfig  # noqa: F401 (re-exported)
+from oir_gym.relabel.config import RelabelerConfig
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.relabel.jobs import CLOSE_TIMEOUT, JobQueue
 from oir_gym.relabel.llm.build import probe
@@ -48,18 +33,18 @@ from oir_gym.relabel.llm.spec import BackendSpec as LLMSpec, backend_identity, c
 from oir_gym.relabel.oracle import check_oracle
 from oir_gym.relabel.pipeline import assemble, ground, merge_rules, plan_prompts, read_answers, select
 from oir_gym.relabel.prompts import PromptTemplate, load_template
-from oir_gym.relabel.results import RelabelResult
+from oir_gym.relabel.results import Closing, RelabelResult
 from oir_gym.relabel.rules import RuleBackend
 from oir_gym.relabel.segments import behaviour_key
 from oir_gym.relabel.stats import RelabelStats
 from oir_gym.relabel.tokens import backend_token_count
 from oir_gym.trajectory import Trajectory
-from oir_gym.validation import check_bool, check_real
+from oir_gym.validation import check_bool, check_instance, check_real
 
 __all__ = ["CLOSE_TIMEOUT", "HindsightRelabeler"]
 
 
-class HindsightRelabeler:
+class HindsightRelabeler(Closing):
     """LLM hindsight instruction relabeling as a library component.
 
     Args:
@@ -70,23 +55,16 @@ class HindsightRelabeler:
             :class:`~oir_gym.relabel.composite.CompositeBackend`), instead of building
             ``config.llm.backend``; it belongs to the caller (not closed here).
         encoder: sentence encoder with ``encode(list[str]) -> [n, D]`` unit-norm (default: the
-            shared all-MiniLM-L6-v2 of :func:`oir_gym.encoder.get_encoder`, loaded on first use),
-            or a :class:`~oir_gym.relabel.encoding.SharedEncoder` that other relabelers use too
-            (their encoding is then serialised with this one's).
+            shared one of :func:`oir_gym.encoder.get_encoder`), or a
+            :class:`~oir_gym.relabel.encoding.SharedEncoder` shared with other relabelers.
         rules: the rule instructions (:class:`~oir_gym.relabel.rules.RuleBackend`; default one).
-
-    The keyword form of earlier releases (``HindsightRelabeler(backend="rules", k=4, delta=0.9,
-    ...)``) still works for one release and emits a ``DeprecationWarning``; its keywords map onto
-    the config as :func:`~oir_gym.relabel.arguments.legacy_config` shows.
     """
 
-    def __init__(self, config: Union[RelabelerConfig, BackendArg] = UNSET, *args: Any, llm: Any = None,
-                 encoder: Any = None, rules: Optional[RuleBackend] = None, **legacy: Any) -> None:
-        if is_legacy(config, args, legacy):
-            warnings.warn("HindsightRelabeler(backend, k=..., ...) is deprecated: pass a RelabelerConfig "
-                          "(oir_gym.relabel.config), or use HindsightRelabeler.rules(k=...)",
-                          DeprecationWarning, stacklevel=2)
-        config, llm, rules = resolve(config, args, legacy, llm, rules)
+    def __init__(self, config: Optional[RelabelerConfig] = None, *, llm: Any = None, encoder: Any = None,
+                 rules: Optional[RuleBackend] = None) -> None:
+        check_instance("config", config, RelabelerConfig, none_ok=True,
+                       what="a RelabelerConfig (or use HindsightRelabeler.rules(k=...) for rules only)")
+        config = config or RelabelerConfig()
         self.config = cfg = config.validate()
         check_objects(llm=llm, encoder=encoder, rules=rules)
         p, lc, cc, g, sel = cfg.prompt, cfg.llm, cfg.cache, cfg.grounding, cfg.selection
@@ -138,15 +116,12 @@ class HindsightRelabeler:
         """A rule relabeler (no LLM, no cache) keeping ``k`` candidates per trajectory.
 
         ``settings``: ``delta``, ``grounding``, ``bind_threshold``, ``keep_ungrounded``,
-        ``dedup_threshold`` (the grounding and selection fields that matter without an LLM), and
-        ``oracle`` (the rule backend's variant, :mod:`oir_gym.relabel.oracle`; ``"diverse"``,
-        ``"noisy"`` and ``"mixed"`` need ``grounding="bound"``).
+        ``dedup_threshold``, and ``oracle`` (the rule variant, :mod:`oir_gym.relabel.oracle`).
         """
         oracle = settings.pop("oracle", None)
         return cls(rules_config(k, **settings), encoder=encoder,
                    rules=None if oracle is None else RuleBackend(oracle=oracle))
 
-    # ------------------------------------------------------------------ helpers
     @property
     def _backend_id(self) -> str:
         return backend_identity(self.backend.llm)
@@ -157,8 +132,7 @@ class HindsightRelabeler:
         return self._enc.encoder
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """``[n, dim]`` float32 embeddings of ``texts`` by the relabeler's encoder, serialised with
-        its background worker (which shares the encoder): safe to call from any thread."""
+        """``[n, dim]`` float32 embeddings of ``texts`` (thread-safe)."""
         return self._enc.encode(list(texts))
 
     def _take_ids(self, n: int) -> list[int]:
@@ -177,20 +151,14 @@ class HindsightRelabeler:
         return self._render(traj)[0]
 
     def _render(self, traj: Trajectory) -> tuple[str, int, int]:
-        """``(prompt, compaction level, prompt tokens)``, in the backend's own tokens where it can count them."""
         return self.template.render_counted(traj, self.k, self.max_prompt_tokens, self._count_tokens)
 
     def _count_tokens(self, prompt: str) -> int:
         n, self._stats.token_method = backend_token_count(self.backend.llm, prompt)
         return n
 
-    # ------------------------------------------------------------------ sync API
     def relabel(self, trajectories: Sequence[Trajectory]) -> list[RelabelResult]:
-        """Relabel a batch synchronously (lock-step, as in the paper).
-
-        Never raises for LLM faults (see the failure policy); an unexpected internal error is
-        warned about, counted under ``errors_by_type`` and answered with empty results.
-        """
+        """Relabel a batch synchronously; an internal error is warned about and answered with empty results."""
         trajs = check_trajectories(trajectories)
         ids = self._take_ids(len(trajs))
         try:
@@ -203,11 +171,10 @@ class HindsightRelabeler:
     __call__ = relabel
 
     def instructions(self, trajectories: Sequence[Trajectory]) -> list[list[str]]:
-        """Just the kept instruction texts per trajectory (convenience for simple loops)."""
+        """Just the kept instruction texts per trajectory."""
         return [r.instructions for r in self.relabel(trajectories)]
 
     def _process(self, trajs: list[Trajectory], ids: list[int], llm_allowed: bool) -> list[RelabelResult]:
-        """The pipeline (:mod:`oir_gym.relabel.pipeline`) over one batch, with its one LLM call."""
         use_llm = llm_allowed and self.backend.llm is not None
         lookup = self.cache.get if self.cache.capacity > 0 else (lambda key: None)
         plan = plan_prompts(trajs, use_llm=use_llm, skip_idle=self.skip_idle, key_of=self.cache_key,
@@ -242,16 +209,11 @@ class HindsightRelabeler:
             self.save_cache()
         return results
 
-    # ------------------------------------------------------------------ async API
     def submit(self, trajectories: Sequence[Trajectory]) -> list[int]:
-        """Queue a batch for background relabeling; returns one request id per trajectory.
+        """Queue a batch for background relabeling; one request id per trajectory.
 
-        Never blocks unless ``on_full="block"``. When the queue is full: ``"rules"`` relabels the
-        batch right away with rule instructions only (results appear in the next :meth:`collect`,
-        marked ``fallback="overflow"``); ``"skip"`` drops the *new* batch (counted as
-        ``overflow_skipped``); ``"replace"`` drops the *oldest* queued batch instead, so the LLM
-        always works on the freshest rollouts (counted as ``overflow_replaced``); ``"block"``
-        waits for room. Dropped batches produce no results (:mod:`oir_gym.relabel.jobs`).
+        A full queue follows ``on_full`` (:mod:`oir_gym.relabel.jobs`): ``"rules"`` relabels with rules
+        at once, ``"skip"`` drops the new batch, ``"replace"`` the oldest, ``"block"`` waits.
         """
         if self._closed:
             raise RuntimeError("relabeler is closed")
@@ -261,12 +223,7 @@ class HindsightRelabeler:
         return ids
 
     def collect(self, block: bool = False, timeout: Optional[float] = None) -> list[RelabelResult]:
-        """Finished results so far (any order of batches, each batch in submission order).
-
-        Args:
-            block: wait until every submitted trajectory is finished (or ``timeout`` passes).
-            timeout: seconds to wait when ``block`` is True (``None``: no limit).
-        """
+        """Finished results so far; ``block``: wait for every submitted one (up to ``timeout`` s)."""
         block = check_bool("block", block)
         timeout = check_real("timeout", timeout, low=0.0, none_ok=True)
         return self._jobs.collect(block, timeout)
@@ -281,11 +238,8 @@ class HindsightRelabeler:
         self._stats.count_error(err)
         return [RelabelResult(trajectory=t, candidates=[], request_id=i, error=err) for t, i in zip(trajs, ids)]
 
-    # ------------------------------------------------------------------ stats and lifecycle
     def stats(self) -> dict[str, Any]:
-        """The run's counters: one flat dict with the keys of :data:`oir_gym.relabel.stats.STAT_KEYS`
-        (each documented there); ``dropped``, ``errors_by_type``, ``error_examples`` and
-        ``child_deaths`` are dicts. Safe to call from any thread."""
+        """The run's counters, keyed by :data:`oir_gym.relabel.stats.STAT_KEYS` (thread-safe)."""
         return self._stats.snapshot(cache_entries=len(self.cache), pending=self._jobs.pending, health=self.health.stats(),
                                     child=llm_process_stats(self.backend.llm))
 
@@ -301,15 +255,10 @@ class HindsightRelabeler:
                               RuntimeWarning, stacklevel=2)
 
     def check_llm(self, timeout: Optional[float] = None) -> Optional[str]:
-        """One tiny real LLM call (a child process first starts and loads its model).
+        """One tiny real LLM call: the completion (``None`` without an LLM) within ``timeout`` seconds.
 
-        Returns the completion (``None`` without an LLM) within ``timeout`` seconds. Default: for
-        an LLM in a child process :data:`~oir_gym.relabel.llm.build.CHILD_CHECK_TIMEOUT` (start, model
-        load and one call); for one in this process (``openai``) ``llm_timeout`` when set, else
-        :data:`~oir_gym.relabel.llm.build.CHECK_TIMEOUT`. Raises
-        :class:`~oir_gym.relabel.llm.spec.LLMCheckError` (a ``RuntimeError``) with a one-line cause
-        and remedy when the backend cannot be built, crashes, hangs, passes the timeout, cannot be
-        reached, or is not an LLM server. Call it before training when the run needs the LLM.
+        Raises :class:`~oir_gym.relabel.llm.spec.LLMCheckError` (a ``RuntimeError``) with the cause
+        and remedy when the backend cannot be built, crashes, hangs, times out or is not an LLM server.
         """
         llm = self.backend.llm
         if llm is None:
@@ -319,15 +268,9 @@ class HindsightRelabeler:
         return probe(llm, timeout)
 
     def close(self, timeout: Optional[float] = CLOSE_TIMEOUT) -> None:
-        """Stop the worker, stop an LLM this relabeler started, save the cache. Idempotent.
+        """Finish queued batches for up to ``timeout`` s, stop an LLM this relabeler built, save the cache.
 
-        The worker first finishes the queued batches, for up to ``timeout`` seconds in all
-        (``None``: as long as they take); batches still queued then are dropped (no results;
-        counted in ``closed_in_flight``). Then an LLM this relabeler built is stopped, which fails
-        a call in flight at once: an HTTP request is aborted; a child process is asked to stop (or,
-        inside a call, terminated) and, if it still does not end (a hung or stopped child),
-        killed, each step waiting at most ``ChildConfig.grace``. So with a ``timeout``, ``close``
-        returns within about ``timeout + 3 * grace + 1`` seconds whatever the LLM does.
+        Idempotent; returns within about ``timeout + 3 * ChildConfig.grace + 1`` seconds whatever the LLM does.
         """
         if self._closed:
             return
@@ -338,12 +281,6 @@ class HindsightRelabeler:
             close_llm(self.backend.llm)  # a call still running fails now, so the worker ends
         self._jobs.join(1.0)
         self.save_cache()
-
-    def __enter__(self) -> "HindsightRelabeler":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"HindsightRelabeler(backend={self.backend!r}, k={self.k}, template={self.template.name!r}, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Self
 
 import numpy as np
 
@@ -80,3 +80,13 @@ class RelabelResult:
     def grounded(self) -> list[Candidate]:
         """The kept candidates that are grounded in this trajectory."""
         return [c for c in self.candidates if c.grounded]
+
+
+class Closing:
+    """``with relabeler:`` closes it at the end."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -68,3 +68,10 @@ def schema_shape(schema: Optional[dict]) -> tuple[int, bool]:
     lists = props.get("Completed Instructions", {}) if analysis else schema
     k = lists.get("properties", {}).get("Mid-Level", {}).get("maxItems", 4)
     return int(k), analysis
+
+
+def set_sampling(backend: Any, temperature: float, top_p: float, seed: int, max_tokens: Optional[int],
+                 grammar: Optional[str]) -> None:
+    """Set the sampling attributes the native backends share."""
+    backend.temperature, backend.top_p, backend.seed = float(temperature), float(top_p), int(seed)
+    backend.max_tokens, backend.grammar_mode = max_tokens, grammar

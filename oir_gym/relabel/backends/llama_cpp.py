@@ -9,7 +9,7 @@ import threading
 import weakref
 from typing import Any, Optional
 
-from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape
+from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape, set_sampling
 from oir_gym.relabel.models import default_gguf_path
 from oir_gym.relabel.prompts import instruction_gbnf
 
@@ -66,11 +66,7 @@ class LlamaCppBackend:
         self.chat_format = chat_format
         self.n_threads = int(n_threads)
         self.n_batch = int(n_batch)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.seed = int(seed)
-        self.max_tokens = max_tokens
-        self.grammar_mode = grammar
+        set_sampling(self, temperature, top_p, seed, max_tokens, grammar)
         self.verbose = verbose
         self._auto_ctx = n_ctx is None
         self._n_ctx = int(n_ctx or 2048)

@@ -1,15 +1,10 @@
 """Chat completions from any OpenAI-compatible server, on the ``openai`` package's ``AsyncOpenAI``.
 
-The package's retries are off and what it lacks is added, so that a broken or hostile server cannot
-hurt the training run (``tests/test_relabel_openai_hostile.py`` tries each rule on loopback):
-every request has a **total** deadline (:func:`asyncio.wait_for`: a trickled answer ends on time;
-the package's own timeouts are per read); the HTTP transport caps every answer, error answers
-included, at ``max_response_bytes`` and refuses compressed ones; redirects are never followed (one
-could carry the API key elsewhere); malformed HTTP, short reads and unusable JSON raise
-:class:`BackendError`, and each failed call is counted by cause. Requests run on one event loop per
-process, on a daemon thread, whatever thread calls :meth:`~OpenAIBackend.generate` (running a loop
-of its own or not); :meth:`~OpenAIBackend.close` cancels those in flight. The API key never appears
-in ``repr``, exceptions, logs (the HTTP libraries' included) or ``stats()``.
+A broken or hostile server cannot hurt the run (``tests/test_relabel_openai_hostile.py``): each
+request has a total deadline; answers are capped at ``max_response_bytes`` and never compressed;
+redirects are never followed; malformed answers raise :class:`BackendError`, counted by cause.
+Requests run on one event loop per process on a daemon thread; :meth:`~OpenAIBackend.close`
+cancels those in flight. The API key never appears in ``repr``, exceptions, logs or ``stats()``.
 """
 
 from __future__ import annotations
@@ -52,9 +47,7 @@ _CLOSED = "closed (backend.close() was called)"
 
 
 def _rejects_format(status: int, payload: bytes) -> bool:
-    """True when an error answer says the *response format* is what the server cannot do (only then
-    is structured output stepped down; a context-length 400 or an overloaded 503 fails that call).
-    llama_cpp.server answers an unsupported ``response_format`` with HTTP 500, OpenAI and vLLM 400."""
+    """True when an error answer says the response format is what the server cannot do (only then step down)."""
     if status < 400:
         return False
     text = payload[:4000].decode("utf-8", errors="replace").lower()
@@ -64,7 +57,7 @@ def _rejects_format(status: int, payload: bytes) -> bool:
 
 
 def _retry_after(value: Optional[str]) -> Optional[float]:
-    """Seconds to wait from a ``Retry-After`` header (delay in seconds or an HTTP date)."""
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date)."""
     value = (value or "").strip()
     try:
         secs = float(value) if value else math.nan
@@ -78,7 +71,7 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
 
 
 class _Secret:
-    """Holds an explicitly given API key; shows as ``<hidden>`` in ``repr``/``vars``."""
+    """An explicitly given API key; shows as ``<hidden>``."""
 
     __slots__ = ("value",)
 
@@ -92,7 +85,7 @@ class _Secret:
 
 
 class _Failure(Exception):
-    """One attempt's failure (internal): ``kind`` is a key of :meth:`OpenAIBackend.stats`."""
+    """One attempt's failure: ``kind`` is a key of :meth:`OpenAIBackend.stats`."""
 
     def __init__(self, kind: str, message: str, retry: bool = False) -> None:
         super().__init__(message)
@@ -100,7 +93,7 @@ class _Failure(Exception):
 
 
 def _safe_url(url: str) -> str:
-    """``url`` without any ``user:password@`` part (for messages, ``repr`` and the client)."""
+    """``url`` without any ``user:password@`` part."""
     p = urllib.parse.urlsplit(url)
     if p.username is None and p.password is None:
         return url
@@ -111,7 +104,6 @@ def _safe_url(url: str) -> str:
     return urllib.parse.urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment))
 
 
-# ----------------------------------------------------------------------------- shared machinery
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
 # A forked child inherits the loop object but not the thread running it.
@@ -119,8 +111,7 @@ os.register_at_fork(after_in_child=lambda: globals().update(_loop=None, _loop_lo
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
-    """This process's loop for HTTP calls, on a daemon thread: never the caller's (it may run a loop
-    of its own), and a stuck request never holds the interpreter at exit."""
+    """This process's loop for HTTP calls, on a daemon thread (never the caller's loop)."""
     global _loop
     with _loop_lock:
         if _loop is None:
@@ -130,9 +121,7 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 
 
 class _MaskKeys(logging.Filter):
-    """Masks live backends' keys in the HTTP libraries' records (their debug traces quote response
-    headers and protocol errors, which a server can fill with the key). A filter sees only its own
-    logger's records, so it goes on each of their loggers."""
+    """Masks live backends' keys in the HTTP libraries' log records (one filter on each of their loggers)."""
 
     backends: "weakref.WeakSet[OpenAIBackend]" = weakref.WeakSet()
 
@@ -155,7 +144,7 @@ _MASK = _MaskKeys()
 
 
 def _capped_transport(inner: Any, cap: int) -> Any:
-    """``inner`` (an ``httpx2`` transport) whose answers fail past ``cap`` bytes, whoever reads them."""
+    """``inner`` (an ``httpx2`` transport) whose answers fail past ``cap`` bytes."""
     import httpx2
 
     class Capped(httpx2.AsyncByteStream):
@@ -199,35 +188,23 @@ class OpenAIBackend:
 
     Args:
         base_url: server root including ``/v1``. Default: ``OPENAI_BASE_URL``, else
-            ``http://127.0.0.1:8000/v1`` (as the OpenAI client: the argument wins).
-        model: model name sent to the server. Empty or ``None``: ask the server
-            (``GET {base_url}/models``) and use the one model it serves; several models, none, or
-            no model list (not an OpenAI-compatible LLM server, wrong URL, unreachable) raise
-            :class:`BackendError` here, before any training starts.
-        api_key: the API key. Default: the environment variable ``api_key_env`` (``OPENAI_API_KEY``),
-            read at each request. Sent as a bearer token and nowhere else (masked in any error
-            text). Local servers need none.
+            ``http://127.0.0.1:8000/v1``.
+        model: model name; empty or ``None``: the one model the server lists (else :class:`BackendError` here).
+        api_key: the API key. Default: the environment variable ``api_key_env``, read at each request.
         api_key_env: name of the environment variable holding the key (``None``: no key).
-        timeout: seconds per HTTP request, **total**: connect, send and the whole answer. A call,
-            retries and waits included, ends within ``timeout * (max_retries + 1)`` seconds.
+        timeout: seconds per HTTP request, total; a call ends within ``timeout * (max_retries + 1)``.
         max_retries: retries after a connection error, a short read, HTTP 429 or 5xx (backoff
-            ``backoff * 2**i`` with jitter, or the server's ``Retry-After`` when longer; one beyond
-            the call's deadline ends the call at once). Timeouts only with ``retry_on_timeout``.
+            ``backoff * 2**i`` with jitter, or ``Retry-After``); timeouts only with ``retry_on_timeout``.
         concurrency: requests of one :meth:`generate` call in flight at once.
-        response_format: ``"auto"`` tries OpenAI's ``json_schema`` format, steps down to llama.cpp's
-            ``json_object`` + schema, then to none, only when the server's error says the format is
-            not supported, and remembers what worked; or one of ``"json_schema"``, ``"json_object"``,
-            ``"none"``.
-        extra_body: extra JSON fields for every request (e.g. ``{"chat_template_kwargs":
-            {"enable_thinking": False}}`` for Qwen3 on vLLM).
-        max_response_bytes: largest answer accepted; a longer one is an unusable answer.
+        response_format: ``"auto"`` steps down ``json_schema`` -> ``json_object`` -> ``none`` when the
+            server says a format is unsupported; or one of those three.
+        extra_body: extra JSON fields for every request.
+        max_response_bytes: largest answer accepted.
 
     Raises:
-        TypeError, ValueError: an argument of the wrong type or out of range (NaN, zero or negative
-            timeouts and sizes, a bool or float where an integer is expected).
+        TypeError, ValueError: an argument of the wrong type or out of range.
         ImportError: the ``openai`` package is not installed.
-        BackendError: from the constructor when ``model`` is empty and the server cannot tell which
-            model to use; from :meth:`generate` when a call fails.
+        BackendError: the server cannot tell which model to use (``model`` empty).
     """
 
     def __init__(
@@ -282,7 +259,6 @@ class OpenAIBackend:
 
         self.model = model or self._served_model()
 
-    # ------------------------------------------------------------------ public
     def __repr__(self) -> str:  # never shows the key, only where it comes from
         key = "api_key=<hidden>" if self._api_key else f"api_key_env={self.api_key_env!r}"
         return (f"OpenAIBackend(base_url={_safe_url(self.base_url)!r}, model={self.model!r}, {key}, "
@@ -294,13 +270,9 @@ class OpenAIBackend:
         return self._rf_mode
 
     def stats(self) -> dict[str, int]:
-        """Counters since construction (for the run's metrics).
-
-        ``calls`` (one per completion asked for), ``ok``, ``failures`` (failed calls, each counted
-        once under its final cause: ``timeouts``, ``connection_errors``, ``http_errors`` (an HTTP
-        error status), ``redirects``, ``unusable`` (malformed HTTP, a short read, an answer too
-        large, not JSON or without a message)), ``requests`` (HTTP requests sent, retries
-        included), ``retries`` and ``format_step_downs``.
+        """Counters since construction: ``calls``, ``ok``, ``failures`` (each also under its cause:
+        ``timeouts``, ``connection_errors``, ``http_errors``, ``redirects``, ``unusable``), ``requests``,
+        ``retries`` and ``format_step_downs``.
         """
         with self._lock:
             return dict(self._counts)
@@ -329,10 +301,7 @@ class OpenAIBackend:
         return ids
 
     def generate(self, prompts: Sequence[str], n: int = 1, *, schema: Optional[dict] = None) -> list[list[str]]:
-        """One request per (prompt, sample), ``concurrency`` at a time. Raises :class:`BackendError`.
-
-        The first failed request stops the call (requests not yet sent are dropped).
-        """
+        """One request per (prompt, sample), ``concurrency`` at a time; the first failure raises :class:`BackendError`."""
         prompts = check_prompts(prompts)
         n = check_int("n", n, minimum=1)
         if self._closed.is_set():
@@ -340,10 +309,7 @@ class OpenAIBackend:
         return self._run(self._generate(prompts, n, schema))
 
     def close(self) -> None:
-        """Cancel requests in flight (their calls raise :class:`BackendError` at once); idempotent.
-
-        Later :meth:`generate` calls raise. Shutdown therefore never waits on a stuck server.
-        """
+        """Cancel requests in flight (their calls raise :class:`BackendError`); later calls raise. Idempotent."""
         self._closed.set()
         with self._lock:
             calls = list(self._inflight)
@@ -353,9 +319,7 @@ class OpenAIBackend:
         if client is not None and self._client_pid == os.getpid():
             asyncio.run_coroutine_threadsafe(client.close(), _event_loop())
 
-    # ------------------------------------------------------------------ calls on the loop
     def _run(self, coro: Coroutine) -> Any:
-        """Run ``coro`` on the process's event loop and wait for it (from any thread)."""
         fut = asyncio.run_coroutine_threadsafe(coro, _event_loop())
         with self._lock:
             self._inflight.add(fut)
@@ -452,7 +416,7 @@ class OpenAIBackend:
 
     # ------------------------------------------------------------------ HTTP
     async def _request(self, method: str, path: str, body: Optional[dict], deadline: float) -> tuple[int, bytes]:
-        """One request with retries: ``(status, body)`` of a non-retryable HTTP answer, or :class:`_Failure`."""
+        """One request with retries: ``(status, body)`` of a non-retryable answer, or :class:`_Failure`."""
         last: Optional[_Failure] = None
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -550,7 +514,6 @@ class OpenAIBackend:
             raise _Failure("unusable", f"sent an answer the client cannot read ({what})") from None
         return resp.status_code, resp.headers, resp.content
 
-    # ------------------------------------------------------------------ helpers
     def _raw_key(self) -> Optional[str]:
         if self._api_key is not None:
             return self._api_key.value
@@ -566,7 +529,7 @@ class OpenAIBackend:
         return key or None
 
     def _redact(self, text: str) -> str:
-        """``text`` with the API key masked (a server may echo request headers back)."""
+        """``text`` with the API key masked."""
         raw = self._raw_key()
         for key in {k for k in (raw, (raw or "").strip()) if k}:
             text = text.replace(key, "***")

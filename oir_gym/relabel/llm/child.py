@@ -131,16 +131,9 @@ _child_entry({fd})
 class ChildConfig:
     """Deadlines and restart policy of a :class:`ChildProcessBackend`.
 
-    Attributes:
-        timeout: seconds a call may take before the child counts as hung and is killed
-            (``generate`` gets ``timeout + per_prompt_timeout * prompts * n``).
-        per_prompt_timeout: extra seconds per completion asked for.
-        start_timeout: seconds the child may take to import its library and load the model.
-        backoff: seconds before the first restart after a failure; doubled after each failure in
-            a row, up to ``max_backoff``; reset by a successful call.
-        max_backoff: longest wait between restarts.
-        grace: seconds shutdown waits for the child after asking it to stop (then terminate,
-            then kill, each with the same grace).
+    ``timeout`` (plus ``per_prompt_timeout`` per completion): seconds a call may take before the child
+    is killed as hung; ``start_timeout``: for import and model load; ``backoff``: first wait before a
+    restart, doubled per failure up to ``max_backoff``; ``grace``: each shutdown step's wait.
     """
 
     timeout: float = 120.0
@@ -161,20 +154,16 @@ def _close_all_at_exit() -> None:
 
 
 class ChildProcessBackend:
-    """An LLM backend that lives in a child process (implements the ``LLMBackend`` protocol).
+    """An LLM backend that lives in a child process (the ``LLMBackend`` protocol).
 
     Args:
         spec: what to build in the child (a :class:`BackendSpec`, or a name / ``"module:Class"``).
         kwargs: constructor arguments when ``spec`` is a string.
         config: deadlines and restart policy (:class:`ChildConfig`).
-        start: start the child now (the model loads while the caller does other work); else on
-            the first call.
+        start: start the child now; else on the first call.
 
-    Calls are serialised (one in flight). Every failure raises a :class:`BackendError`:
-    :class:`LLMProcessDied` (the child died; the message names the signal and the remedy),
-    :class:`~oir_gym.relabel.BackendTimeout` (past the deadline; the child was killed),
-    :class:`LLMUnavailable` (down, restarting later), or the backend's own error (the child lives on).
-    :meth:`stats` counts ``restarts``, ``child_deaths`` by cause and ``seconds_without_llm``.
+    Calls are serialised. Failures raise :class:`LLMProcessDied`, :class:`~oir_gym.relabel.BackendTimeout`,
+    :class:`LLMUnavailable` or the backend's own :class:`BackendError`.
     """
 
     def __init__(self, spec: BackendSpec | str, kwargs: Optional[dict] = None, *,
@@ -410,9 +399,7 @@ class ChildProcessBackend:
             pass
 
     def close(self) -> None:
-        """Stop the child: never waits longer than about three times ``config.grace`` (an idle child
-        is asked to stop, then terminated, then killed; one inside a call is terminated at once,
-        then killed). Idempotent."""
+        """Stop the child within about three times ``config.grace`` (ask, terminate, kill). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -439,9 +426,8 @@ class ChildProcessBackend:
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
-        """``restarts`` (starts after the first), ``child_deaths`` (by cause: a signal name, ``hang``,
-        ``exit N``, ``init:<error>``...), ``seconds_without_llm`` (from a failure to the next
-        answer, summed), ``down`` (no working child right now), ``calls``, ``failures``, ``last_error``."""
+        """``restarts``, ``child_deaths`` by cause, ``seconds_without_llm``, ``down``, ``calls``, ``failures``,
+        ``last_error``."""
         now = time.monotonic()
         down = self._down_total + (now - self._down_since if self._down_since is not None else 0.0)
         return {
