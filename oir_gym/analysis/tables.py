@@ -258,6 +258,7 @@ def time_to_target_table(runs: dict[str, Sequence[list[dict]]], target: float, b
 _SUCCESS_KEY = re.compile(r"^(?:seed\d+/)?eval/([^/]+)/mean_success_rate$")
 _GAIN_KEY = re.compile(r"^(?:seed\d+/)?eval/control/([^/]+)/gain$")
 
+
 def _ordered_sets(runs: Iterable[list[dict]], pattern: re.Pattern) -> list[str]:
     return _builtin_first(m.group(1) for rows in runs for r in rows for k in r if (m := pattern.match(k)))
 
