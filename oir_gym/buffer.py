@@ -1,32 +1,10 @@
 """The prioritized instruction replay buffer of the paper (Sec. 4.3), in pure Python/numpy.
 
-The buffer is a fixed-size circular array of instruction strings. Per-instruction statistics
-(episode count and empirical mean return ``R(i)``) are kept for every instruction ever recorded;
-they are used *only* to order a batch of new instructions before it is written into the buffer.
-Episodes then draw their instruction uniformly from the filled slots.
-
-Priority ordering (paper Eq. "Status"): each candidate gets
-
-* status 0, *learning boundary*: ``tau_low < R(i) <= tau_high``
-* status 1, *failing*:           ``R(i) <= tau_low``
-* status 2, *mastered*:          ``R(i) > tau_high``
-
-and candidates are sorted ascending by ``(status, R(i), count, position in the batch)``: the
-paper's tuple ``(Status, R)``, then its "prefer instructions seen fewer times" tie-break, then
-the candidate's position in the incoming batch so the order is fully deterministic (Python's
-sort is stable, so equal keys keep their batch order). Unseen instructions have ``R = 0`` and
-``count = 0``, so they are "failing" and come first among failing instructions.
-
-Round-robin eviction: the sorted candidates are written one after another at the cursor, each
-overwriting the oldest slot, and the cursor advances modulo the capacity.
-
-Choices the paper leaves open (each documented where it is implemented):
-
-* the buffer starts empty (Alg. 2 initialises ``B <- {}``); callers seed it, e.g. with the 22
-  original Craftax instructions, through ``initial`` or :meth:`InstructionBuffer.insert`;
-* a batch larger than the capacity keeps only the top ``capacity`` of its priority list;
-* candidates already in the buffer (and repeats within a batch) are skipped by default;
-* statistics are bounded: at most ``max_tracked`` instructions, least recently updated evicted.
+A fixed-size circular array of instructions, sampled uniformly. A batch of new instructions is
+sorted by ``(status, R(i), count, position in the batch)`` (status: 0 learning boundary
+``tau_low < R <= tau_high``, 1 failing ``R <= tau_low``, 2 mastered; unseen: ``R = 0``) and written
+round-robin at the cursor over the oldest slots. Per-instruction statistics (count, mean return)
+are kept for at most ``max_tracked`` instructions, least recently updated evicted.
 """
 
 from __future__ import annotations
@@ -38,6 +16,7 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -64,31 +43,17 @@ class InstructionStats:
     mean_return: float = 0.0
 
 
-# --------------------------------------------------------------------------------------------
-# Pure functions
-# --------------------------------------------------------------------------------------------
-
-
 def _check_thresholds(tau_low: float, tau_high: float) -> tuple[float, float]:
     tl, th = check_real("tau_low", tau_low), check_real("tau_high", tau_high)
     if not 0.0 <= tl < th:
-        raise ValueError(
-            f"thresholds must satisfy 0 <= tau_low < tau_high, got tau_low={tau_low!r}, tau_high={tau_high!r}"
-        )
+        raise ValueError(f"thresholds must satisfy 0 <= tau_low < tau_high, got tau_low={tau_low!r}, "
+                         f"tau_high={tau_high!r}")
     return tl, th
 
 
 def instruction_status(mean_return: float, tau_low: float, tau_high: float) -> int:
-    """Paper's Status(i): 0 learning boundary, 1 failing, 2 mastered.
-
-    Args:
-        mean_return: empirical mean return ``R(i)`` (0 for an unseen instruction).
-        tau_low: lower threshold; ``R <= tau_low`` is failing.
-        tau_high: upper threshold; ``R > tau_high`` is mastered.
-
-    Returns:
-        0 if ``tau_low < R <= tau_high``, 1 if ``R <= tau_low``, 2 if ``R > tau_high``.
-    """
+    """Paper's Status(i) of mean return ``R``: 0 if ``tau_low < R <= tau_high`` (learning boundary),
+    1 if ``R <= tau_low`` (failing), 2 if ``R > tau_high`` (mastered)."""
     _check_thresholds(tau_low, tau_high)
     r = float(mean_return)
     if math.isnan(r):
@@ -101,16 +66,8 @@ def instruction_status(mean_return: float, tau_low: float, tau_high: float) -> i
 
 
 def priority_order(candidates: Sequence[tuple[str, float, int]], tau_low: float, tau_high: float) -> list[str]:
-    """Order candidates by priority, highest first (the paper's lexicographic ascending sort).
-
-    Args:
-        candidates: ``(instruction, mean_return, count)`` triples.
-        tau_low, tau_high: status thresholds, see :func:`instruction_status`.
-
-    Returns:
-        The instructions sorted ascending by ``(status, mean_return, count)``. Remaining ties keep
-        the input order (stable sort), which makes the result deterministic.
-    """
+    """The instructions of ``(instruction, mean_return, count)`` triples, highest priority first: sorted
+    ascending by ``(status, mean_return, count)``, ties in input order."""
     _check_thresholds(tau_low, tau_high)
     keyed = []
     for pos, cand in enumerate(candidates):
@@ -129,47 +86,26 @@ def _check_instruction(instruction: Any, what: str = "instruction") -> str:
     return instruction
 
 
-# --------------------------------------------------------------------------------------------
-# The buffer
-# --------------------------------------------------------------------------------------------
-
-
 class InstructionBuffer:
     """Fixed-size circular buffer of instructions with PLR-style priority-ordered insertion.
 
     Args:
-        capacity: number of slots (paper: 10). Must be >= 1.
-        tau_low: failing threshold, ``0 <= tau_low < tau_high``.
-        tau_high: mastered threshold.
-        initial: instructions to insert at construction (through :meth:`insert`, so at most
-            ``capacity`` of them, in priority order). Default: none. The paper initialises the
-            buffer empty (Alg. 2) and is silent on the first episodes' instructions, so seeding
-            (e.g. with :data:`oir_gym.instructions.ORIGINAL_INSTRUCTIONS`) is the caller's choice
-            rather than a hidden default.
-        seed: seed of the buffer's own numpy generator used by :meth:`sample`.
-        allow_duplicates: if False (default), candidates already in the buffer and repeats within
-            one batch are skipped, so the buffer holds distinct instructions and sampling stays
-            uniform over instructions rather than being skewed towards ones the LLM repeats. If
-            True, every candidate is written, repeats included.
-        max_tracked: maximum number of instructions whose statistics are kept; beyond it the least
-            recently updated entry is dropped (it then counts as unseen again).
+        capacity: number of slots (paper: 10), >= 1.
+        tau_low, tau_high: failing and mastered thresholds, ``0 <= tau_low < tau_high``.
+        initial: instructions to :meth:`insert` at construction (the paper starts empty).
+        seed: seed of the generator :meth:`sample` uses.
+        allow_duplicates: write candidates already in the buffer and repeats within a batch too.
+        max_tracked: instructions whose statistics are kept (the least recently updated is dropped).
     """
 
-    def __init__(
-        self,
-        capacity: int = 10,
-        tau_low: float = 0.1,
-        tau_high: float = 0.9,
-        initial: Iterable[str] | None = None,
-        seed: int | None = None,
-        allow_duplicates: bool = False,
-        max_tracked: int = 100_000,
-    ) -> None:
+    def __init__(self, capacity: int = 10, tau_low: float = 0.1, tau_high: float = 0.9,
+                 initial: Iterable[str] | None = None, seed: int | None = None, allow_duplicates: bool = False,
+                 max_tracked: int = 100_000) -> None:
         self._capacity = check_int("capacity", capacity, minimum=1)
         self._max_tracked = check_int("max_tracked", max_tracked, minimum=1)
         self._tau_low, self._tau_high = _check_thresholds(tau_low, tau_high)
         self._allow_duplicates = check_bool("allow_duplicates", allow_duplicates)
-        check_int("seed", seed, minimum=0, none_ok=True)  # numpy's generators take any non-negative int
+        check_int("seed", seed, minimum=0, none_ok=True)
         if initial is not None and (isinstance(initial, (str, bytes)) or not isinstance(initial, Iterable)):
             raise ArgumentTypeError(f"initial={show(initial)} must be a list of instructions or None"
                                     + (", not a single string" if isinstance(initial, (str, bytes)) else
@@ -177,43 +113,21 @@ class InstructionBuffer:
         self._slots: list[str | None] = [None] * self._capacity
         self._size = 0
         self._cursor = 0  # next slot to write; once full, also the oldest slot
-        # instruction -> [count, mean]; order = least recently updated first (LRU eviction).
+        # instruction -> [count, mean], least recently updated first
         self._stats: OrderedDict[str, list] = OrderedDict()
         self._rng = np.random.default_rng(seed)
         if initial is not None:
             initial = [_check_instruction(t, f"initial[{i}]") for i, t in enumerate(initial)]
             self.insert(initial)
 
-    # ---- properties ------------------------------------------------------------------------
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def tau_low(self) -> float:
-        return self._tau_low
-
-    @property
-    def tau_high(self) -> float:
-        return self._tau_high
-
-    @property
-    def allow_duplicates(self) -> bool:
-        return self._allow_duplicates
-
-    @property
-    def max_tracked(self) -> int:
-        return self._max_tracked
-
-    @property
-    def cursor(self) -> int:
-        """Index of the slot the next insertion writes (the oldest slot once the buffer is full)."""
-        return self._cursor
-
-    @property
-    def rng(self) -> np.random.Generator:
-        return self._rng
+    capacity = property(attrgetter("_capacity"))
+    tau_low = property(attrgetter("_tau_low"))
+    tau_high = property(attrgetter("_tau_high"))
+    allow_duplicates = property(attrgetter("_allow_duplicates"))
+    max_tracked = property(attrgetter("_max_tracked"))
+    #: Index of the slot the next insertion writes (the oldest slot once the buffer is full).
+    cursor = property(attrgetter("_cursor"))
+    rng = property(attrgetter("_rng"))
 
     def __len__(self) -> int:
         return self._size
@@ -232,23 +146,16 @@ class InstructionBuffer:
         """Number of instructions with recorded statistics."""
         return len(self._stats)
 
-    # ---- statistics ------------------------------------------------------------------------
-
     def record(self, instruction: str, episode_return: float) -> None:
-        """Add one finished episode's return to the instruction's running mean.
-
-        The instruction need not be in the buffer (relabeled instructions get statistics too).
-        """
+        """Add one finished episode's return to the instruction's running mean (in the buffer or not)."""
         _check_instruction(instruction)
         r = float(episode_return)
         if not math.isfinite(r):
             raise ValueError(f"episode_return must be finite, got {episode_return!r} for {instruction!r}")
-        entry = self._stats.pop(instruction, None)
-        if entry is None:
-            entry = [0, 0.0]
+        entry = self._stats.pop(instruction, None) or [0, 0.0]
         entry[0] += 1
-        entry[1] += (r - entry[1]) / entry[0]  # incremental mean: no sum that grows without bound
-        self._stats[instruction] = entry  # re-insert at the end = most recently updated
+        entry[1] += (r - entry[1]) / entry[0]
+        self._stats[instruction] = entry  # at the end: most recently updated
         while len(self._stats) > self._max_tracked:
             self._stats.popitem(last=False)
 
@@ -257,9 +164,8 @@ class InstructionBuffer:
         instructions = list(instructions)
         returns = np.asarray(episode_returns, dtype=np.float64).reshape(-1)
         if len(instructions) != len(returns):
-            raise ValueError(
-                f"instructions and episode_returns differ in length: {len(instructions)} vs {len(returns)}"
-            )
+            raise ValueError(f"instructions and episode_returns differ in length: {len(instructions)} vs "
+                             f"{len(returns)}")
         for instr, r in zip(instructions, returns):
             self.record(instr, float(r))
 
@@ -272,31 +178,16 @@ class InstructionBuffer:
         """The instruction's current status (see :func:`instruction_status`)."""
         return instruction_status(self.stats(instruction).mean_return, self._tau_low, self._tau_high)
 
-    # ---- insertion / sampling --------------------------------------------------------------
-
     def insert(self, candidates: Sequence[str]) -> list[str]:
-        """Write a batch of new instructions in priority order at the round-robin cursor.
-
-        Candidates are ordered with :func:`priority_order` using their current statistics. If the
-        batch (after skipping duplicates, see ``allow_duplicates``) is larger than the capacity,
-        only the top ``capacity`` of the priority list are written: writing all of them would let
-        the lowest-priority tail overwrite the head within the same call.
-
-        Returns:
-            The instructions written, in write order.
-        """
+        """Write a batch of new instructions in :func:`priority_order` at the round-robin cursor, at most
+        ``capacity`` of them (the tail would overwrite the head); returns those written, in order."""
         if isinstance(candidates, str):
             raise ValueError("candidates must be a list of instructions, not a single string")
         cands = [_check_instruction(c, f"candidate {i}") for i, c in enumerate(candidates)]
         if not self._allow_duplicates:
             present = set(self.contents())
-            kept = []
-            for c in cands:
-                if c not in present:
-                    kept.append(c)
-                    present.add(c)
-            cands = kept
-        triples = [(c, *self._stat_pair(c)) for c in cands]
+            cands = [c for c in dict.fromkeys(cands) if c not in present]
+        triples = [(c, self.stats(c).mean_return, self.stats(c).count) for c in cands]
         ordered = priority_order(triples, self._tau_low, self._tau_high)[: self._capacity]
         for instr in ordered:
             self._slots[self._cursor] = instr
@@ -304,50 +195,24 @@ class InstructionBuffer:
             self._size = min(self._size + 1, self._capacity)
         return ordered
 
-    def _stat_pair(self, instruction: str) -> tuple[float, int]:
-        s = self.stats(instruction)
-        return s.mean_return, s.count
-
     def sample(self, n: int, rng: np.random.Generator | None = None) -> list[str]:
-        """Draw ``n`` instructions uniformly (with replacement) from the filled slots.
-
-        Args:
-            n: number of draws, >= 0.
-            rng: generator to use; default the buffer's own (whose state is saved by
-                :meth:`state_dict`).
-
-        Raises:
-            EmptyBufferError: if the buffer holds no instruction.
-        """
+        """Draw ``n`` instructions uniformly (with replacement) from the filled slots, with ``rng`` or
+        the buffer's own generator; EmptyBufferError if the buffer holds none."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"n must be an integer >= 0, got {n!r}")
         if self._size == 0:
-            raise EmptyBufferError(
-                "cannot sample from an empty InstructionBuffer; seed it first with insert() or initial=[...]"
-            )
-        gen = self._rng if rng is None else rng
+            raise EmptyBufferError("cannot sample from an empty InstructionBuffer; seed it first with insert() "
+                                   "or initial=[...]")
         filled = self.contents()
-        idx = gen.integers(0, len(filled), size=int(n))
-        return [filled[i] for i in idx]
-
-    # ---- persistence -----------------------------------------------------------------------
+        return [filled[i] for i in (self._rng if rng is None else rng).integers(0, len(filled), size=int(n))]
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot: configuration, slots, cursor, statistics and rng state."""
-        return {
-            "version": _STATE_VERSION,
-            "capacity": self._capacity,
-            "tau_low": self._tau_low,
-            "tau_high": self._tau_high,
-            "allow_duplicates": self._allow_duplicates,
-            "max_tracked": self._max_tracked,
-            "slots": list(self._slots),
-            "size": self._size,
-            "cursor": self._cursor,
-            # list (not dict) keeps the LRU order explicit.
-            "stats": [[k, int(v[0]), float(v[1])] for k, v in self._stats.items()],
-            "rng_state": _jsonable(self._rng.bit_generator.state),
-        }
+        return {"version": _STATE_VERSION, "capacity": self._capacity, "tau_low": self._tau_low,
+                "tau_high": self._tau_high, "allow_duplicates": self._allow_duplicates,
+                "max_tracked": self._max_tracked, "slots": list(self._slots), "size": self._size,
+                "cursor": self._cursor, "stats": [[k, int(v[0]), float(v[1])] for k, v in self._stats.items()],
+                "rng_state": self._rng.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a snapshot made by :meth:`state_dict` (configuration included)."""
@@ -355,13 +220,8 @@ class InstructionBuffer:
             version = state["version"]
             if version != _STATE_VERSION:
                 raise ValueError(f"unsupported InstructionBuffer state version {version!r} (expected {_STATE_VERSION})")
-            fresh = InstructionBuffer(
-                capacity=state["capacity"],
-                tau_low=state["tau_low"],
-                tau_high=state["tau_high"],
-                allow_duplicates=state["allow_duplicates"],
-                max_tracked=state["max_tracked"],
-            )
+            fresh = InstructionBuffer(capacity=state["capacity"], tau_low=state["tau_low"], tau_high=state["tau_high"],
+                                      allow_duplicates=state["allow_duplicates"], max_tracked=state["max_tracked"])
             slots = list(state["slots"])
             size, cursor = int(state["size"]), int(state["cursor"])
             stats = state["stats"]
@@ -413,19 +273,6 @@ class InstructionBuffer:
         return buf
 
     def __repr__(self) -> str:
-        return (
-            f"InstructionBuffer(capacity={self._capacity}, size={self._size}, cursor={self._cursor}, "
-            f"tau_low={self._tau_low}, tau_high={self._tau_high}, tracked={len(self._stats)})"
-        )
-
-
-def _jsonable(obj: Any) -> Any:
-    """numpy bit-generator state -> plain JSON types (its ints may exceed 64 bits; JSON keeps them)."""
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
+        return (f"InstructionBuffer(capacity={self._capacity}, size={self._size}, cursor={self._cursor}, "
+                f"tau_low={self._tau_low}, tau_high={self._tau_high}, tracked={len(self._stats)})")
 

@@ -1,42 +1,10 @@
-"""The evaluation protocol of the paper (Sec. 5), shared by the PQN and SB3 agents, plus a control.
+"""The evaluation protocol of the paper (Sec. 5) plus its control, shared by the PQN and SB3 agents.
 
-Every instruction of the chosen sets (``original``, ``simple``, ``complex``; see
-:mod:`oir_gym.instructions`; and any user sets, :attr:`EvalConfig.instruction_files`) is given to
-``episodes`` envs; the policy acts greedily for a fixed ``horizon`` (the env's cosine termination is
-off, so reward shaping cannot end an episode early); an episode succeeds when the instruction's
-ground-truth Craftax achievement (or all of its achievements; for an ordered "X then Y", X strictly
-before Y; within the instruction's own horizon if it has one) happens before the horizon or the
-player's death. Every episode keeps a record of the first step of each achievement and of each
-achievement after each other one (:data:`RECORD_SHAPE`), from which everything is scored. Metrics
-per set: per-instruction success rate, mean success rate, number of completed instructions,
-aggregate score, and the paraphrase retention of sets of single-achievement wordings
-(:meth:`EvalResult.retention`).
-
-**Control** (``EvalConfig.control``, on by default). Success alone cannot tell instruction
-following from a fixed routine that happens to complete some achievements. Every episode records
-all 22 achievement flags, so the success of achievement A is also read where the agent was asked
-for something else:
-
-* *mismatched*: in the episodes of the instruction of the same set paired with A by
-  :func:`mismatch_pairing` (a fixed derangement of the set's achievements that never pairs an
-  achievement with one of its prerequisites or consequences: asked for "place table", an agent
-  must collect wood, so "collect wood" is never paired with "place table");
-* *neutral*: in ``episodes`` extra episodes under :data:`NEUTRAL_TEXT` (an instruction that names
-  no task; see ``docs/evaluation.md`` for the choice).
-
-The instruction-following gain of an instruction is success(A | asked for A) - success(A | the
-mismatched instruction); the neutral gain is reported beside it. An ordered instruction "X then Y"
-whose reverse "Y then X" is evaluated too (the packaged ``ordered`` and ``ordered_reverse`` sets)
-also gets its order gain: its success minus the success of X-before-Y in the episodes asked "Y then X".
-A policy that ignores its instruction has gains near 0 whatever it completes. The mismatched
-condition costs no episode; the neutral one ``episodes`` more envs in all.
-
-Two drivers: :func:`evaluate_jax` runs everything in one jitted ``lax.scan`` (PQN), and
-:func:`evaluate_python_policy` steps an :class:`~oir_gym.vector_env.InstructionCraftax` from Python
-for any policy object (SB3 agents).
-
-Evaluation worlds come from :func:`eval_key`: the run's seed, the seed's index inside a vmapped
-run and the update, so that the seeds of a run, and runs of different seeds, meet different worlds.
+Every instruction of the evaluated sets is given to ``episodes`` envs for ``horizon`` greedy steps;
+every episode keeps a record of achievement steps (:data:`RECORD_SHAPE`) from which success, the
+control (the same achievement under a mismatched and a neutral instruction) and order gains are
+scored. :func:`evaluate_jax` runs it in one jitted scan (PQN), :func:`evaluate_python_policy` from
+Python for any policy (SB3). The protocol and the control are defined in ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -59,20 +27,14 @@ from oir_gym.metrics import LEARNED_THRESHOLD, control_summary, following_gain, 
 from oir_gym.prerequisites import PREREQUISITES, related_achievements  # noqa: F401  (PREREQUISITES: re-exported)
 from oir_gym.validation import check_bool, check_int, check_str, check_str_sequence
 
-#: The neutral instruction of the control: it names no task, and the sentence encoder puts it far
-#: from every evaluation instruction (max cosine 0.25) and every caption phrasing (max 0.33), so it
-#: neither points at an achievement nor could be paid by the cosine reward. "do nothing in
-#: particular" would be a poor choice: cosine 0.85 to the caption "do nothing" (docs/evaluation.md).
+#: The neutral instruction of the control: it names no task (the choice: docs/evaluation.md).
 NEUTRAL_TEXT = "no instruction"
 
-#: Set name of the neutral episodes in :func:`eval_instructions` (':' is not allowed in user set names).
+#: Set name of the neutral episodes (':' is not allowed in user set names).
 NEUTRAL_SET = "control:neutral"
 
-#: Salt of the evaluation keys: keeps evaluation worlds apart from anything else made from the seed.
+#: Keeps evaluation worlds apart from anything else made from the seed.
 EVAL_KEY_SALT = 0x0E7A1
-
-
-# ----------------------------------------------------------------------------- configuration
 
 
 @dataclass(frozen=True)
@@ -80,14 +42,11 @@ class EvalConfig:
     """Evaluation settings.
 
     Attributes:
-        sets: packaged instruction sets to evaluate (any of
-            :data:`~oir_gym.instructions.PACKAGED_SET_NAMES`; default the paper's three; user set
-            names are accepted too, to fix their order). Every set of ``instruction_files``
-            is evaluated as well; ``sets=()`` with files evaluates only the files' sets.
-        episodes: episodes per instruction (1-32 measured; see ``docs/benchmarks.md`` for the cost).
-        horizon: steps per episode (the paper does not state one; we document ours).
-        instruction_files: user files of named sets (``docs/evaluation.md``), read and checked when
-            the config is made, so a bad file stops a run before training or evaluation starts.
+        sets: packaged (:data:`~oir_gym.instructions.PACKAGED_SET_NAMES`) or user set names to
+            evaluate, in order; every set of ``instruction_files`` is evaluated as well.
+        episodes: episodes per instruction.
+        horizon: steps per episode.
+        instruction_files: user files of named sets (``docs/evaluation.md``), checked here.
         control: also measure each achievement under a mismatched and a neutral instruction.
         neutral_text: the neutral instruction of the control.
     """
@@ -102,7 +61,6 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         files = self.instruction_files
-        # one path is a list of one (the trainers pass a path or several); one set name is not
         files = (files,) if isinstance(files, (str, os.PathLike)) else files
         object.__setattr__(self, "instruction_files", check_str_sequence("instruction_files", files, paths=True))
         object.__setattr__(self, "sets", check_str_sequence("sets", self.sets))
@@ -131,36 +89,21 @@ class EvalConfig:
 
 
 def eval_config(instruction_files: Sequence[str | os.PathLike] | str | os.PathLike = (), **kwargs: Any) -> EvalConfig:
-    """The evaluation config of a trainer: ``EvalConfig(instruction_files=..., **kwargs)``.
-
-    What both trainers call with their ``eval.instruction_files`` (a list of paths, possibly empty);
-    raises ValueError for a bad file before anything else runs.
-    """
-    return EvalConfig(instruction_files=instruction_files, **kwargs)  # one path or several: __post_init__ sorts it out
-
-
-# ----------------------------------------------------------------------------- the control pairing
+    """``EvalConfig(instruction_files=..., **kwargs)``, a trainer's evaluation config; ValueError for a bad file."""
+    return EvalConfig(instruction_files=instruction_files, **kwargs)
 
 
 def related(a: Sequence[int], b: Sequence[int]) -> bool:
-    """Whether two targets (tuples of achievement indices) share an achievement, or one needs the other
-    (:data:`~oir_gym.prerequisites.PREREQUISITES`)."""
+    """Whether two targets (achievement-index tuples) share an achievement or one needs the other."""
     return any(related_achievements(x, y) for x in a for y in b)
 
 
 def mismatch_pairing(targets: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[int, ...]]:
     """The fixed derangement of the control: for each distinct target, the target whose instruction stands in.
 
-    Among all derangements of the distinct targets (sorted), those with the fewest :func:`related`
-    pairs; among them, the one that gives the first target the partner nearest after it (in that
-    order, cyclically), then the second, and so on. Well defined whatever solver finds the optimum.
-    For the 22 achievements no pair is related (the table is in ``docs/evaluation.md``).
-
-    Args:
-        targets: achievement-index tuples (repeats allowed: one per instruction).
-
-    Returns:
-        ``{target: partner}``, a permutation without fixed points; empty for fewer than 2 distinct targets.
+    Among the derangements of the sorted distinct targets with the fewest :func:`related` pairs, the
+    one that gives each target in turn the partner nearest after it (cyclically). Returns
+    ``{target: partner}``; empty for fewer than 2 distinct targets.
     """
     return dict(_pairing(tuple(sorted(set(tuple(t) for t in targets)))))
 
@@ -172,7 +115,7 @@ def _pairing(uniq: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, ...], 
     n = len(uniq)
     if n < 2:
         return ()
-    big = n + 1  # any assignment using a forbidden cell costs more than the worst allowed one (n related pairs)
+    big = n + 1  # more than the worst allowed assignment (n related pairs)
     cost = np.array([[big if i == j else int(related(uniq[i], uniq[j])) for j in range(n)] for i in range(n)])
 
     def optimum(c: np.ndarray) -> int:
@@ -195,12 +138,10 @@ def _pairing(uniq: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, ...], 
 
 
 def mismatch_partners(targets: Sequence[tuple[int, ...]]) -> list[int] | None:
-    """For each instruction of a set, the instruction of the same set given in its mismatched condition.
+    """For each instruction of a set, the index of the instruction given in its mismatched condition.
 
-    The k-th instruction of target A is paired with the (k mod m)-th of target B =
-    :func:`mismatch_pairing` (A), m being B's number of instructions (e.g. a paraphrase of
-    "collect wood" with the paraphrase of its partner at the same position). ``None`` when the set
-    has fewer than 2 distinct targets (no mismatched instruction exists).
+    The k-th instruction of target A gets the (k mod m)-th of the m instructions of
+    :func:`mismatch_pairing` (A); ``None`` for fewer than 2 distinct targets.
     """
     pairing = mismatch_pairing(targets)
     if not pairing:
@@ -210,25 +151,13 @@ def mismatch_partners(targets: Sequence[tuple[int, ...]]) -> list[int] | None:
     for i, t in enumerate(targets):
         rank.append(len(by_target.setdefault(tuple(t), [])))
         by_target[tuple(t)].append(i)
-    out = []
-    for i, t in enumerate(targets):
-        others = by_target[pairing[tuple(t)]]
-        out.append(others[rank[i] % len(others)])
-    return out
-
-
-# ----------------------------------------------------------------------------- evaluation keys
+    partners = [by_target[pairing[tuple(t)]] for t in targets]
+    return [p[r % len(p)] for p, r in zip(partners, rank)]
 
 
 def eval_key(seed: int, index: int = 0, update: int = 0) -> jax.Array:
-    """The key of one evaluation: it fixes the worlds (and the policy's noise, if any).
-
-    Args:
-        seed: the run's seed (``cfg.seed``).
-        index: the seed's index inside a run that trains several seeds side by side (vmapped).
-        update: the update at which the policy is evaluated (each evaluation of a run meets new
-            worlds; runs of the same seed meet the same ones at the same update).
-    """
+    """The key of one evaluation (its worlds and policy noise) from the run's ``seed``, the seed's
+    ``index`` in a vmapped run and the ``update``."""
     key = jax.random.PRNGKey(EVAL_KEY_SALT)
     for name, v in (("seed", seed), ("index", index), ("update", update)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= int(v) < 2**32:
@@ -238,23 +167,17 @@ def eval_key(seed: int, index: int = 0, update: int = 0) -> jax.Array:
 
 
 def eval_keys(seed: int, num_seeds: int, update: int = 0) -> jax.Array:
-    """``[num_seeds, 2]`` keys of :func:`eval_key` for the seeds ``0..num_seeds-1`` of a run (for
-    :func:`evaluate_jax_seeds`)."""
+    """``[num_seeds, 2]`` keys of :func:`eval_key` for the seeds ``0..num_seeds-1`` of a run."""
     return jnp.stack([eval_key(seed, s, update) for s in range(num_seeds)])
 
 
-# ----------------------------------------------------------------------------- episode records
-
-#: Layout of an evaluation episode's record (what :func:`make_jax_evaluator` returns per env): an
-#: int32 ``[1 + 22, 22]`` array. Row 0: the first step (0-based) at which each achievement happened,
-#: -1 if it never did; row ``1 + a``, column ``b``: the first step at which ``b`` happened with ``a``
-#: already done at an earlier step, -1 if never ("a then b"). Steps after the player's death do not count.
+#: An episode's int32 record: row 0, the first step of each achievement (-1: never); row ``1 + a``,
+#: column ``b``, the first step of ``b`` with ``a`` done at an earlier step. Steps after death do not count.
 RECORD_SHAPE: tuple[int, int] = (1 + NUM_ACHIEVEMENTS, NUM_ACHIEVEMENTS)
 
 
 def records_from_achieved(achieved: np.ndarray) -> np.ndarray:
-    """Records ``[n, 23, 22]`` from bare achievement flags ``[n, 22]`` (every achievement at step 0,
-    no order known): enough to score single and unordered instructions, not ordered ones."""
+    """Records ``[n, 23, 22]`` from achievement flags ``[n, 22]`` (all at step 0; no order known)."""
     achieved = np.asarray(achieved, bool)
     rec = np.full((achieved.shape[0], *RECORD_SHAPE), -1, np.int32)
     rec[:, 0] = np.where(achieved, 0, -1)
@@ -263,8 +186,7 @@ def records_from_achieved(achieved: np.ndarray) -> np.ndarray:
 
 def _outcomes(records: np.ndarray, target: tuple[int, ...], ordered: bool = False,
               horizon: int | None = None) -> np.ndarray:
-    """``[episodes]`` success of ``target`` from ``[episodes, 23, 22]`` records: all its achievements
-    (or, ``ordered``, its first strictly before its second), within ``horizon`` steps if given."""
+    """``[episodes]`` success of ``target`` from records, within ``horizon`` steps if given."""
     h = np.iinfo(np.int32).max if horizon is None else horizon
     if ordered:
         step = records[:, 1 + target[0], target[1]]
@@ -273,25 +195,16 @@ def _outcomes(records: np.ndarray, target: tuple[int, ...], ordered: bool = Fals
     return ((first >= 0) & (first < h)).all(axis=1)
 
 
-# ----------------------------------------------------------------------------- results
-
-
 @dataclass
 class ControlResult:
     """The control conditions of one set, aligned with the set's instructions.
 
     Attributes:
-        mismatched_texts: the instruction given in the mismatched condition of each instruction
-            (``None`` when the set has fewer than 2 distinct targets).
-        mismatched_rates: success of each instruction's achievement(s) under that instruction.
-        neutral_text: the neutral instruction.
-        neutral_rates: success of each instruction's achievement(s) under the neutral instruction.
-        reverse_texts: for an ordered instruction "X then Y", the evaluated instruction that asks
-            "Y then X" (``None`` where there is none or for unordered instructions; the whole list
-            ``None`` when no instruction of the set has one).
-        reverse_rates: success of "X then Y" (X before Y) in the episodes of that reverse
-            instruction (NaN where there is none): the order-following gain of an instruction is
-            its rate minus this one.
+        mismatched_texts: the instruction given in each one's mismatched condition (``None`` with
+            fewer than 2 distinct targets); mismatched_rates: its success there.
+        neutral_text, neutral_rates: the neutral instruction and each one's success under it.
+        reverse_texts: for "X then Y", the evaluated "Y then X" (``None`` where none; the list ``None``
+            when no instruction has one); reverse_rates: success of X before Y there (NaN where none).
     """
 
     mismatched_texts: list[str] | None
@@ -308,12 +221,8 @@ class ControlResult:
 
 @dataclass
 class EvalResult:
-    """Per-set results. ``rates[set]`` is a ``[n_instructions]`` array aligned with ``texts[set]``.
-
-    ``achievements[set]`` holds each instruction's achievement index (-1 for one scored by
-    several, listed in ``targets[set]``; ``ordered[set]`` marks the "X then Y" ones);
-    ``control[set]`` the control conditions (when run).
-    """
+    """Per-set results aligned with ``texts[set]``: ``rates``, ``achievements`` (-1 for one scored by
+    several, ``targets``), ``ordered`` and the ``control`` conditions (when run)."""
 
     texts: dict[str, list[str]] = field(default_factory=dict)
     achievements: dict[str, list[int]] = field(default_factory=dict)
@@ -326,10 +235,8 @@ class EvalResult:
         return {s: summarize(r) for s, r in self.rates.items()}
 
     def retention(self, learned: float = LEARNED_THRESHOLD) -> dict[str, dict[str, float | int | None]]:
-        """Paraphrase retention of every set whose instructions each name one achievement, against
-        the ``original`` set (:func:`oir_gym.metrics.paraphrase_retention`): ``{set: {"retention":
-        value or None (no achievement learned), "learned": number of learned achievements}}``;
-        empty without the ``original`` set."""
+        """``{set: {"retention": value or None, "learned": n}}`` of every single-achievement set against
+        ``original`` (:func:`oir_gym.metrics.paraphrase_retention`); empty without ``original``."""
         if "original" not in self.rates:
             return {}
         o_rates, o_achs = self.rates["original"], self.achievements["original"]
@@ -344,10 +251,8 @@ class EvalResult:
         return out
 
     def control_summary(self) -> dict[str, dict[str, float]]:
-        """Per set: ``gain`` (mean over instructions of asked - mismatched), ``gain_neutral``, and the
-        mean success rates of the two control conditions (:func:`oir_gym.metrics.control_summary`);
-        for a set of ordered instructions whose reverse instructions were evaluated too,
-        ``order_gain`` (mean over them of asked - the same order's success when asked the reverse)."""
+        """Per set: :func:`oir_gym.metrics.control_summary`, plus ``order_gain`` and
+        ``reverse_mean_success_rate`` where reverse instructions were evaluated."""
         out = {}
         for s, c in self.control.items():
             out[s] = control_summary(self.rates[s], c.mismatched_rates, c.neutral_rates)
@@ -358,19 +263,13 @@ class EvalResult:
         return out
 
     def flat_metrics(self) -> dict[str, float]:
-        """``{"eval/original/mean_success_rate": ..., "eval/control/original/gain": ...,
-        "eval/simple/retention": ...}`` for logging (a retention is left out where no achievement is learned)."""
-        out = {}
-        for s, m in self.summary().items():
-            for k, v in m.items():
-                out[f"eval/{s}/{k}"] = float(v)
+        """``{"eval/original/mean_success_rate": ..., "eval/control/original/gain": ...}`` for logging."""
+        out = {f"eval/{s}/{k}": float(v) for s, m in self.summary().items() for k, v in m.items()}
         for s, m in self.retention().items():
             if m["retention"] is not None:
                 out[f"eval/{s}/retention"] = float(m["retention"])
             out[f"eval/{s}/retention_learned"] = float(m["learned"])
-        for s, m in self.control_summary().items():
-            for k, v in m.items():
-                out[f"eval/control/{s}/{k}"] = float(v)
+        out.update({f"eval/control/{s}/{k}": float(v) for s, m in self.control_summary().items() for k, v in m.items()})
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -409,8 +308,7 @@ class EvalResult:
         return out
 
     def to_markdown(self) -> str:
-        """Summary table, the control table (when run), and the per-instruction tables of the original
-        set and of every user set (the built-in paraphrase sets, 66 instructions each, only in the summary)."""
+        """Summary, control and retention tables, and per-instruction tables (not for paraphrase sets)."""
         lines = ["| set | mean success rate | completed instructions | aggregate score |", "|---|---|---|---|"]
         for s, m in self.summary().items():
             lines.append(f"| {s} | {m['mean_success_rate']:.3f} | {m['num_completed']} / {len(self.rates[s])} | {m['aggregate_score']:.3f} |")
@@ -455,9 +353,6 @@ class EvalResult:
         return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- the instructions of an evaluation
-
-
 def _plan(cfg: EvalConfig) -> tuple[list[str], list[int], list[str], list[EvalInstruction]]:
     texts, achs, sets, items_ = [], [], [], []
     for s, items in cfg.instruction_sets().items():
@@ -475,26 +370,16 @@ def _plan(cfg: EvalConfig) -> tuple[list[str], list[int], list[str], list[EvalIn
 
 
 def eval_instructions(cfg: EvalConfig) -> tuple[list[str], list[int], list[str]]:
-    """Texts, achievement indices and set names of every instruction an evaluation gives, in order.
-
-    With ``cfg.control`` the last one is the neutral instruction (set :data:`NEUTRAL_SET`,
-    achievement -1). Register all of them (``registry.rows(texts, achs)``): their rows are the
-    ``rows`` of :func:`evaluate_jax`.
-    """
+    """Texts, achievement indices and set names of every instruction an evaluation gives, in order
+    (last, with ``cfg.control``, the neutral one); their registry rows are :func:`evaluate_jax`'s ``rows``."""
     texts, achs, sets, _ = _plan(cfg)
     return texts, achs, sets
 
 
 def eval_result(cfg: EvalConfig, texts, achs, sets, achieved: np.ndarray) -> EvalResult:
-    """Per-set rates (and the control) from the records of every episode.
-
-    Args:
-        cfg: the evaluation config; ``texts, achs, sets`` must be :func:`eval_instructions` (cfg).
-        achieved: instruction-major, one row per episode: the records ``[n_instructions * episodes,
-            23, 22]`` of :func:`make_jax_evaluator` (see :data:`RECORD_SHAPE`), or bare achievement
-            flags ``[n_instructions * episodes, 22]`` (which achievements happened before the horizon
-            or the player's death; not enough for ordered instructions).
-    """
+    """Per-set rates (and the control) from ``texts, achs, sets`` = :func:`eval_instructions` (cfg) and
+    ``achieved``, instruction-major: records ``[n * episodes, 23, 22]`` or flags ``[n * episodes, 22]``
+    (not enough for ordered instructions)."""
     p_texts, _, p_sets, items = _plan(cfg)
     if list(texts) != p_texts or list(sets) != p_sets:
         raise ValueError("texts and sets must be eval_instructions(cfg) of this config")
@@ -512,12 +397,11 @@ def eval_result(cfg: EvalConfig, texts, achs, sets, achieved: np.ndarray) -> Eva
     per = rec.reshape(len(texts), cfg.episodes, *RECORD_SHAPE)
 
     def rate(episodes: int, ins: EvalInstruction) -> float:
-        """Success of ``ins`` (its achievements, its order, its horizon) in the episodes of instruction ``episodes``."""
         h = min(cfg.horizon, ins.horizon or cfg.horizon)
         return float(_outcomes(per[episodes], ins.targets, ins.ordered, h).mean())
 
     neutral = p_sets.index(NEUTRAL_SET) if cfg.control else None
-    # "Y then X" of every evaluated ordered instruction "X then Y" (the first one asked, in plan order)
+    # the first evaluated instruction of each ordered target, to find an instruction's reverse
     by_order = {}
     for i, ins in enumerate(items):
         if ins.ordered:
@@ -550,9 +434,6 @@ def eval_result(cfg: EvalConfig, texts, achs, sets, achieved: np.ndarray) -> Eva
     return res
 
 
-# ----------------------------------------------------------------------------- the JAX driver
-
-
 def eval_params(params: F.EnvParams, rows: np.ndarray, achievements: Sequence[int]) -> F.EnvParams:
     """Evaluation copy of env params: no termination on success, rows mapped to achievements."""
     table = params.table
@@ -562,19 +443,13 @@ def eval_params(params: F.EnvParams, rows: np.ndarray, achievements: Sequence[in
 
 def make_jax_evaluator(policy_step: Callable, init_carry: Callable, num_envs: int, horizon: int,
                        obs_mode: str = "paper", pool_size: int | None = None):
-    """Build a jitted ``evaluate(key, policy_params, env_params, pinned_rows) -> records [num_envs, 23, 22]``.
-
-    ``records[e]`` (:data:`RECORD_SHAPE`): the first step of each achievement in env ``e``, and of
-    each achievement after each other one, before the horizon or the player's death (every
-    achievement is recorded, so the control reads other instructions' episodes, and the order of
-    any two achievements can be read).
+    """Build a jitted ``evaluate(key, policy_params, env_params, pinned_rows) -> records [num_envs, 23, 22]``
+    (:data:`RECORD_SHAPE`).
 
     Args:
-        policy_step: ``(policy_params, carry, obs, done, key) -> (carry, actions)``, batched,
-            greedy (the caller decides how greedy).
+        policy_step: ``(policy_params, carry, obs, done, key) -> (carry, actions)``, batched.
         init_carry: ``(num_envs) -> carry``.
-        pool_size: worlds pre-generated for resets; an evaluation never resets an env, so 1 by
-            default (the envs' own worlds do not depend on it).
+        pool_size: worlds pre-generated for resets (an evaluation never resets: 1 by default).
     """
 
     def evaluate(key, policy_params, env_params, pinned):
@@ -616,42 +491,28 @@ def _jax_achieved(evaluator, key, policy_params, env_params: F.EnvParams, rows: 
 
 def evaluate_jax(evaluator, key, policy_params, env_params: F.EnvParams, rows: np.ndarray,
                  cfg: EvalConfig, texts, achs, sets) -> EvalResult:
-    """Run a :func:`make_jax_evaluator` evaluator on the instructions (``rows`` in the table).
-
-    ``texts, achs, sets`` are :func:`eval_instructions` (cfg); ``key`` is best made by :func:`eval_key`.
-    """
+    """Run a :func:`make_jax_evaluator` evaluator on :func:`eval_instructions` (cfg) at their table ``rows``."""
     achieved = _jax_achieved(evaluator, key, policy_params, env_params, rows, cfg, achs)
     return eval_result(cfg, texts, achs, sets, achieved)
 
 
 def evaluate_jax_seeds(evaluator, keys, policy_params, env_params: F.EnvParams, rows: np.ndarray,
                        cfg: EvalConfig, texts, achs, sets) -> list[EvalResult]:
-    """Like :func:`evaluate_jax` for several policies in one program, one result per policy.
-
-    ``evaluator`` is a :func:`make_jax_evaluator` evaluator vmapped over its key and policy
-    parameters (``jax.jit(jax.vmap(ev, in_axes=(0, 0, None, None)))``, built once and kept:
-    the evaluation is a long sequential scan, so policies side by side cost about what one
-    does); ``keys`` (:func:`eval_keys` of the run's seed) and the leaves of ``policy_params`` have a
-    leading policy axis.
-    """
+    """:func:`evaluate_jax` for several policies, one result each: ``evaluator`` is vmapped over key and
+    policy parameters (``jax.jit(jax.vmap(ev, in_axes=(0, 0, None, None)))``); ``keys`` (:func:`eval_keys`)
+    and ``policy_params`` have a leading policy axis."""
     achieved = _jax_achieved(evaluator, keys, policy_params, env_params, rows, cfg, achs)
     return [eval_result(cfg, texts, achs, sets, a) for a in achieved]
-
-
-# ----------------------------------------------------------------------------- the Python driver
 
 
 def evaluate_python_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), seed: int = 0,
                            env_kwargs: dict | None = None) -> EvalResult:
     """Evaluate any Python policy on a fresh :class:`InstructionCraftax` (the SB3 agents' driver).
 
-    Not SB3's ``evaluate_policy`` (a mean episode return): this runs the protocol above.
-
     Args:
         policy: ``policy(obs: dict[str, np.ndarray], state, episode_start: np.ndarray) ->
-            (actions, state)``; ``state`` is whatever the policy keeps (e.g. LSTM states),
-            ``None`` at the start.
-        seed: seeds the worlds (derive it from the run's seed).
+            (actions, state)``; ``state`` is the policy's own (e.g. LSTM states), ``None`` at first.
+        seed: seeds the worlds.
         env_kwargs: extra keyword arguments of the env (``obs_mode``, ``encoder``...).
     """
     from oir_gym.vector_env import InstructionCraftax
@@ -664,7 +525,7 @@ def evaluate_python_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), see
     env_texts = [t for t in texts for _ in range(cfg.episodes)]
     obs, _ = env.reset(seed=seed, options={"instruction": env_texts})
     alive = np.ones(n, bool)
-    records = np.full((n, *RECORD_SHAPE), -1, np.int32)  # the JAX driver's records (RECORD_SHAPE)
+    records = np.full((n, *RECORD_SHAPE), -1, np.int32)
     first, after = records[:, 0], records[:, 1:]
     state, start = None, np.ones(n, bool)
     for t in range(cfg.horizon):

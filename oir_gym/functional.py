@@ -1,16 +1,9 @@
 """The functional JAX core of InstructionCraftax (gymnax style, vmappable, jittable).
 
-Two layers:
-
-* :func:`reset` / :func:`step` act on **one** environment and never auto-reset; ``jax.vmap``
-  them over a batch as with any gymnax environment.
-* :func:`batch_reset` / :func:`batch_step` act on a batch and auto-reset finished envs from a
-  pool of pre-generated worlds ("optimistic resets"): a step regenerates only
-  ``pool_refresh`` worlds, and only when some env finished, instead of one world per env.
-
-Instructions live in a device-side :class:`InstructionTable` (embeddings and their similarity
-to every caption event); an env state holds a row index. Resets draw a row uniformly among the
-rows marked ``sample_mask`` (the instruction buffer), unless the env has a pinned row.
+:func:`reset` / :func:`step` act on one env and never auto-reset; :func:`batch_reset` /
+:func:`batch_step` act on a batch and auto-reset finished envs from a pool of pre-generated worlds
+(a step regenerates ``pool_refresh`` worlds, only when some env finished). An env state holds a row
+of the device-side :class:`InstructionTable`; resets draw a ``sample_mask`` row unless pinned.
 """
 
 from __future__ import annotations
@@ -35,15 +28,10 @@ class InstructionTable:
 
     Attributes:
         emb: ``[N, D]`` unit-norm instruction embeddings (the policy input).
-        event_sim: ``[N, E]`` the row a step's events are compared with (``final`` of
-            :mod:`oir_gym.grounding`): max cosine between each instruction and each event's
-            phrasings (cosine grounding), or an indicator of its bound event (bound grounding).
-        pre_sim: ``[N, E]`` an event that must happen earlier in the episode first (ordered
-            pairs, ``pre`` of :mod:`oir_gym.grounding`); all ``-1``: none.
-        achievement: ``[N]`` ground-truth achievement index of the row, or -1 (evaluation and
-            the ``gt`` reward use it).
-        sample_mask: ``[G, N]`` bool, rows that resets may draw (the instruction buffer), per
-            group of envs (``EnvState.group``); several seeds or buffers can share one batch.
+        event_sim: ``[N, E]`` what a step's events are compared with (``final`` of :mod:`oir_gym.grounding`).
+        pre_sim: ``[N, E]`` an event that must happen earlier first (``pre``); all -1: none.
+        achievement: ``[N]`` ground-truth achievement index of the row, or -1.
+        sample_mask: ``[G, N]`` bool, rows that resets of group ``g`` envs may draw (the buffer).
     """
 
     emb: jax.Array
@@ -54,8 +42,7 @@ class InstructionTable:
 
 
 def default_craftax_params() -> CraftaxParams:
-    """Craftax-Classic's parameters as :class:`EnvParams` uses them by default (episodes end by the
-    wrapper's ``max_steps``, never by Craftax's own limit)."""
+    """Craftax-Classic's parameters, episodes ended by ``EnvParams.max_steps`` only."""
     return CraftaxParams(max_timesteps=2**30)
 
 
@@ -67,10 +54,8 @@ class EnvParams:
         table: the instruction table.
         delta: cosine threshold of the reward (strict ``>``).
         max_steps: episode length limit; reaching it truncates.
-        terminate_on_success: end the episode at the first success (training); evaluation turns
-            it off and measures ground-truth achievements over a fixed horizon.
-        reward_mode: 0 = cosine reward (paper), 1 = ground-truth achievement reward of the row's
-            achievement (the PQN-GT baseline).
+        terminate_on_success: end the episode at the first success.
+        reward_mode: 0 = cosine reward (paper), 1 = ground-truth reward of the row's achievement.
         craftax: Craftax-Classic's own parameters.
     """
 
@@ -90,15 +75,11 @@ class EnvState:
         craftax: the Craftax-Classic state.
         instr: row of the current instruction in the table.
         pinned: row every reset of this env uses, or -1 to draw from the buffer.
-        also_pays: ``[G]`` further rows whose captions also pay this env's cosine reward (-1 =
-            unused slot); kept across resets like ``pinned``. ELLM sets them to every goal
-            proposed for the env, so achieving any of them is rewarded. Shape ``[0]`` by default.
-        group: which row of ``table.sample_mask`` (which buffer) this env draws from.
-        steps: steps taken in the episode.
-        success: whether the instruction has been accomplished in this episode.
-        pre_seen: whether the instruction's ``pre`` event happened earlier in this episode.
-        ep_return: return of the current episode.
-        achieved: ``[22]`` bool achievements unlocked in the episode (ground truth, for metrics).
+        also_pays: ``[G]`` further rows that also pay this env's cosine reward (-1 = unused; ELLM's
+            goals), kept across resets; shape ``[0]`` by default.
+        group: which row of ``table.sample_mask`` this env draws from.
+        steps, success, ep_return, achieved, pre_seen: the episode's steps, whether the instruction
+            was accomplished, its return, ``[22]`` achievements, and whether ``pre`` happened.
     """
 
     craftax: CraftaxState
@@ -114,16 +95,18 @@ class EnvState:
 
 
 class StepInfo(NamedTuple):
-    """Per-step information returned by :func:`step` (arrays; batched under vmap)."""
+    """Per-step information of :func:`step`: events ``[E]``, this step's achievements ``[22]``, the
+    step's caption similarity, first success, instruction row, episode return and length so far,
+    and Craftax's game over."""
 
-    events: jax.Array  # [E] bool
-    achievements: jax.Array  # [22] bool, achievements that happened in this step
-    similarity: jax.Array  # float, caption/instruction cosine of the step (max over events)
-    success: jax.Array  # bool, instruction accomplished at this step
-    instr: jax.Array  # row of the instruction the step was taken under
-    ep_return: jax.Array  # return of the episode so far (including this step)
-    ep_length: jax.Array  # steps of the episode so far
-    died: jax.Array  # bool, Craftax game over (death or lava)
+    events: jax.Array
+    achievements: jax.Array
+    similarity: jax.Array
+    success: jax.Array
+    instr: jax.Array
+    ep_return: jax.Array
+    ep_length: jax.Array
+    died: jax.Array
 
 
 STATIC = CraftaxStaticParams()
@@ -141,17 +124,13 @@ def make_table(emb, event_sim, achievement=None, sample_mask=None, pre_sim=None)
     sample_mask = jnp.asarray(sample_mask, bool)
     if sample_mask.ndim == 1:
         sample_mask = sample_mask[None, :]
-    return InstructionTable(
-        jnp.asarray(emb, jnp.float32), jnp.asarray(event_sim, jnp.float32),
-        jnp.asarray(achievement, jnp.int32), jnp.asarray(sample_mask, bool), jnp.asarray(pre_sim, jnp.float32),
-    )
+    return InstructionTable(jnp.asarray(emb, jnp.float32), jnp.asarray(event_sim, jnp.float32),
+                            jnp.asarray(achievement, jnp.int32), sample_mask, jnp.asarray(pre_sim, jnp.float32))
 
 
 def sample_instruction(key, params: EnvParams, pinned, group=0):
     """A row drawn uniformly from the group's buffer rows, or the pinned row when ``pinned >= 0``."""
-    mask = params.table.sample_mask[group]
-    logits = jnp.where(mask, 0.0, -jnp.inf)
-    drawn = jax.random.categorical(key, logits)
+    drawn = jax.random.categorical(key, jnp.where(params.table.sample_mask[group], 0.0, -jnp.inf))
     return jnp.where(pinned >= 0, pinned, drawn).astype(jnp.int32)
 
 
@@ -161,18 +140,11 @@ def observation(state: EnvState, params: EnvParams, obs_mode: str = "paper") -> 
 
 
 def _fresh_state(craftax_state, instr, pinned, group=0, also_pays=None) -> EnvState:
-    return EnvState(
-        craftax=craftax_state,
-        instr=instr,
-        pinned=jnp.asarray(pinned, jnp.int32),
-        also_pays=jnp.zeros((0,), jnp.int32) if also_pays is None else jnp.asarray(also_pays, jnp.int32),
-        group=jnp.asarray(group, jnp.int32),
-        steps=jnp.zeros((), jnp.int32),
-        success=jnp.zeros((), bool),
-        ep_return=jnp.zeros((), jnp.float32),
-        achieved=jnp.zeros((NUM_ACHIEVEMENTS,), bool),
-        pre_seen=jnp.zeros((), bool),
-    )
+    also_pays = jnp.zeros((0,), jnp.int32) if also_pays is None else jnp.asarray(also_pays, jnp.int32)
+    return EnvState(craftax=craftax_state, instr=instr, pinned=jnp.asarray(pinned, jnp.int32), also_pays=also_pays,
+                    group=jnp.asarray(group, jnp.int32), steps=jnp.zeros((), jnp.int32), success=jnp.zeros((), bool),
+                    ep_return=jnp.zeros((), jnp.float32), achieved=jnp.zeros((NUM_ACHIEVEMENTS,), bool),
+                    pre_seen=jnp.zeros((), bool))
 
 
 def reset(key, params: EnvParams, pinned=-1, obs_mode: str = "paper"):
@@ -185,13 +157,8 @@ def reset(key, params: EnvParams, pinned=-1, obs_mode: str = "paper"):
 
 
 def step(key, state: EnvState, action, params: EnvParams, obs_mode: str = "paper"):
-    """Step one env (no auto-reset).
-
-    Returns:
-        ``(obs, state, reward, terminated, truncated, info: StepInfo)``. ``terminated`` is True
-        at the first success (when ``terminate_on_success``) or at Craftax's game over (death,
-        lava); ``truncated`` when ``max_steps`` is reached without termination.
-    """
+    """Step one env (no auto-reset): ``(obs, state, reward, terminated, truncated, info: StepInfo)``;
+    terminated at the first success (with ``terminate_on_success``) or game over, truncated at ``max_steps``."""
     prev = state.craftax
     # Clear the achievement flags so that the flags after the step are this step's achievements.
     stepped, _ = craftax_step(key, prev.replace(achievements=jnp.zeros_like(prev.achievements)),
@@ -211,30 +178,17 @@ def step(key, state: EnvState, action, params: EnvParams, obs_mode: str = "paper
     first = jnp.logical_and(match, jnp.logical_not(state.success))
     reward = first.astype(jnp.float32)
 
-    died = jnp.logical_or(
-        nxt.player_health <= 0,
-        nxt.map[nxt.player_position[0], nxt.player_position[1]] == 14,  # BlockType.LAVA
-    )
+    died = jnp.logical_or(nxt.player_health <= 0,
+                          nxt.map[nxt.player_position[0], nxt.player_position[1]] == 14)  # BlockType.LAVA
     steps = state.steps + 1
     terminated = jnp.logical_or(died, jnp.logical_and(first, params.terminate_on_success))
     truncated = jnp.logical_and(steps >= params.max_steps, jnp.logical_not(terminated))
 
-    new_state = state.replace(
-        craftax=nxt,
-        steps=steps,
-        success=state.success | match,
-        ep_return=state.ep_return + reward,
-        achieved=state.achieved | step_ach,
-        pre_seen=pre_seen,
-    )
-    info = StepInfo(
-        events=events, achievements=step_ach, similarity=step_similarity(events, sims),
-        success=first, instr=state.instr, ep_return=new_state.ep_return, ep_length=steps, died=died,
-    )
+    new_state = state.replace(craftax=nxt, steps=steps, success=state.success | match,
+                              ep_return=state.ep_return + reward, achieved=state.achieved | step_ach, pre_seen=pre_seen)
+    info = StepInfo(events=events, achievements=step_ach, similarity=step_similarity(events, sims), success=first,
+                    instr=state.instr, ep_return=new_state.ep_return, ep_length=steps, died=died)
     return observation(new_state, params, obs_mode), new_state, reward, terminated, truncated, info
-
-
-# --------------------------------------------------------------------------- batched layer
 
 
 @struct.dataclass
@@ -248,8 +202,7 @@ class BatchState:
 
 def _new_world(key, craftax: CraftaxParams):
     world = generate_world(key, craftax, STATIC)
-    # Craftax's world generator returns some weakly typed leaves (player_direction) that the
-    # step makes strong: unify them, or the first step after a reset recompiles.
+    # strong types for the generator's weakly typed leaves, or the first step after a reset recompiles
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), world)
 
 
@@ -258,13 +211,8 @@ def _generate_worlds(key, params: EnvParams, n: int):
 
 
 def batch_worlds(key, craftax: CraftaxParams, num_envs: int, pool_size: int):
-    """The worlds :func:`batch_reset` with ``key`` starts from: ``(worlds [num_envs], pool [pool_size])``.
-
-    They depend on the key and Craftax's parameters alone (not on the instruction table), so a
-    trainer can generate them while it loads its encoder. Both come from one vmapped generator:
-    the world generator is most of a reset's program, and one copy of it compiles in about half
-    the time of two.
-    """
+    """The worlds :func:`batch_reset` with ``key`` starts from: ``(worlds [num_envs], pool [pool_size])``
+    (independent of the instruction table; one vmapped generator compiles in half the time of two)."""
     k_env, k_pool, _ = jax.random.split(key, 3)
     keys = jnp.concatenate([jax.random.split(k_env, num_envs), jax.random.split(k_pool, pool_size)])
     both = jax.vmap(lambda k: _new_world(k, craftax))(keys)
@@ -274,13 +222,9 @@ def batch_worlds(key, craftax: CraftaxParams, num_envs: int, pool_size: int):
 
 def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = None,
                 pinned=None, obs_mode: str = "paper", groups=None, num_also_pays: int = 0, worlds=None):
-    """Reset a batch; also fills the world pool. Returns ``(obs, BatchState)``.
-
-    ``pinned`` (``[B]`` rows, -1 = draw) and ``groups`` (``[B]`` rows of ``sample_mask``) default
-    to unpinned envs of group 0. ``num_also_pays`` sizes ``EnvState.also_pays`` (all -1; set them
-    with :func:`set_also_pays`). ``worlds``: what :func:`batch_worlds` returns for this key and
-    ``params.craftax`` (generated here when ``None``).
-    """
+    """Reset a batch and fill its world pool: ``(obs, BatchState)``. ``pinned`` and ``groups`` (``[B]``)
+    default to unpinned group-0 envs; ``num_also_pays`` sizes ``EnvState.also_pays``; ``worlds``:
+    :func:`batch_worlds` of this key (generated here when None)."""
     pool_size = pool_size or max(num_envs, 16)
     _, _, k_instr = jax.random.split(key, 3)
     worlds, pool = batch_worlds(key, params.craftax, num_envs, pool_size) if worlds is None else worlds
@@ -295,8 +239,7 @@ def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = N
 
 
 def tree_select(mask, a, b):
-    """Leaf-wise ``where(mask, a, b)`` over two pytrees of batched arrays (``mask [B]``, or a scalar
-    that picks whole trees)."""
+    """Leaf-wise ``where(mask, a, b)`` over two pytrees of batched arrays (``mask [B]`` or a scalar)."""
     def sel(x, y):
         m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
         return jnp.where(m, x, y)
@@ -305,13 +248,8 @@ def tree_select(mask, a, b):
 
 
 def reset_done(key, bstate: BatchState, done, params: EnvParams, pool_refresh: int):
-    """Reset the envs where ``done`` from the pool; regenerate ``pool_refresh`` pool slots.
-
-    Finished envs take consecutive pool slots starting at the cursor; the first
-    ``pool_refresh`` slots from the cursor are then regenerated and the cursor advances by
-    ``pool_refresh``. A world is reused only when more than ``pool_refresh`` envs finish in
-    one step; it diverges at once since mobs and loot are random.
-    """
+    """Reset the envs where ``done`` from consecutive pool slots at the cursor, then regenerate
+    ``pool_refresh`` slots from the cursor and advance it."""
     env = bstate.env
     num_envs = done.shape[0]
     pool_size = jax.tree_util.tree_leaves(bstate.pool)[0].shape[0]
@@ -332,26 +270,19 @@ def reset_done(key, bstate: BatchState, done, params: EnvParams, pool_refresh: i
 
 def batch_step(key, bstate: BatchState, actions, params: EnvParams, obs_mode: str = "paper",
                pool_refresh: int = 4, autoreset: bool = True):
-    """Step a batch of envs; finished envs are reset in the same step (when ``autoreset``).
-
-    Returns ``(obs, bstate, reward, terminated, truncated, info, final_obs)``. With autoreset,
-    ``obs`` of a finished env is the first observation of its next episode (same-step
-    autoreset) and ``final_obs`` is its last observation; otherwise both are the same.
-    Observations are computed once per step; reset envs are re-observed only in steps where
-    some env finished. This is :func:`block_step` with one block.
-    """
+    """Step a batch, resetting finished envs in the same step (``autoreset``): ``(obs, bstate, reward,
+    terminated, truncated, info, final_obs)``; ``obs`` of a reset env is its next episode's first
+    observation, ``final_obs`` its last. :func:`block_step` with one block."""
     one = bstate.replace(cursor=bstate.cursor[None])
     obs, one, *rest = block_step(key[None], one, actions, params, obs_mode, pool_refresh, autoreset)
     return (obs, one.replace(cursor=one.cursor[0]), *rest)
 
 
 def _blocks(x, B: int):
-    """``[B * n, ...] -> [B, n, ...]``: the block axis in front."""
     return x.reshape((B, x.shape[0] // B) + x.shape[1:])
 
 
 def _flat(x):
-    """``[B, n, ...] -> [B * n, ...]``: blocks back to one batch axis (block-major)."""
     return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
@@ -364,15 +295,9 @@ def block_worlds(keys, craftax: CraftaxParams, envs_per_block: int, pool_per_blo
 
 def block_reset(keys, params: EnvParams, envs_per_block: int, pool_per_block: int, pinned=None,
                 obs_mode: str = "paper", groups=None, num_also_pays: int = 0, worlds=None):
-    """Reset ``B = len(keys)`` independent blocks of ``envs_per_block`` envs, each with its own world
-    pool of ``pool_per_block`` worlds. Returns ``(obs, BatchState)`` with env leaves ``[B * envs_per_block]``
-    (block-major), pool leaves ``[B * pool_per_block]`` and ``cursor [B]``.
-
-    What happens in one block depends only on that block's key and state, so a batch split into
-    blocks can be spread over devices block by block (one program per device, no traffic between
-    them) and still reproduce the single-device run exactly. ``pinned``/``groups`` are ``[B * envs_per_block]``;
-    ``worlds``: what :func:`block_worlds` returns for these keys (generated here when ``None``).
-    """
+    """Reset ``B = len(keys)`` independent blocks of ``envs_per_block`` envs with pools of ``pool_per_block``
+    worlds: ``(obs, BatchState)``, env leaves ``[B * envs_per_block]`` block-major, ``cursor [B]``. A block
+    depends only on its key and state, so blocks can be spread over devices; ``worlds``: :func:`block_worlds`."""
     B, n = keys.shape[0], envs_per_block
     pinned = jnp.full((B * n,), -1, jnp.int32) if pinned is None else jnp.asarray(pinned, jnp.int32)
     groups = jnp.zeros((B * n,), jnp.int32) if groups is None else jnp.asarray(groups, jnp.int32)
@@ -389,14 +314,8 @@ def block_reset(keys, params: EnvParams, envs_per_block: int, pool_per_block: in
 
 def block_step(keys, bstate: BatchState, actions, params: EnvParams, obs_mode: str = "paper",
                pool_refresh: int = 4, autoreset: bool = True):
-    """:func:`batch_step` for a batch of ``B = len(keys)`` independent blocks (:func:`block_reset`):
-    block ``b`` owns envs ``[b*n, (b+1)*n)`` and pool slots ``[b*P, (b+1)*P)``, steps with its own key and
-    draws reset worlds from its own pool, so its result does not depend on the other blocks.
-
-    The reset runs as one branch taken when any env of the batch finished (a real branch, not a
-    select: generating worlds is the expensive part); inside it, a block whose envs all continue
-    keeps its pool and cursor.
-    """
+    """:func:`batch_step` for ``B = len(keys)`` independent blocks (:func:`block_reset`), each stepping with
+    its own key and pool; the reset is a branch taken only when some env finished."""
     B = keys.shape[0]
     num_envs = actions.shape[0]
     n = num_envs // B
@@ -446,10 +365,8 @@ def set_pinned(bstate: BatchState, pinned) -> BatchState:
 
 
 def set_also_pays(bstate: BatchState, rows) -> BatchState:
-    """Set the ``[B, G]`` rows whose captions also pay each env's reward (-1 = unused); immediate.
-
-    ``G`` must be the ``num_also_pays`` the batch was reset with (a jitted rollout keeps shapes).
-    """
+    """Set the ``[B, G]`` rows that also pay each env's reward (-1 = unused) at once; ``G`` is the batch's
+    ``num_also_pays``."""
     rows = jnp.asarray(rows, jnp.int32)
     if rows.shape != bstate.env.also_pays.shape:
         raise ValueError(f"also_pays rows of shape {rows.shape}; this batch holds {bstate.env.also_pays.shape} "

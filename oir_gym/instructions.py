@@ -1,47 +1,11 @@
 """Evaluation instruction sets (paper Sec. 5 and Appendix A, "Testing Protocol Details").
 
-Sets tied to Craftax achievements, so the environment's ground-truth achievement flags can score
-them (used only at evaluation). The paper's three (:data:`SET_NAMES`, evaluated by default):
-
-* ``"original"``: the 22 Craftax instructions in the paper's wording (``"make wooden pickaxe"``);
-* ``"simple"``:   three paraphrases per achievement (robustness to surface wording);
-* ``"complex"``:  three semantically enriched / compositional variants per achievement;
-
-and three more packaged sets (:data:`EXTRA_SET_NAMES`, evaluated at the end of a training run):
-
-* ``"heldout"``: two paraphrases per achievement that no prompt, few-shot example or relabeling
-  wording pool contains (tests enforce it): generalisation to wordings no relabeler gave;
-* ``"ordered"``: "X then Y" for 22 pairs of achievements neither of which is a prerequisite of the
-  other (:mod:`oir_gym.prerequisites`); success only when X happens before Y, within the set's
-  horizon (300 steps);
-* ``"ordered_reverse"``: the same pairs in the other order ("Y then X"), the control of
-  ``ordered``: an agent that ignores the order scores the same pair alike in both sets.
-
-The texts live in ``oir_gym/data/instructions.json`` (the *per-achievement* schema below);
-:func:`load_instruction_sets` can load a user file of that schema instead of the packaged one::
-
-    {"instructions": [
-        {"achievement": "collect_wood", "original": "collect wood",
-         "simple": ["..."], "complex": ["..."], "heldout": ["..."]},
-        ...],
-     "ordered": {"horizon": 300, "pairs": [
-        {"first": "collect_sapling", "then": "collect_wood",
-         "text": "collect sapling then collect wood", "reverse": "collect wood then collect sapling"}]}}
-
-(``heldout`` and ``ordered`` are optional; a bare list of entries is accepted too). Entries are
-returned in Craftax achievement order, and within an achievement in file order, whatever the
-order in the file.
-
-User files of *named sets*, evaluated beside the built-in sets (see ``docs/evaluation.md``), are
-read by :func:`load_instruction_file` / :func:`load_instruction_files`::
-
-    {"sets": {"tools": [{"text": "make a pickaxe out of wood", "achievement": "make_wood_pickaxe"},
-                        {"text": "build a table and a wooden sword",
-                         "achievements": ["place_table", "make_wood_sword"]}]}}
-
-An entry scored by a list of achievements succeeds when all of them happen in the episode (in
-any order); an entry ``{"text": ..., "sequence": [X, Y]}`` succeeds only when X happens before Y.
-Any entry may give ``"horizon"``: success counts only within that many steps of the episode.
+Sets tied to Craftax achievements, scored by the env's ground-truth achievement flags: the paper's
+three (:data:`SET_NAMES`: ``original``, ``simple``, ``complex``) and :data:`EXTRA_SET_NAMES`
+(``heldout`` paraphrases no relabeler gives, ``ordered`` "X then Y" pairs of unrelated achievements
+and their ``ordered_reverse`` control). The texts live in ``oir_gym/data/instructions.json`` (the
+per-achievement schema); user files of named sets (``{"sets": {name: [entries]}}``) are read by
+:func:`load_instruction_files`. Both schemas: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -64,8 +28,7 @@ from oir_gym.prerequisites import related_achievements
 #: The paper's instruction sets, in the order the paper reports them (evaluated by default).
 SET_NAMES: tuple[str, ...] = ("original", "simple", "complex")
 
-#: The other packaged sets: a held-out paraphrase set and the ordered-compound set with its
-#: reverse-order control (evaluated by a training run's final evaluation, ``eval.final_sets``).
+#: The other packaged sets (a training run's final evaluation adds them, ``eval.final_sets``).
 EXTRA_SET_NAMES: tuple[str, ...] = ("heldout", "ordered", "ordered_reverse")
 
 #: Every packaged set, in order.
@@ -74,8 +37,7 @@ PACKAGED_SET_NAMES: tuple[str, ...] = (*SET_NAMES, *EXTRA_SET_NAMES)
 #: Paraphrase sets of the per-achievement schema that an entry may leave out.
 OPTIONAL_PARAPHRASE_SETS: tuple[str, ...] = ("heldout",)
 
-#: Names a user set may not take: the packaged sets, and ``control`` (the control metrics are
-#: logged as ``eval/control/<set>/...``, beside ``eval/<set>/...``).
+#: Names a user set may not take (``control``: the control's metrics are ``eval/control/<set>/...``).
 RESERVED_SET_NAMES: tuple[str, ...] = (*PACKAGED_SET_NAMES, "control")
 
 #: A user set name: it becomes part of metric keys (``eval/<name>/...``) and table rows.
@@ -95,16 +57,11 @@ class EvalInstruction:
 
     Attributes:
         text: the instruction given to the agent.
-        achievement_index: Craftax achievement index whose ground-truth flag marks success, or
-            -1 for an instruction scored by several achievements (``all_of``).
-        set_name: ``"original"``, ``"simple"``, ``"complex"``, another packaged set's or a user set's name.
-        all_of: for an instruction scored by several achievements, their indices (in Craftax
-            order; in the asked order when ``ordered``); success needs all of them in the episode.
-            Empty otherwise.
-        ordered: ``all_of`` holds two achievements that must happen in this order ("X then Y":
-            some X strictly before some Y in the episode).
-        horizon: success counts only within this many steps of the episode (``None``: the
-            evaluation's horizon).
+        achievement_index: the achievement whose flag marks success, or -1 for several (``all_of``).
+        set_name: the packaged or user set's name.
+        all_of: the achievements that must all happen (Craftax order; asked order when ``ordered``).
+        ordered: ``all_of``'s two achievements must happen in this order ("X then Y").
+        horizon: success counts only within this many steps (``None``: the evaluation's horizon).
     """
 
     text: str
@@ -175,7 +132,6 @@ def _parse(raw: Any, source: str) -> dict[str, list[EvalInstruction]]:
 
 
 def _parse_ordered(raw: Any, source: str) -> dict[str, list[EvalInstruction]]:
-    """The ``ordered`` block of the per-achievement schema: the sets ``ordered`` and ``ordered_reverse``."""
     where = f"{source}: 'ordered'"
     if not isinstance(raw, dict) or not isinstance(raw.get("pairs"), list) or not raw["pairs"]:
         raise ValueError(f"{where}: expected {{\"horizon\": steps, \"pairs\": [{{\"first\", \"then\", \"text\", "
@@ -222,30 +178,16 @@ def _packaged() -> dict[str, tuple[EvalInstruction, ...]]:
 
 
 def load_instruction_sets(path: str | os.PathLike | None = None) -> dict[str, list[EvalInstruction]]:
-    """Load the evaluation sets.
-
-    Args:
-        path: a JSON file with the schema in the module docstring; default the packaged sets.
-
-    Returns:
-        ``{"original": [...], "simple": [...], "complex": [...], ...}`` (fresh lists): the paper's
-        three sets, then those of :data:`EXTRA_SET_NAMES` the file has (the packaged file has all).
-
-    Raises:
-        ValueError: malformed file (unknown achievement, missing key, empty text, ...).
-    """
+    """``{"original": [...], "simple": [...], "complex": [...], ...}`` (fresh lists) of the packaged sets or
+    of a file ``path`` of the per-achievement schema; ValueError for a malformed file."""
     if path is None:
         return {k: list(v) for k, v in _packaged().items()}
     return _parse(_read_json(path), str(path))
 
 
 def get_instruction_set(name: str, path: str | os.PathLike | None = None) -> list[EvalInstruction]:
-    """One evaluation set by name (one of :data:`PACKAGED_SET_NAMES`).
-
-    Raises:
-        UnknownInstructionSetError: (a KeyError and a ValueError) for any other name, or a set the
-            file at ``path`` does not have.
-    """
+    """One evaluation set by name (one of :data:`PACKAGED_SET_NAMES`); UnknownInstructionSetError (a
+    KeyError and a ValueError) for any other name or a set the file at ``path`` lacks."""
     if name not in PACKAGED_SET_NAMES:
         raise UnknownInstructionSetError(f"unknown instruction set {name!r}; valid names: {', '.join(PACKAGED_SET_NAMES)}")
     sets = load_instruction_sets(path)
@@ -254,22 +196,17 @@ def get_instruction_set(name: str, path: str | os.PathLike | None = None) -> lis
     return sets[name]
 
 
-# ----------------------------------------------------------------------------- user files of named sets
-
 #: Longest instruction text (characters, after whitespace is collapsed).
 MAX_INSTRUCTION_CHARS = 500
-MAX_TEXT_CHARS = MAX_INSTRUCTION_CHARS  # the name the instruction-file loader used
+MAX_TEXT_CHARS = MAX_INSTRUCTION_CHARS
 
 
 def validate_instruction(text: object, where: str = "instruction") -> str:
-    """Return the instruction with its whitespace collapsed, or raise an error that starts with
-    ``where`` and says what is wrong (the one rule for instructions: env, registry, files).
+    """The instruction with its whitespace collapsed (the one rule for instructions: env, registry, files).
 
     Raises:
         TypeError: not a string.
-        ValueError: empty, longer than :data:`MAX_INSTRUCTION_CHARS`, or holding a control
-            character other than whitespace (a NUL byte, an escape...: no instruction is typed
-            with one, and they cut or garble text in terminals, files and prompts).
+        ValueError: empty, longer than :data:`MAX_INSTRUCTION_CHARS`, or holding a control character.
     """
     if not isinstance(text, str):
         raise TypeError(f"{where}: expected a non-empty string, got {_type_name(text)} {show(text)}")
@@ -283,6 +220,8 @@ def validate_instruction(text: object, where: str = "instruction") -> str:
     if len(s) > MAX_INSTRUCTION_CHARS:
         raise ValueError(f"{where}: {len(s)} characters, more than the {MAX_INSTRUCTION_CHARS} allowed: {s[:60]!r}...")
     return s
+
+
 _ENTRY_FIELDS = ("text", "achievement", "achievements", "sequence", "horizon")
 
 
@@ -397,19 +336,8 @@ def _parse_named_sets(raw: dict, source: str) -> dict[str, list[EvalInstruction]
 
 
 def load_instruction_file(path: str | os.PathLike) -> dict[str, list[EvalInstruction]]:
-    """Named evaluation sets of one user file (schema in the module docstring and ``docs/evaluation.md``).
-
-    A file of the packaged per-achievement schema (``{"instructions": [...]}``) is read too; its sets
-    are then named ``original``, ``simple``, ``complex`` (and ``heldout``, ``ordered``,
-    ``ordered_reverse`` when it has them).
-
-    Returns:
-        ``{set name: [EvalInstruction, ...]}`` in file order.
-
-    Raises:
-        ValueError: naming the file, the set, the entry and the field: unreadable file, invalid JSON,
-            unknown achievement, a set name given twice or reserved, empty text, wrong types, ...
-    """
+    """``{set name: [EvalInstruction, ...]}`` of one user file, in file order (either schema of
+    ``docs/evaluation.md``); ValueError naming the file, set, entry and field of what is wrong."""
     raw = _read_json(path)
     if isinstance(raw, dict) and "sets" in raw:
         return _parse_named_sets(raw, str(path))
@@ -422,19 +350,8 @@ def load_instruction_file(path: str | os.PathLike) -> dict[str, list[EvalInstruc
 
 def load_instruction_files(paths: Sequence[str | os.PathLike],
                            builtin: Sequence[str] = SET_NAMES) -> dict[str, list[EvalInstruction]]:
-    """The named sets of several user files, checked together (what a trainer calls before it starts).
-
-    Args:
-        paths: user files (:func:`load_instruction_file`), in order.
-        builtin: the packaged set names evaluated beside them; no user set may take one of them.
-
-    Returns:
-        ``{set name: [EvalInstruction, ...]}``, the files' sets in order.
-
-    Raises:
-        ValueError: a malformed file (see :func:`load_instruction_file`), or a set name that appears in
-            two files or equals a built-in set's.
-    """
+    """``{set name: [EvalInstruction, ...]}`` of several user files, in order; ValueError for a malformed
+    file or a set name in two files or equal to one of ``builtin``."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     out: dict[str, list[EvalInstruction]] = {}

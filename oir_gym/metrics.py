@@ -1,27 +1,9 @@
-"""Evaluation metrics of the paper (Sec. 5, "Evaluation Metrics"), as pure numpy functions.
+"""Evaluation metrics of the paper (Sec. 5) as numpy functions of per-instruction success rates in ``[0, 1]``.
 
-Success rates are fractions in ``[0, 1]`` (not percentages), one per instruction:
-
-* mean success rate: arithmetic mean of the rates;
-* number of completed instructions: how many rates are ``> 0``;
-* aggregate score: ``exp(mean(log(1 + s))) - 1``, a geometric-style mean that rewards progress
-  on low-success instructions. By Jensen's inequality it lies in ``[0, mean success rate]``, with
-  equality iff all rates are equal.
-
-Seeds are aggregated with :func:`mean_and_stderr` (the paper's shaded areas are standard errors)
-and, for confidence intervals, :func:`t_interval` (Student's t interval of the mean) or
-:func:`bootstrap_ci` (scipy's percentile bootstrap); the difference of two arms' means with
-:func:`welch_interval`.
-
-Paraphrase retention (:func:`paraphrase_retention`): over the achievements a policy has learned
-(success on the original wording at least :data:`LEARNED_THRESHOLD`), the mean of its success on a
-paraphrase set's wordings of the achievement divided by its success on the original wording:
-1 when paraphrases are followed as well as the original, 0 when not at all.
-
-The control of the evaluation (:mod:`oir_gym.evaluation`) adds the instruction-following gain
-(:func:`following_gain`, :func:`control_summary`): per instruction, its achievement's success rate
-when asked for it minus the rate when asked for something else (a mismatched instruction, or the
-neutral one). A policy that ignores its instruction has gains near 0 whatever it achieves.
+Mean success rate, number of completed instructions (rate ``> 0``) and the aggregate score
+``exp(mean(log(1 + s))) - 1``; seed statistics (:func:`mean_and_stderr`, :func:`t_interval`,
+:func:`bootstrap_ci`, :func:`welch_interval`); paraphrase retention and the control's
+instruction-following gain (``docs/evaluation.md``).
 """
 
 from __future__ import annotations
@@ -60,15 +42,8 @@ def _check_outcomes(values: Any, what: str) -> np.ndarray:
 
 
 def success_rates(successes: Mapping[str, Sequence[bool]] | np.ndarray | Sequence[Sequence[bool]]) -> np.ndarray:
-    """Per-instruction success rates from per-episode outcomes.
-
-    Args:
-        successes: either ``{instruction: [bool per episode]}`` (rates in the mapping's order;
-            episode counts may differ) or an array ``[n_instructions, n_episodes]`` of bool / 0-1.
-
-    Returns:
-        float64 array ``[n_instructions]`` in ``[0, 1]``.
-    """
+    """Per-instruction success rates ``[n_instructions]`` from ``{instruction: [bool per episode]}``
+    or an ``[n_instructions, n_episodes]`` array of bool / 0-1."""
     if isinstance(successes, Mapping):
         if not successes:
             raise ValueError("successes must contain at least one instruction")
@@ -99,32 +74,19 @@ def num_completed(rates: Any, eps: float = 0.0) -> int:
 
 def aggregate_score(rates: Any) -> float:
     """``exp(mean(log(1 + s))) - 1`` over per-instruction success rates ``s``."""
-    # log1p/expm1 keep precision for tiny rates, where the score is what distinguishes methods.
     return float(np.expm1(np.mean(np.log1p(_rates_array(rates)))))
 
 
 def summarize(rates: Any) -> dict[str, float | int]:
     """All three paper metrics: ``mean_success_rate``, ``num_completed``, ``aggregate_score``."""
     arr = _rates_array(rates)
-    return {
-        "mean_success_rate": mean_success_rate(arr),
-        "num_completed": num_completed(arr),
-        "aggregate_score": aggregate_score(arr),
-    }
+    return {"mean_success_rate": mean_success_rate(arr), "num_completed": num_completed(arr),
+            "aggregate_score": aggregate_score(arr)}
 
 
 def mean_and_stderr(values: Any, axis: int = 0) -> tuple[Any, Any]:
-    """Mean and standard error of the mean over seeds.
-
-    Args:
-        values: per-seed values, seeds along ``axis`` (e.g. ``[n_seeds]`` or ``[n_seeds, n_evals]``).
-        axis: the seed axis.
-
-    Returns:
-        ``(mean, stderr)`` with ``stderr = std(ddof=1) / sqrt(n)``; floats for 1-D input, arrays
-        otherwise. With a single seed the standard error is reported as 0 (no spread observed)
-        rather than NaN, so curves can still be plotted.
-    """
+    """``(mean, std(ddof=1) / sqrt(n))`` over the seeds along ``axis``; floats for 1-D input. One seed
+    has a standard error of 0 (not NaN), so its curve can still be plotted."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim == 0 or arr.shape[axis] == 0:
         raise ValueError(f"values must have at least one seed along axis {axis}, got shape {arr.shape}")
@@ -139,13 +101,8 @@ def mean_and_stderr(values: Any, axis: int = 0) -> tuple[Any, Any]:
 
 
 def following_gain(asked: Any, control: Any) -> np.ndarray:
-    """Per-instruction instruction-following gain: ``asked - control``, in ``[-1, 1]``.
-
-    Args:
-        asked: success rate of each instruction's achievement when the agent is asked for it.
-        control: success rate of the same achievement when asked for something else (the
-            mismatched or the neutral instruction), aligned with ``asked``.
-    """
+    """Per-instruction gain ``asked - control``: success of each instruction's achievement when asked for
+    it minus when asked for something else (mismatched or neutral), aligned."""
     a, c = _rates_array(asked), _rates_array(control)
     if a.shape != c.shape:
         raise ValueError(f"asked and control rates must be aligned, got {a.size} and {c.size} instructions")
@@ -153,15 +110,8 @@ def following_gain(asked: Any, control: Any) -> np.ndarray:
 
 
 def control_summary(asked: Any, mismatched: Any | None, neutral: Any) -> dict[str, float]:
-    """Set-level control metrics.
-
-    Returns:
-        ``gain`` (mean of :func:`following_gain` against the mismatched condition, the headline:
-        "success(A | asked for A) - success(A | asked for something else)") and
-        ``mismatched_mean_success_rate``, both absent when ``mismatched`` is None (a set with one
-        achievement has no mismatched instruction); ``gain_neutral`` and ``neutral_mean_success_rate``.
-        The mean gain equals the difference of the mean success rates.
-    """
+    """Set-level ``gain`` and ``mismatched_mean_success_rate`` (absent when ``mismatched`` is None),
+    ``gain_neutral`` and ``neutral_mean_success_rate``."""
     out: dict[str, float] = {}
     if mismatched is not None:
         out["gain"] = float(following_gain(asked, mismatched).mean())
@@ -171,22 +121,7 @@ def control_summary(asked: Any, mismatched: Any | None, neutral: Any) -> dict[st
     return out
 
 
-def bootstrap_ci(values: Any, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0,
-                 statistic: Callable[..., Any] = np.mean) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of a statistic over seeds (``scipy.stats.bootstrap``).
-
-    The percentile method, as rliable uses, is well defined for the few seeds RL runs have (BCa
-    breaks down on 3 values); with n seeds only ``n**n`` resamples exist, so with 3 seeds the
-    interval is close to the range of the seeds: read it as such. Deterministic given ``seed``.
-
-    Args:
-        values: one value per seed (1-D, finite).
-
-    Returns:
-        ``(low, high)``; ``(nan, nan)`` for a single seed (no interval without spread to resample).
-    """
-    from scipy import stats
-
+def _per_seed(values: Any, confidence: float) -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"values must be a non-empty 1-D array of per-seed values, got shape {arr.shape}")
@@ -194,6 +129,16 @@ def bootstrap_ci(values: Any, confidence: float = 0.95, n_resamples: int = 9999,
         raise ValueError("values must be finite (no NaN or inf)")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return arr
+
+
+def bootstrap_ci(values: Any, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0,
+                 statistic: Callable[..., Any] = np.mean) -> tuple[float, float]:
+    """Percentile bootstrap interval ``(low, high)`` of a statistic over per-seed ``values``
+    (``scipy.stats.bootstrap``; with 3 seeds close to their range); ``(nan, nan)`` for one seed."""
+    from scipy import stats
+
+    arr = _per_seed(values, confidence)
     if arr.size < 2:
         return float("nan"), float("nan")
     if np.all(arr == arr[0]):  # no spread: every resample gives the same value
@@ -208,29 +153,11 @@ def bootstrap_ci(values: Any, confidence: float = 0.95, n_resamples: int = 9999,
 
 
 def t_interval(values: Any, confidence: float = 0.95) -> tuple[float, float]:
-    """Student's t confidence interval of the mean over seeds: ``mean -+ t_{n-1} * std(ddof=1) / sqrt(n)``.
-
-    With the 3 seeds RL runs often have, the t quantile (4.30 at 95%) makes the interval about 4.3
-    standard errors wide on each side: unlike the percentile bootstrap (:func:`bootstrap_ci`), which
-    cannot leave the range of the seeds, it does not understate how little 3 values say.
-
-    Args:
-        values: one value per seed (1-D, finite).
-        confidence: the interval's coverage, in ``(0, 1)``.
-
-    Returns:
-        ``(low, high)``; ``(nan, nan)`` for a single seed (no spread to estimate), ``(v, v)`` when
-        every seed has the same value ``v``.
-    """
+    """Student's t interval ``(low, high)`` of the mean of per-seed ``values``:
+    ``mean -+ t_{n-1} * std(ddof=1) / sqrt(n)``; ``(nan, nan)`` for one seed."""
     from scipy import stats
 
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"values must be a non-empty 1-D array of per-seed values, got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError("values must be finite (no NaN or inf)")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    arr = _per_seed(values, confidence)
     if arr.size < 2:
         return float("nan"), float("nan")
     mean = float(arr.mean())
@@ -244,23 +171,8 @@ LEARNED_THRESHOLD = 0.25
 
 def paraphrase_retention(original_rates: Any, original_achievements: Sequence[int], rates: Any,
                          achievements: Sequence[int], learned: float = LEARNED_THRESHOLD) -> float:
-    """How much of its success on learned achievements a policy keeps when they are paraphrased.
-
-    For each achievement ``a`` learned on the original set (``original_rates`` at ``a`` >=
-    ``learned``) that the paraphrase set asks for: the mean success of the set's instructions of
-    ``a`` divided by the original success of ``a``; the mean of those ratios (each learned
-    achievement weighs the same, however many paraphrases it has). A ratio can exceed 1 (a
-    paraphrase followed better than the original wording).
-
-    Args:
-        original_rates: per-instruction success on the original set (one instruction per achievement).
-        original_achievements: the achievement index of each original instruction.
-        rates: per-instruction success on the paraphrase set.
-        achievements: the achievement index of each paraphrase instruction (several per achievement allowed).
-        learned: the original success from which an achievement counts as learned (> 0).
-
-    Returns:
-        The retention, or NaN when no learned achievement is asked for in the paraphrase set.
+    """Mean over the achievements learned on the original set (success >= ``learned``) that the
+    paraphrase set asks for of paraphrase success / original success; NaN when there is none.
 
     Raises:
         ValueError: rates outside [0, 1], misaligned inputs, an achievement twice in the original
@@ -277,24 +189,14 @@ def paraphrase_retention(original_rates: Any, original_achievements: Sequence[in
     if not 0 < learned <= 1:
         raise ValueError(f"learned={learned} must be in (0, 1]")
     base = dict(zip(oa, o.tolist()))
-    ratios = []
-    for a in dict.fromkeys(ra):
-        if base.get(a, 0.0) >= learned:
-            para = float(np.mean([x for x, b in zip(r.tolist(), ra) if b == a]))
-            ratios.append(para / base[a])
+    ratios = [float(np.mean([x for x, b in zip(r.tolist(), ra) if b == a])) / base[a]
+              for a in dict.fromkeys(ra) if base.get(a, 0.0) >= learned]
     return float(np.mean(ratios)) if ratios else float("nan")
 
 
 def welch_interval(values: Any, baseline: Any, confidence: float = 0.95) -> tuple[float, float, float]:
-    """Difference of two arms' means over seeds, ``mean(values) - mean(baseline)``, with Welch's t
-    interval (unequal variances; Welch-Satterthwaite degrees of freedom).
-
-    Args:
-        values, baseline: one value per seed of each arm (1-D, finite, at least 2 each).
-
-    Returns:
-        ``(difference, low, high)``; ``low == high == difference`` when neither arm varies.
-    """
+    """``(mean(values) - mean(baseline), low, high)`` with Welch's t interval over per-seed values
+    (at least 2 each); ``low == high`` when neither arm varies."""
     a, b = np.asarray(values, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
     for name, arr in (("values", a), ("baseline", b)):
         if arr.ndim != 1 or arr.size < 2:

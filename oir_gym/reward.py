@@ -1,14 +1,8 @@
 """The cosine-threshold reward of the paper (Eq. 'rew'), as pure JAX functions.
 
-A transition is described by the set of events that happened in it (see
-:mod:`oir_gym.captions`); its caption embedding is compared with the instruction embedding.
-Because every caption comes from a finite vocabulary, the similarity between an instruction and
-every event is computed once, when the instruction is encoded (:func:`event_similarity`); the
-per-step reward is then a gather and a comparison, never a sentence-encoder call.
-
-When several events happen in one step, the step's similarity is the maximum over them (the
-caption that best matches the instruction), which equals the paper's single-caption reward
-whenever one event happens.
+Captions come from a finite vocabulary of events (:mod:`oir_gym.captions`), so an instruction's
+similarity to every event is computed once when it is encoded (:func:`event_similarity`); a step's
+similarity is the maximum over the events that happened in it.
 """
 
 from __future__ import annotations
@@ -19,17 +13,8 @@ import numpy as np
 
 
 def event_similarity(instr_emb, phrase_emb, phrase_event, num_events: int):
-    """Max cosine between each instruction and each event's phrasings.
-
-    Args:
-        instr_emb: ``[..., D]`` unit-norm instruction embeddings.
-        phrase_emb: ``[P, D]`` unit-norm phrase embeddings.
-        phrase_event: ``[P]`` int event id of each phrase.
-        num_events: number of events ``E``.
-
-    Returns:
-        ``[..., E]`` float32 similarities (``-1`` for an event without phrases).
-    """
+    """``[..., E]`` float32 max cosine between unit-norm instruction embeddings ``[..., D]`` and the
+    phrasings ``[P, D]`` of each event (``phrase_event [P]``); -1 for an event without phrases."""
     xp = jnp if isinstance(instr_emb, jax.Array) else np
     sims = instr_emb @ phrase_emb.T  # [..., P]
     out = xp.full(sims.shape[:-1] + (num_events,), -1.0, dtype=np.float32)
@@ -42,12 +27,8 @@ def event_similarity(instr_emb, phrase_emb, phrase_event, num_events: int):
 
 
 def without_events(sims, events):
-    """``sims`` (``[..., E]`` event similarities) with the columns ``events`` set to ``-1``.
-
-    The cosine reward reads it with the progress events (``VOCAB.progress_events``) left out: they
-    are labels only, paid through event-bound grounding, so no instruction's cosine reward changes
-    with them at any delta. Binding an answer to an event still reads every event.
-    """
+    """``sims [..., E]`` with the columns ``events`` set to -1 (the cosine reward leaves out the progress
+    events, which are paid through event-bound grounding only)."""
     cols = list(events)
     if not cols:
         return sims
@@ -64,13 +45,7 @@ def _np_set(out, e, m):
 
 
 def step_match(events, instr_event_sim, delta):
-    """True where a step's events contain one whose similarity to the instruction exceeds delta.
-
-    Args:
-        events: ``[..., E]`` bool, which events happened at this step.
-        instr_event_sim: ``[..., E]`` similarity of the instruction to each event.
-        delta: threshold; the comparison is strict (``> delta``), as in the paper.
-    """
+    """True where a step's events ``[..., E]`` hold one whose similarity to the instruction is ``> delta``."""
     return jnp.any(jnp.logical_and(events, instr_event_sim > delta), axis=-1)
 
 
@@ -81,41 +56,16 @@ def step_similarity(events, instr_event_sim):
 
 @jax.jit
 def relabel_rewards(events, instr_event_sim, delta):
-    """Rewards and terminations of a trajectory segment under a (new) instruction.
-
-    Reward 1 at every step where the instruction matches: ``rewards == terminations == match``.
-    The paper pays the first match and ends the episode there; :func:`first_per_episode` keeps
-    the first match of each original episode and marks the steps after it (the OIR batch does so).
-
-    Args:
-        events: ``[..., T, E]`` bool events of each transition.
-        instr_event_sim: ``[..., E]`` similarity of the instruction to each event.
-        delta: reward threshold (strict ``>``).
-
-    Returns:
-        ``(rewards [..., T] float32, terminations [..., T] bool)``.
-    """
+    """``(rewards [..., T] float32, terminations [..., T] bool)`` of events ``[..., T, E]`` under an
+    instruction: 1 and True at every matching step (:func:`first_per_episode` keeps the first)."""
     match = step_match(events, instr_event_sim[..., None, :], delta)
     return match.astype(jnp.float32), match
 
 
 def first_per_episode(matches, episode_starts):
-    """The first match of each episode, and the steps after it in that episode (JAX, time first).
-
-    A relabeled copy spans a rollout segment that may hold several original episodes. Under the
-    paper's reward the relabeled instruction pays the first time it matches, and its episode ends
-    there, so within one original episode only the first match is a success; the steps after it
-    belong to no episode of the relabeled instruction (they continue the original world, next to
-    the water that was just drunk) and carry no target.
-
-    Args:
-        matches: ``[T, ...]`` bool, the steps where the instruction matches (``relabel_rewards``).
-        episode_starts: ``[T, ...]`` bool, the first step of each original episode (``reset``).
-
-    Returns:
-        ``(first [T, ...], after [T, ...])`` bool: the first match per episode, and the steps that
-        follow one in the same episode.
-    """
+    """``(first, after)`` bool ``[T, ...]``: the first of ``matches`` in each original episode (started
+    at ``episode_starts``), and the steps after it in that episode (no target: the relabeled episode
+    ended at its first success)."""
     matches = jnp.asarray(matches, bool)
 
     def body(seen, inp):
@@ -142,24 +92,9 @@ def first_success_step(events, instr_event_sim, delta):
 
 
 def threshold_confusion(instr_event_sim, target_event, deltas) -> dict[str, np.ndarray]:
-    """What the cosine reward would pay for, per threshold, before any training (numpy).
-
-    For each instruction, the reward fires on every event whose similarity exceeds delta. This
-    compares that set with the instruction's own (ground-truth) event: a low delta also pays for
-    related or partial events ("attack zombie" for "defeat zombie"), a high one may miss
-    paraphrased instructions altogether.
-
-    Args:
-        instr_event_sim: ``[N, E]`` similarity of each instruction to each event.
-        target_event: ``[N]`` event id that each instruction asks for.
-        deltas: thresholds to compare (strict ``>``, as the reward).
-
-    Returns:
-        ``recall [D]``: fraction of instructions whose own event is rewarded;
-        ``wrong_per_instruction [D]``: mean number of other events rewarded;
-        ``any_wrong [D]``: fraction of instructions with at least one other event rewarded;
-        ``wrong [D, N, E]``: which other events each instruction rewards.
-    """
+    """What the cosine reward of instructions ``[N, E]`` with own events ``target_event [N]`` pays for at
+    each of ``deltas``: ``recall [D]`` (own event rewarded), ``wrong_per_instruction [D]`` (other events
+    rewarded), ``any_wrong [D]`` and ``wrong [D, N, E]``."""
     sim = np.asarray(instr_event_sim, dtype=np.float32)
     tgt = np.asarray(target_event, dtype=np.int64)
     if sim.ndim != 2 or tgt.shape != (sim.shape[0],) or not len(tgt):
@@ -171,9 +106,5 @@ def threshold_confusion(instr_event_sim, target_event, deltas) -> dict[str, np.n
     own = np.zeros(sim.shape, bool)
     own[np.arange(len(tgt)), tgt] = True
     wrong = fires & ~own[None]
-    return {
-        "recall": fires[:, own].mean(axis=1),  # own has one True per row: [D, N]
-        "wrong_per_instruction": wrong.sum(axis=2).mean(axis=1),
-        "any_wrong": wrong.any(axis=2).mean(axis=1),
-        "wrong": wrong,
-    }
+    return {"recall": fires[:, own].mean(axis=1), "wrong_per_instruction": wrong.sum(axis=2).mean(axis=1),
+            "any_wrong": wrong.any(axis=2).mean(axis=1), "wrong": wrong}

@@ -41,8 +41,7 @@ RESET_OPTIONS = ("instruction",)
 
 
 def check_reset_options(options: Any) -> dict[str, Any]:
-    """``options`` of ``reset`` as a dict: ``None`` or a mapping whose keys are :data:`RESET_OPTIONS`
-    (an unknown key, e.g. a typo of ``"instruction"``, would otherwise be ignored silently)."""
+    """``options`` of ``reset`` as a dict: ``None`` or a mapping whose keys are :data:`RESET_OPTIONS`."""
     if options is None:
         return {}
     if not isinstance(options, abc.Mapping):
@@ -71,11 +70,9 @@ def _merge_next_step(reset_mask, fresh_env, fresh_obs, state, obs, reward, term,
 class InstructionCraftax(VectorEnv):
     """Instruction-conditioned Craftax-Classic, batched (Gymnasium ``VectorEnv``).
 
-    Observation (per env): ``Dict({"obs": Box(0, 1, (D,)), "instruction": Box(-1, 1, (384,))})``
-    where ``D`` is 888 in ``"paper"`` mode and 1345 in ``"symbolic"`` mode. Action:
-    ``Discrete(17)``. Reward: 1 at the first step whose caption matches the instruction (cosine
-    ``> delta``), which also terminates the episode; Craftax's death or lava terminate too;
-    ``max_episode_steps`` truncates.
+    Observation: ``Dict({"obs": Box(0, 1, (D,)), "instruction": Box(-1, 1, (384,))})``, ``D`` 888
+    (``"paper"``) or 1345 (``"symbolic"``); action ``Discrete(17)``; reward 1 at the first step whose
+    caption matches the instruction (cosine ``> delta``), which terminates, as do death and lava.
 
     Args:
         num_envs: number of parallel envs (>= 1).
@@ -83,16 +80,11 @@ class InstructionCraftax(VectorEnv):
         delta: cosine threshold in (-1, 1].
         max_episode_steps: truncation horizon.
         instructions: the initial instruction buffer (default: the 22 Craftax achievements).
-        buffer: an :class:`~oir_gym.buffer.InstructionBuffer` to draw from (overrides
-            ``instructions``); episodes' returns are recorded into it. Change it at any time:
-            the env picks up its contents before the next step.
-        reward: ``"cosine"`` (paper) or ``"gt"`` (Craftax ground truth for instructions mapped
-            to an achievement, the PQN-GT baseline).
-        terminate_on_success: end episodes at the first success (turn off for evaluation).
-        autoreset_mode: ``"same_step"`` (default; the mode SB3 needs: the step that ends an
-            episode returns the next episode's first obs and the last obs in
-            ``infos["final_obs"]``) or ``"next_step"`` (Gymnasium's default: the step after the
-            last one resets and ignores its action).
+        buffer: an :class:`~oir_gym.buffer.InstructionBuffer` to draw from and record returns into
+            (overrides ``instructions``); its contents are picked up before each step.
+        reward: ``"cosine"`` (paper) or ``"gt"`` (ground truth of the instruction's achievement).
+        terminate_on_success: end episodes at the first success.
+        autoreset_mode: ``"same_step"`` (SB3's; last obs in ``infos["final_obs"]``) or ``"next_step"``.
         info_text: add the textual observation (``infos["text"]``) and action text to every step.
         encoder: an encoder instance, or a model path / ``"default"``.
         render_mode: ``None`` or ``"rgb_array"``.
@@ -100,36 +92,20 @@ class InstructionCraftax(VectorEnv):
         pool_size / pool_refresh: world pool size and worlds regenerated per step with a reset.
         table_capacity: rows of the device instruction table.
 
-    Infos (arrays over envs): ``instruction``, ``success``, ``events``, ``achievements``,
-    ``similarity`` (and ``text``/``action_text`` with ``info_text``) of the step; where an episode
-    ended, ``episode`` (``{"r", "l", "t"}``: return, length and elapsed seconds, as Gymnasium's
-    ``RecordEpisodeStatistics``) with its ``_episode`` mask, and in same-step mode ``final_obs`` and
-    ``final_info`` (a copy of those envs' step info, ``episode`` included) with their masks.
-    ``render()`` returns one ``[144, 144, 3]`` frame per env (about 1-2 ms per call on a CPU for
-    4 envs, after a ~20 s first compile), usable by ``gymnasium.wrappers.vector.RecordVideo``.
+    Infos (arrays over envs): ``instruction``, ``success``, ``events``, ``achievements``, ``similarity``
+    (``text``/``action_text`` with ``info_text``); where an episode ended ``episode`` (``{"r", "l", "t"}``,
+    as ``RecordEpisodeStatistics``), and in same-step mode ``final_obs`` and ``final_info``, with masks.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10, "autoreset_mode": AutoresetMode.SAME_STEP}
 
-    def __init__(
-        self,
-        num_envs: int = 16,
-        obs_mode: str = "paper",
-        delta: float = 0.9,
-        max_episode_steps: int = 10_000,
-        instructions: Sequence[str] | None = None,
-        buffer: InstructionBuffer | None = None,
-        reward: str = "cosine",
-        terminate_on_success: bool = True,
-        autoreset_mode: str | AutoresetMode = "same_step",
-        info_text: bool = False,
-        encoder: InstructionEncoder | str = DEFAULT_MODEL,
-        render_mode: str | None = None,
-        seed: int | None = None,
-        pool_size: int | None = None,
-        pool_refresh: int | None = None,
-        table_capacity: int = 256,
-    ) -> None:
+    def __init__(self, num_envs: int = 16, obs_mode: str = "paper", delta: float = 0.9,
+                 max_episode_steps: int = 10_000, instructions: Sequence[str] | None = None,
+                 buffer: InstructionBuffer | None = None, reward: str = "cosine", terminate_on_success: bool = True,
+                 autoreset_mode: str | AutoresetMode = "same_step", info_text: bool = False,
+                 encoder: InstructionEncoder | str = DEFAULT_MODEL, render_mode: str | None = None,
+                 seed: int | None = None, pool_size: int | None = None, pool_refresh: int | None = None,
+                 table_capacity: int = 256) -> None:
         num_envs = check_int("num_envs", num_envs, minimum=1, maximum=MAX_NUM_ENVS)
         check_obs_mode(obs_mode)
         delta = _check_delta(delta)
@@ -175,16 +151,14 @@ class InstructionCraftax(VectorEnv):
             initial = [validate_instruction(t, f"instructions[{i}]") for i, t in enumerate(initial)]
             buffer = InstructionBuffer(capacity=len(dict.fromkeys(initial)), initial=initial, seed=seed)
         self.buffer = buffer
-        # Rows of the 22 original wordings carry their achievement, so ground-truth reward and
-        # evaluation work for them (and for instructions registered with an achievement).
+        # the original wordings carry their achievement, for the ground-truth reward and evaluation
         self.registry.rows(list(ORIGINAL_INSTRUCTIONS), achievements=list(range(NUM_ACHIEVEMENTS)))
         self._buffer_contents: list[str] = []
         self._sync_buffer()
 
-        self._params = F.EnvParams(
-            table=self.registry.device_table(), delta=delta, max_steps=int(max_episode_steps),
-            terminate_on_success=bool(terminate_on_success), reward_mode=REWARD_MODES.index(reward),
-        )
+        self._params = F.EnvParams(table=self.registry.device_table(), delta=delta, max_steps=int(max_episode_steps),
+                                   terminate_on_success=bool(terminate_on_success),
+                                   reward_mode=REWARD_MODES.index(reward))
         self.single_observation_space = gym.spaces.Dict({
             "obs": gym.spaces.Box(0.0, 1.0, (obs_dim(obs_mode),), np.float32),
             "instruction": gym.spaces.Box(-1.0, 1.0, (self.encoder.dim,), np.float32),
@@ -202,12 +176,10 @@ class InstructionCraftax(VectorEnv):
         self._pinned = np.full((self.num_envs,), -1, np.int32)
         self._needs_reset = np.zeros((self.num_envs,), bool)
         self._last_obs = None
-        # How many times reset() ran: a TrajectoryRecorder that only sees step outputs reads it
-        # to tell that a reset happened between two steps.
+        # lets a TrajectoryRecorder that only sees step outputs tell a reset happened between two steps
         self.reset_count = 0
         self._episode_start = np.zeros((self.num_envs,), np.float64)
 
-    # ------------------------------------------------------------------ instructions
     @property
     def params(self) -> F.EnvParams:
         """Current functional parameters (for users of the JAX core)."""
@@ -239,21 +211,15 @@ class InstructionCraftax(VectorEnv):
         return rows
 
     def set_instructions(self, instructions: str | Sequence[str | None] | None) -> None:
-        """Pin instructions: one string for all envs, one per env, or ``None`` to unpin.
-
-        A pinned env uses its instruction at every reset instead of drawing from the buffer.
-        The change applies at each env's next reset (call :meth:`reset` to apply it now).
-        """
+        """Pin instructions (one string for all envs, one per env, or ``None`` to unpin) from each env's next reset."""
         if instructions is None:
             per_env: list[str | None] = [None] * self.num_envs
         elif isinstance(instructions, str):
             per_env = [instructions] * self.num_envs
         else:
             if not isinstance(instructions, (abc.Sequence, np.ndarray)):
-                raise TypeError(
-                    "instructions must be a string, a sequence of strings/None (one per env) or None, "
-                    f"got {type(instructions).__name__}: {instructions!r}"
-                )
+                raise TypeError("instructions must be a string, a sequence of strings/None (one per env) or None, "
+                                f"got {type(instructions).__name__}: {instructions!r}")
             per_env = list(instructions)
             if len(per_env) != self.num_envs:
                 raise ValueError(f"got {len(per_env)} instructions for {self.num_envs} envs")
@@ -269,7 +235,6 @@ class InstructionCraftax(VectorEnv):
             raise RuntimeError("call reset() first")
         return [self.registry.text(r) for r in np.asarray(self._state.env.instr)]
 
-    # ------------------------------------------------------------------ gym API
     def _batch_seed(self, seed: Any) -> int | None:
         """The one seed of the JAX batch: an int, or a list of one seed per env (``[s, s + 1, ...]``)."""
         if seed is None or isinstance(seed, (int, np.integer, bool, np.bool_)):
@@ -292,12 +257,8 @@ class InstructionCraftax(VectorEnv):
         return int(seeds[0])
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
-        """Reset all envs. ``options={"instruction": str | list}`` pins instructions first.
-
-        ``seed``: an int (the batch's PRNG key; env ``i`` gets world ``i`` of it), or a list of one
-        seed per env that is ``[s, s + 1, ...]`` (the same as ``seed=s``) or all ``None``. Other
-        lists cannot be honoured by one JAX batch and raise ``ValueError``.
-        """
+        """Reset all envs; ``options={"instruction": str | list}`` pins instructions first. ``seed``: an int,
+        or per-env seeds ``[s, s + 1, ...]`` (the same as ``s``) or all ``None``."""
         seed = self._batch_seed(seed)
         options = check_reset_options(options)
         if seed is not None:
@@ -353,17 +314,13 @@ class InstructionCraftax(VectorEnv):
         else:
             reset_mask = None
         obs, state, reward, term, trunc, info, final_obs = self._step_fn(
-            k, self._state, acts, self._params, obs_mode=self.obs_mode,
-            pool_refresh=self.pool_refresh, autoreset=self.autoreset == "same_step",
-        )
+            k, self._state, acts, self._params, obs_mode=self.obs_mode, pool_refresh=self.pool_refresh,
+            autoreset=self.autoreset == "same_step")
         if reset_mask is not None:
             self._episode_start[self._needs_reset] = time.perf_counter()
-            # Envs reset this step ignore their action: restore their fresh state and report
-            # the first observation of the episode (Gymnasium's next-step autoreset).
-            # (One jitted call: done op by op, this merge cost ~60 ms per step with a reset.)
-            state, obs, reward, term, trunc = _merge_next_step(
-                reset_mask, self._state.env, reset_obs, state, obs, reward, term, trunc
-            )
+            # envs reset this step ignore their action and report their episode's first observation
+            state, obs, reward, term, trunc = _merge_next_step(reset_mask, self._state.env, reset_obs, state, obs,
+                                                               reward, term, trunc)
         self._state = state
 
         host = jax.device_get({"reward": reward, "term": term, "trunc": trunc, "info": info._asdict()})
@@ -379,13 +336,10 @@ class InstructionCraftax(VectorEnv):
         done = terms | truncs
         instr_text = np.array([self.registry.text(r) for r in inf["instr"]], dtype=object)
 
-        infos: dict[str, Any] = {
-            "instruction": instr_text,
-            "success": np.array(inf["success"], bool),
-            "events": np.array(inf["events"], bool),
-            "achievements": np.array(inf["achievements"], bool),
-            "similarity": np.array(inf["similarity"], np.float32),
-        }
+        infos: dict[str, Any] = {"instruction": instr_text, "success": np.array(inf["success"], bool),
+                                 "events": np.array(inf["events"], bool),
+                                 "achievements": np.array(inf["achievements"], bool),
+                                 "similarity": np.array(inf["similarity"], np.float32)}
         if self.info_text:
             texts, facing = batch_text(pre_craftax)
             infos["text"] = np.array(texts, dtype=object)
@@ -393,7 +347,6 @@ class InstructionCraftax(VectorEnv):
         if done.any():
             ep_r = np.array(inf["ep_return"], np.float32)
             ep_l = np.array(inf["ep_length"], np.int32)
-            # "t": seconds since the episode began (RecordEpisodeStatistics' meaning).
             now = time.perf_counter()
             ep_t = np.where(done, np.round(now - self._episode_start, 6), 0.0)
             if self.autoreset == "same_step":
@@ -408,7 +361,6 @@ class InstructionCraftax(VectorEnv):
                 for i in np.flatnonzero(done):
                     infos["final_obs"][i] = {k2: v[i].copy() for k2, v in fo.items()}
                 infos["_final_obs"] = done.copy()
-                # The finished envs' info of their last step, as Gymnasium's SAME_STEP vector envs give it.
                 infos["final_info"] = _copy_info({k2: v for k2, v in infos.items() if not k2.startswith("final")})
                 infos["_final_info"] = done.copy()
         self._needs_reset = done if self.autoreset == "next_step" else np.zeros_like(done)
@@ -420,8 +372,7 @@ class InstructionCraftax(VectorEnv):
         return {k: np.array(v, dtype=np.float32) for k, v in host.items()}
 
     def render(self) -> list[np.ndarray]:
-        """One RGB frame ``[H, W, 3]`` uint8 per env (a list, as Gymnasium's vector envs and video
-        wrappers expect), from Craftax-Classic's pixel renderer (16-pixel blocks)."""
+        """A list of one RGB frame ``[H, W, 3]`` uint8 per env (Craftax-Classic's pixel renderer)."""
         if self.render_mode != "rgb_array":
             raise RuntimeError("render() needs render_mode='rgb_array'")
         if self._state is None:
@@ -446,5 +397,4 @@ class InstructionCraftax(VectorEnv):
 
 
 def _copy_info(infos: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of a vector info dict (arrays copied, nested dicts copied)."""
     return {k: (_copy_info(v) if isinstance(v, dict) else np.array(v, copy=True)) for k, v in infos.items()}

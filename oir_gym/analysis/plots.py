@@ -13,18 +13,17 @@ from oir_gym.analysis.tables import (
 )
 from oir_gym.metrics import mean_and_stderr
 
+
 def _figure(ncols: int = 1, figsize: tuple[float, float] = (7, 4)):
-    """A figure of its own with ``ncols`` axes. Built from :class:`matplotlib.figure.Figure` with no
-    pyplot: no global figure registry and no backend switch, so plotting from a notebook leaves its
-    backend and figures alone."""
+    """A figure with ``ncols`` axes, without pyplot (a notebook's backend and figures stay untouched)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=figsize)
     return fig, fig.subplots(1, ncols)
 
 
-def _save(fig, out: str | Path) -> Path:
-    """Lay out and write a figure (every plot of this module is written the same way)."""
+def save_figure(fig, out: str | Path) -> Path:
+    """Lay out a figure and write it (PNG by ``out``'s suffix); returns ``out`` as a Path."""
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     return Path(out)
@@ -32,33 +31,23 @@ def _save(fig, out: str | Path) -> Path:
 
 def plot_learning_curves(runs: dict[str, Sequence[str | Path | list[dict]]], out: str | Path,
                          set_name: str = "original") -> Path:
-    """Eval metrics vs env steps, one line per method, s.e. bands over seeds (runs and in-run seeds).
-
-    ``runs[method]`` lists run directories, ``metrics.jsonl`` files or metrics rows already read
-    (:func:`read_jsonl`); several are pooled as seeds.
-    """
+    """Eval metrics vs env steps, one line per method with an s.e. band over seeds; ``runs[method]`` lists
+    run directories, ``metrics.jsonl`` files or metrics rows, pooled as seeds."""
     fig, axes = _figure(3, (15, 4))
     for label, paths in runs.items():
         steps, curves = pooled_curves([d if isinstance(d, list) else read_jsonl(metrics_path(d)) for d in paths],
                                       set_name)
-        if len(steps) == 0:
-            continue
         for ax, m in zip(axes, EVAL_METRICS):
-            stacked = curves[m]  # [n, seeds]
-            mean, se = mean_and_stderr(stacked.T, axis=0)
-            mean, se = np.atleast_1d(mean), np.atleast_1d(se)
-            ax.plot(steps, mean, marker="o", label=label)
-            ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
+            _band(ax, steps, curves[m], label)
     for ax, m in zip(axes, EVAL_METRICS):
         ax.set_title(f"{m.replace('_', ' ')} ({set_name})")
         ax.set_xlabel("env steps")
         ax.grid(alpha=0.3)
     axes[0].legend()
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
-#: Below this many points a line also marks each point: a one-point series (an SB3 smoke run logs its
-#: loss once) draws nothing without a marker.
+#: Below this many points a line also marks each point (a one-point series draws nothing without one).
 MARKER_BELOW = 40
 
 
@@ -67,9 +56,8 @@ def _marker(n: int) -> str | None:
 
 
 def training_figure(metrics: list[dict]):
-    """Loss, training success, epsilon and throughput vs env steps for one run, one axes per logged key
-    (titled with it); a short series is drawn with a marker on every point. Rows that log none of the
-    keys give one axes with a note saying so."""
+    """Loss, training success, epsilon and throughput vs env steps of one run, one axes per logged key
+    (one axes with a note when none is logged)."""
     keys = [k for k in ("loss", "train/success_rate", "train/reward_per_step", "curriculum/unpayable_step_frac",
                         "epsilon", "sps") if any(k in r and "env_steps" in r for r in metrics)]
     fig, axes = _grid(max(len(keys), 1), max(len(keys), 1), (4.0, 3.2))
@@ -87,18 +75,13 @@ def training_figure(metrics: list[dict]):
 
 def plot_training(metrics: list[dict], out: str | Path) -> Path:
     """Write :func:`training_figure` to ``out``."""
-    return _save(training_figure(metrics), out)
+    return save_figure(training_figure(metrics), out)
 
 
 def instruction_bars_figure(results: dict[str, Iterable[dict]], set_name: str = "original",
                             episodes: int | None = None):
-    """Per-instruction success rates, one bar group per instruction, one bar per method, titled with the
-    set, its number of instructions, the seeds per method and (when given) the episodes per instruction.
-
-    ``results[method]`` is a list of evaluation dicts (one per seed) as written by
-    :meth:`oir_gym.evaluation.EvalResult.to_dict`. Results without ``set_name`` (a run that
-    evaluated only the sets of its instruction files: ``--eval.sets`` empty) plot their first set.
-    """
+    """Per-instruction success rates of ``set_name`` (else the first set), one bar per method;
+    ``results[method]`` lists per-seed :meth:`oir_gym.evaluation.EvalResult.to_dict` dicts."""
     results = {m: list(r) for m, r in results.items()}
     methods = list(results)
     first = results[methods[0]]
@@ -128,7 +111,7 @@ def instruction_bars_figure(results: dict[str, Iterable[dict]], set_name: str = 
 def plot_instruction_bars(results: dict[str, Iterable[dict]], out: str | Path, set_name: str = "original",
                           episodes: int | None = None) -> Path:
     """Write :func:`instruction_bars_figure` to ``out``."""
-    return _save(instruction_bars_figure(results, set_name, episodes), out)
+    return save_figure(instruction_bars_figure(results, set_name, episodes), out)
 
 
 def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, seed: int = 0,
@@ -142,11 +125,8 @@ def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, s
 
     enc = encoder or get_encoder()
     reference = list(reference or ORIGINAL_INSTRUCTIONS)
-    names, texts = [], []
-    for g, ts in list(groups.items()) + [("achievements", reference)]:
-        for t in dict.fromkeys(ts):
-            names.append(g)
-            texts.append(t)
+    pairs = [(g, t) for g, ts in [*groups.items(), ("achievements", reference)] for t in dict.fromkeys(ts)]
+    names, texts = [g for g, _ in pairs], [t for _, t in pairs]
     if len(texts) < 5:
         raise ValueError(f"need at least 5 instructions for a t-SNE, got {len(texts)}")
     emb = enc.encode(texts)
@@ -158,7 +138,7 @@ def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, s
         ax.scatter(xy[idx, 0], xy[idx, 1], s=size, marker=marker, label=f"{g} ({len(idx)})", alpha=0.8)
     ax.legend()
     ax.set_title("instructions in embedding space (t-SNE)")
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_name: str = "original",
@@ -174,16 +154,13 @@ def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_nam
         ax.set_xlabel(xlabel)
         ax.set_title(f"{k.replace('_', ' ')} ({set_name})")
         ax.grid(alpha=0.3)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], deltas: Sequence[float],
                              out: str | Path) -> Path:
-    """Recall and wrongly rewarded events against delta, one line per instruction set.
-
-    ``curves[set_name]`` holds the ``recall`` and ``wrong_per_instruction`` arrays of
-    :func:`oir_gym.reward.threshold_confusion`.
-    """
+    """Recall and wrongly rewarded events against delta, one line per set of
+    :func:`oir_gym.reward.threshold_confusion` results."""
     fig, axes = _figure(2, (10, 3.6))
     titles = {"recall": "own event rewarded (fraction of instructions)",
               "wrong_per_instruction": "other events rewarded (per instruction)"}
@@ -194,7 +171,7 @@ def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], delt
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].legend()
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_time_to_target(runs: dict[str, Sequence[list[dict]]], out: str | Path, target: float | None = None,
@@ -203,23 +180,18 @@ def plot_time_to_target(runs: dict[str, Sequence[list[dict]]], out: str | Path, 
     fig, ax = _figure(1, (7, 4))
     for name, rs in runs.items():
         times, _, vals = time_curves(rs, set_name)
-        if len(times) == 0:
-            continue
-        mean, se = mean_and_stderr(vals.T, axis=0)
-        mean, se = np.atleast_1d(mean), np.atleast_1d(se)
-        ax.plot(times / 60, mean, marker=".", label=name)
-        ax.fill_between(times / 60, mean - se, mean + se, alpha=0.2)
+        _band(ax, times / 60, vals, name)
     if target is not None:
         ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.2f}")
     ax.set_xlabel("wall clock (min, compile included)")
     ax.set_ylabel(f"mean success ({set_name})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
-#: Where the relabeling panel reads each quantity, in order of preference: ``(key, how, what)``.
-#: ``how`` is ``"value"`` (logged per update) or ``"increment"`` (a running count, differenced).
+#: Where the relabeling panel reads a quantity, in order of preference: ``(key, how, what)``, ``how``
+#: ``"value"`` (per update) or ``"increment"`` (a running count, differenced).
 RELABEL_ROWS = (("relabel/rows", "value", "PQN: rows per seed"),
                 ("relabel/rows_added", "increment", "SB3: transitions per metrics row"))
 RELABEL_NOVELTY = (("relabel/new_instructions", "value", "texts offered to a buffer for the first time"),
@@ -228,13 +200,8 @@ RELABEL_NOVELTY = (("relabel/new_instructions", "value", "texts offered to a buf
 
 
 
-def save_figure(fig, out: str | Path) -> Path:
-    """Lay out a figure and write it (PNG by ``out``'s suffix); returns ``out`` as a Path."""
-    return _save(fig, out)
-
-
 def _grid(n: int, ncols: int = 3, cell: tuple[float, float] = (4.6, 3.4)):
-    """A pyplot-free figure with ``n`` axes, ``ncols`` to a row (see :func:`_figure`)."""
+    """A pyplot-free figure with ``n`` axes, ``ncols`` to a row."""
     from matplotlib.figure import Figure
 
     ncols = max(1, min(ncols, n))
@@ -247,8 +214,7 @@ def _grid(n: int, ncols: int = 3, cell: tuple[float, float] = (4.6, 3.4)):
 
 
 def _band(ax, steps: np.ndarray, vals: np.ndarray, label: str, color: str | None = None, ls: str = "-") -> None:
-    """The mean over the columns of ``vals [n, k]`` (seeds or runs) as a line, ± its standard error as a
-    band when k > 1; points where some column is NaN (nothing logged there) are left out."""
+    """The mean over the columns of ``vals [n, k]`` as a line, ± its s.e. as a band when k > 1 (NaN rows left out)."""
     keep = np.isfinite(vals).all(axis=1)
     steps, vals = np.asarray(steps)[keep], vals[keep]
     if len(steps) == 0:
@@ -266,8 +232,7 @@ def _note(ax, text: str) -> None:
 
 def _per_set_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str], key: str,
                     ylim: tuple[float, float] | None, ylabel: str, title: str):
-    """One axes per set, one line per method (mean over seeds, ± s.e. band), y fixed to ``ylim``
-    (None: :func:`symmetric_limits` of what each axes holds)."""
+    """One axes per set, one line per method, y fixed to ``ylim`` (None: :func:`symmetric_limits`)."""
     fig, axes = _grid(len(sets))
     for ax, s in zip(axes, sets):
         for i, (label, rows) in enumerate(runs.items()):  # a method keeps its colour on every axes
@@ -289,8 +254,7 @@ def _per_set_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str], 
     return fig
 
 
-#: The smallest half-span of :func:`symmetric_limits`: gains of a few hundredths stay readable without
-#: noise of 0.001 filling the frame.
+#: The smallest half-span of :func:`symmetric_limits` (noise of 0.001 does not fill the frame).
 MIN_HALF_SPAN = 0.1
 
 
@@ -312,19 +276,8 @@ def symmetric_limits(axes, min_half: float = MIN_HALF_SPAN, cap: float = 1.0) ->
 
 
 def success_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | None = None):
-    """Mean success rate over training on every evaluated set, each on a y axis fixed to [0, 1].
-
-    Args:
-        runs: per method, the metrics rows of each run (:func:`read_jsonl`), pooled as seeds.
-        sets: the sets, one axes each; default every set the rows evaluated (:func:`evaluated_sets`).
-
-    Returns:
-        A :class:`matplotlib.figure.Figure` (no pyplot): x env steps, one line per method, the mean
-        over seeds with a ± standard-error band.
-
-    Raises:
-        ValueError: when no set is evaluated in the rows.
-    """
+    """Mean success rate against env steps, one axes per set (default :func:`evaluated_sets`), y in [0, 1],
+    one line per method (``runs``: its runs' metrics rows, pooled as seeds); ValueError without any."""
     sets = list(sets) if sets is not None else evaluated_sets(r for rs in runs.values() for r in rs)
     if not sets:
         raise ValueError("no evaluation in these metrics rows (no eval/<set>/mean_success_rate key)")
@@ -333,19 +286,8 @@ def success_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | 
 
 
 def gain_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | None = None):
-    """The instruction-following gain over training (success when asked for an achievement minus success
-    when asked for another one, ``eval/control/<set>/gain``; docs/evaluation.md), one axes per set, with
-    a dashed line at 0 (a policy that ignores its instruction). The y axis is symmetric around 0 and
-    scaled to each set's data (:func:`symmetric_limits`: at least ±0.1, at most ±1), so gains of a few
-    hundredths are not flattened.
-
-    Args:
-        runs: per method, the metrics rows of each run, pooled as seeds.
-        sets: default every set whose evaluation has the control's gain (:func:`gain_sets`).
-
-    Raises:
-        ValueError: when no evaluation in the rows has the control.
-    """
+    """The instruction-following gain (``eval/control/<set>/gain``) against env steps, one axes per set
+    (default :func:`gain_sets`), y from :func:`symmetric_limits`; ValueError when no row has the control."""
     sets = list(sets) if sets is not None else gain_sets(r for rs in runs.values() for r in rs)
     if not sets:
         raise ValueError("no instruction-following gain in these metrics rows (no eval/control/<set>/gain key: "
@@ -355,8 +297,8 @@ def gain_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | Non
 
 
 def _series(rows: list[dict], key: str, how: str) -> tuple[np.ndarray, np.ndarray]:
-    """``steps, values`` of one per-update metric of a run (``how="increment"``: a running count's steps;
-    where the count dropped, a resumed process that counts from 0 again, its value is the step)."""
+    """``steps, values`` of one metric of a run (``how="increment"``: a running count's steps; a drop
+    is a resumed process counting from 0)."""
     pts = [(r["env_steps"], float(r[key])) for r in rows if key in r and "env_steps" in r]
     if not pts:
         return np.zeros(0), np.zeros(0)
@@ -402,26 +344,9 @@ def _logs(rows_list: Sequence[list[dict]], key: str) -> bool:
 
 
 def relabeling_figure(runs: dict[str, Sequence[list[dict]]]):
-    """What relabeling put into training, per update, from the metrics the trainers log.
-
-    Six axes against env steps, one line per method (mean over its runs, ± s.e. band):
-
-    * relabeled rows per update (``relabel/rows``, per seed; older SB3 runs: relabeled transitions);
-    * where the instructions come from: the share of an update's buffer offers from the rules and
-      from the LLM (``relabel/llm_offer_share``; the LLM's line only with an LLM relabeler; updates
-      without relabeled rows are left out), and for ELLM the share of envs pinned to a proposer goal
-      (``ellm/pinned_frac``), y fixed to [0, 1];
-    * novelty: instructions new to the run per update (``relabel/new_instructions``: texts offered to a
-      buffer for the first time; ELLM: goals proposed for the first time), with the run's final
-      novelty share beyond the caption phrasings (``diversity/novelty_share``) in the label when logged;
-    * the grounded fraction: the share of an update's relabeled candidates whose instruction the env's
-      reward function pays on their trajectory (``relabel/grounded_frac``), y fixed to [0, 1];
-    * LLM answers per update: in time to train on (``relabel/llm_results``), too late (stale: the
-      increments of the running count ``relabel/llm_stale``) and still queued (``relabel/llm_pending``);
-    * LLM latency: the mean seconds per call so far (``relabel/llm_latency_mean_s``), from the first
-      update with a call (``relabel/llm_calls`` > 0).
-
-    A quantity a run did not log leaves its axes with a note saying so.
+    """What relabeling put into training per update, six axes against env steps, one line per method:
+    relabeled rows, instruction sources (rules, LLM, ELLM proposer), novelty, the grounded fraction, LLM
+    answers (in time, stale, queued) and LLM latency; an axes a run did not log gets a note.
 
     Raises:
         ValueError: when no run logged any of them (:func:`has_relabeling`).
@@ -492,14 +417,8 @@ def rate_events(runs: Iterable[list[dict]]) -> list[str]:
 
 
 def event_rates_figure(runs: dict[str, Sequence[list[dict]]]):
-    """How often each achievement and progress event happened in training: one axis per event with a
-    rate, per 1,000 env steps against env steps (log scale, one line per method: the mean over its
-    runs), zero-rate updates drawn at the floor 1e-3. Tells an event that never happens in training
-    from one that happens and is not learned when asked.
-
-    Raises:
-        ValueError: when no row holds a rate (a run from before the rates were logged).
-    """
+    """Training rate (``rate/<event>``, per 1,000 env steps, log scale, floor 1e-3) of each event against
+    env steps, one axes per event, one line per method; ValueError when no row holds a rate."""
     events = rate_events(rows for rs in runs.values() for rows in rs)
     if not events:
         raise ValueError("no training rates (rate/<event>) in these metrics rows")
@@ -521,10 +440,8 @@ def event_rates_figure(runs: dict[str, Sequence[list[dict]]]):
 
 
 def write_overview_plots(runs: dict[str, Sequence[list[dict]]], out_dir: str | Path) -> list[Path]:
-    """Write the figures a researcher looks at first into ``out_dir``: ``success.png``
-    (:func:`success_figure`), ``gain.png`` when the evaluation has the control (:func:`gain_figure`),
-    ``relabeling.png`` when some run relabels (:func:`relabeling_figure`), ``event_rates.png`` when
-    the rows hold training rates (:func:`event_rates_figure`). Returns the paths written."""
+    """Write ``success.png``, ``gain.png``, ``relabeling.png`` and ``event_rates.png`` (each when the rows
+    hold its data) into ``out_dir``; returns the paths written."""
     out = Path(out_dir)
     every = [r for rs in runs.values() for r in rs]
     figures = {"success.png": success_figure if evaluated_sets(every) else None,
@@ -534,21 +451,9 @@ def write_overview_plots(runs: dict[str, Sequence[list[dict]]], out_dir: str | P
     return [save_figure(make(runs), out / name) for name, make in figures.items() if make is not None]
 
 
-# ----------------------------------------------------------------------------- video frames
 def caption_frame(frame: np.ndarray, text: str, font_size: int | None = None) -> np.ndarray:
-    """``frame`` with ``text`` written in white on a dark translucent band across its top.
-
-    The frame keeps its size (the band covers the top rows of the view); the text wraps at word
-    boundaries to the frame's width and is cut with ``...`` past a third of its height.
-
-    Args:
-        frame: an ``[H, W, 3]`` uint8 RGB image (an env's ``rgb_array`` render).
-        text: the caption, e.g. the episode's instruction.
-        font_size: pixels; default ``max(8, W // 20)`` (14 px on a 288-px frame).
-
-    Returns:
-        A new ``[H, W, 3]`` uint8 array.
-    """
+    """A new ``[H, W, 3]`` uint8 ``frame`` with ``text`` in white on a dark band across its top, wrapped
+    to the width and cut with ``...`` past a third of the height (``font_size`` default ``max(8, W // 20)``)."""
     from PIL import Image, ImageDraw, ImageFont
 
     arr = np.asarray(frame)

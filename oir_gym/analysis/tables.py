@@ -30,14 +30,8 @@ def eval_curves(metrics: list[dict], set_name: str = "original", seed_keys: bool
 
 
 def pooled_curves(runs: Sequence[list[dict]], set_name: str = "original"):
-    """Evaluation curves of several runs of one method, pooled as seeds.
-
-    ``runs`` holds the metrics rows of each run (:func:`read_jsonl`). Runs are cut to the number of
-    evaluation points they all have (a run stopped early shortens the pool).
-
-    Returns:
-        ``steps [n_points], {metric: [n_points, n_seeds]}`` (seeds of all the runs side by side).
-    """
+    """``steps [n_points], {metric: [n_points, n_seeds]}`` of the metrics rows of several runs of one
+    method, their seeds side by side, cut to the evaluation points they all have."""
     series = [eval_curves(rows, set_name) for rows in runs]
     n = min((len(s[0]) for s in series), default=0)
     if n == 0:
@@ -47,24 +41,9 @@ def pooled_curves(runs: Sequence[list[dict]], set_name: str = "original"):
 
 def curve_means(runs: Sequence[list[dict]], set_name: str = "original", min_step: float = 0.0,
                 max_step: float = float("inf")) -> dict[str, np.ndarray]:
-    """Each seed's mean over its periodic evaluations: a normalised area under the learning curve.
-
-    One end-of-run evaluation is a single noisy point (4 episodes per instruction move a rate in
-    steps of 0.25); the mean over every evaluation of the run summarises the whole curve with far
-    less noise, and rewards learning early as well as ending high.
-
-    Args:
-        runs: metrics rows of each run of one method (pooled as seeds, see :func:`pooled_curves`).
-        set_name: the instruction set.
-        min_step, max_step: keep the evaluation points between these env steps (inclusive), e.g.
-            ``max_step`` to compare a short run with the early part of long ones.
-
-    Returns:
-        ``{metric: [n_seeds]}``.
-
-    Raises:
-        ValueError: when no evaluation point is left.
-    """
+    """``{metric: [n_seeds]}``: each seed's mean over its evaluations between ``min_step`` and ``max_step``
+    env steps (inclusive) of :func:`pooled_curves`, a normalised area under the learning curve;
+    ValueError when no point is left."""
     steps, curves = pooled_curves(runs, set_name)
     keep = (steps >= min_step) & (steps <= max_step)
     if not keep.any():
@@ -89,20 +68,16 @@ def curve_mean_table(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] 
 
 
 def metric_points(rows: list[dict], key: str):
-    """``steps [n_points], values [n_points, n_seeds]`` of one logged evaluation metric of one run.
-
-    ``key`` is a metric key such as ``"eval/original/mean_success_rate"`` or
-    ``"eval/control/original/gain"``; per-seed values (``seed<s>/<key>``) are used where the run
-    logged them, else the run-level value (one column).
-    """
+    """``steps [n_points], values [n_points, n_seeds]`` of one logged metric ``key`` (e.g.
+    ``"eval/original/mean_success_rate"``) of one run: per-seed ``seed<s>/<key>`` where logged."""
     pts = [r for r in rows if key in r or f"seed0/{key}" in r]
     if not pts:
         return np.zeros(0), np.zeros((0, 0))
     steps = np.array([r["env_steps"] for r in pts])
     vals = []
     for r in pts:
-        seeds = [k for k in r if k.startswith("seed") and k.partition("/")[2] == key]
-        seeds.sort(key=lambda k: int(k.split("/")[0][4:]))
+        seeds = sorted((k for k in r if k.startswith("seed") and k.partition("/")[2] == key),
+                       key=lambda k: int(k.split("/")[0][4:]))
         vals.append([r[k] for k in seeds] if seeds else [r[key]])
     if len({len(v) for v in vals}) > 1:
         raise ValueError(f"'{key}' has a different number of seeds at different evaluations")
@@ -110,24 +85,12 @@ def metric_points(rows: list[dict], key: str):
 
 
 def last_evals_means(runs: Sequence[list[dict]], key: str, k: int = 5, max_step: float = float("inf")) -> np.ndarray:
-    """Each seed's mean over its last ``k`` evaluations of ``key`` (up to ``max_step`` env steps).
-
-    A steadier end-of-run summary than the final point alone (one evaluation of 4 episodes per
-    instruction moves a rate in steps of 0.25), still about the end of training, unlike
-    :func:`curve_means`. Each run keeps its own last ``k`` points (all of them when it has fewer:
-    :func:`last_evals_count` says how many); the seeds of all the runs are pooled.
-
-    Returns:
-        ``[n_seeds]``; empty when no run logged ``key``.
-    """
+    """``[n_seeds]``: each seed's mean over its run's last ``k`` evaluations of ``key`` up to ``max_step``
+    env steps, the seeds of all the runs pooled; empty when no run logged ``key``."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    out = []
-    for rows in runs:
-        steps, vals = metric_points(rows, key)
-        vals = vals[steps <= max_step]
-        if len(vals):
-            out.append(vals[-k:].mean(axis=0))
+    points = [metric_points(rows, key) for rows in runs]
+    out = [v[s <= max_step][-k:].mean(axis=0) for s, v in points if len(v[s <= max_step])]
     return np.concatenate(out) if out else np.zeros(0)
 
 
@@ -140,12 +103,8 @@ def last_evals_count(runs: Sequence[list[dict]], key: str, k: int = 5, max_step:
 
 
 def final_values(results: Sequence[dict], set_name: str, metric: str) -> np.ndarray:
-    """Per-seed values of one metric from evaluation dicts (:meth:`EvalResult.to_dict`, one per seed).
-
-    ``metric`` is one of :data:`EVAL_METRICS`, or ``"control/<m>"`` for a control metric (NaN for a
-    seed without it: an evaluation made before the control existed, or a set without a mismatched
-    condition).
-    """
+    """Per-seed values of one of :data:`EVAL_METRICS` or ``"control/<m>"`` from evaluation dicts
+    (:meth:`EvalResult.to_dict`, one per seed); NaN for a seed without it."""
     if metric.startswith("control/"):
         m = metric.split("/", 1)[1]
         return np.array([float(r[set_name].get("control", {}).get(m, np.nan)) if set_name in r else np.nan
@@ -179,19 +138,9 @@ def _builtin_first(names: Iterable[str]) -> list[str]:
 def final_and_last_table(finals: dict[str, Sequence[dict]], runs: dict[str, Sequence[list[dict]]],
                          sets: Sequence[str] = ("original", "simple", "complex"), k: int = 5,
                          max_step: float = float("inf")) -> str:
-    """Markdown table: per method and set, the final point beside the mean of the last ``k`` evaluations.
-
-    Cells are the mean over seeds with its 95% percentile bootstrap interval over seeds
-    (:func:`oir_gym.metrics.bootstrap_ci`); "last: evaluations" is how many evaluations the last-k
-    mean holds (fewer than ``k`` for a short run). Columns for the instruction-following gain (asked -
-    mismatched, :mod:`oir_gym.evaluation`) are added when some run has it.
-
-    Args:
-        finals: per method, the per-seed evaluation dicts of the final point (``eval_final.json``).
-        runs: per method, the metrics rows of each run (the periodic evaluations).
-        k: how many of the last evaluations to average.
-        max_step: ignore evaluations after this many env steps.
-    """
+    """Markdown table: per method and set, the final point (``finals``: per-seed evaluation dicts) beside
+    the mean of the last ``k`` evaluations of ``runs`` up to ``max_step``, as :func:`ci_cell`; gain
+    columns when some run has the control."""
     gain_key = "eval/control/{}/gain"
     has_gain = any(np.isfinite(final_values(seeds, s, "control/gain")).any() for seeds in finals.values() for s in sets) \
         or any(len(last_evals_means(rows, gain_key.format(s), k, max_step)) for rows in runs.values() for s in sets)
@@ -216,11 +165,8 @@ def final_and_last_table(finals: dict[str, Sequence[dict]], runs: dict[str, Sequ
 
 
 def control_table(finals: dict[str, Sequence[dict]], sets: Sequence[str] = ("original", "simple", "complex")) -> str:
-    """Markdown table of the evaluation's control at the final point, per method and set.
-
-    Success when asked for the achievement, under the mismatched and the neutral instruction, and the
-    two gains with their 95% bootstrap intervals over seeds. Empty string when no evaluation has a control.
-    """
+    """Markdown table of the final evaluation's control per method and set (success asked, mismatched,
+    neutral, the two gains as :func:`ci_cell`); empty when no evaluation has a control."""
     lines = ["| method | set | asked | mismatched | neutral | gain (asked - mismatched) | gain (asked - neutral) |",
              "|---|---|---|---|---|---|---|"]
     for m, seeds in finals.items():
@@ -238,19 +184,13 @@ def control_table(finals: dict[str, Sequence[dict]], sets: Sequence[str] = ("ori
 
 
 def _metric_cells(per_seed: dict[str, Sequence[float]]) -> str:
-    """``mean ± s.e.`` over seeds of the three evaluation metrics, as table cells."""
-    cells = []
-    for k in EVAL_METRICS:
-        mean, se = mean_and_stderr(np.asarray(per_seed[k], dtype=float))
-        cells.append(f"{mean:.3f} ± {se:.3f}" if k != "num_completed" else f"{mean:.1f} ± {se:.1f}")
-    return " | ".join(cells)
+    stats = {k: mean_and_stderr(np.asarray(per_seed[k], dtype=float)) for k in EVAL_METRICS}
+    return " | ".join(f"{m:.1f} ± {se:.1f}" if k == "num_completed" else f"{m:.3f} ± {se:.3f}"
+                      for k, (m, se) in stats.items())
 
 
 def final_table(results: dict[str, list[dict]], sets: Sequence[str] = ("original", "simple", "complex")) -> str:
-    """Markdown table: per method and set, mean +- s.e. over seeds of the three metrics.
-
-    ``results[method]`` is the list of per-seed evaluation dicts of ``eval_final.json``.
-    """
+    """Markdown table: per method and set, mean +- s.e. over the per-seed evaluation dicts ``results[method]``."""
     lines = ["| method | set | mean success rate | completed instructions | aggregate score |", "|---|---|---|---|---|"]
     for m, seeds in results.items():
         for s in sets:
@@ -260,17 +200,9 @@ def final_table(results: dict[str, list[dict]], sets: Sequence[str] = ("original
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- wall clock
 def cumulative_time(rows: Sequence[dict], exclude_eval: bool = False) -> np.ndarray:
-    """Wall-clock seconds of each metrics row since the run first started, across resumes.
-
-    A row's ``time`` counts from the start of the process that wrote it (compile included); a
-    resumed process starts again from 0, so each drop adds the previous row's time as an offset.
-    (The time a process spent after its last row, e.g. its final checkpoint, is not counted.)
-    ``exclude_eval``: training time only, less the periodic evaluations before each row (a row's
-    ``time/eval_s`` is the evaluation run after its ``time`` was taken; rows written before that
-    column existed count as 0).
-    """
+    """Wall-clock seconds of each metrics row since the run first started, across resumes (a drop of
+    ``time`` starts a resumed process); ``exclude_eval`` leaves out the periodic evaluations (``time/eval_s``)."""
     out, offset, last, last_value, evals = [], 0.0, 0.0, 0.0, 0.0
     for r in rows:
         t = float(r.get("time", np.nan))
@@ -285,12 +217,8 @@ def cumulative_time(rows: Sequence[dict], exclude_eval: bool = False) -> np.ndar
 
 def time_curves(runs: Sequence[list[dict]], set_name: str = "original", metric: str = "mean_success_rate",
                 exclude_eval: bool = False):
-    """Evaluation points of several runs of one method against wall clock.
-
-    Returns ``times [n], steps [n], values [n, seeds]``: at each evaluation point (the runs are cut
-    to the points they all have, as in :func:`pooled_curves`) the mean wall-clock seconds of the
-    runs (runs made side by side on different cards), the env steps, and every seed's value.
-    """
+    """``times [n], steps [n], values [n, seeds]`` at the evaluation points of :func:`pooled_curves`: the
+    runs' mean wall-clock seconds, the env steps and every seed's value."""
     per = []
     for rows in runs:
         t = cumulative_time(rows, exclude_eval)
@@ -305,8 +233,7 @@ def time_curves(runs: Sequence[list[dict]], set_name: str = "original", metric: 
 
 def time_to_target_table(runs: dict[str, Sequence[list[dict]]], target: float, budget_s: float,
                          set_name: str = "original") -> str:
-    """Markdown: per method, the first evaluation whose seed-mean success reaches ``target`` (its
-    wall clock, its training time without the periodic evaluations, and env steps) and the best
+    """Markdown: per method, the first evaluation whose seed-mean success reaches ``target`` and the best
     seed-mean success within ``budget_s`` seconds of wall clock."""
     lines = [f"| run | seeds | first eval >= {target:.2f} (wall s; training s without evaluations; env steps per "
              f"seed) | best within {budget_s:.0f} s wall (success, at s) | last eval (success, wall s) |",
@@ -328,19 +255,16 @@ def time_to_target_table(runs: dict[str, Sequence[list[dict]]], target: float, b
     return "\n".join(lines)
 
 
-#: Evaluation success of a set (``eval/<set>/mean_success_rate``, per seed ``seed<s>/eval/...``).
 _SUCCESS_KEY = re.compile(r"^(?:seed\d+/)?eval/([^/]+)/mean_success_rate$")
-#: The instruction-following gain of a set's control (asked - mismatched; ``oir_gym.evaluation``).
 _GAIN_KEY = re.compile(r"^(?:seed\d+/)?eval/control/([^/]+)/gain$")
 
+
 def _ordered_sets(runs: Iterable[list[dict]], pattern: re.Pattern) -> list[str]:
-    """Set names some key of some row matches, the built-in sets first, then the others as found."""
     return _builtin_first(m.group(1) for rows in runs for r in rows for k in r if (m := pattern.match(k)))
 
 
 def evaluated_sets(runs: Iterable[list[dict]]) -> list[str]:
-    """Every instruction set the runs' metrics rows hold an evaluation of (``eval/<set>/mean_success_rate``):
-    the built-in sets first, then user sets (``compound``, ``own_words``...) in the order they appear."""
+    """Every set the runs' rows hold an evaluation of, the built-in sets first, then user sets as found."""
     return _ordered_sets(runs, _SUCCESS_KEY)
 
 

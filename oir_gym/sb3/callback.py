@@ -1,25 +1,11 @@
 """``HindsightRelabelCallback``: paper Alg. 1's relabeling around an SB3 agent.
 
-The callback cuts each env's experience into trajectory segments (an episode, or
-``segment_length`` steps of a longer one: the paper relabels per PQN rollout), submits the finished
-segments to a :class:`~oir_gym.relabel.HindsightRelabeler` and, when the candidates come back:
-
-* **off-policy agents** (DQN, QR-DQN; ``mode="replay"``): hands each grounded candidate's segment
-  to the model's :class:`~oir_gym.sb3.replay.RelabelReplayBuffer` (reward 1 and ``done`` at the
-  first step whose events match the candidate under the *env's own* cosine reward);
-* **on-policy agents** (RecurrentPPO; ``mode="curriculum"``): updates only the instruction buffer
-  (the curriculum) and the statistics. The rollout is *not* rewritten: PPO's rollout buffer stores
-  the log-probabilities, values and LSTM states computed under the original instruction, so
-  relabeled observations would make the importance ratios and the recurrent states stale; the
-  returns and advantages are computed at the end of ``collect_rollouts`` and the rollout is
-  consumed by the very next ``train()``, long before an asynchronous relabeler can answer.
-
-In both modes the env's :class:`~oir_gym.buffer.InstructionBuffer` is updated by
-:class:`~oir_gym.curriculum.InstructionCurriculum`, the step PQN's method ``oir`` takes: the
-candidates that paid a reward on their segment are inserted in the paper's priority order (see
-:meth:`InstructionBuffer.insert`), a bound text is registered with its binding. The buffer's
-statistics are the returns of episodes the env ran with a text (the env records them); no
-hindsight return is recorded for a candidate.
+Each env's experience is cut into segments (an episode, or ``segment_length`` steps) that go to a
+:class:`~oir_gym.relabel.HindsightRelabeler`. Off-policy agents (``mode="replay"``) get each grounded
+candidate's segment in their :class:`~oir_gym.sb3.replay.RelabelReplayBuffer`; on-policy agents
+(``mode="curriculum"``) only update the instruction buffer, since a PPO rollout is consumed before
+an asynchronous relabeler answers. The buffer is updated by
+:class:`~oir_gym.curriculum.InstructionCurriculum`, the step PQN's method ``oir`` takes.
 """
 
 from __future__ import annotations
@@ -55,28 +41,16 @@ class RelabelConfig:
     """Settings of :class:`HindsightRelabelCallback`.
 
     Attributes:
-        mode: ``"replay"`` (relabeled transitions into the model's
-            :class:`~oir_gym.sb3.replay.RelabelReplayBuffer`: DQN, QR-DQN), ``"curriculum"``
-            (instruction buffer and statistics only: RecurrentPPO, PPO, A2C) or ``"auto"``
-            (``"replay"`` when the model has a ``RelabelReplayBuffer``, ``"curriculum"`` when it
-            has no replay buffer).
-        segment_length: longest segment sent to the relabeler; a longer episode is relabeled in
-            consecutive pieces (the paper relabels per 128-step PQN rollout).
-        submit_batch: finished segments gathered before one submission (default: ``num_envs``);
-            the LLM backend batches the prompts of one submission.
-        asynchronous: relabel on the relabeler's background worker (``submit``/``collect``);
-            ``False`` relabels in the training thread (lock-step, deterministic).
-        insert: which kept candidates enter the env's instruction buffer: ``"grounded"`` (those
-            that pay a reward in their segment), ``"all"``, or ``"none"`` (the buffer is left
-            alone: no returns recorded, nothing inserted).
-        max_candidates: at most this many grounded candidates per segment are replayed (default:
-            all the relabeler kept, i.e. up to its ``k``).
-        replay_ungrounded: also replay ungrounded candidates (reward 0, the segment's own end),
-            as negative examples.
-        end_timeout: seconds to wait at the end of ``learn()`` for pending results after
-            submitting the last segments (0: do not wait; what is still pending is not applied).
-        keep_history: keep every relabeled segment (:attr:`HindsightRelabelCallback.trajectories`)
-            for tests and debugging (memory grows with training).
+        mode: ``"replay"`` (into the model's ``RelabelReplayBuffer``: DQN, QR-DQN), ``"curriculum"``
+            (instruction buffer only: RecurrentPPO, PPO, A2C) or ``"auto"`` (by the model's buffer).
+        segment_length: longest segment sent to the relabeler.
+        submit_batch: finished segments per submission (default: ``num_envs``).
+        asynchronous: relabel on the relabeler's background worker; ``False``: in the training thread.
+        insert: candidates that enter the instruction buffer: ``"grounded"``, ``"all"`` or ``"none"``.
+        max_candidates: grounded candidates replayed per segment (default: all kept).
+        replay_ungrounded: also replay ungrounded candidates (reward 0) as negative examples.
+        end_timeout: seconds to wait for pending results at the end of ``learn()``.
+        keep_history: keep every relabeled segment (:attr:`HindsightRelabelCallback.trajectories`).
     """
 
     mode: str = "auto"
@@ -106,7 +80,6 @@ class RelabelConfig:
 
 
 def _clean(text: Any) -> Optional[str]:
-    """The env's normal form of an instruction, or ``None`` for one the env would refuse."""
     try:
         return validate_instruction(text)
     except (TypeError, ValueError):
@@ -114,7 +87,6 @@ def _clean(text: Any) -> Optional[str]:
 
 
 class _Segment:
-    """The trajectory segment an env is currently recording (host-side lists)."""
 
     __slots__ = ("obs", "events", "actions", "texts", "action_texts", "instruction", "start")
 
@@ -135,21 +107,13 @@ class HindsightRelabelCallback(BaseCallback):
     """Hindsight instruction relabeling for SB3 training (paper Alg. 1 around an SB3 agent).
 
     Args:
-        relabeler: a :class:`~oir_gym.relabel.HindsightRelabeler` (or any object with
-            ``relabel(list[Trajectory])`` and, for asynchronous use, ``submit``/``collect`` and
-            ``pending``).
-        config: a :class:`RelabelConfig` (default settings when ``None``).
+        relabeler: a :class:`~oir_gym.relabel.HindsightRelabeler` (or any object with ``relabel`` and,
+            asynchronous, ``submit``/``collect``/``pending``).
+        config: a :class:`RelabelConfig`; ``**options``: its fields to override.
         verbose: SB3 verbosity.
-        **options: :class:`RelabelConfig` fields that override ``config``
-            (``HindsightRelabelCallback(r, asynchronous=False)``).
 
-    Statistics (:attr:`stats`, and SB3's logger under ``relabel/`` at every rollout end, so they
-    reach TensorBoard with SB3's next dump; counts over the run): ``segments``, ``submitted``, ``results``,
-    ``candidates``, ``grounded``, ``first_step_mismatch`` (the relabeler and
-    the env disagree on the first matching step; the env wins), ``rows_added``, ``success_rows``,
-    ``rows_pending`` (from the replay buffer), ``buffer_inserted``, ``buffer_size``, ``pending``,
-    ``waiting_segments`` and the relabeler's own counters (``cache_hit_rate``, ``latency_mean_s``,
-    ``errors``, ``fallbacks``...). :meth:`metrics`: the per-window ``relabel/*`` metrics PQN logs.
+    Run counters (:attr:`stats`) are logged under ``relabel/`` at every rollout end beside the
+    per-window :meth:`metrics`.
     """
 
     def __init__(self, relabeler: Any, config: Optional[RelabelConfig] = None, *, verbose: int = 0,
@@ -168,7 +132,7 @@ class HindsightRelabelCallback(BaseCallback):
         self.trajectories: dict[int, Trajectory] = {}
         self._counts: Counter = Counter()
         self._window: Counter = Counter()  # since the last metrics(reset=True)
-        self._rates: Optional[RateWindow] = None  # built with the env (its number of envs)
+        self._rates: Optional[RateWindow] = None
         self._segments: list[_Segment] = []
         self._finished: list[Trajectory] = []
         self._ready: list[Any] = []
@@ -178,21 +142,19 @@ class HindsightRelabelCallback(BaseCallback):
         self.instruction_env: Optional[InstructionCraftax] = None
         self.replay_buffer: Optional[RelabelReplayBuffer] = None
 
-    # ------------------------------------------------------------------ setup
     def _init_callback(self) -> None:
         self.adapter, self.instruction_env = find_instruction_env(self.model.get_env())
         self.n_envs = self.adapter.num_envs
-        self._rates = RateWindow(self.n_envs)  # training rates of the achievements and progress events
+        self._rates = RateWindow(self.n_envs)
         buf = getattr(self.model, "replay_buffer", None)
         if self.config.mode == "auto":
             self.mode = "replay" if isinstance(buf, DictReplayBuffer) else "curriculum"
         if self.mode == "replay":
             if not isinstance(buf, RelabelReplayBuffer):
-                raise TypeError(
-                    "replay relabeling writes into a RelabelReplayBuffer: build the model with "
-                    "replay_buffer_class=oir_gym.sb3.RelabelReplayBuffer (DQN/QR-DQN with MultiInputPolicy), "
-                    f"or pass mode='curriculum' to update only the instruction buffer; got {type(buf).__name__}"
-                )
+                raise TypeError("replay relabeling writes into a RelabelReplayBuffer: build the model with "
+                                "replay_buffer_class=oir_gym.sb3.RelabelReplayBuffer (DQN/QR-DQN with "
+                                "MultiInputPolicy), or pass mode='curriculum' to update only the instruction buffer; got "
+                                f"{type(buf).__name__}")
             if buf.n_envs != self.n_envs:
                 raise ValueError(f"replay buffer has {buf.n_envs} env columns, the env {self.n_envs}")
             if self.model.get_vec_normalize_env() is not None:
@@ -200,31 +162,25 @@ class HindsightRelabelCallback(BaseCallback):
                                 "stored unnormalised beside normalised ones")
             self.replay_buffer = buf
         env = self.instruction_env
-        #: the step after relabeling, as PQN's: the buffer takes the texts that paid a reward (all of them
-        #: with insert="all"); a bound text pays at its bound event; offers and diversity are counted
+        #: the step after relabeling, as PQN's
         self.curriculum = InstructionCurriculum([env.buffer], env.registry, CurriculumConfig(
             k=int(getattr(self.relabeler, "k", 1) or 1), keep_ungrounded=self.config.insert == "all",
             grounding="bound" if getattr(self.relabeler, "grounding", "cosine") == "bound" else "cosine",
             delta=float(env.params.delta)),
             register=lambda texts, bindings: env.register_instructions(texts, bindings=bindings))
-        env_delta = float(self.instruction_env.params.delta)
+        env_delta = float(env.params.delta)
         rel_delta = getattr(self.relabeler, "delta", env_delta)
         if abs(float(rel_delta) - env_delta) > 1e-9:
-            warnings.warn(
-                f"relabeler delta {rel_delta} differs from the env's {env_delta}: grounding and rewards "
-                "are recomputed with the env's", stacklevel=2,
-            )
+            warnings.warn(f"relabeler delta {rel_delta} differs from the env's {env_delta}: grounding and rewards "
+                          "are recomputed with the env's", stacklevel=2)
 
     def _on_training_start(self) -> None:
-        # learn() resets the env unless reset_num_timesteps=False: partial segments then belong to
-        # dead episodes and are dropped; otherwise they continue where the last learn() stopped.
-        fresh = bool(self.locals.get("reset_num_timesteps", True)) or not self._segments
-        if fresh:
+        # learn() resets the env unless reset_num_timesteps=False: partial segments are then dropped
+        if bool(self.locals.get("reset_num_timesteps", True)) or not self._segments:
             last = getattr(self.model, "_last_obs", None)
             self._cur_obs = self._strip(last) if isinstance(last, dict) else None
             self._segments = [self._new_segment(i) for i in range(self.n_envs)]
 
-    # ------------------------------------------------------------------ helpers
     @staticmethod
     def _strip(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: np.array(v, copy=True) for k, v in obs.items() if k != INSTRUCTION_KEY}
@@ -236,14 +192,12 @@ class HindsightRelabelCallback(BaseCallback):
         return _Segment(first, self.num_timesteps)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        """Embed with the env's encoder (the policy's input); through the relabeler when it shares
-        that encoder, so the relabeler's worker is not encoding at the same time."""
+        # through the relabeler when it shares the env's encoder, so its worker is not encoding at the same time
         enc = self.instruction_env.encoder
         if getattr(self.relabeler, "encoder", None) is enc and hasattr(self.relabeler, "encode"):
             return np.asarray(self.relabeler.encode(texts), dtype=np.float32)
         return np.asarray(enc.encode(list(texts)), dtype=np.float32)
 
-    # ------------------------------------------------------------------ per step
     def _on_step(self) -> bool:
         infos = self.locals["infos"]
         dones = np.asarray(self.locals["dones"], dtype=bool).reshape(-1)
@@ -287,11 +241,10 @@ class HindsightRelabelCallback(BaseCallback):
                                 "own_success": success and done}
         if self.mode == "replay":
             meta["obs"] = {k: np.stack(v) for k, v in seg.obs.items()}  # [T + 1, ...]
-        traj = Trajectory(
-            instruction=seg.instruction or "", events=np.stack(seg.events), actions=np.asarray(seg.actions, np.int32),
-            dones=dones, texts=list(seg.texts) if seg.texts else None,
-            action_texts=list(seg.action_texts) if seg.texts else None, env_id=i, meta=meta,
-        )
+        traj = Trajectory(instruction=seg.instruction or "", events=np.stack(seg.events),
+                          actions=np.asarray(seg.actions, np.int32), dones=dones,
+                          texts=list(seg.texts) if seg.texts else None,
+                          action_texts=list(seg.action_texts) if seg.texts else None, env_id=i, meta=meta)
         self._traj_counter += 1
         self._counts["segments"] += 1
         self._finished.append(traj)
@@ -307,7 +260,6 @@ class HindsightRelabelCallback(BaseCallback):
         else:
             self._ready.extend(self.relabeler.relabel(batch))
 
-    # ------------------------------------------------------------------ results
     def _on_rollout_end(self) -> None:
         self._drain(block=False)
         self._log()
@@ -327,9 +279,7 @@ class HindsightRelabelCallback(BaseCallback):
         cfg = self.config
         env = self.instruction_env
         delta = float(env.params.delta)
-        # Candidates of a HindsightRelabeler carry their embedding and grounding rows
-        # (oir_gym.grounding); only a relabeler that hands back bare texts gets them here, once per
-        # text: the embedding and the cosine rows of the env's registry (the paper's rule).
+        # rows for candidates of a relabeler that hands back bare texts: the env registry's cosine rows
         bare = list(dict.fromkeys(t for r in results for c in r.candidates
                                   if (t := _clean(c.text)) and getattr(c, "final_row", None) is None))
         bare_emb = self._encode(bare) if bare else np.zeros((0, env.encoder.dim), np.float32)
@@ -390,7 +340,6 @@ class HindsightRelabelCallback(BaseCallback):
             # the new entries' rows now (their embeddings are cached), so the env's next step does not encode them
             env.register_instructions(offer.inserted[0])
 
-    # ------------------------------------------------------------------ end and logging
     def _on_training_end(self) -> None:
         self._dispatch()
         if self.config.asynchronous and self.config.end_timeout > 0:
@@ -404,15 +353,8 @@ class HindsightRelabelCallback(BaseCallback):
         self._log()
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
-        """The relabeling metrics of the results applied since the last reset, under the names PQN
-        logs (:mod:`oir_gym.curriculum`): ``relabel/rows`` (relabeled segment copies replayed),
-        ``relabel/grounded_frac``, ``relabel/new_instructions``, ``relabel/llm_offer_share``, and the
-        training rates of the achievements and progress events (``rate/<event>``,
-        ``episode_rate/<event>``: :class:`oir_gym.event_rates.RateWindow`).
-
-        Args:
-            reset: start the next window (the SB3 trainer does at each metrics row).
-        """
+        """The ``relabel/*`` metrics PQN logs (rows, grounded_frac, new_instructions, llm_offer_share) and the
+        training rates (:class:`oir_gym.event_rates.RateWindow`) since the last ``reset``."""
         w = self._window
         out = {"relabel/rows": float(w["copies"]),
                "relabel/grounded_frac": w["grounded"] / w["candidates"] if w["candidates"] else 0.0,
