@@ -1,25 +1,10 @@
-"""The configuration of an SB3 run: nested dataclasses with the PQN trainer's names and units.
-
-One :class:`SB3TrainConfig` holds every setting of an SB3 run, in the parts the PQN config
-(:class:`agents.pqn.config.TrainConfig`) has, with the same names, units and meaning for every
-setting the two share:
-
-* ``run``  (:class:`SB3RunConfig`): method (``oir``, ``cosine``, ``gt``), env steps, seed, checkpoints
-  (in updates);
-* ``env``  (:class:`SB3EnvConfig`): observation mode, reward threshold delta, episode length;
-* ``oir``  (:class:`SB3OIRConfig`): the relabeler and the instruction buffer (method ``oir``);
-* ``llm``  (:class:`agents.run.config.LLMConfig`): the LLM backend, the PQN trainer's part itself;
-* ``eval`` (:class:`agents.run.config.EvalSettings`): the PQN trainer's part itself (``eval.every`` in
-  updates; the SB3 policies are greedy, so ``eval.epsilon`` stays 0);
-* ``sb3``  (:class:`SB3Settings`): what only SB3 has: the algorithm, its envs and device, the env
-  steps of one update (one metrics row), hyperparameter overrides.
+"""The configuration of an SB3 run: :class:`SB3TrainConfig`, with the PQN config's parts, names and units for
+every setting the two share (``run``, ``env``, ``oir``, ``llm``, ``eval``) and ``sb3`` for what only SB3 has.
 
 An *update* of an SB3 run is ``sb3.steps_per_update`` env steps: one metrics row, and the unit of
 ``eval.every``, ``run.checkpoint_every`` and the driver's ``--max-updates`` / ``--log-every``.
-
-``SB3_PRESETS`` names whole configurations (``cpu``, the default; ``smoke``, the smallest run).
-:func:`load_sb3_config` reads a run's ``config.json``: this form, or the flat one of runs written
-before it (:data:`FLAT_SB3_KEYS`).
+:data:`SB3_PRESETS`: ``cpu`` (the default) and ``smoke``. :func:`load_sb3_config` also reads the flat
+``config.json`` of older runs (:data:`FLAT_SB3_KEYS`).
 """
 
 from __future__ import annotations
@@ -33,9 +18,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 import tyro
 
-from agents.run.config import (
-    EvalSettings, LLMConfig, ObsMode, RelabelSettings, nested_from_dict, nested_replace, nested_to_dict,
-)
+from agents.run.config import EnvSettings, EvalSettings, LLMConfig, NestedConfig, RelabelSettings, need
 
 SB3Method = Literal["oir", "cosine", "gt"]
 Algo = Literal["recurrent_ppo", "qrdqn", "dqn"]
@@ -152,24 +135,6 @@ class SB3RunConfig:
 
 
 @dataclass
-class SB3EnvConfig:
-    """The instruction-conditioned Craftax-Classic env."""
-
-    obs_mode: ObsMode = "paper"
-    """paper: the paper's observation; symbolic: Craftax's symbolic one."""
-    delta: float = 0.9
-    """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
-    max_episode_steps: int = 10_000
-    """Steps before an episode is truncated."""
-
-
-@dataclass
-class SB3OIRConfig(RelabelSettings):
-    """Hindsight instruction relabeling and the instruction buffer (method ``oir``): the settings the
-    PQN trainer's ``oir`` part shares (:class:`agents.run.config.RelabelSettings`)."""
-
-
-@dataclass
 class SB3Settings:
     """What only the SB3 trainer has."""
 
@@ -201,12 +166,12 @@ class SB3Settings:
 
 
 @dataclass
-class SB3TrainConfig:
+class SB3TrainConfig(NestedConfig):
     """Every setting of an SB3 training run."""
 
     run: SB3RunConfig = field(default_factory=SB3RunConfig)
-    env: SB3EnvConfig = field(default_factory=SB3EnvConfig)
-    oir: SB3OIRConfig = field(default_factory=SB3OIRConfig)
+    env: EnvSettings = field(default_factory=EnvSettings)
+    oir: RelabelSettings = field(default_factory=RelabelSettings)
     llm: LLMConfig = field(default_factory=LLMConfig)
     eval: EvalSettings = field(default_factory=EvalSettings)
     sb3: SB3Settings = field(default_factory=SB3Settings)
@@ -242,57 +207,22 @@ class SB3TrainConfig:
                 hp[key] = val
         return dataclasses.replace(self, sb3=dataclasses.replace(self.sb3, hp=(), hyperparams=hp))
 
-    def to_dict(self) -> dict[str, Any]:
-        """Nested plain dict (what ``config.json`` holds), credentials in ``llm.base_url`` redacted."""
-        return nested_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SB3TrainConfig":
-        """From :meth:`to_dict`'s form; unknown parts or keys are a ValueError naming them."""
-        return nested_from_dict(cls, d)
-
-    def replace(self, **changes: Any) -> "SB3TrainConfig":
-        """A copy with dotted-path changes, e.g. ``cfg.replace(**{"sb3.algo": "dqn"})``."""
-        return nested_replace(self, changes)
-
     def validate(self) -> "SB3TrainConfig":
         """Check every field; raise one ValueError naming the field at the first bad one. Returns self."""
         r, e, o, ev, s = self.run, self.env, self.oir, self.eval, self.sb3
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
-        for part, name, allowed in (("run", "method", ("oir", "cosine", "gt")), ("sb3", "algo", ALGOS),
-                                    ("oir", "relabeler", ("rules", "llm", "both")),
-                                    ("oir", "grounding", ("cosine", "bound")), ("env", "obs_mode", ("paper", "symbolic")),
-                                    ("sb3", "defaults", HYPERPARAM_DEFAULTS)):
-            v = getattr(getattr(self, part), name)
-            need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
-        for part, names in (("run", ("total_timesteps", "checkpoint_every")), ("env", ("max_episode_steps",)),
-                            ("oir", ("k", "instruction_buffer_size")),
-                            ("sb3", ("num_envs", "steps_per_update", "segment_length")),
-                            ("eval", ("every", "episodes", "horizon", "final_episodes"))):
-            for name in names:
-                v = getattr(getattr(self, part), name)
-                need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{part}.{name}={v!r} must be >= 1")
+        self.check_fields(
+            (("run", "method", ("oir", "cosine", "gt")), ("sb3", "algo", ALGOS), ("env", "obs_mode", ("paper", "symbolic")),
+             ("sb3", "defaults", HYPERPARAM_DEFAULTS)),
+            (("run", ("total_timesteps", "checkpoint_every")), ("env", ("max_episode_steps",)),
+             ("oir", ("k", "instruction_buffer_size")), ("sb3", ("num_envs", "steps_per_update", "segment_length")),
+             ("eval", ("every", "episodes", "horizon", "final_episodes"))))
         need(isinstance(r.seed, int) and r.seed >= 0, f"run.seed={r.seed!r} must be an integer >= 0")
         need(s.steps_per_update >= s.num_envs, f"sb3.steps_per_update={s.steps_per_update} must be >= sb3.num_envs "
                                                f"({s.num_envs}): the envs step together")
         need(s.threads >= 0, f"sb3.threads={s.threads} must be >= 0 (0: automatic)")
         need(-1 < e.delta <= 1, f"env.delta={e.delta} is outside (-1, 1]")
-        need(-1 <= o.bind_threshold <= 1, f"oir.bind_threshold={o.bind_threshold} must be a cosine in [-1, 1]")
-        need(0 <= o.tau_low < o.tau_high <= 1, f"need 0 <= oir.tau_low ({o.tau_low}) < oir.tau_high ({o.tau_high}) <= 1")
+        o.validate(r.method)
         need(ev.epsilon == 0, f"eval.epsilon={ev.epsilon}: the SB3 trainer evaluates greedily only (0)")
-        from oir_gym.relabel.oracle import check_oracle
-
-        try:
-            check_oracle(o.oracle, o.grounding)
-        except ValueError as err:
-            raise ValueError(f"oir.oracle={o.oracle!r}: {err}") from None
-        need(o.oracle == "canonical" or r.method == "oir" and o.relabeler != "llm",
-             f"oir.oracle={o.oracle!r} picks the rule relabeler's labels: it needs run.method oir and oir.relabeler "
-             "rules or both")
         need(isinstance(s.hyperparams, dict), f"sb3.hyperparams must be a dict, got {s.hyperparams!r}")
         need(isinstance(self.llm, LLMConfig), f"llm must be an LLMConfig, got {type(self.llm).__name__}")
         self.llm.validate()
