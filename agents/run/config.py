@@ -7,9 +7,10 @@ SB3's :mod:`agents.sb3.config`). :func:`cli`: the preset comes first, then overr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Annotated, Any, Literal, Mapping, Sequence, get_args
+from typing import Annotated, Any, Iterator, Literal, Mapping, Sequence, get_args
 
 import tyro
 
@@ -311,30 +312,10 @@ def redact_url(url: str) -> str:
         return "REDACTED"
 
 
-def is_module_backend(backend: str) -> bool:
-    """Whether an ``llm.backend`` value names code to import (``package.module:ClassName``) rather
-    than one of the registered backends (:data:`LLM_BACKENDS`)."""
-    return ":" in backend
-
-
 def check_saved_backend(llm: LLMConfig, file: Any, *, on_command_line: bool) -> None:
-    """Refuse an LLM backend that a run's file names as code, unless this command line names it.
-
-    A resumed run takes ``llm.backend`` from its ``config.json``. A registered backend's name is
-    data, but ``package.module:ClassName`` is code, imported when the LLM starts; and anyone who
-    can write the run folder can change the file (a run folder under the working directory is
-    even importable itself). So a module path is used only when the command line of this
-    invocation passes ``--llm.backend`` (the value given there wins over the file).
-
-    Args:
-        llm: the LLM part read from ``file``.
-        file: the file it was read from (named in the message).
-        on_command_line: whether this invocation's command line passes ``--llm.backend``.
-
-    Raises:
-        ValueError: naming the file, the value and what to pass instead.
-    """
-    if on_command_line or not is_module_backend(llm.backend):
+    """ValueError naming ``file`` when its ``llm.backend`` is a module path (code, which anyone who can write the
+    run folder may have changed) and this command line does not pass ``--llm.backend`` (``on_command_line``)."""
+    if on_command_line or ":" not in llm.backend:
         return
     raise ValueError(f"{file}: llm.backend={llm.backend!r} is a Python module path, and a resumed run never imports "
                      "code named by its files; pass --llm.backend on the command line to choose the backend for "
@@ -345,18 +326,12 @@ def check_saved_backend(llm: LLMConfig, file: Any, *, on_command_line: bool) -> 
 def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = None,
         description: str | None = None, default_preset: str, presets: Mapping[str, tuple[str, Any]],
         config_type: type) -> Any:
-    """Parse a command line into ``options_type``, a dataclass with a ``config`` field (a trainer config)
-    (its flags appear without a prefix: ``--pqn.lr``) beside the script's own options.
+    """Parse a command line into ``options_type`` (a dataclass whose ``config`` field, of ``config_type``, takes
+    unprefixed flags such as ``--pqn.lr``); a bad value is a usage error (exit status 2).
 
-    Without ``base``, the first argument may name a preset (``cpu``, ``paper``, ``smoke``; default
-    ``default_preset``); the flags after it override that preset's values, and ``--help`` there
-    shows them. With ``base`` (a resumed run's saved config) the flags override ``base`` and no
-    preset may be named. A flag of several values (``--eval.instruction-files a.json b.json``) may
-    also be repeated: its values add up (:func:`merge_repeated_flags`). Booleans are flags (``--oir.keep-ungrounded`` /
-    ``--oir.no-keep-ungrounded``), enums take only their choices, numbers only numbers: anything
-    else is a usage error (exit status 2) before the script does anything. ``presets`` and
-    ``config_type``: the trainer's named configurations and config class
-    (:func:`agents.pqn.config.cli` passes PQN's).
+    Without ``base``, the first argument may name one of ``presets`` (default ``default_preset``) whose values
+    the flags override; with ``base`` (a resumed run's config) the flags override it and no preset may be named.
+    A flag of several values may be repeated: its values add up (:func:`merge_repeated_flags`).
     """
     import sys
 
@@ -390,8 +365,7 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = No
 
 
 def plain_help(text: str) -> str:
-    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B,
-    ``:mod:`a.b``` -> a.b (docstrings are written for the API reference, help lines are read as printed)."""
+    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B."""
     import re
 
     def role(m: "re.Match[str]") -> str:
@@ -423,35 +397,30 @@ def preset_help(prog: str, description: str | None, presets: Mapping[str, tuple[
     return "\n".join(lines)
 
 
-class _plain_docstrings:
-    """While a command line is parsed, the help text tyro takes from docstrings without RST markup
-    (:func:`plain_help`). Where tyro's internals differ from the ones known here, the help keeps it."""
+@contextlib.contextmanager
+def _plain_docstrings() -> Iterator[None]:
+    """While a command line is parsed, tyro's help text from docstrings without RST markup (:func:`plain_help`)."""
+    try:
+        from tyro import _docstrings
+    except ImportError:  # tyro's internals differ: the help keeps the markup
+        _docstrings = None
+    saved = {n: getattr(_docstrings, n) for n in ("get_field_docstring", "get_callable_description")
+             if callable(getattr(_docstrings, n, None))}
 
-    _NAMES = ("get_field_docstring", "get_callable_description")
-
-    def __enter__(self) -> "_plain_docstrings":
-        try:
-            from tyro import _docstrings
-        except ImportError:
-            self._module, self._saved = None, {}
-            return self
-        self._module = _docstrings
-        self._saved = {n: getattr(_docstrings, n) for n in self._NAMES if callable(getattr(_docstrings, n, None))}
-        for name, fn in self._saved.items():
-            setattr(_docstrings, name, self._plain(fn))
-        return self
-
-    @staticmethod
-    def _plain(fn: Any) -> Any:
-        def plain(*args: Any, **kwargs: Any) -> Any:
+    def plain(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             out = fn(*args, **kwargs)
             return plain_help(out) if isinstance(out, str) else out
 
-        return plain
+        return call
 
-    def __exit__(self, *exc: Any) -> None:
-        for name, fn in self._saved.items():
-            setattr(self._module, name, fn)
+    for name, fn in saved.items():
+        setattr(_docstrings, name, plain(fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(_docstrings, name, fn)
 
 
 def _multi_value_flags(config_type: type) -> dict[str, str]:
@@ -466,40 +435,30 @@ def _multi_value_flags(config_type: type) -> dict[str, str]:
 
 
 def merge_repeated_flags(argv: Sequence[str], config_type: type) -> list[str]:
-    """``--eval.instruction-files a.json --eval.instruction-files b.json`` -> ``--eval.instruction-files
-    a.json b.json``: a flag of several values keeps every value of every occurrence (the parser alone
-    would keep the last occurrence's), in order, at its first occurrence. ``--flag=value`` counts as one
-    value; a bare ``--eval.sets`` adds none (alone, it gives the empty tuple). ``config_type``: the
-    config class whose tuple fields are meant."""
+    """``--eval.sets a --eval.sets b`` -> ``--eval.sets a b``: every value of every occurrence of a tuple field's
+    flag (of ``config_type``), in order, at its first occurrence (``--flag=value`` is one value)."""
     multi = _multi_value_flags(config_type)
     argv = list(argv)
     values: dict[str, list[str]] = {}
     out: list[Any] = []
     i = 0
     while i < len(argv):
+        if argv[i] == "--":
+            out.extend(argv[i:])
+            break
         name, eq, val = argv[i].partition("=")
         flag = multi.get(name)
-        if flag is None or argv[i] == "--":
-            if argv[i] == "--":
-                out.extend(argv[i:])
-                break
-            out.append(argv[i])
-            i += 1
+        i += 1
+        if flag is None:
+            out.append(argv[i - 1])
             continue
         if flag not in values:
-            values[flag] = []
-            out.append((flag,))  # where its values go
-        i += 1
+            values[flag] = [flag]
+            out.append(values[flag])  # every occurrence's values gather at the first
         if eq:
             values[flag].append(val)
             continue
         while i < len(argv) and not argv[i].startswith("-"):
             values[flag].append(argv[i])
             i += 1
-    merged: list[str] = []
-    for item in out:
-        if isinstance(item, tuple):
-            merged += [item[0], *values[item[0]]]
-        else:
-            merged.append(item)
-    return merged
+    return [a for item in out for a in (item if isinstance(item, list) else [item])]

@@ -31,7 +31,7 @@ __all__ = [
     "CONFIG", "METRICS", "METRICS_CSV", "TENSORBOARD", "WANDB", "CHECKPOINTS", "COMPLETE", "OUTPUT_PATTERNS",
     "RunDirError", "CorruptFileError", "MetricsPosition", "MetricsWriter", "RunDir",
     "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "fsync_dir", "sha256_bytes", "sha256_file",
-    "read_json", "provenance", "check_tag", "check_user_tag", "require_wandb", "refuse_links", "member",
+    "read_json", "json_default", "provenance", "check_tag", "check_user_tag", "require_wandb", "refuse_links", "member",
     "MAX_TAG_LENGTH", "RESERVED_TAGS",
 ]
 
@@ -127,8 +127,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _json_default(o: Any) -> Any:
-    # numpy scalars and arrays without importing numpy here
+def json_default(o: Any) -> Any:
+    """``json.dumps``'s ``default``: numpy scalars and arrays as numbers and lists, paths as text."""
     if hasattr(o, "tolist"):
         return o.tolist()
     if isinstance(o, Path):
@@ -138,7 +138,7 @@ def _json_default(o: Any) -> Any:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
     """:func:`atomic_write_bytes` of ``obj`` as JSON (numpy scalars/arrays become numbers/lists)."""
-    return atomic_write_text(path, json.dumps(obj, indent=indent, default=_json_default))
+    return atomic_write_text(path, json.dumps(obj, indent=indent, default=json_default))
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -353,7 +353,7 @@ class MetricsWriter:
         if not isinstance(row.get("update"), int) or not isinstance(row.get("env_steps"), int):
             raise ValueError(f"a metrics row needs int 'update' and 'env_steps', got {row.get('update')!r}, "
                              f"{row.get('env_steps')!r}")
-        line = (json.dumps(dict(row), default=_json_default) + "\n").encode("utf-8")
+        line = (json.dumps(dict(row), default=json_default) + "\n").encode("utf-8")
         self._file.write(line)
         self._file.flush()
         self._hash.update(line)
