@@ -143,7 +143,8 @@ class LLMConfig:
         """Raise ``ValueError`` naming the field for a setting the LLM part cannot use; returns self."""
         need(isinstance(self.backend, str) and (self.backend in LLM_BACKENDS or is_module_path(self.backend)),
              f"llm.backend={self.backend!r}; expected one of {LLM_BACKENDS} or package.module:ClassName")
-        need(isinstance(self.per_update, int) and self.per_update >= 1, f"llm.per_update={self.per_update!r} must be >= 1")
+        need(isinstance(self.per_update, int) and self.per_update >= 1,
+             f"llm.per_update={self.per_update!r} must be >= 1")
         need(isinstance(self.max_prompt_tokens, int) and self.max_prompt_tokens >= 0,
              f"llm.max_prompt_tokens={self.max_prompt_tokens!r} must be a number of tokens >= 1, or 0 (never compact)")
         need(self.call_timeout is None or self.call_timeout > 0,
@@ -213,7 +214,7 @@ class NestedConfig:
     """Base of a trainer's config: a dataclass of part dataclasses, kept as a nested dict in ``config.json``."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Nested plain dict (what ``config.json`` and checkpoints hold), ``llm.base_url`` redacted (:func:`redact_url`)."""
+        """Nested plain dict (what ``config.json`` and checkpoints hold), ``llm.base_url`` redacted."""
         d = asdict(self)  # type: ignore[call-overload]
         d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
         return d

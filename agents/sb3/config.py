@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -34,18 +35,10 @@ def algo_class(algo: str):
     """The SB3 class of ``algo``; ``ImportError`` naming the extra to install when SB3 is missing."""
     if algo not in ALGOS:
         raise ValueError(f"unknown algo {algo!r}; expected one of {ALGOS}")
+    module, name = {"recurrent_ppo": ("sb3_contrib", "RecurrentPPO"), "qrdqn": ("sb3_contrib", "QRDQN"),
+                    "dqn": ("stable_baselines3", "DQN")}[algo]
     try:
-        if algo == "recurrent_ppo":
-            from sb3_contrib import RecurrentPPO
-
-            return RecurrentPPO
-        if algo == "qrdqn":
-            from sb3_contrib import QRDQN
-
-            return QRDQN
-        from stable_baselines3 import DQN
-
-        return DQN
+        return getattr(importlib.import_module(module), name)
     except ImportError as e:
         raise ImportError(f"algo {algo!r} needs stable-baselines3 and sb3-contrib: pip install 'oir-gym[sb3]' "
                           f"({e})") from e
@@ -69,9 +62,8 @@ def check_device(device: Any) -> str:
 
 
 def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "auto") -> None:
-    """Refuse overrides that the SB3 class of ``algo`` (or its policy, for ``policy_kwargs``) does not
-    take, or that :func:`make_model` sets itself, before anything is built (the error names the key
-    and what to use instead)."""
+    """ValueError naming the key and what to use for an override the SB3 class of ``algo`` (or its policy) does not
+    take, a wrong kind of value, or one the trainer sets itself."""
     cls = algo_class(algo)
     params = inspect.signature(cls.__init__).parameters
     for key in hyperparams:
@@ -113,7 +105,7 @@ _COUNTS = {"buffer_size": 1, "batch_size": 1, "learning_starts": 0, "n_steps": 1
 
 
 def _arguments(params: Mapping[str, Any], skip: tuple[str, ...] = ()) -> str:
-    """The keyword arguments of a signature that an override may set, for an error message."""
+    """The keyword arguments of a signature that an override may set."""
     names = [n for n in params if n not in ("self", "_init_setup_model", *skip, *RESERVED_HYPERPARAMS)
              and params[n].kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     return ", ".join(names)
@@ -211,8 +203,8 @@ class SB3TrainConfig(NestedConfig):
         """Check every field; raise one ValueError naming the field at the first bad one. Returns self."""
         r, e, o, ev, s = self.run, self.env, self.oir, self.eval, self.sb3
         self.check_fields(
-            (("run", "method", ("oir", "cosine", "gt")), ("sb3", "algo", ALGOS), ("env", "obs_mode", ("paper", "symbolic")),
-             ("sb3", "defaults", HYPERPARAM_DEFAULTS)),
+            (("run", "method", ("oir", "cosine", "gt")), ("sb3", "algo", ALGOS),
+             ("env", "obs_mode", ("paper", "symbolic")), ("sb3", "defaults", HYPERPARAM_DEFAULTS)),
             (("run", ("total_timesteps", "checkpoint_every")), ("env", ("max_episode_steps",)),
              ("oir", ("k", "instruction_buffer_size")), ("sb3", ("num_envs", "steps_per_update", "segment_length")),
              ("eval", ("every", "episodes", "horizon", "final_episodes"))))
@@ -250,8 +242,7 @@ def parse_hp(item: str) -> tuple[str, Any]:
     return k.strip(), val
 
 
-#: Flat key of the SB3 ``config.json`` written before the nested config -> its nested field (units
-#: converted by :func:`load_sb3_config`).
+#: Flat key of an old SB3 ``config.json`` -> its nested field (units converted by :func:`load_sb3_config`).
 FLAT_SB3_KEYS: dict[str, str] = {
     "algo": "sb3.algo", "total_timesteps": "run.total_timesteps", "num_envs": "sb3.num_envs", "seed": "run.seed",
     "device": "sb3.device", "obs_mode": "env.obs_mode", "delta": "env.delta",
@@ -264,8 +255,6 @@ FLAT_SB3_KEYS: dict[str, str] = {
 }
 
 #: The old flag spellings of the SB3 script -> the flag that replaced them (a usage error names it).
-#: (``--log-every`` and ``--wandb`` are flags of both scripts now: env steps per row became
-#: ``--sb3.steps-per-update``, and ``--wandb true`` is :data:`OLD_BOOLEAN_SYNTAX`.)
 OLD_SB3_FLAGS: dict[str, str] = {
     **{"--" + old.replace("_", "-"): "--" + new.replace("_", "-") for old, new in FLAT_SB3_KEYS.items()
        if old not in ("hyperparams", "log_every")},  # --log-every is the driver's (updates between lines)
@@ -303,8 +292,7 @@ def old_flag_error(argv: list[str]) -> str | None:
 
 
 def load_sb3_config(d: Mapping[str, Any]) -> SB3TrainConfig:
-    """A config from an SB3 ``config.json``: the nested form, or the flat one of older runs (their
-    env-step intervals become updates of ``log_every`` env steps, rounded up)."""
+    """A config from an SB3 ``config.json``: nested, or flat (older runs; env-step intervals become updates)."""
     d = {k: v for k, v in d.items() if k not in ("provenance", "resumed", "resolved_hyperparams")}
     if "algo" not in d:
         return SB3TrainConfig.from_dict(d)
@@ -341,16 +329,13 @@ def load_sb3_config(d: Mapping[str, Any]) -> SB3TrainConfig:
 
 # ----------------------------------------------------------------------------- presets
 def _sb3_cpu() -> SB3TrainConfig:
-    # CPU-sized: QR-DQN with the rule relabeler, 30k env steps in updates of 2,000 (15 rows), a
-    # checkpoint every 5 updates, the evaluation at the end only (1 episode per instruction)
+    # QR-DQN with the rule relabeler, 30k env steps in 15 updates, evaluated at the end only
     return SB3TrainConfig().replace(**{"eval.every": 15, "eval.episodes": 1, "eval.final_episodes": 1,
                                        "eval.final_sets": ()})
 
 
 def _sb3_smoke() -> SB3TrainConfig:
-    # The smallest run through every part: 400 env steps of 4 envs in 2 updates, the algorithm's tiny
-    # hyperparameters (whichever --sb3.algo), a checkpoint and an evaluation (original set, 10 steps)
-    # after each update.
+    # The smallest run through every part: 2 updates of 200 env steps, the algorithm's tiny hyperparameters
     return SB3TrainConfig().replace(**{
         "run.total_timesteps": 400, "run.checkpoint_every": 1, "env.max_episode_steps": 40,
         "sb3.num_envs": 4, "sb3.steps_per_update": 200, "sb3.segment_length": 32, "sb3.defaults": "tiny",
