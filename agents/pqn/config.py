@@ -24,7 +24,6 @@ METHODS: tuple[str, ...] = get_args(Method)
 ELLM_PROPOSERS: tuple[str, ...] = get_args(ProposerKind)
 
 
-# ----------------------------------------------------------------------------- the parts
 @dataclass
 class RunConfig:
     """What to run and for how long."""
@@ -158,7 +157,6 @@ class TrainConfig(NestedConfig):
     ellm: ELLMConfig = field(default_factory=ELLMConfig)
     eval: EvalSettings = field(default_factory=EvalSettings)
 
-    # ------------------------------------------------------------ derived
     @property
     def method(self) -> str:
         return self.run.method
@@ -191,7 +189,6 @@ class TrainConfig(NestedConfig):
                 nested.setdefault(part, {})[name] = value
         return cls.from_dict(nested)
 
-    # ------------------------------------------------------------ validation
     def validate(self) -> "TrainConfig":
         """Check every field; raise one ValueError naming the field (and what to use) at the first bad one."""
         _check_types(self)
@@ -320,7 +317,6 @@ def load_config(d: Mapping[str, Any]) -> TrainConfig:
     return TrainConfig.from_flat_dict(d)
 
 
-# ----------------------------------------------------------------------------- presets
 def _cpu() -> TrainConfig:
     # Sized for a 2-core CPU: a few minutes, rule relabeling (the offline LLM, one flag away, answered too late
     # to train on with 2 cores), event-bound grounding so that its wordings can reach the batch.

@@ -48,7 +48,6 @@ LLMBackendArg = Annotated[str, tyro.constructors.PrimitiveConstructorSpec(
 MAX_EVAL_EPISODES = 32
 
 
-# ----------------------------------------------------------------------------- the parts
 @dataclass
 class RelabelSettings:
     """Hindsight instruction relabeling and the instruction buffer (method ``oir``; shared by both trainers)."""
@@ -323,7 +322,6 @@ def check_saved_backend(llm: LLMConfig, file: Any, *, on_command_line: bool) -> 
                      f"this run: one of {', '.join(LLM_BACKENDS)}, or that module path if you trust the code it names")
 
 
-# ----------------------------------------------------------------------------- CLI
 def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = None,
         description: str | None = None, default_preset: str, presets: Mapping[str, tuple[str, Any]],
         config_type: type) -> Any:

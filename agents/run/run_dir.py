@@ -77,7 +77,6 @@ class CorruptFileError(ValueError):
         super().__init__(f"{self.path}: {problem}")
 
 
-# ----------------------------------------------------------------------------- atomic files, checksums
 def fsync_dir(path: Path) -> None:
     """Flush a folder's entries (a rename inside it) to disk; a no-op where the platform cannot."""
     try:
@@ -182,7 +181,6 @@ def check_user_tag(tag: str) -> str:
     return tag
 
 
-# ----------------------------------------------------------------------------- links
 def _link_error(path: Path) -> str:
     try:
         target = os.readlink(path)
@@ -247,7 +245,6 @@ def require_wandb() -> None:
         raise ValueError("--wandb needs the wandb package (pip install 'oir-gym[wandb]')") from None
 
 
-# ----------------------------------------------------------------------------- provenance
 def _git(root: Path, *args: str) -> str | None:
     try:
         out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
@@ -287,7 +284,6 @@ def provenance(source_root: str | os.PathLike | None = None,
     }
 
 
-# ----------------------------------------------------------------------------- metrics
 @dataclass(frozen=True)
 class MetricsPosition:
     """Where ``metrics.jsonl`` stood at a checkpoint: rows, bytes, their sha256, the last row's update and steps."""
@@ -398,7 +394,6 @@ class MetricsWriter:
         self.close()
 
 
-# ----------------------------------------------------------------------------- the run directory
 class RunDir:
     """A run directory at ``path``; ``extra_outputs``: glob patterns of further files its trainer writes."""
 
@@ -412,7 +407,6 @@ class RunDir:
     def __truediv__(self, name: str) -> Path:
         return self.path / name
 
-    # ------------------------------------------------------------ opening
     @classmethod
     def prepare(cls, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
                 extra_outputs: Iterable[str] = ()) -> "RunDir":
@@ -474,7 +468,6 @@ class RunDir:
             elif p.exists() or p.is_symlink():
                 p.unlink()
 
-    # ------------------------------------------------------------ config
     def write_config(self, config: Mapping[str, Any], *, source_root: str | os.PathLike | None = None) -> Path:
         """Write ``config.json`` with ``"provenance"`` (:func:`provenance`); a resumed run keeps the first one
         and appends its own to ``"resumed"``."""
@@ -498,7 +491,6 @@ class RunDir:
             raise CorruptFileError(self.path / CONFIG, "is not a JSON object")
         return {k: v for k, v in data.items() if k not in ("provenance", "resumed")}
 
-    # ------------------------------------------------------------ metrics
     @property
     def metrics_path(self) -> Path:
         return self.path / METRICS
@@ -605,7 +597,6 @@ class RunDir:
         w.writerows(rows)
         return atomic_write_text(path or self.path / METRICS_CSV, buf.getvalue())
 
-    # ------------------------------------------------------------ evaluation files
     def eval_path(self, tag: str, ext: str = "json") -> Path:
         """``eval_<tag>.<ext>``."""
         return self.path / f"eval_{check_tag(tag)}.{ext}"
@@ -621,7 +612,6 @@ class RunDir:
         """The results of ``eval_<tag>.json``."""
         return read_json(self.eval_path(tag))
 
-    # ------------------------------------------------------------ completion
     def mark_complete(self, **info: Any) -> Path:
         """Write ``complete.json`` (``info`` plus the time). Call it only after every final output is written."""
         return atomic_write_json(self.path / COMPLETE, {**info, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",

@@ -327,7 +327,6 @@ def load_sb3_config(d: Mapping[str, Any]) -> SB3TrainConfig:
     return SB3TrainConfig.from_dict(nested)
 
 
-# ----------------------------------------------------------------------------- presets
 def _sb3_cpu() -> SB3TrainConfig:
     # QR-DQN with the rule relabeler, 30k env steps in 15 updates, evaluated at the end only
     return SB3TrainConfig().replace(**{"eval.every": 15, "eval.episodes": 1, "eval.final_episodes": 1,

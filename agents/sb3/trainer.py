@@ -10,10 +10,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import numpy as np
+import tyro
 
 from agents.run.run_dir import RunDir, read_json
 from agents.sb3.config import SB3_PRESETS, SB3TrainConfig, load_sb3_config
@@ -75,7 +77,6 @@ class SB3Trainer:
                 raise
             self.startup["model"] = time.time() - t
 
-    # ------------------------------------------------------------------ state
     def _new_model(self) -> Any:
         from agents.sb3.models import make_model
 
@@ -119,7 +120,6 @@ class SB3Trainer:
                 kw["asynchronous"] = self.cfg.sb3.asynchronous
             self.relabel_cb = make_relabel_callback(self.relabeler, self.cfg.sb3.algo, **kw)
 
-    # ------------------------------------------------------------------ the loop
     def iteration(self) -> IterationLog:
         """Let ``learn`` run to the next update boundary (or its end); that update's metrics row."""
         if self._thread is None:
@@ -209,7 +209,6 @@ class SB3Trainer:
                 logger.record(k, v)  # the metrics.jsonl names (one schema with PQN)
         logger.dump(step=int(row["env_steps"]))
 
-    # ------------------------------------------------------------------ evaluation, checkpoints
     def evaluate(self, final: bool = False) -> list:
         """The greedy evaluation of the run's one seed (``final``: eval.final_sets and eval.final_episodes)."""
         from agents.sb3.models import evaluate
@@ -302,13 +301,6 @@ def _tensorboard_installed() -> bool:
     except ImportError:
         return False
     return True
-
-
-# ----------------------------------------------------------------------------- the recipe
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Annotated  # noqa: E402
-
-import tyro  # noqa: E402
 
 
 @dataclass
