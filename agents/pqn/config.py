@@ -1,25 +1,7 @@
-"""The PQN run's configuration: :class:`TrainConfig` (nested dataclasses), its validation and presets.
-
-One :class:`TrainConfig` holds every setting of a PQN run, in parts:
-
-* ``run``  (:class:`RunConfig`): method, seeds, length, checkpoints;
-* ``pqn``  (:class:`PQNConfig`): the PQN-RNN agent (batch shape, exploration, optimiser, network);
-* ``env``  (:class:`EnvConfig`): observation mode, reward threshold delta, episode length, table size;
-* ``oir``  (:class:`OIRConfig`): hindsight relabeling and the instruction buffer (method ``oir``);
-* ``llm``  (:class:`~agents.run.config.LLMConfig`): the LLM backend (shared with SB3);
-* ``ellm`` (:class:`ELLMConfig`): the ELLM baseline's goal proposer (method ``ellm``);
-* ``eval`` (:class:`~agents.run.config.EvalSettings`): periodic evaluation.
-
-``PRESETS`` names whole configurations: ``cpu`` (the CLI's default, a few minutes on a small
-CPU), ``paper`` (the paper's Craftax-Classic table, for a GPU), ``fast`` (purejaxql's 1,024-env
-batch with the paper's agent: a strong agent in minutes on one GPU) and ``smoke`` (the smallest run
-that goes through every part of the chosen method: on a 2-core CPU about 2 min the first time, compiling,
-and about 30 s once JAX's compilation cache holds its programs; the tests use it).
-
-:meth:`TrainConfig.validate` refuses every bad value with one error naming the field, so a
-script validates before it writes anything. Old run directories wrote one flat dict of 42 to
-46 keys; :meth:`TrainConfig.from_flat_dict` reads them (:func:`load_config` reads either form).
-:func:`cli` is :func:`agents.run.config.cli` with these presets.
+"""The PQN run's configuration: :class:`TrainConfig` (nested dataclasses: ``run``, ``pqn``, ``env``, ``oir``,
+``llm``, ``ellm``, ``eval``), its validation and :data:`PRESETS` (``cpu``, the CLI's default; ``paper``; ``fast``;
+``smoke``, the smallest run, used by the tests). :meth:`TrainConfig.validate` refuses every bad value with one
+error naming the field; :func:`load_config` also reads the flat ``config.json`` of old runs (:data:`FLAT_KEYS`).
 """
 
 from __future__ import annotations
@@ -28,11 +10,11 @@ import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, Mapping, Sequence, get_args
 
-from agents.run import config as shared
 from agents.run.config import (
-    MAX_EVAL_EPISODES, ORACLES, RELABELERS, EvalSettings, Grounding, LLMConfig, ObsMode, RelabelSettings,
-    did_you_mean, nested_from_dict, nested_replace, nested_to_dict,
+    MAX_EVAL_EPISODES, EnvSettings, EvalSettings, LLMConfig, NestedConfig, ObsMode, RelabelSettings, did_you_mean,
+    need,
 )
+from agents.run.config import cli as shared_cli
 
 Method = Literal["gt", "cosine", "oir", "ellm"]
 ProposerKind = Literal["rules", "llm"]
@@ -42,7 +24,6 @@ METHODS: tuple[str, ...] = get_args(Method)
 ELLM_PROPOSERS: tuple[str, ...] = get_args(ProposerKind)
 
 
-# ----------------------------------------------------------------------------- the parts
 @dataclass
 class RunConfig:
     """What to run and for how long."""
@@ -115,19 +96,12 @@ class PQNConfig:
 
 
 @dataclass
-class EnvConfig:
+class EnvConfig(EnvSettings):
     """The instruction-conditioned Craftax-Classic env."""
 
-    obs_mode: ObsMode = "paper"
-    """paper: the paper's observation; symbolic: Craftax's symbolic one."""
-    delta: float = 0.9
-    """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
-    max_episode_steps: int = 10_000
-    """Steps before an episode is truncated."""
     table_capacity: int = 512
     """Rows of the device instruction table: every evaluation instruction (periodic and final, about 250
     with the packaged sets), the buffers' instructions and those the envs run."""
-
 
 
 @dataclass
@@ -174,7 +148,7 @@ class ELLMConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(NestedConfig):
     """Every setting of a PQN training run."""
 
     run: RunConfig = field(default_factory=RunConfig)
@@ -185,7 +159,6 @@ class TrainConfig:
     ellm: ELLMConfig = field(default_factory=ELLMConfig)
     eval: EvalSettings = field(default_factory=EvalSettings)
 
-    # ------------------------------------------------------------ derived
     @property
     def method(self) -> str:
         return self.run.method
@@ -203,28 +176,10 @@ class TrainConfig:
         """Trajectories of one update batch: the originals, plus K relabeled copies each for ``oir``."""
         return self.pqn.num_envs * (1 + (self.oir.k if self.run.method == "oir" else 0))
 
-    # ------------------------------------------------------------ (de)serialisation
-    def to_dict(self) -> dict[str, Any]:
-        """Nested plain dict (what ``config.json`` and checkpoints hold), credentials in
-        ``llm.base_url`` redacted (:func:`redact_url`)."""
-        return nested_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
-        """From :meth:`to_dict`'s form; unknown parts or keys and wrong types are a ValueError naming them.
-
-        Missing keys keep their defaults.
-        """
-        return nested_from_dict(cls, d)
-
     @classmethod
     def from_flat_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
-        """From the flat ``config.json`` of runs written before the nested config (``agents.pqn.config.PQNConfig``).
-
-        Every old key maps to one new field (``k`` to both ``oir.k`` and ``ellm.k``); keys those
-        runs did not have yet keep their defaults, which are the old defaults. Unknown keys are a
-        ValueError naming them.
-        """
+        """From the flat ``config.json`` of old runs (:data:`FLAT_KEYS`); keys they lacked keep their defaults,
+        unknown keys are a ValueError naming them."""
         unknown = sorted(set(d) - set(FLAT_KEYS), key=str)
         if unknown:
             raise ValueError(f"unknown config key {unknown[0]!r} in a flat (pre-nested) config"
@@ -236,38 +191,20 @@ class TrainConfig:
                 nested.setdefault(part, {})[name] = value
         return cls.from_dict(nested)
 
-    def replace(self, **changes: Any) -> "TrainConfig":
-        """A copy with dotted-path changes, e.g. ``cfg.replace(**{"pqn.lr": 1e-3, "run.method": "gt"})``."""
-        return nested_replace(self, changes)
-
-    # ------------------------------------------------------------ validation
     def validate(self) -> "TrainConfig":
         """Check every field; raise one ValueError naming the field (and what to use) at the first bad one."""
         _check_types(self)
-        r, p, e, o, l, el, ev = self.run, self.pqn, self.env, self.oir, self.llm, self.ellm, self.eval
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
-        for part, name, allowed in (("run", "method", METHODS), ("oir", "relabeler", RELABELERS),
-                                    ("ellm", "proposer", ELLM_PROPOSERS),
-                                    ("env", "obs_mode", get_args(ObsMode)), ("ellm", "reward", get_args(EllmReward)),
-                                    ("pqn", "compute_dtype", ("float32", "bfloat16")),
-                                    ("pqn", "lstm_kernel", ("scan", "pallas"))):
-            v = getattr(getattr(self, part), name)
-            need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
-        l.validate()
-        for part, names in (("run", ("total_timesteps", "num_seeds", "checkpoint_every", "keep_checkpoints")),
-                            ("pqn", ("num_envs", "num_steps", "num_epochs", "num_minibatches", "hidden_size",
-                                     "num_layers", "scan_unroll")),
-                            ("env", ("max_episode_steps", "table_capacity")),
-                            ("oir", ("k", "instruction_buffer_size", "llm_lag")),
-                            ("ellm", ("k",)),
-                            ("eval", ("every", "episodes", "horizon"))):
-            for name in names:
-                v = getattr(getattr(self, part), name)
-                need(v >= 1, f"{part}.{name}={v!r} must be >= 1")
+        r, p, e, o, el, ev = self.run, self.pqn, self.env, self.oir, self.ellm, self.eval
+        self.check_fields(
+            (("run", "method", METHODS), ("ellm", "proposer", ELLM_PROPOSERS), ("env", "obs_mode", get_args(ObsMode)),
+             ("ellm", "reward", get_args(EllmReward)), ("pqn", "compute_dtype", ("float32", "bfloat16")),
+             ("pqn", "lstm_kernel", ("scan", "pallas"))),
+            (("run", ("total_timesteps", "num_seeds", "checkpoint_every", "keep_checkpoints")),
+             ("pqn", ("num_envs", "num_steps", "num_epochs", "num_minibatches", "hidden_size", "num_layers",
+                      "scan_unroll")),
+             ("env", ("max_episode_steps", "table_capacity")), ("oir", ("k", "instruction_buffer_size", "llm_lag")),
+             ("ellm", ("k",)), ("eval", ("every", "episodes", "horizon"))))
+        self.llm.validate()
         from oir_gym.validation import MAX_SEED  # JAX keys hold 32 bits: seed 2**32 would meet seed 0's worlds
 
         need(0 <= r.seed and r.seed + r.num_seeds - 1 <= MAX_SEED,
@@ -290,20 +227,11 @@ class TrainConfig:
              f"need 0 <= pqn.eps_finish ({p.eps_finish}) <= pqn.eps_start ({p.eps_start}) <= 1")
         need(0 < p.eps_decay <= 1, f"pqn.eps_decay={p.eps_decay} must be in (0, 1]")
         need(-1 < e.delta <= 1, f"env.delta={e.delta} is outside (-1, 1]")
-        need(o.grounding in get_args(Grounding), f"oir.grounding={o.grounding!r}; expected one of {get_args(Grounding)}")
-        need(-1 <= o.bind_threshold <= 1, f"oir.bind_threshold={o.bind_threshold} must be a cosine in [-1, 1]")
+        o.validate(r.method)
         need(o.relabel_lag in (0, 1), f"oir.relabel_lag={o.relabel_lag!r} must be 0 (relabel before the rollout's own "
                                       "update) or 1 (one update later, on a side thread)")
-        need(o.oracle in ORACLES, f"oir.oracle={o.oracle!r}; expected one of {ORACLES}")
-        from oir_gym.relabel.oracle import USES_POOL, check_oracle, check_pool, evaluation_texts, load_pool
+        from oir_gym.relabel.oracle import USES_POOL, check_pool, evaluation_texts, load_pool
 
-        try:
-            check_oracle(o.oracle, o.grounding)
-        except ValueError as err:
-            raise ValueError(f"oir.oracle={o.oracle!r}: {err}") from None
-        need(o.oracle == "canonical" or r.method == "oir" and o.relabeler != "llm",
-             f"oir.oracle={o.oracle!r} picks the rule relabeler's labels: it needs run.method oir and oir.relabeler "
-             "rules or both")
         need(not o.oracle_pool or o.oracle in USES_POOL,
              f"oir.oracle_pool is read by oir.oracle {', '.join(USES_POOL)} only (oir.oracle={o.oracle!r})")
         if o.oracle in USES_POOL:
@@ -313,8 +241,6 @@ class TrainConfig:
                 raise ValueError(f"oir.oracle_pool: {err}") from None
         need(o.relabel_workers >= -1, f"oir.relabel_workers={o.relabel_workers} must be -1 (auto), 0 (in process) "
                                       "or a number of worker processes")
-        need(0 <= o.tau_low < o.tau_high <= 1,
-             f"need 0 <= oir.tau_low ({o.tau_low}) < oir.tau_high ({o.tau_high}) <= 1")
         need(not (o.relabel_balance and o.keep_ungrounded),
              "oir.relabel_balance spreads slots over grounded instructions only; it cannot be combined with "
              "oir.keep_ungrounded=True")
@@ -354,11 +280,8 @@ FLAT_KEYS: dict[str, tuple[str, ...]] = {
 """Old flat key -> the nested field(s) it becomes."""
 
 
-# ----------------------------------------------------------------------------- nested configs
-# A run config is a dataclass of part dataclasses (TrainConfig here, agents.sb3.config.SB3TrainConfig):
-# one way to write, read and change them for both trainers.
 def _check_types(cfg: TrainConfig) -> None:
-    """Every field holds its declared type; every number is finite (NaN and inf are refused)."""
+    """Every field holds its declared type; every number is finite."""
     for part in fields(cfg):
         obj = getattr(cfg, part.name)
         if not is_dataclass(obj):
@@ -397,14 +320,9 @@ def load_config(d: Mapping[str, Any]) -> TrainConfig:
     return TrainConfig.from_flat_dict(d)
 
 
-# ----------------------------------------------------------------------------- presets
 def _cpu() -> TrainConfig:
-    # Sized for a 2-core CPU: compile + train + evaluation in a few minutes, relabeling with rules.
-    # The offline LLM is one flag away (--oir.relabeler both, named in the run's first line): on 2
-    # cores its start-up check took 156 s and none of its answers arrived within oir.llm_lag
-    # updates (0 batch rows, 0 buffer entries in 96 updates; issue 37), while it held a core.
-    # Event-bound grounding, so that the LLM's own wordings can reach the batch when it is added.
-    # The final evaluation at 4 episodes per instruction (about 40 s here, docs/benchmarks.md), not 16.
+    # Sized for a 2-core CPU: a few minutes, rule relabeling (the offline LLM, one flag away, answered too late
+    # to train on with 2 cores), event-bound grounding so that its wordings can reach the batch.
     return TrainConfig().replace(**{"oir.relabeler": "rules", "run.total_timesteps": 98_304, "eval.every": 48,
                                     "eval.episodes": 1, "run.checkpoint_every": 16, "oir.grounding": "bound",
                                     "eval.final_episodes": 4})
@@ -423,15 +341,9 @@ def _paper() -> TrainConfig:
 
 
 def _fast() -> TrainConfig:
-    # Time-to-score on one GPU (issue 15): purejaxql's own PQN-RNN batch for Craftax (1,024 envs x
-    # 128 steps, 4 epochs) with the paper's agent and OIR settings (LSTM 512, buffer 10, delta 0.9,
-    # K 4). The batch of OIR is 1,024 x (1 + K) = 5,120 trajectories: 16 minibatches of 320.
-    # Tuned on H100s (docs/results.md): lr 5e-4 learned faster than 2.5e-4 and than 7e-4; 2 epochs
-    # cost less per update but learned less per step; 64 updates (8.4M steps per seed) with an
-    # evaluation every 8 (about 3 s each). The rule relabeling of 3,072 trajectories (about 0.5 s on
-    # the host) runs beside the next rollout and update (oir.relabel_lag 1; its copies train one
-    # update later). bfloat16 matmuls (forward and backward) and the written-out LSTM gradient cut
-    # the update program from 2.25 s (float32, H100) to 0.93 s (H200) (bench/update_cost.py).
+    # Time-to-score on one GPU: purejaxql's PQN-RNN batch for Craftax (1,024 envs x 128 steps) with the paper's
+    # agent and OIR settings; lr, epochs and length tuned on H100s (docs/results.md); the rule relabeling runs
+    # beside the next rollout (oir.relabel_lag 1); bfloat16 matmuls (bench/update_cost.py).
     return _paper().replace(**{
         "run.total_timesteps": 64 * 1024 * 128, "run.num_seeds": 3, "pqn.num_envs": 1024, "pqn.num_steps": 128,
         "pqn.num_epochs": 4, "pqn.num_minibatches": 16, "pqn.lr": 5e-4, "eval.every": 8,
@@ -440,8 +352,7 @@ def _fast() -> TrainConfig:
 
 
 def _smoke() -> TrainConfig:
-    # The smallest run through every part of a method: 4 updates of 4 envs x 16 steps, relabeling
-    # (rules), buffer, an evaluation and a checkpoint every 2 updates, the final evaluation.
+    # The smallest run through every part of a method: 4 updates of 4 envs x 16 steps.
     return TrainConfig().replace(**{
         "run.total_timesteps": 4 * 4 * 16, "pqn.num_envs": 4, "pqn.num_steps": 16, "pqn.hidden_size": 32,
         "pqn.num_epochs": 2, "pqn.num_minibatches": 2, "pqn.lr": 1e-3, "oir.k": 2, "ellm.k": 2,
@@ -471,9 +382,8 @@ def preset(name: str) -> TrainConfig:
     return PRESETS[name][1]()
 
 
-
 def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = None,
         description: str | None = None) -> Any:
     """The PQN command line: :func:`agents.run.config.cli` with :data:`PRESETS` and :class:`TrainConfig`."""
-    return shared.cli(options_type, args, base=base, description=description, default_preset=DEFAULT_PRESET,
+    return shared_cli(options_type, args, base=base, description=description, default_preset=DEFAULT_PRESET,
                       presets=PRESETS, config_type=TrainConfig)

@@ -1,37 +1,13 @@
 """Checkpoints that cannot run code, survive a kill at any moment, and say which file is damaged.
 
-A checkpoint is a folder ``<run>/checkpoints/<update:06d>/`` with three files:
+A checkpoint is a folder ``<run>/checkpoints/<update:06d>/`` of ``arrays.msgpack`` (every array, flax msgpack:
+reading it builds dicts and arrays only), ``host.json`` (the host state) and ``manifest.json`` (format, update,
+size and sha256 of the other two). It is written in a temporary folder and renamed into place; reading
+verifies sizes, checksums and content (update, counts, finite arrays) and raises :class:`CheckpointError`
+naming the file. A folder without its manifest is skipped, and moved aside by a later save of its update.
+Old runs' ``checkpoint.pkl`` is refused (convert it with ``python -m agents.tools.legacy_checkpoint RUN_DIR``).
 
-* ``arrays.msgpack``: every array (network parameters, optimiser state, env states, RNG keys,
-  the instruction table) as flax msgpack of a nested dict (:func:`flax.serialization.to_state_dict`).
-  Reading it (:func:`flax.serialization.msgpack_restore`) builds dicts and arrays only: unlike a
-  pickle, nothing in the file can name code to run.
-* ``host.json``: the host state (instruction buffers, registry rows, relabel statistics, update
-  index, numpy RNG states, the metrics position of :mod:`agents.run.run_dir`, the run's config).
-* ``manifest.json``: the format, the update, and the size and sha256 of the other two files.
-
-Writing is atomic: the three files go to a temporary folder, are fsynced, and the folder is
-renamed into place (one ``os.rename``), so a kill at any moment leaves every earlier checkpoint
-as it was and at most a temporary folder, which readers ignore. Reading checks the manifest's
-sizes and checksums first: a truncated or bit-flipped file raises :class:`CheckpointError`
-naming it (so does a manifest that names any other file, and a file that is a symbolic link:
-a checkpoint is read from inside its folder only); then the content: the manifest's update is
-the folder's, ``host.json`` is a JSON object whose ``update`` and ``env_steps`` are counts that agree with it, and every floating-point
-array is finite (a checkpoint of diverged weights is never loaded). The newest ``keep``
-checkpoints are kept.
-
-A checkpoint folder without its manifest (a copy that stopped part way) is not a checkpoint:
-readers skip it, and a later save of the same update moves it aside to ``<update>.incomplete``
-(:func:`incomplete_checkpoints` lists them) instead of failing on it.
-
-Old runs wrote ``checkpoint.pkl`` (a pickle). It is refused with a message; converting it is an
-explicit command, because unpickling runs whatever code the file names (only for files you trust)::
-
-    python -m agents.tools.legacy_checkpoint RUN_DIR
-
-Check a run's newest checkpoint (sizes, checksums, content) without loading it into a trainer::
-
-    python -m agents.run.checkpoint RUN_DIR
+Check a run's newest checkpoint without loading it: ``python -m agents.run.checkpoint RUN_DIR``.
 """
 
 from __future__ import annotations
@@ -45,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from agents.run.run_dir import CHECKPOINTS, fsync_dir, member, read_json, sha256_bytes, CorruptFileError
+from agents.run.run_dir import CHECKPOINTS, CorruptFileError, json_default, fsync_dir, member, read_json, sha256_bytes
 
 FORMAT = "oir-gym-checkpoint/1"
 ARRAYS = "arrays.msgpack"
@@ -84,10 +60,7 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 
 def incomplete_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """Checkpoint folders of a run without a manifest (copies that stopped part way), oldest first.
-
-    They are never loaded; :func:`save_checkpoint` moves one aside when it writes its update.
-    """
+    """Checkpoint folders of a run without a manifest (copies that stopped part way, never loaded), oldest first."""
     root = _checkpoint_root(run_dir)
     if not root.is_dir():
         return []
@@ -96,12 +69,7 @@ def incomplete_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def remove_checkpoints_after(run_dir: str | os.PathLike, update: int) -> list[Path]:
-    """Delete the complete checkpoints of a run newer than ``update``; returns them.
-
-    A run resumed from an older checkpoint (the newest one every process of a multi-process run
-    holds) replays those updates, and its own saves must not find a checkpoint of another history
-    in their place (:func:`save_checkpoint` keeps a complete one that is already there).
-    """
+    """Delete the complete checkpoints of a run newer than ``update`` (a resume replays them); returns them."""
     newer = [p for p in list_checkpoints(run_dir) if int(p.name) > update]
     for p in newer:
         shutil.rmtree(p)
@@ -119,20 +87,8 @@ def _write_synced(path: Path, data: bytes) -> None:
 
 def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: Mapping[str, Any],
                     keep: int = 2) -> Path:
-    """Write checkpoint ``update`` of a run atomically and keep the newest ``keep``.
-
-    Args:
-        run_dir: the run directory (the checkpoint goes to ``run_dir/checkpoints/<update>``).
-        update: the update index the state belongs to.
-        arrays: a pytree of arrays (dicts, tuples, flax structs, namedtuples); converted with
-            :func:`flax.serialization.to_state_dict` and :func:`jax.device_get`.
-        host: JSON-serialisable host state.
-        keep: how many checkpoints to keep (>= 1); older ones are deleted after the new one is in place.
-
-    Returns:
-        The checkpoint folder. A valid checkpoint of the same update already there is kept as it
-        is (the state at one update is the same state).
-    """
+    """Write checkpoint ``update`` (``arrays``: a pytree; ``host``: JSON-able) of a run atomically, keep the newest
+    ``keep``; returns its folder (a complete checkpoint of the same update already there is kept)."""
     import jax
     from flax import serialization
 
@@ -151,7 +107,7 @@ def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: 
         os.rename(final, aside)
     state = serialization.to_state_dict(jax.device_get(arrays))
     blob = serialization.msgpack_serialize(state)
-    host_bytes = json.dumps(dict(host), indent=1, default=_json_default, allow_nan=False).encode("utf-8")
+    host_bytes = json.dumps(dict(host), indent=1, default=json_default, allow_nan=False).encode("utf-8")
     manifest = {
         "format": FORMAT, "update": int(update),
         "files": {ARRAYS: {"bytes": len(blob), "sha256": sha256_bytes(blob)},
@@ -178,8 +134,7 @@ def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: 
 def _prune(root: Path, keep: int) -> None:
     done = list_checkpoints(root)
     for old in done[:-keep]:
-        # renamed first (atomic), so a writer killed while deleting leaves a temporary folder, which
-        # the next save removes, not a checkpoint folder without its manifest
+        # renamed first: a kill while deleting leaves a temporary folder, not a checkpoint without its manifest
         doomed = root / f".tmp-{old.name}-{os.getpid()}"
         if doomed.exists():
             shutil.rmtree(doomed, ignore_errors=True)
@@ -194,25 +149,16 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def _owned_by_live_process(p: Path) -> bool:
-    try:
-        pid = int(p.name.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return False
-    if pid == os.getpid():
+    pid = p.name.rsplit("-", 1)[-1]
+    if not pid.isdigit() or int(pid) == os.getpid():
         return False
     try:
-        os.kill(pid, 0)
+        os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"{type(o).__name__} is not JSON serialisable (host state must be JSON)")
 
 
 def _member(folder: Path, name: str, source: Path | None = None) -> Path:
@@ -237,19 +183,9 @@ def _read_verified(folder: Path, name: str, spec: Mapping[str, Any]) -> bytes:
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Read and verify a checkpoint.
-
-    Args:
-        path: a checkpoint folder, or a run directory (its newest checkpoint).
-
-    Returns:
-        ``(arrays, host)``: the arrays as the nested state dict that was saved (restore it into a
-        template with :func:`restore_tree`) and the host state.
-
-    Raises:
-        FileNotFoundError: no checkpoint there (a legacy ``checkpoint.pkl``: :class:`CheckpointError`).
-        CheckpointError: a damaged, truncated, foreign or legacy file, named in the message.
-    """
+    """``(arrays, host)`` of the verified checkpoint at ``path`` (a checkpoint folder, or a run directory: its
+    newest); the arrays as the saved state dict (:func:`restore_tree`). FileNotFoundError: none there;
+    :class:`CheckpointError`: a damaged, foreign or legacy file, named."""
     from flax import serialization
 
     folder = Path(path)
@@ -294,12 +230,7 @@ def _is_count(v: Any) -> bool:
 
 
 def _check_content(folder: Path, manifest: Mapping[str, Any], arrays: Any, host: Any) -> None:
-    """What a consistent manifest cannot vouch for: the files say what a checkpoint holds.
-
-    The checksums only show that the files are the ones the manifest lists; a writer with bad
-    state, or someone who rewrote a file and its manifest, passes them. Raises
-    :class:`CheckpointError` naming the file and the field.
-    """
+    """What checksums cannot vouch for (bad state, a rewritten file and manifest): the content itself."""
     import numpy as np
 
     update = manifest.get("update")
@@ -333,12 +264,8 @@ def _check_content(folder: Path, manifest: Mapping[str, Any], arrays: Any, host:
 
 
 def restore_tree(template: Any, state: Any, file: str | os.PathLike, prefix: str = "") -> Any:
-    """``template`` with its leaves replaced by those of ``state`` (a state dict from :func:`load_checkpoint`).
-
-    Every leaf must exist with the template's shape and dtype kind; otherwise a
-    :class:`CheckpointError` names ``file`` and the field (e.g. ``train_state/params/Dense_0/kernel``),
-    as for a checkpoint of another network size.
-    """
+    """``template`` with its leaves replaced by those of ``state`` (from :func:`load_checkpoint`); a
+    :class:`CheckpointError` naming ``file`` and the field where a leaf is missing or of another shape or kind."""
     import jax
     import numpy as np
     from flax import serialization
@@ -380,9 +307,8 @@ def refuse_legacy(run_dir: str | os.PathLike) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m agents.run.checkpoint") -> int:
-    """``python -m agents.run.checkpoint RUN_DIR``: verify a PQN run's newest checkpoint (its files'
-    sizes and sha256 against the manifest, then its content) and print its update. ``verify RUN_DIR``
-    is the same command. Returns the exit status: 0 it is sound, 2 missing or damaged (said why)."""
+    """``python -m agents.run.checkpoint [verify] RUN_DIR``: verify a PQN run's newest checkpoint; returns the exit
+    status (0 sound, 2 missing or damaged)."""
     from agents.run.config import plain_help
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -1,30 +1,23 @@
-"""The config parts and the CLI both trainers share (the PQN config and presets are
-:mod:`agents.pqn.config`, SB3's :mod:`agents.sb3.config`).
-
-* :class:`LLMConfig`: the LLM backend, shared by the relabeler, the ELLM proposer and the SB3 trainer;
-* :class:`RelabelSettings`: hindsight relabeling (the PQN ``oir`` part and SB3's relabeling part);
-* :class:`EvalSettings`: periodic evaluation;
-* ``nested_to_dict`` / ``nested_from_dict`` / ``nested_replace``: a nested config as a dict and back;
-* :func:`cli`: a command line built by tyro from a trainer's config dataclasses: the preset comes
-  first, as a subcommand, then overrides of its values, and ``--help`` after a preset shows that
-  preset's values::
+"""The config parts, config base class and CLI both trainers share (PQN's config is :mod:`agents.pqn.config`,
+SB3's :mod:`agents.sb3.config`). :func:`cli`: the preset comes first, then overrides of its values, and
+``--help`` after a preset shows that preset's values::
 
     python examples/train_pqn.py paper --pqn.num-envs 64 --run.num-seeds 3 --help
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Annotated, Any, Literal, Mapping, Sequence, get_args
+from typing import Annotated, Any, Iterator, Literal, Mapping, Sequence, get_args
 
 import tyro
 
 Relabeler = Literal["rules", "llm", "both"]
 Grounding = Literal["cosine", "bound"]
 Oracle = Literal["canonical", "diverse", "tasks", "compound", "noisy", "mixed", "progress"]
-#: oir_gym.relabel.backends.BACKEND_NAMES less "rules" (written out so this module stays free of oir_gym's
-#: import time; tests/test_config.py checks they agree)
+#: oir_gym.relabel.backends.BACKEND_NAMES less "rules" (written out: no oir_gym import; tests/test_config.py checks)
 LLMBackend = Literal["transformers", "llama_cpp", "openai", "vllm"]
 ObsMode = Literal["paper", "symbolic"]
 
@@ -51,15 +44,13 @@ LLMBackendArg = Annotated[str, tyro.constructors.PrimitiveConstructorSpec(
     nargs=1, metavar="{" + ",".join(LLM_BACKENDS) + "}|MODULE:CLASS", instance_from_str=_backend_from_argv,
     is_instance=lambda x: isinstance(x, str), str_from_instance=lambda x: [x])]
 
-#: ``eval.episodes`` above this is refused (the evaluation runs every episode of every
-#: instruction in one batch).
+#: ``eval.episodes`` above this is refused (one evaluation batch holds every episode of every instruction).
 MAX_EVAL_EPISODES = 32
 
 
-# ----------------------------------------------------------------------------- the parts
 @dataclass
 class RelabelSettings:
-    """What both trainers' relabeling shares (the ``oir`` part of the PQN and the SB3 config)."""
+    """Hindsight instruction relabeling and the instruction buffer (method ``oir``; shared by both trainers)."""
 
     relabeler: Relabeler = "rules"
     """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: the rules'
@@ -88,6 +79,37 @@ class RelabelSettings:
     measured errors of the 270M LLM relabeler; mixed: each canonical achievement label or a pool wording,
     0.5 each; progress: canonical plus the stone tier's progress events (stone in view, facing stone with a
     wooden pickaxe...). diverse, noisy and mixed need oir.grounding bound."""
+
+    def validate(self, method: str) -> None:
+        """ValueError naming the ``oir.*`` field at the first bad one (``method``: the run's ``run.method``)."""
+        need(self.relabeler in RELABELERS, f"oir.relabeler={self.relabeler!r}; expected one of {RELABELERS}")
+        need(self.grounding in get_args(Grounding),
+             f"oir.grounding={self.grounding!r}; expected one of {get_args(Grounding)}")
+        need(-1 <= self.bind_threshold <= 1, f"oir.bind_threshold={self.bind_threshold} must be a cosine in [-1, 1]")
+        need(0 <= self.tau_low < self.tau_high <= 1,
+             f"need 0 <= oir.tau_low ({self.tau_low}) < oir.tau_high ({self.tau_high}) <= 1")
+        need(self.oracle in ORACLES, f"oir.oracle={self.oracle!r}; expected one of {ORACLES}")
+        from oir_gym.relabel.oracle import check_oracle
+
+        try:
+            check_oracle(self.oracle, self.grounding)
+        except ValueError as err:
+            raise ValueError(f"oir.oracle={self.oracle!r}: {err}") from None
+        need(self.oracle == "canonical" or method == "oir" and self.relabeler != "llm",
+             f"oir.oracle={self.oracle!r} picks the rule relabeler's labels: it needs run.method oir and "
+             "oir.relabeler rules or both")
+
+
+@dataclass
+class EnvSettings:
+    """The instruction-conditioned Craftax-Classic env."""
+
+    obs_mode: ObsMode = "paper"
+    """paper: the paper's observation; symbolic: Craftax's symbolic one."""
+    delta: float = 0.9
+    """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
+    max_episode_steps: int = 10_000
+    """Steps before an episode is truncated."""
 
 
 @dataclass
@@ -118,17 +140,16 @@ class LLMConfig:
 
     def validate(self) -> "LLMConfig":
         """Raise ``ValueError`` naming the field for a setting the LLM part cannot use; returns self."""
-        if not (isinstance(self.backend, str) and (self.backend in LLM_BACKENDS or is_module_path(self.backend))):
-            raise ValueError(f"llm.backend={self.backend!r}; expected one of {LLM_BACKENDS} or package.module:ClassName")
-        if not (isinstance(self.per_update, int) and self.per_update >= 1):
-            raise ValueError(f"llm.per_update={self.per_update!r} must be >= 1")
-        if not (isinstance(self.max_prompt_tokens, int) and self.max_prompt_tokens >= 0):
-            raise ValueError(f"llm.max_prompt_tokens={self.max_prompt_tokens!r} must be a number of tokens >= 1, "
-                             "or 0 (never compact)")
-        if not (self.call_timeout is None or self.call_timeout > 0):
-            raise ValueError(f"llm.call_timeout={self.call_timeout} must be > 0 (or None)")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"llm.base_url={redact_url(self.base_url)!r} must be an http(s) URL")
+        need(isinstance(self.backend, str) and (self.backend in LLM_BACKENDS or is_module_path(self.backend)),
+             f"llm.backend={self.backend!r}; expected one of {LLM_BACKENDS} or package.module:ClassName")
+        need(isinstance(self.per_update, int) and self.per_update >= 1,
+             f"llm.per_update={self.per_update!r} must be >= 1")
+        need(isinstance(self.max_prompt_tokens, int) and self.max_prompt_tokens >= 0,
+             f"llm.max_prompt_tokens={self.max_prompt_tokens!r} must be a number of tokens >= 1, or 0 (never compact)")
+        need(self.call_timeout is None or self.call_timeout > 0,
+             f"llm.call_timeout={self.call_timeout} must be > 0 (or None)")
+        need(self.base_url.startswith(("http://", "https://")),
+             f"llm.base_url={redact_url(self.base_url)!r} must be an http(s) URL")
         from oir_gym.relabel.prompts import load_template
 
         try:  # a template that does not exist or does not parse stops the run now, whichever relabeler it uses
@@ -165,13 +186,8 @@ class EvalSettings:
     ordered compounds with their reverse-order control (docs/evaluation.md)."""
 
     def check_sets(self) -> None:
-        """ValueError naming the set or file unless every set named is a packaged one, none twice, and
-        something is evaluated (a user file's sets are read here, so a bad file is named too)."""
+        """ValueError naming the set or file unless every set named exists, none twice, and something is evaluated."""
         from oir_gym.instructions import EXTRA_SET_NAMES, SET_NAMES, load_instruction_files
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
 
         for name in self.final_sets:
             need(name in EXTRA_SET_NAMES, f"eval.final_sets: unknown set {name!r}; expected some of {EXTRA_SET_NAMES} "
@@ -187,49 +203,67 @@ class EvalSettings:
                                            "evaluate")
 
 
-def nested_to_dict(cfg: Any) -> dict[str, Any]:
-    """``cfg`` as a nested plain dict (what ``config.json`` and checkpoints hold), credentials in
-    ``llm.base_url`` redacted (:func:`redact_url`)."""
-    d = asdict(cfg)
-    d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
-    return d
+def need(cond: bool, msg: str) -> None:
+    """Raise ``ValueError(msg)`` unless ``cond`` (a config check)."""
+    if not cond:
+        raise ValueError(msg)
 
 
-def nested_from_dict(cls: Any, d: Mapping[str, Any]) -> Any:
-    """``cls`` from :func:`nested_to_dict`'s form; unknown parts or keys are a ValueError naming them
-    (with the closest name); missing keys keep their defaults."""
-    if not isinstance(d, Mapping):
-        raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
-    parts = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(d) - set(parts), key=str)
-    if unknown:
-        raise ValueError(f"unknown config section {unknown[0]!r}{did_you_mean(unknown[0], parts)} (the "
-                         f"sections are {', '.join(parts)})")
-    return cls(**{name: _part_from_dict(parts[name].default_factory, name, value)  # type: ignore[misc]
-                  for name, value in d.items()})
+class NestedConfig:
+    """Base of a trainer's config: a dataclass of part dataclasses, kept as a nested dict in ``config.json``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain dict (what ``config.json`` and checkpoints hold), ``llm.base_url`` redacted."""
+        d = asdict(self)  # type: ignore[call-overload]
+        d["llm"]["base_url"] = redact_url(d["llm"]["base_url"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Any:
+        """From :meth:`to_dict`'s form; unknown parts or keys are a ValueError naming them (with the closest
+        name); missing keys keep their defaults."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
+        parts = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(d) - set(parts), key=str)
+        if unknown:
+            raise ValueError(f"unknown config section {unknown[0]!r}{did_you_mean(unknown[0], parts)} (the "
+                             f"sections are {', '.join(parts)})")
+        return cls(**{name: _part_from_dict(parts[name].default_factory, name, value)  # type: ignore[misc]
+                      for name, value in d.items()})
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with dotted-path changes, e.g. ``cfg.replace(**{"pqn.lr": 1e-3, "run.method": "gt"})``."""
+        part_names = [f.name for f in fields(self)]  # type: ignore[arg-type]
+        by_part: dict[str, dict[str, Any]] = {}
+        for path, value in changes.items():
+            part, _, name = path.partition(".")
+            if not name or part not in part_names:
+                example = f"{part_names[0]}.{fields(getattr(self, part_names[0]))[0].name}"
+                raise ValueError(f"unknown config field {path!r}; use part.field, e.g. {example!r}")
+            by_part.setdefault(part, {})[name] = value
+        out = self
+        for part, vals in by_part.items():
+            cur = getattr(out, part)
+            bad = sorted(set(vals) - {f.name for f in fields(cur)})
+            if bad:
+                raise ValueError(f"unknown config field(s) {[f'{part}.{b}' for b in bad]}")
+            out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **vals)})  # type: ignore[type-var]
+        return out
+
+    def check_fields(self, choices: Sequence[tuple[str, str, Sequence[Any]]],
+                     counts: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """ValueError naming the field unless each ``(part, name, allowed)`` of ``choices`` holds an allowed
+        value and each field of ``counts`` (``(part, names)``) an integer >= 1."""
+        for part, name, allowed in choices:
+            v = getattr(getattr(self, part), name)
+            need(v in allowed, f"{part}.{name}={v!r}; expected one of {tuple(allowed)}")
+        for part, names in counts:
+            for name in names:
+                v = getattr(getattr(self, part), name)
+                need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{part}.{name}={v!r} must be >= 1")
 
 
-def nested_replace(cfg: Any, changes: Mapping[str, Any]) -> Any:
-    """A copy of ``cfg`` with dotted-path ``changes`` (``{"part.field": value}``)."""
-    part_names = [f.name for f in fields(cfg)]
-    by_part: dict[str, dict[str, Any]] = {}
-    for path, value in changes.items():
-        part, _, name = path.partition(".")
-        if not name or part not in part_names:
-            example = f"{part_names[0]}.{fields(getattr(cfg, part_names[0]))[0].name}"
-            raise ValueError(f"unknown config field {path!r}; use part.field, e.g. {example!r}")
-        by_part.setdefault(part, {})[name] = value
-    out = cfg
-    for part, vals in by_part.items():
-        cur = getattr(out, part)
-        bad = sorted(set(vals) - {f.name for f in fields(cur)})
-        if bad:
-            raise ValueError(f"unknown config field(s) {[f'{part}.{b}' for b in bad]}")
-        out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **vals)})
-    return out
-
-
-# ----------------------------------------------------------------------------- helpers
 def _part_from_dict(factory: Any, part: str, value: Any) -> Any:
     default = factory()
     if not isinstance(value, Mapping):
@@ -278,52 +312,25 @@ def redact_url(url: str) -> str:
         return "REDACTED"
 
 
-def is_module_backend(backend: str) -> bool:
-    """Whether an ``llm.backend`` value names code to import (``package.module:ClassName``) rather
-    than one of the registered backends (:data:`LLM_BACKENDS`)."""
-    return ":" in backend
-
-
 def check_saved_backend(llm: LLMConfig, file: Any, *, on_command_line: bool) -> None:
-    """Refuse an LLM backend that a run's file names as code, unless this command line names it.
-
-    A resumed run takes ``llm.backend`` from its ``config.json``. A registered backend's name is
-    data, but ``package.module:ClassName`` is code, imported when the LLM starts; and anyone who
-    can write the run folder can change the file (a run folder under the working directory is
-    even importable itself). So a module path is used only when the command line of this
-    invocation passes ``--llm.backend`` (the value given there wins over the file).
-
-    Args:
-        llm: the LLM part read from ``file``.
-        file: the file it was read from (named in the message).
-        on_command_line: whether this invocation's command line passes ``--llm.backend``.
-
-    Raises:
-        ValueError: naming the file, the value and what to pass instead.
-    """
-    if on_command_line or not is_module_backend(llm.backend):
+    """ValueError naming ``file`` when its ``llm.backend`` is a module path (code, which anyone who can write the
+    run folder may have changed) and this command line does not pass ``--llm.backend`` (``on_command_line``)."""
+    if on_command_line or ":" not in llm.backend:
         return
     raise ValueError(f"{file}: llm.backend={llm.backend!r} is a Python module path, and a resumed run never imports "
                      "code named by its files; pass --llm.backend on the command line to choose the backend for "
                      f"this run: one of {', '.join(LLM_BACKENDS)}, or that module path if you trust the code it names")
 
 
-# ----------------------------------------------------------------------------- CLI
 def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = None,
         description: str | None = None, default_preset: str, presets: Mapping[str, tuple[str, Any]],
         config_type: type) -> Any:
-    """Parse a command line into ``options_type``, a dataclass with a ``config`` field (a trainer config)
-    (its flags appear without a prefix: ``--pqn.lr``) beside the script's own options.
+    """Parse a command line into ``options_type`` (a dataclass whose ``config`` field, of ``config_type``, takes
+    unprefixed flags such as ``--pqn.lr``); a bad value is a usage error (exit status 2).
 
-    Without ``base``, the first argument may name a preset (``cpu``, ``paper``, ``smoke``; default
-    ``default_preset``); the flags after it override that preset's values, and ``--help`` there
-    shows them. With ``base`` (a resumed run's saved config) the flags override ``base`` and no
-    preset may be named. A flag of several values (``--eval.instruction-files a.json b.json``) may
-    also be repeated: its values add up (:func:`merge_repeated_flags`). Booleans are flags (``--oir.keep-ungrounded`` /
-    ``--oir.no-keep-ungrounded``), enums take only their choices, numbers only numbers: anything
-    else is a usage error (exit status 2) before the script does anything. ``presets`` and
-    ``config_type``: the trainer's named configurations and config class
-    (:func:`agents.pqn.config.cli` passes PQN's).
+    Without ``base``, the first argument may name one of ``presets`` (default ``default_preset``) whose values
+    the flags override; with ``base`` (a resumed run's config) the flags override it and no preset may be named.
+    A flag of several values may be repeated: its values add up (:func:`merge_repeated_flags`).
     """
     import sys
 
@@ -357,8 +364,7 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = No
 
 
 def plain_help(text: str) -> str:
-    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B,
-    ``:mod:`a.b``` -> a.b (docstrings are written for the API reference, help lines are read as printed)."""
+    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B."""
     import re
 
     def role(m: "re.Match[str]") -> str:
@@ -390,35 +396,30 @@ def preset_help(prog: str, description: str | None, presets: Mapping[str, tuple[
     return "\n".join(lines)
 
 
-class _plain_docstrings:
-    """While a command line is parsed, the help text tyro takes from docstrings without RST markup
-    (:func:`plain_help`). Where tyro's internals differ from the ones known here, the help keeps it."""
+@contextlib.contextmanager
+def _plain_docstrings() -> Iterator[None]:
+    """While a command line is parsed, tyro's help text from docstrings without RST markup (:func:`plain_help`)."""
+    try:
+        from tyro import _docstrings
+    except ImportError:  # tyro's internals differ: the help keeps the markup
+        _docstrings = None
+    saved = {n: getattr(_docstrings, n) for n in ("get_field_docstring", "get_callable_description")
+             if callable(getattr(_docstrings, n, None))}
 
-    _NAMES = ("get_field_docstring", "get_callable_description")
-
-    def __enter__(self) -> "_plain_docstrings":
-        try:
-            from tyro import _docstrings
-        except ImportError:
-            self._module, self._saved = None, {}
-            return self
-        self._module = _docstrings
-        self._saved = {n: getattr(_docstrings, n) for n in self._NAMES if callable(getattr(_docstrings, n, None))}
-        for name, fn in self._saved.items():
-            setattr(_docstrings, name, self._plain(fn))
-        return self
-
-    @staticmethod
-    def _plain(fn: Any) -> Any:
-        def plain(*args: Any, **kwargs: Any) -> Any:
+    def plain(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             out = fn(*args, **kwargs)
             return plain_help(out) if isinstance(out, str) else out
 
-        return plain
+        return call
 
-    def __exit__(self, *exc: Any) -> None:
-        for name, fn in self._saved.items():
-            setattr(self._module, name, fn)
+    for name, fn in saved.items():
+        setattr(_docstrings, name, plain(fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(_docstrings, name, fn)
 
 
 def _multi_value_flags(config_type: type) -> dict[str, str]:
@@ -433,40 +434,30 @@ def _multi_value_flags(config_type: type) -> dict[str, str]:
 
 
 def merge_repeated_flags(argv: Sequence[str], config_type: type) -> list[str]:
-    """``--eval.instruction-files a.json --eval.instruction-files b.json`` -> ``--eval.instruction-files
-    a.json b.json``: a flag of several values keeps every value of every occurrence (the parser alone
-    would keep the last occurrence's), in order, at its first occurrence. ``--flag=value`` counts as one
-    value; a bare ``--eval.sets`` adds none (alone, it gives the empty tuple). ``config_type``: the
-    config class whose tuple fields are meant."""
+    """``--eval.sets a --eval.sets b`` -> ``--eval.sets a b``: every value of every occurrence of a tuple field's
+    flag (of ``config_type``), in order, at its first occurrence (``--flag=value`` is one value)."""
     multi = _multi_value_flags(config_type)
     argv = list(argv)
     values: dict[str, list[str]] = {}
     out: list[Any] = []
     i = 0
     while i < len(argv):
+        if argv[i] == "--":
+            out.extend(argv[i:])
+            break
         name, eq, val = argv[i].partition("=")
         flag = multi.get(name)
-        if flag is None or argv[i] == "--":
-            if argv[i] == "--":
-                out.extend(argv[i:])
-                break
-            out.append(argv[i])
-            i += 1
+        i += 1
+        if flag is None:
+            out.append(argv[i - 1])
             continue
         if flag not in values:
-            values[flag] = []
-            out.append((flag,))  # where its values go
-        i += 1
+            values[flag] = [flag]
+            out.append(values[flag])  # every occurrence's values gather at the first
         if eq:
             values[flag].append(val)
             continue
         while i < len(argv) and not argv[i].startswith("-"):
             values[flag].append(argv[i])
             i += 1
-    merged: list[str] = []
-    for item in out:
-        if isinstance(item, tuple):
-            merged += [item[0], *values[item[0]]]
-        else:
-            merged.append(item)
-    return merged
+    return [a for item in out for a in (item if isinstance(item, list) else [item])]

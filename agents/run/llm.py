@@ -1,13 +1,5 @@
-"""The LLM part both trainers share: what an :class:`~agents.run.config.LLMConfig` becomes.
-
-One implementation for the PQN trainer and the SB3 trainer, used by their one factory of relabelers
-and goal proposers (:mod:`agents.run.relabeling`):
-
-* :func:`backend_kwargs`: the LLM backend's constructor arguments (model, server URL);
-* :func:`check_llm`: the start-up check, one tiny real LLM call before training. A run that
-  asked for the LLM alone stops with the cause and the fix (:class:`LLMCheckError`); one with
-  rules beside it (``both``) warns on stderr and goes on with rules (the LLM is retried with
-  backoff).
+"""What an :class:`~agents.run.config.LLMConfig` becomes, for both trainers: :func:`backend_kwargs` and the
+start-up check :func:`check_llm` (one tiny real call before training).
 """
 
 from __future__ import annotations
@@ -30,9 +22,8 @@ _DEADLINE: contextvars.ContextVar[Optional[tuple[float, str]]] = contextvars.Con
 
 @contextlib.contextmanager
 def check_deadline(deadline: Optional[float], why: str = "") -> Iterator[None]:
-    """Bound every :func:`check_llm` inside the block by ``deadline`` (a ``time.time()``; ``None``:
-    no bound), so that ``--time-limit`` covers the LLM's start-up as well; ``why`` names the option
-    in the message of a check it cut short."""
+    """Bound every :func:`check_llm` inside the block by ``deadline`` (a ``time.time()``; None: no bound); ``why``
+    names the option in the message of a check it cut short."""
     token = _DEADLINE.set(None if deadline is None else (float(deadline), why))
     try:
         yield
@@ -48,15 +39,8 @@ def backend_kwargs(llm: LLMConfig) -> dict[str, Any]:
 
 
 def check_llm(component: Any, required: bool, flag: str) -> None:
-    """One tiny real LLM call of ``component`` (a relabeler or goal proposer; nothing without an LLM).
-
-    Args:
-        component: has ``check_llm()`` (raises :class:`LLMCheckError`) and ``close()``.
-        required: the run asked for the LLM alone (``FLAG llm``): a failure closes ``component``
-            and raises :class:`LLMCheckError` naming the flag and the rule alternative. Otherwise
-            (``FLAG both``) a warning on stderr, and the run relabels with rules meanwhile.
-        flag: the command-line flag that chose the LLM (``--oir.relabeler``, ``--relabeler``...).
-    """
+    """One tiny real LLM call of ``component`` (has ``check_llm()`` and ``close()``). On failure: ``required``
+    (``FLAG llm``) closes it and raises :class:`LLMCheckError` naming ``flag``; otherwise (``both``) a warning."""
     bound = _DEADLINE.get()
     try:
         if bound is None:

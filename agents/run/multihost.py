@@ -1,25 +1,11 @@
 """A run over several processes (hosts) joined by ``jax.distributed``: seeds split by process.
 
-Every process trains ``num_seeds / P`` whole seeds on its own devices (a local mesh,
-:class:`agents.pqn.sharding.Layout`) with its own host loop: its relabeler, buffers and checkpoints
-(``RUN_DIR/process{p}/``). Seeds exchange nothing while they train, so nothing crosses hosts inside
-an update; the processes meet once per update, in :func:`allgather_json`, to agree on when to stop
-and so that process 0 writes the run's one ``metrics.jsonl`` and evaluation files
-(:func:`merge_rows`, :func:`merge_evals`). Seed ``g`` (global index) draws the same keys as seed
-``g`` of a one-process run (:func:`seed_slice`).
-
-A global mesh over every host's devices would instead make each host-side read (the relabeler's
-trajectories, the episode records, the metrics) a cross-host gather, and the per-device rollout
-programs (:class:`agents.pqn.sharding.PerDevice`) only run on devices their process holds.
-
-The run directory must be on a file system every host sees (process 0 prepares it and writes the
-merged files; each process writes its checkpoints).
-
-When a process dies, the others find out at their next meeting: the collective fails and
-:func:`allgather_json` raises :class:`ProcessLost` (one line; ``examples/train_pqn.py`` prints it
-and exits at once, before ``jax.distributed``'s exit barrier would wait for the dead process and
-abort with a stack dump). Each process keeps its own checkpoints, so they can stop at different
-updates; a resume continues every process from :func:`newest_common_update`.
+Every process trains ``num_seeds / P`` whole seeds on its own devices with its own host loop, relabeler,
+buffers and checkpoints (``RUN_DIR/process{p}/``); the processes meet once per update in
+:func:`allgather_json`, to agree on when to stop and so that process 0 writes the run's merged files
+(:func:`merge_rows`, :func:`merge_evals`). Seed ``g`` draws the keys of seed ``g`` of a one-process run. A
+lost process makes the next meeting raise :class:`ProcessLost`; a resume continues every process from
+:func:`newest_common_update`. The run directory must be on a file system every host sees.
 """
 
 from __future__ import annotations
@@ -40,11 +26,7 @@ def process_count() -> int:
 
 
 def check_processes(num_seeds: int, processes: int) -> None:
-    """Refuse a seed count the processes cannot split into whole seeds each.
-
-    Raises:
-        ValueError: naming the numbers and the fix.
-    """
+    """ValueError naming the fix unless the processes split ``num_seeds`` into whole seeds each."""
     if num_seeds % processes:
         fit = processes * max(1, num_seeds // processes)
         raise ValueError(f"num_seeds={num_seeds} is not divisible by the {processes} processes of this run "
@@ -60,25 +42,17 @@ def seed_slice(num_seeds: int, processes: int, index: int) -> slice:
 
 
 def process_dir(run_dir: str | Path, processes: int, index: int) -> Path:
-    """Where process ``index`` keeps its checkpoints and per-process files (the run directory
-    itself for a one-process run)."""
+    """Where process ``index`` keeps its checkpoints (the run directory itself for a one-process run)."""
     return Path(run_dir) if processes == 1 else Path(run_dir) / f"process{index}"
 
 
 class ProcessLost(RuntimeError):
-    """A collective of a multi-process run failed: another process stopped (died, was killed or
-    lost its connection). This process cannot go on either; the message is one line."""
+    """A collective of a multi-process run failed: another process stopped (the message is one line)."""
 
 
 def allgather_json(obj: Any) -> list[Any]:
-    """``obj`` (JSON-serialisable) of every process, in process order; every process must call it.
-
-    Two ``process_allgather`` collectives (the lengths, then the padded bytes); in a one-process
-    run, ``[obj]`` without any collective.
-
-    Raises:
-        ProcessLost: a collective failed (another process is gone).
-    """
+    """``obj`` (JSON-able) of every process, in process order (every process calls it); :class:`ProcessLost` when
+    a collective fails."""
     if process_count() == 1:
         return [obj]
     from jax.experimental.multihost_utils import process_allgather
@@ -99,9 +73,7 @@ def allgather_json(obj: Any) -> list[Any]:
 
 
 def newest_common_update(held: Sequence[Sequence[int]]) -> int | None:
-    """The newest checkpoint update that every process holds (``held``: each process's checkpoint
-    updates), or None when they share none. A process that stopped between its save and the
-    others' holds a newer one; the run resumes from this one, where every process can."""
+    """The newest checkpoint update every process holds (``held``: each one's updates), or None."""
     if not held:
         return None
     common = set(held[0]).intersection(*held[1:])
@@ -114,17 +86,8 @@ def _is_seed_key(key: str) -> bool:
 
 
 def merge_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One metrics row from the rows every process wrote for the same update.
-
-    Per-seed columns (``seed{g}/...``, global seed indices) are taken from the process that owns
-    them; ``update`` and ``env_steps`` must agree; ``sps`` adds up; ``time`` and ``time/*`` take the
-    slowest process; every other column is the mean over processes. Each process averages over
-    equally many seeds, so seed means (losses, success rates, evaluation means) stay exact;
-    per-process counts (``relabel/llm_results``, ``relabel/offers_total``...) become per-process means.
-
-    Raises:
-        ValueError: rows of different updates.
-    """
+    """One metrics row from every process's row of the same update: per-seed columns from their owner, ``sps``
+    summed, ``time`` and ``time/*`` the slowest, every other column the mean (ValueError: different updates)."""
     rows = list(rows)
     if not rows:
         raise ValueError("no rows to merge")
@@ -156,12 +119,8 @@ def merge_evals(per_process: Sequence[Sequence[Any]]) -> list[Any]:
 
 
 def initialize_distributed() -> bool:
-    """Join a multi-host run when the environment describes one; returns whether it did.
-
-    Reads ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` (or lets JAX
-    detect SLURM / Open MPI when ``OIR_GYM_DISTRIBUTED=auto``). Single-host runs need nothing.
-    CPU processes exchange through gloo (unless ``JAX_CPU_COLLECTIVES_IMPLEMENTATION`` names another).
-    """
+    """Join a multi-host run described by ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``
+    (or JAX's own detection with ``OIR_GYM_DISTRIBUTED=auto``); returns whether it did."""
     if not (os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("OIR_GYM_DISTRIBUTED") == "auto"):
         return False
     import jax

@@ -1,23 +1,7 @@
-"""The relabelers and goal proposers of both trainers, built from plain settings.
-
-The PQN trainer (:mod:`agents.pqn.trainer`) and the SB3 trainer (:mod:`agents.sb3.models`) build what
-relabels their trajectories here, from the same settings, so ``rules``, ``llm`` and ``both``
-mean the same in both:
-
-* :func:`make_relabeler`: a :class:`~oir_gym.relabel.background.BackgroundRelabeler`:
-  ``rules``: the rule relabeler alone; ``llm``: the LLM relabeler alone (rule instructions only
-  where the LLM fails: its fallback); ``both``: the rules answer at once, the LLM's answers join
-  when they arrive (its queue holds ``queue_size`` batches and drops the oldest when full); ``none``:
-  ``None``.
-* :func:`make_rules_relabeler`: the synchronous rule relabeler (over worker processes for a large
-  batch).
-* :func:`relabeler_config`: the one mapping of the trainers' settings onto a
-  :class:`~oir_gym.relabel.RelabelerConfig`.
-* :func:`oracle_rules`: the rule backend of an oracle variant, its wording pool checked against
-  the evaluation strings.
-
-A factory that builds an LLM makes its start-up call (:func:`agents.run.llm.check_llm`) when given
-the command-line ``flag`` that chose it: ``llm`` stops with the cause, ``both`` warns and goes on.
+"""The relabelers of both trainers, built from the same settings so that ``rules``, ``llm`` and ``both`` mean the
+same in both: :func:`make_relabeler` (a :class:`~oir_gym.relabel.background.BackgroundRelabeler`),
+:func:`make_rules_relabeler`, :func:`relabeler_config` (settings -> :class:`~oir_gym.relabel.RelabelerConfig`)
+and :func:`oracle_rules`.
 """
 
 from __future__ import annotations
@@ -45,16 +29,8 @@ def relabeler_config(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, 
                      grounding: str = "cosine", bind_threshold: float = 0.5, keep_ungrounded: bool = True,
                      use_rules: Optional[bool] = None, cache_path: Optional[str] = None,
                      queue_size: int = 8, on_full: str = "rules", fallback: str = "rules") -> "RelabelerConfig":
-    """The :class:`~oir_gym.relabel.RelabelerConfig` of a trainer's settings.
-
-    Args:
-        kind: ``"rules"`` (no LLM, no cache), ``"llm"`` or ``"both"`` (the LLM of ``llm``:
-            backend, model, server URL, template, call timeout, prompt budget).
-        use_rules: rule instructions beside the LLM's in this one relabeler (default:
-            ``kind == "both"``; :func:`make_relabeler` keeps them in a separate rule relabeler).
-        queue_size, on_full: the background queue (:meth:`~oir_gym.relabel.HindsightRelabeler.submit`).
-        fallback: what answers when the LLM fails: ``"rules"`` or ``"none"``.
-    """
+    """The :class:`~oir_gym.relabel.RelabelerConfig` of ``kind`` (``"rules"``, ``"llm"`` or ``"both"``, the LLM of
+    ``llm``) and a trainer's settings; ``use_rules`` defaults to ``kind == "both"``."""
     from oir_gym.relabel import RelabelerConfig
 
     cfg = RelabelerConfig()
@@ -79,12 +55,8 @@ def relabeler_config(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, 
 
 def oracle_rules(oracle: str = "canonical", *, seed: int = 0, pool: str = "", eval_files: Sequence[str] = (),
                  encoder: Any = None) -> "RuleBackend":
-    """The rule backend of ``oracle`` (:mod:`oir_gym.relabel.oracle`), its draws seeded by ``seed``.
-
-    A wording pool (``pool``, or the packaged one of ``diverse`` and ``noisy``) is checked here
-    against every evaluation string (those of ``eval_files`` too) with ``encoder`` (default: the
-    shared one): no wording within cosine 0.85 of one, else ``ValueError`` naming the wording.
-    """
+    """The rule backend of ``oracle``, its draws seeded by ``seed``; its wording pool, if any, is checked against
+    every evaluation string (``eval_files`` too): ``ValueError`` naming a wording within cosine 0.85 of one."""
     from oir_gym.relabel.oracle import check_pool, evaluation_texts
     from oir_gym.relabel.rules import RuleBackend
 
@@ -101,11 +73,8 @@ def oracle_rules(oracle: str = "canonical", *, seed: int = 0, pool: str = "", ev
 def make_rules_relabeler(k: int = 4, *, delta: float = 0.9, grounding: str = "cosine", bind_threshold: float = 0.5,
                          keep_ungrounded: bool = True, rules: Optional["RuleBackend"] = None, encoder: Any = None,
                          workers: int = 0, batch: int = 0):
-    """The synchronous rule relabeler keeping ``k`` candidates per trajectory; over ``workers``
-    processes (:class:`~oir_gym.relabel.parallel.ParallelRelabeler`) when a batch of ``batch``
-    trajectories holds at least 64, else in process. The workers share one table of the rules'
-    texts embedded here (:class:`~oir_gym.relabel.encoding.TableEncoder`): none loads the sentence
-    model unless a label falls outside it."""
+    """The synchronous rule relabeler keeping ``k`` candidates per trajectory; over ``workers`` processes when a
+    batch of ``batch`` trajectories holds at least 64, else in process."""
     from oir_gym.relabel import HindsightRelabeler
     from oir_gym.relabel.parallel import ParallelRelabeler
 
@@ -115,8 +84,7 @@ def make_rules_relabeler(k: int = 4, *, delta: float = 0.9, grounding: str = "co
         from oir_gym.relabel.encoding import SharedEncoder, TableEncoder
         from oir_gym.relabel.rules import RuleBackend
 
-        # the parent embeds what the rules can say, once; a worker loads the model only for a text
-        # outside that table
+        # the rules' texts embedded once here: a worker loads the model only for a text outside them
         shared = encoder if isinstance(encoder, SharedEncoder) else SharedEncoder(encoder)
         table = TableEncoder.of(shared, (rules or RuleBackend()).vocabulary())
         return ParallelRelabeler(functools.partial(HindsightRelabeler, rcfg, rules=rules, encoder=table),
@@ -126,20 +94,10 @@ def make_rules_relabeler(k: int = 4, *, delta: float = 0.9, grounding: str = "co
 
 @dataclass(frozen=True)
 class RelabelerOptions:
-    """What a trainer adds to the shared :class:`~agents.run.config.RelabelSettings` to build its relabeler.
-
-    Attributes:
-        keep_ungrounded: keep candidates that paid no reward on their own trajectory.
-        oracle_pool, seed, eval_files: the rule backend's wording pool, its draws' seed, and the
-            user's evaluation files the pool is checked against (:func:`oracle_rules`).
-        rules_k: candidates the rule relabeler keeps (default ``settings.k``).
-        workers, batch: rule relabeling over worker processes (:func:`make_rules_relabeler`).
-        rules_lag: 1: the rules relabel on a side thread, a batch's results arriving with the next.
-        cache_path: where the LLM relabeler keeps its answer cache.
-        queue_size: LLM batches queued before the oldest is dropped.
-        flag: the command-line flag that chose the relabeler: an LLM gets its start-up call
-            (:func:`agents.run.llm.check_llm`; ``llm`` stops on failure, ``both`` warns).
-    """
+    """What a trainer adds to :class:`~agents.run.config.RelabelSettings` to build its relabeler: the rule
+    backend's pool, seed and checked ``eval_files`` (:func:`oracle_rules`), ``rules_k`` (default ``settings.k``),
+    ``workers`` / ``batch`` (:func:`make_rules_relabeler`), ``rules_lag`` (1: a side thread), the LLM's
+    ``cache_path`` and ``queue_size``, and the ``flag`` that chose it (an LLM then gets its start-up check)."""
 
     keep_ungrounded: bool = True
     oracle_pool: str = ""
@@ -157,16 +115,8 @@ class RelabelerOptions:
 def make_relabeler(kind: str, settings: Optional[RelabelSettings] = None, llm: Optional[LLMConfig] = None, *,
                    delta: float = 0.9, encoder: Any = None,
                    options: RelabelerOptions = RelabelerOptions()) -> Optional["BackgroundRelabeler"]:
-    """The relabeler of ``kind`` (``"rules"``, ``"llm"``, ``"both"`` or ``"none"``; see the module).
-
-    Args:
-        settings: K and grounding (``k``, ``grounding``, ``bind_threshold``; :mod:`oir_gym.grounding`)
-            and the rule backend's ``oracle`` (default: :class:`~agents.run.config.RelabelSettings`).
-        llm: the LLM part (:class:`~agents.run.config.LLMConfig`; default: the offline transformers backend).
-        delta: the reward threshold.
-        encoder: the sentence encoder (default: the shared one).
-        options: the rest (:class:`RelabelerOptions`).
-    """
+    """The relabeler of ``kind``: ``"rules"``; ``"llm"`` (rules only as its fallback); ``"both"`` (the rules at
+    once, the LLM's answers when they arrive); ``"none"``: None. ``settings``: K, grounding and oracle."""
     settings = settings or RelabelSettings()
     k, o = settings.k, options
     if kind not in RELABELERS:
@@ -175,7 +125,6 @@ def make_relabeler(kind: str, settings: Optional[RelabelSettings] = None, llm: O
         return None
     from oir_gym.relabel import HindsightRelabeler
     from oir_gym.relabel.background import BackgroundRelabeler
-
     from oir_gym.relabel.encoding import SharedEncoder
 
     llm = (llm or LLMConfig()).validate()
@@ -191,9 +140,7 @@ def make_relabeler(kind: str, settings: Optional[RelabelSettings] = None, llm: O
                                      workers=o.workers, batch=o.batch, **grounding_kw)
     if kind == "rules":
         return BackgroundRelabeler(rules, rules_lag=o.rules_lag)
-    # the LLM half: its rules are the other half's (both) or only its fallback (llm); "replace":
-    # while the LLM is busy, newer batches replace older ones instead of piling up answers that
-    # would arrive too late to train on
+    # "replace": while the LLM is busy, newer batches replace older ones (later answers would come too late)
     rcfg = relabeler_config("llm", llm, k=k, use_rules=False, cache_path=o.cache_path, queue_size=o.queue_size,
                             on_full="replace", fallback="none" if kind == "both" else "rules", **grounding_kw)
     relabeler = BackgroundRelabeler(rules, HindsightRelabeler(rcfg, encoder=encoder), rules_lag=o.rules_lag)

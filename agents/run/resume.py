@@ -12,10 +12,8 @@ from typing import Any, Mapping, Sequence
 from agents.run.run_dir import CorruptFileError, RunDir
 
 
-#: Config fields that say where a run connects or what it reads outside its folder, with the flag that
-#: sets each. A resumed run takes them from its ``config.json`` only when its command line names them
-#: again (anyone who can write the folder can change that file: a ``llm.base_url`` of theirs would
-#: receive every request with the API key), as it takes a module-path LLM backend.
+#: Config fields that say where a run connects or what it reads outside its folder -> their flag: a resumed run
+#: takes them from its files only when its command line names them again (anyone may have changed the files).
 OUTSIDE_FIELDS: dict[str, str] = {
     "llm.base_url": "--llm.base-url", "llm.template": "--llm.template", "llm.model": "--llm.model",
     "oir.oracle_pool": "--oir.oracle-pool", "eval.instruction_files": "--eval.instruction-files",
@@ -23,8 +21,7 @@ OUTSIDE_FIELDS: dict[str, str] = {
 
 
 def named_on_command_line(argv: Sequence[str], field: str) -> bool:
-    """Whether ``argv`` passes the flag of config field ``field`` (``"llm.base_url"``: ``--llm.base-url``
-    or ``--llm.base_url``, with its value after it or after ``=``)."""
+    """Whether ``argv`` passes the flag of config field ``field`` (``"llm.base_url"``: ``--llm.base-url ...``)."""
     part, _, name = field.partition(".")
     spellings = {f"--{part}.{name}", f"--{part}.{name.replace('_', '-')}"}
     return any(a.partition("=")[0] in spellings for a in argv)
@@ -41,8 +38,7 @@ def _points_outside(field: str, value: Any, default: Any) -> bool:
 
 
 def outside_references(cfg: Any) -> dict[str, Any]:
-    """The fields of :data:`OUTSIDE_FIELDS` that ``cfg`` (a PQN or SB3 config) sets to a server or a
-    file of its own (not the default, a packaged name or a model name), with their values."""
+    """The fields of :data:`OUTSIDE_FIELDS` that ``cfg`` sets to a server or file of its own, with their values."""
     import dataclasses
 
     out: dict[str, Any] = {}
@@ -69,11 +65,8 @@ def _repeat(refs: Mapping[str, Any]) -> str:
 
 
 def eval_only_config(cfg: Any, *, final_sets: bool) -> Any:
-    """The config an ``--eval-only`` evaluation runs with: ``eval.final_sets`` only when the command
-    line names them (``final_sets``), so that exactly ``eval.sets`` and the files are evaluated
-    otherwise; the run's training labels (``oir.oracle``, its pool) replaced by the canonical ones,
-    which nothing of an evaluation reads (a user's file close to the run's pool is warned about,
-    :func:`pool_overlap_warning`, not refused)."""
+    """The config an ``--eval-only`` evaluation runs with: ``eval.final_sets`` only when the command line names them
+    (``final_sets``); the training labels (``oir.oracle``, its pool), which it does not read, canonical."""
     changes: dict[str, Any] = {} if final_sets else {"eval.final_sets": ()}
     oir = getattr(cfg, "oir", None)
     if oir is not None and hasattr(oir, "oracle"):
@@ -84,8 +77,7 @@ def eval_only_config(cfg: Any, *, final_sets: bool) -> Any:
 
 
 def label_pool(cfg: Any) -> str | None:
-    """The wording pool file the run's labels came from (``""``: the packaged pool), or None when
-    its labels use none (``oir.oracle`` not one of the pool oracles)."""
+    """The wording pool file the run's labels came from (``""``: the packaged pool), or None when they use none."""
     from oir_gym.relabel.oracle import USES_POOL
 
     oir = getattr(cfg, "oir", None)
@@ -97,10 +89,8 @@ def label_pool(cfg: Any) -> str | None:
 
 
 def pool_overlap_warning(pool_file: str, instruction_files: Sequence[str]) -> str | None:
-    """One warning line naming the texts of ``instruction_files`` within cosine
-    :data:`~oir_gym.relabel.oracle.MAX_EVAL_COSINE` (0.85) of a wording of the run's label pool
-    (``pool_file``; ``""``: the packaged one), or None when none is: their success measures wordings
-    the run was trained on, not held-out ones."""
+    """One warning line naming the texts of ``instruction_files`` within cosine 0.85 of a wording of the run's label
+    pool (``""``: the packaged one), or None."""
     import numpy as np
 
     from oir_gym import get_encoder
@@ -135,15 +125,10 @@ def eval_plan(cfg: Any) -> str:
 
 def parse_with_base(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any,
                     check_saved_backend: Any) -> Any:
-    """The command line as ``options_type`` (parsed by ``cli``, :func:`agents.pqn.config.cli`'s signature):
-    ``--resume`` / ``--eval-only`` start from the run's saved config (read by ``load_config``; flags
-    override it), otherwise from the preset named first.
-
-    What a run's files may not decide: a module-path LLM backend is refused unless the flags name it
-    (``check_saved_backend``), and so is a field of :data:`OUTSIDE_FIELDS` that points outside
-    (another server, a template, model, pool or instruction file): ``--resume`` refuses, naming the
-    flags to repeat; ``--eval-only``, which starts no LLM and evaluates the files its command line
-    names, leaves them at their defaults with a warning."""
+    """The command line as ``options_type`` (parsed by ``cli``): ``--resume`` / ``--eval-only`` start from the run's
+    saved config (``load_config``; flags override it), otherwise from the preset named first. A module-path LLM
+    backend or a field of :data:`OUTSIDE_FIELDS` pointing outside is taken from the files only when the flags
+    name it: ``--resume`` refuses, ``--eval-only`` warns and keeps the default."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--run-dir", "--run_dir")
     pre.add_argument("--resume", action="store_true")

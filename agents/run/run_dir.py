@@ -1,55 +1,11 @@
-"""One run directory for both trainers (``examples/train_pqn.py`` and ``examples/train_sb3.py``).
+"""One run directory for both trainers: ``config.json`` (+ provenance), ``metrics.jsonl`` / ``metrics.csv``,
+``tb/``, ``wandb/``, ``checkpoints/``, ``eval_<tag>.json`` / ``.md``, plots, and ``complete.json`` written last.
 
-A run directory holds everything one training run writes. Its layout::
-
-    config.json        the resolved configuration, plus "provenance" (git commit, dirty tree, package versions)
-    metrics.jsonl      one JSON object per logged update; every row has "update" and "env_steps"
-    metrics.csv        the same rows as CSV (written by :meth:`RunDir.write_csv`)
-    tb/                TensorBoard events (when the ``tensorboard`` package is installed)
-    wandb/             Weights & Biases files (only with ``wandb=True``)
-    checkpoints/       checkpoints (PQN: :mod:`agents.run.checkpoint`)
-    eval_<tag>.json    evaluation results (and eval_<tag>.md, a table for people)
-    *.png              plots
-    complete.json      written LAST, after the final evaluation, CSV and plots: the run is complete
-
-Typical use by a trainer script (the order matters: validate the config first, then prepare the
-directory, so that a bad flag never deletes or writes anything)::
-
-    cfg = ...validated config...
-    run = RunDir.prepare(path, resume=args.resume, overwrite=args.overwrite)   # refuses bad combinations
-    if run.is_complete():                                                      # resume of a finished run
-        ...
-    run.write_config(cfg_dict)                                                 # + provenance
-    metrics = run.open_metrics(position=ckpt_metrics_position)                 # resume: truncates to it
-    metrics.write({"update": 1, "env_steps": 128, "loss": 0.1})
-    position = metrics.position()                                              # store it in the checkpoint
-    run.write_eval("final", results, markdown=table)
-    metrics.close(); run.write_csv(); ...plots...; run.mark_complete(update=..., env_steps=...)
-
-Guarantees:
-
-* :meth:`RunDir.prepare` checks every flag combination before anything is deleted: ``resume``
-  with ``overwrite`` is refused; a directory that holds a run is never reused without ``resume``
-  or ``overwrite``; ``overwrite`` removes the old run's outputs (only the files a run writes, see
-  :data:`OUTPUT_PATTERNS`; other files in the folder are left alone).
-* Whole files (config, evaluations, the completion marker, CSV) are written atomically (temporary
-  file, fsync, ``os.replace``): a kill leaves the old version or the new one, never half of one.
-* ``metrics.jsonl`` is append-only. :meth:`MetricsWriter.position` gives its length and sha256
-  after the rows written so far; a checkpoint stores it, and on resume
-  :meth:`RunDir.open_metrics` verifies that prefix (a changed, truncated or bit-flipped file is a
-  :class:`CorruptFileError` naming the file) and cuts every row written after the checkpoint, so
-  a resumed run never duplicates rows.
-* Every read of a damaged file raises :class:`CorruptFileError` naming the file (and the line).
-* Nothing is written through a symbolic link: :meth:`RunDir.prepare` refuses a folder whose run
-  files (:data:`OUTPUT_PATTERNS`, the per-process folders; inside ``wandb/`` only the folder
-  itself) include a link (:func:`refuse_links`), ``metrics.jsonl`` is opened without following one,
-  and whole files replace a link instead of writing through it. A name read from a file (a
-  checkpoint manifest's) stays in its folder (:func:`member`).
-* A resume that finds no checkpoint starts the run again only when its files agree that it stopped
-  before its first one (:meth:`RunDir.check_before_first_checkpoint`).
-
-This module imports only the standard library (TensorBoard and W&B lazily), so both the JAX and
-the PyTorch trainer can use it.
+Guarantees: :meth:`RunDir.prepare` checks every flag combination before anything is deleted, and ``overwrite``
+removes only a run's outputs (:data:`OUTPUT_PATTERNS`); whole files are written atomically; ``metrics.jsonl`` is
+append-only and a resume verifies its prefix against the checkpoint's :class:`MetricsPosition` and cuts the
+rows after it; a damaged file is a :class:`CorruptFileError` naming it; nothing is written through or read
+via a symbolic link (:func:`refuse_links`, :func:`member`). Imports only the standard library at import time.
 """
 
 from __future__ import annotations
@@ -75,7 +31,7 @@ __all__ = [
     "CONFIG", "METRICS", "METRICS_CSV", "TENSORBOARD", "WANDB", "CHECKPOINTS", "COMPLETE", "OUTPUT_PATTERNS",
     "RunDirError", "CorruptFileError", "MetricsPosition", "MetricsWriter", "RunDir",
     "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "fsync_dir", "sha256_bytes", "sha256_file",
-    "read_json", "provenance", "check_tag", "check_user_tag", "require_wandb", "refuse_links", "member",
+    "read_json", "json_default", "provenance", "check_tag", "check_user_tag", "require_wandb", "refuse_links", "member",
     "MAX_TAG_LENGTH", "RESERVED_TAGS",
 ]
 
@@ -87,9 +43,7 @@ WANDB = "wandb"
 CHECKPOINTS = "checkpoints"
 COMPLETE = "complete.json"
 
-#: Names (glob patterns, relative to the run directory) of everything a run writes. ``overwrite``
-#: removes exactly these (plus a trainer's ``extra_outputs``); a folder that holds any of the
-#: first six "holds a run".
+#: Glob patterns of everything a run writes (``overwrite`` removes these); any of the first six "holds a run".
 OUTPUT_PATTERNS: tuple[str, ...] = (
     CONFIG, METRICS, CHECKPOINTS, COMPLETE, "checkpoint.pkl", "model.zip",
     METRICS_CSV, TENSORBOARD, WANDB, "eval_*.json", "eval_*.md", "*.png", "instructions.json", "goals.json",
@@ -104,34 +58,25 @@ PROVENANCE_PACKAGES: tuple[str, ...] = (
 )
 
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-#: The longest evaluation tag (``eval_<tag>.json`` stays far below any file system's name limit).
 MAX_TAG_LENGTH = 64
-#: Tags of the run's own evaluations, which a user's evaluation (``--eval-only TAG``) may not take:
-#: ``final`` and, as a pattern, the periodic evaluations' update numbers (all digits).
+#: Tags of the run's own evaluations that ``--eval-only TAG`` may not take (all-digit tags neither).
 RESERVED_TAGS: tuple[str, ...] = ("final",)
 #: Paths (glob patterns) a run also writes besides :data:`OUTPUT_PATTERNS`: checked for links too.
 _ALSO_WRITTEN: tuple[str, ...] = ("diversity.json", "process[0-9]*")
 
 
 class RunDirError(RuntimeError):
-    """A run directory cannot be used as asked (already holds a run, nothing to resume, bad flags).
-
-    Raised before anything is deleted or written; the message says what to pass instead.
-    """
+    """A run directory cannot be used as asked; raised before anything is deleted or written."""
 
 
 class CorruptFileError(ValueError):
-    """A file of a run directory is damaged (unparsable, truncated, or its checksum does not match).
-
-    ``path`` is the file; the message names it.
-    """
+    """A file of a run directory (``path``, named in the message) is damaged."""
 
     def __init__(self, path: str | os.PathLike, problem: str) -> None:
         self.path = Path(path)
         super().__init__(f"{self.path}: {problem}")
 
 
-# ----------------------------------------------------------------------------- atomic files, checksums
 def fsync_dir(path: Path) -> None:
     """Flush a folder's entries (a rename inside it) to disk; a no-op where the platform cannot."""
     try:
@@ -147,12 +92,8 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, ``os.replace``.
-
-    A kill at any moment leaves either the previous file or the new one. The file gets the
-    permissions of any file the user creates (``0o666`` less the umask), as the plots and logs
-    beside it do; ``tempfile.mkstemp`` would make it readable by its owner only.
-    """
+    """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, ``os.replace``), mode 0o666 less
+    the umask."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _new_temp(path)
@@ -185,8 +126,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _json_default(o: Any) -> Any:
-    # numpy scalars and arrays without importing numpy here
+def json_default(o: Any) -> Any:
+    """``json.dumps``'s ``default``: numpy scalars and arrays as numbers and lists, paths as text."""
     if hasattr(o, "tolist"):
         return o.tolist()
     if isinstance(o, Path):
@@ -195,11 +136,8 @@ def _json_default(o: Any) -> Any:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
-    """:func:`atomic_write_bytes` of ``obj`` as JSON (numpy scalars/arrays become numbers/lists).
-
-    Non-finite floats are written as JSON's ``NaN``/``Infinity`` extensions (Python reads them back).
-    """
-    return atomic_write_text(path, json.dumps(obj, indent=indent, default=_json_default))
+    """:func:`atomic_write_bytes` of ``obj`` as JSON (numpy scalars/arrays become numbers/lists)."""
+    return atomic_write_text(path, json.dumps(obj, indent=indent, default=json_default))
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -207,19 +145,10 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str:
-    """Hex sha256 of a file (of its first ``limit`` bytes when given)."""
-    h = hashlib.sha256()
-    left = limit
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file."""
     with open(path, "rb") as f:
-        while left is None or left > 0:
-            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -233,8 +162,7 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def check_tag(tag: str) -> str:
-    """An evaluation tag (``eval_<tag>.json``): letters, digits, '.', '_' and '-', not starting with
-    '.', at most :data:`MAX_TAG_LENGTH` characters."""
+    """``tag`` if it is a valid evaluation tag (letters, digits, '.', '_', '-'; at most 64), else ValueError."""
     if not isinstance(tag, str) or not _TAG.fullmatch(tag):
         raise ValueError(f"evaluation tag {tag!r} may hold only letters, digits, '.', '_' and '-' "
                          "(and must start with a letter or digit)")
@@ -244,9 +172,7 @@ def check_tag(tag: str) -> str:
 
 
 def check_user_tag(tag: str) -> str:
-    """A tag for a user's evaluation (``--eval-only TAG``): :func:`check_tag`, and none of the run's
-    own evaluations' tags (:data:`RESERVED_TAGS`, or all digits as the periodic ones), whose files
-    it would replace."""
+    """:func:`check_tag`, refusing the tags of the run's own evaluations (for ``--eval-only TAG``)."""
     check_tag(tag)
     if tag in RESERVED_TAGS or tag.isdigit():
         raise ValueError(f"evaluation tag {tag!r} is the name of the run's own "
@@ -255,7 +181,6 @@ def check_user_tag(tag: str) -> str:
     return tag
 
 
-# ----------------------------------------------------------------------------- links
 def _link_error(path: Path) -> str:
     try:
         target = os.readlink(path)
@@ -266,15 +191,8 @@ def _link_error(path: Path) -> str:
 
 
 def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = (), *, opaque: Iterable[str] = (WANDB,)) -> None:
-    """Raise :class:`RunDirError` naming the first symbolic link among the run files of ``folder``.
-
-    Args:
-        folder: the run folder (itself may be a link: the user named it).
-        patterns: glob patterns (relative to ``folder``) of the run's files and folders; every
-            match is checked, and every path under a matching folder.
-        opaque: folders whose contents belong to another program (W&B keeps links of its own in
-            ``wandb/``): only the folder itself is checked.
-    """
+    """Raise :class:`RunDirError` naming the first symbolic link among the matches of ``patterns`` in
+    ``folder`` and the paths under them (in ``opaque`` folders, e.g. W&B's, only the folder itself)."""
     folder = Path(folder)
     if not folder.is_dir():
         return
@@ -292,14 +210,8 @@ def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = (), *, opa
 
 
 def member(folder: str | os.PathLike, name: str, source: str | os.PathLike | None = None) -> Path:
-    """``folder / name`` after checking that ``name`` stays inside ``folder`` and follows no link.
-
-    ``name`` comes from a file (``source``, named in the error; e.g. a checkpoint manifest): it must
-    be a relative path of plain parts (no ``..``), and no part of it may be a symbolic link.
-
-    Raises:
-        CorruptFileError: naming ``source`` (else the path) and the name.
-    """
+    """``folder / name`` for a ``name`` read from ``source``; a :class:`CorruptFileError` naming ``source`` unless
+    it is a relative path of plain parts inside ``folder`` that follows no link."""
     folder = Path(folder)
     where = Path(source) if source is not None else folder / str(name)
     parts = Path(name).parts if isinstance(name, str) and name else ()
@@ -326,15 +238,13 @@ def _open_no_follow(path: Path, flags: int) -> int:
 
 
 def require_wandb() -> None:
-    """Raise ``ValueError`` with the install command when W&B logging is asked for without its package
-    (both trainers check this with their config, before anything is written)."""
+    """Raise ``ValueError`` with the install command when the wandb package is missing."""
     try:
         import wandb  # noqa: F401
     except ImportError:
         raise ValueError("--wandb needs the wandb package (pip install 'oir-gym[wandb]')") from None
 
 
-# ----------------------------------------------------------------------------- provenance
 def _git(root: Path, *args: str) -> str | None:
     try:
         out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
@@ -345,22 +255,10 @@ def _git(root: Path, *args: str) -> str | None:
 
 def provenance(source_root: str | os.PathLike | None = None,
                packages: Iterable[str] = PROVENANCE_PACKAGES) -> dict[str, Any]:
-    """Which code produced a run: git commit and dirty flag of the source tree, package versions.
-
-    Args:
-        source_root: a folder inside the git checkout of the code (default: this file's checkout).
-        packages: distribution names whose installed versions are recorded (absent ones are left out).
-
-    Returns:
-        ``{"git_commit": str | None, "git_dirty": bool | None, "source": str, "python": str,
-        "packages": {name: version}, "time": ISO-8601 UTC}``. ``git_commit`` is None outside a git
-        checkout (e.g. an installed wheel); ``git_dirty`` says whether tracked files differ from
-        the commit (untracked files such as run folders do not count). A copy of the source sent to
-        another machine (a cluster node; a lent GPU whose copy may carry an older ``.git``) names its
-        commit in the environment variable ``OIR_GYM_SOURCE_COMMIT``: that commit is recorded, with
-        ``"git_commit_from": "environment"``, and a different commit of a ``.git`` found there as
-        ``"checkout_commit"`` (``git_dirty`` is then relative to it).
-    """
+    """Which code produced a run: ``{"git_commit", "git_dirty", "source", "python", "packages", "time"}`` of the
+    checkout holding ``source_root`` (default: this file's) and the installed ``packages``. A commit named in
+    ``OIR_GYM_SOURCE_COMMIT`` (a copy sent to another machine) wins, with ``"git_commit_from": "environment"``
+    and a different ``.git`` commit found there as ``"checkout_commit"``."""
     from importlib import metadata
 
     root = Path(source_root) if source_root is not None else Path(__file__).resolve().parents[1]
@@ -386,11 +284,9 @@ def provenance(source_root: str | os.PathLike | None = None,
     }
 
 
-# ----------------------------------------------------------------------------- metrics
 @dataclass(frozen=True)
 class MetricsPosition:
-    """Where ``metrics.jsonl`` stood when a checkpoint was written: rows, bytes, sha256 of those
-    bytes, and the last row's ``update`` and ``env_steps``. Store :meth:`to_dict` in a checkpoint."""
+    """Where ``metrics.jsonl`` stood at a checkpoint: rows, bytes, their sha256, the last row's update and steps."""
 
     rows: int
     bytes: int
@@ -412,8 +308,7 @@ class MetricsPosition:
 
 def _parse_rows(path: Path, data: bytes) -> list[tuple[int, dict]]:
     """``(end offset, row)`` per line of a metrics file; a damaged line is a CorruptFileError."""
-    # imported here: any oir_gym module imports JAX, which a script must be able to configure first
-    # (XLA's log level, jax.distributed) after importing the driver
+    # imported here: oir_gym imports JAX, which a script configures first (XLA's log level, jax.distributed)
     from oir_gym.analysis.runs import JsonlError, parse_jsonl
 
     try:
@@ -427,11 +322,8 @@ def _parse_rows(path: Path, data: bytes) -> list[tuple[int, dict]]:
 
 
 class MetricsWriter:
-    """Appends rows to ``metrics.jsonl`` (flushed per row, fsynced by :meth:`sync`), TensorBoard and W&B.
-
-    Made by :meth:`RunDir.open_metrics`. Every row needs an int ``update`` and ``env_steps``;
-    numeric values go to TensorBoard/W&B at step ``env_steps``.
-    """
+    """Appends rows to ``metrics.jsonl`` (flushed per row, fsynced by :meth:`sync`), TensorBoard and W&B (numeric
+    values at step ``env_steps``); made by :meth:`RunDir.open_metrics`."""
 
     def __init__(self, path: Path, *, start: MetricsPosition, tb_dir: Path | None = None,
                  tb_purge_step: int | None = None, wandb_run: Any = None) -> None:
@@ -457,7 +349,7 @@ class MetricsWriter:
         if not isinstance(row.get("update"), int) or not isinstance(row.get("env_steps"), int):
             raise ValueError(f"a metrics row needs int 'update' and 'env_steps', got {row.get('update')!r}, "
                              f"{row.get('env_steps')!r}")
-        line = (json.dumps(dict(row), default=_json_default) + "\n").encode("utf-8")
+        line = (json.dumps(dict(row), default=json_default) + "\n").encode("utf-8")
         self._file.write(line)
         self._file.flush()
         self._hash.update(line)
@@ -502,14 +394,8 @@ class MetricsWriter:
         self.close()
 
 
-# ----------------------------------------------------------------------------- the run directory
 class RunDir:
-    """A run directory (see the module docstring for its layout and guarantees).
-
-    Args:
-        path: the folder (created by :meth:`prepare`).
-        extra_outputs: glob patterns of further files this trainer writes (removed by ``overwrite``).
-    """
+    """A run directory at ``path``; ``extra_outputs``: glob patterns of further files its trainer writes."""
 
     def __init__(self, path: str | os.PathLike, extra_outputs: Iterable[str] = ()) -> None:
         self.path = Path(path)
@@ -521,22 +407,12 @@ class RunDir:
     def __truediv__(self, name: str) -> Path:
         return self.path / name
 
-    # ------------------------------------------------------------ opening
     @classmethod
     def prepare(cls, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
                 extra_outputs: Iterable[str] = ()) -> "RunDir":
-        """Check the flags against the folder, then (only if every check passed) make it ready.
-
-        * ``resume`` and ``overwrite`` together: refused (:class:`RunDirError`), nothing deleted.
-        * ``resume``: the folder must hold a run's ``config.json``.
-        * neither: the folder must not hold a run yet.
-        * ``overwrite``: the old run's outputs are removed (only those; see :data:`OUTPUT_PATTERNS`).
-        * every mode: no run file is a symbolic link (:meth:`refuse_links`; ``overwrite`` removes the
-          links among the old outputs first), so that nothing is written through one.
-
-        Returns:
-            The :class:`RunDir`, its folder created.
-        """
+        """The :class:`RunDir`, its folder created, once the flags fit the folder (else :class:`RunDirError`,
+        nothing changed): ``resume`` needs a run's ``config.json``, neither flag needs a folder without a run,
+        ``overwrite`` removes the old outputs first, and no run file may be a symbolic link."""
         run = cls(path, extra_outputs)
         if resume and overwrite:
             raise RunDirError("--resume continues the run in the folder and --overwrite deletes it: pass one of them")
@@ -554,22 +430,14 @@ class RunDir:
         return run
 
     def refuse_links(self) -> None:
-        """Raise :class:`RunDirError` naming the first symbolic link among the files and folders a
-        run writes here (:func:`refuse_links`): a run never writes through a link."""
+        """:func:`refuse_links` over every file and folder a run writes here."""
         refuse_links(self.path, OUTPUT_PATTERNS + self.extra_outputs + _ALSO_WRITTEN)
 
     def check_before_first_checkpoint(self, first_checkpoint: int, last_update: int, place: str | os.PathLike,
                                       flag: str = "--resume") -> None:
-        """A resume found no checkpoint in ``place``: check that the run's files agree that it stopped
-        before its first one, so that starting it again from update 0 loses nothing.
-
-        They agree when no metrics row is past update ``first_checkpoint`` (the first checkpoint's
-        update; a row of that update is written just before its checkpoint) and every evaluation
-        file is one of those updates (``final`` only when ``last_update``, the run's last, is one).
-
-        Raises:
-            RunDirError: naming what the files hold; nothing is changed.
-        """
+        """A resume found no checkpoint in ``place``: :class:`RunDirError` naming what the files hold unless no
+        metrics row or evaluation file is past update ``first_checkpoint`` (``final`` counts as ``last_update``),
+        so that starting again from update 0 loses nothing."""
         found = []
         rows = self.read_metrics()
         if rows and max(r["update"] for r in rows) > first_checkpoint:
@@ -591,36 +459,18 @@ class RunDir:
         """Whether the folder holds (part of) a run: a config, metrics, a checkpoint or a completion marker."""
         return any(any(self.path.glob(p)) for p in _RUN_MARKERS) if self.path.is_dir() else False
 
-    def outputs(self) -> list[Path]:
-        """Every file and folder of the run (what ``overwrite`` removes)."""
-        if not self.path.is_dir():
-            return []
-        found: dict[Path, None] = {}
-        for pattern in OUTPUT_PATTERNS + self.extra_outputs:
-            for p in sorted(self.path.glob(pattern)):
-                found[p] = None
-        return list(found)
-
-    def remove_outputs(self) -> list[Path]:
+    def remove_outputs(self) -> None:
         """Delete the run's outputs (the completion marker first, so a half-removed run is never "complete")."""
-        removed = []
-        for p in [self.path / COMPLETE] + self.outputs():
+        found = [p for pattern in OUTPUT_PATTERNS + self.extra_outputs for p in sorted(self.path.glob(pattern))]
+        for p in dict.fromkeys([self.path / COMPLETE, *found]):
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
             elif p.exists() or p.is_symlink():
                 p.unlink()
-            else:
-                continue
-            removed.append(p)
-        return removed
 
-    # ------------------------------------------------------------ config
     def write_config(self, config: Mapping[str, Any], *, source_root: str | os.PathLike | None = None) -> Path:
-        """Write ``config.json``: the config plus ``"provenance"`` (:func:`provenance`).
-
-        On a resumed run the first run's provenance is kept and this one is appended to
-        ``"resumed"`` (each process that continued the run, with its own commit and versions).
-        """
+        """Write ``config.json`` with ``"provenance"`` (:func:`provenance`); a resumed run keeps the first one
+        and appends its own to ``"resumed"``."""
         prov = provenance(source_root)
         data = dict(config)
         data.pop("provenance", None)
@@ -641,12 +491,6 @@ class RunDir:
             raise CorruptFileError(self.path / CONFIG, "is not a JSON object")
         return {k: v for k, v in data.items() if k not in ("provenance", "resumed")}
 
-    def read_provenance(self) -> dict[str, Any] | None:
-        """The ``provenance`` of ``config.json`` (None for runs written before it existed)."""
-        data = read_json(self.path / CONFIG)
-        return data.get("provenance") if isinstance(data, dict) else None
-
-    # ------------------------------------------------------------ metrics
     @property
     def metrics_path(self) -> Path:
         return self.path / METRICS
@@ -659,12 +503,8 @@ class RunDir:
 
     def check_metrics(self, *, position: MetricsPosition | Mapping[str, Any] | None = None,
                       after_update: int | None = None) -> MetricsPosition:
-        """Verify ``metrics.jsonl`` against a checkpoint without changing it (see :meth:`open_metrics`).
-
-        Returns:
-            The position the file will be cut back to. Raises :class:`CorruptFileError` naming the
-            file when its kept part does not match.
-        """
+        """The position :meth:`open_metrics` will cut ``metrics.jsonl`` back to (a :class:`CorruptFileError` when
+        its kept part does not match); the file is not changed."""
         if position is not None and after_update is not None:
             raise ValueError("give the checkpoint's metrics position or after_update, not both")
         path = self.metrics_path
@@ -694,21 +534,14 @@ class RunDir:
     def open_metrics(self, *, position: MetricsPosition | Mapping[str, Any] | None = None,
                      after_update: int | None = None, tensorboard: bool | None = None,
                      wandb: bool | Mapping[str, Any] = False) -> MetricsWriter:
-        """Open ``metrics.jsonl`` for appending, after cutting rows a checkpoint does not cover.
+        """Open ``metrics.jsonl`` for appending, after cutting the rows a checkpoint does not cover.
 
         Args:
-            position: from the checkpoint being resumed (:meth:`MetricsWriter.position`): the file's
-                first ``position.bytes`` bytes must have ``position.sha256`` (else
-                :class:`CorruptFileError`); everything after them is cut.
-            after_update: without a position (older checkpoints): keep the rows with
-                ``update <= after_update`` and cut the rest. Neither: keep the file as it is.
-            tensorboard: True writes ``tb/`` (an error when the ``tensorboard`` package is
-                missing), False does not, None (default) writes it when the package is installed.
-                On resume, events after the kept rows are purged (SummaryWriter's ``purge_step``).
-            wandb: True (or a dict of extra ``wandb.init`` arguments) also logs to Weights & Biases,
-                with ``config.json`` as the run's config, files under ``wandb/``, the run id kept
-                in ``wandb/run_id`` so that a resumed run continues the same W&B run. W&B's mode
-                (online/offline) is W&B's own setting (``WANDB_MODE``).
+            position: the resumed checkpoint's :class:`MetricsPosition`: the file's prefix must match it (else
+                :class:`CorruptFileError`); the rest is cut.
+            after_update: without a position (older checkpoints): keep the rows up to this update.
+            tensorboard: write ``tb/`` (None: when the package is installed; a resume purges later events).
+            wandb: True (or extra ``wandb.init`` arguments): also log to W&B, resuming the run id in ``wandb/run_id``.
         """
         start = self.check_metrics(position=position, after_update=after_update)
         path = self.metrics_path
@@ -745,8 +578,7 @@ class RunDir:
         if id_file.exists():
             run_id = id_file.read_text().strip()
         else:
-            # W&B's own id helper moved between versions (wandb.util.generate_id is gone): its format,
-            # 8 lower-case letters and digits, made here
+            # W&B's id format (its helper moved between versions)
             run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
             atomic_write_text(id_file, run_id)
         kwargs: dict[str, Any] = dict(config=self.read_config() if (self.path / CONFIG).exists() else {},
@@ -765,7 +597,6 @@ class RunDir:
         w.writerows(rows)
         return atomic_write_text(path or self.path / METRICS_CSV, buf.getvalue())
 
-    # ------------------------------------------------------------ evaluation files
     def eval_path(self, tag: str, ext: str = "json") -> Path:
         """``eval_<tag>.<ext>``."""
         return self.path / f"eval_{check_tag(tag)}.{ext}"
@@ -781,7 +612,6 @@ class RunDir:
         """The results of ``eval_<tag>.json``."""
         return read_json(self.eval_path(tag))
 
-    # ------------------------------------------------------------ completion
     def mark_complete(self, **info: Any) -> Path:
         """Write ``complete.json`` (``info`` plus the time). Call it only after every final output is written."""
         return atomic_write_json(self.path / COMPLETE, {**info, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",

@@ -1,32 +1,13 @@
 """One run driver for both trainers: parse, prepare the run directory, agree across processes, train
-(evaluations, checkpoints, stop requests and signals), write the final outputs.
+(evaluations, checkpoints, stop requests and signals), write the final outputs::
 
-    from agents.run.train import main
-    from agents.pqn.recipe import PQN
-    from agents.sb3.trainer import SB3
-    main(PQN, ["smoke", "--run-dir", "runs/smoke"])     # what examples/train_pqn.py runs
-    main(SB3, ["smoke", "--run-dir", "runs/sb3"])       # what examples/train_sb3.py runs
+    main(PQN, ["smoke", "--run-dir", "runs/smoke"])     # examples/train_pqn.py (agents.pqn.recipe.PQN)
+    main(SB3, ["smoke", "--run-dir", "runs/sb3"])       # examples/train_sb3.py (agents.sb3.trainer.SB3)
 
-``python -m agents.run.train ARGS`` is ``examples/train_pqn.py ARGS``. This package imports no
-trainer: the command line finds the PQN recipe through the registry :data:`TRAINERS` (module names,
-imported when it runs).
-
-A trainer is anything with the small interface of :class:`RunTrainer` (``init_state``, ``load``,
-``iteration``, ``evaluate``, ``save``, ``close``): :class:`agents.pqn.trainer.Trainer` (PQN) and
-:class:`agents.sb3.trainer.SB3Trainer`. What differs between the two (their config, presets and
-checkpoint format, the header and progress lines) is a :class:`Recipe`; everything else, the
-command-line options of :class:`RunOptions` included, is one code path, so both scripts accept
-the same run flags (``--run-dir``, ``--resume``, ``--overwrite``, ``--max-updates``,
-``--time-limit``, ``--eval-only``, ``--wandb``, ``--progress``, ``--log-every``) with one meaning.
-
-A run directory (:mod:`agents.run.run_dir`) gets config.json, metrics.jsonl / metrics.csv, TensorBoard
-events, the trainer's checkpoints, eval_<update>.json, eval_final.md, PNG plots and complete.json
-last. SIGINT and SIGTERM stop after the current update with a checkpoint; a second signal ends the
-process at once (exit status 128 + the signal's number; the newest checkpoint on disk is the last
-state).
-
-Exit status: 0 done, stopped or nothing to do; 1 a non-finite update; 2 a usage, config or run
-directory error (nothing written or deleted).
+A trainer implements :class:`RunTrainer`; what differs between the two trainers is a :class:`Recipe`, so both
+scripts take the same run flags (:class:`RunOptions`). SIGINT / SIGTERM stop after the current update with a
+checkpoint; a second signal ends the process at once (status 128 + its number). Exit status: 0 done, stopped
+or nothing to do; 1 a non-finite update; 2 a usage, config or run directory error (nothing written or deleted).
 """
 
 from __future__ import annotations
@@ -46,8 +27,7 @@ from agents.run.run_dir import CorruptFileError, RunDir, RunDirError, check_user
 
 @dataclass
 class IterationLog:
-    """What :meth:`RunTrainer.iteration` returns: the update's number, the env steps so far, its
-    metrics (:class:`agents.pqn.trainer.IterationLog` has the same fields)."""
+    """What :meth:`RunTrainer.iteration` returns: the update's number, the env steps so far, its metrics."""
 
     update: int
     env_steps: int
@@ -55,11 +35,8 @@ class IterationLog:
 
 
 class RunTrainer(Protocol):
-    """The interface the driver trains through (both trainers implement it).
-
-    Attributes: ``update_idx`` and ``env_steps`` (progress), ``seed_offset`` (global index of this
-    process's first seed), ``process_index``, ``startup`` (seconds per start-up part, printed).
-    """
+    """The interface the driver trains through; ``seed_offset``: the global index of this process's first seed,
+    ``startup``: seconds per start-up part."""
 
     update_idx: int
     env_steps: int
@@ -69,23 +46,17 @@ class RunTrainer(Protocol):
     @property
     def seed_offset(self) -> int: ...
 
-    def init_state(self) -> None:
-        """A fresh training state (update 0)."""
+    def init_state(self) -> None: ...
 
-    def load(self, path: Any) -> dict[str, Any]:
-        """Restore the checkpoint at ``path``; returns its host state (``update``, ``metrics`` position...)."""
+    def load(self, path: Any) -> dict[str, Any]: ...
 
-    def iteration(self) -> IterationLog:
-        """One update: its row of metrics."""
+    def iteration(self) -> IterationLog: ...
 
-    def evaluate(self, final: bool = False) -> list:
-        """Every seed's :class:`~oir_gym.evaluation.EvalResult` (``final``: the final evaluation's settings)."""
+    def evaluate(self, final: bool = False) -> list: ...
 
-    def save(self, *, metrics: Any = None) -> Any:
-        """A checkpoint, recording the metrics position ``metrics``."""
+    def save(self, *, metrics: Any = None) -> Any: ...
 
-    def close(self) -> None:
-        """Release workers, envs and files."""
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -116,19 +87,13 @@ class RunOptions:
 
 
 class Recipe:
-    """What one trainer brings to the driver: its options type, config file format, checkpoints,
-    construction and lines of output. :data:`PQN` and :data:`SB3` are the two."""
+    """What one trainer brings to the driver: options, config file, checkpoints, construction, output lines."""
 
-    #: the trainer's name in messages
     name = ""
-    #: the script that runs it (named in the "continue with" line)
-    script = ""
-    #: whether a run may span several processes (``jax.distributed``)
-    multi_process = False
-    #: whether the metrics writer writes TensorBoard events (None: when the package is installed)
-    tensorboard: Optional[bool] = None
-    #: whether the first update compiles programs (said in the start-up lines)
-    compiles = True
+    script = ""  # named in the "continue with" line
+    multi_process = False  # a run may span several processes (jax.distributed)
+    tensorboard: Optional[bool] = None  # the metrics writer's TensorBoard events (None: when installed)
+    compiles = True  # the first update compiles programs
 
     def parse(self, argv: list[str], description: str | None = None) -> Any:
         """The command line as this trainer's options (a :class:`RunOptions` with a ``config``)."""
@@ -143,7 +108,6 @@ class Recipe:
         raise NotImplementedError
 
     def checkpoint_place(self, own_dir: Path) -> Path:
-        """Where the checkpoints live (named in messages)."""
         return own_dir
 
     def checkpoints(self, own_dir: Path) -> dict[int, Path]:
@@ -158,30 +122,26 @@ class Recipe:
         """A resume found no checkpoint: raise if what is there cannot be resumed at all."""
 
     def drop_newer(self, own_dir: Path, update: int) -> None:
-        """Before resuming from ``update``: remove newer checkpoints (their updates run again)."""
+        """Before resuming from ``update``: remove newer checkpoints."""
 
     def build(self, cfg: Any, own_dir: Path, eval_only: bool, fresh: bool = False) -> RunTrainer:
-        """The trainer (``eval_only``: for an evaluation, no LLM started; ``fresh``: a run that starts
-        from update 0, not from a checkpoint)."""
+        """The trainer (``eval_only``: no LLM started; ``fresh``: the run starts from update 0)."""
         raise NotImplementedError
 
     def write_config(self, run: RunDir, cfg: Any) -> None:
-        """Write the run's ``config.json``."""
         run.write_config(cfg.to_dict())
 
     def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
-        """The first line of a run."""
         raise NotImplementedError
 
     def summary_line(self, row: dict[str, Any], num_updates: int) -> str:
-        """The one-line progress summary of a metrics row."""
         raise NotImplementedError
 
     def on_row(self, trainer: RunTrainer, row: dict[str, Any]) -> None:
-        """After each metrics row is written (e.g. into the trainer's own logger)."""
+        """After each metrics row is written."""
 
     def label(self, cfg: Any) -> str:
-        """The run's name in plots and tables (method or algorithm)."""
+        """The run's name in plots and tables."""
         raise NotImplementedError
 
     def eval_title(self, cfg: Any, trainer: RunTrainer, tag: str | None) -> str:
@@ -189,7 +149,6 @@ class Recipe:
         raise NotImplementedError
 
     def compile_ahead(self, trainer: RunTrainer) -> bool:
-        """Whether to start the trainer's compiles beside its initial state."""
         return False
 
     def completion_info(self, trainer: RunTrainer) -> dict[str, Any]:
@@ -200,7 +159,7 @@ class Recipe:
         """Write and print the relabeling's diversity report, where the trainer has one."""
 
     def final_extras(self, trainer: RunTrainer) -> dict[str, float]:
-        """Columns the last update's row adds (e.g. the relabeled instructions' diversity)."""
+        """Columns the last update's row adds."""
         return {}
 
 
@@ -219,10 +178,8 @@ def _mean_table(per_seed: list[dict]) -> str:
 
 
 def compact_table(markdown: str) -> str:
-    """The evaluation tables of :meth:`~oir_gym.evaluation.EvalResult.to_markdown` for a terminal:
-    per-instruction rows that are 0 in every column become one count line per set (a short or
-    untrained run prints a few lines, not a row per instruction), and a retention table without a
-    learned achievement one line. The run's eval_*.md keeps every row."""
+    """:meth:`~oir_gym.evaluation.EvalResult.to_markdown`'s tables for a terminal: rows at 0 in every column become
+    one count line per set, a retention table without a learned achievement one line."""
     import re
 
     zero = re.compile(r"^[+-]?0(\.0+)?$")
@@ -260,8 +217,7 @@ def compact_table(markdown: str) -> str:
 
 
 def _metrics_resume(host: dict[str, Any]) -> dict[str, Any]:
-    """How a resume cuts metrics.jsonl back to a checkpoint: its recorded position, or (a checkpoint
-    converted from a legacy pickle) the rows up to its update; no checkpoint (``{}``): every row."""
+    """How a resume cuts metrics.jsonl back to checkpoint state ``host`` (``{}``: no checkpoint, every row)."""
     if not host:
         return {"after_update": 0}
     if host.get("metrics"):
@@ -277,7 +233,7 @@ def _any_problem(problem: str | None) -> str | None:
 
 
 class _NoMetrics:
-    """The metrics writer of a process other than 0 in a multi-process run: process 0 writes the rows."""
+    """The metrics writer of a process other than 0 (process 0 writes the rows)."""
 
     def write(self, row: dict[str, Any]) -> None:
         pass
@@ -290,16 +246,9 @@ class _NoMetrics:
 
 
 class _StopRequest:
-    """SIGINT / SIGTERM: the first asks the loop to stop after the current update (with a checkpoint);
-    a second one ends the process at once with exit status 128 + its number (the newest checkpoint
-    on disk stays the last state), whatever the main thread is doing.
-
-    Python runs a signal handler only on the main thread, between two bytecodes: while that thread
-    waits in C (a compile, a device transfer, a program that never finishes) the handler would wait
-    with it. So a watcher thread counts the signals: the C-level handler writes each signal's number
-    to a pipe (``signal.set_wakeup_fd``) and the watcher, blocked on that pipe, runs as soon as it
-    arrives (JAX's compiles and transfers release the GIL).
-    """
+    """SIGINT / SIGTERM: the first asks the loop to stop after the current update, a second ends the process at
+    once. A watcher thread reads the signals from ``signal.set_wakeup_fd``'s pipe, because Python's handler
+    waits while the main thread is inside C (a compile, a device transfer)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -319,8 +268,7 @@ class _StopRequest:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        # the watcher counts and reports; this (main-thread) handler only makes sure that the loop's
-        # next check sees the request even if the watcher has not run yet
+        # the loop's next check sees the request even if the watcher has not run yet
         self.requested = self.requested or signal.Signals(signum).name
 
     def _watch(self, read_fd: int) -> None:
@@ -388,12 +336,8 @@ def _fail(problem: str | None) -> None:
 
 def main(recipe: Recipe, argv: list[str] | None = None, started: float | None = None,
          description: str | None = None) -> int:
-    """Run the command line ``argv`` (default ``sys.argv[1:]``) with the trainer of ``recipe``.
-
-    ``started``: when the process started (``time.time()``), so that the metrics' ``time`` column and
-    ``--time-limit`` count the imports too (default: from this call); ``description``: the ``--help``
-    text. Returns the exit status (module docstring).
-    """
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) with ``recipe``'s trainer; returns the exit status.
+    ``started``: the process's start time, from which ``time`` and ``--time-limit`` count."""
     try:
         return _main(recipe, list(sys.argv[1:] if argv is None else argv), started, description)
     except _Exit as e:
@@ -450,8 +394,7 @@ def _main(recipe: Recipe, argv: list[str], started: float | None, description: s
 
 
 def _parse_and_join(recipe: Recipe, argv: list[str], description: str | None) -> tuple[_Run, str | None]:
-    """The parsed command line (an evaluation's config) and this process's place in the job; and,
-    for an evaluation, the run's label pool (to warn about a user's texts close to it)."""
+    """The parsed command line and this process's place in the job; for an evaluation, the run's label pool."""
     opts = recipe.parse(argv, description)
     cfg = opts.config
     labels = None
@@ -460,9 +403,7 @@ def _parse_and_join(recipe: Recipe, argv: list[str], description: str | None) ->
         cfg = opts.config = eval_only_config(cfg, final_sets=named_on_command_line(argv, "eval.final_sets"))
     from agents.run.multihost import initialize_distributed
 
-    # a multi-host job (scheduler env vars) joins before JAX starts its backend (which
-    # validating a config's instruction files would: oir_gym imports Craftax); every process
-    # trains its share of the seeds (agents.run.multihost), process 0 writes the run's merged files
+    # a multi-host job joins before JAX starts its backend (validating the config would start it)
     if initialize_distributed():
         import jax
 
@@ -507,8 +448,7 @@ def _check_options(r: _Run) -> None:
 
 
 def _prepare_run_dir(r: _Run) -> None:
-    """Process 0 prepares the run directory (or refuses: every process knows); this process's
-    checkpoint folder (the run directory itself alone)."""
+    """Process 0 prepares the run directory (or refuses: every process knows); this process's folder."""
     from agents.run.multihost import process_dir
 
     run_path = Path(r.opts.run_dir or r.recipe.default_run_dir(r.cfg))
@@ -526,10 +466,8 @@ def _prepare_run_dir(r: _Run) -> None:
 
 
 def _resume_point(r: _Run) -> Path | None | bool:
-    """The checkpoint this process continues from: the newest every process holds (a process that
-    stopped between its save and the others' holds a newer one, which the resume replays and
-    replaces), verified with the metrics it covers before anything is written; None: update 0;
-    False: the run is complete (said so)."""
+    """The checkpoint this process continues from (the newest every process holds), verified with its metrics
+    before anything is written; None: update 0; False: the run is complete (said so)."""
     from agents.run.checkpoint import CheckpointError
     from agents.run.multihost import allgather_json, newest_common_update
 
@@ -574,9 +512,8 @@ def _resume_point(r: _Run) -> Path | None | bool:
 
 
 def _build(r: _Run, start: Path | None, t0: float) -> RunTrainer:
-    """The trainer (an evaluation's: no relabeler, goal proposer or LLM, nor a backend the run's
-    files name: nothing of it may be imported); a training run's LLM is checked within
-    ``--time-limit``, then process 0 writes the config."""
+    """The trainer (an evaluation's starts no LLM); a training run's LLM is checked within ``--time-limit``, then
+    process 0 writes the config."""
     from agents.run.llm import LLMCheckError, check_deadline
 
     if r.evaluating:
@@ -597,8 +534,7 @@ def _build(r: _Run, start: Path | None, t0: float) -> RunTrainer:
 
 def _start(r: _Run, trainer: RunTrainer, start: Path | None, t0: float, imports: float,
            labels: str | None) -> dict[str, Any]:
-    """Load the checkpoint ``start`` (or the initial state), compiling ahead where the recipe says
-    so; returns the checkpoint's host state."""
+    """Load the checkpoint ``start`` (or the initial state); returns the checkpoint's host state."""
     from agents.run.checkpoint import CheckpointError
 
     recipe, cfg, me, own_dir = r.recipe, r.cfg, r.me, r.own_dir
@@ -640,9 +576,8 @@ def _start(r: _Run, trainer: RunTrainer, start: Path | None, t0: float, imports:
 
 
 def _evaluation(r: _Run, trainer: RunTrainer) -> Any:
-    """``run_eval(tag, final=False)``: every seed's evaluation (process 0 writes the run's eval file
-    with all of them) and this process's metrics row part (its seeds' columns and their means);
-    ``final``: the final evaluation (eval.final_sets, eval.final_episodes)."""
+    """``run_eval(tag, final=False)``: every seed's evaluation (process 0 writes the eval file) and this process's
+    metrics row part."""
     from agents.run.multihost import allgather_json, merge_evals
 
     def run_eval(tag: str, final: bool = False) -> tuple[list[dict], dict[str, float]]:
@@ -674,8 +609,7 @@ def _evaluate_only(r: _Run, trainer: RunTrainer, run_eval: Any) -> int:
 
 
 def seed_means(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Each metric's mean over the seeds' rows that hold it: a seed may lack one (a paraphrase
-    retention is left out where the seed learned no achievement), so the keys are every row's."""
+    """Each metric's mean over the seeds' rows that hold it (a seed may lack one)."""
     values: dict[str, list[float]] = {}
     for row in rows:
         for k, v in row.items():
@@ -753,8 +687,7 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
 
 
 def _finish(recipe: Recipe, trainer: RunTrainer, run: RunDir, cfg: Any, run_eval: Any, own_dir: Path) -> None:
-    """The final outputs (evaluation, CSV, plots, table), then the completion marker, in that order
-    (process 0; the others evaluate with it and write their diversity.json)."""
+    """The final outputs (evaluation, CSV, plots, table), then the completion marker (process 0)."""
     from agents.run.multihost import allgather_json
     from oir_gym import analysis
 
@@ -781,8 +714,7 @@ def _finish(recipe: Recipe, trainer: RunTrainer, run: RunDir, cfg: Any, run_eval
 
 
 def script(recipe: Recipe, description: str | None = None, started: float | None = None) -> None:
-    """A script's entry: :func:`main` with ``sys.argv``, then exit with its status; a process of a
-    multi-process run that lost another ends with one line."""
+    """A script's entry: :func:`main` with ``sys.argv``, then exit with its status."""
     from agents.run.multihost import ProcessLost, process_count
 
     quiet_xla_logs()
@@ -797,9 +729,7 @@ def script(recipe: Recipe, description: str | None = None, started: float | None
     except Exception:
         if "jax" not in sys.modules or process_count() == 1:
             raise
-        # an unexpected error in one process of a multi-process run: exiting normally would stop at
-        # jax.distributed's exit barrier, which waits for the other processes while they wait for
-        # this one at their next exchange (a hang); ended at once, they stop there with one line
+        # one process failed: a normal exit would hang at jax.distributed's exit barrier
         import jax
         import traceback
 
@@ -813,16 +743,12 @@ def script(recipe: Recipe, description: str | None = None, started: float | None
 
 
 def quiet_xla_logs() -> None:
-    """A script's process prints no XLA C++ log lines (the "Very slow compile?" banner, the
-    constant-folding alarm: a CPU compile is slow, not broken; XLA's errors reach Python as
-    exceptions). ``TF_CPP_MIN_LOG_LEVEL`` set by the user wins (0 shows them all). A script calls
-    this before JAX is imported; importing the library changes nothing."""
+    """No XLA C++ log lines in a script's process (its errors reach Python anyway) unless the user sets
+    ``TF_CPP_MIN_LOG_LEVEL``; called before JAX is imported."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-#: The trainers the driver runs from its own command line (``python -m agents.run.train``), by name:
-#: the module and the :class:`Recipe` in it. A registry of names, imported only when run, so this
-#: package imports no trainer (``agents.pqn`` and ``agents.sb3`` import it).
+#: Trainer name -> (module, :class:`Recipe`), imported only when run: this package imports no trainer.
 TRAINERS: dict[str, tuple[str, str]] = {"pqn": ("agents.pqn.recipe", "PQN"), "sb3": ("agents.sb3.trainer", "SB3")}
 
 
@@ -837,8 +763,7 @@ def recipe(name: str) -> Recipe:
 
 
 def run_module(prog: str) -> None:
-    """``python -m agents.run.train ARGS`` (``prog`` names the command as typed): the PQN trainer's
-    command line, ``examples/train_pqn.py ARGS``."""
+    """``python -m agents.run.train ARGS`` (``prog``: the command as typed) is ``examples/train_pqn.py ARGS``."""
     started = time.time()
     sys.argv[0] = prog  # the usage and error lines name the command as typed
     script(recipe("pqn"), started=started, description=(

@@ -1,31 +1,17 @@
-"""The configuration of an SB3 run: nested dataclasses with the PQN trainer's names and units.
-
-One :class:`SB3TrainConfig` holds every setting of an SB3 run, in the parts the PQN config
-(:class:`agents.pqn.config.TrainConfig`) has, with the same names, units and meaning for every
-setting the two share:
-
-* ``run``  (:class:`SB3RunConfig`): method (``oir``, ``cosine``, ``gt``), env steps, seed, checkpoints
-  (in updates);
-* ``env``  (:class:`SB3EnvConfig`): observation mode, reward threshold delta, episode length;
-* ``oir``  (:class:`SB3OIRConfig`): the relabeler and the instruction buffer (method ``oir``);
-* ``llm``  (:class:`agents.run.config.LLMConfig`): the LLM backend, the PQN trainer's part itself;
-* ``eval`` (:class:`agents.run.config.EvalSettings`): the PQN trainer's part itself (``eval.every`` in
-  updates; the SB3 policies are greedy, so ``eval.epsilon`` stays 0);
-* ``sb3``  (:class:`SB3Settings`): what only SB3 has: the algorithm, its envs and device, the env
-  steps of one update (one metrics row), hyperparameter overrides.
+"""The configuration of an SB3 run: :class:`SB3TrainConfig`, with the PQN config's parts, names and units for
+every setting the two share (``run``, ``env``, ``oir``, ``llm``, ``eval``) and ``sb3`` for what only SB3 has.
 
 An *update* of an SB3 run is ``sb3.steps_per_update`` env steps: one metrics row, and the unit of
 ``eval.every``, ``run.checkpoint_every`` and the driver's ``--max-updates`` / ``--log-every``.
-
-``SB3_PRESETS`` names whole configurations (``cpu``, the default; ``smoke``, the smallest run).
-:func:`load_sb3_config` reads a run's ``config.json``: this form, or the flat one of runs written
-before it (:data:`FLAT_SB3_KEYS`).
+:data:`SB3_PRESETS`: ``cpu`` (the default) and ``smoke``. :func:`load_sb3_config` also reads the flat
+``config.json`` of older runs (:data:`FLAT_SB3_KEYS`).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -33,9 +19,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 import tyro
 
-from agents.run.config import (
-    EvalSettings, LLMConfig, ObsMode, RelabelSettings, nested_from_dict, nested_replace, nested_to_dict,
-)
+from agents.run.config import EnvSettings, EvalSettings, LLMConfig, NestedConfig, RelabelSettings, need
 
 SB3Method = Literal["oir", "cosine", "gt"]
 Algo = Literal["recurrent_ppo", "qrdqn", "dqn"]
@@ -51,18 +35,10 @@ def algo_class(algo: str):
     """The SB3 class of ``algo``; ``ImportError`` naming the extra to install when SB3 is missing."""
     if algo not in ALGOS:
         raise ValueError(f"unknown algo {algo!r}; expected one of {ALGOS}")
+    module, name = {"recurrent_ppo": ("sb3_contrib", "RecurrentPPO"), "qrdqn": ("sb3_contrib", "QRDQN"),
+                    "dqn": ("stable_baselines3", "DQN")}[algo]
     try:
-        if algo == "recurrent_ppo":
-            from sb3_contrib import RecurrentPPO
-
-            return RecurrentPPO
-        if algo == "qrdqn":
-            from sb3_contrib import QRDQN
-
-            return QRDQN
-        from stable_baselines3 import DQN
-
-        return DQN
+        return getattr(importlib.import_module(module), name)
     except ImportError as e:
         raise ImportError(f"algo {algo!r} needs stable-baselines3 and sb3-contrib: pip install 'oir-gym[sb3]' "
                           f"({e})") from e
@@ -86,9 +62,8 @@ def check_device(device: Any) -> str:
 
 
 def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "auto") -> None:
-    """Refuse overrides that the SB3 class of ``algo`` (or its policy, for ``policy_kwargs``) does not
-    take, or that :func:`make_model` sets itself, before anything is built (the error names the key
-    and what to use instead)."""
+    """ValueError naming the key and what to use for an override the SB3 class of ``algo`` (or its policy) does not
+    take, a wrong kind of value, or one the trainer sets itself."""
     cls = algo_class(algo)
     params = inspect.signature(cls.__init__).parameters
     for key in hyperparams:
@@ -130,7 +105,7 @@ _COUNTS = {"buffer_size": 1, "batch_size": 1, "learning_starts": 0, "n_steps": 1
 
 
 def _arguments(params: Mapping[str, Any], skip: tuple[str, ...] = ()) -> str:
-    """The keyword arguments of a signature that an override may set, for an error message."""
+    """The keyword arguments of a signature that an override may set."""
     names = [n for n in params if n not in ("self", "_init_setup_model", *skip, *RESERVED_HYPERPARAMS)
              and params[n].kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     return ", ".join(names)
@@ -149,24 +124,6 @@ class SB3RunConfig:
     """The run's seed (model, envs, instruction buffer)."""
     checkpoint_every: int = 5
     """Updates between checkpoints (an update: sb3.steps_per_update env steps)."""
-
-
-@dataclass
-class SB3EnvConfig:
-    """The instruction-conditioned Craftax-Classic env."""
-
-    obs_mode: ObsMode = "paper"
-    """paper: the paper's observation; symbolic: Craftax's symbolic one."""
-    delta: float = 0.9
-    """Cosine threshold of the reward: an instruction pays when a caption of the step's events exceeds it."""
-    max_episode_steps: int = 10_000
-    """Steps before an episode is truncated."""
-
-
-@dataclass
-class SB3OIRConfig(RelabelSettings):
-    """Hindsight instruction relabeling and the instruction buffer (method ``oir``): the settings the
-    PQN trainer's ``oir`` part shares (:class:`agents.run.config.RelabelSettings`)."""
 
 
 @dataclass
@@ -201,12 +158,12 @@ class SB3Settings:
 
 
 @dataclass
-class SB3TrainConfig:
+class SB3TrainConfig(NestedConfig):
     """Every setting of an SB3 training run."""
 
     run: SB3RunConfig = field(default_factory=SB3RunConfig)
-    env: SB3EnvConfig = field(default_factory=SB3EnvConfig)
-    oir: SB3OIRConfig = field(default_factory=SB3OIRConfig)
+    env: EnvSettings = field(default_factory=EnvSettings)
+    oir: RelabelSettings = field(default_factory=RelabelSettings)
     llm: LLMConfig = field(default_factory=LLMConfig)
     eval: EvalSettings = field(default_factory=EvalSettings)
     sb3: SB3Settings = field(default_factory=SB3Settings)
@@ -242,57 +199,22 @@ class SB3TrainConfig:
                 hp[key] = val
         return dataclasses.replace(self, sb3=dataclasses.replace(self.sb3, hp=(), hyperparams=hp))
 
-    def to_dict(self) -> dict[str, Any]:
-        """Nested plain dict (what ``config.json`` holds), credentials in ``llm.base_url`` redacted."""
-        return nested_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SB3TrainConfig":
-        """From :meth:`to_dict`'s form; unknown parts or keys are a ValueError naming them."""
-        return nested_from_dict(cls, d)
-
-    def replace(self, **changes: Any) -> "SB3TrainConfig":
-        """A copy with dotted-path changes, e.g. ``cfg.replace(**{"sb3.algo": "dqn"})``."""
-        return nested_replace(self, changes)
-
     def validate(self) -> "SB3TrainConfig":
         """Check every field; raise one ValueError naming the field at the first bad one. Returns self."""
         r, e, o, ev, s = self.run, self.env, self.oir, self.eval, self.sb3
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
-        for part, name, allowed in (("run", "method", ("oir", "cosine", "gt")), ("sb3", "algo", ALGOS),
-                                    ("oir", "relabeler", ("rules", "llm", "both")),
-                                    ("oir", "grounding", ("cosine", "bound")), ("env", "obs_mode", ("paper", "symbolic")),
-                                    ("sb3", "defaults", HYPERPARAM_DEFAULTS)):
-            v = getattr(getattr(self, part), name)
-            need(v in allowed, f"{part}.{name}={v!r}; expected one of {allowed}")
-        for part, names in (("run", ("total_timesteps", "checkpoint_every")), ("env", ("max_episode_steps",)),
-                            ("oir", ("k", "instruction_buffer_size")),
-                            ("sb3", ("num_envs", "steps_per_update", "segment_length")),
-                            ("eval", ("every", "episodes", "horizon", "final_episodes"))):
-            for name in names:
-                v = getattr(getattr(self, part), name)
-                need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{part}.{name}={v!r} must be >= 1")
+        self.check_fields(
+            (("run", "method", ("oir", "cosine", "gt")), ("sb3", "algo", ALGOS),
+             ("env", "obs_mode", ("paper", "symbolic")), ("sb3", "defaults", HYPERPARAM_DEFAULTS)),
+            (("run", ("total_timesteps", "checkpoint_every")), ("env", ("max_episode_steps",)),
+             ("oir", ("k", "instruction_buffer_size")), ("sb3", ("num_envs", "steps_per_update", "segment_length")),
+             ("eval", ("every", "episodes", "horizon", "final_episodes"))))
         need(isinstance(r.seed, int) and r.seed >= 0, f"run.seed={r.seed!r} must be an integer >= 0")
         need(s.steps_per_update >= s.num_envs, f"sb3.steps_per_update={s.steps_per_update} must be >= sb3.num_envs "
                                                f"({s.num_envs}): the envs step together")
         need(s.threads >= 0, f"sb3.threads={s.threads} must be >= 0 (0: automatic)")
         need(-1 < e.delta <= 1, f"env.delta={e.delta} is outside (-1, 1]")
-        need(-1 <= o.bind_threshold <= 1, f"oir.bind_threshold={o.bind_threshold} must be a cosine in [-1, 1]")
-        need(0 <= o.tau_low < o.tau_high <= 1, f"need 0 <= oir.tau_low ({o.tau_low}) < oir.tau_high ({o.tau_high}) <= 1")
+        o.validate(r.method)
         need(ev.epsilon == 0, f"eval.epsilon={ev.epsilon}: the SB3 trainer evaluates greedily only (0)")
-        from oir_gym.relabel.oracle import check_oracle
-
-        try:
-            check_oracle(o.oracle, o.grounding)
-        except ValueError as err:
-            raise ValueError(f"oir.oracle={o.oracle!r}: {err}") from None
-        need(o.oracle == "canonical" or r.method == "oir" and o.relabeler != "llm",
-             f"oir.oracle={o.oracle!r} picks the rule relabeler's labels: it needs run.method oir and oir.relabeler "
-             "rules or both")
         need(isinstance(s.hyperparams, dict), f"sb3.hyperparams must be a dict, got {s.hyperparams!r}")
         need(isinstance(self.llm, LLMConfig), f"llm must be an LLMConfig, got {type(self.llm).__name__}")
         self.llm.validate()
@@ -320,8 +242,7 @@ def parse_hp(item: str) -> tuple[str, Any]:
     return k.strip(), val
 
 
-#: Flat key of the SB3 ``config.json`` written before the nested config -> its nested field (units
-#: converted by :func:`load_sb3_config`).
+#: Flat key of an old SB3 ``config.json`` -> its nested field (units converted by :func:`load_sb3_config`).
 FLAT_SB3_KEYS: dict[str, str] = {
     "algo": "sb3.algo", "total_timesteps": "run.total_timesteps", "num_envs": "sb3.num_envs", "seed": "run.seed",
     "device": "sb3.device", "obs_mode": "env.obs_mode", "delta": "env.delta",
@@ -334,8 +255,6 @@ FLAT_SB3_KEYS: dict[str, str] = {
 }
 
 #: The old flag spellings of the SB3 script -> the flag that replaced them (a usage error names it).
-#: (``--log-every`` and ``--wandb`` are flags of both scripts now: env steps per row became
-#: ``--sb3.steps-per-update``, and ``--wandb true`` is :data:`OLD_BOOLEAN_SYNTAX`.)
 OLD_SB3_FLAGS: dict[str, str] = {
     **{"--" + old.replace("_", "-"): "--" + new.replace("_", "-") for old, new in FLAT_SB3_KEYS.items()
        if old not in ("hyperparams", "log_every")},  # --log-every is the driver's (updates between lines)
@@ -373,8 +292,7 @@ def old_flag_error(argv: list[str]) -> str | None:
 
 
 def load_sb3_config(d: Mapping[str, Any]) -> SB3TrainConfig:
-    """A config from an SB3 ``config.json``: the nested form, or the flat one of older runs (their
-    env-step intervals become updates of ``log_every`` env steps, rounded up)."""
+    """A config from an SB3 ``config.json``: nested, or flat (older runs; env-step intervals become updates)."""
     d = {k: v for k, v in d.items() if k not in ("provenance", "resumed", "resolved_hyperparams")}
     if "algo" not in d:
         return SB3TrainConfig.from_dict(d)
@@ -409,18 +327,14 @@ def load_sb3_config(d: Mapping[str, Any]) -> SB3TrainConfig:
     return SB3TrainConfig.from_dict(nested)
 
 
-# ----------------------------------------------------------------------------- presets
 def _sb3_cpu() -> SB3TrainConfig:
-    # CPU-sized: QR-DQN with the rule relabeler, 30k env steps in updates of 2,000 (15 rows), a
-    # checkpoint every 5 updates, the evaluation at the end only (1 episode per instruction)
+    # QR-DQN with the rule relabeler, 30k env steps in 15 updates, evaluated at the end only
     return SB3TrainConfig().replace(**{"eval.every": 15, "eval.episodes": 1, "eval.final_episodes": 1,
                                        "eval.final_sets": ()})
 
 
 def _sb3_smoke() -> SB3TrainConfig:
-    # The smallest run through every part: 400 env steps of 4 envs in 2 updates, the algorithm's tiny
-    # hyperparameters (whichever --sb3.algo), a checkpoint and an evaluation (original set, 10 steps)
-    # after each update.
+    # The smallest run through every part: 2 updates of 200 env steps, the algorithm's tiny hyperparameters
     return SB3TrainConfig().replace(**{
         "run.total_timesteps": 400, "run.checkpoint_every": 1, "env.max_episode_steps": 40,
         "sb3.num_envs": 4, "sb3.steps_per_update": 200, "sb3.segment_length": 32, "sb3.defaults": "tiny",

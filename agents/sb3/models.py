@@ -1,32 +1,16 @@
 """Stable-Baselines3 agents on InstructionCraftax: RecurrentPPO, QR-DQN and DQN with OIR relabeling.
 
-The instruction is part of the observation (``Dict({"obs", "instruction"})``), so all three use
-SB3's multi-input policies: ``MultiInputLstmPolicy`` (sb3-contrib ``RecurrentPPO``) and
-``MultiInputPolicy`` (sb3-contrib ``QRDQN``, SB3 ``DQN``). Relabeling is attached with
-:class:`oir_gym.sb3.HindsightRelabelCallback`: DQN and QR-DQN get relabeled transitions in their
-:class:`~oir_gym.sb3.RelabelReplayBuffer`, RecurrentPPO gets the curriculum (instruction buffer)
-only (see :mod:`oir_gym.sb3`).
+The instruction is part of a Dict observation (multi-input policies). :class:`oir_gym.sb3.HindsightRelabelCallback`
+relabels: DQN and QR-DQN train on relabeled transitions, RecurrentPPO gets the curriculum only::
 
-Building blocks (each usable alone)::
+    venv = make_env(num_envs=16, seed=0)
+    model = make_model("qrdqn", venv, seed=0)
+    model.learn(100_000, callback=make_relabel_callback(make_relabeler("rules", k=4), "qrdqn"))
+    result = evaluate(model)
 
-    configure_torch_threads()                       # 1 thread on small CPUs (much faster for SB3)
-    venv = make_env(num_envs=16, seed=0)            # SB3 VecEnv over InstructionCraftax
-    model = make_model("qrdqn", venv, seed=0)       # Craftax defaults (DEFAULT_HYPERPARAMS), device "auto"
-    relabeler = make_relabeler("rules", k=4)
-    model.learn(100_000, callback=make_relabel_callback(relabeler, "qrdqn"))
-    result = evaluate(model)                        # oir_gym.evaluation protocol, greedy
-
-:class:`agents.sb3.trainer.SB3Trainer` runs all of it in a run directory through the run driver
-(:mod:`agents.run.train`; what ``examples/train_sb3.py`` calls), and :func:`load_sb3_policy` gives a trained run's policy back as
-an object with ``reset()`` and ``act(obs)`` for the Gymnasium env.
-
-Checkpoints: SB3's ``model.zip`` holds pickled Python objects, and SB3's own ``load`` unpickles
-them, which runs whatever code they name. :func:`load_model` never does: it builds a fresh model
-of the known class from the run's validated config and reads only the zip's parameters (tensors,
-``torch.load(weights_only=True)``) and plain JSON counters into it. A run also records the sha256
-of every ``model.zip`` it saves (``state.json``), and ``--resume`` and
-:func:`load_sb3_policy` load only a zip with that checksum (a damaged or swapped file is caught
-before anything is built).
+SB3's ``model.zip`` holds pickles, which its own ``load`` runs: :func:`load_model` instead builds a fresh model
+from the run's config and reads only the zip's tensors and plain counters, and a run loads only the zip whose
+sha256 it recorded (``state.json``). :func:`load_sb3_policy` gives a run's policy (``reset()``, ``act(obs)``).
 """
 
 from __future__ import annotations
@@ -51,16 +35,9 @@ from agents.run.run_dir import (
 
 RELABELERS = ("rules", "llm", "both", "none")
 
-#: Craftax-Classic defaults per algorithm (SB3 constructor keyword arguments).
-#:
-#: * RecurrentPPO follows the Craftax PPO-RNN baseline where a CPU allows it (gamma 0.99, GAE
-#:   lambda 0.8, clip 0.2, entropy 0.01, 4 epochs, 4 minibatches per rollout, grad-norm 1.0)
-#:   with a smaller LSTM (256, shared by actor and critic); ``batch_size`` is derived from
-#:   ``n_envs * n_steps / 4`` when not given.
-#: * DQN and QR-DQN: Adam 1e-4, 1-step targets (SB3 has no n-step returns for Dict observations),
-#:   hard target updates every 10k steps, epsilon 1 -> 0.05 over 10% of training, 2 x 256 MLP.
-#:   The replay buffer holds ~10 kB per transition here (888 + 384 floats, obs and next obs),
-#:   so 50k transitions take ~0.5 GB.
+#: Craftax-Classic defaults per algorithm (SB3 constructor arguments): RecurrentPPO after the Craftax PPO-RNN
+#: baseline with a smaller LSTM (``batch_size``: ``n_envs * n_steps / 4`` unless given); DQN and QR-DQN with
+#: 1-step targets and a 50k-transition replay buffer (about 0.5 GB).
 DEFAULT_HYPERPARAMS: dict[str, dict[str, Any]] = {
     "recurrent_ppo": dict(
         learning_rate=2.5e-4, n_steps=64, n_epochs=4, gamma=0.99, gae_lambda=0.8, clip_range=0.2,
@@ -82,9 +59,8 @@ DEFAULT_HYPERPARAMS: dict[str, dict[str, Any]] = {
     ),
 }
 
-#: What ``sb3.defaults="tiny"`` (the smoke preset) changes in :data:`DEFAULT_HYPERPARAMS`, per
-#: algorithm: networks of 32 units, a 2,000-transition replay buffer that starts learning after 100
-#: steps, RecurrentPPO rollouts of 50 steps per env. For checking that a run goes through, not for learning.
+#: What ``sb3.defaults="tiny"`` (the smoke preset) changes in :data:`DEFAULT_HYPERPARAMS`: small networks and
+#: buffers, to check that a run goes through.
 TINY_HYPERPARAMS: dict[str, dict[str, Any]] = {
     "recurrent_ppo": dict(n_steps=50, n_epochs=2,
                           policy_kwargs=dict(lstm_hidden_size=32, net_arch=dict(pi=[32], vf=[32]))),
@@ -96,10 +72,7 @@ TINY_HYPERPARAMS: dict[str, dict[str, Any]] = {
 
 
 def configure_torch_threads(n: Optional[int] = None) -> int:
-    """Set torch's intra-op threads: ``n``, or 1 on machines with <= 4 cores, else half the cores (<= 8).
-
-    SB3's networks are small; on a 2-core box one thread measured 2-50x faster than two.
-    """
+    """Set torch's intra-op threads: ``n``, or 1 on machines with <= 4 cores (small networks), else half (<= 8)."""
     import torch
 
     if n is None:
@@ -109,19 +82,12 @@ def configure_torch_threads(n: Optional[int] = None) -> int:
     return int(n)
 
 
-# ----------------------------------------------------------------------------- env and relabeler
-
-
 def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delta: float = 0.9,
              max_episode_steps: int = 10_000, reward: str = "cosine", buffer_size: Optional[int] = 10,
              tau_low: float = 0.1, tau_high: float = 0.9, instructions=None, info_text: bool = False,
              encoder: Any = "default", **env_kwargs: Any):
-    """An SB3 VecEnv over a fresh :class:`~oir_gym.vector_env.InstructionCraftax`.
-
-    The instruction buffer holds ``buffer_size`` slots (the paper's B_max = 10) seeded with the
-    first ``buffer_size`` original Craftax instructions (as the PQN trainer does);
-    ``buffer_size=None`` keeps all 22 (the fixed-instruction baselines).
-    """
+    """An SB3 VecEnv over a fresh :class:`~oir_gym.vector_env.InstructionCraftax` whose instruction buffer holds the
+    first ``buffer_size`` original instructions (None: all 22, the fixed-instruction baselines)."""
     from oir_gym.buffer import InstructionBuffer
     from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
     from oir_gym.sb3 import SB3VecEnv
@@ -138,17 +104,9 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
 def make_relabeler(kind: str = "rules", settings: Optional[RelabelSettings] = None, *, llm: Optional[LLMConfig] = None,
                    delta: float = 0.9, encoder: Any = None, seed: int = 0, eval_files: Sequence[str] = (),
                    **overrides: Any):
-    """``"rules"`` (no LLM), ``"llm"`` (LLM candidates only), ``"both"`` (the rules at once, the LLM's
-    answers when they arrive) or ``"none"``: :func:`agents.run.relabeling.make_relabeler`, the PQN
-    trainer's factory, with the SB3 trainer's settings (the LLM is not called here).
-
-    ``settings``: K, grounding and oracle (:class:`agents.run.config.RelabelSettings`); ``overrides``
-    replace its fields (``k=8``, ``grounding="bound"``, ``oracle="diverse"``...) or set those of
-    :class:`agents.run.relabeling.RelabelerOptions` (``keep_ungrounded``, ``cache_path``,
-    ``queue_size``...). ``llm``: the LLM part shared with the PQN trainer (backend, model, server URL,
-    prompt template, call timeout; default: the offline transformers backend). The oracle's draws are
-    seeded by ``seed``, and a wording pool is checked against every evaluation string (``eval_files``
-    too) before anything runs."""
+    """:func:`agents.run.relabeling.make_relabeler` of ``kind`` (``"rules"``, ``"llm"``, ``"both"``, ``"none"``);
+    ``overrides`` replace fields of ``settings`` (``k=8``, ``oracle="diverse"``...) or set those of
+    :class:`agents.run.relabeling.RelabelerOptions` (``keep_ungrounded``, ``cache_path``...)."""
     from dataclasses import fields, replace
 
     from agents.run.relabeling import RelabelerOptions
@@ -160,20 +118,14 @@ def make_relabeler(kind: str = "rules", settings: Optional[RelabelSettings] = No
 
 
 def make_relabel_callback(relabeler, algo: str, **kwargs: Any):
-    """:class:`~oir_gym.sb3.HindsightRelabelCallback` with the mode of ``algo`` (replay or curriculum).
-
-    A rules-only relabeler runs synchronously (cheap and deterministic); an LLM one in the
-    relabeler's background worker.
-    """
+    """:class:`~oir_gym.sb3.HindsightRelabelCallback` in ``algo``'s mode (replay or curriculum); synchronous for
+    a rules-only relabeler unless ``asynchronous`` is given."""
     from oir_gym.sb3 import HindsightRelabelCallback
 
     mode = "curriculum" if algo == "recurrent_ppo" else "replay"
     sync = getattr(getattr(relabeler, "backend", None), "llm", "?") is None
     kwargs.setdefault("asynchronous", not sync)
     return HindsightRelabelCallback(relabeler, mode=mode, **kwargs)
-
-
-# ----------------------------------------------------------------------------- models
 
 
 def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, Any]] = None,
@@ -205,22 +157,12 @@ def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
     return pk
 
 
-#: Constructor arguments that :func:`make_model` sets itself (not hyperparameters), and what to use instead.
 def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None,
                tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto", *,
                defaults: str = "craftax"):
-    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams` (``hyperparams`` over
-    the ``defaults`` set: ``"craftax"`` or ``"tiny"``).
-
-    ``device``: where the networks live (``"auto"``: CUDA when available, else CPU). A
-    ``"device"`` key in ``hyperparams`` is the same setting (refused when it contradicts
-    ``device``). DQN and QR-DQN get a :class:`~oir_gym.sb3.RelabelReplayBuffer` (a
-    ``DictReplayBuffer`` that also takes relabeled rows) unless ``replay_buffer_class`` is given.
-
-    Raises:
-        ValueError: a hyperparameter the class or its policy does not take, or a value it refuses
-            (the message names the algorithm and the hyperparameters).
-    """
+    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams` (``hyperparams`` over the ``defaults``
+    set) on ``device`` (or the ``device`` hyperparameter); DQN and QR-DQN get a
+    :class:`~oir_gym.sb3.RelabelReplayBuffer`. ValueError naming the algorithm for an argument it refuses."""
     hp = resolve_hyperparams(algo, venv.num_envs, hyperparams, defaults)
     check_hyperparams(algo, hp, device)
     device = hp.pop("device", device)
@@ -239,10 +181,9 @@ def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, A
                          f"{given}: {type(e).__name__}: {str(e).strip()[:300]}") from e
 
 
-#: The members of an SB3 zip that :func:`load_model` reads: the parameters (tensors only).
+#: The members of an SB3 zip that :func:`load_model` reads (tensors only).
 _PARAMETER_FILES = ("policy.pth", "policy.optimizer.pth")
-#: Counters of training progress that :func:`load_model` takes from the zip's ``data`` (plain JSON
-#: values there) into the fresh model, so that training continues where it stopped.
+#: Training progress counters :func:`load_model` takes from the zip's ``data`` (plain JSON there).
 _PROGRESS_COUNTERS = ("num_timesteps", "_n_updates", "_episode_num", "_n_calls")
 
 
@@ -251,9 +192,7 @@ def _is_pickled(v: Any) -> bool:
 
 
 def _zip_data(path: Path, archive) -> dict[str, Any]:
-    """The zip's ``data`` as JSON. SB3 stores objects JSON cannot hold (spaces, schedules, classes)
-    as base64 pickles under ``":serialized:"``, beside their readable members: nothing here
-    decodes those."""
+    """The zip's ``data`` as JSON (its ``":serialized:"`` pickles are never decoded)."""
     if "data" not in archive.namelist():
         return {}
     try:
@@ -266,10 +205,8 @@ def _zip_data(path: Path, archive) -> dict[str, Any]:
 
 
 def _policy_kwargs_from_data(path: Path, value: Any) -> dict[str, Any]:
-    """``policy_kwargs`` as ``data`` shows it. With a class among them (QR-DQN adds its optimizer),
-    SB3 pickles the whole dict and writes the readable members beside it, classes as their repr:
-    the default optimizer and a ``torch.nn`` activation are taken by name; any other class cannot
-    be rebuilt without unpickling (the caller then passes the hyperparameters)."""
+    """``policy_kwargs`` as ``data`` shows it: a pickled dict's readable members, the default optimizer and a
+    ``torch.nn`` activation by name; any other class is a CorruptFileError (pass the hyperparameters)."""
     if not _is_pickled(value):
         return dict(value) if isinstance(value, dict) else {}
     out: dict[str, Any] = {}
@@ -290,10 +227,8 @@ def _policy_kwargs_from_data(path: Path, value: Any) -> dict[str, Any]:
 
 
 def spaces_only_venv(obs_mode: str = "paper", num_envs: int = 1):
-    """A VecEnv of ``num_envs`` envs that only declare InstructionCraftax's spaces (observation mode
-    ``obs_mode``, the default encoder's embeddings): enough to build a model that acts on
-    observations given to it (:func:`load_model`), or to check that a config's model builds; it
-    cannot be stepped."""
+    """A VecEnv of ``num_envs`` envs that only declare InstructionCraftax's spaces (it cannot be stepped): enough to
+    build a model that acts on observations given to it."""
     import gymnasium as gym
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -331,29 +266,10 @@ def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
 def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "auto", *,
                hyperparams: Optional[dict[str, Any]] = None, seed: Optional[int] = None, obs_mode: str = "paper",
                defaults: str = "craftax"):
-    """A model saved with ``model.save`` (or :func:`save_checkpoint`), loaded without unpickling anything.
-
-    SB3's own ``load`` unpickles the zip's ``data`` (spaces, schedules, classes), which runs any
-    code the file names. Here a fresh model of ``algo``'s class is built (:func:`make_model`) and
-    only the zip's parameters are read into it: ``policy.pth`` and ``policy.optimizer.pth``, with
-    ``torch.load(weights_only=True)`` (tensors and numbers only), and the progress counters
-    (``num_timesteps``...) that ``data`` holds as plain JSON. The pickled entries are never read.
-
-    Args:
-        algo: ``"recurrent_ppo"``, ``"qrdqn"`` or ``"dqn"``: the class the file must fit.
-        path: the zip.
-        venv: the env to attach (training continues on it); default: one that only declares the
-            spaces of InstructionCraftax with ``obs_mode`` (enough to act).
-        device: torch device of the networks.
-        hyperparams: overrides of the ``defaults`` set that built the saved model (a run's config
-            holds both); default: those of ``data`` that are plain JSON (settings SB3 stored only as
-            pickles, e.g. schedules, take their defaults).
-        seed: the model's seed (default: ``data``'s, else 0).
-
-    Raises:
-        agents.run.run_dir.CorruptFileError: not an SB3 zip of ``algo`` with these hyperparameters, or
-            non-finite weights (the message names the file).
-    """
+    """A model of ``algo`` saved with ``model.save``, loaded without unpickling anything: a fresh model
+    (:func:`make_model`; ``hyperparams`` default: ``data``'s plain JSON ones) gets the zip's parameters
+    (``torch.load(weights_only=True)``) and progress counters. ``venv`` default: :func:`spaces_only_venv`.
+    CorruptFileError naming the file: not a zip of ``algo`` with these hyperparameters, or non-finite weights."""
     import zipfile
 
     import torch
@@ -387,8 +303,7 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CorruptFileError(path, f"parameter {name} holds NaN or infinite values: the model diverged or "
                                          "the file was changed")
-    # what SB3's load would restore of these (its __dict__.update(data)); the schedules' progress
-    # is recomputed from num_timesteps before each use
+    # what SB3's load would restore of these (the schedules' progress follows num_timesteps)
     for name in _PROGRESS_COUNTERS:
         if name in plain and hasattr(model, name):
             v = plain[name]
@@ -398,17 +313,9 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
     return model
 
 
-# ----------------------------------------------------------------------------- evaluation
-
-
 class SB3Policy:
-    """A greedy SB3 model as a policy of the evaluation protocol (:mod:`oir_gym.evaluation`).
-
-    ``policy(obs, state, episode_start) -> (actions, state)``: ``obs`` is the batched Dict
-    observation, ``state`` the policy's memory (``None`` at the start): the LSTM states of a
-    recurrent model, carried from step to step and reset where ``episode_start`` is True;
-    ``None`` for feed-forward models.
-    """
+    """A greedy SB3 model as an evaluation policy: ``policy(obs, state, episode_start) -> (actions, state)``
+    (``state``: a recurrent model's LSTM states, None at the start and for feed-forward models)."""
 
     def __init__(self, model, deterministic: bool = True) -> None:
         self.model = model
@@ -434,23 +341,10 @@ def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str,
 
 
 class SB3AgentPolicy:
-    """A trained SB3 model acting greedily in the Gymnasium env: ``reset()`` and ``act(obs) -> action``.
-
-    The ``Policy`` interface of ``agents.tools.policy`` (what ``load_policy`` returns for PQN runs too).
-    ``obs`` is the env's Dict observation: one env's (``obs["obs"]`` of shape ``[D]``; ``act``
-    returns an ``int``) or a vector env's batch (``[n, D]``; returns ``[n]`` int64 actions). A
-    recurrent model (RecurrentPPO) keeps its LSTM state from one ``act`` to the next;
-    :meth:`reset` starts a new episode, and with a vector env ``episode_start`` (the previous
-    step's ``terminated | truncated``) restarts the state of those envs. The instruction is
-    whatever text the env embedded in ``obs["instruction"]``: any instruction works, as long as the
-    env uses the run's encoder.
-
-    Attributes:
-        model: the SB3 model.
-        algo: ``"recurrent_ppo"``, ``"qrdqn"`` or ``"dqn"`` (when known).
-        env_kwargs: keyword arguments that match the training env (``obs_mode``, ``delta``),
-            for ``gym.make(ENV_ID, **policy.env_kwargs)``.
-    """
+    """A trained SB3 model acting greedily in the Gymnasium env (the ``Policy`` interface of ``agents.tools.policy``):
+    ``act(obs)`` takes one env's Dict observation (returns an ``int``) or a batch (``[n]`` int64 actions); a
+    recurrent model keeps its state until :meth:`reset` (or ``episode_start`` for those envs).
+    ``env_kwargs``: what matches the training env, for ``gym.make(ENV_ID, **policy.env_kwargs)``."""
 
     def __init__(self, model, algo: Optional[str] = None, env_kwargs: Optional[dict[str, Any]] = None,
                  deterministic: bool = True) -> None:
@@ -469,8 +363,7 @@ class SB3AgentPolicy:
 
     @property
     def state(self) -> Any:
-        """The recurrent state the next :meth:`act` continues from (``None`` after :meth:`reset`
-        and for feed-forward models): RecurrentPPO's ``(h, c)`` LSTM arrays."""
+        """The recurrent state the next :meth:`act` continues from (None after :meth:`reset`, or feed-forward)."""
         return self._state
 
     def reset(self) -> None:
@@ -480,11 +373,7 @@ class SB3AgentPolicy:
         self._n = None
 
     def act(self, obs: Mapping[str, np.ndarray], episode_start: Any = None):
-        """The greedy action for ``obs`` (an ``int`` for one env, an ``[n]`` int64 array for a batch).
-
-        ``episode_start`` (bool or ``[n]`` bool): envs whose episode starts at this observation
-        (after :meth:`reset`, or when the batch size changes, the first call starts all).
-        """
+        """The greedy action for ``obs``; ``episode_start`` (bool or ``[n]``): envs whose episode starts here."""
         space = self.model.observation_space
         missing = set(space.spaces) - set(obs)
         if missing:
@@ -508,8 +397,6 @@ class SB3AgentPolicy:
         return int(actions[0]) if single else np.asarray(actions, np.int64).reshape(-1)
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
 MODEL_ZIP = "model.zip"
 STATE_JSON = "state.json"
 INSTRUCTION_BUFFER_JSON = "instruction_buffer.json"
@@ -519,20 +406,13 @@ CHECKPOINT_FORMAT = 1
 
 
 class UntrustedModelError(RuntimeError):
-    """A run's ``model.zip`` is not the file the run saved (or the run recorded no checksum for it).
-
-    Loading it would run whatever code its pickles name, so nothing is loaded.
-    """
+    """A run's ``model.zip`` is not the file the run saved (or it has no recorded checksum): nothing is loaded."""
 
 
 def save_checkpoint(run_dir: str | os.PathLike, model, state: Mapping[str, Any]) -> str:
-    """Save ``model`` as ``model.zip`` and ``state`` (JSON) as ``state.json``; returns the zip's sha256.
-
-    Atomic: the zip is written in full (fsynced) beside the old one, then ``state.json`` (which
-    records its sha256) replaces the old state in one ``os.replace``, then the zip replaces the old
-    zip. A kill at any moment leaves the previous checkpoint, or the new state with the new zip
-    still under its temporary name, which :func:`verified_model_zip` moves into place.
-    """
+    """Save ``model`` as ``model.zip`` and ``state`` as ``state.json`` (recording the zip's sha256, returned). The
+    zip is written beside the old one first: a kill leaves the old checkpoint or the new state with the new zip
+    under its temporary name (:func:`verified_model_zip` moves it into place)."""
     run_dir = Path(run_dir)
     buf = io.BytesIO()
     model.save(buf)
@@ -541,8 +421,7 @@ def save_checkpoint(run_dir: str | os.PathLike, model, state: Mapping[str, Any])
     atomic_write_bytes(run_dir / MODEL_NEXT, data)
     atomic_write_json(run_dir / STATE_JSON, {**state, "format": CHECKPOINT_FORMAT, "model_sha256": sha,
                                              "num_timesteps": int(model.num_timesteps)}, indent=None)
-    # No directory fsync needed after this rename: if it is lost, the state names the zip that is
-    # still (durably) under MODEL_NEXT, and verified_model_zip rolls it forward.
+    # no directory fsync: if this rename is lost, verified_model_zip rolls MODEL_NEXT forward
     os.replace(run_dir / MODEL_NEXT, run_dir / MODEL_ZIP)
     return sha
 
@@ -560,15 +439,8 @@ def read_checkpoint_state(run_dir: str | os.PathLike) -> Optional[dict[str, Any]
 
 
 def verified_model_zip(run_dir: str | os.PathLike, *, repair: bool = False) -> tuple[Path, dict[str, Any]]:
-    """The run's model zip whose sha256 matches the one recorded at save time, and ``state.json``.
-
-    Args:
-        repair: when a kill interrupted :func:`save_checkpoint` after its state was written, move
-            the complete new zip into place (``--resume`` does); otherwise it is returned where it is.
-
-    Raises:
-        UntrustedModelError: no recorded checksum, or no file with it (replaced, damaged, foreign).
-    """
+    """The run's model zip with the recorded sha256, and ``state.json`` (else :class:`UntrustedModelError`);
+    ``repair``: move a complete new zip left by a killed save into place."""
     run_dir = Path(run_dir)
     zip_path = run_dir / MODEL_ZIP
     state = read_checkpoint_state(run_dir)
@@ -596,8 +468,7 @@ def verified_model_zip(run_dir: str | os.PathLike, *, repair: bool = False) -> t
 
 
 def trust_model_zip(run_dir: str | os.PathLike) -> str:
-    """Record the sha256 of the run's current ``model.zip`` as trusted (for runs saved before
-    checksums existed). Only for a file you made or trust: loading it runs its code. Returns the sha256."""
+    """Record the sha256 of the run's current ``model.zip`` (only a file you trust) as the run's; returns it."""
     run_dir = Path(run_dir)
     zip_path = run_dir / MODEL_ZIP
     if not zip_path.exists():
@@ -609,23 +480,9 @@ def trust_model_zip(run_dir: str | os.PathLike) -> str:
 
 
 def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[str] = None) -> SB3AgentPolicy:
-    """The trained policy of an SB3 run directory, for ``gym.make("OIR-CraftaxClassic-v0")``.
-
-    Args:
-        run_dir: a folder written by ``examples/train_sb3.py``.
-        seed: which of the run's seeds; an SB3 run trains one (its ``--run.seed``), so only 0.
-        device: torch device for the networks (default ``"auto"``).
-
-    Returns:
-        An :class:`SB3AgentPolicy` (``reset()``, ``act(obs) -> action``).
-
-    Raises:
-        FileNotFoundError: ``run_dir`` is not a folder, or holds no ``config.json`` (the message names
-            the folder and what an SB3 run directory holds).
-        UntrustedModelError: the run's ``model.zip`` is not the file it saved (nothing is loaded).
-        agents.run.run_dir.CorruptFileError: the zip does not fit the run's config, or holds non-finite
-            weights (nothing in it is unpickled either way; see :func:`load_model`).
-    """
+    """The :class:`SB3AgentPolicy` of an SB3 run directory (``seed``: only 0, its one seed). FileNotFoundError: not
+    an SB3 run directory; :class:`UntrustedModelError` or CorruptFileError: its zip is not the one saved or
+    does not fit its config."""
     if seed != 0:
         raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
     from agents.run.run_dir import CONFIG

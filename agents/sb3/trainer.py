@@ -1,14 +1,8 @@
-"""The SB3 trainer behind the run driver (:mod:`agents.run.train`): :class:`SB3Trainer` and its recipe.
+"""The SB3 trainer behind the run driver (:mod:`agents.run.train`): :class:`SB3Trainer` and its recipe :data:`SB3`.
 
-SB3's ``model.learn`` owns its loop and calls back at every env step. The driver owns the loop
-of both trainers (evaluations, checkpoints, stop requests), one update at a time. So
-``learn`` runs on a worker thread that the driver steps: :meth:`SB3Trainer.iteration` lets it run
-until the callback reaches the next update boundary (``sb3.steps_per_update`` env steps), where
-it waits while the driver evaluates, logs and saves; the two threads never run at the same time.
-The training is the one ``learn`` call would give in one go (nothing is cut or repeated at the
-boundaries, unlike calling ``learn`` once per update, which would restart SB3's schedules).
-
-Checkpoints are SB3's: ``model.zip`` checksummed in ``state.json`` (:func:`agents.sb3.models.save_checkpoint`).
+SB3's ``model.learn`` owns its loop, so it runs on a worker thread that the driver steps: at each update
+boundary the callback waits while the driver evaluates, logs and saves (the two threads never run together),
+and the training is the one ``learn`` call would give in one go.
 """
 
 from __future__ import annotations
@@ -16,10 +10,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import numpy as np
+import tyro
 
 from agents.run.run_dir import RunDir, read_json
 from agents.sb3.config import SB3_PRESETS, SB3TrainConfig, load_sb3_config
@@ -29,15 +25,8 @@ _STOP = "stop"
 
 
 class SB3Trainer:
-    """One SB3 run (one seed) with the driver's interface (:class:`agents.run.train.RunTrainer`).
-
-    Args:
-        cfg: the run's validated config.
-        run_dir: where ``model.zip`` / ``state.json`` and SB3's TensorBoard events (``tb/``) go.
-        eval_only: build no relabeler (an evaluation starts no LLM).
-        fresh: a run that starts from update 0: its model is built here, so that a hyperparameter
-            SB3 refuses is a ValueError before the driver writes anything (``init_state`` keeps it).
-    """
+    """One SB3 run (one seed) with the driver's interface (:class:`agents.run.train.RunTrainer`) in ``run_dir``;
+    ``eval_only``: no relabeler; ``fresh``: the model is built now, so a refused hyperparameter fails early."""
 
     def __init__(self, cfg: SB3TrainConfig, run_dir: str | Path, eval_only: bool = False, fresh: bool = False) -> None:
         from agents.run.llm import check_llm
@@ -88,7 +77,6 @@ class SB3Trainer:
                 raise
             self.startup["model"] = time.time() - t
 
-    # ------------------------------------------------------------------ state
     def _new_model(self) -> Any:
         from agents.sb3.models import make_model
 
@@ -132,7 +120,6 @@ class SB3Trainer:
                 kw["asynchronous"] = self.cfg.sb3.asynchronous
             self.relabel_cb = make_relabel_callback(self.relabeler, self.cfg.sb3.algo, **kw)
 
-    # ------------------------------------------------------------------ the loop
     def iteration(self) -> IterationLog:
         """Let ``learn`` run to the next update boundary (or its end); that update's metrics row."""
         if self._thread is None:
@@ -174,8 +161,7 @@ class SB3Trainer:
             self._to_main.put(("error", e))
 
     def at_boundary(self, values: dict[str, float]) -> bool:
-        """The learner thread at an update boundary: hand the driver its row's values, wait for its
-        go; False (stop learning) when the driver closes the trainer instead."""
+        """The learner thread at an update boundary: hand over the row's values and wait; False: stop learning."""
         self._to_main.put(("row", dict(values)))
         return self._to_learner.get() != _STOP
 
@@ -216,18 +202,15 @@ class SB3Trainer:
         return row
 
     def log_row(self, row: dict[str, Any]) -> None:
-        """The driver's metrics row through SB3's logger too (TensorBoard, dumped at its step):
-        off-policy SB3 dumps only every few episodes, which can mean never in a short run."""
+        """The driver's metrics row through SB3's logger too (off-policy SB3 alone may never dump in a short run)."""
         logger = self.model.logger
         for k, v in row.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("update", "env_steps", "time"):
                 logger.record(k, v)  # the metrics.jsonl names (one schema with PQN)
         logger.dump(step=int(row["env_steps"]))
 
-    # ------------------------------------------------------------------ evaluation, checkpoints
     def evaluate(self, final: bool = False) -> list:
-        """The greedy evaluation (:mod:`oir_gym.evaluation`); ``final``: eval.final_sets and
-        eval.final_episodes. One result: the run's one seed."""
+        """The greedy evaluation of the run's one seed (``final``: eval.final_sets and eval.final_episodes)."""
         from agents.sb3.models import evaluate
         from oir_gym.evaluation import eval_config
 
@@ -238,8 +221,7 @@ class SB3Trainer:
         return [evaluate(self.model, ecfg, seed=self.cfg.run.seed + 12345, env_kwargs={"obs_mode": self.cfg.env.obs_mode})]
 
     def save(self, *, metrics: Any = None) -> Path:
-        """A checkpoint: model.zip (checksummed), and in state.json the instruction buffer, the
-        metrics position (rows after it are cut on resume) and the update."""
+        """A checkpoint: model.zip, and state.json with the instruction buffer, metrics position and update."""
         from agents.sb3.models import save_checkpoint
 
         position = metrics.to_dict() if hasattr(metrics, "to_dict") else metrics
@@ -248,8 +230,7 @@ class SB3Trainer:
         return self.run_dir
 
     def close(self) -> None:
-        """Stop the learner thread (if it waits at a boundary), the relabeler and the envs. The model
-        stays: an evaluation may follow."""
+        """Stop the learner thread, the relabeler and the envs (the model stays for an evaluation)."""
         if self._thread is not None:
             self._to_learner.put(_STOP)
             self._to_main.get()  # its "done" (or error) after learn() returned
@@ -322,13 +303,6 @@ def _tensorboard_installed() -> bool:
     return True
 
 
-# ----------------------------------------------------------------------------- the recipe
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Annotated  # noqa: E402
-
-import tyro  # noqa: E402
-
-
 @dataclass
 class SB3Options(RunOptions):
     """Train a Stable-Baselines3 agent on Craftax-Classic with OIR relabeling or a baseline."""
@@ -337,8 +311,7 @@ class SB3Options(RunOptions):
 
 
 class SB3Recipe(Recipe):
-    """The SB3 trainer (:class:`SB3Trainer`), its nested :class:`~agents.sb3.config.SB3TrainConfig`
-    and its checkpoint (``model.zip`` + ``state.json`` in the run directory)."""
+    """The SB3 trainer, its :class:`~agents.sb3.config.SB3TrainConfig` and its checkpoint (model.zip + state.json)."""
 
     name = "SB3"
     script = "examples/train_sb3.py"
@@ -346,14 +319,9 @@ class SB3Recipe(Recipe):
     tensorboard = False  # SB3's own logger writes tb/ (its train/ and rollout/ scalars and every row)
     compiles = False
 
-    @property
-    def options_type(self) -> type:
-        """The dataclass the command line parses into."""
-        return SB3Options
-
     def parse(self, argv: list[str], description: str | None = None) -> Any:
-        """As the PQN trainer's: presets (cpu, the default; smoke) or a resumed run's saved config,
-        then flags. An old flag spelling is a usage error naming the new flag."""
+        """As the PQN trainer's; an old flag spelling is a usage error naming the new flag."""
+        import functools
         import sys
 
         from agents.run.config import check_saved_backend, cli
@@ -365,10 +333,7 @@ class SB3Recipe(Recipe):
             print(f"error: {old}", file=sys.stderr)
             raise SystemExit(2)
 
-        def parse(options_type: type, args: list[str], *, base: Any = None, description: str | None = None) -> Any:
-            return cli(options_type, args, base=base, description=description, default_preset="cpu",
-                       presets=SB3_PRESETS, config_type=SB3TrainConfig)
-
+        parse = functools.partial(cli, default_preset="cpu", presets=SB3_PRESETS, config_type=SB3TrainConfig)
         opts = parse_with_base(argv, description, SB3Options, parse, load_sb3_config, check_saved_backend)
         opts.config = opts.config.with_hp()
         return opts
