@@ -77,7 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", help="compute dtypes, comma-separated (float32, bfloat16)")
     p.add_argument("--variants", default=None, help="explicit variants LSTM:UNROLL:DTYPE[:GRAD], comma-separated "
                    "(instead of every combination of the three options)")
-    p.add_argument("--lstm-kernel", default="scan", help="LSTM recurrences (pqn.lstm_kernel), comma-separated "
+    p.add_argument("--lstm-kernel", default="scan", help="LSTM recurrences (pqn.lstm_kernel; pallas/R/U/K/S/W sets the "
+                   "kernel's row, unit and chunk blocks, stages and warps), comma-separated "
                    "(scan, pallas)")
     p.add_argument("--iterations", type=int_arg(1), default=5, help="timed updates per variant (median reported)")
     p.add_argument("--parts", action="store_true",
@@ -148,9 +149,13 @@ def main(argv=None) -> int:
     variants = [(*v, kern) for v in variants for kern in args.lstm_kernel.split(",")
                 if kern == "scan" or v[0] == "sequence" and v[3] == "hoisted"]
     programs = {}
-    for lstm, unroll, dtype, grad, kern in variants:
-        net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad, kern) if lstm == "sequence"
-               else cell_network(NUM_ACTIONS, H, unroll))
+    for lstm, unroll, dtype, grad, kern in list(variants):
+        if kern.startswith("pallas/"):  # pallas/ROWS/UNITS/CHUNK/STAGES/WARPS: the kernel's tiling
+            from agents.pqn import lstm_pallas
+            (lstm_pallas.MAX_ROWS, lstm_pallas.MAX_UNITS, lstm_pallas.MAX_CHUNK, lstm_pallas.NUM_STAGES,
+             lstm_pallas.NUM_WARPS) = map(int, kern.split("/")[1:])
+        net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad, kern.split("/")[0])
+               if lstm == "sequence" else cell_network(NUM_ACTIONS, H, unroll))
         tx = pqn.make_optimizer(cfg, 100)
 
         def init(key, net=net, tx=tx):
@@ -161,7 +166,12 @@ def main(argv=None) -> int:
         state = jax.jit(jax.vmap(init))(jax.random.split(k, S))
         fn = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, cfg, key, b)))
         t = time.time()
-        compiled = fn.lower(state, jax.random.split(k, S), batch).compile()
+        try:
+            compiled = fn.lower(state, jax.random.split(k, S), batch).compile()
+        except Exception as e:  # noqa: BLE001 - a tiling the card cannot run: say so, time the others
+            print(f"# {kern}: did not compile ({str(e).splitlines()[0][:200]})")
+            variants.remove((lstm, unroll, dtype, grad, kern))
+            continue
         programs[(lstm, unroll, dtype, grad, kern)] = (compiled, state, time.time() - t)
         jax.block_until_ready(compiled(state, jax.random.split(k, S), batch))  # warm-up
     times = {v: [] for v in variants}

@@ -22,9 +22,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-#: Largest row block, hidden-unit block and contraction chunk (powers of two; Triton's dot needs >= 16).
-MAX_ROWS, MAX_UNITS, MAX_CHUNK, MIN_BLOCK = 64, 32, 128, 16
-NUM_WARPS = 4
+#: Largest row block, hidden-unit block and contraction chunk (powers of two; Triton's dot needs >= 16),
+#: and Triton's warps and pipeline stages per program (bench/update_cost.py --lstm-kernel pallas/R/U/K/S/W).
+MAX_ROWS, MAX_UNITS, MAX_CHUNK, MIN_BLOCK = 64, 32, 64, 16
+NUM_WARPS, NUM_STAGES = 4, 2
 
 
 def _block(n: int, largest: int) -> int:
@@ -99,7 +100,7 @@ def _step_call(kernel, shapes, B, H, dtype, aliases):
     bb, bn, bk = _block(B, MAX_ROWS), _block(H, MAX_UNITS), _block(H, MAX_CHUNK)
     return pl.pallas_call(functools.partial(kernel, bb=bb, bn=bn, bk=bk, dtype=dtype), out_shape=shapes,
                           grid=(B // bb, H // bn), input_output_aliases=aliases,
-                          compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS),
+                          compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES),
                           interpret=jax.default_backend() == "cpu")
 
 
