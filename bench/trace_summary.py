@@ -3,20 +3,12 @@
     python bench/trace_summary.py TRACE_DIR [--iterations N] [--top 25]
 
 ``TRACE_DIR`` is the folder given to ``jax.profiler.trace(TRACE_DIR, create_perfetto_trace=True)``
-(``bench/update_cost.py --trace TRACE_DIR`` writes one around its timed updates). The summary reads
-the newest ``perfetto_trace.json.gz`` under it, keeps the kernels the GPU ran (the events of the
-``/device:GPU:*`` processes, recorded by CUPTI) and prints two tables, per profiled iteration:
-
-* by kind of kernel: matmul (cuBLAS, cuBLASLt's nvjet, cuDNN, CUTLASS and Triton GEMMs), fused
-  elementwise and reductions, copies and memsets, other;
-* by how often a kernel runs per iteration: the many small launches of a sequential loop (a kernel
-  run 1,000 times or more) against the bulk work launched a few times;
-* the ``--top`` kernels by total time, with their calls per iteration and mean duration.
-
-And one line: the kernels' total time against the span from the first kernel's start to the last
-one's end, the device's busy fraction (below 1: the GPU waited for launches or the host).
-
-The CPU backend records no device kernels; the summary then says so and prints nothing else.
+(``bench/update_cost.py --trace TRACE_DIR`` writes one). The newest ``perfetto_trace.json.gz`` under
+it is read, the kernels of its ``/device:GPU:*`` processes kept, and per iteration three tables
+printed: by kind (matmul, fused elementwise, reduction, copy / memset, other), by how often a
+kernel runs (the many small launches of a sequential loop against the bulk work), and the ``--top``
+kernels; and the device's busy fraction (kernel time over the span from the first kernel's start
+to the last one's end). The CPU backend records no device kernels: the summary then says so.
 """
 
 from __future__ import annotations
@@ -40,13 +32,8 @@ KINDS = (
 
 
 def kernel_kind(name: str) -> str:
-    """The kind of a kernel from its name: ``matmul``, ``copy / memset``, ``reduction``,
-    ``fused elementwise`` or ``other``."""
-    low = name.lower()
-    for kind, pattern in KINDS:
-        if pattern.search(low):
-            return kind
-    return "other"
+    """The kind of a kernel from its name (:data:`KINDS`), else ``other``."""
+    return next((kind for kind, pattern in KINDS if pattern.search(name.lower())), "other")
 
 
 #: Buckets of calls per iteration (lower bounds, largest first) for the table by frequency.
@@ -64,9 +51,9 @@ def call_bucket(calls: float) -> str:
 def device_kernels(events: Iterable[dict]) -> list[dict]:
     """The complete (``ph == "X"``) events of the trace's device processes (``/device:GPU:*``)."""
     events = list(events)
-    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-               and "/device:" in str(e.get("args", {}).get("name", ""))
-               and "/device:CPU" not in str(e.get("args", {}).get("name", ""))}
+    names = {e["pid"]: str(e.get("args", {}).get("name", "")) for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    devices = {pid for pid, name in names.items() if "/device:" in name and "/device:CPU" not in name}
     return [e for e in events if e.get("ph") == "X" and e.get("pid") in devices and "dur" in e]
 
 
@@ -82,15 +69,12 @@ def summarise(kernels: list[dict], iterations: int = 1) -> dict:
         for table, key in ((kinds, kernel_kind(e["name"])), (names, e["name"])):
             table[key][0] += float(e["dur"])
             table[key][1] += 1
-    busy = sum(float(e["dur"]) for e in kernels)
     span = (max(float(e["ts"]) + float(e["dur"]) for e in kernels) - min(float(e["ts"]) for e in kernels)
             if kernels else 0.0)
     per = float(iterations)
-    return {
-        "busy_us": busy / per, "span_us": span / per, "count": len(kernels) / per,
-        "kinds": {k: (us / per, n / per) for k, (us, n) in kinds.items()},
-        "names": {k: (us / per, n / per) for k, (us, n) in names.items()},
-    }
+    return {"busy_us": sum(float(e["dur"]) for e in kernels) / per, "span_us": span / per,
+            "count": len(kernels) / per, "kinds": {k: (us / per, n / per) for k, (us, n) in kinds.items()},
+            "names": {k: (us / per, n / per) for k, (us, n) in names.items()}}
 
 
 def format_summary(summary: dict, top: int = 25) -> str:
@@ -105,10 +89,7 @@ def format_summary(summary: dict, top: int = 25) -> str:
         lines.append(f"| {kind} | {us / 1e3:,.1f} | {us / busy:.1%} | {n:,.0f} |")
     buckets: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
     for us, n in summary["names"].values():
-        b = buckets[call_bucket(n)]
-        b[0] += us
-        b[1] += n
-        b[2] += 1
+        buckets[call_bucket(n)] = [a + b for a, b in zip(buckets[call_bucket(n)], (us, n, 1))]
     lines += ["", "| calls per iteration of a kernel | ms | share | calls | kernels |", "|---|---|---|---|---|"]
     for bucket in (call_bucket(low) for low in CALL_BUCKETS):
         if bucket in buckets:

@@ -1,8 +1,4 @@
-"""Rebuild the plots and tables of docs/results.md from run files.
-
-The tool is :mod:`agents.tools.analyze_runs` (its docstring has the usage); ``python examples/analyze_runs.py --help``
-lists its options.
-"""
+"""Rebuild the plots and tables of docs/results.md from run files; the tool is :mod:`agents.tools.analyze_runs`."""
 
 import sys
 from pathlib import Path

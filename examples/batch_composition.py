@@ -1,8 +1,4 @@
-"""What does each update train on? Per instruction: rollout share, relabeled rows, rewards, cut steps.
-
-The tool is :mod:`agents.tools.batch_composition` (its docstring has the usage); ``python examples/batch_composition.py --help``
-lists its options.
-"""
+"""What each update trains on, per instruction; the tool is :mod:`agents.tools.batch_composition`."""
 
 import sys
 from pathlib import Path

@@ -1,8 +1,4 @@
-"""What the cosine reward pays for at each threshold delta, before any training.
-
-The tool is :mod:`agents.tools.delta_sensitivity` (its docstring has the usage); ``python examples/delta_sensitivity.py --help``
-lists its options.
-"""
+"""What the cosine reward pays for at each threshold delta; the tool is :mod:`agents.tools.delta_sensitivity`."""
 
 import sys
 from pathlib import Path

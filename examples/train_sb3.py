@@ -10,24 +10,16 @@
     python examples/train_sb3.py --run-dir runs/x --resume              # continue from the checkpoint
 
 The first argument may name a preset (cpu, the default; smoke); flags after it override its
-values. The algorithm brings its own hyperparameters (``--sb3.defaults``: craftax, or tiny in the
-smoke preset); ``--sb3.hp`` overrides single keys and is checked against the algorithm before
-anything is written. The settings both trainers have use the flags, units and boolean syntax of
-examples/train_pqn.py (``--run.*``, ``--env.*``, ``--oir.*``, ``--llm.*``, ``--eval.*``, and the run
-flags ``--run-dir``, ``--resume``, ``--max-updates``, ``--wandb``...); ``--sb3.*`` is SB3's own.
-An update is ``--sb3.steps-per-update`` env steps (one metrics row): ``--eval.every`` and
-``--run.checkpoint-every`` count updates.
+values. The algorithm brings its own hyperparameters (``--sb3.defaults``); ``--sb3.hp`` overrides
+single keys, checked against the algorithm before anything is written. The settings both trainers
+have use the flags of examples/train_pqn.py (``--run.*``, ``--env.*``, ``--oir.*``, ``--llm.*``,
+``--eval.*``, ``--run-dir``, ``--resume``...); ``--sb3.*`` is SB3's own. An update is
+``--sb3.steps-per-update`` env steps (one metrics row).
 
 The relabeler is attached with ``oir_gym.sb3.HindsightRelabelCallback``: QR-DQN and DQN get the
 relabeled transitions in their replay buffer, RecurrentPPO the instruction-buffer curriculum only
-(see docs/sb3.md).
-
-Writes ``--run-dir`` (agents/run/run_dir.py, the format of ``train_pqn.py``): config.json,
-metrics.jsonl / metrics.csv, TensorBoard events in tb/ (if installed), model.zip + state.json
-(checkpoint; --resume loads only the model.zip whose sha256 the run recorded: an SB3 zip holds
-pickled objects, so a foreign one is code), eval_*.json, eval_final.md, PNG plots and, last,
-complete.json. The run driver is :mod:`agents.run.train` (shared with examples/train_pqn.py): SIGINT
-and SIGTERM stop after the current update with a checkpoint.
+(see docs/sb3.md). Writes ``--run-dir`` in the format of ``train_pqn.py``, with model.zip +
+state.json as the checkpoint (--resume loads only the model.zip whose sha256 the run recorded).
 """
 
 import sys
