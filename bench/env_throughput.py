@@ -2,18 +2,15 @@
 
 Four ways of stepping a batch of envs with uniformly random actions:
 
-(a) ``raw-scan``: raw Craftax-Classic (``craftax_step`` + its symbolic observation, vmapped) with
-    the same optimistic resets as ours (finished envs take pre-generated worlds from a pool), in a
-    ``lax.scan`` over ``--steps`` steps in one jitted call.
-(b) ``ours-scan``: ``oir_gym.functional.batch_step`` (instructions, events, reward, termination,
-    episode statistics, optimistic resets) in the same ``lax.scan``.
-(c) ``ours-gym``: the Gymnasium vector env ``InstructionCraftax`` stepped from Python.
-(d) ``raw-python``: the raw batch of (a), one jitted step per Python call, its observation,
-    reward and done copied to numpy.
+(a) raw Craftax-Classic (``craftax_step`` + its symbolic observation, vmapped) with the same
+    optimistic resets from a world pool as ours, in a ``lax.scan`` over ``--steps`` steps;
+(b) ``oir_gym.functional.batch_step`` in the same ``lax.scan``;
+(c) the Gymnasium vector env ``InstructionCraftax`` stepped from Python;
+(d) the raw batch of (a), one jitted step per Python call, its outputs copied to numpy.
 
 The scans reduce every step's observation into their carry, so XLA cannot skip it. The compile
-column is the set-up (world pool, reset) plus two calls (the second can compile again for weak
-types), less two steady-state calls. Timed runs are interleaved; the median is reported.
+column is the set-up plus two calls (the second can compile again for weak types), less two
+steady-state calls. Timed runs are interleaved; the median is reported.
 
 Usage::
 
@@ -66,15 +63,8 @@ import oir_gym  # noqa: E402
 if ARGS is not None:
     oir_gym.enable_compilation_cache()  # a no-op under --no-cache (OIR_GYM_JAX_CACHE=0)
 from oir_gym import functional as F  # noqa: E402
-from oir_gym.craftax_compat import (  # noqa: E402
-    NUM_ACTIONS,
-    CraftaxParams,
-    CraftaxState,
-    CraftaxStaticParams,
-    craftax_step,
-    generate_world,
-    render_craftax_symbolic,
-)
+from oir_gym.craftax_compat import NUM_ACTIONS, CraftaxParams, CraftaxState, CraftaxStaticParams  # noqa: E402
+from oir_gym.craftax_compat import craftax_step, generate_world, render_craftax_symbolic  # noqa: E402
 
 STATIC = CraftaxStaticParams()
 RAW_PARAMS = CraftaxParams()  # Craftax's defaults: episodes end at death, lava or 10,000 steps
@@ -132,8 +122,7 @@ def raw_step(key, rb: RawBatch, actions, pool_refresh: int):
 
 
 def make_scan(num_envs: int, steps: int, step):
-    """``jit(run)``: ``run(key, state, *rest)`` scans ``step(key, state, actions, *rest) -> (state,
-    total)`` over ``steps`` random actions, summing the totals into the carry."""
+    """``jit(run)``: ``run(key, state, *rest)`` scans ``step(key, state, actions, *rest) -> (state, total)``."""
     def run(key, state, *rest):
         def body(carry, _):
             key, state, acc = carry

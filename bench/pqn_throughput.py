@@ -1,31 +1,20 @@
 """Training throughput: our PQN loop against a plain PQN-RNN on raw Craftax-Classic, in one run.
 
     python bench/pqn_throughput.py                    # CPU-sized: 16 envs x 64 steps, LSTM 128
-    python bench/pqn_throughput.py --preset paper     # 64 envs x 128 steps, LSTM 512 (GPU)
-    python bench/pqn_throughput.py --preset paper,fast --devices 2 --seeds 4   # + 1,024 envs, 2 GPUs
-    python bench/pqn_throughput.py --preset paper --devices 1,2 --seeds-per-device 2   # + the scaling table
-    python bench/pqn_throughput.py --preset paper --devices 1,2,4 --seeds-per-device 2 --processes
+    python bench/pqn_throughput.py --preset paper,fast --devices 2 --seeds 4   # two sizes, 2 GPUs
+    python bench/pqn_throughput.py --preset paper --devices 1,2,4 --seeds-per-device 2 [--processes]
 
-Sizes (``--preset``, one table each): ``cpu``; ``paper`` (64 envs x 128 steps, 8 epochs x 4
-minibatches); ``fast`` (purejaxql's Craftax config: 1,024 envs x 128 steps, 4 epochs x 16
-minibatches). ``--seeds`` seeds are vmapped in every loop and split over ``--devices`` devices;
-env steps / s count all seeds. Each loop is timed per update (rollout + update), interleaved
-(a, b, c, a, ...) after ``--warmup`` untimed updates; medians are reported, and every update's time:
-
-(a) plain PQN-RNN: Craftax's own step, symbolic observation and reward, optimistic resets from a
-    world pool (``bench/env_throughput.py``'s raw batch), the same network with a zero instruction
-    and the same ``agents.pqn.network.update``.
-(b) ours, method ``gt``: ``agents.pqn.trainer.Trainer.iteration`` with the instruction layer and the
-    host bookkeeping, same observation size (``--obs-mode symbolic``).
-(c) ours, method ``oir`` with the rule relabeler: (b) plus relabeling, the buffer and K relabeled
-    copies per trajectory in the update batch ((1 + K) times the rows of (a) and (b)).
-(d) ``--loops oir_lag``: (c) with ``oir.relabel_lag 1`` (relabeling on a side thread while the
-    device runs; its "host" column is what stays on the critical path).
-
-``--processes``: the scaling table with one process per device (``agents.run.multihost`` on one
-host), each with ``--seeds-per-device`` seeds, meeting the others once per update; an update takes
-the slowest process's time. The first device count (the ratios' baseline) runs before, between and
-after the others (``1,2,4``: 1, 2, 1, 4, 1); the ratios are against the mean of its runs.
+Sizes (``--preset``): ``cpu``; ``paper`` (64 envs x 128 steps, 8 epochs x 4 minibatches); ``fast``
+(1,024 envs x 128 steps, 4 epochs x 16 minibatches). ``--seeds`` are vmapped and split over
+``--devices``; a list of device counts prints the scaling table. Each loop's updates (rollout +
+update) are timed interleaved after ``--warmup`` untimed ones; medians and every update's time:
+(a) plain PQN-RNN: Craftax's own step and reward, optimistic resets (``bench/env_throughput.py``),
+the same network with a zero instruction and the same update; (b) ours, ``gt``:
+``agents.pqn.trainer.Trainer.iteration`` with the instruction layer and the host bookkeeping;
+(c) ours, ``oir`` with the rule relabeler: (b) plus relabeling and K relabeled copies per trajectory
+in the update batch; (d) ``oir_lag``: (c) with ``oir.relabel_lag 1``.
+``--processes``: one process per device (``agents.run.multihost``), meeting once per update; the
+first device count runs before, between and after the others and the ratios are against its mean.
 """
 
 from __future__ import annotations
@@ -36,7 +25,6 @@ import io
 import json
 import os
 import platform
-import shutil
 import signal
 import socket
 import statistics
@@ -44,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,25 +45,17 @@ from oir_gym.validation import int_arg, real_arg  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="cpu", help="sizes, comma-separated: cpu, paper, fast (module docstring)")
-    p.add_argument("--devices", default="1",
-                   help="devices the seeds are split over (default 1); a list such as 1,2 times each count in "
-                        "turn with --seeds-per-device seeds each and prints the scaling table")
+    p.add_argument("--preset", default="cpu", help="sizes, comma-separated: cpu, paper, fast")
+    p.add_argument("--devices", default="1", help="devices the seeds are split over; a list (1,2) times each count")
     p.add_argument("--seeds", type=int_arg(1), default=None, help="seeds per loop (default: --devices)")
-    p.add_argument("--seeds-per-device", type=int_arg(1), default=None,
-                   help="with a list of device counts: seeds per device (so 2 with --devices 1,2 times 2 and 4 seeds)")
+    p.add_argument("--seeds-per-device", type=int_arg(1), default=None, help="with a list of device counts")
     p.add_argument("--iterations", type=int_arg(1), default=6, help="timed updates per loop (median reported)")
-    p.add_argument("--warmup", type=int_arg(1), default=3,
-                   help="untimed updates per loop before the timed ones (default 3; the first compiles)")
-    p.add_argument("--loops", default="plain,gt,oir",
-                   help="loops to time, comma-separated: plain (a), gt (b), oir (c), oir_lag (d): oir with "
-                        "oir.relabel_lag 1; ratios need plain")
+    p.add_argument("--warmup", type=int_arg(1), default=3, help="untimed updates per loop (the first compiles)")
+    p.add_argument("--loops", default="plain,gt,oir", help="comma-separated: plain, gt, oir, oir_lag")
     p.add_argument("--seed", type=int_arg(0), default=0)
-    p.add_argument("--processes", action="store_true",
-                   help="one process per device (jax.distributed on this host) instead of one process over "
-                        "the devices; needs --seeds-per-device (module docstring)")
+    p.add_argument("--processes", action="store_true", help="one process per device; needs --seeds-per-device")
     p.add_argument("--timeout", type=real_arg(0, low_open=True), default=3600.0,
-                   help="with --processes: seconds the processes of one device count may take (default 3600)")
+                   help="with --processes: seconds the processes of one device count may take")
     p.add_argument("--child-result", default=None, help=argparse.SUPPRESS)  # a process started by --processes
     return p.parse_args(argv)
 
@@ -115,11 +96,9 @@ def main(argv=None) -> int:
         counts = []
     if not counts or min(counts) < 1:
         return _error(f"--devices {args.devices!r}: expected device counts >= 1, comma-separated")
-    per_device = args.seeds_per_device and args.seeds is None
-    if len(counts) > 1 and not per_device:
-        return _error("a list of device counts needs --seeds-per-device K (K >= 1) instead of --seeds")
-    if args.processes and not per_device:
-        return _error("--processes needs --seeds-per-device K (K >= 1, the seeds of each process) instead of --seeds")
+    if (len(counts) > 1 or args.processes) and not (args.seeds_per_device and args.seeds is None):
+        who = "--processes" if args.processes else "a list of device counts"
+        return _error(f"{who} needs --seeds-per-device K (K >= 1, the seeds per device) instead of --seeds")
     loops = [x.strip() for x in args.loops.split(",") if x.strip()]
     if not loops or set(loops) - {"plain", *OURS}:
         return _error(f"--loops {args.loops!r}: choose from plain, {', '.join(OURS)}")
@@ -143,15 +122,12 @@ def main(argv=None) -> int:
 
 # ---------------------------------------------------------------- --processes: one process per device
 def gpu_ids() -> list[str]:
-    """This host's GPUs as ``CUDA_VISIBLE_DEVICES`` entries, found without initialising a backend;
-    none with ``JAX_PLATFORMS=cpu`` or without a driver."""
+    """This host's GPUs as ``CUDA_VISIBLE_DEVICES`` entries, found without initialising a backend."""
     if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [x.strip() for x in visible.split(",") if x.strip() and x.strip() != "-1"]
-    if not shutil.which("nvidia-smi"):
-        return []
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
@@ -200,9 +176,8 @@ def processes_main(args, names: list[str], counts: list[int]) -> int:
 
 
 def process_order(counts: list[int]) -> list[int]:
-    """The order of ``--processes``'s device counts: the first before, between and after the others
-    (``[1, 2, 4]`` -> ``[1, 2, 1, 4, 1]``), so that a change of the machine's speed shows in the
-    baseline's spread instead of in a ratio."""
+    """``--processes``'s order of device counts: the first (the baseline) before, between and after
+    the others (``[1, 2, 4]`` -> ``[1, 2, 1, 4, 1]``)."""
     return [counts[0]] + [x for d in counts[1:] for x in (d, counts[0])]
 
 
@@ -217,19 +192,13 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
            "--seeds", str(args.seeds_per_device), "--iterations", str(args.iterations), "--warmup", str(args.warmup),
            "--loops", args.loops, "--seed", str(args.seed)]
     procs = []
-
-    def stop(signum, frame):  # SIGTERM to the bench: end as Ctrl-C does, through the finally below
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
+    # SIGTERM to the bench: end as Ctrl-C does, through the finally below
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         for i in range(d):
+            pin = {"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {"JAX_PLATFORMS": "cpu"}
             env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(d),
-                       JAX_PROCESS_ID=str(i))
-            if gpus:
-                env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-            else:
-                env["JAX_PLATFORMS"] = "cpu"
+                       JAX_PROCESS_ID=str(i), **pin)
             log = os.path.join(tmp, f"process{i}")
             with open(log + ".out", "w") as out, open(log + ".err", "w") as err:
                 procs.append(subprocess.Popen(cmd + ["--child-result", log + ".json"], env=env, stdout=out,
@@ -256,20 +225,14 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
               f"(logs in {tmp})", file=sys.stderr)
         return None
     if failed is not None:
-        with open(os.path.join(tmp, f"process{failed}.err")) as f:
-            tail = f.read().splitlines()[-20:]
-        if tail:
-            print("\n".join(tail), file=sys.stderr)
+        tail = Path(tmp, f"process{failed}.err").read_text().splitlines()[-20:]
+        print("\n".join(tail), file=sys.stderr)
         code = procs[failed].returncode
         how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
         print(f"error: process {failed} of {d} ({size} sizes) {how} ({'its last lines above, ' if tail else ''}"
               f"logs in {tmp}); the others were stopped", file=sys.stderr)
         return None
-    results = []
-    for i in range(d):
-        with open(os.path.join(tmp, f"process{i}.json")) as f:
-            results.append(json.load(f))
-    return results
+    return [json.loads(Path(tmp, f"process{i}.json").read_text()) for i in range(d)]
 
 
 def child_main(args) -> int:
@@ -341,9 +304,8 @@ def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int],
 
 def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[], None]] = None,
                times_out: Optional[dict[str, list[float]]] = None) -> dict[str, float]:
-    """Time the loops at one size on ``devices`` devices with ``S`` seeds (this process's, in a
-    multi-process run), print its tables and return the median seconds per update of each loop.
-    ``meet`` is called inside every update's timing; ``times_out`` gets every timed update's seconds."""
+    """Time the loops at one size on ``devices`` devices with ``S`` seeds (this process's), print its
+    tables, return each loop's median s/update; ``meet()`` runs in every update's timing."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -488,8 +450,7 @@ def _rule_workers(ours: dict):
 
 
 def _relabeled_where(rules, warming_before_timing: int) -> str:
-    """Where the oir loops' rule relabeler ran; with workers, when they were ready and how many
-    trajectories were relabeled in process while they started."""
+    """Where the oir loops' rule relabeler ran (with workers: when they were ready)."""
     if rules is None:
         return "the training process"
     st = rules.stats()

@@ -4,11 +4,9 @@ Synthetic 128-step trajectories (:mod:`oir_gym.relabel.synthetic`) are relabeled
 :class:`~oir_gym.relabel.HindsightRelabeler` with in-process backends (``--backend transformers``
 and/or ``llama_cpp``; Gemma 3 270M Q4_K_M by default). Prints markdown tables:
 
-1. speed per backend on ``segments`` prompts (grammar-constrained): prompt tokens/s (1-token
-   generations), generated tokens/s, seconds per call, seconds per trajectory with ``--batch``
-   prompts per call, load time; the timed calls of several backends are interleaved;
-2. per backend and template: trajectories/s, prompt tokens, LLM seconds and candidates per
-   trajectory, parse success, grounded fraction and the echo share of the few-shot answers;
+1. speed per backend on ``segments`` prompts (grammar-constrained), timed calls interleaved;
+2. per backend and template: throughput, prompt tokens, LLM time and candidates, grounding and the
+   echo share of the few-shot answers;
 3. cache: hit rates of each cache-key mode over a long simulated run (keys only), and the
    relabeler's own cache statistics over a shorter run (a scripted stand-in LLM with ``--quick``).
 
@@ -230,9 +228,8 @@ def main(argv=None) -> None:
               f"| {rate[0]:.0%} | {rate[1]:.0%} |")
 
     # the relabeler's own cache statistics over a (shorter) run with the model
-    cache_backend = _Echo() if args.quick else backend
     label = "scripted stub LLM (--quick)" if args.quick else "the offline model"
-    rl = HindsightRelabeler(backend=cache_backend, k=args.k, template="segments", encoder=encoder)
+    rl = HindsightRelabeler(backend=_Echo() if args.quick else backend, k=args.k, template="segments", encoder=encoder)
     t0 = time.perf_counter()
     for batch in training_run(args.iterations, args.envs, args.length, seed=args.seed + 1):
         rl.relabel(batch)
