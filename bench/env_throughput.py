@@ -56,32 +56,17 @@ if ARGS is not None and ARGS.no_cache:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from flax import struct  # noqa: E402
 
 import oir_gym  # noqa: E402
 
 if ARGS is not None:
     oir_gym.enable_compilation_cache()  # a no-op under --no-cache (OIR_GYM_JAX_CACHE=0)
 from oir_gym import functional as F  # noqa: E402
-from oir_gym.craftax_compat import NUM_ACTIONS, CraftaxParams, CraftaxState, CraftaxStaticParams  # noqa: E402
-from oir_gym.craftax_compat import craftax_step, generate_world, render_craftax_symbolic  # noqa: E402
+from oir_gym.craftax_compat import NUM_ACTIONS, CraftaxParams, CraftaxStaticParams  # noqa: E402
+from oir_gym.craftax_compat import craftax_step, render_craftax_symbolic  # noqa: E402
 
 STATIC = CraftaxStaticParams()
 RAW_PARAMS = CraftaxParams()  # Craftax's defaults: episodes end at death, lava or 10,000 steps
-
-
-@struct.dataclass
-class RawBatch:
-    env: CraftaxState  # leaves [B, ...]
-    pool: CraftaxState  # leaves [P, ...]
-    cursor: jax.Array
-
-
-def _worlds(key, n):
-    def world(k):
-        return jax.tree_util.tree_map(jnp.asarray, generate_world(k, RAW_PARAMS, STATIC))
-
-    return jax.vmap(world)(jax.random.split(key, n))
 
 
 def _game_over(s):
@@ -90,13 +75,12 @@ def _game_over(s):
 
 
 def raw_reset(key, num_envs: int, pool_size: int):
-    k_env, k_pool = jax.random.split(key)
-    env = _worlds(k_env, num_envs)
-    obs = jax.vmap(render_craftax_symbolic)(env)
-    return obs, RawBatch(env=env, pool=_worlds(k_pool, pool_size), cursor=jnp.zeros((), jnp.int32))
+    """Raw Craftax worlds and their pool, in a ``BatchState`` of Craftax states."""
+    env, pool = F.batch_worlds(key, RAW_PARAMS, num_envs, pool_size)
+    return jax.vmap(render_craftax_symbolic)(env), F.BatchState(env=env, pool=pool, cursor=jnp.zeros((), jnp.int32))
 
 
-def raw_step(key, rb: RawBatch, actions, pool_refresh: int):
+def raw_step(key, rb: F.BatchState, actions, pool_refresh: int):
     """Step + symbolic obs + optimistic reset from the pool, the same mechanism as ``F.batch_step``."""
     n = actions.shape[0]
     k_step, k_pool = jax.random.split(key)
@@ -110,15 +94,15 @@ def raw_step(key, rb: RawBatch, actions, pool_refresh: int):
         env, pool, cursor, obs = carry
         pool_size = jax.tree_util.tree_leaves(pool)[0].shape[0]
         slot = (cursor + jnp.cumsum(done) - 1) % pool_size
-        env = jax.tree_util.tree_map(lambda p, x: jnp.where(done.reshape(done.shape + (1,) * (x.ndim - 1)), p[slot], x),
-                                     pool, env)
+        env = F.tree_select(done, jax.tree_util.tree_map(lambda p: p[slot], pool), env)
         idx = (cursor + jnp.arange(pool_refresh)) % pool_size
-        pool = jax.tree_util.tree_map(lambda p, w: p.at[idx].set(w), pool, _worlds(k_pool, pool_refresh))
+        new = F.batch_worlds(k_pool, RAW_PARAMS, pool_refresh, 0)[0]
+        pool = jax.tree_util.tree_map(lambda p, w: p.at[idx].set(w), pool, new)
         obs = jnp.where(done[:, None], jax.vmap(render_craftax_symbolic)(env), obs)
         return env, pool, (cursor + pool_refresh) % pool_size, obs
 
     env, pool, cursor, obs = jax.lax.cond(jnp.any(done), _reset, lambda c: c, (env, rb.pool, rb.cursor, obs))
-    return obs, RawBatch(env=env, pool=pool, cursor=cursor), reward, done
+    return obs, F.BatchState(env=env, pool=pool, cursor=cursor), reward, done
 
 
 def make_scan(num_envs: int, steps: int, step):

@@ -43,7 +43,8 @@ def _state_bytes(*trees) -> int:
     return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(trees)))
 
 
-def bench_one(episodes: int, horizon: int, args, encoder) -> dict:
+def bench_one(episodes: int, horizon: int, args, encoder) -> str:
+    """The table row of one evaluation's cost."""
     import jax
     import jax.numpy as jnp
 
@@ -90,10 +91,9 @@ def bench_one(episodes: int, horizon: int, args, encoder) -> dict:
         return time.perf_counter() - t0
 
     times = [run(u) for u in range(1, args.repeats + 1)]
-    steps = n_envs * horizon
-    return {"episodes": episodes, "horizon": horizon, "envs": n_envs, "steps": steps, "compile": compile_s,
-            "fastest": min(times), "median": statistics.median(times), "sps": steps / min(times),
-            "state_mb": carry_bytes / 2**20, "rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    steps, rss = n_envs * horizon, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return (f"| {episodes} | {horizon} | {n_envs:,} | {steps:,} | {compile_s:.1f} | {min(times):.2f} | "
+            f"{statistics.median(times):.2f} | {steps / min(times):,.0f} | {carry_bytes / 2**20:.0f} | {rss:.2f} |")
 
 
 def main(argv=None) -> int:
@@ -113,10 +113,7 @@ def main(argv=None) -> int:
           "env-steps/s | scan state (MiB) | peak RSS (GiB) |\n" + "|---:" * 10 + "|")
     for e in args.episodes:
         for h in args.horizon:
-            r = bench_one(e, h, args, encoder)
-            print(f"| {r['episodes']} | {r['horizon']} | {r['envs']:,} | {r['steps']:,} | {r['compile']:.1f} | "
-                  f"{r['fastest']:.2f} | {r['median']:.2f} | {r['sps']:,.0f} | {r['state_mb']:.0f} | {r['rss_gb']:.2f} |",
-                  flush=True)
+            print(bench_one(e, h, args, encoder), flush=True)
     print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
     return 0
 

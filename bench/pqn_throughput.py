@@ -302,7 +302,7 @@ def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int],
     return "\n".join(lines)
 
 
-def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[], None]] = None,
+def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object] = lambda: None,
                times_out: Optional[dict[str, list[float]]] = None) -> dict[str, float]:
     """Time the loops at one size on ``devices`` devices with ``S`` seeds (this process's), print its
     tables, return each loop's median s/update; ``meet()`` runs in every update's timing."""
@@ -389,8 +389,7 @@ def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[]
     def timed(fn) -> float:
         t = time.perf_counter()
         fn()
-        if meet:
-            meet()
+        meet()
         return time.perf_counter() - t
 
     warm = {name: [timed(fn) for _ in range(args.warmup)] for name, fn in loops.items()}  # loop by loop

@@ -149,32 +149,26 @@ def main(argv=None) -> None:
     ap.add_argument("--sim-envs", type=int_arg(1), default=64, help="envs of the keys-only cache simulation")
     ap.add_argument("--length", type=int_arg(1), default=128)
     ap.add_argument("--k", type=int_arg(1), default=4)
-    ap.add_argument("--backend", nargs="+", default=["transformers"], choices=["transformers", "llama_cpp"],
-                    help="in-process backends to measure (several: interleaved speed runs)")
-    ap.add_argument("--n-threads", type=int_arg(1), default=1,
-                    help="LLM CPU threads (default 1, the relabeler default: it shares the CPU with training)")
-    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                    help="transformers weights on CPU (default float32)")
+    ap.add_argument("--backend", nargs="+", default=["transformers"], choices=["transformers", "llama_cpp"])
+    ap.add_argument("--n-threads", type=int_arg(1), default=1, help="LLM CPU threads (default 1, the relabeler's)")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="transformers weights on CPU")
     ap.add_argument("--n-speed", type=int_arg(1), default=4, help="segments prompts of the speed table")
     ap.add_argument("--batch", type=int_arg(1), default=4, help="prompts per call in the batched column")
     ap.add_argument("--model-path", default=None, help="GGUF file (default: packaged Gemma 3 270M)")
     ap.add_argument("--skip-cache", action="store_true", help="leave out the cache tables")
     ap.add_argument("--seed", type=int_arg(0), default=0)
-    ap.add_argument("--isolation", metavar="BACKEND", default=None,
-                    help="only compare BACKEND (a backend name or 'module:Class') in a child process with the same "
-                         "backend in this process, on --n-segments trajectories")
+    ap.add_argument("--isolation", metavar="BACKEND", default=None, help="only compare BACKEND (a name or "
+                    "'module:Class') in a child process with it in this process, on --n-segments trajectories")
     ap.add_argument("--isolation-kwargs", default="{}", help="JSON constructor arguments for --isolation's backend")
     args = ap.parse_args(argv)
     if args.quick:
-        args.n_paper, args.n_segments, args.iterations, args.envs = 1, 4, 6, 8
-        args.sim_iterations, args.sim_envs, args.n_speed = 30, 32, 2
+        vars(args).update(n_paper=1, n_segments=4, iterations=6, envs=8, sim_iterations=30, sim_envs=32, n_speed=2)
     if args.isolation:
         print_isolation(args.isolation, json.loads(args.isolation_kwargs), args.n_segments, args.length, args.k,
                         args.seed)
         return
 
-    encoder = get_encoder()
-    llms = [make_llm(name, args) for name in args.backend]
+    encoder, llms = get_encoder(), [make_llm(name, args) for name in args.backend]
     backend = llms[0][0]
     pool = [t for t in random_trajectories(96, args.length, seed=args.seed) if not is_idle(t)]
     tpl = load_template("segments")
@@ -233,8 +227,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     for batch in training_run(args.iterations, args.envs, args.length, seed=args.seed + 1):
         rl.relabel(batch)
-    wall = time.perf_counter() - t0
-    s = rl.stats()
+    wall, s = time.perf_counter() - t0, rl.stats()
     print(f"\n## Relabeler cache over a simulated training run ({args.iterations} iterations x {args.envs} envs, "
           f"segments template, cache_key=behaviour, lock-step, {label})\n")
     print("| trajectories | idle (skipped) | LLM prompts | cache hits | in-batch duplicates | hit rate | "

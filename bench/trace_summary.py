@@ -58,9 +58,8 @@ def device_kernels(events: Iterable[dict]) -> list[dict]:
 
 
 def summarise(kernels: list[dict], iterations: int = 1) -> dict:
-    """Totals of ``kernels`` (trace events with ``name``, ``ts`` and ``dur`` in microseconds) per
-    iteration: ``{"busy_us", "span_us", "count", "kinds": {kind: (us, calls)}, "names": {name: (us,
-    calls)}}``, times and calls divided by ``iterations``."""
+    """Per iteration, totals of ``kernels`` (events with ``name``, ``ts``, ``dur`` in us): ``{"busy_us",
+    "span_us", "count", "kinds": {kind: (us, calls)}, "names": {name: (us, calls)}}``."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -109,8 +108,7 @@ def load_trace(trace_dir: str | Path) -> list[dict]:
     if not found:
         raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}: record one with "
                                 "jax.profiler.trace(DIR, create_perfetto_trace=True)")
-    with gzip.open(found[-1], "rt") as f:
-        data = json.load(f)
+    data = json.loads(gzip.decompress(found[-1].read_bytes()))
     return data["traceEvents"] if isinstance(data, dict) else data
 
 

@@ -3,8 +3,6 @@
     python examples/random_baseline.py --episodes 8 --horizon 300
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys
