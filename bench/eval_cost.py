@@ -51,9 +51,8 @@ def bench_one(episodes: int, horizon: int, args, encoder) -> str:
     from agents.pqn import network as pqn
     from oir_gym import functional as F
     from oir_gym.craftax_compat import NUM_ACTIONS
-    from oir_gym.evaluation import (
-        EvalConfig, eval_instructions, eval_keys, eval_params, evaluate_jax_seeds, make_jax_evaluator,
-    )
+    from oir_gym.evaluation import EvalConfig, eval_instructions, eval_keys, eval_params, evaluate_jax_seeds
+    from oir_gym.evaluation import make_jax_evaluator
     from oir_gym.instruction_registry import InstructionRegistry
     from oir_gym.observation import obs_dim
 

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -205,14 +206,12 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
                                               stderr=err, cwd=os.path.join(HERE, ".."),
                                               start_new_session=True))  # a group of its own, with its workers
         print(f"{size} sizes: {d} process(es) of 1 device each started (logs in {tmp})", file=sys.stderr, flush=True)
-        deadline, failed = time.monotonic() + args.timeout, None
-        while failed is None and any(p.poll() is None for p in procs):
-            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if failed is None and time.monotonic() > deadline:
-                failed = "timeout"
+        deadline = time.monotonic() + args.timeout
+        while (all(p.poll() in (None, 0) for p in procs) and any(p.poll() is None for p in procs)
+               and time.monotonic() <= deadline):
             time.sleep(0.2)
-        if failed is None:
-            failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+        failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)),
+                      "timeout" if any(p.poll() is None for p in procs) else None)
     finally:  # no process (nor its relabel workers) is left running, whatever happened here
         for p in procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -255,8 +254,6 @@ def child_main(args) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(3)  # at once: jax.distributed's exit barrier would wait for the lost process
     except BaseException:
-        import traceback
-
         traceback.print_exc()
         sys.stderr.flush()
         if process_count() > 1:
