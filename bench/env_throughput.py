@@ -1,18 +1,10 @@
 """Environment throughput: InstructionCraftax against raw Craftax-Classic, on this machine.
 
-Four ways of stepping a batch of envs with uniformly random actions:
-
-(a) raw Craftax-Classic (``craftax_step`` + its symbolic observation, vmapped) with the same
-    optimistic resets from a world pool as ours, in a ``lax.scan`` over ``--steps`` steps;
-(b) ``oir_gym.functional.batch_step`` in the same ``lax.scan``;
-(c) the Gymnasium vector env ``InstructionCraftax`` stepped from Python;
-(d) the raw batch of (a), one jitted step per Python call, its outputs copied to numpy.
-
-The scans reduce every step's observation into their carry, so XLA cannot skip it. The compile
-column is the set-up plus two calls (the second can compile again for weak types), less two
+Four ways of stepping a batch of envs with random actions: (a) raw Craftax-Classic with the same
+optimistic resets as ours, in a ``lax.scan``; (b) ``oir_gym.functional.batch_step`` in the same scan;
+(c) the Gymnasium vector env ``InstructionCraftax`` from Python; (d) the raw batch of (a), one jitted
+step per Python call, copied to numpy. The compile column is the set-up plus two calls, less two
 steady-state calls. Timed runs are interleaved; the median is reported.
-
-Usage::
 
     python bench/env_throughput.py --quick
     python bench/env_throughput.py --envs 64 256 --steps 128 --repeats 3
@@ -206,8 +198,8 @@ def main(args) -> list[dict]:
         for v in args.variants:
             t = time.perf_counter()
             runs[v] = make[v]()
-            runs[v][0]()
-            runs[v][0]()
+            for _ in range(2):
+                runs[v][0]()
             warm = time.perf_counter() - t
             # compile time: setup and the two warm-up calls, less two steady-state calls
             compile_s[v] = max(0.0, warm - 2 * run(v) / runs[v][1])

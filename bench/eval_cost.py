@@ -1,19 +1,16 @@
 """Cost of one evaluation (the PQN trainer's jitted evaluator) against the episodes per instruction.
 
-    python bench/eval_cost.py                                  # 4, 16, 32 episodes; horizon 1000
     python bench/eval_cost.py --episodes 4 16 32 --horizon 1 100 --repeats 3
 
-Timed is what ``agents.pqn.trainer.Trainer.evaluate`` runs for one seed: the 155 instructions
-(originals, paraphrases and the control's neutral one), ``episodes`` envs each, ``horizon`` greedy
-steps of a small PQN network in one ``lax.scan``. Per episode count and horizon: the compile time,
-the fastest and median of ``--repeats`` evaluations, env-steps/s, the memory of the scan's state and
-the peak resident memory. An evaluation costs a fixed part (world generation) plus ``horizon`` scan
-steps: two horizons (``--horizon 1 100``) give both.
+Timed is ``Trainer.evaluate`` for one seed: 155 instructions x ``episodes`` envs, ``horizon`` greedy
+steps of a small network. An evaluation costs a fixed part (world generation) plus ``horizon`` scan
+steps: two horizons give both.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import resource
@@ -34,13 +31,6 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int_arg(1), default=1, help="timed evaluations per episode count (median)")
     p.add_argument("--no-control", action="store_true", help="evaluate without the control's neutral episodes")
     return p.parse_args(argv)
-
-
-def _state_bytes(*trees) -> int:
-    import jax
-    import numpy as np
-
-    return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(trees)))
 
 
 def bench_one(episodes: int, horizon: int, args, encoder) -> str:
@@ -76,7 +66,8 @@ def bench_one(episodes: int, horizon: int, args, encoder) -> str:
 
     # what the scan carries for this batch (grows with the episodes)
     obs_state = jax.eval_shape(lambda k: F.batch_reset(k, env_params, n_envs, 1, None, "paper"), jax.random.PRNGKey(0))
-    carry_bytes = _state_bytes(obs_state, net.initial_carry(n_envs)) + n_envs * (22 + 2)
+    leaves = jax.tree_util.tree_leaves((obs_state, net.initial_carry(n_envs)))
+    carry_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves) + n_envs * (22 + 2)
 
     t0 = time.perf_counter()
     pinned = jnp.repeat(jnp.asarray(rows, jnp.int32), episodes)

@@ -1,8 +1,6 @@
 """Host cost of grounding: ``HindsightRelabeler.relabel`` (rules) in ``cosine`` and ``bound`` mode.
 
-``--n`` synthetic trajectories (:mod:`oir_gym.relabel.synthetic`) are relabeled by the rule relabeler
-in each mode: one warm-up call, then ``--repeats`` timed calls per mode, interleaved. Prints a
-markdown table (median and min seconds per call, per trajectory, candidates kept).
+Synthetic trajectories relabeled in each mode, timed calls interleaved after one warm-up call.
 
     python bench/grounding_cost.py --n 64 --length 128 --repeats 7
 """

@@ -4,17 +4,12 @@
     python bench/pqn_throughput.py --preset paper,fast --devices 2 --seeds 4   # two sizes, 2 GPUs
     python bench/pqn_throughput.py --preset paper --devices 1,2,4 --seeds-per-device 2 [--processes]
 
-Sizes (``--preset``): ``cpu``; ``paper`` (64 envs x 128 steps, 8 epochs x 4 minibatches); ``fast``
-(1,024 envs x 128 steps, 4 epochs x 16 minibatches). ``--seeds`` are vmapped and split over
-``--devices``; a list of device counts prints the scaling table. Each loop's updates (rollout +
-update) are timed interleaved after ``--warmup`` untimed ones; medians and every update's time:
-(a) plain PQN-RNN: Craftax's own step and reward, optimistic resets (``bench/env_throughput.py``),
-the same network with a zero instruction and the same update; (b) ours, ``gt``:
-``agents.pqn.trainer.Trainer.iteration`` with the instruction layer and the host bookkeeping;
-(c) ours, ``oir`` with the rule relabeler: (b) plus relabeling and K relabeled copies per trajectory
-in the update batch; (d) ``oir_lag``: (c) with ``oir.relabel_lag 1``.
-``--processes``: one process per device (``agents.run.multihost``), meeting once per update; the
-first device count runs before, between and after the others and the ratios are against its mean.
+Loops, timed per update interleaved after ``--warmup`` untimed updates (medians and every update):
+(a) plain PQN-RNN: Craftax's own step and reward with optimistic resets, the same network (zero
+instruction) and update; (b) ours, ``gt``: ``Trainer.iteration`` with the instruction layer and the
+host bookkeeping; (c) ours, ``oir``: (b) plus rule relabeling and K relabeled copies per trajectory;
+(d) ``oir_lag``: (c) with ``oir.relabel_lag 1``. A list of device counts prints the scaling table;
+``--processes`` runs one process per device, the first count before, between and after the others.
 """
 
 from __future__ import annotations
@@ -248,8 +243,7 @@ def child_main(args) -> int:
         with contextlib.redirect_stdout(table):
             bench_size(args, args.preset, args.seeds, 1, meet=lambda: allgather_json(0), times_out=times)
         sys.stdout.write(table.getvalue())
-        with open(args.child_result, "w") as f:
-            json.dump({"table": table.getvalue().strip(), "times": times}, f)
+        Path(args.child_result).write_text(json.dumps({"table": table.getvalue().strip(), "times": times}))
     except ProcessLost as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(3)  # at once: jax.distributed's exit barrier would wait for the lost process
@@ -314,14 +308,13 @@ def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object]
     from env_throughput import raw_reset, raw_step
     from oir_gym.craftax_compat import NUM_ACTIONS
     from oir_gym.observation import obs_dim
+    from oir_gym.relabel.parallel import ParallelRelabeler, default_workers
 
     P = jax.process_count()  # the trainer's run.num_seeds counts every process's seeds
     common = {"run.total_timesteps": 10_000_000, "env.obs_mode": "symbolic", "eval.every": 10**9,
               "run.checkpoint_every": 10**9, "pqn.lr": 1e-5, "run.seed": args.seed, "run.num_seeds": S * P,
               "run.num_devices": devices, **SIZES[size]}
     if P > 1:  # processes sharing a host share its cores: 1/P of the relabel workers one process would start
-        from oir_gym.relabel.parallel import default_workers
-
         common["oir.relabel_workers"] = -(-default_workers() // P)
     cfg = TrainConfig().replace(**{"run.method": "gt", **common}).validate()
     E, T, D = cfg.pqn.num_envs, cfg.pqn.num_steps, obs_dim("symbolic")
@@ -390,7 +383,9 @@ def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object]
         return time.perf_counter() - t
 
     warm = {name: [timed(fn) for _ in range(args.warmup)] for name, fn in loops.items()}  # loop by loop
-    rules = _rule_workers(ours)
+    rel = getattr(getattr(ours.get("oir", ours.get("oir_lag")), "method", None), "relabeler", None)
+    rules = getattr(rel, "rules", rel)  # a BackgroundRelabeler's rule half
+    rules = rules if isinstance(rules, ParallelRelabeler) else None  # the rule relabeler's worker processes
     warming = rules.stats().get("in_process_warming", 0) if rules is not None else 0
     times = {name: [] for name in loops}
     for i in range(args.iterations):
@@ -434,15 +429,6 @@ def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object]
 
 def _times(xs: list[float]) -> str:
     return ", ".join(f"{x:.3f}" for x in xs)
-
-
-def _rule_workers(ours: dict):
-    """The oir loops' rule relabeler when it runs over worker processes, else ``None``."""
-    from oir_gym.relabel.parallel import ParallelRelabeler
-
-    rel = getattr(getattr(ours.get("oir", ours.get("oir_lag")), "method", None), "relabeler", None)
-    rel = getattr(rel, "rules", rel)  # a BackgroundRelabeler's rule half
-    return rel if isinstance(rel, ParallelRelabeler) else None
 
 
 def _relabeled_where(rules, warming_before_timing: int) -> str:

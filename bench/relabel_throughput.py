@@ -1,16 +1,9 @@
 """Relabeling throughput of the offline LLM backends: speed, ``paper`` vs ``segments`` prompts, cache.
 
-Synthetic 128-step trajectories (:mod:`oir_gym.relabel.synthetic`) are relabeled by
-:class:`~oir_gym.relabel.HindsightRelabeler` with in-process backends (``--backend transformers``
-and/or ``llama_cpp``; Gemma 3 270M Q4_K_M by default). Prints markdown tables:
-
-1. speed per backend on ``segments`` prompts (grammar-constrained), timed calls interleaved;
-2. per backend and template: throughput, prompt tokens, LLM time and candidates, grounding and the
-   echo share of the few-shot answers;
-3. cache: hit rates of each cache-key mode over a long simulated run (keys only), and the
-   relabeler's own cache statistics over a shorter run (a scripted stand-in LLM with ``--quick``).
-
-Usage::
+Synthetic trajectories are relabeled by :class:`~oir_gym.relabel.HindsightRelabeler` with in-process
+backends (Gemma 3 270M by default). Tables: speed per backend (timed calls interleaved); per template,
+throughput, prompt tokens, LLM time, candidates, grounding and echo share; cache hit rates of each
+cache-key mode over a simulated run, and the relabeler's own cache statistics.
 
     python bench/relabel_throughput.py --quick
     python bench/relabel_throughput.py --n-paper 4 --n-segments 16 --iterations 12 --envs 16
@@ -25,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -110,7 +104,7 @@ def bench_speed(llms: list, prompts: list[str], schema: dict, n: int, batch: int
     backends: 1-token generations on ``n`` prompts, full answers on ``n`` others (llama.cpp would
     skip processing a prompt it saw last)."""
     first, full, batched = prompts[:n], prompts[n:2 * n], prompts[2 * n:2 * n + batch]
-    rows = [dict(prompt_tokens=0, prefill_s=0.0, gen_tokens=0, full_s=0.0, full_prompt_tokens=0) for _ in llms]
+    rows = [Counter() for _ in llms]
     for be, _, _ in llms:  # warm-up: grammar compile, first-call allocations
         be.generate(prompts[-1:], schema=schema)
     for p, q in zip(first, full):
@@ -122,10 +116,8 @@ def bench_speed(llms: list, prompts: list[str], schema: dict, n: int, batch: int
             be.max_tokens = None
             (out,) = be.generate([q], schema=schema)
             t2 = time.perf_counter()
-            for name, x in (("prompt_tokens", be.count_tokens(p)), ("full_prompt_tokens", be.count_tokens(q)),
-                            ("prefill_s", t1 - t0), ("full_s", t2 - t1),
-                            ("gen_tokens", max(0, be.count_tokens(out[0]) - be.count_tokens("")))):
-                r[name] += x
+            r.update(prompt_tokens=be.count_tokens(p), full_prompt_tokens=be.count_tokens(q), prefill_s=t1 - t0,
+                     full_s=t2 - t1, gen_tokens=max(0, be.count_tokens(out[0]) - be.count_tokens("")))
     for (be, _, _), r in zip(llms, rows):
         t0 = time.perf_counter()
         be.generate(batched, schema=schema)

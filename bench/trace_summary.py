@@ -2,13 +2,10 @@
 
     python bench/trace_summary.py TRACE_DIR [--iterations N] [--top 25]
 
-``TRACE_DIR`` is the folder given to ``jax.profiler.trace(TRACE_DIR, create_perfetto_trace=True)``
-(``bench/update_cost.py --trace TRACE_DIR`` writes one). The newest ``perfetto_trace.json.gz`` under
-it is read, the kernels of its ``/device:GPU:*`` processes kept, and per iteration three tables
-printed: by kind (matmul, fused elementwise, reduction, copy / memset, other), by how often a
-kernel runs (the many small launches of a sequential loop against the bulk work), and the ``--top``
-kernels; and the device's busy fraction (kernel time over the span from the first kernel's start
-to the last one's end). The CPU backend records no device kernels: the summary then says so.
+Reads the newest ``perfetto_trace.json.gz`` under ``TRACE_DIR`` (``jax.profiler.trace(TRACE_DIR,
+create_perfetto_trace=True)``; ``bench/update_cost.py --trace`` writes one) and prints, per iteration,
+the GPU kernels' time by kind, by calls per iteration and the ``--top`` kernels, and the device's busy
+fraction. The CPU backend records no device kernels: the summary then says so.
 """
 
 from __future__ import annotations
@@ -102,19 +99,15 @@ def format_summary(summary: dict, top: int = 25) -> str:
     return "\n".join(lines)
 
 
-def load_trace(trace_dir: str | Path) -> list[dict]:
-    """The events of the newest ``perfetto_trace.json.gz`` under ``trace_dir``."""
+def report(trace_dir: str | Path, iterations: int = 1, top: int = 25) -> str:
+    """The tables of the newest ``perfetto_trace.json.gz`` under ``trace_dir``, per iteration."""
     found = sorted(Path(trace_dir).rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}: record one with "
                                 "jax.profiler.trace(DIR, create_perfetto_trace=True)")
     data = json.loads(gzip.decompress(found[-1].read_bytes()))
-    return data["traceEvents"] if isinstance(data, dict) else data
-
-
-def report(trace_dir: str | Path, iterations: int = 1, top: int = 25) -> str:
-    """The tables of the newest trace under ``trace_dir``, per iteration (:func:`format_summary`)."""
-    return format_summary(summarise(device_kernels(load_trace(trace_dir)), iterations), top)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return format_summary(summarise(device_kernels(events), iterations), top)
 
 
 def main(argv: list[str] | None = None) -> int:

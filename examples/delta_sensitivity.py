@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from agents.tools.delta_sensitivity import main  # noqa: E402
 
 if __name__ == "__main__":

@@ -11,10 +11,8 @@
 The first argument may name a preset (cpu, the default; paper; fast; smoke); flags after it override
 its values. ``--resume`` continues with the run's saved config (flags override single fields).
 
-Writes ``--run-dir`` (:mod:`agents.run.run_dir`): config.json, metrics.jsonl / metrics.csv,
-TensorBoard events, checkpoints/, evaluations, plots and complete.json last. SIGINT and SIGTERM stop
-after the current update with a checkpoint; a second signal ends the process at once (exit status
-128 + the signal's number). The run driver is :mod:`agents.run.train` (shared with examples/train_sb3.py).
+Writes ``--run-dir`` (:mod:`agents.run.run_dir`). SIGINT and SIGTERM stop after the current update
+with a checkpoint; a second signal ends the process at once. The run driver is :mod:`agents.run.train`.
 """
 
 import sys

@@ -9,16 +9,11 @@
     python examples/train_sb3.py --run-dir runs/x --resume              # continue from the checkpoint
 
 The first argument may name a preset (cpu, the default; smoke); flags after it override its
-values. The algorithm brings its own hyperparameters (``--sb3.defaults``); ``--sb3.hp`` overrides
-single keys, checked against the algorithm before anything is written. The settings both trainers
-have use the flags of examples/train_pqn.py (``--run.*``, ``--env.*``, ``--oir.*``, ``--llm.*``,
-``--eval.*``, ``--run-dir``, ``--resume``...); ``--sb3.*`` is SB3's own. An update is
-``--sb3.steps-per-update`` env steps (one metrics row).
-
-The relabeler is attached with ``oir_gym.sb3.HindsightRelabelCallback``: QR-DQN and DQN get the
-relabeled transitions in their replay buffer, RecurrentPPO the instruction-buffer curriculum only
-(see docs/sb3.md). Writes ``--run-dir`` in the format of ``train_pqn.py``, with model.zip +
-state.json as the checkpoint (--resume loads only the model.zip whose sha256 the run recorded).
+values. ``--sb3.hp`` overrides single keys of the algorithm's own hyperparameters (``--sb3.defaults``);
+the other flags are those of examples/train_pqn.py. An update is ``--sb3.steps-per-update`` env
+steps. QR-DQN and DQN get the relabeled transitions (``oir_gym.sb3.HindsightRelabelCallback``) in
+their replay buffer, RecurrentPPO the instruction-buffer curriculum only (docs/sb3.md). The run
+directory has the format of ``train_pqn.py``, with model.zip + state.json as the checkpoint.
 """
 
 import sys
