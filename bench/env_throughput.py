@@ -111,34 +111,25 @@ def make_scan(num_envs: int, steps: int, step):
     return jax.jit(run)
 
 
-def _raw_total(pool_refresh: int):
+# Each variant is a set-up that returns ``(one, calls)``: ``one()`` is one call (a whole scan, or one
+# step from Python) and a timed run is ``calls`` of them.
+def raw_scan(n, steps, pool_size, pool_refresh, seed):
     def step(k, rb, actions):
         obs, rb, reward, done = raw_step(k, rb, actions, pool_refresh)
         return rb, jnp.sum(obs) + jnp.sum(reward) + jnp.sum(done)
 
-    return step
-
-
-def _ours_total(pool_refresh: int, obs_mode: str):
-    def step(k, bs, actions, params):
-        obs, bs, reward, term, trunc, _, _ = F.batch_step(k, bs, actions, params, obs_mode=obs_mode,
-                                                          pool_refresh=pool_refresh)
-        return bs, jnp.sum(obs["obs"]) + jnp.sum(obs["instruction"]) + jnp.sum(reward) + jnp.sum(term) + jnp.sum(trunc)
-
-    return step
-
-
-# Each variant is a set-up that returns ``(one, calls)``: ``one()`` is one call (a whole scan, or one
-# step from Python) and a timed run is ``calls`` of them.
-def raw_scan(n, steps, pool_size, pool_refresh, seed):
     _, rb = jax.jit(raw_reset, static_argnums=(1, 2))(jax.random.PRNGKey(seed), n, pool_size)
-    return _scan_calls(make_scan(n, steps, _raw_total(pool_refresh)), [jax.random.PRNGKey(seed + 1), rb]), 1
+    return _scan_calls(make_scan(n, steps, step), [jax.random.PRNGKey(seed + 1), rb]), 1
 
 
 def ours_scan(env, steps, seed):
+    def step(k, bs, actions, params):
+        obs, bs, reward, term, trunc, _, _ = F.batch_step(k, bs, actions, params, obs_mode=env.obs_mode,
+                                                          pool_refresh=env.pool_refresh)
+        return bs, jnp.sum(obs["obs"]) + jnp.sum(obs["instruction"]) + jnp.sum(reward) + jnp.sum(term) + jnp.sum(trunc)
+
     env.reset(seed=seed)
-    fn = make_scan(env.num_envs, steps, _ours_total(env.pool_refresh, env.obs_mode))
-    return _scan_calls(fn, [jax.random.PRNGKey(seed + 1), env.state, env.params]), 1
+    return _scan_calls(make_scan(env.num_envs, steps, step), [jax.random.PRNGKey(seed + 1), env.state, env.params]), 1
 
 
 def _scan_calls(fn, args: list):

@@ -132,8 +132,7 @@ def gpu_ids() -> list[str]:
 
 
 def processes_main(args, names: list[str], counts: list[int]) -> int:
-    """``--processes``: per size and device count d, d processes of one device each; their tables,
-    then the scaling table of the updates they achieve together."""
+    """``--processes``: per size and device count d, d processes of one device each, then the scaling table."""
     from agents.pqn.sharding import check_layout
 
     K = args.seeds_per_device
@@ -172,14 +171,12 @@ def processes_main(args, names: list[str], counts: list[int]) -> int:
 
 
 def process_order(counts: list[int]) -> list[int]:
-    """``--processes``'s order of device counts: the first (the baseline) before, between and after
-    the others (``[1, 2, 4]`` -> ``[1, 2, 1, 4, 1]``)."""
+    """The baseline (first) count before, between and after the others: ``[1, 2, 4]`` -> ``[1, 2, 1, 4, 1]``."""
     return [counts[0]] + [x for d in counts[1:] for x in (d, counts[0])]
 
 
 def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dict]]:
-    """Start ``d`` processes of this script (one device each) and return each one's result; ``None``
-    (after saying why) when one fails or they run past ``--timeout``: the others are killed."""
+    """The results of ``d`` processes of this script; ``None`` (after saying why) if one fails or times out."""
     tmp = tempfile.mkdtemp(prefix="oir_bench_procs_")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -230,8 +227,7 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
 
 
 def child_main(args) -> int:
-    """One process of ``--processes``: join the others, time the loops on this process's device,
-    write the table and every update's time to ``--child-result``."""
+    """One process of ``--processes``: its table and every update's time go to ``--child-result``."""
     from agents.run.multihost import initialize_distributed
 
     initialize_distributed()  # before anything else touches JAX's backend
@@ -258,10 +254,8 @@ def child_main(args) -> int:
 
 def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]],
                   processes: bool = False, baseline_runs: Optional[dict[str, list[float]]] = None) -> str:
-    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first.
-    ``baseline_runs``: per loop, the first column's median s/update in each of its runs; then the
-    first column is their mean, the ratios are against it (in brackets: against the slowest and the
-    fastest run), and two more columns give each run and their spread."""
+    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first column, or
+    with ``baseline_runs`` (per loop, the first column's s/update in each run) to their mean."""
     plan = list(medians)
     unit = "process(es)" if processes else "device(s)"
     d0, s0 = plan[0]
@@ -295,8 +289,7 @@ def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int],
 
 def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object] = lambda: None,
                times_out: Optional[dict[str, list[float]]] = None) -> dict[str, float]:
-    """Time the loops at one size on ``devices`` devices with ``S`` seeds (this process's), print its
-    tables, return each loop's median s/update; ``meet()`` runs in every update's timing."""
+    """Print the tables of one size and return each loop's median s/update; ``meet()`` ends each update."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -368,13 +361,11 @@ def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object]
     parts: dict[str, list[dict]] = {}  # ours: each update's time/* metrics (Trainer.iteration)
 
     def ours_iteration(key: str):
-        def run():
-            metrics = ours[key].iteration().metrics
-            parts.setdefault(OURS[key][0], []).append({k: v for k, v in metrics.items() if k.startswith("time/")})
-        return run
+        metrics = ours[key].iteration().metrics
+        parts.setdefault(OURS[key][0], []).append({k: v for k, v in metrics.items() if k.startswith("time/")})
 
     loops = {PLAIN: plain_iteration} if "plain" in chosen else {}
-    loops.update({OURS[key][0]: ours_iteration(key) for key in ours})
+    loops.update({OURS[key][0]: (lambda key=key: ours_iteration(key)) for key in ours})
 
     def timed(fn) -> float:
         t = time.perf_counter()

@@ -54,9 +54,7 @@ def bench_template(template: str, trajs, backend, encoder, k: int) -> dict:
 
 
 def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, seed: int) -> float:
-    """The same backend in a child process and in this process (``isolate=False``) on the same
-    trajectories, interleaved one at a time (alternating which goes first): a table, and the
-    child/in-process throughput ratio, returned."""
+    """The same backend in a child process and in this process, interleaved: a table; returns the ratio."""
     encoder = get_encoder()
     trajs = [t for t in random_trajectories(4 * n, length, seed=seed) if not is_idle(t)][:n]
     modes = {name: HindsightRelabeler(backend, k=k, encoder=encoder, cache_size=0, use_rules=False,
@@ -76,8 +74,8 @@ def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, see
     print("| mode | trajectories | traj/s | LLM s/traj | LLM candidates/traj | errors |\n|---|---|---|---|---|---|")
     for name, rl in modes.items():
         s, s0 = rl.stats(), before[name]
-        calls = s["calls"] - s0["calls"]
-        llm_s = (s["latency_mean_s"] * s["calls"] - s0["latency_mean_s"] * s0["calls"]) / max(calls, 1)
+        llm_s = ((s["latency_mean_s"] * s["calls"] - s0["latency_mean_s"] * s0["calls"])
+                 / max(s["calls"] - s0["calls"], 1))
         print(f"| {name} | {len(trajs)} | {len(trajs) / wall[name]:.3f} | {llm_s:.3f} "
               f"| {(s['candidates_llm'] - s0['candidates_llm']) / len(trajs):.2f} | {s['errors'] - s0['errors']} |")
         rl.close()
@@ -100,9 +98,7 @@ def make_llm(name: str, args) -> tuple:
 
 
 def bench_speed(llms: list, prompts: list[str], schema: dict, n: int, batch: int) -> list[dict]:
-    """Prompt / generated tokens per second and seconds per call, timed calls interleaved over
-    backends: 1-token generations on ``n`` prompts, full answers on ``n`` others (llama.cpp would
-    skip processing a prompt it saw last)."""
+    """Token rates and call times per backend: 1-token calls on ``n`` prompts, full answers on ``n`` others."""
     first, full, batched = prompts[:n], prompts[n:2 * n], prompts[2 * n:2 * n + batch]
     rows = [Counter() for _ in llms]
     for be, _, _ in llms:  # warm-up: grammar compile, first-call allocations
@@ -163,8 +159,8 @@ def main(argv=None) -> None:
     pool = [t for t in random_trajectories(96, args.length, seed=args.seed) if not is_idle(t)]
     tpl = load_template("segments")
     n_speed = args.n_speed
-    speed_prompts = [tpl.render(t, args.k) for t in pool[-(2 * n_speed + args.batch + 1):]]
-    speed = bench_speed(llms, speed_prompts, tpl.schema(args.k), n_speed, args.batch)
+    speed = bench_speed(llms, [tpl.render(t, args.k) for t in pool[-(2 * n_speed + args.batch + 1):]],
+                        tpl.schema(args.k), n_speed, args.batch)
     model_file = backend.model_path if isinstance(backend, LlamaCppBackend) else backend.model
     print(f"\n## LLM speed ({os.path.basename(model_file)}, segments prompts, k={args.k}, grammar-constrained, "
           f"{n_speed} + {n_speed} prompts, timed calls interleaved)\n")

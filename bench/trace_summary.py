@@ -55,8 +55,7 @@ def device_kernels(events: Iterable[dict]) -> list[dict]:
 
 
 def summarise(kernels: list[dict], iterations: int = 1) -> dict:
-    """Per iteration, totals of ``kernels`` (events with ``name``, ``ts``, ``dur`` in us): ``{"busy_us",
-    "span_us", "count", "kinds": {kind: (us, calls)}, "names": {name: (us, calls)}}``."""
+    """Per iteration: ``{"busy_us", "span_us", "count", "kinds": {kind: (us, calls)}, "names": {...}}``."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])

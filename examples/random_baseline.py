@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     def random_policy(params, carry, obs, done, key):
         return carry, jax.random.randint(key, (obs["obs"].shape[0],), 0, 17)
 
-    evaluator = make_jax_evaluator(random_policy, lambda n: jnp.zeros(n), len(texts) * cfg.episodes, cfg.horizon)
+    evaluator = make_jax_evaluator(random_policy, jnp.zeros, len(texts) * cfg.episodes, cfg.horizon)
     res = evaluate_jax(evaluator, jax.random.PRNGKey(args.seed), None, F.EnvParams(table=registry.device_table()),
                        rows, cfg, texts, achs, sets)
     print(res.to_markdown())
