@@ -11,8 +11,6 @@ steady-state calls. Timed runs are interleaved; the median is reported.
     python bench/env_throughput.py --no-cache ...   # true cold compile times (no persistent cache)
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import platform

@@ -7,8 +7,6 @@ steps of a small network. An evaluation costs a fixed part (world generation) pl
 steps: two horizons give both.
 """
 
-from __future__ import annotations
-
 import argparse
 import math
 import os
@@ -26,7 +24,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--episodes", type=int_arg(1), nargs="+", default=[4, 16, 32], help="episodes per instruction")
-    p.add_argument("--horizon", type=int_arg(1), nargs="+", default=[1000], help="steps per episode (the paper preset's 1000)")
+    p.add_argument("--horizon", type=int_arg(1), nargs="+", default=[1000], help="steps per episode")
     p.add_argument("--hidden", type=int_arg(1), default=128, help="LSTM / dense units of the network")
     p.add_argument("--repeats", type=int_arg(1), default=1, help="timed evaluations per episode count (median)")
     p.add_argument("--no-control", action="store_true", help="evaluate without the control's neutral episodes")

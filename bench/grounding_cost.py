@@ -5,8 +5,6 @@ Synthetic trajectories relabeled in each mode, timed calls interleaved after one
     python bench/grounding_cost.py --n 64 --length 128 --repeats 7
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import statistics
@@ -25,13 +23,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int_arg(1), default=64, help="trajectories per call")
     p.add_argument("--length", type=int_arg(1), default=128, help="steps per trajectory")
-    p.add_argument("--k", type=int_arg(1), default=64, help="candidates kept per trajectory (64: all, as relabel_balance)")
+    p.add_argument("--k", type=int_arg(1), default=64, help="candidates kept per trajectory (64: all)")
     p.add_argument("--repeats", type=int_arg(1), default=5)
     a = p.parse_args(argv)
     trajs = random_trajectories(a.n, a.length, seed=0, texts=False)
-    enc = get_encoder()
-    rel = {m: HindsightRelabeler.rules(k=a.k, encoder=enc, grounding=m) for m in ("cosine", "bound")}
-    times: dict[str, list[float]] = {m: [] for m in rel}
+    rel = {m: HindsightRelabeler.rules(k=a.k, encoder=get_encoder(), grounding=m) for m in ("cosine", "bound")}
+    times = {m: [] for m in rel}
     kept = {m: sum(len(x.candidates) for x in r.relabel(trajs)) for m, r in rel.items()}  # warms the encoder
     for _ in range(a.repeats):
         for m, r in rel.items():

@@ -12,8 +12,6 @@ host bookkeeping; (c) ours, ``oir``: (b) plus rule relabeling and K relabeled co
 ``--processes`` runs one process per device, the first count before, between and after the others.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import io
@@ -33,7 +31,6 @@ from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, HERE)
 
 from oir_gym.validation import int_arg, real_arg  # noqa: E402
 
@@ -50,8 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--loops", default="plain,gt,oir", help="comma-separated: plain, gt, oir, oir_lag")
     p.add_argument("--seed", type=int_arg(0), default=0)
     p.add_argument("--processes", action="store_true", help="one process per device; needs --seeds-per-device")
-    p.add_argument("--timeout", type=real_arg(0, low_open=True), default=3600.0,
-                   help="with --processes: seconds the processes of one device count may take")
+    p.add_argument("--timeout", type=real_arg(0, low_open=True), default=3600.0, help="with --processes: s per count")
     p.add_argument("--child-result", default=None, help=argparse.SUPPRESS)  # a process started by --processes
     return p.parse_args(argv)
 
@@ -135,8 +131,7 @@ def processes_main(args, names: list[str], counts: list[int]) -> int:
     """``--processes``: per size and device count d, d processes of one device each, then the scaling table."""
     from agents.pqn.sharding import check_layout
 
-    K = args.seeds_per_device
-    gpus = gpu_ids()
+    K, gpus = args.seeds_per_device, gpu_ids()
     visible = len(gpus) if gpus else max(counts)  # on the CPU every process has its own CPU device
     try:
         for n in names:
@@ -151,8 +146,7 @@ def processes_main(args, names: list[str], counts: list[int]) -> int:
         medians: dict[tuple[int, int], dict[str, float]] = {}
         baseline_runs: dict[str, list[float]] = {}  # per loop, the baseline count's median in each of its runs
         for j, d in enumerate(order):
-            results = run_processes(args, n, d, gpus)
-            if results is None:
+            if (results := run_processes(args, n, d, gpus)) is None:
                 return 1
             run = f", run {order[:j + 1].count(d)} of {order.count(d)}" if order.count(d) > 1 else ""
             for i, r in enumerate(results):
@@ -235,8 +229,7 @@ def child_main(args) -> int:
 
     try:
         times: dict[str, list[float]] = {}
-        table = io.StringIO()
-        with contextlib.redirect_stdout(table):
+        with contextlib.redirect_stdout(table := io.StringIO()):
             bench_size(args, args.preset, args.seeds, 1, meet=lambda: allgather_json(0), times_out=times)
         sys.stdout.write(table.getvalue())
         Path(args.child_result).write_text(json.dumps({"table": table.getvalue().strip(), "times": times}))

@@ -11,8 +11,6 @@ cache-key mode over a simulated run, and the relabeler's own cache statistics.
     python bench/relabel_throughput.py --backend transformers llama_cpp --n-paper 1 --n-segments 8
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os
@@ -128,10 +126,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (about a minute on 2 CPU cores)")
     ap.add_argument("--n-paper", type=int_arg(0), default=4, help="trajectories relabeled with the paper template")
-    ap.add_argument("--n-segments", type=int_arg(0), default=16, help="trajectories relabeled with the segments template")
+    ap.add_argument("--n-segments", type=int_arg(0), default=16, help="trajectories of the segments template")
     ap.add_argument("--iterations", type=int_arg(1), default=12, help="simulated training iterations (cache run)")
     ap.add_argument("--envs", type=int_arg(1), default=16, help="trajectories per iteration (cache run)")
-    ap.add_argument("--sim-iterations", type=int_arg(1), default=60, help="iterations of the keys-only cache simulation")
+    ap.add_argument("--sim-iterations", type=int_arg(1), default=60, help="iterations of the keys-only cache run")
     ap.add_argument("--sim-envs", type=int_arg(1), default=64, help="envs of the keys-only cache simulation")
     ap.add_argument("--length", type=int_arg(1), default=128)
     ap.add_argument("--k", type=int_arg(1), default=4)

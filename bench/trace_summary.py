@@ -8,8 +8,6 @@ the GPU kernels' time by kind, by calls per iteration and the ``--top`` kernels,
 fraction. The CPU backend records no device kernels: the summary then says so.
 """
 
-from __future__ import annotations
-
 import argparse
 import gzip
 import json
@@ -114,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace_dir")
-    p.add_argument("--iterations", type=int_arg(1), default=1, help="iterations the trace holds (tables are per iteration)")
+    p.add_argument("--iterations", type=int_arg(1), default=1, help="iterations the trace holds")
     p.add_argument("--top", type=int_arg(1), default=25, help="kernels listed")
     args = p.parse_args(argv)
     try:

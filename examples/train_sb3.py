@@ -2,7 +2,6 @@
 
     python examples/train_sb3.py                                        # QR-DQN + rule relabeler, the cpu preset
     python examples/train_sb3.py smoke --run-dir runs/sb3_smoke         # the smallest run (under a minute)
-    python examples/train_sb3.py smoke --sb3.algo recurrent_ppo         # the same with the algorithm's own settings
     python examples/train_sb3.py --sb3.algo recurrent_ppo --oir.relabeler llm   # curriculum only (on-policy)
     python examples/train_sb3.py --sb3.hp learning_rate=3e-4 buffer_size=20000  # SB3 constructor overrides
     python examples/train_sb3.py --run.method cosine                    # no relabeling: the 22 original instructions
