@@ -32,6 +32,10 @@ from typing import Callable, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
+from agents.run.multihost import initialize_distributed  # noqa: E402
+
+if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # a process of --processes: join before importing oir_gym starts JAX
+    initialize_distributed()
 from oir_gym.validation import int_arg, real_arg  # noqa: E402
 
 
@@ -222,9 +226,6 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
 
 def child_main(args) -> int:
     """One process of ``--processes``: its table and every update's time go to ``--child-result``."""
-    from agents.run.multihost import initialize_distributed
-
-    initialize_distributed()  # before anything else touches JAX's backend
     from agents.run.multihost import ProcessLost, allgather_json, process_count
 
     try:
