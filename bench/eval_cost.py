@@ -1,26 +1,14 @@
 """Cost of one evaluation (the PQN trainer's jitted evaluator) against the episodes per instruction.
 
-    python bench/eval_cost.py                                  # 4, 16, 32 episodes; horizon 1000
     python bench/eval_cost.py --episodes 4 16 32 --horizon 1 100 --repeats 3
 
-What is timed is what ``agents.pqn.trainer.Trainer.evaluate`` runs for one seed: the 22 original
-instructions and their 132 paraphrases (simple + complex) plus the control's neutral instruction
-(155 instructions), ``episodes`` envs each, ``horizon`` greedy steps of a small PQN network (LSTM,
-``--hidden`` units) in one ``lax.scan``, vmapped over 1 seed as the trainer does. Per episode
-count and horizon: the compile time (ahead of time, ``jit(...).lower(...).compile()``; the
-persistent compilation cache can shorten it), the fastest and the median of ``--repeats`` timed
-evaluations (world generation for the batch, the scan, the results on the host; on a shared
-machine the fastest is the least disturbed), env-steps per second (of the fastest), the memory of
-the batch's state (env states, observations, the LSTM carry and the achievement flags: what grows
-with the episodes) and the process's peak resident memory so far.
-
-An evaluation costs a fixed part (generating ``155 x episodes`` worlds) plus ``horizon`` scan
-steps: timing two horizons (e.g. ``--horizon 1 100``) gives both, hence any other horizon.
+Timed is ``Trainer.evaluate`` for one seed: 155 instructions x ``episodes`` envs, ``horizon`` greedy
+steps of a small network. An evaluation costs a fixed part (world generation) plus ``horizon`` scan
+steps: two horizons give both.
 """
 
-from __future__ import annotations
-
 import argparse
+import math
 import os
 import platform
 import resource
@@ -36,33 +24,23 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--episodes", type=int_arg(1), nargs="+", default=[4, 16, 32], help="episodes per instruction")
-    p.add_argument("--horizon", type=int_arg(1), nargs="+", default=[1000], help="steps per episode (the paper preset's 1000)")
+    p.add_argument("--horizon", type=int_arg(1), nargs="+", default=[1000], help="steps per episode")
     p.add_argument("--hidden", type=int_arg(1), default=128, help="LSTM / dense units of the network")
     p.add_argument("--repeats", type=int_arg(1), default=1, help="timed evaluations per episode count (median)")
     p.add_argument("--no-control", action="store_true", help="evaluate without the control's neutral episodes")
-    args = p.parse_args(argv)
-    if min(args.episodes) < 1 or min(args.horizon) < 1 or args.repeats < 1 or args.hidden < 1:
-        p.error("--episodes, --horizon, --hidden and --repeats must be >= 1")
-    return args
+    return p.parse_args(argv)
 
 
-def _state_bytes(evaluate_shape) -> int:
-    import jax
-    import numpy as np
-
-    return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(evaluate_shape)))
-
-
-def bench_one(episodes: int, horizon: int, args, encoder) -> dict:
+def bench_one(episodes: int, horizon: int, args, encoder) -> str:
+    """The table row of one evaluation's cost."""
     import jax
     import jax.numpy as jnp
 
     from agents.pqn import network as pqn
     from oir_gym import functional as F
     from oir_gym.craftax_compat import NUM_ACTIONS
-    from oir_gym.evaluation import (
-        EvalConfig, eval_instructions, eval_keys, eval_params, evaluate_jax_seeds, make_jax_evaluator,
-    )
+    from oir_gym.evaluation import EvalConfig, eval_instructions, eval_keys, eval_params, evaluate_jax_seeds
+    from oir_gym.evaluation import make_jax_evaluator
     from oir_gym.instruction_registry import InstructionRegistry
     from oir_gym.observation import obs_dim
 
@@ -72,8 +50,7 @@ def bench_one(episodes: int, horizon: int, args, encoder) -> dict:
     rows = registry.rows(texts, achs)
     pcfg = pqn.PQNConfig(hidden_size=args.hidden, num_layers=1)
     net = pqn.make_network(pcfg, NUM_ACTIONS)
-    d_obs = obs_dim("paper")
-    params = jax.vmap(lambda k: pqn.create_train_state(k, pcfg, net, d_obs, encoder.dim, 1).params)(
+    params = jax.vmap(lambda k: pqn.create_train_state(k, pcfg, net, obs_dim("paper"), encoder.dim, 1).params)(
         jax.random.split(jax.random.PRNGKey(0), 1))
 
     def greedy(p, carry, obs, done_prev, key):  # as Trainer.evaluate's policy, epsilon 0
@@ -87,7 +64,8 @@ def bench_one(episodes: int, horizon: int, args, encoder) -> dict:
 
     # what the scan carries for this batch (grows with the episodes)
     obs_state = jax.eval_shape(lambda k: F.batch_reset(k, env_params, n_envs, 1, None, "paper"), jax.random.PRNGKey(0))
-    carry_bytes = _state_bytes(obs_state) + _state_bytes(net.initial_carry(n_envs)) + n_envs * (22 + 2)
+    leaves = jax.tree_util.tree_leaves((obs_state, net.initial_carry(n_envs)))
+    carry_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves) + n_envs * (22 + 2)
 
     t0 = time.perf_counter()
     pinned = jnp.repeat(jnp.asarray(rows, jnp.int32), episodes)
@@ -101,11 +79,9 @@ def bench_one(episodes: int, horizon: int, args, encoder) -> dict:
         return time.perf_counter() - t0
 
     times = [run(u) for u in range(1, args.repeats + 1)]
-    steps = n_envs * horizon
-    return {"episodes": episodes, "horizon": horizon, "envs": n_envs, "steps": steps, "compile": compile_s,
-            "fastest": min(times), "median": statistics.median(times), "sps": steps / min(times),
-            "state_mb": carry_bytes / 2**20,
-            "rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    steps, rss = n_envs * horizon, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return (f"| {episodes} | {horizon} | {n_envs:,} | {steps:,} | {compile_s:.1f} | {min(times):.2f} | "
+            f"{statistics.median(times):.2f} | {steps / min(times):,.0f} | {carry_bytes / 2**20:.0f} | {rss:.2f} |")
 
 
 def main(argv=None) -> int:
@@ -122,14 +98,10 @@ def main(argv=None) -> int:
     print(f"# LSTM {args.hidden}, 1 seed, original + simple + complex"
           f"{'' if args.no_control else ' + the neutral control'}, {args.repeats} timed evaluation(s) each\n")
     print("| episodes / instruction | horizon | envs | env steps | compile (s) | s per evaluation: fastest | median | "
-          "env-steps/s | scan state (MiB) | peak RSS (GiB) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "env-steps/s | scan state (MiB) | peak RSS (GiB) |\n" + "|---:" * 10 + "|")
     for e in args.episodes:
         for h in args.horizon:
-            r = bench_one(e, h, args, encoder)
-            print(f"| {r['episodes']} | {r['horizon']} | {r['envs']:,} | {r['steps']:,} | {r['compile']:.1f} | "
-                  f"{r['fastest']:.2f} | {r['median']:.2f} | {r['sps']:,.0f} | {r['state_mb']:.0f} | {r['rss_gb']:.2f} |",
-                  flush=True)
+            print(bench_one(e, h, args, encoder), flush=True)
     print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
     return 0
 

@@ -1,18 +1,9 @@
 """Host cost of grounding: ``HindsightRelabeler.relabel`` (rules) in ``cosine`` and ``bound`` mode.
 
-64 synthetic 128-step trajectories (the paper's PQN rollout length; event scripts from
-:mod:`oir_gym.relabel.synthetic`) are relabeled by the rule relabeler in each mode; the first call
-warms the encoder, then ``--repeats`` timed calls per mode, interleaved (cosine, bound, cosine...)
-so load on a shared machine hits both alike. Prints a markdown table (median and min seconds per
-call, per trajectory, candidates kept).
+Synthetic trajectories relabeled in each mode, timed calls interleaved after one warm-up call.
 
-Usage::
-
-    python bench/grounding_cost.py
     python bench/grounding_cost.py --n 64 --length 128 --repeats 7
 """
-
-from __future__ import annotations
 
 import argparse
 import os
@@ -32,24 +23,21 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int_arg(1), default=64, help="trajectories per call")
     p.add_argument("--length", type=int_arg(1), default=128, help="steps per trajectory")
-    p.add_argument("--k", type=int_arg(1), default=64, help="candidates kept per trajectory (64: all, as relabel_balance)")
+    p.add_argument("--k", type=int_arg(1), default=64, help="candidates kept per trajectory (64: all)")
     p.add_argument("--repeats", type=int_arg(1), default=5)
     a = p.parse_args(argv)
     trajs = random_trajectories(a.n, a.length, seed=0, texts=False)
-    enc = get_encoder()
-    rel = {m: HindsightRelabeler.rules(k=a.k, encoder=enc, grounding=m) for m in ("cosine", "bound")}
-    times: dict[str, list[float]] = {m: [] for m in rel}
-    kept: dict[str, int] = {}
-    for m, r in rel.items():  # warm-up: encoder and phrase embeddings
-        kept[m] = sum(len(x.candidates) for x in r.relabel(trajs))
+    rel = {m: HindsightRelabeler.rules(k=a.k, encoder=get_encoder(), grounding=m) for m in ("cosine", "bound")}
+    times = {m: [] for m in rel}
+    kept = {m: sum(len(x.candidates) for x in r.relabel(trajs)) for m, r in rel.items()}  # warms the encoder
     for _ in range(a.repeats):
         for m, r in rel.items():
             t0 = time.perf_counter()
             r.relabel(trajs)
             times[m].append(time.perf_counter() - t0)
     print(f"\n{a.n} trajectories x {a.length} steps, rule relabeler, {a.repeats} timed calls per mode\n")
-    print("| grounding | median s / call | min s / call | ms / trajectory (median) | candidates kept |")
-    print("|---|---|---|---|---|")
+    print("| grounding | median s / call | min s / call | ms / trajectory (median) | candidates kept |\n"
+          "|---|---|---|---|---|")
     for m in rel:
         med = statistics.median(times[m])
         print(f"| {m} | {med:.4f} | {min(times[m]):.4f} | {1000 * med / a.n:.2f} | {kept[m]} |")

@@ -1,93 +1,57 @@
 """Training throughput: our PQN loop against a plain PQN-RNN on raw Craftax-Classic, in one run.
 
     python bench/pqn_throughput.py                    # CPU-sized: 16 envs x 64 steps, LSTM 128
-    python bench/pqn_throughput.py --preset paper     # 64 envs x 128 steps, LSTM 512 (GPU)
-    python bench/pqn_throughput.py --preset paper,fast --devices 2 --seeds 4   # + 1,024 envs, 2 GPUs
-    python bench/pqn_throughput.py --preset paper --devices 1,2 --seeds-per-device 2   # + the scaling table
+    python bench/pqn_throughput.py --preset paper,fast --devices 2 --seeds 4   # two sizes, 2 GPUs
+    python bench/pqn_throughput.py --preset paper --devices 1,2,4 --seeds-per-device 2 [--processes]
 
-Sizes (``--preset``, comma-separated, one table each): ``cpu``; ``paper`` (the paper's config:
-64 envs x 128 steps, 8 epochs x 4 minibatches); ``fast`` (purejaxql's own Craftax config and the
-``fast`` training preset: 1,024 envs x 128 steps, 4 epochs x 16 minibatches). ``--seeds S`` (default:
-``--devices``) seeds are vmapped in every loop and split over ``--devices N`` devices
-(``jax.sharding``, as ``--run.num-devices`` does in training); env steps / s count all seeds.
-
-Three loops, each timed per update (rollout + update), interleaved (a, b, c, a, b, c, ...) so
-that machine load hits them alike, after ``--warmup`` untimed updates per loop (the first compiles;
-the next ones let what starts beside the first updates settle, such as the oir loops' relabel
-workers); medians are reported, and every update's time beside them (``Each update``), so that a
-reader sees whether the timed ones are a steady state:
-
-(a) plain PQN-RNN: Craftax's own step, symbolic observation and reward, optimistic resets from a
-    world pool (``bench/env_throughput.py``'s raw batch), the same network with a zero instruction,
-    the same ``agents.pqn.network.update``. One jitted rollout and one jitted update per iteration.
-(b) ours, method ``gt``: ``agents.pqn.trainer.Trainer.iteration``, with the instruction layer (events,
-    ground-truth reward, instruction embeddings, termination at success) and the host
-    bookkeeping (episode records, metrics). Same observation size (``--obs-mode symbolic``).
-(c) ours, method ``oir`` with the rule relabeler: (b) plus relabeling on the host, the buffer
-    and K relabeled copies per trajectory in the update batch, so its update trains on (1 + K)
-    times the rows of (a) and (b).
-
-(d) ``--loops oir_lag``: (c) with ``oir.relabel_lag 1``, the relabeling of a rollout on a side
-    thread while the device runs the update and the next rollout (its copies train one update
-    later). Its "host" column is what stays on the update's critical path.
-
-The ratios (b)/(a) and (c)/(a) are the costs of the instruction layer and of OIR.
-
-``--processes``: the scaling table with one process per device, the multi-process path of
-training (``agents.run.multihost``) on one host. For each count d of ``--devices`` the bench starts d
-processes of itself (``JAX_COORDINATOR_ADDRESS``/``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``, each
-pinned to one GPU by ``CUDA_VISIBLE_DEVICES``, or to its own CPU device), each timing the loops
-with ``--seeds-per-device K`` seeds on its device and meeting the others once per update in
-``agents.run.multihost.allgather_json``, as the trainer's processes do. An update of d processes
-takes the slowest one's time (per update, the max over the processes; then the median); each
-process's oir loop runs ``1/d`` of the relabel workers one process would start. The first count
-of ``--devices`` (the baseline of the ratios) runs before, between and after the others
-(``1,2,4``: 1, 2, 1, 4, 1), so that no ratio stands on one slow baseline: the table gives each
-baseline run, the ratios against the mean of their seed-steps/s with the range against the
-slowest and fastest run, and the baseline's spread.
-
-    python bench/pqn_throughput.py --preset paper --devices 1,2,4 --seeds-per-device 2 --processes
+Loops, timed per update interleaved after ``--warmup`` untimed updates (medians and every update):
+(a) plain PQN-RNN: Craftax's own step and reward with optimistic resets, the same network (zero
+instruction) and update; (b) ours, ``gt``: ``Trainer.iteration`` with the instruction layer and the
+host bookkeeping; (c) ours, ``oir``: (b) plus rule relabeling and K relabeled copies per trajectory;
+(d) ``oir_lag``: (c) with ``oir.relabel_lag 1``. A list of device counts prints the scaling table;
+``--processes`` runs one process per device, the first count before, between and after the others.
 """
 
-from __future__ import annotations
-
 import argparse
+import contextlib
+import io
+import json
 import os
 import platform
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from pathlib import Path
 from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, HERE)
 
+from agents.run.multihost import initialize_distributed  # noqa: E402
+
+if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # a process of --processes: join before importing oir_gym starts JAX
+    initialize_distributed()
 from oir_gym.validation import int_arg, real_arg  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="cpu", help="sizes, comma-separated: cpu, paper, fast (module docstring)")
-    p.add_argument("--devices", default="1",
-                   help="devices the seeds are split over (default 1); a list such as 1,2 times each count in "
-                        "turn with --seeds-per-device seeds each and prints the scaling table")
+    p.add_argument("--preset", default="cpu", help="sizes, comma-separated: cpu, paper, fast")
+    p.add_argument("--devices", default="1", help="devices the seeds are split over; a list (1,2) times each count")
     p.add_argument("--seeds", type=int_arg(1), default=None, help="seeds per loop (default: --devices)")
-    p.add_argument("--seeds-per-device", type=int_arg(1), default=None,
-                   help="with a list of device counts: seeds per device (so 2 with --devices 1,2 times 2 and 4 seeds)")
+    p.add_argument("--seeds-per-device", type=int_arg(1), default=None, help="with a list of device counts")
     p.add_argument("--iterations", type=int_arg(1), default=6, help="timed updates per loop (median reported)")
-    p.add_argument("--warmup", type=int_arg(1), default=3,
-                   help="untimed updates per loop before the timed ones (default 3; the first compiles)")
-    p.add_argument("--loops", default="plain,gt,oir",
-                   help="loops to time, comma-separated: plain (a), gt (b), oir (c), oir_lag (d): oir with oir.relabel_lag 1; ratios need plain")
+    p.add_argument("--warmup", type=int_arg(1), default=3, help="untimed updates per loop (the first compiles)")
+    p.add_argument("--loops", default="plain,gt,oir", help="comma-separated: plain, gt, oir, oir_lag")
     p.add_argument("--seed", type=int_arg(0), default=0)
-    p.add_argument("--processes", action="store_true",
-                   help="one process per device (jax.distributed on this host) instead of one process over "
-                        "the devices; needs --seeds-per-device (module docstring)")
-    p.add_argument("--timeout", type=real_arg(0, low_open=True), default=3600.0,
-                   help="with --processes: seconds the processes of one device count may take (default 3600)")
+    p.add_argument("--processes", action="store_true", help="one process per device; needs --seeds-per-device")
+    p.add_argument("--timeout", type=real_arg(0, low_open=True), default=3600.0, help="with --processes: s per count")
     p.add_argument("--child-result", default=None, help=argparse.SUPPRESS)  # a process started by --processes
     return p.parse_args(argv)
 
@@ -100,6 +64,19 @@ SIZES = {
     "fast": {"pqn.num_envs": 1024, "pqn.num_steps": 128, "pqn.hidden_size": 512, "pqn.num_epochs": 4,
              "pqn.num_minibatches": 16, "pqn.scan_unroll": 8, "pqn.compute_dtype": "bfloat16"},
 }
+#: our loops: key -> (row label, the settings that differ from the bench's common ones)
+OURS = {
+    "gt": ("(b) ours, gt", {"run.method": "gt"}),
+    "oir": ("(c) ours, oir (rules)", {"run.method": "oir", "oir.relabeler": "rules"}),
+    "oir_lag": ("(d) ours, oir (rules), relabel lag 1",
+                {"run.method": "oir", "oir.relabeler": "rules", "oir.relabel_lag": 1}),
+}
+PLAIN = "(a) plain PQN-RNN, raw Craftax"
+
+
+def _error(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
 
 
 def main(argv=None) -> int:
@@ -107,34 +84,21 @@ def main(argv=None) -> int:
     if args.child_result:
         return child_main(args)
     names = [n.strip() for n in args.preset.split(",") if n.strip()]
-    bad = [n for n in names if n not in SIZES]
-    if bad or not names:
-        print(f"error: --preset {args.preset!r}: expected some of {sorted(SIZES)}, comma-separated", file=sys.stderr)
-        return 2
+    if not names or set(names) - set(SIZES):
+        return _error(f"--preset {args.preset!r}: expected some of {sorted(SIZES)}, comma-separated")
     try:
         counts = [int(d) for d in str(args.devices).split(",") if d.strip()]
     except ValueError:
         counts = []
     if not counts or min(counts) < 1:
-        print(f"error: --devices {args.devices!r}: expected device counts >= 1, comma-separated", file=sys.stderr)
-        return 2
-    if len(counts) > 1 and not (args.seeds_per_device and args.seeds_per_device >= 1 and args.seeds is None):
-        print("error: a list of device counts needs --seeds-per-device K (K >= 1) instead of --seeds",
-              file=sys.stderr)
-        return 2
-    if args.warmup < 1 or args.iterations < 1:
-        print(f"error: --warmup {args.warmup} --iterations {args.iterations}: each must be >= 1 (the first "
-              "untimed update compiles)", file=sys.stderr)
-        return 2
-    if args.processes and not (args.seeds_per_device and args.seeds_per_device >= 1 and args.seeds is None):
-        print("error: --processes needs --seeds-per-device K (K >= 1, the seeds of each process) instead of --seeds",
-              file=sys.stderr)
-        return 2
+        return _error(f"--devices {args.devices!r}: expected device counts >= 1, comma-separated")
+    if (len(counts) > 1 or args.processes) and not (args.seeds_per_device and args.seeds is None):
+        who = "--processes" if args.processes else "a list of device counts"
+        return _error(f"{who} needs --seeds-per-device K (K >= 1, the seeds per device) instead of --seeds")
+    loops = [x.strip() for x in args.loops.split(",") if x.strip()]
+    if not loops or set(loops) - {"plain", *OURS}:
+        return _error(f"--loops {args.loops!r}: choose from plain, {', '.join(OURS)}")
     if args.processes:
-        loops, unknown = parse_loops(args.loops)
-        if not loops or unknown:
-            print(f"error: --loops {args.loops!r}: choose from plain, {', '.join(OURS)}", file=sys.stderr)
-            return 2
         return processes_main(args, names, counts)
     plan = [(d, d * args.seeds_per_device if args.seeds_per_device else (args.seeds or d)) for d in counts]
     from agents.pqn.sharding import check_layout
@@ -144,9 +108,7 @@ def main(argv=None) -> int:
             for d, seeds in plan:
                 check_layout(seeds, SIZES[n]["pqn.num_envs"], d)
     except ValueError as e:
-        msg = str(e).replace("--run.num-devices", "--devices").replace("--run.num-seeds", "--seeds")
-        print(f"error: {msg}", file=sys.stderr)
-        return 2
+        return _error(str(e).replace("--run.num-devices", "--devices").replace("--run.num-seeds", "--seeds"))
     for n in names:
         medians = {(d, seeds): bench_size(args, n, seeds, d) for d, seeds in plan}
         if len(plan) > 1:
@@ -156,19 +118,12 @@ def main(argv=None) -> int:
 
 # ---------------------------------------------------------------- --processes: one process per device
 def gpu_ids() -> list[str]:
-    """This host's GPUs as ``CUDA_VISIBLE_DEVICES`` entries, found without initialising a backend
-    here (the processes pin one each): ``CUDA_VISIBLE_DEVICES`` itself, else ``nvidia-smi -L``;
-    none with ``JAX_PLATFORMS=cpu`` or without a driver."""
-    import shutil
-    import subprocess
-
+    """This host's GPUs as ``CUDA_VISIBLE_DEVICES`` entries, found without initialising a backend."""
     if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [x.strip() for x in visible.split(",") if x.strip() and x.strip() != "-1"]
-    if not shutil.which("nvidia-smi"):
-        return []
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
@@ -176,47 +131,34 @@ def gpu_ids() -> list[str]:
     return [str(i) for i, _ in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU "))]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def processes_main(args, names: list[str], counts: list[int]) -> int:
-    """``--processes``: per size and device count d, d processes of one device each; their tables,
-    then the scaling table of the updates they achieve together."""
+    """``--processes``: per size and device count d, d processes of one device each, then the scaling table."""
     from agents.pqn.sharding import check_layout
 
-    K = args.seeds_per_device
-    gpus = gpu_ids()
+    K, gpus = args.seeds_per_device, gpu_ids()
     visible = len(gpus) if gpus else max(counts)  # on the CPU every process has its own CPU device
     try:
         for n in names:
-            for d in counts:
-                check_layout(K, SIZES[n]["pqn.num_envs"], 1, visible=1)
-                if d > visible:
-                    raise ValueError(f"--devices {d} with --processes but this host has {visible} GPU(s); "
-                                     f"use --devices {visible} or fewer")
+            check_layout(K, SIZES[n]["pqn.num_envs"], 1, visible=1)
+        if max(counts) > visible:
+            raise ValueError(f"--devices {max(counts)} with --processes but this host has {visible} GPU(s); "
+                             f"use --devices {visible} or fewer")
     except ValueError as e:
-        print(f"error: {str(e).replace('--run.num-seeds', '--seeds-per-device')}", file=sys.stderr)
-        return 2
+        return _error(str(e).replace("--run.num-seeds", "--seeds-per-device"))
+    order = process_order(counts)
     for n in names:
         medians: dict[tuple[int, int], dict[str, float]] = {}
         baseline_runs: dict[str, list[float]] = {}  # per loop, the baseline count's median in each of its runs
-        order = process_order(counts)
         for j, d in enumerate(order):
-            results = run_processes(args, n, d, gpus)
-            if results is None:
+            if (results := run_processes(args, n, d, gpus)) is None:
                 return 1
             run = f", run {order[:j + 1].count(d)} of {order.count(d)}" if order.count(d) > 1 else ""
             for i, r in enumerate(results):
                 print(f"\n### process {i} of {d} ({n} sizes{run})\n{r['table']}", flush=True)
             # an update of d processes ends when the slowest does: per update the max, then the median
-            med = {loop: statistics.median(max(r["times"][loop][u] for r in results) for u in range(args.iterations))
-                   for loop in results[0]["times"]}
-            medians[(d, d * K)] = med
+            medians[(d, d * K)] = med = {
+                loop: statistics.median(max(r["times"][loop][u] for r in results) for u in range(args.iterations))
+                for loop in results[0]["times"]}
             if d == order[0]:
                 for loop, m in med.items():
                     baseline_runs.setdefault(loop, []).append(m)
@@ -227,117 +169,75 @@ def processes_main(args, names: list[str], counts: list[int]) -> int:
 
 
 def process_order(counts: list[int]) -> list[int]:
-    """The order in which ``--processes`` runs its device counts: the first (the ratios' baseline)
-    before, between and after the others (``[1, 2, 4]`` -> ``[1, 2, 1, 4, 1]``), so that a change
-    of the machine's speed during the call shows in the baseline's spread instead of in a ratio."""
-    order = [counts[0]]
-    for d in counts[1:]:
-        order += [d, counts[0]]
-    return order
+    """The baseline (first) count before, between and after the others: ``[1, 2, 4]`` -> ``[1, 2, 1, 4, 1]``."""
+    return [counts[0]] + [x for d in counts[1:] for x in (d, counts[0])]
 
 
 def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dict]]:
-    """Start ``d`` processes of this script (one device each) and return each one's result, in
-    process order; ``None`` (after saying why) when one fails or they run past ``--timeout``:
-    the others are killed."""
-    import contextlib
-    import json
-    import subprocess
-
+    """The results of ``d`` processes of this script; ``None`` (after saying why) if one fails or times out."""
     tmp = tempfile.mkdtemp(prefix="oir_bench_procs_")
-    port = _free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     cmd = [sys.executable, os.path.abspath(__file__), "--preset", size, "--devices", "1",
            "--seeds", str(args.seeds_per_device), "--iterations", str(args.iterations), "--warmup", str(args.warmup),
            "--loops", args.loops, "--seed", str(args.seed)]
-    import signal
-
-    procs, logs = [], []
-
-    def stop(signum, frame):  # SIGTERM to the bench: end as Ctrl-C does, through the finally below
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
+    procs = []
+    # SIGTERM to the bench: end as Ctrl-C does, through the finally below
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         for i in range(d):
+            pin = {"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {"JAX_PLATFORMS": "cpu"}
             env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(d),
-                       JAX_PROCESS_ID=str(i))
-            if gpus:
-                env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-            else:
-                env["JAX_PLATFORMS"] = "cpu"
-            out, err = (open(os.path.join(tmp, f"process{i}.{x}"), "w+") for x in ("out", "err"))
-            logs.append((out, err))
-            procs.append(subprocess.Popen(cmd + ["--child-result", os.path.join(tmp, f"process{i}.json")], env=env,
-                                          stdout=out, stderr=err, cwd=os.path.join(HERE, ".."),
-                                          start_new_session=True))  # a group of its own: killed with its relabel workers
+                       JAX_PROCESS_ID=str(i), **pin)
+            log = os.path.join(tmp, f"process{i}")
+            with open(log + ".out", "w") as out, open(log + ".err", "w") as err:
+                procs.append(subprocess.Popen(cmd + ["--child-result", log + ".json"], env=env, stdout=out,
+                                              stderr=err, cwd=os.path.join(HERE, ".."),
+                                              start_new_session=True))  # a group of its own, with its workers
         print(f"{size} sizes: {d} process(es) of 1 device each started (logs in {tmp})", file=sys.stderr, flush=True)
-        deadline, failed = time.monotonic() + args.timeout, None
-        while failed is None and any(p.poll() is None for p in procs):
-            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if failed is None and time.monotonic() > deadline:
-                failed = "timeout"
+        deadline = time.monotonic() + args.timeout
+        while (all(p.poll() in (None, 0) for p in procs) and any(p.poll() is None for p in procs)
+               and time.monotonic() <= deadline):
             time.sleep(0.2)
-        if failed is None:
-            failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
-    finally:
-        # the processes and what they started (relabel workers): none is left running, whatever
-        # happened here (an error, Ctrl-C, SIGTERM)
+        failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)),
+                      "timeout" if any(p.poll() is None for p in procs) else None)
+    finally:  # no process (nor its relabel workers) is left running, whatever happened here
         for p in procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
             if p.poll() is None:
                 p.wait(timeout=60)
         signal.signal(signal.SIGTERM, previous)
-    for out, err in logs:
-        out.close()
-        err.close()
     if failed == "timeout":
         print(f"error: the {d} processes ({size} sizes) ran past --timeout {args.timeout:g} s and were killed "
               f"(logs in {tmp})", file=sys.stderr)
         return None
     if failed is not None:
-        with open(os.path.join(tmp, f"process{failed}.err")) as f:
-            tail = f.read().splitlines()[-20:]
-        if tail:
-            print("\n".join(tail), file=sys.stderr)
+        tail = Path(tmp, f"process{failed}.err").read_text().splitlines()[-20:]
+        print("\n".join(tail), file=sys.stderr)
         code = procs[failed].returncode
         how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
         print(f"error: process {failed} of {d} ({size} sizes) {how} ({'its last lines above, ' if tail else ''}"
               f"logs in {tmp}); the others were stopped", file=sys.stderr)
         return None
-    results = []
-    for i in range(d):
-        with open(os.path.join(tmp, f"process{i}.json")) as f:
-            results.append(json.load(f))
-    return results
+    return [json.loads(Path(tmp, f"process{i}.json").read_text()) for i in range(d)]
 
 
 def child_main(args) -> int:
-    """One process of ``--processes``: join the others, time the loops on this process's device,
-    write the table and every update's time to ``--child-result``."""
-    import contextlib
-    import io
-    import json
-
-    from agents.run.multihost import initialize_distributed
-
-    initialize_distributed()  # before anything else touches JAX's backend
+    """One process of ``--processes``: its table and every update's time go to ``--child-result``."""
     from agents.run.multihost import ProcessLost, allgather_json, process_count
 
     try:
         times: dict[str, list[float]] = {}
-        table = io.StringIO()
-        with contextlib.redirect_stdout(table):
+        with contextlib.redirect_stdout(table := io.StringIO()):
             bench_size(args, args.preset, args.seeds, 1, meet=lambda: allgather_json(0), times_out=times)
         sys.stdout.write(table.getvalue())
-        with open(args.child_result, "w") as f:
-            json.dump({"table": table.getvalue().strip(), "times": times}, f)
+        Path(args.child_result).write_text(json.dumps({"table": table.getvalue().strip(), "times": times}))
     except ProcessLost as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(3)  # at once: jax.distributed's exit barrier would wait for the lost process
     except BaseException:
-        import traceback
-
         traceback.print_exc()
         sys.stderr.flush()
         if process_count() > 1:
@@ -346,33 +246,16 @@ def child_main(args) -> int:
     return 0
 
 
-#: our loops: key -> (row label, the settings that differ from the bench's common ones)
-OURS = {
-    "gt": ("(b) ours, gt", {"run.method": "gt"}),
-    "oir": ("(c) ours, oir (rules)", {"run.method": "oir", "oir.relabeler": "rules"}),
-    "oir_lag": ("(d) ours, oir (rules), relabel lag 1", {"run.method": "oir", "oir.relabeler": "rules", "oir.relabel_lag": 1}),
-}
-
-
-def parse_loops(spec: str) -> tuple[list[str], list[str]]:
-    """``--loops``: the loops named, in order, and those of them that are not loops (sorted)."""
-    chosen = [x.strip() for x in spec.split(",") if x.strip()]
-    return chosen, sorted(set(chosen) - {"plain", *OURS})
-
-
 def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]],
                   processes: bool = False, baseline_runs: Optional[dict[str, list[float]]] = None) -> str:
-    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first;
-    ``processes``: each count of devices ran as that many processes of one device each.
-    ``baseline_runs``: per loop, the first column's median s/update in each of its runs; then the
-    first column is their mean (and its seed-steps/s), the ratios are against it (in brackets: against the
-    slowest and the fastest run), and two more columns give each run and their spread."""
+    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first column, or
+    with ``baseline_runs`` (per loop, the first column's s/update in each run) to their mean."""
     plan = list(medians)
     unit = "process(es)" if processes else "device(s)"
     d0, s0 = plan[0]
-    first = (f"{d0} {unit} x {s0} seeds, mean of {len(next(iter(baseline_runs.values())))} runs (s/update, seed-steps/s)"
-             if baseline_runs else f"{d0} {unit} x {s0} seeds (s/update, seed-steps/s)")
-    head = " | ".join([first] + [f"{d} {unit} x {s} seeds (s/update, seed-steps/s)" for d, s in plan[1:]])
+    runs_of = f", mean of {len(next(iter(baseline_runs.values())))} runs" if baseline_runs else ""
+    head = " | ".join([f"{d0} {unit} x {s0} seeds{runs_of} (s/update, seed-steps/s)"]
+                      + [f"{d} {unit} x {s} seeds (s/update, seed-steps/s)" for d, s in plan[1:]])
     extra = f" {d0} {unit}: each run (s/update) | spread of its seed-steps/s |" if baseline_runs else ""
     how = "one process per device" if processes else "one process over the devices"
     against = ("the mean of the first column's runs (in brackets: against its slowest and fastest run)"
@@ -382,33 +265,25 @@ def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int],
              "|---" * (2 + 2 * (len(plan) - 1) + (2 if baseline_runs else 0)) + "|"]
     for loop in medians[plan[0]]:
         rate = {k: k[1] * steps_per_seed / medians[k][loop] for k in plan}
+        cells = [f"{medians[k][loop]:.3f}, {rate[k]:,.0f}" for k in plan]
         if not baseline_runs:
-            cells = [f"{medians[k][loop]:.3f}, {rate[k]:,.0f}" for k in plan]
-            ratios = [f"{rate[k] / rate[plan[0]]:.2f}x" for k in plan[1:]]
-            lines.append(f"| {loop} | " + " | ".join(cells + ratios) + " |")
+            lines.append(f"| {loop} | " + " | ".join(cells + [f"{rate[k] / rate[plan[0]]:.2f}x" for k in plan[1:]])
+                         + " |")
             continue
         runs = baseline_runs[loop]
-        base_rates = [s0 * steps_per_seed / t for t in runs]
+        base = [s0 * steps_per_seed / t for t in runs]
         mean = s0 * steps_per_seed / statistics.fmean(runs)  # the seed-steps/s of the runs' mean s/update
-        cells = [f"{statistics.fmean(runs):.3f}, {mean:,.0f}"] + [f"{medians[k][loop]:.3f}, {rate[k]:,.0f}"
-                                                                   for k in plan[1:]]
-        spread = f"{min(base_rates):,.0f}-{max(base_rates):,.0f} ({(max(base_rates) - min(base_rates)) / mean:.0%})"
-        ratios = [f"{rate[k] / mean:.2f}x ({rate[k] / max(base_rates):.2f}-{rate[k] / min(base_rates):.2f}x)"
-                  for k in plan[1:]]
+        cells[0] = f"{statistics.fmean(runs):.3f}, {mean:,.0f}"
+        spread = f"{min(base):,.0f}-{max(base):,.0f} ({(max(base) - min(base)) / mean:.0%})"
+        ratios = [f"{rate[k] / mean:.2f}x ({rate[k] / max(base):.2f}-{rate[k] / min(base):.2f}x)" for k in plan[1:]]
         lines.append(f"| {loop} | " + " | ".join(cells + [", ".join(f"{t:.3f}" for t in runs), spread] + ratios)
                      + " |")
     return "\n".join(lines)
 
 
-def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[], None]] = None,
+def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object] = lambda: None,
                times_out: Optional[dict[str, list[float]]] = None) -> dict[str, float]:
-    """Time the three loops at one size on ``devices`` devices with ``S`` seeds, print its table and
-    return the median seconds per update of each loop.
-
-    ``meet``: called inside every update's timing (a process of ``--processes`` meets the others
-    there); ``times_out``: filled with every timed update's seconds per loop. In a process of a
-    multi-process run (``jax.process_count() > 1``) ``S`` are this process's seeds.
-    """
+    """Print the tables of one size and return each loop's median s/update; ``meet()`` ends each update."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -420,15 +295,13 @@ def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[]
     from env_throughput import raw_reset, raw_step
     from oir_gym.craftax_compat import NUM_ACTIONS
     from oir_gym.observation import obs_dim
+    from oir_gym.relabel.parallel import ParallelRelabeler, default_workers
 
-    sizes = SIZES[size]
     P = jax.process_count()  # the trainer's run.num_seeds counts every process's seeds
     common = {"run.total_timesteps": 10_000_000, "env.obs_mode": "symbolic", "eval.every": 10**9,
               "run.checkpoint_every": 10**9, "pqn.lr": 1e-5, "run.seed": args.seed, "run.num_seeds": S * P,
-              "run.num_devices": devices, **sizes}
+              "run.num_devices": devices, **SIZES[size]}
     if P > 1:  # processes sharing a host share its cores: 1/P of the relabel workers one process would start
-        from oir_gym.relabel.parallel import default_workers
-
         common["oir.relabel_workers"] = -(-default_workers() // P)
     cfg = TrainConfig().replace(**{"run.method": "gt", **common}).validate()
     E, T, D = cfg.pqn.num_envs, cfg.pqn.num_steps, obs_dim("symbolic")
@@ -450,11 +323,10 @@ def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[]
             rec = dict(obs=obs, actions=action, rewards=reward, dones=done, resets=done_prev)
             return (rb, next_obs, carry, done, key), rec
 
-        rb, obs, carry, done_prev, key = runner
-        (rb, obs, carry2, done_prev, key), tr = jax.lax.scan(step, runner, jnp.arange(T))
-        batch = dict(tr, instr=jnp.broadcast_to(zero_instr, (T, E, 384)), next_obs_last=obs, next_instr_last=zero_instr,
-                     weights=jnp.ones(E), carry0=carry)
-        return (rb, obs, carry2, done_prev, key), batch
+        carry0 = runner[2]
+        runner, tr = jax.lax.scan(step, runner, jnp.arange(T))
+        return runner, dict(tr, instr=jnp.broadcast_to(zero_instr, (T, E, 384)), next_obs_last=runner[1],
+                            next_instr_last=zero_instr, weights=jnp.ones(E), carry0=carry0)
 
     # seeds vmapped, the seed axis split over the devices (DESIGN 7: purejaxql's own multi-GPU form)
     rollout = jax.jit(jax.vmap(rollout, in_axes=(0, 0, None)))
@@ -474,45 +346,36 @@ def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[]
 
     # ---------------------------------------------------------------- (b)-(d) ours
     tmp = tempfile.mkdtemp(prefix="oir_bench_")
+    chosen = [x.strip() for x in args.loops.split(",") if x.strip()]
     ours = {}
-    chosen, unknown = parse_loops(args.loops)
-    if unknown or not chosen:
-        raise SystemExit(f"--loops {args.loops!r}: unknown {unknown}; choose from plain, {', '.join(OURS)}")
     for key in [k for k in OURS if k in chosen]:
-        tr = Trainer(TrainConfig().replace(**{**common, **OURS[key][1]}), os.path.join(tmp, key), log=lambda s: None)
-        tr.init_state()
-        ours[key] = tr
-
-    parts: dict[str, list[dict]] = {}  # ours: each timed update's time/* metrics (Trainer.iteration)
+        ours[key] = Trainer(TrainConfig().replace(**{**common, **OURS[key][1]}), os.path.join(tmp, key),
+                            log=lambda s: None)
+        ours[key].init_state()
+    parts: dict[str, list[dict]] = {}  # ours: each update's time/* metrics (Trainer.iteration)
 
     def ours_iteration(key: str):
-        def run():
-            parts.setdefault(OURS[key][0], []).append({k: v for k, v in ours[key].iteration().metrics.items()
-                                                       if k.startswith("time/")})
-        return run
+        metrics = ours[key].iteration().metrics
+        parts.setdefault(OURS[key][0], []).append({k: v for k, v in metrics.items() if k.startswith("time/")})
 
-    loops = {"(a) plain PQN-RNN, raw Craftax": plain_iteration} if "plain" in chosen else {}
-    loops.update({OURS[key][0]: ours_iteration(key) for key in ours})
-    compile_s, warm = {}, {name: [] for name in loops}
-    for name, fn in loops.items():  # the compile + the other untimed updates, loop by loop
+    loops = {PLAIN: plain_iteration} if "plain" in chosen else {}
+    loops.update({OURS[key][0]: (lambda key=key: ours_iteration(key)) for key in ours})
+
+    def timed(fn) -> float:
         t = time.perf_counter()
-        for _ in range(args.warmup):
-            t1 = time.perf_counter()
-            fn()
-            if meet:
-                meet()
-            warm[name].append(time.perf_counter() - t1)
-        compile_s[name] = time.perf_counter() - t
-    rules = _rule_workers(ours)
+        fn()
+        meet()
+        return time.perf_counter() - t
+
+    warm = {name: [timed(fn) for _ in range(args.warmup)] for name, fn in loops.items()}  # loop by loop
+    rel = getattr(getattr(ours.get("oir", ours.get("oir_lag")), "method", None), "relabeler", None)
+    rules = getattr(rel, "rules", rel)  # a BackgroundRelabeler's rule half
+    rules = rules if isinstance(rules, ParallelRelabeler) else None  # the rule relabeler's worker processes
     warming = rules.stats().get("in_process_warming", 0) if rules is not None else 0
     times = {name: [] for name in loops}
     for i in range(args.iterations):
         for name, fn in loops.items():
-            t = time.perf_counter()
-            fn()
-            if meet:
-                meet()
-            times[name].append(time.perf_counter() - t)
+            times[name].append(timed(fn))
             print(f"  iteration {i + 1}/{args.iterations} {name}: {times[name][-1]:.3f}s", file=sys.stderr, flush=True)
     where = _relabeled_where(rules, warming)
     for tr in ours.values():
@@ -524,55 +387,37 @@ def bench_size(args, size: str, S: int, devices: int, meet: Optional[Callable[[]
           f"device(s) {dev.platform} ({getattr(dev, 'device_kind', '')}) | {os.cpu_count()} CPUs, "
           f"{platform.machine()} | rule relabeler in {where} | median of {args.iterations} interleaved updates "
           f"after {args.warmup} untimed\n")
-    first = next(iter(loops))
-    base = statistics.median(times[first]) if "plain" in chosen else None  # no (a): no ratio column values
-    print(f"| loop | s / update | env steps / s | ratio to (a) | compile + first {args.warmup} updates (s) |")
-    print("|---|---|---|---|---|")
-    for name in loops:
-        med = statistics.median(times[name])
+    medians = {name: statistics.median(times[name]) for name in loops}
+    base = medians.get(PLAIN)  # no (a): no ratio column values
+    print(f"| loop | s / update | env steps / s | ratio to (a) | compile + first {args.warmup} updates (s) |\n"
+          "|---|---|---|---|---|")
+    for name, med in medians.items():
         ratio = f"{med / base:.2f}" if base else "- (no plain loop)"
-        print(f"| {name} | {med:.3f} | {S * E * T / med:,.0f} | {ratio} | {compile_s[name]:.1f} |",
-              flush=True)
+        print(f"| {name} | {med:.3f} | {S * E * T / med:,.0f} | {ratio} | {sum(warm[name]):.1f} |", flush=True)
     print(f"\nEach update (s): the {args.warmup} untimed (the first compiles) | the {args.iterations} timed"
           + (" | host work of the timed (time/host_s)" if parts else "") + "\n")
     for name in loops:
         host = [r["time/host_s"] for r in parts.get(name, [])[args.warmup:]]
         print(f"- {name}: {_times(warm[name])} | {_times(times[name])}" + (f" | {_times(host)}" if host else ""))
     if parts:
-        # the timed updates only (the untimed ones, the first with the compile, are left out)
         print("\nWhere ours spend an update (median s over the timed updates): waiting for the rollout, host work "
               "(episode records, relabeling, the batch program's dispatch), the update program (dispatch and wait)\n")
-        print("| loop | rollout | host | update |")
-        print("|---|---|---|---|")
+        print("| loop | rollout | host | update |\n|---|---|---|---|")
         for name, rows in parts.items():
-            timed = rows[args.warmup:]
-            med = {k: statistics.median(r[k] for r in timed) for k in ("time/rollout_s", "time/host_s", "time/update_s")}
-            print(f"| {name} | {med['time/rollout_s']:.3f} | {med['time/host_s']:.3f} | {med['time/update_s']:.3f} |",
-                  flush=True)
+            med = [statistics.median(r[f"time/{k}_s"] for r in rows[args.warmup:])
+                   for k in ("rollout", "host", "update")]
+            print(f"| {name} | " + " | ".join(f"{m:.3f}" for m in med) + " |", flush=True)
     if times_out is not None:
         times_out.update(times)
-    return {name: statistics.median(times[name]) for name in loops}
+    return medians
 
 
 def _times(xs: list[float]) -> str:
     return ", ".join(f"{x:.3f}" for x in xs)
 
 
-def _rule_workers(ours: dict):
-    """The oir loops' rule relabeler when it runs over worker processes (``oir.relabel_workers``:
-    a :class:`~oir_gym.relabel.parallel.ParallelRelabeler`), else ``None``."""
-    from oir_gym.relabel.parallel import ParallelRelabeler
-
-    rel = getattr(ours.get("oir", ours.get("oir_lag")), "method", None)
-    rel = getattr(rel, "relabeler", None)
-    rel = getattr(rel, "rules", rel)  # a BackgroundRelabeler's rule half
-    return rel if isinstance(rel, ParallelRelabeler) else None
-
-
 def _relabeled_where(rules, warming_before_timing: int) -> str:
-    """Where the oir loops' rule relabeler ran; with workers, when they were ready and how many
-    trajectories were relabeled in process while they started (in the timed updates: a slower
-    relabeling than the steady state's)."""
+    """Where the oir loops' rule relabeler ran (with workers: when they were ready)."""
     if rules is None:
         return "the training process"
     st = rules.stats()

@@ -1,25 +1,9 @@
 """Relabeling throughput of the offline LLM backends: speed, ``paper`` vs ``segments`` prompts, cache.
 
-Synthetic but realistic 128-step trajectories (event scripts from
-:mod:`oir_gym.relabel.synthetic`, per-step texts in the paper's appendix format) are relabeled by
-:class:`~oir_gym.relabel.HindsightRelabeler` with in-process backends (``--backend transformers``,
-the default route, and/or ``llama_cpp``; Gemma 3 270M Q4_K_M by default). Prints markdown tables:
-
-1. speed per backend on ``segments`` prompts of different trajectories (grammar-constrained, as
-   the relabeler asks): prompt tokens/s (a 1-token generation: prompt processing plus one step),
-   generated tokens/s (the rest of a full answer), seconds per call with one prompt, seconds per
-   trajectory when ``--batch`` prompts go in one call (transformers batches them; llama.cpp runs
-   them one after the other), and model load time. With several backends the timed calls are
-   interleaved (a, b, a, b, ...), so load changes on a shared machine hit both alike;
-2. per backend and template: trajectories/s, prompt tokens per trajectory (exact, model
-   tokenizer), LLM seconds per trajectory, LLM candidates per trajectory, parse success,
-   grounded fraction, and the echo share (the LLM instructions that copy the template's few-shot
-   answers, :func:`oir_gym.diversity.echo_share`);
-3. cache: hit rates of each cache-key mode over a long simulated training run (competence rising
-   over iterations; keys only), and the relabeler's own cache statistics over a shorter run with
-   the model (a scripted stand-in with ``--quick``, since answers do not change hit rates).
-
-Usage::
+Synthetic trajectories are relabeled by :class:`~oir_gym.relabel.HindsightRelabeler` with in-process
+backends (Gemma 3 270M by default). Tables: speed per backend (timed calls interleaved); per template,
+throughput, prompt tokens, LLM time, candidates, grounding and echo share; cache hit rates of each
+cache-key mode over a simulated run, and the relabeler's own cache statistics.
 
     python bench/relabel_throughput.py --quick
     python bench/relabel_throughput.py --n-paper 4 --n-segments 16 --iterations 12 --envs 16
@@ -27,65 +11,50 @@ Usage::
     python bench/relabel_throughput.py --backend transformers llama_cpp --n-paper 1 --n-segments 8
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os
 import sys
 import time
+from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from oir_gym.diversity import echo_share  # noqa: E402
+from oir_gym.encoder import get_encoder  # noqa: E402
 from oir_gym.validation import int_arg  # noqa: E402
 from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache, TransformersBackend  # noqa: E402
 from oir_gym.relabel.config import (  # noqa: E402
     CacheSettings, LLMSettings, PromptSettings, RelabelerConfig, SelectionSettings,
 )
+from oir_gym.relabel import load_template  # noqa: E402
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle  # noqa: E402
-from oir_gym.relabel.synthetic import (  # noqa: E402
-    WOOD_TABLE_PICKAXE, make_trajectory, random_trajectories, training_run,
-)
+from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory  # noqa: E402
+from oir_gym.relabel.synthetic import random_trajectories, training_run  # noqa: E402
 
 
 def bench_template(template: str, trajs, backend, encoder, k: int) -> dict:
     cfg = RelabelerConfig(prompt=PromptSettings(template=template), cache=CacheSettings(size=0),
                           selection=SelectionSettings(k=k))
-    rl = HindsightRelabeler(cfg, llm=backend, encoder=encoder)
     # warm-up on a short trajectory: model load, grammar, encoder phrases, template prefix in the KV cache
-    rl.relabel([make_trajectory(WOOD_TABLE_PICKAXE, 8)])
+    HindsightRelabeler(cfg, llm=backend, encoder=encoder).relabel([make_trajectory(WOOD_TABLE_PICKAXE, 8)])
     rl = HindsightRelabeler(cfg, llm=backend, encoder=encoder)
     t0 = time.perf_counter()
     results = [rl.relabel([t])[0] for t in trajs]  # one at a time: no in-batch de-duplication
     wall = time.perf_counter() - t0
-    s = rl.stats()
-    n = len(trajs)
-    return {
-        "template": template,
-        "n": n,
-        "traj_per_s": n / wall,
-        "tokens": s["prompt_tokens_mean"],
-        "method": s["prompt_token_method"],
-        "llm_s": s["latency_per_prompt_s"],
-        "llm_cands": s["candidates_llm"] / n,
-        "llm_ok": sum(1 for r in results if r.error is None and any(c.source == "llm" for c in r.candidates)) / n,
-        "grounded": s["grounded_fraction"],
-        "errors": s["errors"],
-        # the LLM's kept instructions that copy the template's few-shot answers (oir_gym.diversity)
-        "echo": echo_share([c.text for r in results for c in r.candidates if c.source == "llm"],
-                           rl.template.examples()),
-        "example": results[0].instructions,
-    }
+    s, n = rl.stats(), len(trajs)
+    return {"template": template, "n": n, "traj_per_s": n / wall, "tokens": s["prompt_tokens_mean"],
+            "method": s["prompt_token_method"], "llm_s": s["latency_per_prompt_s"],
+            "llm_cands": s["candidates_llm"] / n,
+            "llm_ok": sum(r.error is None and any(c.source == "llm" for c in r.candidates) for r in results) / n,
+            "grounded": s["grounded_fraction"], "errors": s["errors"],
+            "echo": echo_share([c.text for r in results for c in r.candidates if c.source == "llm"],
+                               rl.template.examples()),
+            "example": results[0].instructions}
 
 
 def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, seed: int) -> float:
-    """The same backend in a child process (the relabeler's default for native backends) and in
-    this process (``isolate=False``), on the same trajectories, interleaved one trajectory at a time
-    (alternating which goes first) so that load on a shared machine hits both alike. Prints a
-    table and the child/in-process throughput ratio, and returns the ratio."""
-    from oir_gym.encoder import get_encoder
-
+    """The same backend in a child process and in this process, interleaved: a table; returns the ratio."""
     encoder = get_encoder()
     trajs = [t for t in random_trajectories(4 * n, length, seed=seed) if not is_idle(t)][:n]
     modes = {name: HindsightRelabeler(RelabelerConfig(
@@ -103,18 +72,19 @@ def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, see
             wall[name] += time.perf_counter() - t0
     print(f"\n## LLM in a child process vs in process ({backend}, {kwargs or 'defaults'}, k={k}, "
           f"{len(trajs)} {length}-step trajectories each, interleaved)\n")
-    print("| mode | trajectories | traj/s | LLM s/traj | LLM candidates/traj | errors |")
-    print("|---|---|---|---|---|---|")
+    print("| mode | trajectories | traj/s | LLM s/traj | LLM candidates/traj | errors |\n|---|---|---|---|---|---|")
     for name, rl in modes.items():
         s, s0 = rl.stats(), before[name]
-        calls = s["calls"] - s0["calls"]
-        llm_s = (s["latency_mean_s"] * s["calls"] - s0["latency_mean_s"] * s0["calls"]) / max(calls, 1)
+        llm_s = ((s["latency_mean_s"] * s["calls"] - s0["latency_mean_s"] * s0["calls"])
+                 / max(s["calls"] - s0["calls"], 1))
         print(f"| {name} | {len(trajs)} | {len(trajs) / wall[name]:.3f} | {llm_s:.3f} "
               f"| {(s['candidates_llm'] - s0['candidates_llm']) / len(trajs):.2f} | {s['errors'] - s0['errors']} |")
         rl.close()
     ratio = wall["in process"] / wall["child process"]
     print(f"\nchild-process / in-process throughput: {ratio:.3f}x")
     return ratio
+
+
 def make_llm(name: str, args) -> tuple:
     """``(backend, label, load seconds)`` for ``--backend`` ``name``, loaded."""
     t0 = time.perf_counter()
@@ -129,14 +99,9 @@ def make_llm(name: str, args) -> tuple:
 
 
 def bench_speed(llms: list, prompts: list[str], schema: dict, n: int, batch: int) -> list[dict]:
-    """Prompt / generated tokens per second and seconds per call, timed calls interleaved over backends.
-
-    Prompt processing is timed with 1-token generations on ``n`` prompts, full answers on ``n``
-    other prompts (llama.cpp keeps the previous prompt's KV cache: the same prompt twice would
-    skip its processing); both share the template's few-shot prefix, as in training.
-    """
+    """Token rates and call times per backend: 1-token calls on ``n`` prompts, full answers on ``n`` others."""
     first, full, batched = prompts[:n], prompts[n:2 * n], prompts[2 * n:2 * n + batch]
-    rows = [dict(prompt_tokens=0, prefill_s=0.0, gen_tokens=0, full_s=0.0, full_prompt_tokens=0) for _ in llms]
+    rows = [Counter() for _ in llms]
     for be, _, _ in llms:  # warm-up: grammar compile, first-call allocations
         be.generate(prompts[-1:], schema=schema)
     for p, q in zip(first, full):
@@ -148,11 +113,8 @@ def bench_speed(llms: list, prompts: list[str], schema: dict, n: int, batch: int
             be.max_tokens = None
             (out,) = be.generate([q], schema=schema)
             t2 = time.perf_counter()
-            r["prompt_tokens"] += be.count_tokens(p)
-            r["full_prompt_tokens"] += be.count_tokens(q)
-            r["prefill_s"] += t1 - t0
-            r["gen_tokens"] += max(0, be.count_tokens(out[0]) - be.count_tokens(""))
-            r["full_s"] += t2 - t1
+            r.update(prompt_tokens=be.count_tokens(p), full_prompt_tokens=be.count_tokens(q), prefill_s=t1 - t0,
+                     full_s=t2 - t1, gen_tokens=max(0, be.count_tokens(out[0]) - be.count_tokens("")))
     for (be, _, _), r in zip(llms, rows):
         t0 = time.perf_counter()
         be.generate(batched, schema=schema)
@@ -167,56 +129,45 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (about a minute on 2 CPU cores)")
     ap.add_argument("--n-paper", type=int_arg(0), default=4, help="trajectories relabeled with the paper template")
-    ap.add_argument("--n-segments", type=int_arg(0), default=16, help="trajectories relabeled with the segments template")
+    ap.add_argument("--n-segments", type=int_arg(0), default=16, help="trajectories of the segments template")
     ap.add_argument("--iterations", type=int_arg(1), default=12, help="simulated training iterations (cache run)")
     ap.add_argument("--envs", type=int_arg(1), default=16, help="trajectories per iteration (cache run)")
-    ap.add_argument("--sim-iterations", type=int_arg(1), default=60, help="iterations of the keys-only cache simulation")
+    ap.add_argument("--sim-iterations", type=int_arg(1), default=60, help="iterations of the keys-only cache run")
     ap.add_argument("--sim-envs", type=int_arg(1), default=64, help="envs of the keys-only cache simulation")
     ap.add_argument("--length", type=int_arg(1), default=128)
     ap.add_argument("--k", type=int_arg(1), default=4)
-    ap.add_argument("--backend", nargs="+", default=["transformers"], choices=["transformers", "llama_cpp"],
-                    help="in-process backends to measure (several: interleaved speed runs)")
-    ap.add_argument("--n-threads", type=int_arg(1), default=1,
-                    help="LLM CPU threads (default 1, the relabeler default: it shares the CPU with training)")
-    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                    help="transformers weights on CPU (default float32)")
+    ap.add_argument("--backend", nargs="+", default=["transformers"], choices=["transformers", "llama_cpp"])
+    ap.add_argument("--n-threads", type=int_arg(1), default=1, help="LLM CPU threads (default 1, the relabeler's)")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="transformers weights on CPU")
     ap.add_argument("--n-speed", type=int_arg(1), default=4, help="segments prompts of the speed table")
     ap.add_argument("--batch", type=int_arg(1), default=4, help="prompts per call in the batched column")
     ap.add_argument("--model-path", default=None, help="GGUF file (default: packaged Gemma 3 270M)")
     ap.add_argument("--skip-cache", action="store_true", help="leave out the cache tables")
     ap.add_argument("--seed", type=int_arg(0), default=0)
-    ap.add_argument("--isolation", metavar="BACKEND", default=None,
-                    help="only compare BACKEND (a backend name or 'module:Class') in a child process with the same "
-                         "backend in this process, on --n-segments trajectories")
+    ap.add_argument("--isolation", metavar="BACKEND", default=None, help="only compare BACKEND (a name or "
+                    "'module:Class') in a child process with it in this process, on --n-segments trajectories")
     ap.add_argument("--isolation-kwargs", default="{}", help="JSON constructor arguments for --isolation's backend")
     args = ap.parse_args(argv)
     if args.quick:
-        args.n_paper, args.n_segments, args.iterations, args.envs = 1, 4, 6, 8
-        args.sim_iterations, args.sim_envs, args.n_speed = 30, 32, 2
+        vars(args).update(n_paper=1, n_segments=4, iterations=6, envs=8, sim_iterations=30, sim_envs=32, n_speed=2)
     if args.isolation:
         print_isolation(args.isolation, json.loads(args.isolation_kwargs), args.n_segments, args.length, args.k,
                         args.seed)
         return
 
-    from oir_gym.encoder import get_encoder
-
-    encoder = get_encoder()
-    llms = [make_llm(name, args) for name in args.backend]
+    encoder, llms = get_encoder(), [make_llm(name, args) for name in args.backend]
     backend = llms[0][0]
     pool = [t for t in random_trajectories(96, args.length, seed=args.seed) if not is_idle(t)]
-
-    from oir_gym.relabel import load_template
-
     tpl = load_template("segments")
     n_speed = args.n_speed
-    speed_prompts = [tpl.render(t, args.k) for t in pool[-(2 * n_speed + args.batch + 1):]]
-    speed = bench_speed(llms, speed_prompts, tpl.schema(args.k), n_speed, args.batch)
+    speed = bench_speed(llms, [tpl.render(t, args.k) for t in pool[-(2 * n_speed + args.batch + 1):]],
+                        tpl.schema(args.k), n_speed, args.batch)
     model_file = backend.model_path if isinstance(backend, LlamaCppBackend) else backend.model
     print(f"\n## LLM speed ({os.path.basename(model_file)}, segments prompts, k={args.k}, grammar-constrained, "
           f"{n_speed} + {n_speed} prompts, timed calls interleaved)\n")
     print(f"| backend | load (s) | prompt tokens/s | generated tokens/s | s per call (1 prompt) "
-          f"| s per trajectory, {args.batch} prompts per call | prompt tokens/call | generated tokens/call |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"| s per trajectory, {args.batch} prompts per call | prompt tokens/call | generated tokens/call |\n"
+          + "|---" * 8 + "|")
     for (be, label, load_s), r in zip(llms, speed):
         print(f"| {label} | {load_s:.1f} | {r['prompt_tokens'] / r['prefill_s']:.0f} "
               f"| {r['gen_tokens'] / r['gen_s']:.1f} "
@@ -224,15 +175,11 @@ def main(argv=None) -> None:
               f"| {r['gen_tokens'] / n_speed:.0f} |")
 
     for be, label, _ in llms:
-        rows = []
-        for template, n in (("paper", args.n_paper), ("segments", args.n_segments)):
-            if n > 0:
-                rows.append(bench_template(template, pool[:n], be, encoder, args.k))
-
+        rows = [bench_template(template, pool[:n], be, encoder, args.k)
+                for template, n in (("paper", args.n_paper), ("segments", args.n_segments)) if n > 0]
         print(f"\n## Relabeling throughput ({label}, k={args.k}, {args.length}-step trajectories, one per call)\n")
         print("| template | trajectories | traj/s | prompt tokens/traj | LLM s/traj | LLM candidates/traj "
-              "| trajs keeping an LLM candidate | grounded fraction | errors | LLM echo share |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| trajs keeping an LLM candidate | grounded fraction | errors | LLM echo share |\n" + "|---" * 10 + "|")
         for r in rows:
             print(f"| {r['template']} | {r['n']} | {r['traj_per_s']:.3f} | {r['tokens']:.0f} ({r['method']}) "
                   f"| {r['llm_s']:.2f} | {r['llm_cands']:.2f} | {r['llm_ok']:.0%} | {r['grounded']:.2f} "
@@ -250,41 +197,30 @@ def main(argv=None) -> None:
     print(f"\n## Cache key modes over a simulated training run ({args.sim_iterations} iterations x "
           f"{args.sim_envs} envs, competence rising 0 -> 1, LRU capacity 4096, keys only)\n")
     print("| cache_key | trajectories | idle (skipped) | distinct keys | hit rate (incl. in-batch duplicates) | "
-          "hit rate, 2nd half of the run |")
-    print("|---|---|---|---|---|---|")
+          "hit rate, 2nd half of the run |\n|---|---|---|---|---|---|")
     for mode in KEY_MODES:
-        cache = LRUCache(4096)
-        hits = lookups = hits2 = lookups2 = idle = 0
+        cache, hits = LRUCache(4096), []  # per lookup: (in the 2nd half, hit)
         for it, batch in enumerate(sim):
-            for t in batch:
-                if is_idle(t):
-                    idle += 1
-                    continue
-                key = behaviour_key(t, mode)
-                hit = cache.get(key) is not None
+            for key in (behaviour_key(t, mode) for t in batch if not is_idle(t)):
+                hits.append((it >= len(sim) // 2, cache.get(key) is not None))
                 cache.put(key, [])
-                hits += hit
-                lookups += 1
-                if it >= len(sim) // 2:
-                    hits2 += hit
-                    lookups2 += 1
-        print(f"| {mode} | {sum(len(b) for b in sim)} | {idle} | {len(cache)} | {hits / max(1, lookups):.0%} "
-              f"| {hits2 / max(1, lookups2):.0%} |")
+        rate = [sum(h) / max(1, len(h)) for h in ([h for _, h in hits], [h for late, h in hits if late])]
+        print(f"| {mode} | {sum(len(b) for b in sim)} | {sum(is_idle(t) for b in sim for t in b)} | {len(cache)} "
+              f"| {rate[0]:.0%} | {rate[1]:.0%} |")
 
     # the relabeler's own cache statistics over a (shorter) run with the model
-    cache_backend = _Echo() if args.quick else backend
     label = "scripted stub LLM (--quick)" if args.quick else "the offline model"
-    rl = HindsightRelabeler(RelabelerConfig(selection=SelectionSettings(k=args.k)), llm=cache_backend, encoder=encoder)
+    rl = HindsightRelabeler(RelabelerConfig(prompt=PromptSettings(template="segments"),
+                                            selection=SelectionSettings(k=args.k)),
+                            llm=_Echo() if args.quick else backend, encoder=encoder)
     t0 = time.perf_counter()
     for batch in training_run(args.iterations, args.envs, args.length, seed=args.seed + 1):
         rl.relabel(batch)
-    wall = time.perf_counter() - t0
-    s = rl.stats()
+    wall, s = time.perf_counter() - t0, rl.stats()
     print(f"\n## Relabeler cache over a simulated training run ({args.iterations} iterations x {args.envs} envs, "
           f"segments template, cache_key=behaviour, lock-step, {label})\n")
     print("| trajectories | idle (skipped) | LLM prompts | cache hits | in-batch duplicates | hit rate | "
-          "traj/s (with cache) | grounded fraction |")
-    print("|---|---|---|---|---|---|---|---|")
+          "traj/s (with cache) | grounded fraction |\n" + "|---" * 8 + "|")
     print(f"| {s['trajectories']} | {s['skipped_idle']} | {s['prompts']} | {s['cache_hits']} | {s['batch_dedup']} "
           f"| {s['cache_hit_rate']:.0%} | {s['trajectories'] / wall:.2f} | {s['grounded_fraction']:.2f} |")
 

@@ -2,24 +2,11 @@
 
     python bench/trace_summary.py TRACE_DIR [--iterations N] [--top 25]
 
-``TRACE_DIR`` is the folder given to ``jax.profiler.trace(TRACE_DIR, create_perfetto_trace=True)``
-(``bench/update_cost.py --trace TRACE_DIR`` writes one around its timed updates). The summary reads
-the newest ``perfetto_trace.json.gz`` under it, keeps the kernels the GPU ran (the events of the
-``/device:GPU:*`` processes, recorded by CUPTI) and prints two tables, per profiled iteration:
-
-* by kind of kernel: matmul (cuBLAS, cuBLASLt's nvjet, cuDNN, CUTLASS and Triton GEMMs), fused
-  elementwise and reductions, copies and memsets, other;
-* by how often a kernel runs per iteration: the many small launches of a sequential loop (a kernel
-  run 1,000 times or more) against the bulk work launched a few times;
-* the ``--top`` kernels by total time, with their calls per iteration and mean duration.
-
-And one line: the kernels' total time against the span from the first kernel's start to the last
-one's end, the device's busy fraction (below 1: the GPU waited for launches or the host).
-
-The CPU backend records no device kernels; the summary then says so and prints nothing else.
+Reads the newest ``perfetto_trace.json.gz`` under ``TRACE_DIR`` (``jax.profiler.trace(TRACE_DIR,
+create_perfetto_trace=True)``; ``bench/update_cost.py --trace`` writes one) and prints, per iteration,
+the GPU kernels' time by kind, by calls per iteration and the ``--top`` kernels, and the device's busy
+fraction. The CPU backend records no device kernels: the summary then says so.
 """
-
-from __future__ import annotations
 
 import argparse
 import gzip
@@ -40,13 +27,8 @@ KINDS = (
 
 
 def kernel_kind(name: str) -> str:
-    """The kind of a kernel from its name: ``matmul``, ``copy / memset``, ``reduction``,
-    ``fused elementwise`` or ``other``."""
-    low = name.lower()
-    for kind, pattern in KINDS:
-        if pattern.search(low):
-            return kind
-    return "other"
+    """The kind of a kernel from its name (:data:`KINDS`), else ``other``."""
+    return next((kind for kind, pattern in KINDS if pattern.search(name.lower())), "other")
 
 
 #: Buckets of calls per iteration (lower bounds, largest first) for the table by frequency.
@@ -64,16 +46,14 @@ def call_bucket(calls: float) -> str:
 def device_kernels(events: Iterable[dict]) -> list[dict]:
     """The complete (``ph == "X"``) events of the trace's device processes (``/device:GPU:*``)."""
     events = list(events)
-    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-               and "/device:" in str(e.get("args", {}).get("name", ""))
-               and "/device:CPU" not in str(e.get("args", {}).get("name", ""))}
+    names = {e["pid"]: str(e.get("args", {}).get("name", "")) for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    devices = {pid for pid, name in names.items() if "/device:" in name and "/device:CPU" not in name}
     return [e for e in events if e.get("ph") == "X" and e.get("pid") in devices and "dur" in e]
 
 
 def summarise(kernels: list[dict], iterations: int = 1) -> dict:
-    """Totals of ``kernels`` (trace events with ``name``, ``ts`` and ``dur`` in microseconds) per
-    iteration: ``{"busy_us", "span_us", "count", "kinds": {kind: (us, calls)}, "names": {name: (us,
-    calls)}}``, times and calls divided by ``iterations``."""
+    """Per iteration: ``{"busy_us", "span_us", "count", "kinds": {kind: (us, calls)}, "names": {...}}``."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -82,15 +62,12 @@ def summarise(kernels: list[dict], iterations: int = 1) -> dict:
         for table, key in ((kinds, kernel_kind(e["name"])), (names, e["name"])):
             table[key][0] += float(e["dur"])
             table[key][1] += 1
-    busy = sum(float(e["dur"]) for e in kernels)
     span = (max(float(e["ts"]) + float(e["dur"]) for e in kernels) - min(float(e["ts"]) for e in kernels)
             if kernels else 0.0)
     per = float(iterations)
-    return {
-        "busy_us": busy / per, "span_us": span / per, "count": len(kernels) / per,
-        "kinds": {k: (us / per, n / per) for k, (us, n) in kinds.items()},
-        "names": {k: (us / per, n / per) for k, (us, n) in names.items()},
-    }
+    return {"busy_us": sum(float(e["dur"]) for e in kernels) / per, "span_us": span / per,
+            "count": len(kernels) / per, "kinds": {k: (us / per, n / per) for k, (us, n) in kinds.items()},
+            "names": {k: (us / per, n / per) for k, (us, n) in names.items()}}
 
 
 def format_summary(summary: dict, top: int = 25) -> str:
@@ -105,10 +82,7 @@ def format_summary(summary: dict, top: int = 25) -> str:
         lines.append(f"| {kind} | {us / 1e3:,.1f} | {us / busy:.1%} | {n:,.0f} |")
     buckets: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
     for us, n in summary["names"].values():
-        b = buckets[call_bucket(n)]
-        b[0] += us
-        b[1] += n
-        b[2] += 1
+        buckets[call_bucket(n)] = [a + b for a, b in zip(buckets[call_bucket(n)], (us, n, 1))]
     lines += ["", "| calls per iteration of a kernel | ms | share | calls | kernels |", "|---|---|---|---|---|"]
     for bucket in (call_bucket(low) for low in CALL_BUCKETS):
         if bucket in buckets:
@@ -122,20 +96,15 @@ def format_summary(summary: dict, top: int = 25) -> str:
     return "\n".join(lines)
 
 
-def load_trace(trace_dir: str | Path) -> list[dict]:
-    """The events of the newest ``perfetto_trace.json.gz`` under ``trace_dir``."""
+def report(trace_dir: str | Path, iterations: int = 1, top: int = 25) -> str:
+    """The tables of the newest ``perfetto_trace.json.gz`` under ``trace_dir``, per iteration."""
     found = sorted(Path(trace_dir).rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}: record one with "
                                 "jax.profiler.trace(DIR, create_perfetto_trace=True)")
-    with gzip.open(found[-1], "rt") as f:
-        data = json.load(f)
-    return data["traceEvents"] if isinstance(data, dict) else data
-
-
-def report(trace_dir: str | Path, iterations: int = 1, top: int = 25) -> str:
-    """The tables of the newest trace under ``trace_dir``, per iteration (:func:`format_summary`)."""
-    return format_summary(summarise(device_kernels(load_trace(trace_dir)), iterations), top)
+    data = json.loads(gzip.decompress(found[-1].read_bytes()))
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return format_summary(summarise(device_kernels(events), iterations), top)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace_dir")
-    p.add_argument("--iterations", type=int_arg(1), default=1, help="iterations the trace holds (tables are per iteration)")
+    p.add_argument("--iterations", type=int_arg(1), default=1, help="iterations the trace holds")
     p.add_argument("--top", type=int_arg(1), default=25, help="kernels listed")
     args = p.parse_args(argv)
     try:

@@ -1,14 +1,9 @@
-"""Rebuild the plots and tables of docs/results.md from run files.
-
-The tool is :mod:`agents.tools.analyze_runs` (its docstring has the usage); ``python examples/analyze_runs.py --help``
-lists its options.
-"""
+"""Rebuild the plots and tables of docs/results.md from run files; the tool is :mod:`agents.tools.analyze_runs`."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from agents.tools.analyze_runs import main  # noqa: E402
 
 if __name__ == "__main__":

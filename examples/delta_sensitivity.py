@@ -1,14 +1,9 @@
-"""What the cosine reward pays for at each threshold delta, before any training.
-
-The tool is :mod:`agents.tools.delta_sensitivity` (its docstring has the usage); ``python examples/delta_sensitivity.py --help``
-lists its options.
-"""
+"""What the cosine reward pays for at each threshold delta; the tool is :mod:`agents.tools.delta_sensitivity`."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from agents.tools.delta_sensitivity import main  # noqa: E402
 
 if __name__ == "__main__":

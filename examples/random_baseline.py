@@ -3,8 +3,6 @@
     python examples/random_baseline.py --episodes 8 --horizon 300
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys
@@ -39,7 +37,7 @@ def main(argv=None) -> int:
     def random_policy(params, carry, obs, done, key):
         return carry, jax.random.randint(key, (obs["obs"].shape[0],), 0, 17)
 
-    evaluator = make_jax_evaluator(random_policy, lambda n: jnp.zeros(n), len(texts) * cfg.episodes, cfg.horizon)
+    evaluator = make_jax_evaluator(random_policy, jnp.zeros, len(texts) * cfg.episodes, cfg.horizon)
     res = evaluate_jax(evaluator, jax.random.PRNGKey(args.seed), None, F.EnvParams(table=registry.device_table()),
                        rows, cfg, texts, achs, sets)
     print(res.to_markdown())

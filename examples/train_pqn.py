@@ -11,14 +11,8 @@
 The first argument may name a preset (cpu, the default; paper; fast; smoke); flags after it override
 its values. ``--resume`` continues with the run's saved config (flags override single fields).
 
-Writes ``--run-dir`` (see :mod:`agents.run.run_dir`): config.json (with the git commit and package
-versions), metrics.jsonl / metrics.csv, TensorBoard events (if installed; ``--wandb`` also logs to
-Weights & Biases), checkpoints/ (:mod:`agents.run.checkpoint`), eval_<update>.json, eval_final.md,
-PNG plots, and complete.json last; method ``oir`` also instructions.json (every instruction
-inserted into the buffer, with counts), method ``ellm`` goals.json. SIGINT and SIGTERM stop after
-the current update with a checkpoint; a second signal ends the process at once, whatever it is
-waiting on (exit status 128 + the signal's number; the newest checkpoint on disk is the last state).
-The run driver is :mod:`agents.run.train` (shared with examples/train_sb3.py).
+Writes ``--run-dir`` (:mod:`agents.run.run_dir`). SIGINT and SIGTERM stop after the current update
+with a checkpoint; a second signal ends the process at once. The run driver is :mod:`agents.run.train`.
 """
 
 import sys

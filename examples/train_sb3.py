@@ -2,32 +2,17 @@
 
     python examples/train_sb3.py                                        # QR-DQN + rule relabeler, the cpu preset
     python examples/train_sb3.py smoke --run-dir runs/sb3_smoke         # the smallest run (under a minute)
-    python examples/train_sb3.py smoke --sb3.algo recurrent_ppo         # the same with the algorithm's own settings
-    python examples/train_sb3.py --sb3.algo dqn --oir.relabeler both --run.total-timesteps 200000 --sb3.device cuda
     python examples/train_sb3.py --sb3.algo recurrent_ppo --oir.relabeler llm   # curriculum only (on-policy)
     python examples/train_sb3.py --sb3.hp learning_rate=3e-4 buffer_size=20000  # SB3 constructor overrides
     python examples/train_sb3.py --run.method cosine                    # no relabeling: the 22 original instructions
     python examples/train_sb3.py --run-dir runs/x --resume              # continue from the checkpoint
 
 The first argument may name a preset (cpu, the default; smoke); flags after it override its
-values. The algorithm brings its own hyperparameters (``--sb3.defaults``: craftax, or tiny in the
-smoke preset); ``--sb3.hp`` overrides single keys and is checked against the algorithm before
-anything is written. The settings both trainers have use the flags, units and boolean syntax of
-examples/train_pqn.py (``--run.*``, ``--env.*``, ``--oir.*``, ``--llm.*``, ``--eval.*``, and the run
-flags ``--run-dir``, ``--resume``, ``--max-updates``, ``--wandb``...); ``--sb3.*`` is SB3's own.
-An update is ``--sb3.steps-per-update`` env steps (one metrics row): ``--eval.every`` and
-``--run.checkpoint-every`` count updates.
-
-The relabeler is attached with ``oir_gym.sb3.HindsightRelabelCallback``: QR-DQN and DQN get the
-relabeled transitions in their replay buffer, RecurrentPPO the instruction-buffer curriculum only
-(see docs/sb3.md).
-
-Writes ``--run-dir`` (agents/run/run_dir.py, the format of ``train_pqn.py``): config.json,
-metrics.jsonl / metrics.csv, TensorBoard events in tb/ (if installed), model.zip + state.json
-(checkpoint; --resume loads only the model.zip whose sha256 the run recorded: an SB3 zip holds
-pickled objects, so a foreign one is code), eval_*.json, eval_final.md, PNG plots and, last,
-complete.json. The run driver is :mod:`agents.run.train` (shared with examples/train_pqn.py): SIGINT
-and SIGTERM stop after the current update with a checkpoint.
+values. ``--sb3.hp`` overrides single keys of the algorithm's own hyperparameters (``--sb3.defaults``);
+the other flags are those of examples/train_pqn.py. An update is ``--sb3.steps-per-update`` env
+steps. QR-DQN and DQN get the relabeled transitions (``oir_gym.sb3.HindsightRelabelCallback``) in
+their replay buffer, RecurrentPPO the instruction-buffer curriculum only (docs/sb3.md). The run
+directory has the format of ``train_pqn.py``, with model.zip + state.json as the checkpoint.
 """
 
 import sys

@@ -231,25 +231,28 @@ def test_trace_summary_reads_a_real_cpu_trace_and_says_it_holds_no_device_kernel
 
 # Every bench CLI refuses numbers of the wrong kind at the command line, naming the flag: NaN,
 # negative or zero sizes and limits, fractions for counts (oir_gym.validation.int_arg / real_arg).
-BAD_ARGUMENTS = [
-    ("pqn_throughput", "main", ["--timeout", "nan"], "argument --timeout: nan is outside the allowed range > 0"),
-    ("pqn_throughput", "main", ["--timeout", "-1"], "argument --timeout: -1.0 is outside the allowed range > 0"),
-    ("pqn_throughput", "main", ["--timeout", "inf"], "argument --timeout: inf is outside"),
-    ("pqn_throughput", "main", ["--iterations", "0"], "argument --iterations: 0 must be an integer >= 1"),
-    ("pqn_throughput", "main", ["--seeds", "2.5"], "argument --seeds: '2.5' is not an integer"),
-    ("pqn_throughput", "main", ["--seeds-per-device", "-1"], "argument --seeds-per-device: -1 must be"),
-    ("pqn_throughput", "main", ["--seed", "-3"], "argument --seed: -3 must be an integer >= 0"),
-    ("update_cost", "main", ["--iterations", "0"], "argument --iterations: 0 must be an integer >= 1"),
-    ("eval_cost", "main", ["--episodes", "4", "0"], "argument --episodes: 0 must be an integer >= 1"),
-    ("eval_cost", "main", ["--horizon", "-5"], "argument --horizon: -5 must be"),
-    ("grounding_cost", "main", ["--repeats", "0"], "argument --repeats: 0 must be an integer >= 1"),
-    ("grounding_cost", "main", ["--n", "1e3"], "argument --n: '1e3' is not an integer"),
-    ("relabel_throughput", "main", ["--k", "0"], "argument --k: 0 must be an integer >= 1"),
-    ("relabel_throughput", "main", ["--n-threads", "-2"], "argument --n-threads: -2 must be"),
-    ("trace_summary", "main", ["somewhere", "--top", "0"], "argument --top: 0 must be an integer >= 1"),
-    ("env_throughput", "parse_args", ["--envs", "64", "0"], "argument --envs: 0 must be an integer >= 1"),
-    ("env_throughput", "parse_args", ["--steps", "nan"], "argument --steps: 'nan' is not an integer"),
-]
+_REFUSED = {  # (module, entry point): [(argv, message)]
+    ("pqn_throughput", "main"): [
+        (["--timeout", "nan"], "argument --timeout: nan is outside the allowed range > 0"),
+        (["--timeout", "-1"], "argument --timeout: -1.0 is outside the allowed range > 0"),
+        (["--timeout", "inf"], "argument --timeout: inf is outside"),
+        (["--iterations", "0"], "argument --iterations: 0 must be an integer >= 1"),
+        (["--seeds", "2.5"], "argument --seeds: '2.5' is not an integer"),
+        (["--seeds-per-device", "-1"], "argument --seeds-per-device: -1 must be"),
+        (["--seed", "-3"], "argument --seed: -3 must be an integer >= 0")],
+    ("update_cost", "main"): [(["--iterations", "0"], "argument --iterations: 0 must be an integer >= 1")],
+    ("eval_cost", "main"): [(["--episodes", "4", "0"], "argument --episodes: 0 must be an integer >= 1"),
+                            (["--horizon", "-5"], "argument --horizon: -5 must be")],
+    ("grounding_cost", "main"): [(["--repeats", "0"], "argument --repeats: 0 must be an integer >= 1"),
+                                 (["--n", "1e3"], "argument --n: '1e3' is not an integer")],
+    ("relabel_throughput", "main"): [(["--k", "0"], "argument --k: 0 must be an integer >= 1"),
+                                     (["--n-threads", "-2"], "argument --n-threads: -2 must be")],
+    ("trace_summary", "main"): [(["somewhere", "--top", "0"], "argument --top: 0 must be an integer >= 1")],
+    ("env_throughput", "parse_args"): [(["--envs", "64", "0"], "argument --envs: 0 must be an integer >= 1"),
+                                       (["--steps", "nan"], "argument --steps: 'nan' is not an integer")],
+}
+BAD_ARGUMENTS = [(module, entry, argv, message) for (module, entry), cases in _REFUSED.items()
+                 for argv, message in cases]
 
 
 @pytest.mark.parametrize("module, entry, argv, message", BAD_ARGUMENTS,
