@@ -5,8 +5,7 @@
 on the LLM relabeler's worker; :meth:`BackgroundRelabeler.collect` hands back the rules' results,
 then the LLM's that have arrived, without LLM candidates the rules already gave for the same
 trajectory (``llm_repeats_rules``). With the LLM queue full, the oldest queued batch is dropped
-(``on_full="replace"``): the LLM always reads the freshest rollouts, and the rules have answered
-for the dropped one. Either half may be ``None``.
+(``on_full="replace"``). Either half may be ``None``.
 """
 
 from __future__ import annotations

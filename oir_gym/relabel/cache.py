@@ -1,9 +1,5 @@
-"""Thread-safe LRU cache of LLM answers keyed by normalised behaviour, optionally on disk.
-
-Only the (parsed, filtered) LLM candidate texts are cached: grounding depends on the exact
-trajectory and is recomputed, and rule instructions are cheap. The JSON file is written
-atomically (temp file + rename), so a crash never leaves a half-written cache behind.
-"""
+"""Thread-safe LRU cache of (parsed, filtered) LLM candidate texts keyed by normalised behaviour,
+optionally in a JSON file written atomically."""
 
 from __future__ import annotations
 
@@ -19,12 +15,8 @@ CACHE_FORMAT_VERSION = 1
 
 
 class LRUCache:
-    """``key -> list[str]`` with least-recently-used eviction.
-
-    Args:
-        capacity: entries kept (0 disables the cache).
-        path: JSON file to load from at construction and :meth:`save` to (``None``: memory only).
-    """
+    """``key -> list[str]`` with least-recently-used eviction: ``capacity`` entries (0: disabled),
+    loaded from ``path`` at construction and :meth:`save` to it (``None``: memory only)."""
 
     def __init__(self, capacity: int = 4096, path: Optional[str | os.PathLike] = None) -> None:
         self.capacity = int(capacity)
@@ -66,9 +58,8 @@ class LRUCache:
             raw = json.loads(self.path.read_text())
             if raw.get("version") != CACHE_FORMAT_VERSION:
                 raise ValueError(f"cache version {raw.get('version')!r}")
-            entries = raw["entries"]
             with self._lock:
-                for k, v in entries:
+                for k, v in raw["entries"]:
                     if isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v):
                         self._data[k] = v
                 while len(self._data) > self.capacity:

@@ -16,13 +16,8 @@ from oir_gym.trajectory import Trajectory
 
 @dataclass
 class Proposal:
-    """What the backends proposed for one trajectory, before parsing/filtering/grounding.
-
-    Attributes:
-        llm_raw: raw LLM completions (empty when no LLM ran).
-        rules: rule instructions.
-        error: why the LLM produced nothing (``None`` when it answered or was not asked).
-    """
+    """What the backends proposed for one trajectory: raw LLM completions, rule instructions, and
+    why the LLM produced nothing (``error``; ``None`` when it answered or was not asked)."""
 
     llm_raw: list[str] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
@@ -30,12 +25,7 @@ class Proposal:
 
 
 class CompositeBackend:
-    """An optional LLM backend plus optional rules; LLM candidates come first when merged.
-
-    Args:
-        llm: an :class:`LLMBackend` or ``None`` (rules only).
-        rules: a :class:`RuleBackend` or ``None`` (LLM only).
-    """
+    """An optional :class:`LLMBackend` plus an optional :class:`RuleBackend` (at least one)."""
 
     def __init__(self, llm: Optional[LLMBackend] = None, rules: Optional[RuleBackend] = None) -> None:
         if llm is None and rules is None:
@@ -45,10 +35,8 @@ class CompositeBackend:
 
     @classmethod
     def build(cls, backend: Any, settings: LLMSettings, rules: RuleBackend, use_rules: bool) -> "CompositeBackend":
-        """``backend`` (a name, spec or object; a composite as is) built by
-        :func:`~oir_gym.relabel.llm.build.build_llm` with ``settings`` (``llm.timeout`` without a
-        ``child_config`` becomes the child's whole-call deadline), with ``rules`` beside it when
-        ``use_rules`` or when there is no LLM."""
+        """``backend`` built by :func:`~oir_gym.relabel.llm.build.build_llm` (a composite as is),
+        with ``rules`` beside it when ``use_rules`` or when there is no LLM."""
         if isinstance(backend, CompositeBackend):
             return backend
         child_config = settings.child_config
@@ -70,12 +58,9 @@ class CompositeBackend:
         self, trajectories: Sequence[Trajectory], prompts: Optional[Sequence[Optional[str]]] = None,
         n: int = 1, schema: Optional[dict] = None,
     ) -> list[Proposal]:
-        """Rules for every trajectory and LLM completions for those with a prompt.
-
-        ``prompts[i] is None`` skips the LLM for trajectory ``i`` (cache hit, idle trajectory).
-        LLM errors are not raised: they are recorded in each affected :attr:`Proposal.error`.
-        """
-        props = [Proposal(rules=self.rules.instructions(t) if self.rules else []) for t in trajectories]
+        """Rules for every trajectory and LLM completions for those whose prompt is not ``None``; LLM
+        errors are recorded in each affected :attr:`Proposal.error`, not raised."""
+        props = self._rule_proposals(trajectories)
         if self.llm is None or prompts is None:
             return props
         idx = [i for i, p in enumerate(prompts) if p is not None]
@@ -96,13 +81,9 @@ class CompositeBackend:
     def propose_within(self, caller: OffThreadCaller, timeout: Optional[float], trajectories: Sequence[Trajectory],
                        prompts: Optional[Sequence[Optional[str]]] = None, n: int = 1,
                        schema: Optional[dict] = None) -> list[Proposal]:
-        """:meth:`propose` within ``timeout`` seconds (``None``: the backend's own limit).
-
-        The call runs on ``caller``'s thread; past the timeout it keeps running there and its answer
-        is discarded: the trajectories get the rules and the error ``BackendTimeout`` (``LLMBusy``
-        while an earlier call still runs). A child-process backend keeps its own deadline (it is
-        killed past it), so it is called directly.
-        """
+        """:meth:`propose` on ``caller``'s thread within ``timeout`` seconds (``None``: the backend's own
+        limit); past it the answer is discarded and the trajectories get the rules and the error
+        ``BackendTimeout`` (``LLMBusy`` while an earlier call runs). A child process keeps its own deadline."""
         if timeout is None or self.llm is None or prompts is None or isinstance(self.llm, ChildProcessBackend):
             return self.propose(trajectories, prompts, n, schema)
         try:
@@ -110,7 +91,10 @@ class CompositeBackend:
         except BackendTimeout as e:
             err = (f"LLMBusy: {e}" if isinstance(e, LLMBusy)
                    else f"{BackendTimeout.__name__}: LLM call exceeded llm_timeout={timeout}s")
-            props = [Proposal(rules=self.rules.instructions(t) if self.rules else []) for t in trajectories]
+            props = self._rule_proposals(trajectories)
             for p, pr in zip(props, prompts):
                 p.error = err if pr is not None else None
             return props
+
+    def _rule_proposals(self, trajectories: Sequence[Trajectory]) -> list[Proposal]:
+        return [Proposal(rules=self.rules.instructions(t) if self.rules else []) for t in trajectories]

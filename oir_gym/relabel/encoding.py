@@ -11,14 +11,8 @@ from oir_gym.captions import VOCAB
 
 
 class SharedEncoder:
-    """A sentence encoder (``encode(list[str]) -> [n, D]``) behind one lock, loaded on first use.
-
-    The shared encoder's string cache is not thread-safe: the training loop (:meth:`encode`) and a
-    relabeler's background worker use it one at a time.
-
-    Args:
-        encoder: the encoder, or ``None`` for :func:`oir_gym.encoder.get_encoder`'s shared one.
-    """
+    """A sentence encoder (``None``: :func:`oir_gym.encoder.get_encoder`'s shared one, loaded on first
+    use) behind one lock: its string cache is not thread-safe."""
 
     def __init__(self, encoder: Any = None) -> None:
         self._encoder = encoder
@@ -51,19 +45,9 @@ class SharedEncoder:
 
 
 class TableEncoder:
-    """An encoder that answers from a table of embeddings made once, and loads a real encoder only
-    for a text outside it (on the first such text, then kept).
-
-    Rule relabeling over worker processes gives each worker one: the parent embeds the texts the
-    rules can give (the caption vocabulary, the pair wordings, a wording pool) and the workers,
-    which would otherwise each load the sentence model (seconds and hundreds of MB apiece, all at
-    start-up beside the first compiles), load it only if a label falls outside the table (an
-    ``"A then B"`` compound, a noisy copy). It pickles as its table alone.
-
-    Args:
-        texts, embeddings: the table (``embeddings [len(texts), D]``).
-        model: the model a miss loads (:func:`oir_gym.encoder.get_encoder`'s argument).
-    """
+    """An encoder answering from a table (``texts``, ``embeddings [len(texts), D]``) that loads the
+    real encoder ``model`` only for a text outside it. Rule relabeling workers get one so that they
+    need not each load the sentence model. It pickles as its table alone."""
 
     def __init__(self, texts: Sequence[str], embeddings: np.ndarray, model: str = "default") -> None:
         emb = np.asarray(embeddings, dtype=np.float32)
@@ -104,10 +88,9 @@ class TableEncoder:
         single = isinstance(texts, str)
         items = [texts] if single else list(texts)
         out = np.zeros((len(items), self.dim), np.float32)
+        hits = [i for i, t in enumerate(items) if t in self._rows]
         missing = [i for i, t in enumerate(items) if t not in self._rows]
-        for i, t in enumerate(items):
-            if t in self._rows:
-                out[i] = self._emb[self._rows[t]]
+        out[hits] = self._emb[[self._rows[items[i]] for i in hits]]
         if missing:
             with self._lock:
                 if self._fallback is None:

@@ -1,11 +1,8 @@
 """Candidate filters: normalise, drop forbidden/empty/over-long/garbage answers, de-duplicate.
 
-Every dropped candidate is counted under a reason, so a run's metrics show *why* LLM answers
-were lost (``forbidden_word``, ``too_long``, ``near_duplicate``...). Nothing here raises.
-
-The forbidden words follow the paper's prompt: no movement or exploration instructions ("move",
-"explore", "navigate", "go to", or any synonym indicating changing position). Such instructions
-are never grounded by an event caption and would only waste instruction-buffer slots.
+Every dropped candidate is counted under a reason (``forbidden_word``, ``too_long``...). The
+forbidden words follow the paper's prompt: no movement or exploration instructions (never grounded
+by an event caption). Nothing here raises.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ FORBIDDEN_PATTERNS: tuple[str, ...] = (
     r"\brelocat\w*",
     r"\bwalk\b",
 )
-#: Instructions that would reward self-harm: the caption vocabulary has events for taking damage
-#: and dying, so an LLM's "die" would be grounded and would steer the curriculum toward dying.
+#: Instructions that would reward self-harm (damage and death are grounded events).
 HARMFUL_PATTERNS: tuple[str, ...] = (
     r"\bdie[sd]?\b", r"\bdying\b", r"\bdeath\b", r"\bkill(?:s|ed|ing)?\s+(?:yourself|myself|the player|the agent)\b",
     r"\b(?:take|takes|taking|took)\s+damage\b", r"\bget(?:s|ting)?\s+hurt\b", r"\blos(?:e|es|ing|t)\s+(?:all\s+)?health\b",
@@ -65,30 +61,19 @@ def _bad_char(c: str) -> bool:
 def normalise(text: str) -> str:
     """Canonical form of a candidate: NFKC, lower case, single spaces, no bullets/quotes/trailing
     punctuation. Idempotent (applied until it stops changing)."""
-    prev = None
-    s = text
+    prev, s = None, text
     for _ in range(4):
         if s == prev:
             break
         prev = s
-        s = unicodedata.normalize("NFKC", s).lower()
-        s = _WS.sub(" ", s).strip()
-        s = _LEAD.sub("", s)
-        s = s.strip(_EDGE)
+        s = _LEAD.sub("", _WS.sub(" ", unicodedata.normalize("NFKC", s).lower()).strip()).strip(_EDGE)
     return s
 
 
 @dataclass
 class CandidateFilter:
-    """Text-level filter (no embeddings).
-
-    Args:
-        max_chars: longest kept instruction (after normalisation).
-        min_chars: shortest kept instruction (small models emit fragments such as ``"he"``).
-        max_words: most words in a kept instruction.
-        forbidden: regexes of forbidden wording (default :data:`FORBIDDEN_PATTERNS`).
-        extra_forbidden: more regexes added to ``forbidden``.
-    """
+    """Text-level filter (no embeddings): length bounds (characters after normalisation, words) and
+    regexes of forbidden wording (``forbidden`` plus ``extra_forbidden``)."""
 
     max_chars: int = 100
     min_chars: int = 3
@@ -166,14 +151,8 @@ class CandidateFilter:
 
 
 def near_duplicate_mask(embeddings: np.ndarray, threshold: float = 0.95) -> np.ndarray:
-    """Greedy de-duplication by cosine similarity of unit-norm embeddings.
-
-    Item ``i`` is dropped when its cosine with an earlier *kept* item is ``>= threshold``, so
-    earlier candidates (LLM before rules, mid-level before high-level) win.
-
-    Returns:
-        ``[n]`` bool mask of the kept items.
-    """
+    """``[n]`` bool mask of the kept items: item ``i`` is dropped when its cosine with an earlier
+    kept item (unit-norm embeddings) is ``>= threshold``."""
     emb = np.asarray(embeddings, dtype=np.float32)
     n = len(emb)
     keep = np.ones(n, dtype=bool)

@@ -1,14 +1,11 @@
-"""The relabeler's background queue: :meth:`HindsightRelabeler.submit` / ``collect`` without threads
-in the pipeline.
+"""The relabeler's background queue behind :meth:`HindsightRelabeler.submit` / ``collect``.
 
-:class:`JobQueue` runs one function over queued batches on one daemon worker thread, with a
-bounded queue. When the queue is full, ``on_full`` decides: ``"rules"`` answers at once with the
-``overflow`` function (the relabeler: rule instructions only, marked ``fallback="overflow"``),
-``"skip"`` drops the new batch, ``"replace"`` drops the oldest queued one (fresh rollouts win),
-``"block"`` waits for room. Drops are counted in the relabeler's
-:class:`~oir_gym.relabel.stats.RelabelStats` (``overflow_rules``, ``overflow_skipped``,
-``overflow_replaced``); batches still queued when
-:meth:`JobQueue.stop` runs out of time are dropped and counted as ``closed_in_flight``.
+:class:`JobQueue` runs one function over queued batches on one daemon worker thread. When the
+bounded queue is full, ``on_full`` decides: ``"rules"`` answers at once with the ``overflow``
+function (marked ``fallback="overflow"``), ``"skip"`` drops the new batch, ``"replace"`` drops the
+oldest queued one, ``"block"`` waits for room. Drops are counted in
+:class:`~oir_gym.relabel.stats.RelabelStats`; batches still queued when :meth:`JobQueue.stop`
+runs out of time are counted as ``closed_in_flight``.
 """
 
 from __future__ import annotations
@@ -23,9 +20,7 @@ from oir_gym.relabel.results import RelabelResult
 from oir_gym.relabel.stats import RelabelStats
 from oir_gym.trajectory import Trajectory
 
-#: Default longest wait (seconds) of :meth:`HindsightRelabeler.close` for the background worker to
-#: finish the queued batches; then queued batches are dropped and an LLM the relabeler started is
-#: stopped (see :meth:`~oir_gym.relabel.relabeler.HindsightRelabeler.close` for the whole bound).
+#: Default longest wait (seconds) of :meth:`HindsightRelabeler.close` for the queued batches.
 CLOSE_TIMEOUT = 10.0
 
 Job = tuple[list[Trajectory], list[int]]
@@ -36,16 +31,9 @@ Fail = Callable[[list[Trajectory], list[int], str], list[RelabelResult]]
 
 
 class JobQueue:
-    """A bounded queue of relabeling batches and the worker thread that processes them.
-
-    Args:
-        process: relabels one batch on the worker thread (the LLM may be asked).
-        overflow: relabels one batch at once without the LLM (``on_full="rules"``).
-        fail: the results of a batch whose ``process`` raised (never kills the worker).
-        stats: the relabeler's counters (``submitted``, ``completed``, overflow and close drops).
-        size: batches the queue holds (at least 1).
-        on_full: ``"rules"``, ``"skip"``, ``"replace"`` or ``"block"`` (module docstring).
-    """
+    """A bounded queue of relabeling batches and its worker thread: ``process`` relabels a batch on
+    the worker, ``overflow`` at once without the LLM (``on_full="rules"``), ``fail`` gives the
+    results of a batch whose ``process`` raised; ``size`` batches fit in the queue."""
 
     def __init__(self, process: Process, overflow: Process, fail: Fail, stats: RelabelStats, size: int,
                  on_full: str) -> None:
@@ -65,12 +53,22 @@ class JobQueue:
     def submit(self, trajs: list[Trajectory], ids: list[int]) -> None:
         """Queue one batch (see ``on_full`` for a full queue)."""
         self._stats.add(submitted=len(trajs))
-        self._ensure_worker()
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="oir-relabeler", daemon=True)
+            self._worker.start()
         with self._done_cv:
             self._pending += len(trajs)
         if self.on_full == "replace":
-            self._put_replacing((trajs, ids))
-            return
+            while True:  # discard the oldest queued batches while the queue is full
+                try:
+                    return self._queue.put_nowait((trajs, ids))
+                except queue.Full:
+                    try:
+                        old_trajs, _ = self._queue.get_nowait()
+                    except queue.Empty:  # the worker took one meanwhile: try again
+                        continue
+                    self._stats.add(overflow_replace=len(old_trajs))
+                    self._forget(len(old_trajs))
         try:
             if self.on_full == "block":
                 self._queue.put((trajs, ids))
@@ -89,20 +87,6 @@ class JobQueue:
             else:
                 self._forget(len(trajs))
 
-    def _put_replacing(self, job: Job) -> None:
-        """Enqueue ``job``, discarding the oldest queued batches while the queue is full."""
-        while True:
-            try:
-                self._queue.put_nowait(job)
-                return
-            except queue.Full:
-                try:
-                    old_trajs, _ = self._queue.get_nowait()
-                except queue.Empty:  # the worker took one meanwhile: try again
-                    continue
-                self._stats.add(overflow_replace=len(old_trajs))
-                self._forget(len(old_trajs))
-
     def collect(self, block: bool = False, timeout: Optional[float] = None) -> list[RelabelResult]:
         """Finished results so far; ``block``: first wait until nothing is pending (or ``timeout``)."""
         with self._done_cv:
@@ -112,22 +96,15 @@ class JobQueue:
             self._done.clear()
         return out
 
-    def _forget(self, n: int) -> None:
-        with self._done_cv:
-            self._pending -= n
-            self._done_cv.notify_all()
-
-    def _deliver(self, results: list[RelabelResult], n: int) -> None:
+    def _forget(self, n: int, results: tuple | list = ()) -> None:
         with self._done_cv:
             self._done.extend(results)
             self._pending -= n
             self._done_cv.notify_all()
-        self._stats.add(completed=len(results))
 
-    def _ensure_worker(self) -> None:
-        if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(target=self._work, name="oir-relabeler", daemon=True)
-            self._worker.start()
+    def _deliver(self, results: list[RelabelResult], n: int) -> None:
+        self._forget(n, results)
+        self._stats.add(completed=len(results))
 
     def _work(self) -> None:
         while True:
@@ -141,38 +118,29 @@ class JobQueue:
                 res = self._fail(trajs, ids, f"{type(e).__name__}: {e}")
             self._deliver(res, len(trajs))
 
-    # ------------------------------------------------------------------ shutdown
     def stop(self, end: Optional[float]) -> None:
         """Let the worker finish the queued batches until ``end`` (``time.monotonic()``; ``None``: no
         limit), then drop what is still queued. Returns by ``end`` even while the worker is stuck in
         a call (then it is still running: :meth:`join` after cutting the call)."""
         if self._worker is None or not self._worker.is_alive():
             return
-        self._put_stop(end)
-        self._worker.join(None if end is None else max(0.0, end - time.monotonic()))
-
-    def join(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the worker to end."""
-        if self._worker is not None and self._worker.is_alive():
-            self._worker.join(timeout)
-
-    def _put_stop(self, end: Optional[float]) -> None:
-        """Queue the worker's stop marker behind the queued batches. When there is no room by
-        ``end`` (the worker is stuck in an LLM call), drop queued batches to make room: a full
-        queue never holds up the relabeler's ``close``."""
-        while True:
+        while True:  # the stop marker goes behind the queued batches; no room by `end`: drop batches
             left = None if end is None else max(0.0, end - time.monotonic())
             try:
                 self._queue.put(None, timeout=left)
-                return
+                break
             except queue.Full:
                 pass
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:  # the worker took one meanwhile: there is room now
                 continue
-            if job is None:
-                continue
-            trajs, _ = job
-            self._stats.add(closed_in_flight=len(trajs))
-            self._forget(len(trajs))
+            if job is not None:
+                self._stats.add(closed_in_flight=len(job[0]))
+                self._forget(len(job[0]))
+        self._worker.join(None if end is None else max(0.0, end - time.monotonic()))
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the worker to end."""
+        if self._worker is not None and self._worker.is_alive():
+            self._worker.join(timeout)

@@ -3,12 +3,10 @@
 :class:`ParallelRelabeler` cuts the batch into contiguous chunks, relabels them in ``spawn``
 worker processes, each holding a relabeler built by ``factory`` (picklable, e.g.
 ``functools.partial(HindsightRelabeler.rules, k=4)``), and returns the results in the batch's order
-with the caller's own trajectories: the same candidates as in process (embeddings equal to float
-rounding). All workers start at construction from a side thread (each first task waits at a
-barrier, so the pool starts them at once; the pickled factory goes in shared memory so a worker's
-arguments fit the pipe). Until they are ready, and for batches below ``min_batch``, the calling
-process relabels. Workers run JAX on the CPU (``WORKER_ENV``): no CUDA context each. A worker that
-dies or fails to start is warned about once, and later batches stay in process.
+with the caller's own trajectories: the same candidates as in process. Workers start at
+construction from a side thread; until they are ready, and for batches below ``min_batch``, the
+calling process relabels. Workers run JAX on the CPU (``WORKER_ENV``). A worker that dies or fails
+to start is warned about once, and later batches stay in process.
 """
 
 from __future__ import annotations

@@ -38,14 +38,8 @@ _ITEM_KEYS = ("instruction", "text", "task", "goal", "description")
 
 @dataclass
 class ParsedOutput:
-    """Instructions found in one completion, before filtering.
-
-    Attributes:
-        mid: the ``Mid-Level`` list (atomic instructions).
-        high: the ``High-Level`` list (multi-step instructions).
-        flat: strings from any other list (a bare JSON list, ``"instructions"``, bullets).
-        reasons: counted problems (``"no_json"``, ``"salvaged_truncated"``, ``"input_capped"``...).
-    """
+    """Instructions found in one completion, before filtering: the ``Mid-Level`` list, the
+    ``High-Level`` list, strings from any other list (``flat``), and counted problems (``reasons``)."""
 
     mid: list[str] = field(default_factory=list)
     high: list[str] = field(default_factory=list)
@@ -94,10 +88,7 @@ def _unfence(text: str) -> str:
 
 def _balanced_span(text: str, start: int) -> tuple[int, bool]:
     """End index (exclusive) of the bracket group opened at ``start`` and whether it closed."""
-    stack = []
-    quote = None
-    i = start
-    n = len(text)
+    stack, quote, i, n = [], None, start, len(text)
     while i < n:
         c = text[i]
         if quote:
@@ -106,10 +97,8 @@ def _balanced_span(text: str, start: int) -> tuple[int, bool]:
                 continue
             if c == quote:
                 quote = None
-        elif c in "\"'":
-            # a single quote only opens a string where a value can start (not inside words)
-            if c == '"' or (i == 0 or text[i - 1] in "[{,: \n\t"):
-                quote = c
+        elif c == '"' or (c == "'" and (i == 0 or text[i - 1] in "[{,: \n\t")):
+            quote = c  # a single quote only opens a string where a value can start
         elif c in "[{":
             stack.append("]" if c == "[" else "}")
         elif c in "]}":
@@ -257,18 +246,16 @@ def _parse_into(raw: Any, max_chars: int, out: ParsedOutput) -> None:
     starts = [i for i, c in enumerate(text) if c in "{["][:20]
     for start in starts:
         end, closed = _balanced_span(text, start)
-        chunk = text[start:end]
-        if closed:
-            try:
-                obj = _loads(chunk)
-            except ValueError:
-                continue
-            before = len(out.all)
-            _collect(obj, "flat", out)
-            if len(out.all) > before or isinstance(obj, dict):
-                return
-        else:
+        if not closed:
             break
+        try:
+            obj = _loads(text[start:end])
+        except ValueError:
+            continue
+        before = len(out.all)
+        _collect(obj, "flat", out)
+        if len(out.all) > before or isinstance(obj, dict):
+            return
     # truncated or broken JSON: salvage the complete strings
     if starts:
         before = len(out.all)
@@ -289,18 +276,8 @@ def _parse_into(raw: Any, max_chars: int, out: ParsedOutput) -> None:
 def parse_candidates(
     raw: Any, candidate_filter: CandidateFilter | None = None, max_chars: int = MAX_INPUT_CHARS
 ) -> tuple[list[str], Counter]:
-    """Raw completion -> filtered, normalised, de-duplicated candidate strings (never raises).
-
-    Args:
-        raw: the model's text (bytes and other objects are tolerated).
-        candidate_filter: the text filter to apply (default :class:`CandidateFilter()`).
-        max_chars: input cap.
-
-    Returns:
-        ``(candidates, reasons)``; ``reasons`` counts parse problems and every dropped item.
-    """
+    """Raw completion -> ``(candidates, reasons)``: filtered (default :class:`CandidateFilter()`),
+    normalised, de-duplicated strings, and counts of parse problems and dropped items (never raises)."""
     parsed = parse_completion(raw, max_chars)
-    filt = candidate_filter or CandidateFilter()
-    kept, dropped = filt.filter(parsed.all)
-    reasons = parsed.reasons + dropped
-    return kept, reasons
+    kept, dropped = (candidate_filter or CandidateFilter()).filter(parsed.all)
+    return kept, parsed.reasons + dropped

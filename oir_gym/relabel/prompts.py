@@ -34,14 +34,8 @@ MAX_ANALYSIS_CHARS = 200
 
 @dataclass(frozen=True)
 class PromptTemplate:
-    """A prompt template.
-
-    Attributes:
-        name: template name (``"paper"``, ``"segments"`` or the file stem of a custom one).
-        text: template text with ``{{trajectory}}`` (and optionally ``{{k}}``).
-        view: ``"timesteps"`` or ``"segments"``: how the trajectory is rendered.
-        analysis: whether the answer format has the paper's ``Analysis`` field and wrapper.
-    """
+    """A prompt template: ``name``, ``text`` (with ``{{trajectory}}``, optionally ``{{k}}``), ``view``
+    (``"timesteps"`` or ``"segments"``) and ``analysis`` (the answer has the paper's wrapper)."""
 
     name: str
     text: str
@@ -57,12 +51,9 @@ class PromptTemplate:
                    count: Optional[Callable[[str], int]] = None) -> tuple[str, int]:
         """The prompt and its compaction level (0: none).
 
-        With ``max_tokens`` (and a ``segments`` view), the trajectory block is compacted
-        (:func:`~oir_gym.relabel.segments.compact_text`: background events merged into idle runs,
-        then idle runs left out, then one line per distinct event, then lines cut) until the whole
-        prompt counts at most ``max_tokens`` by ``count`` (default
-        :func:`~oir_gym.relabel.tokens.approx_token_count`). The ``timesteps`` view is never
-        compacted (it is the paper's per-step format).
+        With ``max_tokens``, a ``segments`` view is compacted (:func:`~oir_gym.relabel.segments.compact_text`)
+        until the prompt counts at most ``max_tokens`` by ``count`` (default
+        :func:`~oir_gym.relabel.tokens.approx_token_count`); ``timesteps`` is never compacted.
         """
         head = self.text.replace("{{k}}", str(k))
         # str.replace, not str.format: the templates are full of JSON braces.
@@ -77,21 +68,13 @@ class PromptTemplate:
 
     def render_counted(self, traj: Trajectory, k: int, max_tokens: Optional[int],
                        count: Callable[[str], int]) -> tuple[str, int, int]:
-        """:meth:`render_fit` plus the prompt's length: ``(prompt, compaction level, tokens)``,
-        each text counted by ``count`` once."""
-        counts: dict[str, int] = {}
-
-        def once(text: str) -> int:
-            if text not in counts:
-                counts[text] = count(text)
-            return counts[text]
-
+        """``(prompt, compaction level, tokens)``, each text counted by ``count`` once."""
+        once = lru_cache(maxsize=None)(count)
         prompt, level = self.render_fit(traj, k, max_tokens, once)
         return prompt, level, once(prompt)
 
     def examples(self) -> list[str]:
-        """The instructions of the template's few-shot answers (the JSON after each ``Answer:``), in
-        order: what a small LLM tends to copy (:func:`oir_gym.diversity.prompt_echo`)."""
+        """The instructions of the template's few-shot answers (the JSON after each ``Answer:``)."""
         out: list[str] = []
         for m in re.finditer(r"^Answer:\s*(\{.*\})\s*$", self.text, re.M):
             try:
@@ -103,22 +86,16 @@ class PromptTemplate:
         return list(dict.fromkeys(out))
 
     def schema(self, k: int = 4) -> dict[str, Any]:
-        """JSON schema of the expected answer (see :func:`output_schema`)."""
+        """JSON schema of the expected answer."""
         return output_schema(k, analysis=self.analysis)
 
 
 def parse_template(text: str, name: str = "custom") -> PromptTemplate:
     """Build a template from text with optional ``#| key: value`` metadata lines."""
-    meta: dict[str, str] = {}
-    body = []
-    for line in text.splitlines():
-        if line.startswith("#|"):
-            m = re.match(r"#\|\s*(\w+)\s*:\s*(\S+)\s*$", line)
-            if m:
-                meta[m.group(1).lower()] = m.group(2).lower()
-            continue
-        body.append(line)
-    body_text = "\n".join(body).strip("\n")
+    lines = text.splitlines()
+    meta = {m.group(1).lower(): m.group(2).lower()
+            for m in (re.match(r"#\|\s*(\w+)\s*:\s*(\S+)\s*$", line) for line in lines) if m}
+    body_text = "\n".join(line for line in lines if not line.startswith("#|")).strip("\n")
     if "{{trajectory}}" not in body_text:
         raise ValueError(f"prompt template {name!r} has no {{{{trajectory}}}} placeholder")
     view = meta.get("view", "segments")
@@ -141,16 +118,13 @@ def load_template(name_or_path: str = DEFAULT_TEMPLATE) -> PromptTemplate:
     return parse_template(p.read_text(), p.stem)
 
 
-def step_observation(traj: Trajectory, t: int) -> str:
-    """Textual observation of step ``t``; without per-step texts, the step's event captions."""
+def _step_observation(traj: Trajectory, t: int) -> str:
     if traj.texts is not None:
         return traj.texts[t]
-    caps = traj.captions_at(t)
-    return "events: " + (", ".join(caps) if caps else "none")
+    return "events: " + (", ".join(traj.captions_at(t)) or "none")
 
 
-def step_action(traj: Trajectory, t: int) -> str:
-    """Action text of step ``t`` (``action_texts`` when given, else the Craftax action name)."""
+def _step_action(traj: Trajectory, t: int) -> str:
     if traj.action_texts is not None:
         return traj.action_texts[t]
     a = int(traj.actions[t])
@@ -159,10 +133,8 @@ def step_action(traj: Trajectory, t: int) -> str:
 
 def timestep_lines(traj: Trajectory) -> str:
     """The paper's per-timestep trajectory rendering (section 4.1)."""
-    return "\n".join(
-        f"timestep {t}: {step_observation(traj, t)}, agent takes action {step_action(traj, t)}"
-        for t in range(len(traj))
-    )
+    return "\n".join(f"timestep {t}: {_step_observation(traj, t)}, agent takes action {_step_action(traj, t)}"
+                     for t in range(len(traj)))
 
 
 def output_schema(k: int = 4, analysis: bool = False) -> dict[str, Any]:
@@ -194,25 +166,12 @@ def output_schema(k: int = 4, analysis: bool = False) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# GBNF twin of the schema (llama.cpp grammars)
-# ---------------------------------------------------------------------------------------------
-
-def _gbnf_string(max_chars: int, first: str, rest: str) -> str:
-    return f'"\\"" {first} {rest}{{0,{max_chars - 1}}} "\\""'
-
-
 def instruction_gbnf(k: int = 4, analysis: bool = False, max_chars: int = MAX_INSTRUCTION_CHARS) -> str:
-    """GBNF grammar of the answer JSON (see :func:`oir_gym.relabel.prompts.output_schema`).
-
-    Hand-written rather than converted from the JSON schema so that instruction strings are
-    restricted to plain words (letters first, then letters, digits, spaces, ``,'-``) and every
-    repetition is bounded: a 270M base model otherwise loops or drifts into markup.
-    """
+    """GBNF grammar of the answer JSON (:func:`output_schema`), hand-written so that instructions are
+    plain words and every repetition is bounded (a 270M base model otherwise loops)."""
     k = max(1, int(k))
-    item = _gbnf_string(max_chars, "[a-zA-Z]", "[a-zA-Z0-9 ,'-]")
     rules = [
-        f"item ::= {item}",
+        f'item ::= "\\"" [a-zA-Z] [a-zA-Z0-9 ,\'-]{{0,{max_chars - 1}}} "\\""',
         f'list ::= "[" item ("," ws item){{0,{k - 1}}} "]"',
         'list0 ::= "[]" | list',
         'ws ::= [ ]?',

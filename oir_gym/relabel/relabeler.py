@@ -1,11 +1,9 @@
 """The HindsightRelabeler: trajectories in, grounded relabeled instructions out (paper section 4.1).
 
-Each batch goes through the stages of :mod:`oir_gym.relabel.pipeline`. Failure policy: nothing is
-raised into the training loop; an LLM that raises, passes ``llm_timeout`` or answers nothing usable
-is counted and (``fallback="rules"``) the rule instructions answer instead. Native backends run in a
-child process (:mod:`oir_gym.relabel.llm.child`) restarted with backoff. :meth:`~HindsightRelabeler.relabel`
-is synchronous (the paper's lock-step); :meth:`~HindsightRelabeler.submit` / :meth:`~HindsightRelabeler.collect`
-run the same pipeline on a background thread (:mod:`oir_gym.relabel.jobs`).
+Each batch goes through the stages of :mod:`oir_gym.relabel.pipeline`. Nothing is raised into the
+training loop: an LLM that raises, passes ``llm_timeout`` or answers nothing usable is counted and
+(``fallback="rules"``) the rule instructions answer instead. :meth:`~HindsightRelabeler.submit` /
+:meth:`~HindsightRelabeler.collect` run the same pipeline on a background thread (:mod:`oir_gym.relabel.jobs`).
 """
 
 from __future__ import annotations

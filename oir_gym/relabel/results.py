@@ -19,16 +19,13 @@ class Candidate:
     Attributes:
         text: the normalised instruction.
         source: ``"llm"`` or ``"rules"``.
-        first_step: first step whose events match the instruction (cosine ``> delta``, the env's
-            reward), or ``-1`` when it never does in this trajectory.
+        first_step: first step whose events match the instruction (the env's reward), or ``-1``.
         grounded: ``first_step >= 0``: relabeling the trajectory with it yields a reward.
-        similarity: best cosine between the instruction and an event that happened in the
-            trajectory (``-1`` when no event happened).
-        binding: the event(s) it is bound to on this trajectory (event-bound grounding), or ``None``.
-        emb: ``[D]`` its sentence embedding (the policy input), so no consumer encodes it again.
+        similarity: best cosine with an event that happened (``-1`` when none did).
+        binding: the event(s) it is bound to (event-bound grounding), or ``None``.
+        emb: ``[D]`` its sentence embedding (the policy input).
         final_row, pre_row: ``[E]`` its grounding rows (:mod:`oir_gym.grounding`): cosine
-            similarities, or the indicator rows of ``binding``. Relabeled rewards along any
-            trajectory are ``grounding.paid_steps(events, final_row, pre_row, starts, delta)``.
+            similarities, or the indicator rows of ``binding``.
     """
 
     text: str
@@ -47,16 +44,14 @@ class RelabelResult:
     """Relabeling of one trajectory.
 
     Attributes:
-        trajectory: the trajectory that was relabeled (the same object that was passed in).
+        trajectory: the trajectory that was relabeled (the same object).
         candidates: up to ``k`` kept candidates, grounded ones first.
         request_id: id returned by :meth:`HindsightRelabeler.submit` (sync calls number them too).
-        num_scored: candidates that reached grounding (after filtering and de-duplication).
-        num_grounded: how many of them were grounded (kept or not).
-        dropped: candidates dropped, by reason (parse problems, filters, duplicates).
+        num_scored, num_grounded: candidates that reached grounding, and how many were grounded.
+        dropped: candidates dropped, by reason.
         cache_hit: the LLM answer came from the cache.
         error: why the LLM gave nothing (``None`` if it answered or was not asked).
-        fallback: ``"rules"`` when rule instructions replaced a failed LLM call, ``"overflow"``
-            when the async queue was full and rules answered instead.
+        fallback: ``"rules"`` (rules replaced a failed LLM call) or ``"overflow"`` (the queue was full).
         prompt_tokens: prompt length of this trajectory's LLM call (0 when none was made).
     """
 

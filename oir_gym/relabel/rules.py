@@ -14,12 +14,8 @@ from oir_gym.relabel.oracle import (  # noqa: F401  (RULE_PAIRS: re-exported; de
 from oir_gym.trajectory import Trajectory
 
 def rule_events(text: str, pair_table: Optional[dict] = None) -> Optional[tuple[int, int]]:
-    """``(pre, final)`` event ids of a rule instruction (``pre = -1`` for a single event), or ``None``.
-
-    ``"collect wood"`` -> ``(-1, collect_wood)``; ``"collect wood then place table"`` ->
-    ``(collect_wood, place_table)``; a :data:`RULE_PAIRS` wording (``"sleep and wake up"``) -> its
-    two events. Event-bound grounding binds rule instructions through it.
-    """
+    """``(pre, final)`` event ids of a rule instruction (a caption, ``"A then B"`` or a
+    :data:`RULE_PAIRS` wording; ``pre = -1`` for a single event), or ``None``."""
     for (first, second), wording in (RULE_PAIRS if pair_table is None else pair_table).items():
         if text == wording:
             return EVENT_NAMES.index(first), EVENT_NAMES.index(second)
@@ -33,14 +29,8 @@ def rule_events(text: str, pair_table: Optional[dict] = None) -> Optional[tuple[
 
 
 def rule_final_event(text: str, pair_table: Optional[dict] = None) -> Optional[int]:
-    """The event that completes a two-event rule instruction, or ``None`` for any other text.
-
-    ``"collect wood then place table"`` -> the id of ``place_table``; a :data:`RULE_PAIRS` wording
-    (``"sleep and wake up"``) -> its second event. The relabeler uses it to refuse a rule
-    instruction whose reward would land before the task is done: some compounds score above delta
-    against their *first* event's captions ("collect stone then place stone" against "collect
-    stone": 0.914), and the cosine reward would then pay on the first half.
-    """
+    """The event that completes a two-event rule instruction, or ``None`` for any other text (the
+    relabeler refuses a compound whose cosine reward would pay on its first half)."""
     ev = rule_events(text, pair_table)
     return None if ev is None or ev[0] < 0 else ev[1]
 
@@ -55,23 +45,14 @@ _CANONICAL_EVENT: dict[str, int] = {
 class RuleBackend:
     """Instructions read off the events of a trajectory; deterministic given ``seed``, no LLM.
 
-    ``oracle`` picks the variant (:mod:`oir_gym.relabel.oracle`; docs/relabeling.md, "Oracle
-    relabelers"): ``"canonical"`` (the default) gives, in this order,
-
-    1. each achievement event's canonical caption, in order of first occurrence
-       (``"collect wood"``, ``"place table"``...);
-    2. pair instructions of :data:`RULE_PAIRS` (``"sleep and wake up"``) when the first event is
-       followed by the second in the same episode;
-
-    ``"diverse"``, ``"tasks"``, ``"compound"`` and ``"noisy"`` change or add labels. Every label
-    carries the event(s) it names (:meth:`label_events`): event-bound grounding pays it there.
+    ``oracle`` picks the variant (:mod:`oir_gym.relabel.oracle`; docs/relabeling.md): ``"canonical"``
+    (the default) gives each achievement event's canonical caption in order of first occurrence,
+    then the :data:`RULE_PAIRS` instructions whose two events happen in order in one episode.
+    Every label carries the event(s) it names (:meth:`label_events`).
 
     Args:
         compounds: also give ``"A then B"`` for consecutive distinct achievement events of one
-            episode, prerequisites included (repeats of one event collapse first: wood, wood, table
-            -> ``"collect wood then place table"``), after the canonical captions. The rule labels
-            before the oracle variants (runs in ``results/`` with bound grounding made before them
-            used it); the ``compound`` oracle names unrelated pairs only.
+            episode (repeats collapsed), after the canonical captions.
         pairs: give the :data:`RULE_PAIRS` instructions (canonical, tasks and compound variants).
         max_instructions: cap on the number returned (``None``: all).
         pair_table: the pair instructions (default :data:`RULE_PAIRS`).
@@ -101,9 +82,8 @@ class RuleBackend:
         return self._pool
 
     def vocabulary(self) -> list[str]:
-        """Texts the labels are drawn from: every event's canonical caption and the caption
-        vocabulary, the pair wordings, the wording pool. Composed labels (``"A then B"``, a noisy
-        copy's corruption) may fall outside it."""
+        """Texts the labels are drawn from (captions, pair wordings, wording pool); composed labels
+        may fall outside it."""
         texts = [VOCAB.canonical(e) for e in range(len(EVENT_NAMES))] + list(VOCAB.phrases)
         texts += list(self.pair_table.values()) if self.pairs else []
         texts += self._pool.texts() if self._pool is not None else []
@@ -119,8 +99,7 @@ class RuleBackend:
         return labels[: self.max_instructions] if self.max_instructions else labels
 
     def label_events(self, traj: Trajectory) -> dict[str, tuple[int, int]]:
-        """``{text: (pre, final)}`` of this trajectory's labels (``pre = -1`` for a single event):
-        what event-bound grounding binds each to, whatever its wording."""
+        """``{text: (pre, final)}`` of this trajectory's labels (``pre = -1`` for a single event)."""
         return {lab.text: (lab.pre, lab.final) for lab in self.labels(traj)}
 
     def instructions(self, traj: Trajectory) -> list[str]:
@@ -132,7 +111,6 @@ class RuleBackend:
 
 
 def _consecutive_compounds(traj: Trajectory) -> list[Label]:
-    """``"A then B"`` for consecutive distinct achievement events of one episode (repeats collapsed)."""
     episode = np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
     seq: list[tuple[int, int]] = []
     cols = [e for e in range(len(EVENT_NAMES)) if _IS_ACHIEVEMENT[e]]
@@ -145,5 +123,4 @@ def _consecutive_compounds(traj: Trajectory) -> list[Label]:
             for (a, ea), (b, eb) in zip(seq, seq[1:]) if ea == eb and a != b]
 
 
-#: per event id: whether it is an achievement event (the rule instructions name only those)
 _IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))

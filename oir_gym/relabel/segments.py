@@ -1,7 +1,7 @@
 """Compress a trajectory into event segments ("0-4: move; 5: collect wood; 7-8: place table").
 
-This is the compact trajectory view of the ``segments`` prompt (the paper's own worked example
-uses it) and the basis of the relabel cache key. Every step gets one *label*:
+The trajectory view of the ``segments`` prompt and the basis of the relabel cache key. Every
+step gets one *label*:
 
 * the canonical captions (``VOCAB.canonical``) of the events that happened at that step, other
   than ``move``/``noop`` and the progress events (states along the stone tier, labels of the
@@ -15,9 +15,7 @@ achievement keeps its count (``"5-6: collect wood (x2)"``) because counts matter
 An episode end (``dones[t]``) closes the run and is marked ``", episode ends"``.
 
 **Compaction** (``level``; :func:`compact_text` picks the least compaction that fits a token
-budget). A busy 128-step trajectory has a segment on almost every step, and Gemma's tokenizer
-spends a token per digit of the step ranges: such a block costs 1,300-1,400 tokens, and a 270M
-model reading it stops looking at the trajectory (see docs/relabeling.md). Levels:
+budget, see docs/relabeling.md). Levels:
 
 * 0: every segment, as above;
 * 1: background events (:data:`BACKGROUND_EVENTS`: searching grass, hitting rock without a
@@ -44,9 +42,7 @@ _NOOP_EVENT = EVENT_NAMES.index("noop")
 _IDLE_EVENTS = (_MOVE_EVENT, _NOOP_EVENT) + tuple(VOCAB.progress_events)
 _MOVE_ACTIONS = (1, 2, 3, 4)
 EPISODE_END = "episode ends"
-#: Events that a busy agent triggers on step after step and that no instruction should ask for
-#: (the filters drop "take damage"; the others are side effects of pressing DO at the wrong
-#: thing): compaction level 1 and above renders them as idle steps.
+#: Side-effect events no instruction should ask for: compaction level 1 and above renders them idle.
 BACKGROUND_EVENTS: tuple[int, ...] = tuple(
     EVENT_NAMES.index(e) for e in ("hit_hard_block", "search_grass", "take_damage"))
 #: Compaction levels of :func:`segments_text` / :func:`compact_text` (0: none).
@@ -83,15 +79,10 @@ class Segment:
 
     def render(self) -> str:
         span = f"{self.start}" if self.start == self.end else f"{self.start}-{self.end}"
-        n = self.occurrences
-        label = self.label
-        if self.idle and self.episode_end:
-            return f"{span}: {EPISODE_END}" if label == "" else f"{span}: {label}, {EPISODE_END}"
-        if not self.idle and n > 1:
-            label = f"{label} (x{n})"
-        if self.episode_end:
-            label = f"{label}, {EPISODE_END}"
-        return f"{span}: {label}"
+        if self.idle and self.episode_end and self.label == "":
+            return f"{span}: {EPISODE_END}"
+        label = f"{self.label} (x{self.occurrences})" if not self.idle and self.occurrences > 1 else self.label
+        return f"{span}: {label}, {EPISODE_END}" if self.episode_end else f"{span}: {label}"
 
 
 def step_label(traj: Trajectory, t: int, background: bool = True) -> tuple[str, tuple[int, ...]]:
@@ -108,11 +99,7 @@ def step_label(traj: Trajectory, t: int, background: bool = True) -> tuple[str, 
 
 
 def segments(traj: Trajectory, level: int = 0) -> list[Segment]:
-    """Run-length segments of a trajectory (see the module docstring), compacted to ``level``.
-
-    Consecutive idle steps (moving or waiting) form one run labelled ``"move"`` if any of them
-    moved, else ``"wait"``: how the agent wandered between events is not what gets relabeled.
-    """
+    """Run-length segments of a trajectory (see the module docstring), compacted to ``level``."""
     if not 0 <= int(level) <= MAX_LEVEL:
         raise ValueError(f"compaction level must be in 0..{MAX_LEVEL}, got {level!r}")
     out = _runs(traj, background=level < 1)
@@ -150,8 +137,6 @@ def _runs(traj: Trajectory, background: bool) -> list[Segment]:
 
 
 def _merge_events(segs: list[Segment]) -> list[Segment]:
-    """Level 2: idle runs left out (an episode end stays as its own line); a label repeated with
-    only idle steps between merges into one segment counting its steps."""
     out: list[Segment] = []
     for s in segs:
         n = s.occurrences
@@ -161,30 +146,23 @@ def _merge_events(segs: list[Segment]) -> list[Segment]:
             continue
         last = out[-1] if out else None
         if last is not None and not last.idle and not last.episode_end and last.label == s.label:
-            m = last.occurrences
-            out[-1] = Segment(last.start, s.end, s.label, s.events, s.episode_end, m + n)
+            out[-1] = Segment(last.start, s.end, s.label, s.events, s.episode_end, last.occurrences + n)
         else:
             out.append(Segment(s.start, s.end, s.label, s.events, s.episode_end, n))
     return out
 
 
 def _distinct(segs: list[Segment]) -> list[Segment]:
-    """Level 3: one segment per distinct label (first occurrence order), at its first step, with
-    its total count; no episode ends."""
     merged: dict[str, Segment] = {}
-    for s in segs:
-        if s.idle:
-            continue
-        n = s.occurrences
+    for s in (s for s in segs if not s.idle):
         old = merged.get(s.label)
-        merged[s.label] = (Segment(s.start, s.start, s.label, s.events, False, n) if old is None else
-                           Segment(old.start, old.start, s.label, s.events, False, old.count + n))
+        start, n = (s.start, 0) if old is None else (old.start, old.count)
+        merged[s.label] = Segment(start, start, s.label, s.events, False, n + s.occurrences)
     return list(merged.values())
 
 
 def segments_text(traj: Trajectory, sep: str = "\n", level: int = 0) -> str:
-    """Rendered segments, one per line by default (``"0-4: move\\n5: collect wood"``), compacted
-    to ``level`` (see the module docstring)."""
+    """Rendered segments, one per line by default, compacted to ``level``."""
     return sep.join(s.render() for s in segments(traj, level))
 
 
@@ -192,10 +170,8 @@ def compact_text(traj: Trajectory, fits, sep: str = "\n") -> tuple[str, int]:
     """The least compacted segments text for which ``fits(text)`` is true, and its level.
 
     Tries levels 0 to :data:`MAX_LEVEL`; when even the last does not fit, its lines are cut from
-    the end (a last line ``"..."`` says so): the most lines that fit, at least one; the level is
-    then ``MAX_LEVEL + 1``. The cut is a binary search (``fits`` may count tokens in an LLM
-    process: one call per line cut would cost a round trip each), exact for a ``fits`` that a
-    longer prefix never passes where a shorter one fails (a token budget).
+    the end (a last line ``"..."`` says so): the most lines that fit (binary search), at least
+    one; the level is then ``MAX_LEVEL + 1``.
     """
     text = ""
     for level in range(MAX_LEVEL + 1):
@@ -222,15 +198,10 @@ KEY_MODES = ("behaviour", "events", "segments")
 def behaviour_key(traj: Trajectory, mode: str = "behaviour") -> str:
     """Normalised description of what happened: the cache key of the relabeler.
 
-    Modes, from finest to coarsest:
-
-    * ``"segments"``: the full segment text, timing included (only exact repeats share a key);
-    * ``"behaviour"`` (default): the ordered non-idle labels and episode ends without timing;
-      a run of one event on consecutive steps keeps its count (``"collect wood x2"``);
-    * ``"events"``: like ``"behaviour"`` but without counts, and repeats of the same label
-      collapse even across idle steps (wood, walk, wood, table -> ``"collect wood | place table"``).
-
-    Keys are lower-cased with single spaces. An all-idle trajectory has the key ``""``.
+    Modes: ``"segments"`` (the full segment text, timing included); ``"behaviour"`` (default: the
+    ordered non-idle labels with run counts and episode ends, no timing); ``"events"`` (as
+    ``"behaviour"`` without counts, repeats collapsed across idle steps). Keys are lower-cased
+    with single spaces; an all-idle trajectory has the key ``""``.
     """
     if mode not in KEY_MODES:
         raise ValueError(f"cache key mode must be one of {KEY_MODES}, got {mode!r}")

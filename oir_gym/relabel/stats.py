@@ -1,9 +1,5 @@
-"""The relabeler's counters: thread-safe, read as one flat dict of documented keys.
-
-The synchronous path, the background worker and :meth:`~oir_gym.relabel.HindsightRelabeler.submit`
-all count into one :class:`RelabelStats`; :meth:`RelabelStats.snapshot` is what
-:meth:`~oir_gym.relabel.HindsightRelabeler.stats` returns (keys in :data:`STAT_KEYS`).
-"""
+"""The relabeler's thread-safe counters; :meth:`RelabelStats.snapshot` is what
+:meth:`~oir_gym.relabel.HindsightRelabeler.stats` returns (keys in :data:`STAT_KEYS`)."""
 
 from __future__ import annotations
 
@@ -82,10 +78,8 @@ class RelabelStats:
     def add(self, counts: Optional[Mapping[str, int]] = None, **more: int) -> None:
         """Add ``counts`` and ``more`` to the plain counters."""
         with self._lock:
-            if counts:
-                self._s.update(counts)
-            if more:
-                self._s.update(more)
+            self._s.update(counts or {})
+            self._s.update(more)
 
     def increment(self, key: str, n: int = 1) -> int:
         """Add ``n`` to ``key`` and return its new value (for once-only warnings)."""
@@ -94,8 +88,7 @@ class RelabelStats:
             return self._s[key]
 
     def count_error(self, err: str) -> None:
-        """Count one failed call's error by type and keep the first message of each type: the run's
-        record of what went wrong, not only how often."""
+        """Count one failed call's error by type and keep the first message of each type."""
         with self._lock:
             self._count_error(err)
 
@@ -135,46 +128,24 @@ class RelabelStats:
             lat = self._latency
             share = sum(self._share) / len(self._share) if self._share else 0.0
         g = s.get
-        calls = g("llm_calls", 0)
+        calls, scored, kept = g("llm_calls", 0), g("candidates_scored", 0), g("candidates_kept", 0)
         lookups = g("cache_hits", 0) + g("cache_misses", 0) + g("batch_dedup", 0)
-        scored = g("candidates_scored", 0)
-        kept = g("candidates_kept", 0)
-        return {
-            "trajectories": g("trajectories", 0),
-            "batches": g("batches", 0),
+        derived = {
             "calls": calls,
-            "prompts": g("prompts", 0),
-            "cache_hits": g("cache_hits", 0),
-            "cache_misses": g("cache_misses", 0),
             "cache_hit_rate": (g("cache_hits", 0) + g("batch_dedup", 0)) / lookups if lookups else 0.0,
             "cache_entries": cache_entries,
-            "batch_dedup": g("batch_dedup", 0),
-            "skipped_idle": g("skipped_idle", 0),
-            "errors": g("errors", 0),
             "errors_by_type": errors,
             "error_examples": examples,
-            "fallbacks": g("fallbacks", 0),
             "latency_mean_s": lat / calls if calls else 0.0,
             "latency_per_prompt_s": lat / s["prompts"] if g("prompts") else 0.0,
-            "prompt_tokens": g("prompt_tokens", 0),
             "prompt_tokens_mean": g("prompt_tokens", 0) / s["prompts"] if g("prompts") else 0.0,
             "prompt_token_method": self.token_method,
-            "prompts_compacted": g("prompts_compacted", 0),
-            "closed_in_flight": g("closed_in_flight", 0),
-            "cache_save_failures": g("cache_save_failures", 0),
             "candidates": scored,
-            "candidates_llm": g("candidates_llm", 0),
-            "candidates_rules": g("candidates_rules", 0),
-            "candidates_kept": kept,
-            "candidates_kept_llm": g("candidates_kept_llm", 0),
             "dropped": dropped,
             "dropped_total": sum(v for k, v in dropped.items() if k not in NOTE_REASONS),
             "grounded_fraction": g("candidates_grounded", 0) / scored if scored else 0.0,
             "kept_grounded_fraction": g("candidates_kept_grounded", 0) / kept if kept else 0.0,
-            "submitted": g("submitted", 0),
-            "completed": g("completed", 0),
             "pending": pending,
-            "overflow_rules": g("overflow_rules", 0),
             "overflow_skipped": g("overflow_skip", 0),
             "overflow_replaced": g("overflow_replace", 0),
             "share": share,
@@ -186,3 +157,5 @@ class RelabelStats:
             "restarts": child["restarts"],
             "child_deaths": child["child_deaths"],
         }
+        # every other key is a plain counter of the same name
+        return {k: derived[k] if k in derived else g(k, 0) for k in STAT_KEYS}

@@ -30,10 +30,8 @@ def approx_token_count(text: str) -> int:
 
 @lru_cache(maxsize=4)
 def llama_tokenizer(model_path: Optional[str] = None) -> Optional[Callable[[str], int]]:
-    """A token counter using the GGUF model's own tokenizer (vocabulary only, no weights loaded).
-
-    Returns ``None`` when ``llama_cpp`` or the model is not available.
-    """
+    """A token counter using the GGUF model's own tokenizer (vocabulary only), or ``None`` when
+    ``llama_cpp`` or the model is not available."""
     try:
         from llama_cpp import Llama
 
@@ -53,22 +51,12 @@ def llama_tokenizer(model_path: Optional[str] = None) -> Optional[Callable[[str]
 
 
 def count_tokens(text: str, tokenizer: Callable[[str], int] | str | None = "auto") -> TokenCount:
-    """Count prompt tokens.
-
-    Args:
-        text: the prompt.
-        tokenizer: a callable ``str -> int``; ``"auto"`` to use the default GGUF model's
-            tokenizer when llama-cpp-python is installed; ``None`` for the approximation.
-
-    Returns:
-        :class:`TokenCount` whose ``method`` says whether the count is exact (``"llama"``, or
-        ``"custom"`` for a given callable) or approximate (``"approx-regex"``).
-    """
-    if tokenizer == "auto":
-        tok = llama_tokenizer()
-        if tok is not None:
-            return TokenCount(tok(text), "llama")
-        return TokenCount(approx_token_count(text), "approx-regex")
+    """Count prompt tokens with ``tokenizer`` (a callable ``str -> int``: method ``"custom"``;
+    ``"auto"``: the default GGUF model's tokenizer when llama-cpp-python is installed, method
+    ``"llama"``), else approximately (method ``"approx-regex"``)."""
+    tok = llama_tokenizer() if tokenizer == "auto" else None
+    if tok is not None:
+        return TokenCount(tok(text), "llama")
     if callable(tokenizer):
         return TokenCount(int(tokenizer(text)), "custom")
     return TokenCount(approx_token_count(text), "approx-regex")

@@ -7,8 +7,7 @@
   hosted APIs), on the ``openai`` package's ``AsyncOpenAI`` (``oir-gym[llm]``).
 * :class:`VLLMBackend`: in-process ``vllm.LLM`` (optional dependency, GPU).
 
-Concrete backends import their heavy libraries only when constructed. The rule relabeler lives in
-:mod:`oir_gym.relabel.rules`, the LLM+rules composite in :mod:`oir_gym.relabel.composite`.
+Concrete backends import their heavy libraries only when constructed.
 """
 
 from __future__ import annotations
@@ -29,18 +28,11 @@ BACKEND_NAMES = ("transformers", "llama_cpp", "openai", "vllm", "rules")
 
 
 def backend_kwargs(name: str, model: str = "", base_url: str = "") -> dict[str, Any]:
-    """Constructor arguments of backend ``name`` from the common model / server settings.
-
-    ``openai`` takes the server's ``base_url`` and ``model``: an empty ``model`` asks the server
-    which one it serves; an empty ``base_url``, or the built-in loopback default, yields to
-    ``OPENAI_BASE_URL`` when that is set (the OpenAI client's variable). ``vllm`` takes a model
-    name or path, ``transformers`` a local model folder, ``.gguf`` file or cached hub id,
-    ``llama_cpp`` a GGUF ``model_path`` (both: the packaged Gemma when empty).
-    """
+    """Constructor arguments of backend ``name`` from the common model / server settings (for
+    ``openai``, an empty ``model`` asks the server, an empty or default ``base_url`` yields to
+    ``OPENAI_BASE_URL``; ``llama_cpp`` and ``transformers`` use the packaged Gemma when empty)."""
     if name == "openai":
         kw: dict[str, Any] = {"model": model or None}
-        # The trainers' configs carry the loopback default: treat it as "not given", so that the
-        # backend reads OPENAI_BASE_URL (and falls back to that same default).
         if base_url and base_url.rstrip("/") != DEFAULT_BASE_URL:
             kw["base_url"] = base_url
         return kw
@@ -50,19 +42,11 @@ def backend_kwargs(name: str, model: str = "", base_url: str = "") -> dict[str, 
 
 
 def make_backend(name: str, **kwargs: Any) -> Optional[LLMBackend]:
-    """Build an LLM backend by name (:data:`BACKEND_NAMES`): ``"transformers"``, ``"llama_cpp"``,
-    ``"openai"``, ``"vllm"``; ``"rules"`` -> None.
-
-    The arguments are plain picklable values, so ``(name, kwargs)`` can also build the backend in
-    another process."""
-    if name == "transformers":
-        return TransformersBackend(**kwargs)
-    if name == "llama_cpp":
-        return LlamaCppBackend(**kwargs)
-    if name == "openai":
-        return OpenAIBackend(**kwargs)
-    if name == "vllm":
-        return VLLMBackend(**kwargs)
+    """Build an LLM backend by name (:data:`BACKEND_NAMES`; ``"rules"`` -> None)."""
+    classes = {"transformers": TransformersBackend, "llama_cpp": LlamaCppBackend, "openai": OpenAIBackend,
+               "vllm": VLLMBackend}
+    if name in classes:
+        return classes[name](**kwargs)
     if name == "rules":
         return None
     raise ValueError(f"unknown backend {name!r}: use one of {', '.join(map(repr, BACKEND_NAMES))} "

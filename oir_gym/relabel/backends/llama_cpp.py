@@ -25,15 +25,12 @@ class LlamaCppBackend:
 
     Args:
         model_path: a ``.gguf`` file; default: the packaged Gemma 3 270M (Q4_K_M).
-        chat_format: llama-cpp-python chat format; set explicitly because Gemma 3 270M is a base
-            model whose GGUF template detection is unreliable.
-        n_ctx: context length; ``None`` sizes it from the prompts (starts at 2048 and reloads the
-            model with a larger context when a prompt needs it, up to the model's training length).
-        n_threads: CPU threads (default 1: the relabeler shares the machine with training).
+        chat_format: llama-cpp-python chat format (Gemma's GGUF template detection is unreliable).
+        n_ctx: context length; ``None``: 2048, grown (model reloaded) when a prompt needs it.
+        n_threads: CPU threads.
         temperature, top_p, seed: sampling; sample ``i`` of a prompt uses ``seed + i``.
         max_tokens: completion limit; ``None`` derives it from the schema.
-        grammar: ``"gbnf"`` (hand-written, default), ``"json_schema"`` (converted by llama.cpp from
-            the schema), or ``None`` (unconstrained; not recommended for small models).
+        grammar: ``"gbnf"`` (hand-written, default), ``"json_schema"``, or ``None`` (unconstrained).
     """
 
     def __init__(

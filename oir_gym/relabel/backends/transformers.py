@@ -19,8 +19,7 @@ from typing import Any, Optional
 from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape, set_sampling
 from oir_gym.relabel.prompts import instruction_gbnf, output_schema
 
-#: Gemma's chat turn format (what llama.cpp's ``chat_format="gemma"`` renders); the packaged GGUF
-#: carries no chat template. The tokenizer adds ``<bos>`` itself.
+#: Gemma's chat turn format (the packaged GGUF carries no chat template; the tokenizer adds ``<bos>``).
 GEMMA_TURN = "<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n"
 
 TRANSFORMERS_INSTALL_HINT = (
@@ -61,14 +60,12 @@ def _resolve_model(model: Optional[str], gguf_file: Optional[str]) -> tuple[str,
 
 
 def _in_hub_cache(repo_id: str) -> bool:
-    """Whether the local Hugging Face cache holds ``repo_id``'s config (offline look-up)."""
+    """Whether the local Hugging Face cache holds ``repo_id``'s config (when it cannot tell: True)."""
     try:
         from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return True  # cannot tell: loading will say
-    try:
+
         return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-    except Exception:  # noqa: BLE001 - a malformed id: loading will say
+    except Exception:  # noqa: BLE001 - no huggingface_hub or a malformed id: loading will say
         return True
 
 
@@ -81,16 +78,14 @@ class TransformersBackend:
         gguf_file: the GGUF file inside ``model`` (a folder).
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         dtype: ``None``: bfloat16 on GPU, float32 on CPU; or ``"float32"``, ``"bfloat16"``, ``"float16"``.
-        num_threads: PyTorch CPU threads of each call, set for the calling thread only (default 1:
-            the relabeler shares the CPU with training); ``None``: leave PyTorch's setting alone.
+        num_threads: PyTorch CPU threads of each call (``None``: leave PyTorch's setting alone).
         temperature, top_p, seed: sampling (``temperature=0``: greedy); each call is reproducible.
         max_tokens: completion limit; ``None`` derives it from the schema.
-        grammar: ``"gbnf"`` (the hand-written answer grammar for the relabeler's schema),
-            ``"json_schema"`` (xgrammar compiles the schema), or ``None`` (unconstrained).
+        grammar: ``"gbnf"`` (the hand-written answer grammar), ``"json_schema"``, or ``None``.
         chat_template: ``"auto"`` (the tokenizer's, else Gemma's turn format), ``"gemma"``, or ``None``.
         batch_size: rows (prompts x samples) per ``model.generate`` call.
-        cache_dir: where a GGUF model is kept once converted (loads in seconds instead of ~30 s);
-            default ``~/.cache/oir_gym/transformers``; ``None``: convert on every load.
+        cache_dir: where a GGUF model is kept once converted (default ``~/.cache/oir_gym/transformers``;
+            ``None``: convert on every load).
         verbose: show transformers' loading progress bars.
 
     Raises:
@@ -150,14 +145,9 @@ class TransformersBackend:
         self.cache_dir = (os.path.join(os.path.expanduser("~"), ".cache", "oir_gym", "transformers")
                           if cache_dir == "auto" else cache_dir)
         self._lock = threading.RLock()  # one generation at a time (the model and matchers are shared)
-        # a fast tokenizer is not safe to call from two threads at once (padding settings live in
-        # the Rust object); held only while tokenizing, so counting never waits for a generation
+        # a fast tokenizer is not thread-safe; held only while tokenizing, so counting never waits
         self._tok_lock = threading.Lock()
-        self._tok: Any = None
-        self._model: Any = None
-        self._device: Any = None
-        self._tok_info: Any = None
-        self._compiler: Any = None
+        self._tok = self._model = self._device = self._tok_info = self._compiler = None
         self._grammars: dict[str, Any] = {}
         self._stop_ids: list[int] = []
 
@@ -165,7 +155,6 @@ class TransformersBackend:
         return (f"TransformersBackend(model={self.model!r}, device={self.device_arg!r}, "
                 f"dtype={self.dtype_arg!r}, grammar={self.grammar_mode!r})")
 
-    # ------------------------------------------------------------------ loading
     def load(self) -> "TransformersBackend":
         """Load tokenizer and model now (otherwise done on first use). Raises :class:`BackendError`."""
         with self._lock:
@@ -175,8 +164,7 @@ class TransformersBackend:
 
     @contextlib.contextmanager
     def _quiet(self):
-        # transformers' GGUF reader shows a progress bar per load; hide it unless verbose, and put
-        # the library's setting back afterwards (no lasting process-wide change)
+        # hide transformers' progress bars unless verbose, and restore the setting afterwards
         from transformers.utils import logging as tlog
 
         was = tlog.is_progress_bar_enabled()
@@ -192,14 +180,10 @@ class TransformersBackend:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if self.device_arg == "auto":
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        else:
-            device = torch.device(self.device_arg)
-        if self.dtype_arg is None:
-            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        else:
-            dtype = getattr(torch, self.dtype_arg)
+        auto = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(auto if self.device_arg == "auto" else self.device_arg)
+        auto_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = auto_dtype if self.dtype_arg is None else getattr(torch, self.dtype_arg)
         try:
             caching = bool(self.gguf_file and self.cache_dir and os.path.isfile(self.model))
             tok, model = self._load_converted(dtype) if caching else (None, None)
@@ -262,8 +246,7 @@ class TransformersBackend:
             return None, None
 
     def _save_converted(self, tok: Any, model: Any) -> None:
-        """Write the converted model beside the others (atomically; best effort: a read-only or
-        full disk only costs the next load its conversion time)."""
+        """Write the converted model atomically (best effort: a failure costs the next load its conversion)."""
         import torch
         from safetensors.torch import save_file
 
@@ -297,7 +280,6 @@ class TransformersBackend:
             self._model = self._tok = self._compiler = self._tok_info = None
             self._grammars.clear()
 
-    # ------------------------------------------------------------------ prompts and tokens
     def format_prompt(self, prompt: str) -> str:
         """The text the model sees for one user prompt (chat turn format)."""
         if self._tok is None:
@@ -318,11 +300,6 @@ class TransformersBackend:
         with self._tok_lock:
             return len(self._tok(text)["input_ids"])
 
-    def _has_bos(self, text: str) -> bool:
-        bos = getattr(self._tok, "bos_token", None)
-        return bool(bos) and text.startswith(bos)
-
-    # ------------------------------------------------------------------ grammar
     def _compiled(self, schema: Optional[dict]) -> Any:
         if self.grammar_mode is None or schema is None:
             return None
@@ -343,7 +320,6 @@ class TransformersBackend:
             self._grammars[key] = g
         return self._grammars[key]
 
-    # ------------------------------------------------------------------ generation
     @contextlib.contextmanager
     def _threads(self):
         if self.num_threads is None:
@@ -363,10 +339,8 @@ class TransformersBackend:
         temperature: Optional[float] = None, top_p: Optional[float] = None,
         max_tokens: Optional[int] = None, seed: Optional[int] = None,
     ) -> list[list[str]]:
-        """``n`` completions per prompt in batches of ``batch_size`` rows; keyword settings override the backend's.
-
-        Raises :class:`BackendError` when the model cannot be loaded or a prompt does not fit.
-        """
+        """``n`` completions per prompt in batches of ``batch_size`` rows; keyword settings override the
+        backend's. Raises :class:`BackendError` when the model cannot be loaded or a prompt does not fit."""
         if not prompts:
             return []
         sampling = {
@@ -390,7 +364,8 @@ class TransformersBackend:
                        seed: int, max_new: int) -> list[str]:
         import torch
 
-        add_special = not self._has_bos(rows[0])
+        bos = getattr(self._tok, "bos_token", None)
+        add_special = not (bos and rows[0].startswith(bos))
         with self._tok_lock:
             enc = self._tok(rows, return_tensors="pt", padding=True, add_special_tokens=add_special)
         limit = getattr(self._model.config.get_text_config(), "max_position_embeddings", None)
@@ -403,11 +378,8 @@ class TransformersBackend:
         kw: dict[str, Any] = dict(
             max_new_tokens=max_new, do_sample=sample, eos_token_id=self._stop_ids,
             pad_token_id=self._tok.pad_token_id, logits_processor=procs,
-        )
-        if sample:
-            kw.update(temperature=temperature, top_p=top_p, top_k=0)
-        else:
-            kw.update(temperature=None, top_p=None, top_k=None)
+            **(dict(temperature=temperature, top_p=top_p, top_k=0) if sample else
+               dict(temperature=None, top_p=None, top_k=None)))
         devices = [self._device] if self._device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
             torch.manual_seed(seed + offset)
@@ -436,8 +408,7 @@ class _GrammarMask:
         self.started = True
         for i, m in enumerate(self.matchers):
             if m.is_terminated():
-                # finished row: generate() pads it from now on; any token may stay unmasked (a row
-                # with every token masked would turn the sampling distribution into NaN)
+                # finished row (padded from now on): unmask all, a fully masked row samples NaN
                 self.bitmask[i].fill_(-1)
             else:
                 m.fill_next_token_bitmask(self.bitmask, i)

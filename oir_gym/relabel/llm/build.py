@@ -3,9 +3,7 @@ spec or object; native backends in a child process) and :func:`probe` (the start
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import sys
 from typing import Any, Optional
 
 from oir_gym.relabel.backends.base import BackendError, LLMBackend
@@ -14,22 +12,11 @@ from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend
 from oir_gym.relabel.llm.spec import IN_PROCESS_BACKENDS, BackendSpec, LLMCheckError, with_remedy
 
 
-# --------------------------------------------------------------------------------------------- factory
-def needs_isolation(name: str) -> bool:
-    """Whether backend ``name`` does native work in process (everything but HTTP clients)."""
-    return name not in IN_PROCESS_BACKENDS and name != "rules"
-
-
 def check_spec(spec: BackendSpec) -> None:
-    """Reject a wrong backend name or an unimportable ``module:Class`` module in this process, at
-    once (the class itself, its arguments and its model are checked where it is built).
+    """Reject a wrong backend name or an unimportable ``module:Class`` module here, at once
+    (:class:`ValueError` naming the known backends)."""
+    from oir_gym.relabel.backends import BACKEND_NAMES as names
 
-    Raises:
-        ValueError: naming the known backends.
-    """
-    from oir_gym.relabel import backends
-
-    names = backends.BACKEND_NAMES
     if ":" in spec.name:
         module = spec.name.partition(":")[0]
         try:
@@ -48,11 +35,10 @@ def build_llm(backend: Any, backend_kwargs: Optional[dict] = None, *, isolate: O
     """The LLM object the relabeler / proposer talks to.
 
     Args:
-        backend: ``"rules"`` (no LLM: ``None``), a backend name or ``"module:Class"`` spec, a
-            :class:`BackendSpec`, or a backend object (returned as is).
+        backend: ``"rules"`` (``None``), a backend name, ``"module:Class"``, a :class:`BackendSpec`,
+            or a backend object (returned as is).
         backend_kwargs: constructor arguments of a named backend.
-        isolate: run the backend in a child process (default: yes for every backend but
-            ``openai``; ``False`` builds it in this process, for debugging).
+        isolate: run the backend in a child process (default: every backend but ``openai``).
         config: the child's deadlines and restart policy.
     """
     if isinstance(backend, str):
@@ -65,7 +51,7 @@ def build_llm(backend: Any, backend_kwargs: Optional[dict] = None, *, isolate: O
         return backend
     check_spec(spec)
     if isolate is None:
-        isolate = needs_isolation(spec.name)
+        isolate = spec.name not in (*IN_PROCESS_BACKENDS, "rules")
     if isolate:  # started on first use (or by a check): constructing a relabeler starts no process
         return ChildProcessBackend(spec, config=config, start=False)
     try:
@@ -75,9 +61,7 @@ def build_llm(backend: Any, backend_kwargs: Optional[dict] = None, *, isolate: O
 
 
 class UnavailableBackend:
-    """Stands for a backend whose construction failed with a :class:`BackendError` (an unreachable
-    server, say): every call raises that error, so the check before training reports it and a
-    ``both`` run falls back to rules, as for any failing LLM."""
+    """Stands for a backend whose construction failed with a :class:`BackendError`: every call raises it."""
 
     def __init__(self, name: str, error: str) -> None:
         self.name, self.error = name, error
@@ -89,10 +73,10 @@ class UnavailableBackend:
         raise BackendError(self.error)
 
 
-#: relabeler's ``llm_timeout`` instead when one is set.
+#: Longest wait (seconds) of the start-up check (:func:`probe`) on a backend in this process (the
+#: relabeler's ``llm_timeout`` instead when one is set), and on one in a child process (its start,
+#: model load and one call).
 CHECK_TIMEOUT = 60.0
-#: Longest wait (seconds) of the start-up check on a backend in a child process: starting the
-#: child, loading its model (``ChildConfig.start_timeout``) and one call.
 CHILD_CHECK_TIMEOUT = 900.0
 
 #: The start-up check's prompt: short, with the one-instruction answer schema.
@@ -101,14 +85,9 @@ PROBE_PROMPT = ('A player in a Minecraft-like game chopped a tree. Answer in JSO
 
 
 def probe(llm: Any, timeout: Optional[float] = None) -> str:
-    """One tiny real call through ``llm`` (a child starts and loads its model first).
-
-    Returns the completion within ``timeout`` seconds (default :data:`CHILD_CHECK_TIMEOUT` for a
-    :class:`ChildProcessBackend`, else :data:`CHECK_TIMEOUT`); raises :class:`LLMCheckError` with
-    the cause and the remedy when the backend cannot be built, dies, hangs, passes ``timeout``,
-    cannot be reached or answers in a wrong shape. A call past ``timeout`` is abandoned on its
-    thread (a backend's own deadline or its ``close`` ends it).
-    """
+    """One tiny real call through ``llm``: its completion within ``timeout`` seconds (default
+    :data:`CHILD_CHECK_TIMEOUT` for a :class:`ChildProcessBackend`, else :data:`CHECK_TIMEOUT`), or
+    :class:`LLMCheckError` with the cause and the remedy (a call past ``timeout`` is abandoned)."""
     from oir_gym.relabel.prompts import output_schema
 
     if timeout is None:

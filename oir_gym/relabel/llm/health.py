@@ -11,30 +11,21 @@ from typing import Any, Callable, Optional
 from oir_gym.relabel.llm.spec import with_remedy
 
 
-# --------------------------------------------------------------------------------------------- health
 def _stderr_line(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
 class LLMHealth:
-    """Consecutive LLM failures, and ONE console warning per outage.
-
-    Args:
-        who: what uses the LLM (``"relabeler"``, ``"ELLM proposer"``), for the message.
-        warn_after: consecutive failed calls before the warning (a permanent failure warns at once).
-        fallback: what happens meanwhile, for the message.
-        report: where the warning goes (default: one line on stderr).
-    """
+    """Consecutive LLM failures, and ONE warning (to ``report``, default stderr) per outage, after
+    ``warn_after`` failed calls in a row (a permanent failure warns at once). ``who`` (what uses the
+    LLM) and ``fallback`` (what happens meanwhile) go into the message."""
 
     def __init__(self, who: str, warn_after: int = 3, fallback: str = "continuing with rules",
                  report: Optional[Callable[[str], None]] = None) -> None:
         self.who, self.warn_after, self.fallback = who, max(1, int(warn_after)), fallback
         self._report = report or _stderr_line
         self._lock = threading.Lock()
-        self.failures = 0
-        self.consecutive = 0
-        self.outages = 0
-        self.warnings = 0
+        self.failures = self.consecutive = self.outages = self.warnings = 0
         self._warned = False
         self._down_since: Optional[float] = None
         self._down_total = 0.0
@@ -51,7 +42,9 @@ class LLMHealth:
                 down = time.monotonic() - (self._down_since or time.monotonic())
                 self._report(f"oir-gym: {self.who}: the LLM answers again (after {self.consecutive} failed calls, "
                              f"{down:.0f}s without it)")
-            self._close_outage()
+            if self._down_since is not None:
+                self._down_total += time.monotonic() - self._down_since
+                self._down_since = None
             self.consecutive = 0
             self._warned = False
             self._recent.append(True)
@@ -73,13 +66,9 @@ class LLMHealth:
                              f"{self.fallback}. Cause: {with_remedy(cause)}")
 
     def answers(self, asked: int, unusable: int, cause: Optional[str] = None) -> None:
-        """One call's answer quality: ``unusable`` of its ``asked`` prompts gave nothing usable.
-
-        A call with some good answers counts as :meth:`ok`, so a model that fails most prompts would
-        never trip the outage warning: when more than half the prompts of the last ``warn_after``
-        calls were unusable (and some call did answer), ONE console line says so with a typical
-        ``cause`` (again only after the share has recovered).
-        """
+        """One call's answer quality: ``unusable`` of its ``asked`` prompts gave nothing usable. When
+        more than half the prompts of the last ``warn_after`` calls were unusable (and some call
+        answered), ONE warning says so with a typical ``cause`` (again only after a recovery)."""
         if asked <= 0:
             return
         with self._lock:
@@ -113,11 +102,6 @@ class LLMHealth:
         else:
             self.failed(bad[0], permanent=permanent)
         self.answers(len(errors), len(bad), Counter(bad).most_common(1)[0][0] if bad else None)
-
-    def _close_outage(self) -> None:
-        if self._down_since is not None:
-            self._down_total += time.monotonic() - self._down_since
-            self._down_since = None
 
     @property
     def down(self) -> bool:

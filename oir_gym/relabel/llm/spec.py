@@ -4,7 +4,6 @@ runtime's errors, and the causes of a failure with their remedies."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import signal
 from dataclasses import dataclass, field
@@ -22,8 +21,7 @@ PORTABLE_LLAMA_CPP = (
     "pip install --no-cache-dir --force-reinstall llama-cpp-python"
 )
 
-#: Errors of a backend's constructor that another attempt cannot fix (a wrong name, argument or
-#: path, a missing package): the child is not restarted after them.
+#: Errors of a backend's constructor that another attempt cannot fix: the child is not restarted.
 PERMANENT_INIT_ERRORS = (
     "ImportError", "ModuleNotFoundError", "FileNotFoundError", "NotADirectoryError", "IsADirectoryError",
     "PermissionError", "ValueError", "TypeError", "AttributeError",
@@ -46,18 +44,11 @@ class LLMCheckError(RuntimeError):
     """The LLM failed its start-up check (:func:`probe`); the message says what to fix."""
 
 
-
-
-# --------------------------------------------------------------------------------------------- spec
 @dataclass(frozen=True)
 class BackendSpec:
-    """A picklable recipe for an LLM backend, built where it is used (e.g. in a child process).
-
-    Attributes:
-        name: a :func:`~oir_gym.relabel.make_backend` name (``"llama_cpp"``, ``"openai"``...) or
-            ``"package.module:ClassName"`` for any importable class with the backend protocol.
-        kwargs: constructor arguments.
-    """
+    """A picklable recipe for an LLM backend, built where it is used (e.g. in a child process):
+    ``name`` (a :func:`~oir_gym.relabel.make_backend` name or ``"package.module:ClassName"``) and the
+    constructor's ``kwargs``."""
 
     name: str
     kwargs: dict = field(default_factory=dict)
@@ -99,7 +90,6 @@ def backend_identity(llm: Any) -> str:
     return f"{type(llm).__name__}:{getattr(llm, 'model', '')}"
 
 
-# --------------------------------------------------------------------------------------------- causes
 _SIGNAL_CAUSES = {
     "SIGILL": ("illegal instruction: the native LLM library was built for another CPU (e.g. with AVX-512/AMX "
                "code this CPU lacks)",
@@ -119,10 +109,7 @@ _SIGNAL_CAUSES = {
 
 
 def describe_exit(exitcode: Optional[int]) -> tuple[str, str]:
-    """``(cause key, one-line message with the remedy)`` for a child's exit code.
-
-    Negative codes are signals (``-4``: SIGILL, ``-9``: SIGKILL, ``-11``: SIGSEGV...).
-    """
+    """``(cause key, one-line message with the remedy)`` for a child's exit code (negative: a signal)."""
     if exitcode is None:
         return "unknown", "the LLM process ended for an unknown reason"
     if exitcode < 0:
@@ -172,8 +159,7 @@ def remedy_for(error: str) -> str:
 def with_remedy(error: str) -> str:
     """``error`` on one line (server answers may hold HTML), with its remedy."""
     error = " ".join(error.split())
-    if len(error) > 600:
-        error = error[:600] + "..."
+    error = error[:600] + "..." if len(error) > 600 else error
     fix = remedy_for(error)
     return f"{error}. Fix: {fix}" if fix else error
 
@@ -187,6 +173,3 @@ def close_llm(llm: Any) -> None:
         except Exception:  # noqa: BLE001 - best effort
             pass
 
-
-#: Longest wait (seconds) of the start-up check (:func:`probe`) on a backend in this process (an
-#: HTTP server): one tiny call. :meth:`~oir_gym.relabel.HindsightRelabeler.check_llm` waits the
