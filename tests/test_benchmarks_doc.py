@@ -178,3 +178,22 @@ def test_suite_timing_script_records_what_the_page_needs():
     for part in ("git rev-parse HEAD", "nproc", "uptime before", "uptime after", "--durations=25",
                  "wall time", "results/test_suite/"):
         assert part in script, part
+
+
+def pallas_rows() -> list[str]:
+    """The fused-kernel table: one row per recurrence of the same update_cost call."""
+    rows = []
+    for line in (RES / "gpu_h200_pallas_start" / "update_cost.txt").read_text().splitlines():
+        if line.startswith("| sequence |"):
+            c = [x.strip() for x in line.strip().strip("|").split("|")]
+            rows.append(f"| {c[4]} | {c[6]} | {c[7]} | {c[8]} | {c[9]} |")
+    return rows
+
+
+def test_the_fused_kernel_table_is_its_one_call():
+    rows = pallas_rows()
+    assert len(rows) == 6 and rows[0].startswith("| scan | 0.933 | 1.00 |")
+    assert all(r in PAGE for r in rows), rows
+    best = min(rows[1:], key=lambda r: float(r.split("|")[2]))
+    assert best.startswith("| pallas/64/32/64/2/4 | 0.884 | 0.95 |")
+    assert _says(PAGE, "The best tiling (64/32/64/2/4, the module's default) is 0.95x the scan")
