@@ -90,10 +90,8 @@ def _t_cell(values, fmt: str = "{:.3f}") -> str:
 
 def t_summary_table(finals: dict[str, list[dict]], runs: dict[str, list[list[dict]]], sets: list[str],
                     k: int = 5, max_step: float = float("inf")) -> str:
-    """Per method and set, with 95% t intervals over seeds: the final point, the mean of each seed's
-    last ``k`` evaluations and of all its evaluations (up to ``max_step``), completed instructions and
-    aggregate score at the final point, the share of the original set's success kept on a paraphrase set, and
-    the instruction-following gains (asked - mismatched) when some run has the control."""
+    """Per method and set, with 95% t intervals over seeds: the final point, the last ``k`` and all
+    evaluations (up to ``max_step``), completed, aggregate, kept vs original and (with the control) gains."""
     has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
                    for seeds in finals.values() for s in sets)
     head = (f"| method | set | seeds | final: success | last {k}: success | whole run: success | final: completed "
@@ -127,8 +125,7 @@ def t_summary_table(finals: dict[str, list[dict]], runs: dict[str, list[list[dic
 
 
 def t_control_table(finals: dict[str, list[dict]], sets: list[str]) -> str:
-    """The control at the final point (success when asked, mismatched, neutral: means over seeds) with
-    both gains' 95% t intervals over seeds; empty when no evaluation has the control."""
+    """The control at the final point with both gains' 95% t intervals over seeds (empty: no control)."""
     lines = ["| method | set | seeds | asked | mismatched | neutral | gain (asked - mismatched) | gain (asked - neutral) |",
              "|---|---|---|---|---|---|---|---|"]
     for m, seeds in finals.items():
@@ -146,8 +143,7 @@ def t_control_table(finals: dict[str, list[dict]], sets: list[str]) -> str:
 
 
 def finite_t_cell(values, fmt: str = "{:.3f}") -> str:
-    """``mean [low, high]`` with the 95% t interval over the finite values (seeds; a seed may have
-    none, e.g. no learned achievement); ``-`` when none; ``(n of m seeds)`` when some have none."""
+    """``mean [low, high]``, the 95% t interval over the finite values; ``-`` when none; ``(n of m seeds)``."""
     arr = np.asarray(values, dtype=float)
     ok = arr[np.isfinite(arr)]
     if ok.size == 0:
@@ -171,8 +167,7 @@ def diff_cell(values, baseline, fmt: str = "{:+.3f}") -> str:
 
 
 def seed_retention(result: dict, set_name: str) -> float:
-    """One seed's paraphrase retention on ``set_name`` (NaN: no learned achievement, no original set,
-    or a set whose instructions do not each name one achievement) from its evaluation dict."""
+    """One seed's paraphrase retention on ``set_name`` (NaN where it is undefined)."""
     if "original" not in result or set_name not in result or set_name == "original":
         return float("nan")
     o, p = result["original"], result[set_name]
@@ -182,9 +177,7 @@ def seed_retention(result: dict, set_name: str) -> float:
 
 
 def retention_table(finals: dict[str, list[dict]], sets, baseline: str | None = None) -> str:
-    """Per method and set: final success, paraphrase retention and (runs with the control) gain (mean
-    [95% t interval over seeds]), and with ``baseline`` each one's difference to that method's
-    (Welch t interval)."""
+    """Per method and set: final success, paraphrase retention and gain, each with ``baseline``'s difference."""
     has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
                    for seeds in finals.values() for s in sets)
     head = "| method | set | seeds | mean success rate | paraphrase retention |" + (
@@ -211,8 +204,7 @@ def retention_table(finals: dict[str, list[dict]], sets, baseline: str | None = 
 
 
 def order_table(finals: dict[str, list[dict]], baseline: str | None = None) -> str | None:
-    """Per method: success on the ordered set, on its reverse-order control, and the order gain
-    (mean [95% t interval over seeds]); ``None`` when no run evaluated the ordered set."""
+    """Per method: ordered-set success, its reverse-order control and the order gain (``None``: no ordered set)."""
     if not any("ordered" in r for seeds in finals.values() for r in seeds):
         return None
     lines = ["| method | seeds | \"X then Y\" success | \"Y then X\" success | X before Y when asked \"Y then X\" | "
