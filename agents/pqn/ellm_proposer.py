@@ -166,10 +166,7 @@ class GoalProposer:
         if isinstance(backend, str) and backend not in BACKENDS and ":" not in backend:
             raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKENDS}, "
                              "'package.module:ClassName' or a backend object")
-        self.k = int(k)
-        self.signature_mode = signature
-        self.timeout = timeout
-        self.max_prompts = max_prompts
+        self.k, self.signature_mode, self.timeout, self.max_prompts = int(k), signature, timeout, max_prompts
         self.filter = candidate_filter or CandidateFilter()
         self.cache = LRUCache(cache_size)
         self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, BackendSpec)
@@ -180,11 +177,8 @@ class GoalProposer:
         self.schema = output_schema(self.k)
         self._caller = OffThreadCaller("oir-ellm")
         self._lock = threading.Lock()
-        self._s: Counter = Counter()
-        self._dropped: Counter = Counter()
-        self._errors: Counter = Counter()
-        self._latency = 0.0
-        self._warned = False
+        self._s, self._dropped, self._errors = Counter(), Counter(), Counter()
+        self._latency, self._warned = 0.0, False
         self.last_error: Optional[str] = None
 
     def __repr__(self) -> str:
@@ -228,9 +222,7 @@ class GoalProposer:
         usable = any(out.values())
         with self._lock:
             self._latency += time.perf_counter() - t0
-            self._s["llm_completed"] += 1
-            self._s["llm_answers"] += len(out)
-            self._s["llm_goals"] += sum(len(g) for g in out.values())
+            self._s.update(llm_completed=1, llm_answers=len(out), llm_goals=sum(len(g) for g in out.values()))
             self._dropped.update(dropped)
             if not usable:  # an answer with nothing usable is a failed call
                 self._s["llm_unusable"] += 1
@@ -249,8 +241,7 @@ class GoalProposer:
         except LLMBusy:
             return None, "busy"
         with self._lock:
-            self._s["llm_calls"] += 1
-            self._s["llm_prompts"] += len(prompts)
+            self._s.update(llm_calls=1, llm_prompts=len(prompts))
         try:
             return fut.result(timeout=self.timeout), "ok"
         except FutureTimeout:

@@ -99,17 +99,12 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
                        achievements=info.achievements)
             return (bstate, next_obs, new_carry, done, keys), rec
 
-        bstate, obs, carry, done_prev, keys = runner
-        carry0 = carry
-        (bstate, obs, carry, done_prev, keys), traj = jax.lax.scan(
-            step, (bstate, obs, carry, done_prev, keys), jnp.arange(cfg.pqn.num_steps))
+        (bstate, obs, carry, done_prev, keys), traj = jax.lax.scan(step, tuple(runner), jnp.arange(cfg.pqn.num_steps))
         # [T, S*E, ...] -> [S, T, E, ...]
         traj = jax.tree_util.tree_map(
             lambda x: jnp.swapaxes(x.reshape((x.shape[0], S, E) + x.shape[2:]), 0, 1), traj)
-        traj["carry0"] = carry0
-        traj["last_obs"] = per_seed(obs["obs"])
-        traj["last_instr"] = per_seed(obs["instruction"])
-        traj["last_done"] = per_seed(done_prev)
+        traj.update(carry0=runner[2], last_obs=per_seed(obs["obs"]), last_instr=per_seed(obs["instruction"]),
+                    last_done=per_seed(done_prev))
         return Runner(bstate, obs, carry, done_prev, keys), traj
 
     traj_keys = ("obs", "instr", "action", "reward", "done", "reset", "events", "success", "ep_return", "ep_length",
@@ -119,10 +114,8 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
         return (layout.seed_spec, layout.runner_specs(runner), PartitionSpec(), PartitionSpec())
 
     def out_specs(params, runner, env_params, env_steps):
-        traj = {k: layout.traj_spec for k in traj_keys}
-        traj.update(carry0=layout.seed_env_spec, last_obs=layout.seed_env_spec, last_instr=layout.seed_env_spec,
-                    last_done=layout.seed_env_spec)
-        return (layout.runner_specs(runner), traj)
+        last = dict.fromkeys(("carry0", "last_obs", "last_instr", "last_done"), layout.seed_env_spec)
+        return (layout.runner_specs(runner), {k: layout.traj_spec for k in traj_keys} | last)
 
     return PerDevice(rollout, layout.mesh(), in_specs, out_specs)
 

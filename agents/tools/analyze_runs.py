@@ -232,19 +232,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/img")
     p.add_argument("--table-only", action="store_true", help="print the tables, write no plots")
     p.add_argument("--interval", choices=("bootstrap", "t"), default="bootstrap",
-                   help="t: the summary table with 95%% t intervals over seeds (docs/results.md) instead of the "
-                        "final-point table with bootstrap intervals; the control table's gains likewise")
+                   help="t: the summary table with 95%% t intervals over seeds instead of bootstrap intervals")
     p.add_argument("--last-k", type=int, default=5, help="the last evaluations averaged beside the final point")
     p.add_argument("--curve-max-step", type=float, default=float("inf"),
-                   help="the whole-run table keeps evaluations up to this many env steps (compare a short run "
-                        "with the early part of long ones)")
+                   help="the whole-run tables keep evaluations up to this many env steps")
     p.add_argument("--time-target", type=float, default=None,
                    help="also tabulate and plot mean success (original) against wall clock, with this target line")
     p.add_argument("--time-budget", type=float, default=900.0,
                    help="with --time-target: the best success within this many seconds (default 900)")
     p.add_argument("--baseline", default=None, metavar="NAME",
-                   help="the retention and ordered tables also give each method's difference to this one's "
-                        "(Welch t interval over seeds)")
+                   help="the retention and ordered tables also give each method's difference to this one's")
     args = p.parse_args(argv)
     if args.last_k < 1:
         p.error(f"--last-k must be >= 1, got {args.last_k}")
@@ -253,7 +250,6 @@ def main(argv=None) -> int:
     runs = _pairs(args.runs)
     if args.baseline is not None and args.baseline not in runs:
         p.error(f"--baseline {args.baseline!r} is not one of the --runs names {sorted(runs)}")
-    # several runs under one NAME (e.g. 2 + 1 seeds on two cards) are pooled as seeds of one method
     finals = {name: load_evals(prefixes) for name, prefixes in runs.items()}
     metrics = {name: load_metrics(prefixes) for name, prefixes in runs.items()}
     if not args.table_only:
