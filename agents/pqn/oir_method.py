@@ -135,9 +135,8 @@ class OIRRelabeling(TrainingMethod):
         return chosen
 
     def relabel(self, host: dict, update: int = 0, env_state: Any = None) -> tuple[dict, dict[str, float]]:
-        """Relabel this rollout of update ``update`` (and collect late LLM answers): the batch's
-        relabel slots and the relabel metrics; grounded candidates go into the seeds' buffers
-        (``env_state``: the envs' state, whose rows new texts must not take)."""
+        """Relabel this rollout (and collect late LLM answers): the batch's relabel slots and the metrics;
+        grounded candidates go into the buffers (``env_state``: whose rows new texts must not take)."""
         cfg = self.cfg
         self._env_state = env_state
         trajs = self.trajectories(host, update)
@@ -149,27 +148,23 @@ class OIRRelabeling(TrainingMethod):
             self.stale_llm += len(late) - len(fresh)
             self.in_time_llm += len(fresh)
             results += fresh
-            stats["relabel/llm_results"] = float(len(fresh))
-            stats["relabel/llm_stale"] = float(self.stale_llm)
-            stats["relabel/llm_in_time_total"] = float(self.in_time_llm)
-            stats["relabel/llm_pending"] = float(self.relabeler.pending)
+            stats = {"relabel/llm_results": float(len(fresh)), "relabel/llm_stale": float(self.stale_llm),
+                     "relabel/llm_in_time_total": float(self.in_time_llm),
+                     "relabel/llm_pending": float(self.relabeler.pending)}
             llm_stats = self.relabeler.stats()
-            for k in ("calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
-                      "prompt_tokens_mean", "candidates_llm", "candidates_kept_llm", "share", "restarts",
-                      "down_seconds"):
-                if isinstance(llm_stats.get(k), (int, float)):
-                    stats[f"relabel/llm_{k}"] = float(llm_stats[k])
-            for kind, n in llm_stats.get("errors_by_type", {}).items():
-                stats[f"relabel/llm_errors/{kind}"] = float(n)
-            for reason, n in llm_stats.get("dropped", {}).items():
-                stats[f"relabel/dropped/{reason}"] = float(n)
+            stats.update({f"relabel/llm_{k}": float(llm_stats[k]) for k in (
+                "calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
+                "prompt_tokens_mean", "candidates_llm", "candidates_kept_llm", "share", "restarts", "down_seconds")
+                if isinstance(llm_stats.get(k), (int, float))})
+            stats.update({f"relabel/llm_errors/{kind}": float(n)
+                          for kind, n in llm_stats.get("errors_by_type", {}).items()})
+            stats.update({f"relabel/dropped/{reason}": float(n) for reason, n in llm_stats.get("dropped", {}).items()})
             stats["relabel/llm_warnings"] = float(llm_stats.get("llm_warnings", 0))
             stats["relabel/llm_repeats_rules"] = float(llm_stats.get("llm_repeats_rules", 0))
         offer = self.curriculum.apply(results, now=update, rows_per_group=cfg.pqn.num_envs * cfg.oir.k)
         slots, self.last_texts, _ = self.slots(offer.rows)
         self.last_candidates = [[row.candidate for row in rs] for rs in offer.rows]
-        for texts in offer.offered:
-            self.generated.update(texts)
+        self.generated.update(t for texts in offer.offered for t in texts)
         stats.update(offer.metrics)
         return slots, stats
 
