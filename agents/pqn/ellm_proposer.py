@@ -126,21 +126,13 @@ def load_prompt(name_or_path: str = DEFAULT_PROMPT) -> str:
 class GoalProposer:
     """ELLM goal proposer: observations in, up to ``k`` goals per observation out.
 
-    Args:
-        backend: ``"rules"``, a backend name of :data:`~oir_gym.relabel.backends.BACKEND_NAMES`,
-            ``"package.module:ClassName"``, a :class:`~oir_gym.relabel.llm.spec.BackendSpec`, or an
-            object with ``generate(prompts, n=1, *, schema=None) -> list[list[str]]``.
-        k: goals per observation.
-        cache_size: LRU entries (0 disables the cache).
-        signature: cache key mode, ``"coarse"`` or ``"text"`` (:func:`signature`).
-        timeout: seconds to wait for one batched LLM call (``None``: wait); then the rules answer.
-        max_prompts: most signatures sent to the LLM per :meth:`propose` (``None``: all misses).
-        prompt: ``"ellm"`` (packaged) or a path to a template with ``{{observation}}``/``{{k}}``.
-        candidate_filter: text filter of LLM goals (default :class:`CandidateFilter()`).
-        backend_kwargs: passed to :func:`oir_gym.relabel.make_backend` when ``backend`` is a name.
-        isolate: run a named backend in a child process (default: all but ``openai``).
-        child_config: the child's deadlines and restart backoff.
-        warn_after: failed LLM calls in a row before the one console warning of an outage.
+    ``backend``: ``"rules"``, a name of :data:`~oir_gym.relabel.backends.BACKEND_NAMES` (built with
+    ``backend_kwargs``; ``isolate``: in a child process with ``child_config``, default all but
+    ``openai``), ``"package.module:ClassName"``, a :class:`~oir_gym.relabel.llm.spec.BackendSpec` or an
+    object with ``generate(prompts, n=1, *, schema=None)``. ``cache_size`` LRU entries keyed by
+    :func:`signature`; ``timeout`` seconds per batched call and at most ``max_prompts`` signatures
+    per call (``None``: no limit); ``prompt``: ``"ellm"`` or a template file; ``warn_after`` failed
+    calls in a row before the one warning of an outage.
     """
 
     def __init__(

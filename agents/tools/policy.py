@@ -84,17 +84,13 @@ class PQNPolicy:
                  rng_seed: int = 0, device: Any = None) -> None:
         import jax
 
-        self.net = net
-        self.env_kwargs = dict(env_kwargs)
-        self.obs_dim = int(obs_dim)
-        self.epsilon = float(epsilon)
+        self.net, self.env_kwargs, self.obs_dim, self.epsilon = net, dict(env_kwargs), int(obs_dim), float(epsilon)
         self.device = device
         if isinstance(device, str):
             device = jax.devices(device)[0]
         self.params = jax.device_put(params, device) if device is not None else params
         self._rng = np.random.default_rng(rng_seed)
-        self._carry = None
-        self._start = True
+        self.reset()
 
         def step(params, carry, obs, instr, start):
             carry, q = net.apply(params, carry, obs[None], instr[None], start[None])
