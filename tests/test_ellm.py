@@ -203,7 +203,7 @@ def test_slow_llm_answers_by_rules_then_fills_the_cache():
     s = prop.stats()
     assert (s["llm_timeouts"], s["llm_busy"], s["fallbacks"], s["llm_calls"]) == (1, 1, 2, 1)
     release.set()
-    prop._inflight.result(10)
+    prop._caller.inflight.result(10)
     assert prop.propose([obs("tree")]) == [["chop the tree"]]  # the late answer is in the cache
     prop.close()
 

@@ -1,11 +1,8 @@
 """Method ``ellm``: the ELLM baseline (Du et al. 2023) on the PQN backbone.
 
-After each rollout (:meth:`ELLMProposals.step`) the batch is the original trajectories,
-and a :class:`~agents.pqn.ellm_proposer.GoalProposer` proposes up to K goals from every env's CURRENT
-observation (read from the state arrays; the LLM gets its text); they are registered in the instruction table and each env is pinned to one
-of its goals (drawn uniformly; it applies at the env's next reset). The reward is the env's
-cosine reward against that goal and, with ``ellm.reward="any"`` (default), against every other
-goal proposed for the env (``EnvState.also_pays``).
+After each rollout a :class:`~agents.pqn.ellm_proposer.GoalProposer` proposes up to K goals from every
+env's current observation; each env is pinned to one of them at its next reset, and (``ellm.reward="any"``)
+every goal proposed for it pays too. The batch is the original trajectories.
 """
 
 from __future__ import annotations
@@ -36,12 +33,7 @@ def table_capacity(cfg: "TrainConfig", n_eval: int) -> int:
 
 
 class ELLMProposals(TrainingMethod):
-    """``ellm``: envs pinned to goals an LLM (or the rules) proposes from their text observations.
-
-    Args:
-        ctx: what the method may use of its run.
-        proposer: the goal proposer of ``cfg.ellm.proposer``.
-    """
+    """``ellm``: envs pinned to goals the ``proposer`` (LLM or rules) proposes from their observations."""
 
     def __init__(self, ctx: MethodContext, proposer: Any) -> None:
         super().__init__(ctx)
@@ -54,11 +46,7 @@ class ELLMProposals(TrainingMethod):
         return self.propose_goals(np.unique(host["instr"]), env_state)
 
     def propose_goals(self, rollout_rows: np.ndarray, env_state: Any) -> MethodStep:
-        """Goals from every env's current observation (``env_state``); each env pinned to one of them.
-
-        The rows of this rollout's instructions (``rollout_rows``) stay protected from reuse, so
-        the batch built from it still reads the right embeddings.
-        """
+        """Goals from every env's current observation, each env pinned to one (``rollout_rows`` stay protected)."""
         ctx = self.ctx
         t0 = time.time()
         goals = self.proposer.propose(batch_observations(env_state.env.craftax))
@@ -102,7 +90,6 @@ class ELLMProposals(TrainingMethod):
                 metrics[f"ellm/{k}"] = float(stats[k])
         return MethodStep(metrics, pinned=pinned, also_pays=also)
 
-    # ------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {"counts": dict(self.generated), "pinned": dict(self.pinned_counts),
                 "goal_rng": self._goal_rng.bit_generator.state}

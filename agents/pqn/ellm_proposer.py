@@ -1,48 +1,16 @@
 """ELLM-style forward goal proposal (Du et al. 2023): goals suggested from the CURRENT observation.
 
-The proposer of method ``ellm`` (:mod:`agents.pqn.ellm`).
-
-Where OIR's relabeler (:mod:`oir_gym.relabel`) looks back at a finished trajectory and names what
-the agent did, ELLM looks at the state the agent is in and suggests what it could do next; the
-agent is then asked to do one of those goals and is rewarded when a transition's caption matches
-it, or by default any of the goals proposed for it (the env's usual cosine reward; see
-``PQNConfig.ellm_reward``).
-
-:class:`GoalProposer` takes a batch of observations (:class:`oir_gym.text.Observation`, read
-from the env's state arrays by :func:`oir_gym.text.batch_observations`; a text observation is
-read back with :func:`oir_gym.text.parse_observation`) and returns up to ``k`` goals for each::
+The proposer of method ``ellm`` (:mod:`agents.pqn.ellm`)::
 
     proposer = GoalProposer("rules", k=4)
-    goals = proposer.propose(batch_observations(env_state.craftax))
-    proposer.propose(["Facing: tree; Nearby: [1] tree [2] water; Inventory: empty; Status: ..."])
-    # [["collect wood", "drink water"]]
+    goals = proposer.propose(batch_observations(env_state.craftax))   # up to k goals per observation
 
-Backends:
-
-* ``"rules"``: no LLM, deterministic: :func:`rule_goals` reads the observation's values and suggests
-  achievable next steps (facing a tree -> ``"collect wood"``, wood in the inventory and no table
-  nearby -> ``"place table"``, ...), worded as the 22 Craftax achievements (:data:`GOALS`).
-* ``"transformers"`` or ``"llama_cpp"`` (offline Gemma 3 270M), ``"openai"`` (any OpenAI-compatible server),
-  ``"vllm"``, or any object with the relabeler's backend protocol
-  ``generate(prompts, n, *, schema) -> list[list[str]]``: the few-shot prompt of
-  ``oir_gym/data/prompts/ellm.txt``, JSON-constrained with the relabeler's answer schema
-  (:func:`oir_gym.relabel.prompts.output_schema`; the goals are its ``"Mid-Level"`` list), parsed
-  and filtered with :mod:`oir_gym.relabel.parse` / :mod:`oir_gym.relabel.filters`.
-
-Batching and caching: observations are reduced to a signature (``"coarse"``: facing, nearby
-names and distances, inventory counts capped at 2, vitals bucketed to ``low``/``ok``, sleeping:
-every input the rules read; ``"text"``: the exact text); each distinct signature is looked up once in an LRU
-cache, and the misses go to the LLM in ONE batched ``generate`` call.
-
-Failure policy (an LLM backend): nothing is ever raised into the caller. When the LLM raises,
-answers nothing usable, or does not answer within ``timeout`` seconds, those observations get
-the rule goals (counted as ``fallbacks``). A timed-out call keeps running on the worker thread
-and its answers still land in the cache (so a slow LLM is used asynchronously, through the
-cache); while it runs, new misses are answered by the rules (``llm_busy``). At most
-``max_prompts`` signatures go to the LLM per call (the most frequent first); the others get rules.
-Native backends run in a child process (:mod:`oir_gym.relabel.llm.child`: a crash or hang of the LLM
-library ends only the child, which restarts with backoff); after ``warn_after`` failed calls in a
-row (errors, deadlines, nothing usable) one console warning names the cause and the remedy.
+Backends: ``"rules"`` (:func:`rule_goals`, no LLM, deterministic), or any relabeler backend
+(:data:`oir_gym.relabel.backends.BACKEND_NAMES`, ``"package.module:ClassName"`` or an object with
+``generate(prompts, n, *, schema)``) with the few-shot prompt ``oir_gym/data/prompts/ellm.txt``.
+Observations are cached by :func:`signature`; the misses go to the LLM in one batched call. Nothing
+is ever raised into the caller: when the LLM fails, answers nothing usable or misses ``timeout``,
+the rules answer (a late answer still fills the cache).
 """
 
 from __future__ import annotations
@@ -51,13 +19,13 @@ import threading
 import time
 import warnings
 from collections import Counter
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from oir_gym.captions import ACHIEVEMENT_NAMES
 from oir_gym.relabel.backends import BACKEND_NAMES
 from agents.run.config import LLMConfig
 from agents.run.llm import backend_kwargs, check_llm
@@ -72,32 +40,9 @@ from oir_gym.relabel.llm.health import LLMHealth
 from oir_gym.relabel.llm.caller import OffThreadCaller
 from oir_gym.relabel.llm.build import build_llm, probe
 
-#: The rule proposer's wording of each goal (one per Craftax achievement; natural variants of the
-#: 22 original instructions that the caption vocabulary grounds at cosine 1.0).
-GOALS: dict[str, str] = {
-    "collect_wood": "collect wood",
-    "place_table": "place table",
-    "eat_cow": "eat cow",
-    "collect_sapling": "collect sapling",
-    "collect_drink": "drink water",
-    "make_wood_pickaxe": "make wood pickaxe",
-    "make_wood_sword": "make wood sword",
-    "place_plant": "place plant",
-    "defeat_zombie": "defeat zombie",
-    "collect_stone": "collect stone",
-    "place_stone": "place stone",
-    "eat_plant": "eat plant",
-    "defeat_skeleton": "defeat skeleton",
-    "make_stone_pickaxe": "make stone pickaxe",
-    "make_stone_sword": "make stone sword",
-    "wake_up": "wake up",
-    "place_furnace": "place furnace",
-    "collect_coal": "collect coal",
-    "collect_iron": "collect iron",
-    "collect_diamond": "collect diamond",
-    "make_iron_pickaxe": "make iron pickaxe",
-    "make_iron_sword": "make iron sword",
-}
+#: The rule proposer's wording of each Craftax achievement (natural variants of the 22 original
+#: instructions that the caption vocabulary grounds at cosine 1.0).
+GOALS: dict[str, str] = {a: a.replace("_", " ") for a in ACHIEVEMENT_NAMES} | {"collect_drink": "drink water"}
 #: Goals when nothing in the observation suggests anything (grass is almost always at hand).
 FALLBACK_GOALS: tuple[str, ...] = ("collect wood", "collect sapling")
 #: Energy at or below which the rules suggest sleeping (the goal is the achievement "wake up").
@@ -119,24 +64,12 @@ SIGNATURES = ("coarse", "text")
 DEFAULT_PROMPT = "ellm"
 
 
-# --------------------------------------------------------------------------------------------- rules
 def rule_goals(obs: Union[Observation, str], k: Optional[int] = None) -> list[str]:
-    """Achievable next goals for one observation, most immediate first (deterministic, no LLM).
-
-    Order: (1) asleep -> only ``"wake up"``; (2) what the agent faces (tree -> collect wood,
-    water -> drink water, grass -> collect sapling, cow -> eat cow, zombie/skeleton -> defeat it,
-    ripe plant -> eat plant, stone/coal with a wood pickaxe, iron with a stone pickaxe, diamond
-    with an iron pickaxe -> collect it); (3) a zombie or skeleton nearby -> defeat it;
-    (4) crafting when a crafting table is nearby (wood -> wood pickaxe/sword; wood and stone ->
-    stone pickaxe/sword; furnace too and wood, stone, coal, iron -> iron pickaxe/sword; each only
-    when the tool is not yet owned); (5) placing (wood and no table nearby -> place table; stone
-    with a table but no furnace nearby -> place furnace; sapling -> place plant; stone -> place
-    stone); (6) resources nearby (same conditions as facing); (7) energy <= 3 -> ``"wake up"``
-    (sleep); (8) nothing -> :data:`FALLBACK_GOALS`. Duplicates are dropped; at most ``k``.
-    """
+    """Achievable next goals for one observation, most immediate first, at most ``k`` (no LLM): asleep ->
+    wake up; what it faces; threats nearby; crafting; placing; resources nearby; low energy -> sleep;
+    nothing -> :data:`FALLBACK_GOALS`."""
     o = obs if isinstance(obs, Observation) else parse_observation(obs)
     G = GOALS
-    out: list[str] = []
     if o.sleeping:
         return [G["wake_up"]]
 
@@ -144,54 +77,24 @@ def rule_goals(obs: Union[Observation, str], k: Optional[int] = None) -> list[st
         achievement, tool = TARGETS.get(name, ("", None))
         return G[achievement] if achievement and (tool is None or o.has(tool)) else None
 
-    # (2) facing
-    if o.facing == "grass":
-        out.append(G["collect_sapling"])
-    elif o.facing:
-        g = collectable(o.facing)
-        if g:
-            out.append(g)
-    # (3) threats
-    for mob in ("zombie", "skeleton"):
-        if mob in o.nearby:
-            out.append(G[f"defeat_{mob}"])
-    # (4) crafting
+    out = [G["collect_sapling"] if o.facing == "grass" else collectable(o.facing)]
+    out += [G[f"defeat_{mob}"] for mob in ("zombie", "skeleton") if mob in o.nearby]
     table = "crafting table" in o.nearby or o.facing == "crafting table"
     furnace = "furnace" in o.nearby or o.facing == "furnace"
     if table and o.has("wood"):
-        for tool in ("pickaxe", "sword"):
-            if not o.has(f"wood {tool}"):
-                out.append(G[f"make_wood_{tool}"])
-        if o.has("stone"):
-            for tool in ("pickaxe", "sword"):
-                if not o.has(f"stone {tool}"):
-                    out.append(G[f"make_stone_{tool}"])
-        if furnace and o.has("stone") and o.has("coal") and o.has("iron"):
-            for tool in ("pickaxe", "sword"):
-                if not o.has(f"iron {tool}"):
-                    out.append(G[f"make_iron_{tool}"])
-    # (5) placing
-    if o.has("wood") and not table:
-        out.append(G["place_table"])
-    if o.has("stone") and table and not furnace:
-        out.append(G["place_furnace"])
-    if o.has("sapling"):
-        out.append(G["place_plant"])
-    if o.has("stone"):
-        out.append(G["place_stone"])
-    # (6) resources nearby, nearest first (name order within a distance)
-    for name, _ in sorted(o.nearby.items(), key=lambda kv: (kv[1], kv[0])):
-        g = collectable(name)
-        if g:
-            out.append(g)
-    # (7) tired
+        tiers = {"wood": True, "stone": o.has("stone"), "iron": furnace and all(map(o.has, ("stone", "coal", "iron")))}
+        out += [G[f"make_{m}_{tool}"] for m, ok in tiers.items() if ok for tool in ("pickaxe", "sword")
+                if not o.has(f"{m} {tool}")]
+    placing = {"place_table": o.has("wood") and not table, "place_furnace": o.has("stone") and table and not furnace,
+               "place_plant": o.has("sapling"), "place_stone": o.has("stone")}
+    out += [G[g] for g, ok in placing.items() if ok]
+    out += [collectable(name) for name, _ in sorted(o.nearby.items(), key=lambda kv: (kv[1], kv[0]))]
     if o.status.get("energy", 9) <= LOW_ENERGY:
         out.append(G["wake_up"])
-    out = list(dict.fromkeys(out)) or list(FALLBACK_GOALS)
+    out = [g for g in dict.fromkeys(out) if g] or list(FALLBACK_GOALS)
     return out[:k] if k else out
 
 
-# --------------------------------------------------------------------------------------------- signature
 def signature(obs: Union[Observation, str], mode: str = "coarse") -> str:
     """Cache key of an observation: ``"text"`` (the exact text) or ``"coarse"`` (facing, nearby
     names with their distances, inventory counts capped at ``2+``, vitals as ``low``/``ok``,
@@ -205,7 +108,6 @@ def signature(obs: Union[Observation, str], mode: str = "coarse") -> str:
     return f"{o.facing}|{near}|{inv}|{vit}|{int(o.sleeping)}"
 
 
-# --------------------------------------------------------------------------------------------- prompt
 def load_prompt(name_or_path: str = DEFAULT_PROMPT) -> str:
     """The few-shot prompt template (``#|`` comment lines removed): packaged ``"ellm"`` or a file."""
     if name_or_path == DEFAULT_PROMPT:
@@ -221,27 +123,16 @@ def load_prompt(name_or_path: str = DEFAULT_PROMPT) -> str:
     return body
 
 
-# --------------------------------------------------------------------------------------------- proposer
 class GoalProposer:
     """ELLM goal proposer: observations in, up to ``k`` goals per observation out.
 
-    Args:
-        backend: ``"rules"``, ``"transformers"``, ``"llama_cpp"``, ``"openai"``, ``"vllm"``, ``"package.module:ClassName"``,
-            a :class:`~oir_gym.relabel.llm.spec.BackendSpec`, or an object with
-            ``generate(prompts, n=1, *, schema=None) -> list[list[str]]`` (used as is, in this process).
-        k: goals per observation.
-        cache_size: LRU entries (0 disables the cache).
-        signature: cache key mode, ``"coarse"`` (default) or ``"text"`` (see :func:`signature`).
-        timeout: seconds to wait for one batched LLM call (``None``: wait); on timeout the rules
-            answer and the late answers still fill the cache.
-        max_prompts: most signatures sent to the LLM per :meth:`propose` (``None``: all misses).
-        prompt: ``"ellm"`` (packaged) or a path to a template with ``{{observation}}``/``{{k}}``.
-        candidate_filter: text filter of LLM goals (default :class:`CandidateFilter()`).
-        backend_kwargs: passed to :func:`oir_gym.relabel.make_backend` when ``backend`` is a name.
-        isolate: run a named backend in a child process (default: all but ``openai``; ``False``:
-            in this process, for debugging).
-        child_config: the child's deadlines and restart backoff.
-        warn_after: failed LLM calls in a row before the one console warning of an outage.
+    ``backend``: ``"rules"``, a name of :data:`~oir_gym.relabel.backends.BACKEND_NAMES` (built with
+    ``backend_kwargs``; ``isolate``: in a child process with ``child_config``, default all but
+    ``openai``), ``"package.module:ClassName"``, a :class:`~oir_gym.relabel.llm.spec.BackendSpec` or an
+    object with ``generate(prompts, n=1, *, schema=None)``. ``cache_size`` LRU entries keyed by
+    :func:`signature`; ``timeout`` seconds per batched call and at most ``max_prompts`` signatures
+    per call (``None``: no limit); ``prompt``: ``"ellm"`` or a template file; ``warn_after`` failed
+    calls in a row before the one warning of an outage.
     """
 
     def __init__(
@@ -267,10 +158,7 @@ class GoalProposer:
         if isinstance(backend, str) and backend not in BACKENDS and ":" not in backend:
             raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKENDS}, "
                              "'package.module:ClassName' or a backend object")
-        self.k = int(k)
-        self.signature_mode = signature
-        self.timeout = timeout
-        self.max_prompts = max_prompts
+        self.k, self.signature_mode, self.timeout, self.max_prompts = int(k), signature, timeout, max_prompts
         self.filter = candidate_filter or CandidateFilter()
         self.cache = LRUCache(cache_size)
         self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, BackendSpec)
@@ -281,17 +169,13 @@ class GoalProposer:
         self.schema = output_schema(self.k)
         self._caller = OffThreadCaller("oir-ellm")
         self._lock = threading.Lock()
-        self._s: Counter = Counter()
-        self._dropped: Counter = Counter()
-        self._errors: Counter = Counter()
-        self._latency = 0.0
-        self._warned = False
+        self._s, self._dropped, self._errors = Counter(), Counter(), Counter()
+        self._latency, self._warned = 0.0, False
         self.last_error: Optional[str] = None
 
     def __repr__(self) -> str:
         return f"GoalProposer(backend={self.backend_name!r}, k={self.k}, signature={self.signature_mode!r})"
 
-    # ------------------------------------------------------------------ helpers
     def render_prompt(self, obs: Union[Observation, str]) -> str:
         """The LLM prompt for one observation (its text)."""
         text = obs.text if isinstance(obs, Observation) else obs
@@ -300,19 +184,13 @@ class GoalProposer:
     def signature(self, obs: Union[Observation, str]) -> str:
         return signature(obs, self.signature_mode)
 
-    @property
-    def _inflight(self) -> Optional[Future]:
-        """The future of the last LLM call (its answers fill the cache even when late)."""
-        return self._caller.inflight
-
     def check_llm(self, timeout: float = 900.0) -> Optional[str]:
         """One tiny real LLM call before use (``None`` for the rule proposer); raises
         :class:`~oir_gym.relabel.llm.spec.LLMCheckError` with the cause and the remedy."""
         return None if self.llm is None else probe(self.llm, timeout)
 
     def _llm_call(self, keys: list[str], prompts: list[str]) -> dict[str, list[str]]:
-        """One batched LLM call; parses, filters and caches every answer (also when it is late).
-        Reports the outcome to :attr:`health` (here, so that a late answer counts too)."""
+        """One batched LLM call; parses, filters, caches and reports (to :attr:`health`) every answer, late ones too."""
         t0 = time.perf_counter()
         try:
             raw = self.llm.generate(prompts, 1, schema=self.schema)
@@ -336,9 +214,7 @@ class GoalProposer:
         usable = any(out.values())
         with self._lock:
             self._latency += time.perf_counter() - t0
-            self._s["llm_completed"] += 1
-            self._s["llm_answers"] += len(out)
-            self._s["llm_goals"] += sum(len(g) for g in out.values())
+            self._s.update(llm_completed=1, llm_answers=len(out), llm_goals=sum(len(g) for g in out.values()))
             self._dropped.update(dropped)
             if not usable:  # an answer with nothing usable is a failed call
                 self._s["llm_unusable"] += 1
@@ -357,8 +233,7 @@ class GoalProposer:
         except LLMBusy:
             return None, "busy"
         with self._lock:
-            self._s["llm_calls"] += 1
-            self._s["llm_prompts"] += len(prompts)
+            self._s.update(llm_calls=1, llm_prompts=len(prompts))
         try:
             return fut.result(timeout=self.timeout), "ok"
         except FutureTimeout:
@@ -369,16 +244,9 @@ class GoalProposer:
             self.last_error = f"{type(e).__name__}: {e}"
             return None, "error"
 
-    # ------------------------------------------------------------------ API
     def propose(self, observations: Sequence[Union[Observation, str]]) -> list[list[str]]:
-        """Up to ``k`` goals for each observation (never raises; never an empty list).
-
-        Args:
-            observations: :class:`~oir_gym.text.Observation` values (e.g.
-                :func:`oir_gym.text.batch_observations` of the envs' states: the rules read their
-                values, the LLM gets their text), or text observations, which are read back with
-                :func:`oir_gym.text.parse_observation`.
-        """
+        """Up to ``k`` goals for each :class:`~oir_gym.text.Observation` or text observation (never raises;
+        never an empty list)."""
         obs = [o if isinstance(o, Observation) else parse_observation(o) for o in observations]
         try:
             return self._propose(obs)
@@ -398,17 +266,11 @@ class GoalProposer:
         freq: Counter = Counter(keys)
         for i, key in enumerate(keys):
             uniq.setdefault(key, i)
-        answers: dict[str, list[str]] = {}
-        s: Counter = Counter(propose_calls=1, requests=len(observations), unique=len(uniq))
-        misses = []
-        for key in uniq:
-            hit = self.cache.get(key) if self.cache.capacity > 0 else None
-            if hit is not None:
-                answers[key] = hit
-                s["cache_hits"] += 1
-            else:
-                misses.append(key)
-                s["cache_misses"] += 1
+        hits = {key: self.cache.get(key) if self.cache.capacity > 0 else None for key in uniq}
+        answers = {key: hit for key, hit in hits.items() if hit is not None}
+        misses = [key for key in uniq if key not in answers]
+        s = Counter(propose_calls=1, requests=len(observations), unique=len(uniq), cache_hits=len(answers),
+                    cache_misses=len(misses))
         if self.llm is None:
             for key in misses:
                 answers[key] = rule_goals(observations[uniq[key]], self.k)
@@ -422,7 +284,6 @@ class GoalProposer:
                 s[f"llm_{outcome}"] += 1
                 if got:
                     answers.update(got)
-        out: list[list[str]] = []
         by_key: dict[str, list[str]] = {}
         for key in uniq:
             goals = [g for g in answers.get(key, []) if g][: self.k]
@@ -434,51 +295,41 @@ class GoalProposer:
             else:
                 s["from_llm" if self.llm is not None else "from_rules"] += freq[key]
             by_key[key] = goals
-        out = [list(by_key[key]) for key in keys]
         with self._lock:
             self._s.update(s)
-        return out
+        return [list(by_key[key]) for key in keys]
 
     __call__ = propose
 
     def stats(self) -> dict[str, Any]:
         """Counters since construction (``requests``, ``cache_hit_rate``, ``llm_calls``, ``fallbacks``...)."""
         with self._lock:
-            s = dict(self._s)
+            s = Counter(self._s)
             dropped, errors, latency = dict(self._dropped), dict(self._errors), self._latency
-        lookups = s.get("cache_hits", 0) + s.get("cache_misses", 0)
         out: dict[str, Any] = {
             "backend": self.backend_name, "k": self.k,
-            "propose_calls": s.get("propose_calls", 0), "requests": s.get("requests", 0),
-            "unique": s.get("unique", 0), "cache_hits": s.get("cache_hits", 0),
-            "cache_misses": s.get("cache_misses", 0), "cache_hit_rate": s.get("cache_hits", 0) / max(lookups, 1),
-            "cache_size": len(self.cache), "fallbacks": s.get("fallbacks", 0),
+            **{n: s[n] for n in ("propose_calls", "requests", "unique", "cache_hits", "cache_misses")},
+            "cache_hit_rate": s["cache_hits"] / max(s["cache_hits"] + s["cache_misses"], 1),
+            "cache_size": len(self.cache), "fallbacks": s["fallbacks"],
         }
-        if self.llm is not None:
-            calls = s.get("llm_calls", 0)
-            out.update({
-                "llm_calls": calls, "llm_prompts": s.get("llm_prompts", 0), "llm_answers": s.get("llm_answers", 0),
-                "llm_ok": s.get("llm_ok", 0), "llm_timeouts": s.get("llm_timeout", 0),
-                "llm_errors": s.get("llm_error", 0) + s.get("llm_unusable", 0), "llm_busy": s.get("llm_busy", 0),
-                "llm_empty": s.get("llm_empty", 0), "not_asked": s.get("not_asked", 0),
-                "from_llm": s.get("from_llm", 0),
-                "llm_fraction": s.get("from_llm", 0) / max(s.get("requests", 0), 1),
-                "latency_mean_s": latency / max(s.get("llm_completed", 0), 1),
-                "errors_by_type": errors, "dropped": dropped,
-            })
-            health, child = self.health.stats(), llm_process_stats(self.llm)
-            out.update({
-                "llm_failed_calls": health["failures"], "llm_consecutive_failures": health["consecutive_failures"],
-                "llm_down": int(health["down"]), "llm_down_seconds": health["down_seconds"],
-                "llm_warnings": health["warnings"], "llm_restarts": child["restarts"],
-                "llm_child_deaths": child["child_deaths"],
-            })
-        return out
+        if self.llm is None:
+            return out
+        health, child = self.health.stats(), llm_process_stats(self.llm)
+        return {
+            **out, **{n: s[n] for n in ("llm_calls", "llm_prompts", "llm_answers", "llm_ok", "llm_busy", "llm_empty",
+                                         "not_asked", "from_llm")},
+            "llm_timeouts": s["llm_timeout"], "llm_errors": s["llm_error"] + s["llm_unusable"],
+            "llm_fraction": s["from_llm"] / max(s["requests"], 1),
+            "latency_mean_s": latency / max(s["llm_completed"], 1), "errors_by_type": errors, "dropped": dropped,
+            "llm_failed_calls": health["failures"], "llm_consecutive_failures": health["consecutive_failures"],
+            "llm_down": int(health["down"]), "llm_down_seconds": health["down_seconds"],
+            "llm_warnings": health["warnings"], "llm_restarts": child["restarts"],
+            "llm_child_deaths": child["child_deaths"],
+        }
 
     def close(self, wait: float = 30.0) -> None:
-        """Stop the worker thread and free the backend: an LLM child process at once (bounded by its
-        grace, even while it generates); an in-process backend after up to ``wait`` s for a running
-        call (one still generating after that is left to free itself at exit)."""
+        """Stop the worker thread and free the backend: a child process at once, an in-process backend
+        after up to ``wait`` s for a running call."""
         idle = self._caller.close(0.0 if isinstance(self.llm, ChildProcessBackend) else wait)
         if self.llm is not None and (idle or isinstance(self.llm, ChildProcessBackend)):
             close_llm(self.llm)

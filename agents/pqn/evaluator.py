@@ -12,18 +12,9 @@ import numpy as np
 
 
 class PQNEvaluator:
-    """Every seed of a PQN run's checkpoint evaluated on instruction sets, as the run's own
-    evaluations do (the same network, instruction table, evaluation program and worlds), built
-    from the checkpoint alone: what ``--eval-only`` runs.
-
-    Nothing of training is built: no relabeler or goal proposer (so no LLM and no oracle pool is
-    read), no training envs, and the update program is never traced or compiled. It has the run
-    driver's trainer interface for an evaluation (:class:`agents.run.train.RunTrainer`: :meth:`load`,
-    :meth:`evaluate`, :meth:`close`); in a run over several processes each evaluates its own seeds.
-
-    Args:
-        cfg: the run's :class:`~agents.pqn.config.TrainConfig` (its ``eval`` part chooses the sets).
-        run_dir: this process's run folder (its checkpoints).
+    """Every seed of a PQN run's checkpoint evaluated as the run's own evaluations do, with nothing of
+    training built (what ``--eval-only`` runs; the driver's :class:`agents.run.train.RunTrainer`
+    interface). ``cfg``: the run's :class:`~agents.pqn.config.TrainConfig`; ``run_dir``: this process's run folder.
     """
 
     def __init__(self, cfg: Any, run_dir: str | os.PathLike) -> None:
@@ -38,35 +29,25 @@ class PQNEvaluator:
         self.run_dir = Path(run_dir)
         self.processes, self.process_index = jax.process_count(), jax.process_index()
         self.seeds = seed_slice(cfg.run.num_seeds, self.processes, self.process_index)
-        self.S = self.seeds.stop - self.seeds.start
+        self.S, self.seed_offset = self.seeds.stop - self.seeds.start, self.seeds.start
         local = len(jax.local_devices())
         num_devices = cfg.run.num_devices or local
         check_layout(self.S, cfg.pqn.num_envs, num_devices, visible=local)
         self.layout = Layout(self.S, cfg.pqn.num_envs, num_devices)
-        #: seconds each part of the start took (the driver prints them)
         self.startup: dict[str, float] = {}
         t = time.time()
         self.encoder = get_encoder()
         self.startup["encoder"] = time.time() - t
-        # shared with any trainer of this configuration in the process (agents.pqn.trainer.trainer_programs):
-        # only its evaluation program is ever compiled here
         self.programs = trainer_programs(cfg, self.layout, self.encoder.dim)
         self.update_idx = 0
         self.env_steps = 0
-        #: the checkpoint folder :meth:`load` read
         self.checkpoint: Path | None = None
-        self.method = None  # no training method (the driver's diversity report has nothing to say)
+        self.method = None
         self._params: Any = None
         self._registry: Any = None
 
-    @property
-    def seed_offset(self) -> int:
-        """The global index of this process's first seed."""
-        return self.seeds.start
-
     def load(self, path: str | os.PathLike) -> dict[str, Any]:
-        """Read the checkpoint at ``path`` (a checkpoint folder, or a run folder: its newest) and
-        keep its parameters and instruction table; returns its host state.
+        """Read the checkpoint at ``path`` (a checkpoint folder, or a run folder's newest); returns its host state.
 
         Raises:
             agents.run.checkpoint.CheckpointError: a damaged, foreign or mismatched checkpoint (naming the file).
@@ -100,8 +81,7 @@ class PQNEvaluator:
         return host
 
     def eval_config(self, final: bool = False) -> Any:
-        """The :class:`~oir_gym.evaluation.EvalConfig` of an evaluation: ``eval.sets`` and the
-        instruction files (``final``: ``eval.final_sets`` too, ``eval.final_episodes`` episodes)."""
+        """The :class:`~oir_gym.evaluation.EvalConfig` of an evaluation (``final``: the final one)."""
         from oir_gym.evaluation import eval_config
 
         ev = self.cfg.eval
@@ -110,8 +90,7 @@ class PQNEvaluator:
                            control=ev.control)
 
     def evaluate(self, final: bool = False) -> list:
-        """Every seed's :class:`~oir_gym.evaluation.EvalResult` (see :meth:`eval_config`), on the
-        worlds the run's own evaluation at the checkpoint's update meets."""
+        """Every seed's :class:`~oir_gym.evaluation.EvalResult` on the run's own evaluation worlds."""
         from agents.pqn.trainer import method_spec
         from oir_gym import functional as F
         from oir_gym.evaluation import eval_instructions, eval_keys, evaluate_jax_seeds
@@ -129,4 +108,4 @@ class PQNEvaluator:
         return evaluate_jax_seeds(evaluator, keys, self._params, params, rows, ecfg, texts, achs, sets)
 
     def close(self) -> None:
-        """Nothing runs beside an evaluation: nothing to stop."""
+        """Nothing to stop."""

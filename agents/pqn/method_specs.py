@@ -1,6 +1,5 @@
-"""The PQN training methods by name (:data:`METHOD_SPECS`: how the trainer builds each from its
-:class:`~agents.pqn.methods.MethodContext`, its reward, table size and generated file) and the
-factories of the relabeler and the goal proposer a config names."""
+"""The PQN training methods by name (:data:`METHOD_SPECS`) and the factories of the relabeler and the
+goal proposer a config names."""
 
 from __future__ import annotations
 
@@ -15,9 +14,7 @@ from agents.run import relabeling
 from oir_gym.encoder import get_encoder
 
 
-#: Method name (``run.method``) -> how the trainer builds it and what it needs to know of it (the
-#: names are :data:`agents.pqn.config.METHODS`, which the config validates against). A factory takes the
-#: method's context and the relabeler and proposer handed to the Trainer (``None``: from the config).
+#: ``run.method`` (:data:`agents.pqn.config.METHODS`) -> how the trainer builds the method
 METHOD_SPECS: dict[str, MethodSpec] = {
     "gt": MethodSpec(lambda ctx, relabeler, proposer: GroundTruth(ctx), reward_mode=1),
     "cosine": MethodSpec(lambda ctx, relabeler, proposer: Cosine(ctx)),
@@ -30,8 +27,7 @@ METHOD_SPECS: dict[str, MethodSpec] = {
 
 
 def method_spec(name: str) -> MethodSpec:
-    """The :class:`~agents.pqn.methods.MethodSpec` of method ``name``; an unknown name is a ValueError
-    naming the known ones."""
+    """The :class:`~agents.pqn.methods.MethodSpec` of method ``name`` (ValueError naming the known ones)."""
     if name not in METHOD_SPECS:
         raise ValueError(f"run.method={name!r}; expected one of {tuple(METHOD_SPECS)}")
     return METHOD_SPECS[name]
@@ -45,16 +41,9 @@ def make_proposer(cfg: TrainConfig):
 
 def make_relabeler(cfg: TrainConfig, encoder: Any = None):
     """The relabeler of ``cfg.oir.relabeler`` (:func:`agents.run.relabeling.make_relabeler`; an LLM is
-    checked with one real call). The rule relabeler keeps K candidates per trajectory, or
-    (``oir.relabel_balance``) every grounded event, for the trainer to choose K from
-    (``balanced_choice``); it runs over worker processes (``oir.relabel_workers``) when a rollout
-    holds at least 64 trajectories."""
+    checked with one real call); with ``oir.relabel_balance`` the rules keep every grounded event."""
     from oir_gym.relabel.parallel import default_workers
 
-    # cfg.oir.keep_ungrounded (default False): under cosine grounding the rules' ungrounded candidates
-    # are their "A then B" compounds, which the single-caption cosine reward never pays; as rows of D
-    # they are zero-reward copies of exactly the trajectories where B happened ("collect wood then
-    # place table": cos 0.69 to "place table"). Under bound grounding they bind to the ordered pair.
     o = cfg.oir
     options = relabeling.RelabelerOptions(
         keep_ungrounded=o.keep_ungrounded, oracle_pool=o.oracle_pool, seed=cfg.run.seed,

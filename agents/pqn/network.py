@@ -1,17 +1,10 @@
-"""PQN-RNN (Gallici et al. 2024) conditioned on instructions, for InstructionCraftax.
+"""PQN-RNN (Gallici et al. 2024) conditioned on instructions: network, acting, Q(lambda) targets, update.
 
-Read top to bottom: network -> acting -> Q(lambda) targets -> loss/update. The OIR
-training loop that wraps it (rollouts, relabeling, instruction buffer, evaluation, checkpoints)
-is in :mod:`agents.pqn.trainer`; the hyperparameters are :class:`agents.pqn.config.PQNConfig` (the ``pqn`` part
-of a run's :class:`~agents.pqn.config.TrainConfig`).
-
-The network: LayerNorm on the input (obs features ++ instruction embedding), an MLP of
-``num_layers`` Dense+LayerNorm+ReLU blocks, one LSTM layer, a linear Q head on the LSTM output
-(as in purejaxql's PQN-RNN: the tanh-bounded LSTM output keeps the initial Q-values small, so
-the max over actions does not start far above the largest possible return of 1). Targets are
-Q(lambda) returns recomputed for every minibatch from the same forward pass (stop-gradient), as
-in purejaxql; the loss is the squared error to them, optimised by RAdam with gradient clipping
-and linear LR decay.
+The network: LayerNorm on the input (obs features ++ instruction embedding), ``num_layers``
+Dense+LayerNorm+ReLU blocks, one LSTM layer and a linear Q head, as in purejaxql's PQN-RNN. The
+loss is the squared error to Q(lambda) targets from the same forward pass (stop-gradient),
+optimised by RAdam with gradient clipping and linear LR decay. The training loop is
+:mod:`agents.pqn.trainer`; the hyperparameters :class:`agents.pqn.config.PQNConfig`.
 """
 
 from __future__ import annotations
@@ -181,13 +174,9 @@ class SequenceLSTM(nn.Module):
 
 
 class QNetwork(nn.Module):
-    """Instruction-conditioned recurrent Q-network.
-
-    ``__call__(carry, obs_features [T, B, D], instruction [T, B, 384], resets [T, B])`` returns
-    ``(carry, q [T, B, A])``; the LSTM carry is zeroed where ``resets`` (episode starts).
-    ``dtype``: the input type of the hidden layers' and the LSTM's matmuls (``pqn.compute_dtype``);
-    parameters, norms, gates and Q-values stay float32.
-    """
+    """Instruction-conditioned recurrent Q-network: ``(carry, obs [T, B, D], instruction [T, B, 384],
+    resets [T, B]) -> (carry, q [T, B, A])``, the carry zeroed at ``resets``; ``dtype``: the matmuls'
+    input type (all else float32)."""
 
     num_actions: int
     hidden_size: int = 512
@@ -231,9 +220,8 @@ def make_optimizer(cfg: PQNConfig, num_updates: int):
 
 def create_train_state(key, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim: int,
                        num_updates: int, tx: optax.GradientTransformation | None = None) -> TrainState:
-    """Initial parameters and optimiser state for ``obs_dim``-feature observations and ``emb_dim``
-    instructions. ``tx`` (default :func:`make_optimizer`): pass one optimiser object to states that
-    must share a pytree structure (a jitted update compiled for one then serves the other)."""
+    """Initial parameters and optimiser state (``tx``: default :func:`make_optimizer`; one object shared by
+    states keeps one pytree structure)."""
     carry = net.initial_carry(1)
     params = net.init(key, carry, jnp.zeros((1, 1, obs_dim)), jnp.zeros((1, 1, emb_dim)), jnp.zeros((1, 1), bool))
     return TrainState.create(apply_fn=net.apply, params=params, tx=tx or make_optimizer(cfg, num_updates))
@@ -241,16 +229,9 @@ def create_train_state(key, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim
 
 def create_train_states(keys, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim: int, num_updates: int,
                         tx: optax.GradientTransformation | None = None) -> TrainState:
-    """One :func:`create_train_state` per key of ``keys [S, 2]``, stacked on a leading seed axis
-    (the same values as ``jax.vmap`` of it, and as each key's own call).
+    """One :func:`create_train_state` per key of ``keys [S, 2]``, stacked on a leading seed axis.
 
-    The seeds are initialised one after another (``jax.lax.map``), never as a batch: the LSTM's
-    orthogonal initialiser is a QR decomposition, and jaxlib 0.10's CPU LAPACK kernels split a
-    batch of matrices over XLA's intra-op thread pool, then block the pool thread that called them
-    until the pieces finish. The four gates' batched QRs run side by side, so on a small CPU (a pool
-    of 2 threads) every pool thread waits for pieces that no thread is left to run, forever: the
-    first update of the ``paper`` and ``fast`` presets (3 seeds, LSTM 512) never returned. One
-    matrix per call runs on its calling thread. Initialising is a one-off of milliseconds.
+    ``jax.lax.map``, not a batch: batched QRs of the orthogonal initialiser deadlock a 2-thread CPU pool.
     """
     return jax.lax.map(lambda k: create_train_state(k, cfg, net, obs_dim, emb_dim, num_updates, tx), keys)
 
@@ -272,23 +253,15 @@ def eps_greedy(key, q, eps):
 
 # ----------------------------------------------------------------------------- targets
 def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float, cuts=None, q_taken=None):
-    """Q(lambda) returns, computed backwards over the rollout.
+    """Q(lambda) returns ``G_t = r_t + gamma (1 - d_t) ((1 - lam) max_a Q(s_{t+1}, a) + lam G_{t+1})``,
+    ``G_T = max_a Q(s_T, a)``, over ``[T, B]`` ``rewards``, ``dones`` and ``next_q_max``.
 
-    ``G_t = r_t + gamma * (1 - d_t) * ((1 - lam) * max_a Q(s_{t+1}, a) + lam * G_{t+1})`` with
-    ``G_T`` taken as ``max_a Q(s_T, a)`` (the bootstrap at the end of the rollout).
-
-    Args:
-        rewards, dones: ``[T, B]``; ``dones[t]`` ends the episode after step t (no bootstrap).
-        next_q_max: ``[T, B]``, ``max_a Q(s_{t+1}, a)``.
-        cuts: optional ``[T, B]`` bool: step t has no target of its own (in a relabeled copy: the
-            episode ended after it for a reason that is not this row's, or it follows the copy's
-            own first success in that episode). ``G_t`` is then ``q_taken[t]`` (``Q(s_t, a_t)``,
-            under a stop-gradient), which earlier steps bootstrap from; the caller masks step t.
+    ``cuts`` (optional ``[T, B]`` bool): steps without a target of their own; there ``G_t`` is
+    ``q_taken[t]`` (``Q(s_t, a_t)``), which earlier steps bootstrap from.
     """
     if cuts is None:
         cuts, q_taken = jnp.zeros(rewards.shape, bool), jnp.zeros_like(rewards)
-    # G_t = a_t * G_{t+1} + b_t, an affine recurrence: a scan of log(T) depth over the composed maps
-    # instead of T sequential steps (each a kernel launch on a GPU, 128 per minibatch)
+    # G_t = a_t * G_{t+1} + b_t: an associative scan of log(T) depth instead of T sequential steps
     not_done = gamma * (1.0 - dones.astype(jnp.float32))
     a = jnp.where(cuts, 0.0, not_done * lam)
     b = jnp.where(cuts, q_taken, rewards + not_done * (1.0 - lam) * next_q_max)
@@ -303,19 +276,12 @@ def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float, cuts=
 
 # ----------------------------------------------------------------------------- update
 def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Array]):
-    """One PQN update on a batch of trajectories.
+    """One PQN update on a batch of N trajectories; returns ``(train_state, {loss, q_mean, target_mean})``.
 
-    ``batch`` holds ``[T, N]`` arrays (N trajectories: originals and relabeled copies):
-    ``obs [T, N, D]``, ``instr [T, N, 384]``, ``next_obs_last [N, D]`` and ``next_instr_last``
-    (the observation after the last step), ``actions``, ``rewards``, ``dones``, ``resets``
-    (episode starts, for the LSTM), ``weights`` (0 masks padding rows), ``carry0`` (LSTM state
-    at the rollout start), and optionally ``cuts`` (steps without a target of their own, see
-    :func:`q_lambda_targets`; they are left out of the loss).
-
-    Each minibatch runs the network once over its ``T + 1`` observations (the rollout plus the
-    observation after it); the Q(lambda) targets come from that same pass under a
-    stop-gradient, so they follow the parameters through the epochs (purejaxql's PQN-RNN does
-    the same). All ``T`` steps are trained; the extra observation only bootstraps.
+    ``batch``: ``obs [T, N, D]``, ``instr [T, N, 384]``, ``actions``, ``rewards``, ``dones``, ``resets``
+    ``[T, N]``, ``next_obs_last [N, D]`` and ``next_instr_last`` (after the last step), ``weights [N]``
+    (0: padding), ``carry0`` (LSTM state at the start) and optionally ``cuts`` (left out of the loss).
+    Each minibatch's targets come from its own forward pass over ``T + 1`` steps (stop-gradient).
     """
     apply = train_state.apply_fn
     obs_ext = jnp.concatenate([batch["obs"], batch["next_obs_last"][None]], axis=0)
@@ -340,16 +306,14 @@ def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Ar
         loss = 0.5 * jnp.sum(err * w) / jnp.maximum(jnp.sum(w) * q_a.shape[0], 1.0)
         return loss, (q_a.mean(), targets.mean())
 
-    def epoch(carry, k):
-        ts = carry
+    def epoch(ts, k):
         perm = jax.random.permutation(k, n).reshape(cfg.num_minibatches, mb)
 
         def minibatch(ts, idx):
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params, idx)
             return ts.apply_gradients(grads=grads), (loss,) + aux
 
-        ts, out = jax.lax.scan(minibatch, ts, perm)
-        return ts, out
+        return jax.lax.scan(minibatch, ts, perm)
 
     train_state, (losses, qs, tgt) = jax.lax.scan(epoch, train_state, jax.random.split(key, cfg.num_epochs))
     return train_state, {"loss": losses.mean(), "q_mean": qs.mean(), "target_mean": tgt.mean()}

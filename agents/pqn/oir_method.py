@@ -1,19 +1,9 @@
 """Method ``oir``: hindsight instruction relabeling with an instruction buffer (steps 2-4 of the paper's loop).
 
-After each rollout (:meth:`OIRRelabeling.step`):
-
-2. **Relabel** (host): every env's segment becomes a :class:`~oir_gym.trajectory.Trajectory`; the
-   relabeler proposes up to K instructions. Rule instructions come back at once; LLM answers run
-   in a background worker and are used one iteration later (their rollout is kept), so the loop
-   never waits on the LLM.
-3. **Ground** (device): each candidate's rewards and terminations along its trajectory are
-   recomputed from the stored events (:func:`agents.pqn.trainer.build_batch`).
-4. **Buffer**: the candidates that paid a reward are inserted into each seed's PLR-style
-   :class:`~oir_gym.buffer.InstructionBuffer`, whose contents new episodes draw uniformly.
-
-Steps 2 and 4 are :class:`oir_gym.curriculum.InstructionCurriculum`; the method hands the trainer
-the relabel slots, and the trainer builds the update batch D: the original trajectories plus the
-relabeled copies.
+After each rollout (:meth:`OIRRelabeling.step`) every env's segment is relabeled (rule answers at
+once, LLM answers in the background, used when they arrive), the candidates that paid go into each
+seed's :class:`~oir_gym.buffer.InstructionBuffer` (:class:`oir_gym.curriculum.InstructionCurriculum`),
+and the trainer's batch gets the relabeled copies (:func:`agents.pqn.trainer.build_batch`).
 """
 
 from __future__ import annotations
@@ -26,7 +16,6 @@ import numpy as np
 from agents.pqn.methods import MethodContext, MethodStep, TrainingMethod
 from oir_gym.captions import NUM_EVENTS
 from oir_gym.curriculum import CurriculumConfig, InstructionCurriculum, balanced_choice  # noqa: F401 (re-export)
-from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.relabel.background import BackgroundRelabeler
 from oir_gym.relabel.prompts import load_template
 from oir_gym.trajectory import Trajectory
@@ -35,12 +24,8 @@ from oir_gym.trajectory import Trajectory
 class OIRRelabeling(TrainingMethod):
     """``oir``: relabeled copies of the rollout's trajectories in the batch, an instruction buffer per seed.
 
-    Args:
-        ctx: what the method may use of its run.
-        relabeler: the relabeler of ``cfg.oir.relabeler``: a
-            :class:`~oir_gym.relabel.background.BackgroundRelabeler` (:func:`agents.run.relabeling.make_relabeler`:
-            rules at once, LLM answers when they arrive), used as is; any other relabeler is the
-            LLM half (``llm``, ``both``) or the rules (``rules``) of one.
+    ``relabeler``: a :class:`~oir_gym.relabel.background.BackgroundRelabeler`, used as is; any other
+    relabeler is the LLM half (``oir.relabeler`` ``llm``, ``both``) or the rules (``rules``) of one.
     """
 
     def __init__(self, ctx: MethodContext, relabeler: Any) -> None:
@@ -50,22 +35,17 @@ class OIRRelabeling(TrainingMethod):
             relabeler = BackgroundRelabeler(None if self.async_llm else relabeler, relabeler if self.async_llm else None,
                                             rules_lag=self.cfg.oir.relabel_lag)
         self.relabeler = relabeler
-        #: recent rollouts the trainer keeps for the slots (LLM answers and lagged rule relabels arrive late)
         self.history_len = max(self.cfg.oir.llm_lag if self.async_llm else 1, 1 + self.cfg.oir.relabel_lag)
         self.stale_llm = 0
         self.in_time_llm = 0  # LLM answers that arrived within history_len updates (stale_llm: the others)
-        #: the last iteration's relabeled texts per seed (one per batch row, "" for padding)
+        #: the last iteration's relabeled texts ("" for padding) and chosen candidates per seed, in row order
         self.last_texts: list[list[str]] = []
-        #: the last iteration's chosen candidates per seed (the batch rows' order)
         self.last_candidates: list[list[Any]] = []
         o = self.cfg.oir
-        #: the step after relabeling (rows, buffer inserts, bindings, offer counts): :mod:`oir_gym.curriculum`
         self.curriculum = InstructionCurriculum(ctx.buffers, ctx.registry, CurriculumConfig(
             k=o.k, balance=o.relabel_balance, keep_ungrounded=o.keep_ungrounded, grounding=o.grounding,
             delta=self.cfg.env.delta, llm=self.async_llm,
-            # evaluation and original instructions keep their own table rows (never bound)
-            fixed_texts=tuple(dict.fromkeys([*ctx.all_eval_texts, *ORIGINAL_INSTRUCTIONS])),
-            # the LLM prompt's few-shot answers, which a small model copies (diversity/llm_echo_share)
+            fixed_texts=tuple(ctx.fixed_texts),
             prompt_examples=tuple(load_template(self.cfg.llm.template).examples()) if self.async_llm else ()),
             register=lambda texts, bindings: ctx.registry.rows(texts, protected=self._protected, bindings=bindings))
         self._env_state: Any = None  # the envs' state of the current step (rows they still use)
@@ -75,10 +55,8 @@ class OIRRelabeling(TrainingMethod):
 
     @property
     def offered(self) -> dict[str, tuple[float, int, str]]:
-        """Every text offered to a buffer (:attr:`oir_gym.curriculum.InstructionCurriculum.offered`)."""
         return self.curriculum.offered
 
-    # ------------------------------------------------------------ the hooks
     def draw_texts(self, seed: int) -> list[str]:
         return self.ctx.buffers[seed].contents()
 
@@ -87,8 +65,6 @@ class OIRRelabeling(TrainingMethod):
         return MethodStep(metrics, slots=slots)
 
     def generated_payload(self) -> dict[str, Any]:
-        """Every relabeled instruction offered to a buffer, with counts (the buffer's priority order
-        decides which of them it keeps)."""
         cfg = self.cfg
         return {
             "method": "oir", "source": f"relabeler {cfg.oir.relabeler}",
@@ -111,27 +87,17 @@ class OIRRelabeling(TrainingMethod):
     def close(self) -> None:
         self.relabeler.close()  # a lagged rule relabeling in flight finishes first
 
-    # ------------------------------------------------------------ relabeling
     def trajectories(self, host: dict, update: int) -> list[Trajectory]:
         """Every env's segment of this rollout as a :class:`Trajectory` (``meta``: seed and update)."""
         ctx = self.ctx
-        out = []
-        for s in range(ctx.S):
-            for e in range(self.cfg.pqn.num_envs):
-                out.append(Trajectory(
-                    instruction=ctx.registry.text(host["instr"][s, 0, e]), events=host["events"][s, :, e],
-                    actions=host["action"][s, :, e], dones=host["done"][s, :, e], env_id=e,
-                    meta={"seed": s, "update": update},
-                ))
-        return out
+        return [Trajectory(instruction=ctx.registry.text(host["instr"][s, 0, e]), events=host["events"][s, :, e],
+                           actions=host["action"][s, :, e], dones=host["done"][s, :, e], env_id=e,
+                           meta={"seed": s, "update": update})
+                for s in range(ctx.S) for e in range(self.cfg.pqn.num_envs)]
 
     def slots(self, rows: list[list[Any]]) -> tuple[dict, list[list[str]], np.ndarray]:
-        """The batch's relabel slots from the curriculum's rows per seed (:class:`oir_gym.curriculum.Row`).
-
-        Each row carries its candidate's own embedding and grounding rows (``emb``, ``final``,
-        ``pre``; :mod:`oir_gym.grounding`): nothing is encoded or compared with captions again here.
-        Returns the slots, the texts per seed and row ("" for padding), and the valid mask.
-        """
+        """The batch's relabel slots from the curriculum's rows per seed (:class:`oir_gym.curriculum.Row`),
+        the texts per seed and row ("" for padding) and the valid mask."""
         src, env, valid, emb, final, pre = self._empty_slots()
         texts = [["" for _ in range(src.shape[1])] for _ in range(self.ctx.S)]
         for s, chosen in enumerate(rows):
@@ -156,12 +122,7 @@ class OIRRelabeling(TrainingMethod):
         return self._device_slots(*self._empty_slots())
 
     def llm_subset(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        """The ``llm.per_update`` trajectories per seed with the most distinct achievement events.
-
-        A small LLM on a CPU answers in seconds per trajectory while an update takes about a
-        second: asking about every trajectory would only queue answers that arrive too late to
-        use. Eventful trajectories are the ones worth an LLM's reading.
-        """
+        """The ``llm.per_update`` trajectories per seed with the most distinct achievement events."""
         n = self.cfg.llm.per_update
         if n >= self.cfg.pqn.num_envs:
             return trajs
@@ -174,15 +135,12 @@ class OIRRelabeling(TrainingMethod):
         return chosen
 
     def relabel(self, host: dict, update: int = 0, env_state: Any = None) -> tuple[dict, dict[str, float]]:
-        """Relabel this rollout of update ``update`` (and collect late LLM answers): the batch's
-        relabel slots and the relabel metrics; grounded candidates go into the seeds' buffers
-        (``env_state``: the envs' state, whose rows new texts must not take)."""
+        """Relabel this rollout (and collect late LLM answers): the batch's relabel slots and the metrics;
+        grounded candidates go into the buffers (``env_state``: whose rows new texts must not take)."""
         cfg = self.cfg
         self._env_state = env_state
         trajs = self.trajectories(host, update)
         stats: dict[str, float] = {}
-        # the rules' results of this rollout (of the previous one with oir.relabel_lag 1); the LLM reads
-        # the most eventful trajectories in the background, its answers joining when they arrive
         self.relabeler.submit(trajs, ask=self.llm_subset(trajs) if self.async_llm else [])
         results, late = self.relabeler.collect_by_source()
         if self.async_llm:
@@ -190,48 +148,39 @@ class OIRRelabeling(TrainingMethod):
             self.stale_llm += len(late) - len(fresh)
             self.in_time_llm += len(fresh)
             results += fresh
-            stats["relabel/llm_results"] = float(len(fresh))
-            stats["relabel/llm_stale"] = float(self.stale_llm)
-            stats["relabel/llm_in_time_total"] = float(self.in_time_llm)
-            stats["relabel/llm_pending"] = float(self.relabeler.pending)
+            stats = {"relabel/llm_results": float(len(fresh)), "relabel/llm_stale": float(self.stale_llm),
+                     "relabel/llm_in_time_total": float(self.in_time_llm),
+                     "relabel/llm_pending": float(self.relabeler.pending)}
             llm_stats = self.relabeler.stats()
-            for k in ("calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
-                      "prompt_tokens_mean", "candidates_llm", "candidates_kept_llm", "share", "restarts",
-                      "down_seconds"):
-                if isinstance(llm_stats.get(k), (int, float)):
-                    stats[f"relabel/llm_{k}"] = float(llm_stats[k])
-            # why answers fail and why candidates go: the run's record of what the LLM got wrong
-            for kind, n in llm_stats.get("errors_by_type", {}).items():
-                stats[f"relabel/llm_errors/{kind}"] = float(n)
-            for reason, n in llm_stats.get("dropped", {}).items():
-                stats[f"relabel/dropped/{reason}"] = float(n)
+            stats.update({f"relabel/llm_{k}": float(llm_stats[k]) for k in (
+                "calls", "cache_hit_rate", "errors", "fallbacks", "grounded_fraction", "latency_mean_s",
+                "prompt_tokens_mean", "candidates_llm", "candidates_kept_llm", "share", "restarts", "down_seconds")
+                if isinstance(llm_stats.get(k), (int, float))})
+            stats.update({f"relabel/llm_errors/{kind}": float(n)
+                          for kind, n in llm_stats.get("errors_by_type", {}).items()})
+            stats.update({f"relabel/dropped/{reason}": float(n) for reason, n in llm_stats.get("dropped", {}).items()})
             stats["relabel/llm_warnings"] = float(llm_stats.get("llm_warnings", 0))
             stats["relabel/llm_repeats_rules"] = float(llm_stats.get("llm_repeats_rules", 0))
         offer = self.curriculum.apply(results, now=update, rows_per_group=cfg.pqn.num_envs * cfg.oir.k)
         slots, self.last_texts, _ = self.slots(offer.rows)
         self.last_candidates = [[row.candidate for row in rs] for rs in offer.rows]
-        for texts in offer.offered:
-            self.generated.update(texts)
+        self.generated.update(t for texts in offer.offered for t in texts)
         stats.update(offer.metrics)
         return slots, stats
 
     def llm_report(self) -> dict[str, Any]:
-        """The LLM relabeler's run so far, for the run directory (empty without an LLM): calls,
-        prompts, latency, answers that came too late, errors by type with an example of each,
-        candidates dropped by reason, and how many of its instructions reached a training batch
-        (``rows_in_batch``) and a buffer (``into_buffer``)."""
+        """The LLM relabeler's record so far (empty without an LLM): calls, latency, late answers, errors
+        and drops by type, and its instructions' ``rows_in_batch`` and ``into_buffer``."""
         if not self.async_llm:
             return {}
         st = self.relabeler.stats()
         keys = ("calls", "prompts", "latency_mean_s", "prompt_tokens_mean", "errors", "errors_by_type",
                 "error_examples", "dropped", "candidates_llm", "candidates_kept_llm", "restarts", "child_deaths",
-                "down_seconds",
-                "llm_warnings")
+                "down_seconds", "llm_warnings")
         rep = self.curriculum.report()
         return {**{k: st[k] for k in keys if k in st}, "stale": self.stale_llm, "in_time": self.in_time_llm,
                 "rows_in_batch": rep["rows_in_batch"], "into_buffer": rep["into_buffer"]}
 
     def diversity(self) -> dict[str, float]:
-        """Diversity of every instruction offered to the buffers so far
-        (:meth:`oir_gym.curriculum.InstructionCurriculum.diversity`)."""
+        """Diversity of every instruction offered to the buffers so far."""
         return self.curriculum.diversity()

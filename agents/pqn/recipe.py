@@ -30,8 +30,7 @@ class PQNOptions(RunOptions):
 
 
 class PQNRecipe(Recipe):
-    """The PQN trainer (:class:`agents.pqn.trainer.Trainer`), its nested :class:`~agents.pqn.config.TrainConfig`
-    and its checkpoints (:mod:`agents.run.checkpoint`)."""
+    """The PQN trainer (:class:`agents.pqn.trainer.Trainer`), its config and checkpoints."""
 
     name = "PQN"
     script = "examples/train_pqn.py"
@@ -39,12 +38,10 @@ class PQNRecipe(Recipe):
 
     @property
     def options_type(self) -> type:
-        """The dataclass the command line parses into: :class:`RunOptions` plus ``config``."""
         return PQNOptions
 
     def parse(self, argv: list[str], description: str | None = None) -> Any:
-        """``--resume`` / ``--eval-only`` start from the run's saved config (flags override it);
-        otherwise from the preset named first (default cpu)."""
+        """``--resume`` / ``--eval-only`` start from the run's saved config, else from the preset named first."""
         from agents.run.config import check_saved_backend
         from agents.pqn.config import cli, load_config
 
@@ -75,8 +72,7 @@ class PQNRecipe(Recipe):
         refuse_legacy(own_dir)
 
     def drop_newer(self, own_dir: Path, update: int) -> None:
-        """Remove this process's newer checkpoints (the updates are replayed and saved again) and say
-        what happened to them and to incomplete copies."""
+        """Remove this process's checkpoints after ``update`` and say so, and what is skipped."""
         from agents.run.checkpoint import incomplete_checkpoints, remove_checkpoints_after
 
         for p in remove_checkpoints_after(own_dir, update):
@@ -99,7 +95,6 @@ class PQNRecipe(Recipe):
     def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
         import jax
 
-        # without an LLM, the first line names the flag that adds one
         offline = {"rules": " (the offline LLM beside the rules: --oir.relabeler both)"}.get(cfg.oir.relabeler, "")
         source = {"oir": f" relabeler={cfg.oir.relabeler}{offline}", "ellm": f" proposer={cfg.ellm.proposer}"}.get(
             cfg.run.method, "")
@@ -123,8 +118,7 @@ class PQNRecipe(Recipe):
                 f"instruction, epsilon {cfg.eval.epsilon})")
 
     def compile_ahead(self, trainer: RunTrainer) -> bool:
-        # on an accelerator the programs compile side by side, beside the initial state's own compile
-        # (a CPU has no spare cores for the throwaway calls this costs)
+        # a CPU has no spare cores for the throwaway calls of compiling ahead
         import jax
 
         return jax.default_backend() != "cpu"
@@ -134,8 +128,7 @@ class PQNRecipe(Recipe):
         return method.diversity() if hasattr(method, "diversity") else {}  # oir: the diversity of all buffer offers
 
     def write_diversity(self, trainer: RunTrainer, folder: Path, cfg: Any) -> None:
-        """oir: how far the buffer's instructions go beyond the captions, and the LLM's record (errors
-        by type with an example, drops by reason, stale answers) in diversity.json; a line each."""
+        """oir: :func:`write_diversity_report`."""
         method = getattr(trainer, "method", None)
         if not hasattr(method, "diversity"):
             return
@@ -143,8 +136,7 @@ class PQNRecipe(Recipe):
 
 
 def write_diversity_report(method: Any, update: int, folder: Path, grounding: str, relabeler: str) -> None:
-    """Write ``diversity.json`` of an OIR method (its :meth:`diversity` and :meth:`llm_report`) and
-    print what it says: the novelty of the buffer's instructions, the LLM's share and errors."""
+    """Write ``diversity.json`` of an OIR method (:meth:`diversity`, :meth:`llm_report`) and print it in brief."""
     llm = method.llm_report()
     d = {"grounding": grounding, "relabeler": relabeler, "update": update,
          **method.diversity(), **({"llm": llm} if llm else {})}
@@ -154,15 +146,15 @@ def write_diversity_report(method: Any, update: int, folder: Path, grounding: st
           f"buffer offers {d['relabel/llm_offer_share_total']:.3f} of {int(d['relabel/offers_total'])}; "
           f"{d['diversity/wordings_per_event']:.2f} distinct wordings per event "
           f"({int(d['diversity/events_named'])} events); wrote {folder / 'diversity.json'}")
-    if "diversity/llm_echo_share" in d:  # a small LLM mostly copies its prompt's examples: say how much
+    if "diversity/llm_echo_share" in d:
         print(f"LLM instructions: {int(d['diversity/llm_instructions'])} distinct, "
               f"{d['diversity/llm_echo_share']:.3f} of them copies of the prompt's example answers")
-    if llm:  # what the LLM contributed, in counts (a share of zero offers reads like a success)
+    if llm:
         rows, buf = int(llm.get("rows_in_batch", 0)), int(llm.get("into_buffer", 0))
         print(f"LLM instructions reached {rows} training batch rows and {buf} buffer entries"
               if rows or buf else "the LLM contributed nothing: none of its instructions reached a training batch "
               "or a buffer (rule instructions or nothing trained the agent)")
-    if llm.get("errors_by_type"):  # what went wrong with the LLM, in one line
+    if llm.get("errors_by_type"):
         kinds = sorted(llm["errors_by_type"].items(), key=lambda kv: -kv[1])
         print(f"LLM errors by type (calls): {', '.join(f'{k} {n}' for k, n in kinds)}; "
               f"e.g. {llm['error_examples'].get(kinds[0][0], '')}")
@@ -176,17 +168,14 @@ def summary_line(row: dict[str, Any], num_updates: int) -> str:
         rl = (f" | goals {row['ellm/distinct_goals']:.0f} distinct, pinned {row['ellm/distinct_pinned']:.0f}, "
               f"cache hits {row['ellm/cache_hit_rate']:.2f}")
     if "relabel/llm_share" in row:
-        # the LLM's answers (one per trajectory asked about) that arrived in time to train on, of all
-        # that arrived (run totals: an answer older than oir.llm_lag updates is dropped); then what its
-        # instructions reached: batch rows and buffer entries (run totals), so a run where the LLM
-        # answers but contributes nothing says so
+        # the LLM's answers in time of all that arrived, then what its instructions reached (run totals)
         rows, buf = row.get("relabel/llm_rows_total", 0.0), row.get("relabel/llm_buffered_total", 0.0)
         in_time, stale = row.get("relabel/llm_in_time_total", 0.0), row.get("relabel/llm_stale", 0.0)
         reached = (f"its instructions in {rows:.0f} batch rows, {buf:.0f} buffer entries" if rows or buf
                    else "none of its instructions reached a batch or a buffer yet")
         rl += (f" | LLM answers {in_time:.0f}/{in_time + stale:.0f} in time, offers "
                f"{row.get('relabel/llm_offer_share', 0.0):.0%}; {reached}")
-    elif "ellm/llm_fraction" in row:  # ELLM: the LLM's share of the goals
+    elif "ellm/llm_fraction" in row:
         rl += f" | LLM goals {row['ellm/llm_fraction']:.0%}"
     if row.get("curriculum/unpayable_step_frac", 0.0) > 0:
         rl += f" | unpayable steps {row['curriculum/unpayable_step_frac']:.2f}"

@@ -1,28 +1,11 @@
-"""Seeds (and envs) spread over devices with ``jax.sharding``, in one program.
+"""Seeds (and envs) spread over devices with ``jax.sharding``.
 
-The trainer keeps every per-seed array with the seed axis first (parameters and optimiser state
-``[S, ...]``) and the env batch of all seeds as one axis ``[S * E, ...]`` in which seed ``s`` owns
-envs ``[s*E, (s+1)*E)``. :class:`Layout` lays a two-axis :class:`~jax.sharding.Mesh`
-``("seeds", "parts")`` over the ``D`` devices: with ``S >= D`` each device holds ``S/D`` whole
-seeds (``parts`` has size 1); with ``S < D`` each seed's envs are split over ``D/S`` devices and
-its parameters replicated over them.
-
-The env batch is cut into ``max(S, D)`` *blocks* (one per seed, or per seed part), each with its
-own world pool and rollout key (:func:`oir_gym.functional.block_step`), so a device's rollout
-depends on nothing held by another device: :class:`PerDevice` runs it as one single-device program
-per device, each started from its own thread, with no traffic between them inside the 128-step scan. (Left
-to GSPMD, the shared pool, one rollout key and the "did any env finish" branch became an
-all-reduce and collective-permutes at every env step, which kept two GPUs in lock-step; the same
-scan under ``jax.shard_map`` crashed XLA's GPU compiler (jax 0.11.2, 2 x H100) with a segfault,
-while single-device programs are the path every one-GPU run takes.) The update, batch building
-and evaluation are vmapped over seeds and sharded on that axis by jit.
-
-Multi-host: call :func:`agents.run.multihost.initialize_distributed` (``jax.distributed.initialize``) at the top of the
-program on every host; a cluster scheduler sets the coordinator address, the process count and
-the process id (SLURM and Open MPI are detected by JAX itself; otherwise set
-``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``). Each process then lays
-its own seeds over its own devices (:meth:`Layout.mesh` takes ``jax.local_devices()``);
-:mod:`agents.run.multihost` splits the seeds and merges what the processes write.
+Per-seed arrays keep the seed axis first (``[S, ...]``); the env batch of all seeds is one axis
+``[S * E, ...]`` (seed ``s`` owns envs ``[s*E, (s+1)*E)``). :class:`Layout` lays the mesh
+``("seeds", "parts")`` over ``D`` devices: whole seeds per device when ``S >= D``, else each seed's
+envs split over ``D/S`` devices. The env batch is cut into ``max(S, D)`` blocks with their own world
+pool and key, so :class:`PerDevice` runs the rollout as one single-device program per device with
+no traffic between them. Multi-host runs: :mod:`agents.run.multihost`.
 """
 
 from __future__ import annotations
@@ -73,12 +56,9 @@ def check_layout(num_seeds: int, num_envs: int, num_devices: int, visible: Optio
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a run's seeds and envs live: ``S`` seeds of ``E`` envs over ``D`` devices.
-
-    Attributes derived from ``(S, E, D)`` (checked by :func:`check_layout`):
-    ``blocks = max(S, D)`` independent env blocks of ``envs_per_block`` envs; per device
-    ``local_seeds`` seeds (= blocks) of ``local_envs`` envs.
-    """
+    """Where a run's ``S`` seeds of ``E`` envs live over ``D`` devices (checked by :func:`check_layout`):
+    ``blocks = max(S, D)`` env blocks of ``envs_per_block`` envs; per device ``local_seeds`` seeds of
+    ``local_envs`` envs."""
 
     num_seeds: int
     num_envs: int
@@ -102,7 +82,6 @@ class Layout:
 
     @property
     def pool_per_block(self) -> int:
-        """Pre-generated worlds each block resets its envs from."""
         return max(2 * self.envs_per_block, 16)
 
     @property
@@ -128,8 +107,7 @@ class Layout:
     traj_spec = PartitionSpec(SEEDS, None, PARTS)
 
     def runner_specs(self, runner: Any) -> Any:
-        """Partition specs of the trainer's runner ``(bstate, obs, carry, done, keys)``: env, pool and
-        block leaves on the flat axis, carries on ``[S, E]``."""
+        """Partition specs of the trainer's runner ``(bstate, obs, carry, done, keys)``."""
         bstate, obs, carry, done, keys = runner
         flat = lambda tree: jax.tree_util.tree_map(lambda _: self.flat_spec, tree)  # noqa: E731
         specs = (flat(bstate), flat(obs), jax.tree_util.tree_map(lambda _: self.seed_env_spec, carry),
@@ -161,15 +139,12 @@ def _specs_like(specs: Any, tree: Any) -> list[PartitionSpec]:
 
 
 class PerDevice:
-    """Run a program written for one device's share of the data on every device of a mesh, side by side.
+    """Run ``fn``, written for one device's share of the data, on every device of a mesh side by side.
 
-    ``fn(*local_args) -> local_out`` sees the arrays one device holds (its seeds' parameters, its
-    blocks of envs); ``in_specs(*args)`` / ``out_specs(*args)`` give the global arrays'
-    :class:`~jax.sharding.PartitionSpec` (pytree prefixes). Each call splits the arguments into their
-    device shards (no copy for arguments already placed that way), starts ``fn``'s executable on
-    every device (each from its own thread: the devices run at once), and joins the per-device results
-    into global arrays placed by ``out_specs``. One executable per device, compiled at the first call
-    in the same per-device threads; a single-device mesh just runs ``jax.jit(fn)``.
+    ``in_specs(*args)`` / ``out_specs(*args)`` give the global arrays' partition specs (pytree
+    prefixes); each call splits the arguments into device shards, starts ``fn``'s executable on every
+    device from its own thread, and joins the results into global arrays. A one-device mesh runs
+    ``jax.jit(fn)``.
     """
 
     def __init__(self, fn: Callable, mesh: Mesh, in_specs: Callable[..., Any], out_specs: Callable[..., Any]):
@@ -177,7 +152,6 @@ class PerDevice:
         self.in_specs, self.out_specs = in_specs, out_specs
         self.devices = list(mesh.devices.flat)
         self._jit = jax.jit(fn)
-        #: device -> compiled executable, with the argument signature it was compiled for
         self.compiled: dict[Any, Any] = {}
         self._signature: Any = None
         self._lock = threading.Lock()
@@ -209,8 +183,7 @@ class PerDevice:
         self._signature = signature
 
     def eval_shape(self, *args) -> Any:
-        """The global outputs' shapes, dtypes and shardings (:class:`jax.ShapeDtypeStruct`), as a call
-        would place them; nothing is compiled or run."""
+        """The global outputs as :class:`jax.ShapeDtypeStruct` (with shardings); nothing is compiled or run."""
         if len(self.devices) == 1:
             local = jax.eval_shape(self._jit, *args)
             specs = [PartitionSpec()] * len(jax.tree_util.tree_leaves(local))  # what jit gives a 1-device mesh
@@ -228,28 +201,21 @@ class PerDevice:
         local_args = self._split(args)
         with self._lock:
             self._compile(local_args)
-        # One starting thread per device: a GPU program with host-driven control flow (the rollout's
-        # scan, its reset branch) can hold the thread that starts it until it ends. Started one
-        # after the other from one thread, 2 H100s ran no faster than one (gt: 1.34 s per update
-        # for 4 seeds, 0.67 s for 2 on one card). JAX releases the GIL while a program runs.
+        # one thread per device: a GPU program with host-driven control flow holds the thread that starts it
         futures = [t.submit(self.compiled[d], *a) for t, d, a in zip(self._threads, self.devices, local_args)]
         outs = [f.result() for f in futures]
         flat = [jax.tree_util.tree_flatten(o)[0] for o in outs]
         treedef = jax.tree_util.tree_structure(outs[0])
         specs = _specs_like(self.out_specs(*args), outs[0])
-        joined = []
-        for i, spec in enumerate(specs):
-            parts = [f[i] for f in flat]
-            sharding = NamedSharding(self.mesh, spec)
-            joined.append(jax.make_array_from_single_device_arrays(
-                _global_shape(parts[0].shape, spec, self.mesh), sharding, parts))
+        joined = [jax.make_array_from_single_device_arrays(_global_shape(flat[0][i].shape, spec, self.mesh),
+                                                           NamedSharding(self.mesh, spec), [f[i] for f in flat])
+                  for i, spec in enumerate(specs)]
         return jax.tree_util.tree_unflatten(treedef, joined)
 
 
 def placeholder(tree: Any) -> Any:
-    """Arrays of zeros for a pytree of :class:`jax.ShapeDtypeStruct`: each leaf's shape, dtype, weak
-    type and sharding (default placement where it has none). A jitted program called on them is
-    compiled exactly as for real arrays of that description (what compiling ahead relies on)."""
+    """Arrays of zeros for a pytree of :class:`jax.ShapeDtypeStruct`, with each leaf's shape, dtype, weak
+    type and sharding (a jitted program compiles for them as for real arrays)."""
     def zeros(x):
         if getattr(x, "weak_type", False):  # a Python scalar's type: jnp.zeros would make it strong
             z = jnp.broadcast_to(jnp.asarray(np.zeros((), x.dtype).item()), x.shape)

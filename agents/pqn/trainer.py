@@ -1,24 +1,8 @@
-"""The PQN training loop (Algorithms 1 and 2 of the paper) around the PQN agent of :mod:`agents.pqn.network`.
+"""The PQN training loop (Algorithms 1 and 2 of the paper): :class:`Trainer`.
 
-One iteration (:meth:`Trainer.iteration`):
-
-1. **Rollout** (jitted, seeds vmapped): ``num_steps`` steps of ``num_envs`` envs with the
-   epsilon-greedy policy; per step we keep observations, actions, rewards, dones and the
-   transition events. Finished episodes' returns go to the instruction statistics.
-2. **The method's step** (:mod:`agents.pqn.methods`), which also builds the update batch:
-
-   * ``oir`` (:class:`agents.pqn.oir_method.OIRRelabeling`): relabel the trajectories, ground the
-     candidates on device, fill the instruction buffer; the batch D is the originals plus the
-     relabeled copies;
-   * ``ellm`` (:class:`agents.pqn.ellm.ELLMProposals`): goals proposed from the envs' text
-     observations pin the next episodes; the batch is the originals;
-   * ``gt`` / ``cosine`` (:class:`agents.pqn.methods.GroundTruth`, :class:`agents.pqn.methods.Cosine`):
-     the 22 original instructions with the ground-truth or the cosine reward.
-3. **Update** (jitted, seeds vmapped): one PQN update on the batch.
-
-This module holds the trainer and the jitted rollout and batch builders; the methods by name
-(:data:`~agents.pqn.method_specs.METHOD_SPECS`) and the factories of the relabeler and the goal
-proposer a config names are :mod:`agents.pqn.method_specs`.
+One iteration (:meth:`Trainer.iteration`): a jitted rollout of every seed's envs, the method's step
+(:mod:`agents.pqn.methods`: relabel slots, pinned goals, metrics), the update batch
+(:func:`build_batch`) and one jitted PQN update (:func:`agents.pqn.network.update`).
 """
 
 from __future__ import annotations
@@ -65,34 +49,24 @@ STRUCTURAL_FIELDS = ("run.method", "run.num_seeds", "pqn.num_envs", "pqn.num_ste
                      "pqn.num_layers", "env.obs_mode", "env.table_capacity", "oir.k", "ellm.k", "ellm.reward")
 
 
-# ----------------------------------------------------------------------------- jitted pieces
 class Runner(NamedTuple):
-    """What the rollout carries from one update to the next (a pytree; on disk, checkpoints keep
-    it as the tuple ``"0"`` ... ``"4"``)."""
+    """What the rollout carries from one update to the next (checkpoints keep it as ``"0"`` ... ``"4"``):
+    the env blocks' state, the observations, the LSTM carry per seed, ``[S * E]`` done flags and
+    ``[blocks, 2]`` rollout keys."""
 
-    #: the env blocks' state (:mod:`oir_gym.functional`: envs, world pools, cursors)
     env_state: Any
-    #: the envs' current observations
     obs: Any
-    #: the LSTM carry per seed, ``([S, E, H], [S, E, H])``
     carry: Any
-    #: ``[S * E]`` whether each env's last step ended its episode
     done: Any
-    #: ``[blocks, 2]`` one rollout key per env block
     keys: Any
 
 
 def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = None):
-    """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``, jitted over ``layout``.
+    """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``, traj leaves ``[S, T, E, ...]``.
 
-    The envs of all seeds form one batch of ``num_seeds * num_envs`` (seed s owns envs
-    ``[s*E, (s+1)*E)`` and draws from row s of the table's sample mask), cut into independent
-    blocks (:class:`agents.pqn.sharding.Layout`: one per seed or seed part, each with its own world pool
-    and key), so auto-resets stay a real branch taken only when some env finished (under a vmap
-    over seeds, ``lax.cond`` would turn into a select that generates worlds at every step). Each
-    device runs the scan over its own blocks as its own program (:class:`agents.pqn.sharding.PerDevice`):
-    nothing crosses devices inside it. The network is vmapped over the device's seeds. ``traj``
-    leaves are ``[S, T, E, ...]``.
+    Each env block (one per seed or seed part, :class:`agents.pqn.sharding.Layout`) has its own world
+    pool and key, so auto-resets stay a real branch and each device runs its blocks as its own
+    program (:class:`agents.pqn.sharding.PerDevice`).
     """
     layout = layout or Layout(cfg.run.num_seeds, cfg.pqn.num_envs, 1)
     S, E = layout.local_seeds, layout.local_envs  # per device
@@ -125,17 +99,12 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
                        achievements=info.achievements)
             return (bstate, next_obs, new_carry, done, keys), rec
 
-        bstate, obs, carry, done_prev, keys = runner
-        carry0 = carry
-        (bstate, obs, carry, done_prev, keys), traj = jax.lax.scan(
-            step, (bstate, obs, carry, done_prev, keys), jnp.arange(cfg.pqn.num_steps))
+        (bstate, obs, carry, done_prev, keys), traj = jax.lax.scan(step, tuple(runner), jnp.arange(cfg.pqn.num_steps))
         # [T, S*E, ...] -> [S, T, E, ...]
         traj = jax.tree_util.tree_map(
             lambda x: jnp.swapaxes(x.reshape((x.shape[0], S, E) + x.shape[2:]), 0, 1), traj)
-        traj["carry0"] = carry0
-        traj["last_obs"] = per_seed(obs["obs"])
-        traj["last_instr"] = per_seed(obs["instruction"])
-        traj["last_done"] = per_seed(done_prev)
+        traj.update(carry0=runner[2], last_obs=per_seed(obs["obs"]), last_instr=per_seed(obs["instruction"]),
+                    last_done=per_seed(done_prev))
         return Runner(bstate, obs, carry, done_prev, keys), traj
 
     traj_keys = ("obs", "instr", "action", "reward", "done", "reset", "events", "success", "ep_return", "ep_length",
@@ -145,23 +114,20 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
         return (layout.seed_spec, layout.runner_specs(runner), PartitionSpec(), PartitionSpec())
 
     def out_specs(params, runner, env_params, env_steps):
-        traj = {k: layout.traj_spec for k in traj_keys}
-        traj.update(carry0=layout.seed_env_spec, last_obs=layout.seed_env_spec, last_instr=layout.seed_env_spec,
-                    last_done=layout.seed_env_spec)
-        return (layout.runner_specs(runner), traj)
+        last = dict.fromkeys(("carry0", "last_obs", "last_instr", "last_done"), layout.seed_env_spec)
+        return (layout.runner_specs(runner), {k: layout.traj_spec for k in traj_keys} | last)
 
     return PerDevice(rollout, layout.mesh(), in_specs, out_specs)
 
 
 def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
-    """The update batch D: original trajectories plus relabeled copies (one seed).
+    """The update batch D of one seed: the current rollout's trajectories plus relabeled copies.
 
     Args:
         trajs: the last ``L`` rollouts stacked on a leading axis, the current one first.
-        table_emb: ``[N, D]`` instruction embeddings (originals are rows of the table).
-        slots: relabel rows ``src [R]`` (age of the rollout: 0 current, 1 previous...), ``env [R]``,
-            ``emb [R, D]``, ``final [R, E]``, ``pre [R, E]`` (each candidate's grounding rows,
-            :mod:`oir_gym.grounding`), ``valid [R]``.
+        table_emb: ``[N, D]`` instruction embeddings.
+        slots: relabel rows ``src [R]`` (rollout age), ``env [R]``, ``emb [R, D]``, grounding rows
+            ``final [R, E]`` and ``pre [R, E]`` (:mod:`oir_gym.grounding`), ``valid [R]``; ``None``: none.
     """
     cur = jax.tree_util.tree_map(lambda x: x[0], trajs)
     orig = dict(
@@ -176,19 +142,13 @@ def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
     pick = lambda x: jnp.swapaxes(x[src, :, env], 0, 1)  # [L, T, E, ...] -> [T, R, ...]  # noqa: E731
     T = cfg.pqn.num_steps
     events = pick(trajs["events"])  # [T, R, Ev]
-    # the one grounding rule (cosine rows, or a bound candidate's indicator rows; pre: ordered pairs)
     match = paid_steps_jax(events, slots["final"], slots["pre"], pick(trajs["reset"]), cfg.env.delta)
-    # The relabeled instruction pays at its first match in each original episode and its episode
-    # ends there (the paper's reward); the rest of that original episode belongs to no episode of
-    # it, so those steps get no target (a copy would otherwise pay at every drink by the water).
+    # the copy pays at its first match in each original episode and ends there; the rest gets no target
     if cfg.oir.relabel_every_match:
         term, after = match, jnp.zeros_like(match)
     else:
         term, after = first_per_episode(match, pick(trajs["reset"]))
-    # Where the trajectory's own instruction succeeded, the env ended the episode and reset. For a
-    # relabeled instruction that did not pay there, that step is not a terminal (its value is not 0):
-    # the episode was cut for an unrelated reason, so the step gets no target and earlier steps
-    # bootstrap from Q(s, a) (pqn.q_lambda_targets). Deaths stay terminal for every instruction.
+    # an episode the original instruction's success ended is cut, not terminal, for a copy it did not pay
     own_success = pick(trajs["done"] & trajs["success"]) if "success" in trajs else jnp.zeros_like(term)
     rel = dict(
         obs=pick(trajs["obs"]), instr=jnp.broadcast_to(slots["emb"][None], (T,) + slots["emb"].shape),
@@ -205,15 +165,9 @@ def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
 
 
 def relayout_runner(runner: dict, blocks: int, pool_per_block: int) -> dict:
-    """A checkpoint's runner state dict fitted to ``blocks`` env blocks of ``pool_per_block`` pool worlds.
-
-    Checkpoints written before the env batch had blocks hold one rollout key, one pool and one
-    cursor; a run resumed with a different block count (fewer seeds than devices, on another device
-    count) holds another number. Keys are re-split from the first, cursors restart at 0 and the
-    pool's worlds are reused in order (they are random worlds: which slot holds which does not
-    matter). The envs, observations and carries are kept as they are. Returns ``runner`` unchanged
-    when it already fits.
-    """
+    """A checkpoint's runner state dict fitted to ``blocks`` env blocks of ``pool_per_block`` pool worlds
+    (a resume on another device count): keys re-split from the first, cursors at 0, pool worlds reused
+    in order; ``runner`` itself when it fits."""
     keys = np.asarray(runner["4"])
     bstate = runner["0"]
     cursor = np.asarray(bstate["cursor"])
@@ -227,13 +181,9 @@ def relayout_runner(runner: dict, blocks: int, pool_per_block: int) -> dict:
     return {**runner, "0": {**bstate, "pool": pool, "cursor": np.zeros((blocks,), cursor.dtype)}, "4": new_keys}
 
 
-# ----------------------------------------------------------------------------- programs, shared
 def program_config(cfg: TrainConfig) -> TrainConfig:
-    """The fields of ``cfg`` the trainer's jitted programs read, every other field at its default.
-
-    :class:`Programs` are built from this config alone, so a program cannot read a field that
-    two trainers sharing it might set differently: it would read the default in both.
-    """
+    """The fields of ``cfg`` the jitted programs read, every other field at its default (the key of
+    :class:`Programs` shared between trainers)."""
     p = TrainConfig()
     p.pqn = copy.deepcopy(cfg.pqn)
     p.run.total_timesteps, p.run.num_seeds = cfg.run.total_timesteps, cfg.run.num_seeds
@@ -244,14 +194,9 @@ def program_config(cfg: TrainConfig) -> TrainConfig:
 
 
 class Programs:
-    """A trainer's jitted programs (rollout, batch, update, initial state, evaluations) and the
-    network and optimiser they close over, for one :func:`program_config`, layout and instruction
-    embedding size.
-
-    Trainers of equal keys in one process share one instance (:func:`trainer_programs`): a second
-    trainer of a configuration (a resumed run, ``--eval-only``, a sweep's next run in the same
-    process, a test) neither traces nor compiles them again. Programs hold no run state.
-    """
+    """A trainer's jitted programs (rollout, batch, update, initial state, evaluations), network and
+    optimiser for one :func:`program_config`, layout and embedding size; no run state, shared by the
+    trainers of a process (:func:`trainer_programs`)."""
 
     def __init__(self, cfg: TrainConfig, layout: Layout, instr_dim: int) -> None:
         self.cfg, self.layout, self.instr_dim = cfg, layout, instr_dim
@@ -263,15 +208,12 @@ class Programs:
         self.update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
         self.all_finite = jax.jit(lambda tree: jnp.all(jnp.stack(
             [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)])))
-        # recent rollouts are stacked inside the program (no eager copy of every leaf on the host's
-        # dispatch path): ring = (newest, ..., oldest), each [S, T, E, ...]
+        # ring = (newest, ..., oldest) rollouts, stacked inside the program
         stack = lambda ring: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)  # noqa: E731
         build_seeds = jax.vmap(lambda t, e, s: build_batch(cfg, t, e, s), in_axes=(0, None, 0))
         self.build = jax.jit(lambda ring, e, s: build_seeds(stack(ring), e, s))
         build_plain = jax.vmap(lambda t, e: build_batch(cfg, t, e, None), in_axes=(0, None))
         self.build_plain = jax.jit(lambda t, e: build_plain(stack((t,)), e))
-        # one program (an eager vmap dispatches and compiles every initialiser op on its own: slow on
-        # a GPU), the seeds one after another (pqn.create_train_states says why)
         d_obs = obs_dim(cfg.env.obs_mode)
         self.init_train_states = jax.jit(lambda ks: pqn.create_train_states(
             ks, cfg.pqn, self.net, d_obs, instr_dim, cfg.num_updates, tx=self.tx))
@@ -280,15 +222,12 @@ class Programs:
         self._lock = threading.Lock()
 
     def greedy(self, params, carry, obs, done_prev, key):
-        """The evaluation policy: greedy, or epsilon-greedy with ``eval.epsilon`` > 0 (a deterministic
-        recurrent policy can loop forever on one action)."""
+        """The evaluation policy: epsilon-greedy with ``eval.epsilon`` (0: greedy)."""
         carry, q = self.net.apply(params, carry, obs["obs"][None], obs["instruction"][None], done_prev[None])
         return carry, pqn.eps_greedy(key, q[0], self.cfg.eval.epsilon)
 
     def evaluator(self, n: int, seeds: bool = True) -> Any:
-        """The evaluation of ``n`` episodes (instructions x episodes), built at its first request:
-        ``seeds``: of every seed, each device its own seeds as its own program (as the rollout);
-        else the one-seed evaluator it vmaps (:func:`oir_gym.evaluation.make_jax_evaluator`)."""
+        """The evaluation of ``n`` episodes of every seed (``seeds=False``: of one seed), built at its first request."""
         with self._lock:
             if n not in self._evaluators:
                 lay = self.layout
@@ -303,7 +242,6 @@ class Programs:
 
 @functools.lru_cache(maxsize=None)
 def _world_generator() -> Callable:
-    """``F.block_worlds`` jitted once per process (its sizes are static arguments)."""
     return jax.jit(F.block_worlds, static_argnums=(2, 3))
 
 
@@ -313,12 +251,18 @@ def _programs(config_json: str, layout: Layout, instr_dim: int) -> Programs:
 
 
 def trainer_programs(cfg: TrainConfig, layout: Layout, instr_dim: int) -> Programs:
-    """The :class:`Programs` of ``cfg`` (through :func:`program_config`) on ``layout``, shared by
-    every trainer of this process with the same key (the 8 most recently used keys are kept)."""
+    """The :class:`Programs` of ``cfg`` on ``layout``, shared by this process's trainers of the same key."""
     return _programs(json.dumps(program_config(cfg).to_dict(), sort_keys=True), layout, instr_dim)
 
 
-# ----------------------------------------------------------------------------- trainer
+def side_threads(name: str, *jobs: Callable[[], Any]) -> list[Future]:
+    """Run each job on its own thread, which ends with it."""
+    pool = ThreadPoolExecutor(len(jobs), thread_name_prefix=name)
+    futures = [pool.submit(job) for job in jobs]
+    pool.shutdown(wait=False)
+    return futures
+
+
 @dataclass
 class IterationLog:
     update: int
@@ -327,77 +271,57 @@ class IterationLog:
 
 
 class Trainer:
-    """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for ``cfg.run.num_seeds`` seeds side by side.
-
-    What every method shares runs here (rollout, return bookkeeping, the PQN update, evaluation,
-    checkpoints); the per-method part is :attr:`method` (:mod:`agents.pqn.methods`). In a run over
-    several processes (``jax.distributed``), each process's trainer holds its share of the seeds
-    (:attr:`S` of :attr:`num_seeds`, global indices from :attr:`seed_offset`; :mod:`agents.run.multihost`).
+    """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for ``cfg.run.num_seeds`` seeds side by side
+    (in a run over several processes, this process's :attr:`S` of them from :attr:`seed_offset`).
 
     Args:
         cfg: the run configuration.
         run_dir: where checkpoints and the generated-instruction file go.
-        relabeler: method ``oir``: a :class:`~oir_gym.relabel.HindsightRelabeler` (default: built from
-            ``cfg.oir.relabeler``).
+        relabeler: method ``oir``: a :class:`~oir_gym.relabel.HindsightRelabeler` (default: from ``cfg``).
         log: callable receiving messages.
-        proposer: method ``ellm``: a :class:`~agents.pqn.ellm_proposer.GoalProposer` (default: built from
-            ``cfg.ellm.proposer``).
-        prefetch_worlds: generate the initial worlds of :meth:`init_state` on a side thread from the
-            start, while the encoder loads (a fresh run; a resumed one loads its envs instead).
+        proposer: method ``ellm``: a :class:`~agents.pqn.ellm_proposer.GoalProposer` (default: from ``cfg``).
+        prefetch_worlds: generate :meth:`init_state`'s worlds on a side thread from the start (a fresh run).
     """
 
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike, relabeler=None,
                  log: Callable[[str], None] = print, proposer=None, prefetch_worlds: bool = False) -> None:
         self.cfg = cfg.validate()
-        #: processes of this run (jax.distributed): each trains whole seeds on its own devices
-        #: (:mod:`agents.run.multihost`); ``seeds`` are this process's global seed indices, ``S`` of
-        #: the run's ``num_seeds``
+        #: processes of this run (:mod:`agents.run.multihost`); ``seeds``: this process's global seed indices
         self.processes, self.process_index = jax.process_count(), jax.process_index()
         self.seeds = seed_slice(cfg.run.num_seeds, self.processes, self.process_index)
         self.num_seeds = cfg.run.num_seeds
-        self.S = self.seeds.stop - self.seeds.start
+        self.S, self.seed_offset = self.seeds.stop - self.seeds.start, self.seeds.start
         local = len(jax.local_devices())
         self.num_devices = cfg.run.num_devices or local
         check_layout(self.S, cfg.pqn.num_envs, self.num_devices, visible=local)
-        #: seeds, env blocks and the device mesh (:class:`agents.pqn.sharding.Layout`)
         self.layout = Layout(self.S, cfg.pqn.num_envs, self.num_devices)
         self.mesh = self.layout.mesh()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = log
-        #: per seed, the training rates of a rollout (:mod:`oir_gym.event_rates`)
         self.rate_windows = [RateWindow(cfg.pqn.num_envs) for _ in range(self.S)]
-        self._worlds: Future | None = None
-        if prefetch_worlds:
-            pool = ThreadPoolExecutor(1, thread_name_prefix="oir-worlds")
-            self._worlds = pool.submit(self._initial_worlds)
-            pool.shutdown(wait=False)  # the thread ends with its one job
-        #: seconds each part of the start took (``encoder``, ``instructions``, ``method``; ``init_state``
-        #: adds ``initial_state``): what to shorten for a faster start
+        self._worlds: Future | None = side_threads("oir-worlds", self._initial_worlds)[0] if prefetch_worlds else None
+        #: seconds each part of the start took
         self.startup: dict[str, float] = {}
         t = time.time()
         self.encoder = get_encoder()
         self.startup["encoder"] = time.time() - t
-        #: the jitted programs and the network, shared with every trainer of this process whose
-        #: programs are the same (:func:`trainer_programs`)
         self.programs = trainer_programs(cfg, self.layout, self.encoder.dim)
         self.net = self.programs.net
         t = time.time()
-        #: how this run's method is built and what the trainer needs to know of it (:data:`METHOD_SPECS`)
         self.method_spec = method_spec(cfg.run.method)
+        #: rows per env that also pay (ELLM's proposed goals)
+        self.num_also_pays = self.method_spec.also_pays_slots(cfg)
         self.eval_cfg = eval_config(cfg.eval.instruction_files, sets=cfg.eval.sets, episodes=cfg.eval.episodes,
                                     horizon=cfg.eval.horizon, control=cfg.eval.control)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
-        #: the final evaluation (end of the run, --eval-only): the periodic sets and eval.final_sets,
-        #: eval.final_episodes episodes per instruction
         self.final_eval_cfg = eval_config(cfg.eval.instruction_files, sets=(*self.eval_cfg.sets, *cfg.eval.final_sets),
                                           episodes=cfg.eval.final_episodes, horizon=cfg.eval.horizon,
                                           control=cfg.eval.control)
         self.final_texts, self.final_achs, self.final_sets = eval_instructions(self.final_eval_cfg)
         n_fixed = len(set(self.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS))
         capacity = self.method_spec.table_capacity(cfg, n_fixed)
-        # the evaluation rows, each seed's buffer and (as many again) instructions envs still run after
-        # they left it: a table of runs made before the final sets (256 rows) may not hold them all
+        # the evaluation rows, each seed's buffer and as many rows again that envs still run after the buffer
         if capacity < n_fixed + 2 * self.S * cfg.oir.instruction_buffer_size:
             raise ValueError(
                 f"env.table_capacity={capacity} holds too few rows for the {n_fixed} evaluation instructions and "
@@ -405,8 +329,7 @@ class Trainer:
                 f"evaluate fewer sets at the end (--eval.final-sets with fewer of {cfg.eval.final_sets}, or none)")
         self.registry = InstructionRegistry(self.encoder, capacity=capacity)
         self._register_fixed_rows()
-        #: per seed, the PLR-style instruction buffer (method oir draws new episodes from it; every method
-        #: records the returns of finished episodes in it)
+        #: per seed, the PLR-style instruction buffer (oir draws episodes from it; all record returns)
         self.buffers = [
             InstructionBuffer(cfg.oir.instruction_buffer_size, cfg.oir.tau_low, cfg.oir.tau_high,
                               initial=list(ORIGINAL_INSTRUCTIONS)[: cfg.oir.instruction_buffer_size],
@@ -416,8 +339,10 @@ class Trainer:
         self.runner = None
         self.startup["instructions"] = time.time() - t
         t = time.time()
-        #: the per-method part (:mod:`agents.pqn.methods`), built from :meth:`method_context` (it holds no Trainer)
-        self.method: TrainingMethod = self.method_spec.factory(self.method_context(), relabeler, proposer)
+        ctx = MethodContext(cfg=self.cfg, S=self.S, seed_offset=self.seed_offset, registry=self.registry,
+                            buffers=self.buffers, encoder=self.encoder, all_eval_texts=self.all_eval_texts,
+                            log=self.log)
+        self.method: TrainingMethod = self.method_spec.factory(ctx, relabeler, proposer)
         self.startup["method"] = time.time() - t
 
         self.base_params = F.EnvParams(
@@ -425,48 +350,27 @@ class Trainer:
             reward_mode=self.method_spec.reward_mode,
         )
         n_eval = len(self.eval_texts) * self.eval_cfg.episodes
-        #: one seed's evaluation on the periodic sets (:func:`oir_gym.evaluation.evaluate_jax`)
         self.evaluator = self.programs.evaluator(n_eval, seeds=False)
         self._evaluate_seeds = self.programs.evaluator(n_eval)
-        self._final_evaluate_seeds: PerDevice | None = None  # built (and compiled) at the first final evaluation
+        self._final_evaluate_seeds: PerDevice | None = None
         self.update_idx = 0
         self.env_steps = 0
         self._compiling: list[Future] = []  # start_compiling's rollout and update jobs
-        # the last iteration's rollout (host arrays) and update batch, for diagnostics
-        # (examples/batch_composition.py)
+        #: the last iteration's rollout (host arrays) and update batch (examples/batch_composition.py)
         self.last_rollout: dict | None = None
-        #: earlier rollouts on device, newest first (at most the method's history_len - 1), for relabel slots
-        self._history: list[dict] = []
         self.last_batch: dict | None = None
+        #: earlier rollouts on device, newest first, for relabel slots
+        self._history: list[dict] = []
 
     @property
     def all_eval_texts(self) -> list[str]:
-        """Every evaluation instruction of the run (periodic and final), once each."""
         return list(dict.fromkeys(self.eval_texts + self.final_texts))
-
-    @property
-    def seed_offset(self) -> int:
-        """The global index of this process's first seed (0 in a one-process run)."""
-        return self.seeds.start
 
     @property
     def generated(self) -> Counter:
         """Generated instruction -> count (oir: offered to the buffers; ellm: proposed goals)."""
         return self.method.generated
 
-    @property
-    def num_also_pays(self) -> int:
-        """Slots per env for rows that also pay (ELLM with ellm.reward="any": its K proposed goals)."""
-        return self.method_spec.also_pays_slots(self.cfg)
-
-    def method_context(self) -> MethodContext:
-        """What this trainer's method may use of the run (:class:`agents.pqn.methods.MethodContext`):
-        plain data, so the method holds no Trainer."""
-        return MethodContext(cfg=self.cfg, S=self.S, seed_offset=self.seed_offset, registry=self.registry,
-                             buffers=self.buffers, encoder=self.encoder, all_eval_texts=self.all_eval_texts,
-                             log=self.log)
-
-    # -------------------------------------------------------------- setup / state
     def _env_params(self) -> F.EnvParams:
         """Env params: the shared table, with each seed's draw rows as its row of the sample mask."""
         masks = np.zeros((self.S, self.registry.capacity), bool)
@@ -477,9 +381,7 @@ class Trainer:
         return self.base_params.replace(table=table.replace(sample_mask=jnp.asarray(masks)))
 
     def _register_fixed_rows(self, protected: Any = ()) -> None:
-        """``eval_rows``, ``final_rows`` and ``orig_rows``: the table rows of the periodic and final
-        evaluations' and of the original instructions, registering those the table does not hold
-        (``protected``: rows they must not take)."""
+        """``eval_rows``, ``final_rows`` and ``orig_rows``, registered where the table lacks them."""
         self.eval_rows = self.registry.rows(self.eval_texts, self.eval_achs, protected=protected)
         self.final_rows = self.registry.rows(self.final_texts, self.final_achs, protected=protected)
         self.orig_rows = self.registry.rows(list(ORIGINAL_INSTRUCTIONS), list(range(len(ORIGINAL_INSTRUCTIONS))),
@@ -487,7 +389,6 @@ class Trainer:
 
     @property
     def env_state(self) -> Any:
-        """The envs' block state (``oir_gym.functional``), the first part of the runner."""
         return self.runner.env_state
 
     @env_state.setter
@@ -495,14 +396,12 @@ class Trainer:
         self.runner = self.runner._replace(env_state=state)
 
     def protected_rows(self) -> list[int]:
-        """Table rows that must not be reused for new instructions: evaluation and original rows, the
-        envs' current, pinned and also-paying rows, and every buffer's instructions."""
+        """Table rows that new instructions must not take (:func:`agents.pqn.methods.protected_rows`)."""
         fixed = [*self.eval_rows.tolist(), *self.final_rows.tolist(), *self.orig_rows.tolist()]
         return protected_rows(self.registry, self.buffers, fixed, None if self.runner is None else self.runner.env_state)
 
     def method_batch(self, traj: dict, slots: dict | None) -> dict:
-        """The update batch of this rollout and the method's relabel ``slots`` (``None``: none),
-        which index :attr:`_history` (this rollout first, padded with it) by age."""
+        """The update batch of this rollout and the method's relabel ``slots`` (indexing :attr:`_history` by age)."""
         if slots is None:
             return self.build_batch(traj)
         n = self.method.history_len
@@ -510,9 +409,8 @@ class Trainer:
         return self.build_batch(ring + [traj] * (n - len(ring)), slots)
 
     def build_batch(self, trajs: dict | Sequence[dict], slots: dict | None = None) -> dict:
-        """The update batch (all seeds) from this rollout (``slots=None``: the original trajectories
-        only) or from recent rollouts (a sequence, newest first; relabel ``slots`` index them by
-        age) with relabel ``slots`` (:func:`build_batch`)."""
+        """The update batch of all seeds (:func:`build_batch`) from this rollout, or recent rollouts (newest
+        first) with relabel ``slots``."""
         table_emb = self.registry.device_table().emb
         if slots is None:
             return self.programs.build_plain(trajs, table_emb)
@@ -520,13 +418,7 @@ class Trainer:
         return self.programs.build(ring, table_emb, slots)
 
     def unpayable_frac(self, instr_rows: np.ndarray) -> float:
-        """Share of these table rows (e.g. a rollout's steps) whose instruction can never pay a reward.
-
-        ``gt`` pays on the instruction's achievement; the cosine methods pay only where some caption
-        of the vocabulary exceeds delta. An instruction below delta against every caption (such as
-        "collect wood then place table") wastes the episodes that run it; a non-zero value here is
-        worth a look.
-        """
+        """Share of these table rows (e.g. a rollout's steps) whose instruction can never pay a reward."""
         return float(np.mean(~self.method.payable_rows()[np.asarray(instr_rows)]))
 
     def init_state(self) -> None:
@@ -542,9 +434,8 @@ class Trainer:
         self.startup["initial_state"] = time.time() - t0
 
     def _initial_keys(self) -> tuple[Any, Any, Any, Any]:
-        """``(key, k_net, k_env, k_run)``: the run's key after the initial draws, the network keys of
-        this process's seeds, and its env blocks' reset and rollout keys. Global seed g draws what
-        it draws in a one-process run."""
+        """``(key, k_net, k_env, k_run)``: the run's key, this process's network keys and its env blocks'
+        reset and rollout keys (a global seed draws the same in any process count)."""
         n, lay = self.num_seeds, self.layout
         key = jax.random.PRNGKey(self.cfg.run.seed)
         key, *ks = jax.random.split(key, 1 + 3 * n)
@@ -555,19 +446,14 @@ class Trainer:
         return key, k_net, k_env, k_run
 
     def _initial_worlds(self) -> Any:
-        """The worlds :meth:`init_state` resets the envs to (:func:`oir_gym.functional.block_worlds`).
-        They depend on the run's seed alone, so a fresh run generates them on a side thread while
-        the encoder loads (``prefetch_worlds``): the world generator is the longest compile of the
-        start (about 20 s on an H100)."""
+        """The worlds :meth:`init_state` resets the envs to (they depend on the run's seed alone)."""
         _, _, k_env, _ = self._initial_keys()
         lay = self.layout
         return jax.block_until_ready(_world_generator()(k_env, F.default_craftax_params(), lay.envs_per_block,
                                               lay.pool_per_block))
 
     def _initial_state(self, k_net, k_env, k_run, env_params: F.EnvParams, worlds: Any = None) -> tuple[Any, tuple]:
-        """``(train_state, runner)`` from the seeds' network keys, the env blocks' reset keys, their
-        rollout keys and initial worlds (unplaced; ``None``: generated in the reset's program); under
-        :func:`jax.eval_shape`, their shapes."""
+        """``(train_state, runner)``, unplaced (``worlds=None``: generated in the reset's program)."""
         cfg, lay = self.cfg, self.layout
         train_state = self.programs.init_train_states(k_net)
         groups = jnp.repeat(jnp.arange(self.S), cfg.pqn.num_envs)
@@ -578,8 +464,7 @@ class Trainer:
         return train_state, Runner(bstate, obs, carry, done, k_run)
 
     def _placeholder_state(self, env_params: F.EnvParams) -> tuple[Any, tuple]:
-        """A ``(train_state, runner)`` of zeros shaped and placed as :meth:`init_state` makes them,
-        built without running its programs (for compiling ahead while they run)."""
+        """A ``(train_state, runner)`` of zeros shaped and placed as :meth:`init_state` makes them."""
         blocks = jax.ShapeDtypeStruct((self.layout.blocks, 2), jnp.uint32)
         ts, runner = jax.eval_shape(self._initial_state, jax.ShapeDtypeStruct((self.S, 2), jnp.uint32), blocks, blocks,
                                     env_params)
@@ -588,16 +473,12 @@ class Trainer:
         return ts, lay.place(placeholder(runner), lay.runner_specs(runner))
 
     def _place(self) -> None:
-        """Put the per-seed state on the mesh (:class:`agents.pqn.sharding.Layout`): parameters and
-        optimiser state split on the seed axis ``[S, ...]``, the env batch, world pools and block keys
-        on their flat axis (seed s's envs land on the device(s) of seed s). The jitted programs follow
-        this placement."""
+        """Put the per-seed state on the mesh (:class:`agents.pqn.sharding.Layout`)."""
         lay = self.layout
         self.train_state = lay.place(self.train_state, jax.tree_util.tree_map(lambda _: lay.seed_spec,
                                                                               self.train_state))
         self.runner = lay.place(self.runner, lay.runner_specs(self.runner))
 
-    # -------------------------------------------------------------- checkpoints
     def _arrays(self) -> dict[str, Any]:
         reg = self.registry.state_dict()
         return {
@@ -609,16 +490,13 @@ class Trainer:
 
     def save(self, *, metrics: MetricsPosition | Mapping[str, Any] | None = None, keep: int | None = None,
              metrics_after_update: int | None = None) -> Path:
-        """Checkpoint the current state (:mod:`agents.run.checkpoint`: atomic, checksummed, no pickle).
+        """Checkpoint the current state (:mod:`agents.run.checkpoint`) and rewrite the generated-instruction
+        file; returns the checkpoint folder.
 
         Args:
-            metrics: the run's metrics position (:meth:`agents.run.run_dir.MetricsWriter.position`) at
-                this update; a resume cuts ``metrics.jsonl`` back to it.
+            metrics: the run's metrics position at this update (a resume cuts ``metrics.jsonl`` back to it).
             keep: checkpoints kept (default ``run.keep_checkpoints``).
             metrics_after_update: without a position: resume keeps the metrics rows up to this update.
-
-        Returns:
-            The checkpoint folder. Also rewrites the method's generated-instruction file.
         """
         reg = self.registry.state_dict()
         pos = metrics.to_dict() if isinstance(metrics, MetricsPosition) else (dict(metrics) if metrics else None)
@@ -636,9 +514,7 @@ class Trainer:
         return folder
 
     def write_generated(self) -> Path | None:
-        """Write the method's generated instructions (oir: ``instructions.json``, every relabeled
-        instruction offered to a buffer; ellm: ``goals.json``, every goal proposed, with how often an
-        env was pinned to it), with counts."""
+        """Write the method's generated instructions with counts (oir: ``instructions.json``, ellm: ``goals.json``)."""
         payload = self.method.generated_payload()
         if payload is None or self.method_spec.generated_file is None:
             return None
@@ -648,14 +524,11 @@ class Trainer:
         return atomic_write_json(self.run_dir / self.method_spec.generated_file, payload)
 
     def load(self, path: str | os.PathLike | None = None) -> dict[str, Any]:
-        """Restore a checkpoint (default: the run directory's newest) into this trainer.
+        """Restore a checkpoint (default: the run directory's newest); returns its host state.
 
         Raises:
             agents.run.checkpoint.CheckpointError: a damaged, legacy or foreign checkpoint, or one of
                 another method, network size or batch shape (naming the file and the field).
-
-        Returns:
-            The checkpoint's host state (``update``, ``env_steps``, ``metrics`` position, ``config``...).
         """
         arrays, host = load_checkpoint(path or self.run_dir)
         folder = Path(path) if path and (Path(path) / "manifest.json").exists() else latest_checkpoint(
@@ -686,12 +559,9 @@ class Trainer:
             for b, sd in zip(self.buffers, host["buffers"], strict=True):
                 b.load_state_dict(sd)
             self.registry.load_state_dict({**host["registry"], **restored["registry"]})
-            # the checkpoint's table replaced the one built at construction: instructions this run
-            # evaluates but the saved run did not (a user file added for --eval-only or a resume)
-            # get rows again, and every evaluation row must hold its own text
+            # evaluation instructions the saved run lacked get rows in its table
             self._register_fixed_rows(protected=self.protected_rows)
             self.method.load_state_dict(host.get("generated") or {})
-            # rollouts awaiting LLM answers or a lagged relabel are not checkpointed: lost on resume
             self._history = []
             self.update_idx, self.env_steps = int(host["update"]), int(host["env_steps"])
         except (KeyError, ValueError, TypeError) as e:
@@ -699,7 +569,6 @@ class Trainer:
                 from None
         return host
 
-    # -------------------------------------------------------------- iteration
     def iteration(self) -> IterationLog:
         """One rollout, the method's batch, one PQN update. A non-finite update raises
         ``FloatingPointError`` and leaves the parameters as they were (never checkpointed)."""
@@ -714,7 +583,6 @@ class Trainer:
         host = jax.device_get({k: traj[k] for k in ("instr", "events", "action", "done", "reward", "ep_return",
                                                       "success")})
         t_rollout = time.time()
-        # returns of finished episodes -> instruction statistics (buffer ordering), in step order
         for s in range(self.S):
             t_idx, e_idx = np.nonzero(host["done"][s])
             rows = host["instr"][s, t_idx, e_idx]
@@ -726,9 +594,7 @@ class Trainer:
         self._history = [traj, *self._history[: self.method.history_len - 2]] if self.method.history_len > 1 else []
         metrics.update(step.metrics)
         if step.slots is not None:
-            # steps of relabeled copies without a target: after the copy's first success in an original
-            # episode, or where the original instruction's success ended the episode (a device scalar:
-            # read after the update started, no wait for the batch here)
+            # a device scalar, read after the update started
             metrics["relabel/cut_steps"] = jnp.sum(batch["cuts"]) / self.S
         if step.pinned is not None:  # goals the envs run at their next reset (ELLM)
             self.env_state = F.set_pinned(self.env_state, jnp.asarray(step.pinned))
@@ -742,8 +608,6 @@ class Trainer:
         t_update = time.time()
         metrics = {k: float(v) for k, v in metrics.items()}  # device scalars, read after the update started
         if not (np.all(np.isfinite(upd["loss"])) and bool(self.programs.all_finite(new_state.params))):
-            # The diverged parameters are dropped, never checkpointed: the newest checkpoint on disk is
-            # the last good state (this trainer's other state has moved past it, so it is not saved either).
             last = latest_checkpoint(self.run_dir)
             where = f"the last good checkpoint {last} is kept" if last else "no checkpoint had been written yet"
             raise FloatingPointError(
@@ -760,9 +624,6 @@ class Trainer:
             "train/success_rate": float(host["success"].sum() / max(n_done, 1)),
             "train/reward_per_step": float(host["reward"].mean()),
             "sps": cfg.batch_steps * self.S / max(time.time() - t0, 1e-9),
-            # where the update's wall time went: waiting for the rollout, host work (records,
-            # relabeling, the batch program's dispatch), the update program (dispatch and wait: on a
-            # GPU its dispatch returns only near its end, as the host thread drives its loops)
             "time/rollout_s": t_rollout - t0, "time/host_s": t_host - t_rollout, "time/update_s": t_update - t_host,
         })
         for s in range(self.S):
@@ -770,8 +631,7 @@ class Trainer:
         return IterationLog(self.update_idx, self.env_steps, metrics)
 
     def event_rates(self, events: np.ndarray, dones: np.ndarray) -> dict[str, float]:
-        """Training rates of the 22 achievements and the progress events in one rollout
-        (``[S, T, E, num_events]`` events): per seed (``seed{i}/rate/...``) and over the seeds."""
+        """Training rates of one rollout's events, per seed (``seed{i}/rate/...``) and over the seeds."""
         out: dict[str, float] = {}
         for s, window in enumerate(self.rate_windows):
             window.add(events[s], dones[s])
@@ -782,21 +642,15 @@ class Trainer:
         return out
 
     def _seed_keys(self, key) -> jax.Array:
-        """This process's seeds' keys of ``key`` split over every seed of the run."""
         return jax.random.split(key, self.num_seeds)[self.seeds]
 
     def evaluate(self, final: bool = False) -> list[EvalResult]:
-        """Evaluate every seed's policy on the instruction sets (greedy unless ``cfg.eval.epsilon``),
-        all seeds in one program. ``final``: the final evaluation (:attr:`final_eval_cfg`:
-        ``eval.final_sets`` too, ``eval.final_episodes`` episodes per instruction; its program
-        compiles at its first call)."""
+        """Evaluate every seed's policy on the instruction sets (``final``: :attr:`final_eval_cfg`'s)."""
         return self._evaluation(final=final)()
 
     def _evaluation(self, policy_params: Any = None, final: bool = False) -> Callable[[], list[EvalResult]]:
-        """The evaluation of ``policy_params`` (default: the current parameters) as a call, its
-        arguments read now."""
+        """The evaluation of ``policy_params`` (default: the current ones) as a call, its arguments read now."""
         params = self.base_params.replace(table=self.registry.device_table())
-        # worlds differ per run seed, (global) seed index and update
         keys = eval_keys(self.cfg.run.seed, self.seeds.stop, self.update_idx)[self.seeds]
         policy = self.train_state.params if policy_params is None else policy_params
         if not final:
@@ -809,33 +663,18 @@ class Trainer:
                                  self.final_sets)
 
     def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
-        """Compile the evaluation program on a side thread (one throwaway evaluation of
-        ``policy_params``, default the current parameters), so its compile overlaps the first
-        update's instead of delaying the first evaluation (about 30 s of an H100 run's start). The
-        arguments are read here, on the caller's thread; the result is discarded, and a failure only
-        leaves the compile to the first :meth:`evaluate`."""
+        """Compile the evaluation program on a side thread (one throwaway evaluation of ``policy_params``)."""
         evaluation = self._evaluation(policy_params)
 
-        def compile_once() -> None:
+        def compile_once() -> None:  # the result is discarded
             evaluation()
 
-        pool = ThreadPoolExecutor(1, thread_name_prefix="oir-eval-compile")
-        future = pool.submit(compile_once)
-        pool.shutdown(wait=False)  # the thread ends with its one job
-        return future
+        return side_threads("oir-eval-compile", compile_once)[0]
 
     def start_compiling(self) -> list[Future]:
-        """Compile the first update's programs side by side on side threads instead of one after the
-        other in it: the rollout (one throwaway rollout), the batch and update programs (one
-        throwaway update of a batch of zeros shaped as the method's) and the evaluation (one
-        throwaway evaluation). On an H100 each takes 30-40 s to compile.
-
-        Called before :meth:`init_state`, the throwaway calls run on a placeholder state of zeros
-        shaped and placed as ``init_state`` will make it, so the compiles also overlap its own (the
-        env reset's); called after it or :meth:`load`, on the current state. :meth:`iteration`
-        waits for the rollout and update jobs before its rollout, so nothing compiles twice. No
-        state changes (no key is drawn), results are discarded, and a failure only leaves that
-        compile to the first update. Returns the rollout, update and evaluation jobs."""
+        """Compile the first update's programs (rollout, batch and update, evaluation) side by side on side
+        threads with throwaway calls (before :meth:`init_state`: on a placeholder state), changing no
+        state; a failure leaves the compile to the first update. Returns the jobs."""
         try:
             env_params, steps = self._env_params(), self.env_steps
             if self.runner is None:
@@ -860,9 +699,7 @@ class Trainer:
             new_state, _ = self.programs.update(train_state, keys, batch)
             jax.block_until_ready(self.programs.all_finite(new_state.params))
 
-        pool = ThreadPoolExecutor(2, thread_name_prefix="oir-compile")
-        self._compiling = [pool.submit(rollout), pool.submit(update)]
-        pool.shutdown(wait=False)  # the threads end with their jobs
+        self._compiling = side_threads("oir-compile", rollout, update)
         return self._compiling + [evaluation]
 
     def close(self) -> None:

@@ -2,36 +2,17 @@
 
     python examples/analyze_runs.py --runs gt=results/gpu_h200_1e7/gt oir=results/gpu_h200_1e7/oir#000750 --out docs/img
 
-Each ``NAME=PREFIX`` points at ``PREFIX_metrics.jsonl`` and ``PREFIX_eval_final.json`` (the flat
-layout kept in ``results/``) or at a run directory holding ``metrics.jsonl`` and
-``eval_final.json``; ``NAME=PREFIX#TAG`` reads ``eval_TAG.json`` instead of ``eval_final.json``
-(e.g. ``#000750``, the periodic evaluation at update 750, to compare runs at equal steps).
-Besides the end-of-run table it prints each method's mean over all of its periodic evaluations
-(a normalised area under the learning curve, far less noisy than one evaluation), then the final
-point beside each seed's mean over its last 5 evaluations (``--last-k``; up to the tagged update
-for ``#NNNNNN``), with 95% bootstrap confidence intervals over seeds (scipy's percentile
-bootstrap), and, for evaluations with the control (``oir_gym.evaluation``), the
-instruction-following gain: success when asked for an achievement minus success when asked for
-another one (or given the neutral instruction).
-``--interval t`` prints, instead of that table and with 95% Student's t intervals over seeds, the
-summary docs/results.md shows: the final point, the mean of the last k evaluations and of the whole
-run, completed instructions and aggregate score at the final point, and how much of its success on
-the original set a seed keeps on the paraphrase sets (``kept``: success on ``simple`` or ``complex`` /
-success on ``original``, per seed); the control table then also takes t intervals.
-``--time-target X`` adds mean success against wall clock (``time`` of the metrics rows, summed over
-resumes): the first evaluation reaching X and the best within ``--time-budget`` seconds.
-``--ablation`` takes ``VALUE=PREFIX`` pairs for the delta ablation and ``--tsne NAME=FILE``
-instruction lists (``instructions.json`` / ``goals.json`` of a run).
-
-Two more tables use Student's t intervals over seeds (``oir_gym.metrics.t_interval``): per method
-and set, the final success, the paraphrase retention (over the achievements a seed learned on the
-original set, success >= 0.25: mean of paraphrase success / original success,
-``oir_gym.metrics.paraphrase_retention``; unlike ``kept``, it compares each learned achievement with
-itself) and the instruction-following gain; and, where the ordered-compound sets were evaluated,
-success on "X then Y", on "Y then X", and the order gain (success of "X then Y" when asked for it
-minus the same order's success when asked "Y then X"). With ``--baseline NAME`` each of their cells
-also gives the difference to that method (mean difference [95% Welch t interval],
-``oir_gym.metrics.welch_interval``).
+``NAME=PREFIX`` reads ``PREFIX_metrics.jsonl`` and ``PREFIX_eval_final.json``, or a run directory's
+``metrics.jsonl`` and ``eval_final.json``; ``NAME=PREFIX#TAG`` reads ``eval_TAG.json`` instead (the
+periodic evaluation at update TAG; the curves then stop there). A repeated NAME pools its runs as
+seeds. Tables: the final point (mean +- s.e.), the mean over all periodic evaluations, the final point
+beside each seed's mean over its last ``--last-k`` evaluations (95% bootstrap intervals over seeds;
+``--interval t``: Student's t, with completed instructions, aggregate score and ``kept``, the share
+of original-set success kept on a paraphrase set), the instruction-following control, paraphrase
+retention (``oir_gym.metrics.paraphrase_retention``) and ordered compounds (t intervals;
+``--baseline NAME``: each cell's Welch-interval difference to that method).
+``--time-target X``: success against wall clock; ``--ablation VALUE=PREFIX``: the delta ablation;
+``--tsne NAME=FILE``: instruction lists (``instructions.json`` / ``goals.json``).
 """
 
 from __future__ import annotations
@@ -104,19 +85,13 @@ PARAPHRASE_SETS = ("simple", "complex")  # the built-in rewordings of the origin
 def _t_cell(values, fmt: str = "{:.3f}") -> str:
     """``mean [low, high]``, the 95% t interval over seeds; ``-`` when a value is missing."""
     arr = np.asarray(values, dtype=float)
-    if arr.size == 0 or not np.isfinite(arr).all():
-        return "-"
-    low, high = t_interval(arr)
-    ci = "n/a" if np.isnan(low) else f"{fmt.format(low)}, {fmt.format(high)}"
-    return f"{fmt.format(arr.mean())} [{ci}]"
+    return finite_t_cell(arr, fmt) if arr.size and np.isfinite(arr).all() else "-"
 
 
 def t_summary_table(finals: dict[str, list[dict]], runs: dict[str, list[list[dict]]], sets: list[str],
                     k: int = 5, max_step: float = float("inf")) -> str:
-    """Per method and set, with 95% t intervals over seeds: the final point, the mean of each seed's
-    last ``k`` evaluations and of all its evaluations (up to ``max_step``), completed instructions and
-    aggregate score at the final point, the share of the original set's success kept on a paraphrase set, and
-    the instruction-following gains (asked - mismatched) when some run has the control."""
+    """Per method and set, with 95% t intervals over seeds: the final point, the last ``k`` and all
+    evaluations (up to ``max_step``), completed, aggregate, kept vs original and (with the control) gains."""
     has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
                    for seeds in finals.values() for s in sets)
     head = (f"| method | set | seeds | final: success | last {k}: success | whole run: success | final: completed "
@@ -150,8 +125,7 @@ def t_summary_table(finals: dict[str, list[dict]], runs: dict[str, list[list[dic
 
 
 def t_control_table(finals: dict[str, list[dict]], sets: list[str]) -> str:
-    """The control at the final point (success when asked, mismatched, neutral: means over seeds) with
-    both gains' 95% t intervals over seeds; empty when no evaluation has the control."""
+    """The control at the final point with both gains' 95% t intervals over seeds (empty: no control)."""
     lines = ["| method | set | seeds | asked | mismatched | neutral | gain (asked - mismatched) | gain (asked - neutral) |",
              "|---|---|---|---|---|---|---|---|"]
     for m, seeds in finals.items():
@@ -169,8 +143,7 @@ def t_control_table(finals: dict[str, list[dict]], sets: list[str]) -> str:
 
 
 def finite_t_cell(values, fmt: str = "{:.3f}") -> str:
-    """``mean [low, high]`` with the 95% t interval over the finite values (seeds; a seed may have
-    none, e.g. no learned achievement); ``-`` when none; ``(n of m seeds)`` when some have none."""
+    """``mean [low, high]``, the 95% t interval over the finite values; ``-`` when none; ``(n of m seeds)``."""
     arr = np.asarray(values, dtype=float)
     ok = arr[np.isfinite(arr)]
     if ok.size == 0:
@@ -194,8 +167,7 @@ def diff_cell(values, baseline, fmt: str = "{:+.3f}") -> str:
 
 
 def seed_retention(result: dict, set_name: str) -> float:
-    """One seed's paraphrase retention on ``set_name`` (NaN: no learned achievement, no original set,
-    or a set whose instructions do not each name one achievement) from its evaluation dict."""
+    """One seed's paraphrase retention on ``set_name`` (NaN where it is undefined)."""
     if "original" not in result or set_name not in result or set_name == "original":
         return float("nan")
     o, p = result["original"], result[set_name]
@@ -205,9 +177,7 @@ def seed_retention(result: dict, set_name: str) -> float:
 
 
 def retention_table(finals: dict[str, list[dict]], sets, baseline: str | None = None) -> str:
-    """Per method and set: final success, paraphrase retention and (runs with the control) gain (mean
-    [95% t interval over seeds]), and with ``baseline`` each one's difference to that method's
-    (Welch t interval)."""
+    """Per method and set: final success, paraphrase retention and gain, each with ``baseline``'s difference."""
     has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
                    for seeds in finals.values() for s in sets)
     head = "| method | set | seeds | mean success rate | paraphrase retention |" + (
@@ -234,8 +204,7 @@ def retention_table(finals: dict[str, list[dict]], sets, baseline: str | None = 
 
 
 def order_table(finals: dict[str, list[dict]], baseline: str | None = None) -> str | None:
-    """Per method: success on the ordered set, on its reverse-order control, and the order gain
-    (mean [95% t interval over seeds]); ``None`` when no run evaluated the ordered set."""
+    """Per method: ordered-set success, its reverse-order control and the order gain (``None``: no ordered set)."""
     if not any("ordered" in r for seeds in finals.values() for r in seeds):
         return None
     lines = ["| method | seeds | \"X then Y\" success | \"Y then X\" success | X before Y when asked \"Y then X\" | "
@@ -263,19 +232,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/img")
     p.add_argument("--table-only", action="store_true", help="print the tables, write no plots")
     p.add_argument("--interval", choices=("bootstrap", "t"), default="bootstrap",
-                   help="t: the summary table with 95%% t intervals over seeds (docs/results.md) instead of the "
-                        "final-point table with bootstrap intervals; the control table's gains likewise")
+                   help="t: the summary table with 95%% t intervals over seeds instead of bootstrap intervals")
     p.add_argument("--last-k", type=int, default=5, help="the last evaluations averaged beside the final point")
     p.add_argument("--curve-max-step", type=float, default=float("inf"),
-                   help="the whole-run table keeps evaluations up to this many env steps (compare a short run "
-                        "with the early part of long ones)")
+                   help="the whole-run tables keep evaluations up to this many env steps")
     p.add_argument("--time-target", type=float, default=None,
                    help="also tabulate and plot mean success (original) against wall clock, with this target line")
     p.add_argument("--time-budget", type=float, default=900.0,
                    help="with --time-target: the best success within this many seconds (default 900)")
     p.add_argument("--baseline", default=None, metavar="NAME",
-                   help="the retention and ordered tables also give each method's difference to this one's "
-                        "(Welch t interval over seeds)")
+                   help="the retention and ordered tables also give each method's difference to this one's")
     args = p.parse_args(argv)
     if args.last_k < 1:
         p.error(f"--last-k must be >= 1, got {args.last_k}")
@@ -284,7 +250,6 @@ def main(argv=None) -> int:
     runs = _pairs(args.runs)
     if args.baseline is not None and args.baseline not in runs:
         p.error(f"--baseline {args.baseline!r} is not one of the --runs names {sorted(runs)}")
-    # several runs under one NAME (e.g. 2 + 1 seeds on two cards) are pooled as seeds of one method
     finals = {name: load_evals(prefixes) for name, prefixes in runs.items()}
     metrics = {name: load_metrics(prefixes) for name, prefixes in runs.items()}
     if not args.table_only:
@@ -333,9 +298,8 @@ def main(argv=None) -> int:
         print("\n## Delta ablation\n")
         print(analysis.final_table({f"delta={k}": v for k, v in abl.items()}, sets=("original",)))
     if args.tsne and not args.table_only:
-        groups = {}
-        for name, files in _pairs(args.tsne).items():
-            groups[name] = list(dict.fromkeys(t for f in files for t in analysis.read_instruction_list(f)))
+        groups = {name: list(dict.fromkeys(t for f in files for t in analysis.read_instruction_list(f)))
+                  for name, files in _pairs(args.tsne).items()}
         analysis.plot_tsne(groups, out / "tsne.png")
     if not args.table_only:
         print(f"\nplots in {out}/")

@@ -1,24 +1,14 @@
 """What does each update train on? Per instruction: rollout share, relabeled rows, rewards, cut steps.
 
-Runs the PQN/OIR trainer for ``--updates`` iterations and, after the first ``--skip``, counts per
-instruction text (all seeds pooled):
-
-- ``rollout steps``: the share of the rollout's steps run under the instruction, and the episodes
-  that ended under it, and how many of them succeeded;
-- ``relabeled rows``: relabeled copies in the update batch that carry the instruction (OIR);
-- ``rewarded steps``: steps with reward 1 in the update batch (original rows count for the
-  instruction the env ran at that step, relabeled rows for their relabeled instruction), and that
-  count's share of all rewarded steps: how much of the learning signal the instruction gets;
-- ``cut steps``: steps of its relabeled copies left without a target (``relabel/cut_steps``).
-
-Compare ``--method oir`` with ``--method cosine`` to see how relabeling redistributes the signal:
+Runs the PQN trainer for ``--updates`` iterations and, after the first ``--skip``, counts per
+instruction (all seeds pooled) its share of the rollout steps, its episodes and successes, its
+relabeled rows in the batch (OIR), its rewarded steps and their share of all, and the cut steps of
+its relabeled copies. Compare ``--method oir`` with ``--method cosine``:
 
     python examples/batch_composition.py --method oir --updates 40 --skip 30 --out /tmp/oir_batch.json
-    python examples/batch_composition.py --method cosine --updates 40 --skip 30
 
-``--set PART.FIELD=VALUE`` overrides any field of :class:`agents.pqn.config.TrainConfig` (values are read
-as JSON when they parse, e.g. ``--set pqn.hidden_size=64 pqn.lr=3e-4``). The defaults make early-training competence
-reachable on a CPU: the paper preset's envs and steps, a smaller network, lr 3e-4, faster epsilon.
+``--set PART.FIELD=VALUE`` overrides any :class:`agents.pqn.config.TrainConfig` field (JSON values
+parsed). The defaults (:data:`CPU_DEFAULTS`) make early competence reachable on a CPU.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """What the cosine reward pays for at each threshold delta, before any training.
 
-For every evaluation instruction (original, simple and complex sets) the reward fires on each
-caption event whose similarity to the instruction exceeds delta. This prints, per set and delta,
-how many instructions get their own event rewarded and how many other events are rewarded too,
-then lists the wrongly rewarded events of the original set at the lower thresholds. It uses the
-packaged sentence encoder and caption vocabulary; nothing is trained.
+Per evaluation set and delta: how many instructions get their own caption event rewarded and how
+many other events are rewarded too; then the original set's wrongly rewarded events.
 
     python examples/delta_sensitivity.py --out results/reference/delta_sensitivity.json --plot docs/img/delta_sensitivity.png
 """

@@ -71,12 +71,8 @@ def _mean_ci(x: np.ndarray) -> str:
     return f"{x.mean():.3f} [{low:.3f}, {high:.3f}]"
 
 
-def _diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    return tuple(float(v) for v in welch_interval(a, b))
-
-
 def _diff_cell(a: np.ndarray, b: np.ndarray) -> str:
-    d, low, high = _diff(a, b)
+    d, low, high = welch_interval(a, b)
     return f"{d:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
@@ -104,14 +100,9 @@ def mixed_verdict(arms: dict) -> str:
     """The primary endpoint of docs/experiments/mixed-arm.md: mixed - canonical on heldout."""
     held = {a: per_seed(arms[a], lambda s: set_success(s, "heldout"))[0] for a in ("mixed", "canonical")}
     orig = {a: per_seed(arms[a], lambda s: set_success(s, "original"))[0] for a in ("mixed", "canonical")}
-    d, low, high = _diff(held["mixed"], held["canonical"])
+    d, low, high = welch_interval(held["mixed"], held["canonical"])
     guard = float(orig["mixed"].mean() - orig["canonical"].mean())
-    if low > 0 and guard >= -0.03:
-        verdict = "support"
-    elif high < 0.02:
-        verdict = "refute"
-    else:
-        verdict = "inconclusive"
+    verdict = "support" if low > 0 and guard >= -0.03 else "refute" if high < 0.02 else "inconclusive"
     return (f"primary (heldout, mixed - canonical, seeds): {d:+.3f} [{low:+.3f}, {high:+.3f}]; "
             f"original-set guard {guard:+.3f}: **{verdict}**")
 
@@ -242,16 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", help="stone: write the training-rate curves to this PNG")
     args = ap.parse_args(argv)
     try:
-        if args.experiment == "mixed":
-            print(mixed_report(args.root))
-        else:
-            metrics = arm_metrics(args.root)  # the largest files here: read once for the tables and the plots
-            print(stone_report(args.root, metrics))
-            if args.plot:
-                print(f"wrote {plot_stone_tier(metrics, args.plot)}")
+        metrics = arm_metrics(args.root) if args.experiment == "stone" else None  # read once: tables and plots
+        report = mixed_report(args.root) if metrics is None else stone_report(args.root, metrics)
     except (FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    print(report)
+    if args.plot and metrics is not None:
+        print(f"wrote {plot_stone_tier(metrics, args.plot)}")
     return 0
 
 

@@ -2,11 +2,8 @@
 
     python -m agents.tools.legacy_checkpoint RUN_DIR
 
-Runs of early versions saved one pickle; :mod:`agents.run.checkpoint` refuses to load it, because
-unpickling runs any code the file names. This converter does unpickle it, so use it only on
-files you trust (you wrote them). It builds the run's :class:`~agents.pqn.trainer.Trainer` from its
-``config.json`` (no LLM), loads the pickle's state into it and saves a checkpoint folder; the
-pickle is left in place. It lives apart from :mod:`agents.run.checkpoint`, which the trainer imports.
+:mod:`agents.run.checkpoint` refuses pickles, because unpickling runs any code the file names;
+this converter unpickles one, so use it only on files you trust.
 """
 
 from __future__ import annotations
@@ -20,12 +17,8 @@ from agents.run.checkpoint import LEGACY_PICKLE, CheckpointError
 
 
 def convert_legacy(run_dir: str | os.PathLike, keep: int = 2) -> Path:
-    """Convert a trusted legacy ``checkpoint.pkl`` of a PQN run into a checkpoint folder.
-
-    THIS UNPICKLES THE FILE, which runs any code it names: use it only on files you trust. It
-    builds a :class:`~agents.pqn.trainer.Trainer` from the run's ``config.json`` (no LLM), loads the
-    pickle's state into it and saves it in the new format; the pickle is left in place.
-    """
+    """Convert a TRUSTED legacy ``checkpoint.pkl`` (it is unpickled) into a checkpoint folder, through
+    the run's :class:`~agents.pqn.trainer.Trainer` (no LLM); the pickle is left in place."""
     import pickle
 
     import jax.numpy as jnp

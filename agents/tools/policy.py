@@ -12,17 +12,9 @@
         if terminated or truncated:
             break
 
-The observation carries the instruction's embedding (the env encodes the text), so a policy acts
-on any instruction the env is given. A policy keeps its recurrent state between calls;
-:meth:`Policy.reset` starts a new episode. With a vector env (``gym.make_vec``), pass the
-batched observation and ``episode_start`` (the previous step's ``terminated | truncated``):
-those envs' recurrent state starts afresh.
-
-PQN runs load here (:class:`PQNPolicy`, from the run's newest checkpoint, no pickle); SB3 runs
-load through ``agents.sb3.models.load_sb3_policy`` with the same :class:`Policy` interface.
-:class:`agents.pqn.evaluator.PQNEvaluator` evaluates every seed of a PQN checkpoint on instruction
-sets at once (what ``--eval-only`` runs). Neither builds anything of training: no relabeler or goal proposer (no LLM,
-no oracle pool), no training envs, no update program.
+A policy keeps its recurrent state between calls; :meth:`Policy.reset` starts a new episode (with
+a vector env, pass ``episode_start``). PQN runs load from their newest checkpoint (no pickle), SB3
+runs through ``agents.sb3.models.load_sb3_policy``.
 """
 
 from __future__ import annotations
@@ -40,8 +32,7 @@ __all__ = ["Policy", "PQNPolicy", "load_policy", "is_sb3_run"]
 class Policy(Protocol):
     """What :func:`load_policy` returns, for PQN and SB3 runs alike."""
 
-    #: Keyword arguments for ``gym.make("OIR-CraftaxClassic-v0", **env_kwargs)`` that match the
-    #: training env (observation mode, reward threshold).
+    #: ``gym.make("OIR-CraftaxClassic-v0", **env_kwargs)`` arguments that match the training env
     env_kwargs: dict[str, Any]
 
     def reset(self) -> None:
@@ -49,15 +40,13 @@ class Policy(Protocol):
         ...
 
     def act(self, obs: Mapping[str, np.ndarray], episode_start: Any = None) -> Any:
-        """The action for ``obs`` (a single env's observation: an ``int``; a vector env's batch:
-        an ``int64`` array). ``episode_start`` (bool or ``[num_envs]`` bool) marks envs whose
-        episode starts at this observation (after :meth:`reset`, the first call does)."""
+        """The action for ``obs`` (an ``int``; for a vector env's batch an ``int64`` array);
+        ``episode_start`` (bool or ``[num_envs]``) marks envs whose episode starts here."""
         ...
 
 
 def is_sb3_run(run_dir: str | os.PathLike) -> bool:
-    """Whether ``run_dir`` was written by the SB3 trainer (its config names an ``algo``, or it holds a
-    ``model.zip`` and no PQN checkpoints)."""
+    """Whether ``run_dir`` was written by the SB3 trainer."""
     from agents.run.run_dir import CONFIG, read_json
 
     run_dir = Path(run_dir)
@@ -69,13 +58,8 @@ def is_sb3_run(run_dir: str | os.PathLike) -> bool:
 
 
 def load_policy(run_dir: str | os.PathLike, seed: int = 0, device: Any = None) -> Policy:
-    """The trained policy of a run directory (PQN or SB3), greedy, ready to act.
-
-    Args:
-        run_dir: a run directory of ``examples/train_pqn.py`` or ``examples/train_sb3.py``.
-        seed: which of the run's seeds (PQN runs train ``run.num_seeds`` side by side).
-        device: where to run it (PQN: a JAX device or platform name such as ``"cpu"``; SB3: a torch
-            device); default: the framework's default device.
+    """The greedy policy of seed ``seed`` of a PQN or SB3 run directory, on ``device`` (PQN: a JAX device
+    or platform name; SB3: a torch device; default: the framework's).
 
     Raises:
         FileNotFoundError: no run or no checkpoint there.
@@ -93,34 +77,20 @@ def load_policy(run_dir: str | os.PathLike, seed: int = 0, device: Any = None) -
 
 
 class PQNPolicy:
-    """A PQN run's greedy recurrent Q-network (one seed), acting on env observations.
-
-    Build it with :meth:`load` (or :func:`load_policy`).
-
-    Args:
-        net: the :class:`~agents.pqn.network.QNetwork`.
-        params: its parameters (one seed).
-        env_kwargs: see :attr:`Policy.env_kwargs`.
-        epsilon: probability of a uniformly random action (0: greedy).
-        rng_seed: seed of the epsilon draws.
-        device: a JAX device for the parameters and the computation.
-    """
+    """A PQN run's recurrent Q-network (one seed's ``params``) acting on env observations, epsilon-greedy
+    (``rng_seed``: of the draws) on ``device``; built by :meth:`load` (or :func:`load_policy`)."""
 
     def __init__(self, net: Any, params: Any, env_kwargs: dict[str, Any], obs_dim: int, epsilon: float = 0.0,
                  rng_seed: int = 0, device: Any = None) -> None:
         import jax
 
-        self.net = net
-        self.env_kwargs = dict(env_kwargs)
-        self.obs_dim = int(obs_dim)
-        self.epsilon = float(epsilon)
+        self.net, self.env_kwargs, self.obs_dim, self.epsilon = net, dict(env_kwargs), int(obs_dim), float(epsilon)
         self.device = device
         if isinstance(device, str):
             device = jax.devices(device)[0]
         self.params = jax.device_put(params, device) if device is not None else params
         self._rng = np.random.default_rng(rng_seed)
-        self._carry = None
-        self._start = True
+        self.reset()
 
         def step(params, carry, obs, instr, start):
             carry, q = net.apply(params, carry, obs[None], instr[None], start[None])
@@ -150,12 +120,8 @@ class PQNPolicy:
         net = pqn.make_network(saved.pqn, NUM_ACTIONS)
         d_obs = obs_dim(saved.env.obs_mode)
         emb_dim = int(np.asarray(arrays["registry"]["emb"]).shape[-1])
-
-        def init(k):
-            return net.init(k, net.initial_carry(1), jnp.zeros((1, 1, d_obs)), jnp.zeros((1, 1, emb_dim)),
-                            jnp.zeros((1, 1), bool))
-
-        shapes = jax.eval_shape(jax.vmap(init), jax.random.split(jax.random.PRNGKey(0), saved.run.num_seeds))
+        shapes = jax.eval_shape(lambda ks: pqn.create_train_states(ks, saved.pqn, net, d_obs, emb_dim, 1).params,
+                                jax.random.split(jax.random.PRNGKey(0), saved.run.num_seeds))
         template = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
         params = restore_tree(template, arrays["train_state"]["params"], latest_checkpoint(run_dir) / ARRAYS,
                               prefix="train_state/params")

@@ -1,13 +1,10 @@
-"""Record a trained policy following your instruction, as a GIF (or MP4) of the env's rgb_array frames.
+"""Record a trained policy (PQN or SB3 run) following your instruction, as a GIF or MP4 of the env's frames.
 
     python examples/record_video.py runs/paper_oir "collect wood then place a table" --out table.gif
     python examples/record_video.py runs/sb3_qrdqn "drink water" --seed 0 --steps 300 --out drink.mp4
 
-Works for PQN and SB3 run directories (:func:`agents.tools.policy.load_policy`). Each episode starts
-with the instruction; the video ends after ``--episodes`` episodes or ``--steps`` steps. MP4
-needs imageio with its ffmpeg plugin (``pip install 'oir-gym[video]'``); GIFs are written with
-Pillow. Every argument, the output folder (which must exist) and the MP4 writer are checked
-before the policy is loaded or the rollout starts.
+The video ends after ``--episodes`` episodes or ``--steps`` steps; MP4 needs ``pip install
+'oir-gym[video]'``. Every argument, the output folder and the MP4 writer are checked first.
 """
 
 from __future__ import annotations
@@ -16,17 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-
-
 #: Highest ``--fps``: a GIF stores a frame's duration in hundredths of a second.
 MAX_FPS = 100
-
-
-def check_int(name: str, value, *, minimum: int, maximum: int | None = None, none_ok: bool = False):
-    """An integer argument in range, or ValueError naming the flag."""
-    from oir_gym.validation import check_int as check
-
-    return check(f"--{name.replace('_', '-')}", value, minimum=minimum, maximum=maximum, none_ok=none_ok)
 
 
 def check_output(out: str | Path) -> Path:
@@ -54,21 +42,19 @@ def check_output(out: str | Path) -> Path:
 
 def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int = 0, env_seed: int = 0,
            steps: int = 300, episodes: int = 1, fps: int | None = None, scale: int = 2) -> dict:
-    """Roll out the run's policy on ``instruction`` and write the frames to ``out`` (.gif or .mp4).
-
-    Returns:
-        ``{"frames", "episodes", "successes", "return", "path"}``.
-    """
+    """Roll out the run's policy on ``instruction`` and write the frames to ``out`` (.gif or .mp4); returns
+    ``{"frames", "episodes", "successes", "return", "path"}``."""
     import gymnasium as gym
     import numpy as np
 
     import oir_gym  # noqa: F401  (registers the env id)
     from agents.tools.policy import load_policy
+    from oir_gym.validation import check_int
 
     out = check_output(out)
     for name, value in (("steps", steps), ("episodes", episodes), ("scale", scale)):
-        check_int(name, value, minimum=1)
-    fps = check_int("fps", fps, minimum=1, maximum=MAX_FPS, none_ok=True)
+        check_int(f"--{name}", value, minimum=1)
+    fps = check_int("--fps", fps, minimum=1, maximum=MAX_FPS, none_ok=True)
     policy = load_policy(run_dir, seed=seed)
     env = gym.make("OIR-CraftaxClassic-v0", render_mode="rgb_array", **policy.env_kwargs)
     fps = fps or env.metadata.get("render_fps", 10)
@@ -90,7 +76,9 @@ def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int 
             frames.append(env.render())
     env.close()
     frames = [np.repeat(np.repeat(f, scale, axis=0), scale, axis=1) if scale > 1 else f for f in frames]
-    frames = captioned(frames, instruction)
+    from oir_gym.analysis import caption_frame
+
+    frames = [caption_frame(f, instruction) for f in frames]  # the instruction written across the top
     if out.suffix.lower() == ".gif":
         from PIL import Image
 
@@ -105,14 +93,6 @@ def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int 
             raise RuntimeError(f"writing {out} needs imageio with an ffmpeg plugin (pip install imageio-ffmpeg); "
                                f"or write a .gif ({e})") from None
     return {"frames": len(frames), "episodes": done_episodes, "successes": successes, "return": total, "path": str(out)}
-
-
-def captioned(frames: list, instruction: str) -> list:
-    """The frames with the instruction written across their top (:func:`oir_gym.analysis.caption_frame`),
-    so a video says what the agent was asked to do; after scaling, where the text is legible."""
-    from oir_gym.analysis import caption_frame
-
-    return [caption_frame(f, instruction) for f in frames]
 
 
 def main(argv: list[str] | None = None) -> int:
