@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Mapping, Optional
@@ -66,26 +67,25 @@ def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "
     take, a wrong kind of value, or one the trainer sets itself."""
     cls = algo_class(algo)
     params = inspect.signature(cls.__init__).parameters
-    for key in hyperparams:
-        if key in RESERVED_HYPERPARAMS:
-            raise ValueError(f"hyperparameter {key!r} is set by the trainer; use {RESERVED_HYPERPARAMS[key]}")
+    for key, value in hyperparams.items():
+        need(key not in RESERVED_HYPERPARAMS,
+             f"hyperparameter {key!r} is set by the trainer; use {RESERVED_HYPERPARAMS.get(key)}")
         if key not in params:
             raise ValueError(f"{cls.__name__} (--sb3.algo {algo}) has no argument {key!r} (--sb3.hp {key}=...); "
                              f"it takes {_arguments(params)}")
         # SB3 takes a value of the wrong kind without a word and fails in the middle of training
-        default, value = params[key].default, hyperparams[key]
-        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-        if numeric and not (isinstance(value, (int, float)) and not isinstance(value, bool) or callable(value)
-                            or key == "train_freq" and isinstance(value, (tuple, list))):
-            raise ValueError(f"hyperparameter {key}={value!r}: {cls.__name__} takes a number there (its default: "
-                             f"{default!r})")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"hyperparameter {key}={value!r} must be a finite number")
-        if key in _COUNTS and not (isinstance(value, int) and not isinstance(value, bool) and value >= _COUNTS[key]):
-            raise ValueError(f"hyperparameter {key}={value!r} must be a whole number >= {_COUNTS[key]}")
+        default = params[key].default
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        need(number or callable(value) or isinstance(default, bool) or not isinstance(default, (int, float))
+             or key == "train_freq" and isinstance(value, (tuple, list)),
+             f"hyperparameter {key}={value!r}: {cls.__name__} takes a number there (its default: {default!r})")
+        need(not isinstance(value, float) or math.isfinite(value),
+             f"hyperparameter {key}={value!r} must be a finite number")
+        need(key not in _COUNTS or number and isinstance(value, int) and value >= _COUNTS[key],
+             f"hyperparameter {key}={value!r} must be a whole number >= {_COUNTS.get(key)}")
     pk = hyperparams.get("policy_kwargs") or {}
-    if not isinstance(pk, Mapping):
-        raise ValueError(f"hyperparameter policy_kwargs={pk!r} must be a dict (or --sb3.hp policy_kwargs.KEY=VALUE)")
+    need(isinstance(pk, Mapping),
+         f"hyperparameter policy_kwargs={pk!r} must be a dict (or --sb3.hp policy_kwargs.KEY=VALUE)")
     policy = cls.policy_aliases[POLICIES[algo]]
     policy_params = inspect.signature(policy.__init__).parameters
     for key in pk:
@@ -93,10 +93,10 @@ def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "
             raise ValueError(f"the {POLICIES[algo]} of {cls.__name__} (--sb3.algo {algo}) has no argument {key!r} "
                              f"(--sb3.hp policy_kwargs.{key}=...); it takes "
                              f"{_arguments(policy_params, ('observation_space', 'action_space', 'lr_schedule'))}")
-    hp_device = hyperparams.get("device")
-    if hp_device is not None and device not in ("auto", hp_device):
-        raise ValueError(f"device given twice: device={device!r} and hyperparameter device={hp_device!r}; give one")
-    check_device(hp_device if hp_device is not None else device)
+    hp_device = hyperparams.get("device") or device
+    need(device in ("auto", hp_device), f"device given twice: device={device!r} and hyperparameter "
+                                        f"device={hp_device!r}; give one")
+    check_device(hp_device)
 
 
 #: Hyperparameters that count (steps, transitions, epochs) and their least value.
@@ -190,7 +190,7 @@ class SB3TrainConfig(NestedConfig):
 
     def with_hp(self) -> "SB3TrainConfig":
         """``sb3.hp``'s KEY=VALUE overrides folded into ``sb3.hyperparams`` (``sb3.hp`` then empty)."""
-        hp = json_copy(self.sb3.hyperparams)
+        hp = json.loads(json.dumps(self.sb3.hyperparams))
         for item in self.sb3.hp:
             key, val = parse_hp(item)
             if key.startswith("policy_kwargs."):
@@ -221,13 +221,6 @@ class SB3TrainConfig(NestedConfig):
         ev.check_sets()
         check_hyperparams(s.algo, s.hyperparams, s.device)
         return self
-
-
-def json_copy(d: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of a JSON-like dict."""
-    import json
-
-    return json.loads(json.dumps(dict(d)))
 
 
 def parse_hp(item: str) -> tuple[str, Any]:
