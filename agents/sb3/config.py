@@ -1,11 +1,6 @@
-"""The configuration of an SB3 run: :class:`SB3TrainConfig`, with the PQN config's parts, names and units for
-every setting the two share (``run``, ``env``, ``oir``, ``llm``, ``eval``) and ``sb3`` for what only SB3 has.
-
-An *update* of an SB3 run is ``sb3.steps_per_update`` env steps: one metrics row, and the unit of
-``eval.every``, ``run.checkpoint_every`` and the driver's ``--max-updates`` / ``--log-every``.
-:data:`SB3_PRESETS`: ``cpu`` (the default) and ``smoke``. :func:`load_sb3_config` also reads the flat
-``config.json`` of older runs (:data:`FLAT_SB3_KEYS`).
-"""
+"""The configuration of an SB3 run: :class:`SB3TrainConfig`, the PQN config's parts for what the two share and
+``sb3`` for what only SB3 has; an *update* is ``sb3.steps_per_update`` env steps. :func:`load_sb3_config` also
+reads the flat ``config.json`` of older runs (:data:`FLAT_SB3_KEYS`)."""
 
 from __future__ import annotations
 
@@ -117,7 +112,7 @@ class SB3RunConfig:
 
     method: SB3Method = "oir"
     """gt: ground-truth reward on the 22 achievements; cosine: the cosine reward on them; oir: hindsight
-    relabeling with an instruction buffer (the relabeler of ``oir.relabeler``)."""
+    relabeling with an instruction buffer."""
     total_timesteps: int = 30_000
     """Env steps (the run's one seed)."""
     seed: int = 0
@@ -131,13 +126,11 @@ class SB3Settings:
     """What only the SB3 trainer has."""
 
     algo: Algo = "qrdqn"
-    """recurrent_ppo (sb3-contrib, curriculum only), qrdqn (sb3-contrib) or dqn (SB3): DQN and QR-DQN also
-    train on the relabeled transitions."""
+    """recurrent_ppo (curriculum only), qrdqn or dqn (these two also train on the relabeled transitions)."""
     num_envs: int = 8
     """Envs stepped side by side."""
     steps_per_update: int = 2_000
-    """Env steps of one update: one metrics row, and the unit of eval.every, run.checkpoint_every,
-    --max-updates and --log-every."""
+    """Env steps of one update (a metrics row; the unit of eval.every, run.checkpoint_every, --max-updates)."""
     device: str = "auto"
     """Torch device of the networks: auto (CUDA when available), cpu, cuda, cuda:N."""
     segment_length: int = 128
@@ -147,12 +140,10 @@ class SB3Settings:
     threads: int = 0
     """Torch threads (0: automatic, 1 on machines with <= 4 cores)."""
     defaults: HyperparamDefaults = "craftax"
-    """The algorithm's own hyperparameters the run starts from: craftax (sized to learn on Craftax;
-    agents.sb3.models.DEFAULT_HYPERPARAMS) or tiny (small networks and buffers, to check that a run goes
-    through: the smoke preset; TINY_HYPERPARAMS). --sb3.hp overrides single keys of either."""
+    """The hyperparameters the run starts from: craftax (sized to learn on Craftax) or tiny (small networks and
+    buffers: the smoke preset); --sb3.hp overrides single keys."""
     hp: tuple[str, ...] = ()
-    """Overrides of an SB3 constructor argument, KEY=VALUE (values read as Python literals; policy_kwargs.KEY
-    for the network), several after one flag or the flag repeated; they join sb3.hyperparams."""
+    """Overrides of SB3 constructor arguments, KEY=VALUE (a Python literal; policy_kwargs.KEY for the network)."""
     hyperparams: Annotated[dict, tyro.conf.Suppress] = field(default_factory=dict)
     """Overrides of the algorithm's defaults (sb3.defaults); on the command line: --sb3.hp KEY=VALUE."""
 
