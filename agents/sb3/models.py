@@ -1,16 +1,13 @@
-"""Stable-Baselines3 agents on InstructionCraftax: RecurrentPPO, QR-DQN and DQN with OIR relabeling.
-
-The instruction is part of a Dict observation (multi-input policies). :class:`oir_gym.sb3.HindsightRelabelCallback`
-relabels: DQN and QR-DQN train on relabeled transitions, RecurrentPPO gets the curriculum only::
+"""Stable-Baselines3 agents on InstructionCraftax (a Dict observation): RecurrentPPO (the curriculum only), QR-DQN
+and DQN (also trained on relabeled transitions) with OIR relabeling::
 
     venv = make_env(num_envs=16, seed=0)
     model = make_model("qrdqn", venv, seed=0)
     model.learn(100_000, callback=make_relabel_callback(make_relabeler("rules", k=4), "qrdqn"))
     result = evaluate(model)
 
-SB3's ``model.zip`` holds pickles, which its own ``load`` runs: :func:`load_model` instead builds a fresh model
-from the run's config and reads only the zip's tensors and plain counters, and a run loads only the zip whose
-sha256 it recorded (``state.json``). :func:`load_sb3_policy` gives a run's policy (``reset()``, ``act(obs)``).
+SB3's ``model.zip`` holds pickles: :func:`load_model` reads only its tensors and plain counters into a fresh model,
+and a run loads only the zip whose sha256 it recorded (``state.json``).
 """
 
 from __future__ import annotations
@@ -104,9 +101,8 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
 def make_relabeler(kind: str = "rules", settings: Optional[RelabelSettings] = None, *, llm: Optional[LLMConfig] = None,
                    delta: float = 0.9, encoder: Any = None, seed: int = 0, eval_files: Sequence[str] = (),
                    **overrides: Any):
-    """:func:`agents.run.relabeling.make_relabeler` of ``kind`` (``"rules"``, ``"llm"``, ``"both"``, ``"none"``);
-    ``overrides`` replace fields of ``settings`` (``k=8``, ``oracle="diverse"``...) or set those of
-    :class:`agents.run.relabeling.RelabelerOptions` (``keep_ungrounded``, ``cache_path``...)."""
+    """:func:`agents.run.relabeling.make_relabeler` of ``kind``; ``overrides`` replace fields of ``settings``
+    (``k=8``...) or set those of :class:`agents.run.relabeling.RelabelerOptions` (``cache_path``...)."""
     from dataclasses import fields, replace
 
     from agents.run.relabeling import RelabelerOptions
@@ -148,15 +144,6 @@ def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, 
     return hp
 
 
-def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    pk = dict(pk)
-    if isinstance(pk.get("activation_fn"), str):
-        pk["activation_fn"] = getattr(torch.nn, pk["activation_fn"])
-    return pk
-
-
 def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None,
                tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto", *,
                defaults: str = "craftax"):
@@ -166,7 +153,11 @@ def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, A
     hp = resolve_hyperparams(algo, venv.num_envs, hyperparams, defaults)
     check_hyperparams(algo, hp, device)
     device = hp.pop("device", device)
-    hp["policy_kwargs"] = _policy_kwargs(hp.get("policy_kwargs", {}))
+    pk = hp["policy_kwargs"] = dict(hp.get("policy_kwargs", {}))
+    if isinstance(pk.get("activation_fn"), str):  # by name in JSON: a class of torch.nn
+        import torch
+
+        pk["activation_fn"] = getattr(torch.nn, pk["activation_fn"])
     if algo in ("dqn", "qrdqn"):
         from oir_gym.sb3 import RelabelReplayBuffer
 
@@ -227,8 +218,7 @@ def _policy_kwargs_from_data(path: Path, value: Any) -> dict[str, Any]:
 
 
 def spaces_only_venv(obs_mode: str = "paper", num_envs: int = 1):
-    """A VecEnv of ``num_envs`` envs that only declare InstructionCraftax's spaces (it cannot be stepped): enough to
-    build a model that acts on observations given to it."""
+    """A VecEnv of ``num_envs`` envs that only declare InstructionCraftax's spaces (it cannot be stepped)."""
     import gymnasium as gym
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -247,8 +237,7 @@ def spaces_only_venv(obs_mode: str = "paper", num_envs: int = 1):
 
 
 def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
-    """Check that ``path`` is an SB3 zip with parameters (nothing unpickled); returns its ``data``
-    as JSON. Raises :class:`~agents.run.run_dir.CorruptFileError` naming the file otherwise."""
+    """``path``'s ``data`` as JSON if it is an SB3 zip with parameters (nothing unpickled), else CorruptFileError."""
     import zipfile
 
     path = Path(path)
@@ -266,9 +255,8 @@ def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
 def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "auto", *,
                hyperparams: Optional[dict[str, Any]] = None, seed: Optional[int] = None, obs_mode: str = "paper",
                defaults: str = "craftax"):
-    """A model of ``algo`` saved with ``model.save``, loaded without unpickling anything: a fresh model
-    (:func:`make_model`; ``hyperparams`` default: ``data``'s plain JSON ones) gets the zip's parameters
-    (``torch.load(weights_only=True)``) and progress counters. ``venv`` default: :func:`spaces_only_venv`.
+    """A model of ``algo`` saved with ``model.save``, loaded without unpickling: a fresh :func:`make_model`
+    (``hyperparams`` default: the zip's plain JSON ones) gets the zip's parameters and progress counters.
     CorruptFileError naming the file: not a zip of ``algo`` with these hyperparameters, or non-finite weights."""
     import zipfile
 
@@ -341,10 +329,8 @@ def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str,
 
 
 class SB3AgentPolicy:
-    """A trained SB3 model acting greedily in the Gymnasium env (the ``Policy`` interface of ``agents.tools.policy``):
-    ``act(obs)`` takes one env's Dict observation (returns an ``int``) or a batch (``[n]`` int64 actions); a
-    recurrent model keeps its state until :meth:`reset` (or ``episode_start`` for those envs).
-    ``env_kwargs``: what matches the training env, for ``gym.make(ENV_ID, **policy.env_kwargs)``."""
+    """A trained SB3 model acting greedily in the Gymnasium env (the ``Policy`` of ``agents.tools.policy``); a
+    recurrent model keeps its state until :meth:`reset`. ``env_kwargs``: those of the training env."""
 
     def __init__(self, model, algo: Optional[str] = None, env_kwargs: Optional[dict[str, Any]] = None,
                  deterministic: bool = True) -> None:

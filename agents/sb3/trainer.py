@@ -1,12 +1,11 @@
 """The SB3 trainer behind the run driver (:mod:`agents.run.train`): :class:`SB3Trainer` and its recipe :data:`SB3`.
-
-SB3's ``model.learn`` owns its loop, so it runs on a worker thread that the driver steps: at each update
-boundary the callback waits while the driver evaluates, logs and saves (the two threads never run together),
-and the training is the one ``learn`` call would give in one go.
+``model.learn`` runs on a worker thread that waits at each update boundary while the driver evaluates, logs and
+saves (the two threads never run together): the training is the one ``learn`` call would give in one go.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import queue
 import threading
 import time
@@ -44,7 +43,6 @@ class SB3Trainer:
         self.model: Any = None
         self.relabel_cb: Any = None
         self.relabeler: Any = None
-        self.venv: Any = None
         self._thread: Optional[threading.Thread] = None
         self._to_main: queue.Queue = queue.Queue(maxsize=1)
         self._to_learner: queue.Queue = queue.Queue(maxsize=1)
@@ -111,8 +109,12 @@ class SB3Trainer:
         from agents.sb3.models import make_relabel_callback
 
         # an evaluation leaves the run's TensorBoard files as they are
-        self.model.set_logger(_sb3_logger(self.run_dir / "tb" if _tensorboard_installed() and not self.eval_only
-                                          else None))
+        from stable_baselines3.common.logger import Logger, configure
+
+        if importlib.util.find_spec("tensorboard") is None or self.eval_only:
+            self.model.set_logger(Logger(folder=None, output_formats=[]))
+        else:
+            self.model.set_logger(configure(str(self.run_dir / "tb"), ["tensorboard"]))
         self._last = (time.time(), int(self.model.num_timesteps))
         if self.relabeler is not None:
             kw: dict[str, Any] = {"segment_length": self.cfg.sb3.segment_length, "verbose": 1}
@@ -284,23 +286,6 @@ def _boundary_callback(trainer: SB3Trainer):
             return trainer.at_boundary(self.capture.values)
 
     return Boundaries()
-
-
-def _sb3_logger(tb_dir: Optional[Path]):
-    """SB3's logger writing TensorBoard events to ``tb_dir`` (no output when None)."""
-    from stable_baselines3.common.logger import Logger, configure
-
-    if tb_dir is None:
-        return Logger(folder=None, output_formats=[])
-    return configure(str(tb_dir), ["tensorboard"])
-
-
-def _tensorboard_installed() -> bool:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @dataclass
