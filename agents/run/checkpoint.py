@@ -1,10 +1,6 @@
-"""Checkpoints that cannot run code, survive a kill at any moment, and say which file is damaged.
-
-A checkpoint is a folder ``<run>/checkpoints/<update:06d>/`` of ``arrays.msgpack`` (every array, flax msgpack:
-reading it builds dicts and arrays only), ``host.json`` (the host state) and ``manifest.json`` (format, update,
-size and sha256 of the other two). It is written in a temporary folder and renamed into place; reading
-verifies sizes, checksums and content (update, counts, finite arrays) and raises :class:`CheckpointError`
-naming the file. A folder without its manifest is skipped, and moved aside by a later save of its update.
+"""Checkpoints that cannot run code, survive a kill at any moment, and say which file is damaged: a folder
+``<run>/checkpoints/<update:06d>/`` of ``arrays.msgpack`` (flax msgpack), ``host.json`` and ``manifest.json``
+(sizes and sha256 of the other two), renamed into place whole; reading verifies sizes, checksums and content.
 Old runs' ``checkpoint.pkl`` is refused (convert it with ``python -m agents.tools.legacy_checkpoint RUN_DIR``).
 
 Check a run's newest checkpoint without loading it: ``python -m agents.run.checkpoint RUN_DIR``.

@@ -1,11 +1,9 @@
 """One run directory for both trainers: ``config.json`` (+ provenance), ``metrics.jsonl`` / ``metrics.csv``,
 ``tb/``, ``wandb/``, ``checkpoints/``, ``eval_<tag>.json`` / ``.md``, plots, and ``complete.json`` written last.
 
-Guarantees: :meth:`RunDir.prepare` checks every flag combination before anything is deleted, and ``overwrite``
-removes only a run's outputs (:data:`OUTPUT_PATTERNS`); whole files are written atomically; ``metrics.jsonl`` is
-append-only and a resume verifies its prefix against the checkpoint's :class:`MetricsPosition` and cuts the
-rows after it; a damaged file is a :class:`CorruptFileError` naming it; nothing is written through or read
-via a symbolic link (:func:`refuse_links`, :func:`member`). Imports only the standard library at import time.
+:meth:`RunDir.prepare` checks the flags before anything is deleted; files are written atomically; a resume
+verifies ``metrics.jsonl``'s prefix (:class:`MetricsPosition`); a damaged file is a :class:`CorruptFileError`
+naming it; nothing goes through a symbolic link. Imports only the standard library at import time.
 """
 
 from __future__ import annotations

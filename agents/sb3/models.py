@@ -32,6 +32,11 @@ from agents.run.run_dir import (
 
 RELABELERS = ("rules", "llm", "both", "none")
 
+_DQN_FAMILY = dict(learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
+                   train_freq=4, gradient_steps=1, target_update_interval=10_000, exploration_fraction=0.1,
+                   exploration_initial_eps=1.0, exploration_final_eps=0.05)
+_TINY_DQN_FAMILY = dict(learning_starts=100, buffer_size=2_000, batch_size=32, target_update_interval=200)
+
 #: Craftax-Classic defaults per algorithm (SB3 constructor arguments): RecurrentPPO after the Craftax PPO-RNN
 #: baseline with a smaller LSTM (``batch_size``: ``n_envs * n_steps / 4`` unless given); DQN and QR-DQN with
 #: 1-step targets and a 50k-transition replay buffer (about 0.5 GB).
@@ -42,18 +47,8 @@ DEFAULT_HYPERPARAMS: dict[str, dict[str, Any]] = {
         policy_kwargs=dict(lstm_hidden_size=256, n_lstm_layers=1, shared_lstm=True, enable_critic_lstm=False,
                            net_arch=dict(pi=[256], vf=[256])),
     ),
-    "dqn": dict(
-        learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
-        train_freq=4, gradient_steps=1, target_update_interval=10_000, exploration_fraction=0.1,
-        exploration_initial_eps=1.0, exploration_final_eps=0.05, max_grad_norm=10.0,
-        policy_kwargs=dict(net_arch=[256, 256]),
-    ),
-    "qrdqn": dict(
-        learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
-        train_freq=4, gradient_steps=1, target_update_interval=10_000, exploration_fraction=0.1,
-        exploration_initial_eps=1.0, exploration_final_eps=0.05,
-        policy_kwargs=dict(n_quantiles=50, net_arch=[256, 256]),
-    ),
+    "dqn": dict(_DQN_FAMILY, max_grad_norm=10.0, policy_kwargs=dict(net_arch=[256, 256])),
+    "qrdqn": dict(_DQN_FAMILY, policy_kwargs=dict(n_quantiles=50, net_arch=[256, 256])),
 }
 
 #: What ``sb3.defaults="tiny"`` (the smoke preset) changes in :data:`DEFAULT_HYPERPARAMS`: small networks and
@@ -61,10 +56,8 @@ DEFAULT_HYPERPARAMS: dict[str, dict[str, Any]] = {
 TINY_HYPERPARAMS: dict[str, dict[str, Any]] = {
     "recurrent_ppo": dict(n_steps=50, n_epochs=2,
                           policy_kwargs=dict(lstm_hidden_size=32, net_arch=dict(pi=[32], vf=[32]))),
-    "dqn": dict(learning_starts=100, buffer_size=2_000, batch_size=32, target_update_interval=200,
-                policy_kwargs=dict(net_arch=[32, 32])),
-    "qrdqn": dict(learning_starts=100, buffer_size=2_000, batch_size=32, target_update_interval=200,
-                  policy_kwargs=dict(n_quantiles=5, net_arch=[32, 32])),
+    "dqn": dict(_TINY_DQN_FAMILY, policy_kwargs=dict(net_arch=[32, 32])),
+    "qrdqn": dict(_TINY_DQN_FAMILY, policy_kwargs=dict(n_quantiles=5, net_arch=[32, 32])),
 }
 
 

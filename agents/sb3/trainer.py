@@ -187,18 +187,16 @@ class SB3Trainer:
             row["loss"] = vals["train/loss"]
         if hasattr(model, "exploration_rate"):
             row["epsilon"] = float(model.exploration_rate)
-        for k in ("train/entropy_loss", "train/value_loss", "train/approx_kl", "train/explained_variance"):
-            if k in vals:
-                row[k] = vals[k]
+        row.update({k: vals[k] for k in ("train/entropy_loss", "train/value_loss", "train/approx_kl",
+                                         "train/explained_variance") if k in vals})
         if len(model.ep_success_buffer):
             row["train/success_rate"] = float(np.mean(model.ep_success_buffer))
         if len(model.ep_info_buffer):
             row["train/ep_return_mean"] = float(np.mean([e["r"] for e in model.ep_info_buffer]))
             row["train/ep_length_mean"] = float(np.mean([e["l"] for e in model.ep_info_buffer]))
         if self.relabel_cb is not None:
-            for k, v in self.relabel_cb.stats.items():
-                if isinstance(v, (int, float)):
-                    row[f"relabel/{k}"] = float(v)
+            row.update({f"relabel/{k}": float(v) for k, v in self.relabel_cb.stats.items()
+                        if isinstance(v, (int, float))})
             row.update(self.relabel_cb.metrics(reset=True))  # the schema PQN logs (docs/api.md)
         row["buffer/size"] = len(self.venv.buffer.contents())
         return row
@@ -367,14 +365,9 @@ class SB3Recipe(Recipe):
 
     def summary_line(self, row: dict[str, Any], num_updates: int) -> str:
         parts = [f"[{row['update']:5d}/{num_updates}] steps {row['env_steps']:>9,}"]
-        if "sps" in row:
-            parts.append(f"{row['sps']:6.0f} sps")
-        if "epsilon" in row:
-            parts.append(f"eps {row['epsilon']:.2f}")
-        if "loss" in row:
-            parts.append(f"loss {row['loss']:.4f}")
-        if "train/success_rate" in row:
-            parts.append(f"train success {row['train/success_rate']:.3f}")
+        shown = (("sps", "{:6.0f} sps"), ("epsilon", "eps {:.2f}"), ("loss", "loss {:.4f}"),
+                 ("train/success_rate", "train success {:.3f}"))
+        parts += [fmt.format(row[k]) for k, fmt in shown if k in row]
         if "relabel/rows" in row:
             parts.append(f"relabel rows {row['relabel/rows']:.0f} grounded "
                          f"{row.get('relabel/grounded_frac', 0.0):.2f}")
