@@ -1,8 +1,5 @@
-"""The PQN run's configuration: :class:`TrainConfig` (nested dataclasses: ``run``, ``pqn``, ``env``, ``oir``,
-``llm``, ``ellm``, ``eval``), its validation and :data:`PRESETS` (``cpu``, the CLI's default; ``paper``; ``fast``;
-``smoke``, the smallest run, used by the tests). :meth:`TrainConfig.validate` refuses every bad value with one
-error naming the field; :func:`load_config` also reads the flat ``config.json`` of old runs (:data:`FLAT_KEYS`).
-"""
+"""The PQN run's configuration: :class:`TrainConfig`, its validation and :data:`PRESETS`; :func:`load_config`
+also reads the flat ``config.json`` of old runs (:data:`FLAT_KEYS`)."""
 
 from __future__ import annotations
 
@@ -30,15 +27,14 @@ class RunConfig:
 
     method: Method = "oir"
     """gt: ground-truth reward on the 22 achievements; cosine: the cosine reward on them; oir: hindsight
-    relabeling with an instruction buffer; ellm: ELLM goal proposals on the same PQN backbone."""
+    relabeling with an instruction buffer; ellm: ELLM goal proposals."""
     total_timesteps: int = 200_000
     """Env steps per seed."""
     num_seeds: int = 1
     """Seeds trained side by side in one program."""
     num_devices: int = 0
-    """Local devices (GPUs) the seeds are spread over in one program (``jax.sharding``): 0 = every
-    visible device, 1 = one device. Seeds must divide by it (each device runs whole seeds); with fewer
-    seeds than devices, each seed's envs are split instead (``pqn.num_envs`` must divide by it)."""
+    """Local devices (GPUs) the seeds are spread over (0: every visible one); with fewer seeds than devices,
+    each seed's envs are split instead (seeds or ``pqn.num_envs`` must divide by it)."""
     seed: int = 0
     """The first seed (seeds run.seed to run.seed + run.num_seeds - 1: networks, envs, instruction buffers)."""
     checkpoint_every: int = 25
@@ -86,8 +82,7 @@ class PQNConfig:
     lstm_kernel: Literal["scan", "pallas"] = "scan"
     """The LSTM recurrence: ``scan`` of XLA ops, or ``pallas`` (one fused kernel per step; same maths)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Input type of the hidden layer's and the LSTM's matmuls (``bfloat16``: float32 accumulation,
-    parameters, norms, gates and Q-values; half the bytes and twice the tensor-core rate)."""
+    """Input type of the hidden layer's and the LSTM's matmuls (float32 accumulation, parameters and gates)."""
 
     @property
     def batch_steps(self) -> int:
@@ -100,8 +95,7 @@ class EnvConfig(EnvSettings):
     """The instruction-conditioned Craftax-Classic env."""
 
     table_capacity: int = 512
-    """Rows of the device instruction table: every evaluation instruction (periodic and final, about 250
-    with the packaged sets), the buffers' instructions and those the envs run."""
+    """Rows of the device instruction table: evaluation (about 250 packaged), buffer and running instructions."""
 
 
 @dataclass
@@ -109,8 +103,7 @@ class OIRConfig(RelabelSettings):
     """Hindsight instruction relabeling and the instruction buffer (method ``oir``)."""
 
     keep_ungrounded: bool = False
-    """Keep relabeled instructions that paid no reward on their own trajectory (the paper's Alg. 1 keeps
-    them; by default they are neither training rows nor buffer entries)."""
+    """Keep relabeled instructions that paid no reward on their own trajectory (as the paper's Alg. 1)."""
     relabel_every_match: bool = False
     """A relabeled copy pays every match, not only the first per original episode."""
     relabel_balance: bool = False
@@ -118,19 +111,14 @@ class OIRConfig(RelabelSettings):
     llm_lag: int = 16
     """Rollouts kept for late LLM answers (older answers are dropped)."""
     relabel_lag: int = 0
-    """0: the paper's order, a rollout's relabeled copies train in its own update. 1: the rule relabeler
-    reads a rollout on a side thread while the device runs that update and the next rollout, and the
-    copies (and buffer offers) enter one update later: the relabeling leaves the update's critical
-    path. The first update then has no relabeled rows, and a resume loses one rollout's relabels."""
+    """0: a rollout's relabeled copies train in its own update (the paper); 1: the rules relabel on a side thread
+    and the copies enter one update later (off the critical path; a resume loses one rollout's relabels)."""
     oracle_pool: str = ""
-    """Wording pool file of oir.oracle diverse, noisy and mixed (schema: oir_gym/data/oracle_pool.json; empty: that
-    packaged pool). A wording equal or too close (cosine >= 0.85) to an evaluation string stops the run."""
+    """Wording pool file of oir.oracle diverse, noisy and mixed (empty: oir_gym/data/oracle_pool.json); a wording
+    within cosine 0.85 of an evaluation string stops the run."""
     relabel_workers: int = -1
-    """Worker processes for the rule relabeler (:class:`oir_gym.relabel.parallel.ParallelRelabeler`):
-    -1 chooses from the machine (none below 4 cores, else up to 8), 0 relabels in the training process.
-    Used when a rollout holds at least 64 trajectories (seeds x envs): the same candidates, their
-    embeddings equal to float rounding (each process batches its encoder calls its own way). The
-    workers start beside the first updates, which relabel in the training process until they are up."""
+    """Worker processes of the rule relabeler for rollouts of 64+ trajectories: -1 chooses from the machine
+    (none below 4 cores, else up to 8), 0 relabels in the training process."""
 
 
 @dataclass

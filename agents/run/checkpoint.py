@@ -1,10 +1,6 @@
-"""Checkpoints that cannot run code, survive a kill at any moment, and say which file is damaged.
-
-A checkpoint is a folder ``<run>/checkpoints/<update:06d>/`` of ``arrays.msgpack`` (every array, flax msgpack:
-reading it builds dicts and arrays only), ``host.json`` (the host state) and ``manifest.json`` (format, update,
-size and sha256 of the other two). It is written in a temporary folder and renamed into place; reading
-verifies sizes, checksums and content (update, counts, finite arrays) and raises :class:`CheckpointError`
-naming the file. A folder without its manifest is skipped, and moved aside by a later save of its update.
+"""Checkpoints that cannot run code, survive a kill at any moment, and say which file is damaged: a folder
+``<run>/checkpoints/<update:06d>/`` of ``arrays.msgpack`` (flax msgpack), ``host.json`` and ``manifest.json``
+(sizes and sha256 of the other two), renamed into place whole; reading verifies sizes, checksums and content.
 Old runs' ``checkpoint.pkl`` is refused (convert it with ``python -m agents.tools.legacy_checkpoint RUN_DIR``).
 
 Check a run's newest checkpoint without loading it: ``python -m agents.run.checkpoint RUN_DIR``.
@@ -30,10 +26,6 @@ MANIFEST = "manifest.json"
 LEGACY_PICKLE = "checkpoint.pkl"
 _STEP_DIR = re.compile(r"\d{6,}")
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "list_checkpoints", "latest_checkpoint",
-           "incomplete_checkpoints", "remove_checkpoints_after", "restore_tree", "refuse_legacy",
-           "FORMAT", "LEGACY_PICKLE"]
-
 
 class CheckpointError(CorruptFileError):
     """A checkpoint file is damaged, foreign, legacy, or does not fit this run; the message names the file."""
@@ -44,13 +36,17 @@ def _checkpoint_root(run_or_ckpt_dir: str | os.PathLike) -> Path:
     return p if p.name == CHECKPOINTS else p / CHECKPOINTS
 
 
-def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoint folders of a run (those with a manifest), oldest first."""
+def _step_dirs(run_dir: str | os.PathLike, complete: bool) -> list[Path]:
     root = _checkpoint_root(run_dir)
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and (p / MANIFEST).exists()),
+    return sorted((p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and (p / MANIFEST).exists() == complete),
                   key=lambda p: int(p.name))
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoint folders of a run (those with a manifest), oldest first."""
+    return _step_dirs(run_dir, True)
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -61,11 +57,7 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 def incomplete_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     """Checkpoint folders of a run without a manifest (copies that stopped part way, never loaded), oldest first."""
-    root = _checkpoint_root(run_dir)
-    if not root.is_dir():
-        return []
-    return sorted((p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and not (p / MANIFEST).exists()),
-                  key=lambda p: int(p.name))
+    return _step_dirs(run_dir, False)
 
 
 def remove_checkpoints_after(run_dir: str | os.PathLike, update: int) -> list[Path]:
@@ -76,13 +68,6 @@ def remove_checkpoints_after(run_dir: str | os.PathLike, update: int) -> list[Pa
     if newer:
         fsync_dir(_checkpoint_root(run_dir))
     return newer
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: Mapping[str, Any],
@@ -118,9 +103,11 @@ def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: 
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        _write_synced(tmp / ARRAYS, blob)
-        _write_synced(tmp / HOST, host_bytes)
-        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
+        for name, data in ((ARRAYS, blob), (HOST, host_bytes), (MANIFEST, json.dumps(manifest, indent=1).encode())):
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
         fsync_dir(tmp)
         os.rename(tmp, final)  # atomic: the folder appears complete or not at all
     except BaseException:

@@ -1,6 +1,5 @@
-"""The config parts, config base class and CLI both trainers share (PQN's config is :mod:`agents.pqn.config`,
-SB3's :mod:`agents.sb3.config`). :func:`cli`: the preset comes first, then overrides of its values, and
-``--help`` after a preset shows that preset's values::
+"""The config parts, base class and CLI both trainers share. :func:`cli`: the preset comes first, then
+overrides of its values, and ``--help`` after a preset shows that preset's values::
 
     python examples/train_pqn.py paper --pqn.num-envs 64 --run.num-seeds 3 --help
 """
@@ -53,32 +52,27 @@ class RelabelSettings:
     """Hindsight instruction relabeling and the instruction buffer (method ``oir``; shared by both trainers)."""
 
     relabeler: Relabeler = "rules"
-    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: the rules'
-    instructions at once and the LLM's when they arrive (``oir_gym.relabel.BackgroundRelabeler``)."""
+    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: the rules' at once and
+    the LLM's when they arrive."""
     k: int = 4
-    """Relabeled instructions per trajectory (an SB3 run's trajectories are segments of
-    ``sb3.segment_length`` steps)."""
+    """Relabeled instructions per trajectory (SB3: per segment of ``sb3.segment_length`` steps)."""
     instruction_buffer_size: int = 10
     """B_max: instructions new episodes draw from (the PLR-style buffer; not a replay buffer)."""
     tau_low: float = 0.1
-    """Buffer priority: an instruction whose mean return is at or below it counts as failing (ranked after
-    those at the learning boundary)."""
+    """Buffer priority: an instruction whose mean return is at or below it counts as failing."""
     tau_high: float = 0.9
     """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
     grounding: Grounding = "cosine"
-    """cosine: the paper's rule (an instruction pays where a caption matches it above ``env.delta``);
-    bound: event-bound, a relabeled instruction pays exactly at the event(s) it was accomplished with
-    on its trajectory, whatever its wording (:mod:`oir_gym.grounding`; an extension)."""
+    """cosine: the paper's rule (it pays where a caption matches it above ``env.delta``); bound: a relabeled
+    instruction pays at the event(s) it was accomplished with, whatever its wording (an extension)."""
     bind_threshold: float = 0.5
     """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
     oracle: Oracle = "canonical"
-    """The rule relabeler's labels (oir_gym.relabel.oracle; docs/relabeling.md, "Oracle relabelers"):
-    canonical: each event's caption; diverse: each event named by a wording drawn per trajectory from a
-    pool kept away from the evaluation sets; tasks: canonical plus the events outside the 22 achievements;
-    compound: canonical plus "A then B" for unrelated events in their order; noisy: diverse with the
-    measured errors of the 270M LLM relabeler; mixed: each canonical achievement label or a pool wording,
-    0.5 each; progress: canonical plus the stone tier's progress events (stone in view, facing stone with a
-    wooden pickaxe...). diverse, noisy and mixed need oir.grounding bound."""
+    """The rule relabeler's labels (docs/relabeling.md, "Oracle relabelers"): canonical: each event's caption;
+    diverse: a wording per event from a pool kept away from the evaluation sets; tasks: canonical plus the
+    events outside the 22 achievements; compound: canonical plus "A then B"; noisy: diverse with the 270M LLM's
+    measured errors; mixed: canonical or a pool wording, 0.5 each; progress: canonical plus the stone tier's
+    progress events. diverse, noisy and mixed need oir.grounding bound."""
 
     def validate(self, method: str) -> None:
         """ValueError naming the ``oir.*`` field at the first bad one (``method``: the run's ``run.method``)."""
@@ -117,26 +111,21 @@ class LLMConfig:
     """The LLM backend, shared by the OIR relabeler, the ELLM proposer and the SB3 trainer."""
 
     backend: LLMBackendArg = "transformers"
-    """transformers (the offline default) / llama_cpp: a local model, run in a child process;
-    openai: an OpenAI-compatible server at ``base_url``; vllm: vLLM in a child process; or
-    ``package.module:ClassName`` of any class with the backend protocol (run in a child process; a
-    resumed run imports one only when this command line names it)."""
+    """transformers (the offline default), llama_cpp, vllm: a local model in a child process; openai: the server
+    at ``base_url``; or ``package.module:ClassName`` of a backend class (a resume imports it only if named)."""
     base_url: str = "http://127.0.0.1:8000/v1"
-    """The OpenAI-compatible server (backend openai). The API key goes in the environment
-    (``OPENAI_API_KEY``), never in the URL: a ``user:key@`` part or a query string is not sent to
-    the server, and is replaced by ``REDACTED`` in ``config.json`` and checkpoints."""
+    """The OpenAI-compatible server (backend openai). The API key goes in ``OPENAI_API_KEY``: a key in the URL
+    is replaced by ``REDACTED`` in ``config.json`` and checkpoints."""
     model: str = ""
     """Model path or name (empty: the backend's packaged default)."""
     template: str = "segments"
     """Relabeling prompt template."""
     per_update: int = 2
-    """Trajectories (oir) or envs (ellm) per seed sent to the LLM each update (most eventful first; the PQN
-    trainer: the SB3 trainer sends every segment)."""
+    """Trajectories (oir) or envs (ellm) per seed sent to the LLM each update, most eventful first (PQN only)."""
     call_timeout: float | None = None
     """Seconds one relabeling LLM call may take (None: the backend's own limit)."""
     max_prompt_tokens: int = 768
-    """Token budget of one relabeling prompt: longer trajectories are compacted to fit (past about
-    900 tokens Gemma 3 270M copies the prompt's examples; docs/relabeling.md). 0: never compact."""
+    """Token budget of one relabeling prompt: longer trajectories are compacted to fit (0: never compact)."""
 
     def validate(self) -> "LLMConfig":
         """Raise ``ValueError`` naming the field for a setting the LLM part cannot use; returns self."""
@@ -172,18 +161,15 @@ class EvalSettings:
     epsilon: float = 0.0
     """0: greedy evaluation."""
     instruction_files: tuple[str, ...] = ()
-    """JSON files of named instruction sets evaluated beside the built-in ones (schema:
-    docs/evaluation.md); several after one flag or the flag repeated."""
+    """JSON files of named instruction sets evaluated beside the built-in ones (schema: docs/evaluation.md)."""
     sets: tuple[str, ...] = ("original", "simple", "complex")
-    """Built-in sets to evaluate (any of original, simple, complex); the files' sets are always
-    evaluated. ``--eval.sets`` with no name evaluates only the files' sets."""
+    """Built-in sets to evaluate (original, simple, complex); with no name only the files' sets."""
     control: bool = True
     """Also evaluate each achievement under a mismatched and a neutral instruction (instruction-following gain)."""
     final_episodes: int = 16
     """Episodes per instruction of the final evaluation (the end of a run, and --eval-only; at most 32)."""
     final_sets: tuple[str, ...] = ("heldout", "ordered", "ordered_reverse")
-    """Packaged sets the final evaluation adds to the periodic ones: the held-out paraphrases and the
-    ordered compounds with their reverse-order control (docs/evaluation.md)."""
+    """Packaged sets the final evaluation adds: held-out paraphrases, ordered compounds and their reverse."""
 
     def check_sets(self) -> None:
         """ValueError naming the set or file unless every set named exists, none twice, and something is evaluated."""
@@ -325,13 +311,9 @@ def check_saved_backend(llm: LLMConfig, file: Any, *, on_command_line: bool) -> 
 def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = None,
         description: str | None = None, default_preset: str, presets: Mapping[str, tuple[str, Any]],
         config_type: type) -> Any:
-    """Parse a command line into ``options_type`` (a dataclass whose ``config`` field, of ``config_type``, takes
-    unprefixed flags such as ``--pqn.lr``); a bad value is a usage error (exit status 2).
-
-    Without ``base``, the first argument may name one of ``presets`` (default ``default_preset``) whose values
-    the flags override; with ``base`` (a resumed run's config) the flags override it and no preset may be named.
-    A flag of several values may be repeated: its values add up (:func:`merge_repeated_flags`).
-    """
+    """Parse a command line into ``options_type`` (whose ``config`` field, of ``config_type``, takes flags such as
+    ``--pqn.lr``; a bad value: exit status 2). The flags override ``base`` (a resumed run's config; no preset
+    then) or the preset named first (default ``default_preset``)."""
     import sys
 
     import tyro

@@ -13,8 +13,6 @@ from typing import Any, Iterator, Optional
 from agents.run.config import LLMConfig
 from oir_gym.relabel.llm.spec import LLMCheckError
 
-__all__ = ["LLMCheckError", "backend_kwargs", "check_llm", "check_deadline"]
-
 # (wall-clock deadline, the option that set it) of the start-up checks made inside check_deadline()
 _DEADLINE: contextvars.ContextVar[Optional[tuple[float, str]]] = contextvars.ContextVar("oir_llm_check_deadline",
                                                                                          default=None)

@@ -1,11 +1,6 @@
-"""A run over several processes (hosts) joined by ``jax.distributed``: seeds split by process.
-
-Every process trains ``num_seeds / P`` whole seeds on its own devices with its own host loop, relabeler,
-buffers and checkpoints (``RUN_DIR/process{p}/``); the processes meet once per update in
-:func:`allgather_json`, to agree on when to stop and so that process 0 writes the run's merged files
-(:func:`merge_rows`, :func:`merge_evals`). Seed ``g`` draws the keys of seed ``g`` of a one-process run. A
-lost process makes the next meeting raise :class:`ProcessLost`; a resume continues every process from
-:func:`newest_common_update`. The run directory must be on a file system every host sees.
+"""A run over several processes (hosts) joined by ``jax.distributed``: each trains ``num_seeds / P`` whole seeds
+with its own checkpoints (``RUN_DIR/process{p}/``, on a file system every host sees); they meet once per update
+in :func:`allgather_json`, and process 0 writes the run's merged files.
 """
 
 from __future__ import annotations

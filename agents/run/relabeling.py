@@ -1,8 +1,5 @@
 """The relabelers of both trainers, built from the same settings so that ``rules``, ``llm`` and ``both`` mean the
-same in both: :func:`make_relabeler` (a :class:`~oir_gym.relabel.background.BackgroundRelabeler`),
-:func:`make_rules_relabeler`, :func:`relabeler_config` (settings -> :class:`~oir_gym.relabel.RelabelerConfig`)
-and :func:`oracle_rules`.
-"""
+same in both (:func:`make_relabeler`)."""
 
 from __future__ import annotations
 
@@ -17,9 +14,6 @@ if TYPE_CHECKING:
     from oir_gym.relabel import RelabelerConfig
     from oir_gym.relabel.background import BackgroundRelabeler
     from oir_gym.relabel.rules import RuleBackend
-
-__all__ = ["RELABELERS", "RelabelerOptions", "make_relabeler", "make_rules_relabeler", "oracle_rules",
-           "relabeler_config"]
 
 #: What ``make_relabeler``'s ``kind`` accepts.
 RELABELERS = ("rules", "llm", "both", "none")
@@ -94,10 +88,8 @@ def make_rules_relabeler(k: int = 4, *, delta: float = 0.9, grounding: str = "co
 
 @dataclass(frozen=True)
 class RelabelerOptions:
-    """What a trainer adds to :class:`~agents.run.config.RelabelSettings` to build its relabeler: the rule
-    backend's pool, seed and checked ``eval_files`` (:func:`oracle_rules`), ``rules_k`` (default ``settings.k``),
-    ``workers`` / ``batch`` (:func:`make_rules_relabeler`), ``rules_lag`` (1: a side thread), the LLM's
-    ``cache_path`` and ``queue_size``, and the ``flag`` that chose it (an LLM then gets its start-up check)."""
+    """What a trainer adds to :class:`~agents.run.config.RelabelSettings` to build its relabeler (``rules_k``
+    default: ``settings.k``; ``flag``: the option that chose it, an LLM then gets its start-up check)."""
 
     keep_ungrounded: bool = True
     oracle_pool: str = ""

@@ -1,6 +1,5 @@
-"""What a resumed or evaluated run takes from its own files and what from its command line: the
-config it starts from (:func:`parse_with_base`), the fields that point outside its folder
-(:data:`OUTSIDE_FIELDS`), and the config and warnings of an ``--eval-only`` evaluation."""
+"""What a resumed or evaluated run takes from its own files and what from its command line
+(:func:`parse_with_base`, :data:`OUTSIDE_FIELDS`), and the config and warnings of an ``--eval-only`` evaluation."""
 
 from __future__ import annotations
 
@@ -39,17 +38,12 @@ def _points_outside(field: str, value: Any, default: Any) -> bool:
 
 def outside_references(cfg: Any) -> dict[str, Any]:
     """The fields of :data:`OUTSIDE_FIELDS` that ``cfg`` sets to a server or file of its own, with their values."""
-    import dataclasses
-
     out: dict[str, Any] = {}
     for field in OUTSIDE_FIELDS:
         part, name = field.split(".")
         section = getattr(cfg, part, None)
-        if section is None or name not in {f.name for f in dataclasses.fields(section)}:
-            continue
-        value, default = getattr(section, name), getattr(type(section)(), name)
-        if _points_outside(field, value, default):
-            out[field] = value
+        if hasattr(section, name) and _points_outside(field, getattr(section, name), getattr(type(section)(), name)):
+            out[field] = getattr(section, name)
     return out
 
 
@@ -59,7 +53,7 @@ def _repeat(refs: Mapping[str, Any]) -> str:
 
     parts = []
     for field, value in refs.items():
-        values = list(value) if isinstance(value, (tuple, list)) else [value]
+        values = value if isinstance(value, (tuple, list)) else [value]
         parts.append(" ".join([OUTSIDE_FIELDS[field], *(shlex.quote(str(v)) for v in values)]))
     return " ".join(parts)
 
@@ -67,12 +61,9 @@ def _repeat(refs: Mapping[str, Any]) -> str:
 def eval_only_config(cfg: Any, *, final_sets: bool) -> Any:
     """The config an ``--eval-only`` evaluation runs with: ``eval.final_sets`` only when the command line names them
     (``final_sets``); the training labels (``oir.oracle``, its pool), which it does not read, canonical."""
-    changes: dict[str, Any] = {} if final_sets else {"eval.final_sets": ()}
-    oir = getattr(cfg, "oir", None)
-    if oir is not None and hasattr(oir, "oracle"):
-        changes["oir.oracle"] = "canonical"
-        if hasattr(oir, "oracle_pool"):
-            changes["oir.oracle_pool"] = ""
+    changes: dict[str, Any] = {"oir.oracle": "canonical", **({} if final_sets else {"eval.final_sets": ()})}
+    if hasattr(cfg.oir, "oracle_pool"):
+        changes["oir.oracle_pool"] = ""
     return cfg.replace(**changes)
 
 
@@ -80,12 +71,9 @@ def label_pool(cfg: Any) -> str | None:
     """The wording pool file the run's labels came from (``""``: the packaged pool), or None when they use none."""
     from oir_gym.relabel.oracle import USES_POOL
 
-    oir = getattr(cfg, "oir", None)
-    if getattr(cfg, "run", None) is not None and getattr(cfg.run, "method", "oir") != "oir":
+    if cfg.run.method != "oir" or cfg.oir.oracle not in USES_POOL:
         return None
-    if oir is None or getattr(oir, "oracle", "canonical") not in USES_POOL:
-        return None
-    return getattr(oir, "oracle_pool", "")
+    return getattr(cfg.oir, "oracle_pool", "")
 
 
 def pool_overlap_warning(pool_file: str, instruction_files: Sequence[str]) -> str | None:

@@ -1,18 +1,19 @@
 """One run directory for both trainers: ``config.json`` (+ provenance), ``metrics.jsonl`` / ``metrics.csv``,
 ``tb/``, ``wandb/``, ``checkpoints/``, ``eval_<tag>.json`` / ``.md``, plots, and ``complete.json`` written last.
 
-Guarantees: :meth:`RunDir.prepare` checks every flag combination before anything is deleted, and ``overwrite``
-removes only a run's outputs (:data:`OUTPUT_PATTERNS`); whole files are written atomically; ``metrics.jsonl`` is
-append-only and a resume verifies its prefix against the checkpoint's :class:`MetricsPosition` and cuts the
-rows after it; a damaged file is a :class:`CorruptFileError` naming it; nothing is written through or read
-via a symbolic link (:func:`refuse_links`, :func:`member`). Imports only the standard library at import time.
+:meth:`RunDir.prepare` checks the flags before anything is deleted; files are written atomically; a resume
+verifies ``metrics.jsonl``'s prefix (:class:`MetricsPosition`); a damaged file is a :class:`CorruptFileError`
+naming it; nothing goes through a symbolic link. Imports only the standard library at import time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import importlib.util
 import io
+import itertools
 import json
 import os
 import re
@@ -26,14 +27,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-
-__all__ = [
-    "CONFIG", "METRICS", "METRICS_CSV", "TENSORBOARD", "WANDB", "CHECKPOINTS", "COMPLETE", "OUTPUT_PATTERNS",
-    "RunDirError", "CorruptFileError", "MetricsPosition", "MetricsWriter", "RunDir",
-    "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "fsync_dir", "sha256_bytes", "sha256_file",
-    "read_json", "json_default", "provenance", "check_tag", "check_user_tag", "require_wandb", "refuse_links", "member",
-    "MAX_TAG_LENGTH", "RESERVED_TAGS",
-]
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -83,12 +76,9 @@ def fsync_dir(path: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # platforms without directory fds
         return
-    try:
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -404,9 +394,6 @@ class RunDir:
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
-    def __truediv__(self, name: str) -> Path:
-        return self.path / name
-
     @classmethod
     def prepare(cls, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
                 extra_outputs: Iterable[str] = ()) -> "RunDir":
@@ -522,11 +509,8 @@ class RunDir:
                                              "or damaged")
             return pos
         rows = _parse_rows(path, data) if data else []
-        kept = []
-        for end, r in rows:  # the rows up to the first one the checkpoint does not cover
-            if after_update is not None and r["update"] > after_update:
-                break
-            kept.append((end, r))
+        # the rows up to the first one the checkpoint does not cover
+        kept = list(itertools.takewhile(lambda er: after_update is None or er[1]["update"] <= after_update, rows))
         keep = kept[-1][0] if kept else 0
         last = kept[-1][1] if kept else {"update": 0, "env_steps": 0}
         return MetricsPosition(len(kept), keep, sha256_bytes(data[:keep]), int(last["update"]), int(last["env_steps"]))
@@ -534,40 +518,24 @@ class RunDir:
     def open_metrics(self, *, position: MetricsPosition | Mapping[str, Any] | None = None,
                      after_update: int | None = None, tensorboard: bool | None = None,
                      wandb: bool | Mapping[str, Any] = False) -> MetricsWriter:
-        """Open ``metrics.jsonl`` for appending, after cutting the rows a checkpoint does not cover.
-
-        Args:
-            position: the resumed checkpoint's :class:`MetricsPosition`: the file's prefix must match it (else
-                :class:`CorruptFileError`); the rest is cut.
-            after_update: without a position (older checkpoints): keep the rows up to this update.
-            tensorboard: write ``tb/`` (None: when the package is installed; a resume purges later events).
-            wandb: True (or extra ``wandb.init`` arguments): also log to W&B, resuming the run id in ``wandb/run_id``.
-        """
+        """Open ``metrics.jsonl`` for appending, after cutting the rows the checkpoint's ``position`` (its prefix
+        must match, else :class:`CorruptFileError`) or, without one, ``after_update`` does not cover.
+        ``tensorboard``: write ``tb/`` (None: when installed); ``wandb``: True (or ``wandb.init`` arguments): also
+        log to W&B, resuming the run id in ``wandb/run_id``."""
         start = self.check_metrics(position=position, after_update=after_update)
         path = self.metrics_path
-        keep = start.bytes
-        data_len = path.stat().st_size if path.exists() else 0
-        if data_len > keep or not path.exists():
+        if not path.exists() or path.stat().st_size > start.bytes:
             fd = _open_no_follow(path, os.O_WRONLY | os.O_CREAT)  # create / cut in place (the kept prefix is unchanged)
             try:
-                os.ftruncate(fd, keep)
+                os.ftruncate(fd, start.bytes)
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        resumed = start.rows > 0
-        tb_dir = None
         if tensorboard is None:
-            try:
-                import tensorboard as _tb  # noqa: F401
-
-                tensorboard = True
-            except ImportError:
-                tensorboard = False
-        if tensorboard:
-            tb_dir = self.path / TENSORBOARD
-        wandb_run = self._wandb(wandb) if wandb else None
-        return MetricsWriter(path, start=start, tb_dir=tb_dir,
-                             tb_purge_step=(start.env_steps + 1) if resumed else None, wandb_run=wandb_run)
+            tensorboard = importlib.util.find_spec("tensorboard") is not None
+        return MetricsWriter(path, start=start, tb_dir=self.path / TENSORBOARD if tensorboard else None,
+                             tb_purge_step=start.env_steps + 1 if start.rows > 0 else None,
+                             wandb_run=self._wandb(wandb) if wandb else None)
 
     def _wandb(self, options: bool | Mapping[str, Any]) -> Any:
         try:
@@ -619,11 +587,7 @@ class RunDir:
 
     def is_complete(self) -> bool:
         """Whether :meth:`mark_complete` ran (a damaged marker is a :class:`CorruptFileError`)."""
-        path = self.path / COMPLETE
-        if not path.exists():
-            return False
-        read_json(path)
-        return True
+        return self.completion() is not None
 
     def completion(self) -> dict[str, Any] | None:
         """The contents of ``complete.json`` (None while the run is not complete)."""

@@ -1,13 +1,10 @@
-"""One run driver for both trainers: parse, prepare the run directory, agree across processes, train
-(evaluations, checkpoints, stop requests and signals), write the final outputs::
+"""One run driver for both trainers (a :class:`Recipe` each, the same run flags :class:`RunOptions`)::
 
     main(PQN, ["smoke", "--run-dir", "runs/smoke"])     # examples/train_pqn.py (agents.pqn.recipe.PQN)
-    main(SB3, ["smoke", "--run-dir", "runs/sb3"])       # examples/train_sb3.py (agents.sb3.trainer.SB3)
 
-A trainer implements :class:`RunTrainer`; what differs between the two trainers is a :class:`Recipe`, so both
-scripts take the same run flags (:class:`RunOptions`). SIGINT / SIGTERM stop after the current update with a
-checkpoint; a second signal ends the process at once (status 128 + its number). Exit status: 0 done, stopped
-or nothing to do; 1 a non-finite update; 2 a usage, config or run directory error (nothing written or deleted).
+SIGINT / SIGTERM stop after the current update with a checkpoint; a second signal ends the process at once
+(status 128 + its number). Exit status: 0 done, stopped or nothing to do; 1 a non-finite update; 2 a usage,
+config or run directory error (nothing written or deleted).
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ class IterationLog:
 
 
 class RunTrainer(Protocol):
-    """The interface the driver trains through; ``seed_offset``: the global index of this process's first seed,
-    ``startup``: seconds per start-up part."""
+    """The interface the driver trains through (``seed_offset``: the global index of this process's first seed)."""
 
     update_idx: int
     env_steps: int
@@ -100,11 +96,9 @@ class Recipe:
         raise NotImplementedError
 
     def num_updates(self, cfg: Any) -> int:
-        """Updates of the whole run."""
         raise NotImplementedError
 
     def default_run_dir(self, cfg: Any) -> str:
-        """The folder of a run started without ``--run-dir``."""
         raise NotImplementedError
 
     def checkpoint_place(self, own_dir: Path) -> Path:
@@ -182,38 +176,24 @@ def compact_table(markdown: str) -> str:
     one count line per set, a retention table without a learned achievement one line."""
     import re
 
-    zero = re.compile(r"^[+-]?0(\.0+)?$")
-    lines, out, i = markdown.split("\n"), [], 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("| instruction |"):
-            j = i + 2
-            while j < len(lines) and lines[j].startswith("|"):
-                j += 1
-            rows = lines[i + 2:j]
-            kept = [r for r in rows if not all(zero.match(c.strip().split(" ")[0])
+    zero = re.compile(r"[+-]?0(\.0+)?")
+    out: list[str] = []
+    for block in markdown.rstrip("\n").split("\n\n"):
+        lines = block.split("\n")
+        if lines[0].startswith("| instruction |"):
+            rows = lines[2:]
+            kept = [r for r in rows if not all(zero.fullmatch(c.strip().split(" ")[0])
                                                for c in r.strip("|").split("|")[1:])]
-            heading = out[-2] if len(out) >= 2 and out[-2].startswith("Set ") else None
-            if heading is not None:
-                out = out[:-2]
-            name = heading[:-1] if heading else "Set original, per instruction"
+            name = out.pop()[:-1] if out and out[-1].startswith("Set ") else "Set original, per instruction"
             if kept:
-                out += [f"{name} ({len(rows) - len(kept)} of {len(rows)} at 0 not shown):", "", *lines[i:i + 2], *kept]
+                out += [f"{name} ({len(rows) - len(kept)} of {len(rows)} at 0 not shown):", "\n".join(lines[:2] + kept)]
             else:
                 out.append(f"{name}: all {len(rows)} at 0")
-            i = j
-            continue
-        if line.startswith("Paraphrase retention:") and i + 3 < len(lines) and lines[i + 2].startswith("| set |"):
-            j = i + 4
-            while j < len(lines) and lines[j].startswith("|"):
-                j += 1
-            if all(r.split("|")[2].strip() == "-" for r in lines[i + 4:j]):
-                out.append("Paraphrase retention: - (no achievement learned on the original set)")
-                i = j
-                continue
-        out.append(line)
-        i += 1
-    return "\n".join(out)
+        elif lines[0].startswith("| set | retention") and all(r.split("|")[2].strip() == "-" for r in lines[2:]):
+            out[-1] = "Paraphrase retention: - (no achievement learned on the original set)"
+        else:
+            out.append(block)
+    return "\n\n".join(out)
 
 
 def _metrics_resume(host: dict[str, Any]) -> dict[str, Any]:
@@ -225,69 +205,47 @@ def _metrics_resume(host: dict[str, Any]) -> dict[str, Any]:
     return {"after_update": int(host.get("metrics_after_update") or host["update"])}
 
 
-def _any_problem(problem: str | None) -> str | None:
-    """The first process's problem (an error message) or None: every process stops on it alike."""
-    from agents.run.multihost import allgather_json
-
-    return next((p for p in allgather_json(problem) if p), None)
-
-
 class _NoMetrics:
     """The metrics writer of a process other than 0 (process 0 writes the rows)."""
 
-    def write(self, row: dict[str, Any]) -> None:
-        pass
-
-    def sync(self) -> None:
-        return None
-
-    def close(self) -> None:
-        pass
+    write = sync = close = staticmethod(lambda *args: None)
 
 
 class _StopRequest:
     """SIGINT / SIGTERM: the first asks the loop to stop after the current update, a second ends the process at
-    once. A watcher thread reads the signals from ``signal.set_wakeup_fd``'s pipe, because Python's handler
-    waits while the main thread is inside C (a compile, a device transfer)."""
+    once. A thread reads them from ``signal.set_wakeup_fd``'s pipe: Python's handler waits while the main thread
+    is inside C (a compile, a device transfer)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested: str | None = None
-        self._old: dict[int, Any] = {}
-        self._old_wakeup = -1
-        self._write_fd = -1
+        self._seen = False
+        self._old = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
 
     def __enter__(self) -> "_StopRequest":
         read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # the C handler must never block
         self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        for sig in self.SIGNALS:
-            self._old[sig] = signal.signal(sig, self._handle)
+        for sig in self.SIGNALS:  # the loop's next check sees the request even before the thread runs
+            signal.signal(sig, lambda signum, _: setattr(self, "requested",
+                                                          self.requested or signal.Signals(signum).name))
         threading.Thread(target=self._watch, args=(read_fd,), name="stop-request", daemon=True).start()
         return self
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        # the loop's next check sees the request even if the watcher has not run yet
-        self.requested = self.requested or signal.Signals(signum).name
-
     def _watch(self, read_fd: int) -> None:
-        count = 0
         with os.fdopen(read_fd, "rb", buffering=0) as pipe:
             while data := pipe.read(64):  # b"": __exit__ closed the write end
-                for signum in data:
-                    if signum not in self.SIGNALS:  # another signal with a Python handler
-                        continue
+                for signum in (s for s in data if s in self.SIGNALS):  # not another signal with a Python handler
                     name = signal.Signals(signum).name
-                    count += 1
-                    if count == 1:
-                        self.requested = self.requested or name
-                        print(f"\n{name}: stopping after this update with a checkpoint (send it again to stop "
-                              "at once)", file=sys.stderr, flush=True)
-                    else:
+                    if self._seen:
                         print(f"\n{name}, a second signal: exiting now; the newest checkpoint on disk is the last "
                               "state", file=sys.stderr, flush=True)
                         os._exit(128 + signum)
+                    self._seen = True
+                    self.requested = self.requested or name
+                    print(f"\n{name}: stopping after this update with a checkpoint (send it again to stop at once)",
+                          file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
@@ -329,7 +287,9 @@ class _Exit(Exception):
 
 def _fail(problem: str | None) -> None:
     """Stop every process with status 2 when any process has a ``problem`` (after the exchange)."""
-    problem = _any_problem(problem)
+    from agents.run.multihost import allgather_json
+
+    problem = next((p for p in allgather_json(problem) if p), None)
     if problem:
         raise _Exit(2, problem)
 
@@ -743,8 +703,7 @@ def script(recipe: Recipe, description: str | None = None, started: float | None
 
 
 def quiet_xla_logs() -> None:
-    """No XLA C++ log lines in a script's process (its errors reach Python anyway) unless the user sets
-    ``TF_CPP_MIN_LOG_LEVEL``; called before JAX is imported."""
+    """No XLA C++ log lines (errors reach Python anyway) unless ``TF_CPP_MIN_LOG_LEVEL`` is set; call before JAX."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
@@ -752,21 +711,14 @@ def quiet_xla_logs() -> None:
 TRAINERS: dict[str, tuple[str, str]] = {"pqn": ("agents.pqn.recipe", "PQN"), "sb3": ("agents.sb3.trainer", "SB3")}
 
 
-def recipe(name: str) -> Recipe:
-    """The :class:`Recipe` of trainer ``name`` (a key of :data:`TRAINERS`), imported now."""
-    import importlib
-
-    if name not in TRAINERS:
-        raise ValueError(f"unknown trainer {name!r}; expected one of {sorted(TRAINERS)}")
-    module, attr = TRAINERS[name]
-    return getattr(importlib.import_module(module), attr)
-
-
 def run_module(prog: str) -> None:
     """``python -m agents.run.train ARGS`` (``prog``: the command as typed) is ``examples/train_pqn.py ARGS``."""
+    import importlib
+
     started = time.time()
     sys.argv[0] = prog  # the usage and error lines name the command as typed
-    script(recipe("pqn"), started=started, description=(
+    module, attr = TRAINERS["pqn"]
+    script(getattr(importlib.import_module(module), attr), started=started, description=(
         "Train PQN with OIR or a baseline on Craftax-Classic: the command line of examples/train_pqn.py "
         f"({prog} smoke --run-dir runs/smoke; examples/train_sb3.py trains the SB3 agents)."))
 

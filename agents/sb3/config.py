@@ -1,11 +1,6 @@
-"""The configuration of an SB3 run: :class:`SB3TrainConfig`, with the PQN config's parts, names and units for
-every setting the two share (``run``, ``env``, ``oir``, ``llm``, ``eval``) and ``sb3`` for what only SB3 has.
-
-An *update* of an SB3 run is ``sb3.steps_per_update`` env steps: one metrics row, and the unit of
-``eval.every``, ``run.checkpoint_every`` and the driver's ``--max-updates`` / ``--log-every``.
-:data:`SB3_PRESETS`: ``cpu`` (the default) and ``smoke``. :func:`load_sb3_config` also reads the flat
-``config.json`` of older runs (:data:`FLAT_SB3_KEYS`).
-"""
+"""The configuration of an SB3 run: :class:`SB3TrainConfig`, the PQN config's parts for what the two share and
+``sb3`` for what only SB3 has; an *update* is ``sb3.steps_per_update`` env steps. :func:`load_sb3_config` also
+reads the flat ``config.json`` of older runs (:data:`FLAT_SB3_KEYS`)."""
 
 from __future__ import annotations
 
@@ -13,6 +8,7 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Mapping, Optional
@@ -66,26 +62,25 @@ def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "
     take, a wrong kind of value, or one the trainer sets itself."""
     cls = algo_class(algo)
     params = inspect.signature(cls.__init__).parameters
-    for key in hyperparams:
-        if key in RESERVED_HYPERPARAMS:
-            raise ValueError(f"hyperparameter {key!r} is set by the trainer; use {RESERVED_HYPERPARAMS[key]}")
+    for key, value in hyperparams.items():
+        need(key not in RESERVED_HYPERPARAMS,
+             f"hyperparameter {key!r} is set by the trainer; use {RESERVED_HYPERPARAMS.get(key)}")
         if key not in params:
             raise ValueError(f"{cls.__name__} (--sb3.algo {algo}) has no argument {key!r} (--sb3.hp {key}=...); "
                              f"it takes {_arguments(params)}")
         # SB3 takes a value of the wrong kind without a word and fails in the middle of training
-        default, value = params[key].default, hyperparams[key]
-        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-        if numeric and not (isinstance(value, (int, float)) and not isinstance(value, bool) or callable(value)
-                            or key == "train_freq" and isinstance(value, (tuple, list))):
-            raise ValueError(f"hyperparameter {key}={value!r}: {cls.__name__} takes a number there (its default: "
-                             f"{default!r})")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"hyperparameter {key}={value!r} must be a finite number")
-        if key in _COUNTS and not (isinstance(value, int) and not isinstance(value, bool) and value >= _COUNTS[key]):
-            raise ValueError(f"hyperparameter {key}={value!r} must be a whole number >= {_COUNTS[key]}")
+        default = params[key].default
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        need(number or callable(value) or isinstance(default, bool) or not isinstance(default, (int, float))
+             or key == "train_freq" and isinstance(value, (tuple, list)),
+             f"hyperparameter {key}={value!r}: {cls.__name__} takes a number there (its default: {default!r})")
+        need(not isinstance(value, float) or math.isfinite(value),
+             f"hyperparameter {key}={value!r} must be a finite number")
+        need(key not in _COUNTS or number and isinstance(value, int) and value >= _COUNTS[key],
+             f"hyperparameter {key}={value!r} must be a whole number >= {_COUNTS.get(key)}")
     pk = hyperparams.get("policy_kwargs") or {}
-    if not isinstance(pk, Mapping):
-        raise ValueError(f"hyperparameter policy_kwargs={pk!r} must be a dict (or --sb3.hp policy_kwargs.KEY=VALUE)")
+    need(isinstance(pk, Mapping),
+         f"hyperparameter policy_kwargs={pk!r} must be a dict (or --sb3.hp policy_kwargs.KEY=VALUE)")
     policy = cls.policy_aliases[POLICIES[algo]]
     policy_params = inspect.signature(policy.__init__).parameters
     for key in pk:
@@ -93,10 +88,10 @@ def check_hyperparams(algo: str, hyperparams: Mapping[str, Any], device: str = "
             raise ValueError(f"the {POLICIES[algo]} of {cls.__name__} (--sb3.algo {algo}) has no argument {key!r} "
                              f"(--sb3.hp policy_kwargs.{key}=...); it takes "
                              f"{_arguments(policy_params, ('observation_space', 'action_space', 'lr_schedule'))}")
-    hp_device = hyperparams.get("device")
-    if hp_device is not None and device not in ("auto", hp_device):
-        raise ValueError(f"device given twice: device={device!r} and hyperparameter device={hp_device!r}; give one")
-    check_device(hp_device if hp_device is not None else device)
+    hp_device = hyperparams.get("device") or device
+    need(device in ("auto", hp_device), f"device given twice: device={device!r} and hyperparameter "
+                                        f"device={hp_device!r}; give one")
+    check_device(hp_device)
 
 
 #: Hyperparameters that count (steps, transitions, epochs) and their least value.
@@ -117,7 +112,7 @@ class SB3RunConfig:
 
     method: SB3Method = "oir"
     """gt: ground-truth reward on the 22 achievements; cosine: the cosine reward on them; oir: hindsight
-    relabeling with an instruction buffer (the relabeler of ``oir.relabeler``)."""
+    relabeling with an instruction buffer."""
     total_timesteps: int = 30_000
     """Env steps (the run's one seed)."""
     seed: int = 0
@@ -131,13 +126,11 @@ class SB3Settings:
     """What only the SB3 trainer has."""
 
     algo: Algo = "qrdqn"
-    """recurrent_ppo (sb3-contrib, curriculum only), qrdqn (sb3-contrib) or dqn (SB3): DQN and QR-DQN also
-    train on the relabeled transitions."""
+    """recurrent_ppo (curriculum only), qrdqn or dqn (these two also train on the relabeled transitions)."""
     num_envs: int = 8
     """Envs stepped side by side."""
     steps_per_update: int = 2_000
-    """Env steps of one update: one metrics row, and the unit of eval.every, run.checkpoint_every,
-    --max-updates and --log-every."""
+    """Env steps of one update (a metrics row; the unit of eval.every, run.checkpoint_every, --max-updates)."""
     device: str = "auto"
     """Torch device of the networks: auto (CUDA when available), cpu, cuda, cuda:N."""
     segment_length: int = 128
@@ -147,12 +140,10 @@ class SB3Settings:
     threads: int = 0
     """Torch threads (0: automatic, 1 on machines with <= 4 cores)."""
     defaults: HyperparamDefaults = "craftax"
-    """The algorithm's own hyperparameters the run starts from: craftax (sized to learn on Craftax;
-    agents.sb3.models.DEFAULT_HYPERPARAMS) or tiny (small networks and buffers, to check that a run goes
-    through: the smoke preset; TINY_HYPERPARAMS). --sb3.hp overrides single keys of either."""
+    """The hyperparameters the run starts from: craftax (sized to learn on Craftax) or tiny (small networks and
+    buffers: the smoke preset); --sb3.hp overrides single keys."""
     hp: tuple[str, ...] = ()
-    """Overrides of an SB3 constructor argument, KEY=VALUE (values read as Python literals; policy_kwargs.KEY
-    for the network), several after one flag or the flag repeated; they join sb3.hyperparams."""
+    """Overrides of SB3 constructor arguments, KEY=VALUE (a Python literal; policy_kwargs.KEY for the network)."""
     hyperparams: Annotated[dict, tyro.conf.Suppress] = field(default_factory=dict)
     """Overrides of the algorithm's defaults (sb3.defaults); on the command line: --sb3.hp KEY=VALUE."""
 
@@ -190,7 +181,7 @@ class SB3TrainConfig(NestedConfig):
 
     def with_hp(self) -> "SB3TrainConfig":
         """``sb3.hp``'s KEY=VALUE overrides folded into ``sb3.hyperparams`` (``sb3.hp`` then empty)."""
-        hp = json_copy(self.sb3.hyperparams)
+        hp = json.loads(json.dumps(self.sb3.hyperparams))
         for item in self.sb3.hp:
             key, val = parse_hp(item)
             if key.startswith("policy_kwargs."):
@@ -221,13 +212,6 @@ class SB3TrainConfig(NestedConfig):
         ev.check_sets()
         check_hyperparams(s.algo, s.hyperparams, s.device)
         return self
-
-
-def json_copy(d: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of a JSON-like dict."""
-    import json
-
-    return json.loads(json.dumps(dict(d)))
 
 
 def parse_hp(item: str) -> tuple[str, Any]:

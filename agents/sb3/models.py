@@ -1,16 +1,13 @@
-"""Stable-Baselines3 agents on InstructionCraftax: RecurrentPPO, QR-DQN and DQN with OIR relabeling.
-
-The instruction is part of a Dict observation (multi-input policies). :class:`oir_gym.sb3.HindsightRelabelCallback`
-relabels: DQN and QR-DQN train on relabeled transitions, RecurrentPPO gets the curriculum only::
+"""Stable-Baselines3 agents on InstructionCraftax (a Dict observation): RecurrentPPO (the curriculum only), QR-DQN
+and DQN (also trained on relabeled transitions) with OIR relabeling::
 
     venv = make_env(num_envs=16, seed=0)
     model = make_model("qrdqn", venv, seed=0)
     model.learn(100_000, callback=make_relabel_callback(make_relabeler("rules", k=4), "qrdqn"))
     result = evaluate(model)
 
-SB3's ``model.zip`` holds pickles, which its own ``load`` runs: :func:`load_model` instead builds a fresh model
-from the run's config and reads only the zip's tensors and plain counters, and a run loads only the zip whose
-sha256 it recorded (``state.json``). :func:`load_sb3_policy` gives a run's policy (``reset()``, ``act(obs)``).
+SB3's ``model.zip`` holds pickles: :func:`load_model` reads only its tensors and plain counters into a fresh model,
+and a run loads only the zip whose sha256 it recorded (``state.json``).
 """
 
 from __future__ import annotations
@@ -35,6 +32,11 @@ from agents.run.run_dir import (
 
 RELABELERS = ("rules", "llm", "both", "none")
 
+_DQN_FAMILY = dict(learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
+                   train_freq=4, gradient_steps=1, target_update_interval=10_000, exploration_fraction=0.1,
+                   exploration_initial_eps=1.0, exploration_final_eps=0.05)
+_TINY_DQN_FAMILY = dict(learning_starts=100, buffer_size=2_000, batch_size=32, target_update_interval=200)
+
 #: Craftax-Classic defaults per algorithm (SB3 constructor arguments): RecurrentPPO after the Craftax PPO-RNN
 #: baseline with a smaller LSTM (``batch_size``: ``n_envs * n_steps / 4`` unless given); DQN and QR-DQN with
 #: 1-step targets and a 50k-transition replay buffer (about 0.5 GB).
@@ -45,18 +47,8 @@ DEFAULT_HYPERPARAMS: dict[str, dict[str, Any]] = {
         policy_kwargs=dict(lstm_hidden_size=256, n_lstm_layers=1, shared_lstm=True, enable_critic_lstm=False,
                            net_arch=dict(pi=[256], vf=[256])),
     ),
-    "dqn": dict(
-        learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
-        train_freq=4, gradient_steps=1, target_update_interval=10_000, exploration_fraction=0.1,
-        exploration_initial_eps=1.0, exploration_final_eps=0.05, max_grad_norm=10.0,
-        policy_kwargs=dict(net_arch=[256, 256]),
-    ),
-    "qrdqn": dict(
-        learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
-        train_freq=4, gradient_steps=1, target_update_interval=10_000, exploration_fraction=0.1,
-        exploration_initial_eps=1.0, exploration_final_eps=0.05,
-        policy_kwargs=dict(n_quantiles=50, net_arch=[256, 256]),
-    ),
+    "dqn": dict(_DQN_FAMILY, max_grad_norm=10.0, policy_kwargs=dict(net_arch=[256, 256])),
+    "qrdqn": dict(_DQN_FAMILY, policy_kwargs=dict(n_quantiles=50, net_arch=[256, 256])),
 }
 
 #: What ``sb3.defaults="tiny"`` (the smoke preset) changes in :data:`DEFAULT_HYPERPARAMS`: small networks and
@@ -64,10 +56,8 @@ DEFAULT_HYPERPARAMS: dict[str, dict[str, Any]] = {
 TINY_HYPERPARAMS: dict[str, dict[str, Any]] = {
     "recurrent_ppo": dict(n_steps=50, n_epochs=2,
                           policy_kwargs=dict(lstm_hidden_size=32, net_arch=dict(pi=[32], vf=[32]))),
-    "dqn": dict(learning_starts=100, buffer_size=2_000, batch_size=32, target_update_interval=200,
-                policy_kwargs=dict(net_arch=[32, 32])),
-    "qrdqn": dict(learning_starts=100, buffer_size=2_000, batch_size=32, target_update_interval=200,
-                  policy_kwargs=dict(n_quantiles=5, net_arch=[32, 32])),
+    "dqn": dict(_TINY_DQN_FAMILY, policy_kwargs=dict(net_arch=[32, 32])),
+    "qrdqn": dict(_TINY_DQN_FAMILY, policy_kwargs=dict(n_quantiles=5, net_arch=[32, 32])),
 }
 
 
@@ -104,9 +94,8 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
 def make_relabeler(kind: str = "rules", settings: Optional[RelabelSettings] = None, *, llm: Optional[LLMConfig] = None,
                    delta: float = 0.9, encoder: Any = None, seed: int = 0, eval_files: Sequence[str] = (),
                    **overrides: Any):
-    """:func:`agents.run.relabeling.make_relabeler` of ``kind`` (``"rules"``, ``"llm"``, ``"both"``, ``"none"``);
-    ``overrides`` replace fields of ``settings`` (``k=8``, ``oracle="diverse"``...) or set those of
-    :class:`agents.run.relabeling.RelabelerOptions` (``keep_ungrounded``, ``cache_path``...)."""
+    """:func:`agents.run.relabeling.make_relabeler` of ``kind``; ``overrides`` replace fields of ``settings``
+    (``k=8``...) or set those of :class:`agents.run.relabeling.RelabelerOptions` (``cache_path``...)."""
     from dataclasses import fields, replace
 
     from agents.run.relabeling import RelabelerOptions
@@ -148,15 +137,6 @@ def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, 
     return hp
 
 
-def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    pk = dict(pk)
-    if isinstance(pk.get("activation_fn"), str):
-        pk["activation_fn"] = getattr(torch.nn, pk["activation_fn"])
-    return pk
-
-
 def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None,
                tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto", *,
                defaults: str = "craftax"):
@@ -166,7 +146,11 @@ def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, A
     hp = resolve_hyperparams(algo, venv.num_envs, hyperparams, defaults)
     check_hyperparams(algo, hp, device)
     device = hp.pop("device", device)
-    hp["policy_kwargs"] = _policy_kwargs(hp.get("policy_kwargs", {}))
+    pk = hp["policy_kwargs"] = dict(hp.get("policy_kwargs", {}))
+    if isinstance(pk.get("activation_fn"), str):  # by name in JSON: a class of torch.nn
+        import torch
+
+        pk["activation_fn"] = getattr(torch.nn, pk["activation_fn"])
     if algo in ("dqn", "qrdqn"):
         from oir_gym.sb3 import RelabelReplayBuffer
 
@@ -227,8 +211,7 @@ def _policy_kwargs_from_data(path: Path, value: Any) -> dict[str, Any]:
 
 
 def spaces_only_venv(obs_mode: str = "paper", num_envs: int = 1):
-    """A VecEnv of ``num_envs`` envs that only declare InstructionCraftax's spaces (it cannot be stepped): enough to
-    build a model that acts on observations given to it."""
+    """A VecEnv of ``num_envs`` envs that only declare InstructionCraftax's spaces (it cannot be stepped)."""
     import gymnasium as gym
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -247,8 +230,7 @@ def spaces_only_venv(obs_mode: str = "paper", num_envs: int = 1):
 
 
 def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
-    """Check that ``path`` is an SB3 zip with parameters (nothing unpickled); returns its ``data``
-    as JSON. Raises :class:`~agents.run.run_dir.CorruptFileError` naming the file otherwise."""
+    """``path``'s ``data`` as JSON if it is an SB3 zip with parameters (nothing unpickled), else CorruptFileError."""
     import zipfile
 
     path = Path(path)
@@ -266,9 +248,8 @@ def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
 def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "auto", *,
                hyperparams: Optional[dict[str, Any]] = None, seed: Optional[int] = None, obs_mode: str = "paper",
                defaults: str = "craftax"):
-    """A model of ``algo`` saved with ``model.save``, loaded without unpickling anything: a fresh model
-    (:func:`make_model`; ``hyperparams`` default: ``data``'s plain JSON ones) gets the zip's parameters
-    (``torch.load(weights_only=True)``) and progress counters. ``venv`` default: :func:`spaces_only_venv`.
+    """A model of ``algo`` saved with ``model.save``, loaded without unpickling: a fresh :func:`make_model`
+    (``hyperparams`` default: the zip's plain JSON ones) gets the zip's parameters and progress counters.
     CorruptFileError naming the file: not a zip of ``algo`` with these hyperparameters, or non-finite weights."""
     import zipfile
 
@@ -341,10 +322,8 @@ def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str,
 
 
 class SB3AgentPolicy:
-    """A trained SB3 model acting greedily in the Gymnasium env (the ``Policy`` interface of ``agents.tools.policy``):
-    ``act(obs)`` takes one env's Dict observation (returns an ``int``) or a batch (``[n]`` int64 actions); a
-    recurrent model keeps its state until :meth:`reset` (or ``episode_start`` for those envs).
-    ``env_kwargs``: what matches the training env, for ``gym.make(ENV_ID, **policy.env_kwargs)``."""
+    """A trained SB3 model acting greedily in the Gymnasium env (the ``Policy`` of ``agents.tools.policy``); a
+    recurrent model keeps its state until :meth:`reset`. ``env_kwargs``: those of the training env."""
 
     def __init__(self, model, algo: Optional[str] = None, env_kwargs: Optional[dict[str, Any]] = None,
                  deterministic: bool = True) -> None:

@@ -1,12 +1,11 @@
 """The SB3 trainer behind the run driver (:mod:`agents.run.train`): :class:`SB3Trainer` and its recipe :data:`SB3`.
-
-SB3's ``model.learn`` owns its loop, so it runs on a worker thread that the driver steps: at each update
-boundary the callback waits while the driver evaluates, logs and saves (the two threads never run together),
-and the training is the one ``learn`` call would give in one go.
+``model.learn`` runs on a worker thread that waits at each update boundary while the driver evaluates, logs and
+saves (the two threads never run together): the training is the one ``learn`` call would give in one go.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import queue
 import threading
 import time
@@ -44,7 +43,6 @@ class SB3Trainer:
         self.model: Any = None
         self.relabel_cb: Any = None
         self.relabeler: Any = None
-        self.venv: Any = None
         self._thread: Optional[threading.Thread] = None
         self._to_main: queue.Queue = queue.Queue(maxsize=1)
         self._to_learner: queue.Queue = queue.Queue(maxsize=1)
@@ -111,8 +109,12 @@ class SB3Trainer:
         from agents.sb3.models import make_relabel_callback
 
         # an evaluation leaves the run's TensorBoard files as they are
-        self.model.set_logger(_sb3_logger(self.run_dir / "tb" if _tensorboard_installed() and not self.eval_only
-                                          else None))
+        from stable_baselines3.common.logger import Logger, configure
+
+        if importlib.util.find_spec("tensorboard") is None or self.eval_only:
+            self.model.set_logger(Logger(folder=None, output_formats=[]))
+        else:
+            self.model.set_logger(configure(str(self.run_dir / "tb"), ["tensorboard"]))
         self._last = (time.time(), int(self.model.num_timesteps))
         if self.relabeler is not None:
             kw: dict[str, Any] = {"segment_length": self.cfg.sb3.segment_length, "verbose": 1}
@@ -185,18 +187,16 @@ class SB3Trainer:
             row["loss"] = vals["train/loss"]
         if hasattr(model, "exploration_rate"):
             row["epsilon"] = float(model.exploration_rate)
-        for k in ("train/entropy_loss", "train/value_loss", "train/approx_kl", "train/explained_variance"):
-            if k in vals:
-                row[k] = vals[k]
+        row.update({k: vals[k] for k in ("train/entropy_loss", "train/value_loss", "train/approx_kl",
+                                         "train/explained_variance") if k in vals})
         if len(model.ep_success_buffer):
             row["train/success_rate"] = float(np.mean(model.ep_success_buffer))
         if len(model.ep_info_buffer):
             row["train/ep_return_mean"] = float(np.mean([e["r"] for e in model.ep_info_buffer]))
             row["train/ep_length_mean"] = float(np.mean([e["l"] for e in model.ep_info_buffer]))
         if self.relabel_cb is not None:
-            for k, v in self.relabel_cb.stats.items():
-                if isinstance(v, (int, float)):
-                    row[f"relabel/{k}"] = float(v)
+            row.update({f"relabel/{k}": float(v) for k, v in self.relabel_cb.stats.items()
+                        if isinstance(v, (int, float))})
             row.update(self.relabel_cb.metrics(reset=True))  # the schema PQN logs (docs/api.md)
         row["buffer/size"] = len(self.venv.buffer.contents())
         return row
@@ -286,23 +286,6 @@ def _boundary_callback(trainer: SB3Trainer):
     return Boundaries()
 
 
-def _sb3_logger(tb_dir: Optional[Path]):
-    """SB3's logger writing TensorBoard events to ``tb_dir`` (no output when None)."""
-    from stable_baselines3.common.logger import Logger, configure
-
-    if tb_dir is None:
-        return Logger(folder=None, output_formats=[])
-    return configure(str(tb_dir), ["tensorboard"])
-
-
-def _tensorboard_installed() -> bool:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @dataclass
 class SB3Options(RunOptions):
     """Train a Stable-Baselines3 agent on Craftax-Classic with OIR relabeling or a baseline."""
@@ -382,14 +365,9 @@ class SB3Recipe(Recipe):
 
     def summary_line(self, row: dict[str, Any], num_updates: int) -> str:
         parts = [f"[{row['update']:5d}/{num_updates}] steps {row['env_steps']:>9,}"]
-        if "sps" in row:
-            parts.append(f"{row['sps']:6.0f} sps")
-        if "epsilon" in row:
-            parts.append(f"eps {row['epsilon']:.2f}")
-        if "loss" in row:
-            parts.append(f"loss {row['loss']:.4f}")
-        if "train/success_rate" in row:
-            parts.append(f"train success {row['train/success_rate']:.3f}")
+        shown = (("sps", "{:6.0f} sps"), ("epsilon", "eps {:.2f}"), ("loss", "loss {:.4f}"),
+                 ("train/success_rate", "train success {:.3f}"))
+        parts += [fmt.format(row[k]) for k, fmt in shown if k in row]
         if "relabel/rows" in row:
             parts.append(f"relabel rows {row['relabel/rows']:.0f} grounded "
                          f"{row.get('relabel/grounded_frac', 0.0):.2f}")
