@@ -259,6 +259,29 @@ def test_no_function_over_150_lines_and_no_file_over_900():
     assert all((ROOT / f).is_file() for f in FILE_EXEMPT), "an exemption names a file that is gone"
 
 
+#: The library's source (what issue 38 set): the same features must not grow back into more lines.
+MAX_SOURCE_LINES = 22_000
+SOURCE_DIRS = ("oir_gym", "agents", "examples", "bench")
+#: oir_gym/ files stay under this (an LLM backend may exceed it: it holds its protocol's defences).
+MAX_PACKAGE_FILE_LINES = 600
+
+
+def source_lines(root: Path = ROOT) -> int:
+    """Lines of every ``.py`` file under :data:`SOURCE_DIRS` (``wc -l``)."""
+    return sum(p.read_text().count("\n") for d in SOURCE_DIRS for p in (root / d).rglob("*.py"))
+
+
+def test_source_stays_within_its_line_budget():
+    n = source_lines()
+    assert n <= MAX_SOURCE_LINES, f"{n:,} source lines; the budget is {MAX_SOURCE_LINES:,}: cut before adding"
+
+
+def test_no_library_file_over_600_lines_but_a_backend():
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in sorted((ROOT / "oir_gym").rglob("*.py"))
+            if (n := p.read_text().count("\n")) > MAX_PACKAGE_FILE_LINES and "backends" not in p.parts]
+    assert not long, "split or cut these oir_gym files:\n" + "\n".join(long)
+
+
 def test_the_driver_main_stays_short():
     tree = ast.parse((ROOT / "agents/run/train.py").read_text())
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
