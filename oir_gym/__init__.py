@@ -31,18 +31,13 @@ __version__ = "0.1.0"
 def enable_compilation_cache(path: str | None = None, min_compile_time_secs: float | None = None) -> str | None:
     """Switch on JAX's persistent compilation cache for this process; returns its folder (or None).
 
-    Craftax programs take 10-40 s to compile on a small CPU; with the cache every later process
-    starts in seconds. The scripts call this; importing ``oir_gym`` does not (a library must not
-    change a process-wide JAX setting behind its user's back).
-
     Args:
-        path: the cache folder (default ``$OIR_GYM_JAX_CACHE_DIR``, else ``~/.cache/oir_gym/jax``).
-        min_compile_time_secs: programs that compile faster than this are not cached (default
-            ``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``, else 1 s; 0 caches every program,
-            which the test suite uses: its many sub-second programs then load instead of compiling).
+        path: the cache folder (default ``$OIR_GYM_JAX_CACHE_DIR``, else ``~/.cache/oir_gym/jax``); without
+            it, a folder already set in JAX's config is kept.
+        min_compile_time_secs: programs compiling faster are not cached (default
+            ``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``, else 1 s; 0 caches every program).
 
-    ``OIR_GYM_JAX_CACHE=0`` turns the call into a no-op (returns None). Without ``path``, a cache
-    folder already set in JAX's config (by the user, or ``JAX_COMPILATION_CACHE_DIR``) is kept.
+    ``OIR_GYM_JAX_CACHE=0`` makes it a no-op (returns None).
     """
     if os.environ.get("OIR_GYM_JAX_CACHE", "1") == "0":
         return None

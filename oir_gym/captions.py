@@ -1,8 +1,6 @@
 """The caption vocabulary: Craftax-Classic transition events and their phrasings.
 
-All phrasings live in ``oir_gym/data/captions.json``; this module only loads them.
-Event ids are positions in that file, so ``EVENT_NAMES[i]`` names event ``i`` everywhere
-(the JAX event detector, the reward, the relabeler prompts and the rule relabeler).
+All phrasings live in ``oir_gym/data/captions.json``; event ids are positions in that file.
 """
 
 from __future__ import annotations
@@ -19,16 +17,9 @@ NUM_ACHIEVEMENTS = 22
 
 @dataclass(frozen=True)
 class CaptionVocabulary:
-    """Events and the phrasings that describe them.
-
-    Attributes:
-        event_names: one name per event id, e.g. ``"collect_wood"``.
-        achievement_of_event: Craftax achievement index per event, or -1 for non-achievement events.
-        phrases: every phrasing, flattened; ``phrase_event[j]`` is the event id of ``phrases[j]``.
-        phrase_event: int array ``[num_phrases]``.
-        progress_events: ids of the progress events (``"progress": true``): steps along the stone
-            tier's chain that no achievement names; labels only, never evaluated.
-    """
+    """Events (``event_names``, ``achievement_of_event``: Craftax index or -1) and every phrasing,
+    flattened (``phrases``; ``phrase_event[j]`` is the event of ``phrases[j]``); ``progress_events``
+    are labels only, never evaluated."""
 
     event_names: tuple[str, ...]
     achievement_of_event: tuple[int, ...]
@@ -66,9 +57,8 @@ def load_vocabulary() -> CaptionVocabulary:
         if ev.get("progress", False):
             progress.append(i)
         achs.append(-1 if ev["achievement"] is None else int(ev["achievement"]))
-        for p in ev["phrases"]:
-            phrases.append(p)
-            owner.append(i)
+        phrases += ev["phrases"]
+        owner += [i] * len(ev["phrases"])
     return CaptionVocabulary(tuple(names), tuple(achs), tuple(phrases), np.asarray(owner, dtype=np.int32),
                              tuple(progress))
 

@@ -2,12 +2,9 @@
 
 Craftax is pinned (``craftax==1.6.1``); if its layout changes, this is the only module to fix.
 
-Pixel rendering (:func:`make_pixel_renderer`) reads the block textures from a per-user cache
-(:func:`texture_cache_path`), not from the file Craftax writes in place inside its installed
-package, which one process can leave truncated (two renders at once, or one killed while it writes)
-so that every later render on the machine fails with a bare ``EOFError``. Ours is written to a
-temporary file and renamed, and a cache that cannot be read is reported by name
-(:class:`TextureCacheError`) and rebuilt.
+Pixel rendering reads the block textures from a per-user cache written atomically
+(:func:`texture_cache_path`), not from Craftax's in-package file that an interrupted write leaves
+truncated for every later render; an unreadable cache is named (:class:`TextureCacheError`) and rebuilt.
 """
 
 from __future__ import annotations
@@ -66,8 +63,7 @@ TEXTURE_SIZES = (_constants.BLOCK_PIXEL_SIZE_AGENT, _constants.BLOCK_PIXEL_SIZE_
 
 
 class TextureCacheError(RuntimeError):
-    """A Craftax texture cache file that cannot be used (truncated, not a bz2 pickle, wrong shapes);
-    the message names the file. :func:`load_textures` rebuilds such a cache."""
+    """A Craftax texture cache file that cannot be used; the message names the file."""
 
 
 def _craftax_version() -> str:
@@ -109,8 +105,7 @@ def read_texture_cache(path: str | os.PathLike) -> dict:
 
 
 def _write_texture_cache(path: Path, textures: dict) -> None:
-    """Write ``textures`` to a temporary file beside ``path`` and rename it over ``path``: a reader
-    sees the old file or the whole new one, never a part."""
+    """Write ``textures`` to a temporary file and rename it over ``path`` (a reader never sees a part)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -130,10 +125,8 @@ def _write_texture_cache(path: Path, textures: dict) -> None:
 
 @functools.lru_cache(maxsize=None)
 def load_textures() -> dict:
-    """Craftax-Classic's block textures of every size (what its ``load_all_textures`` returns), once
-    per process: from the per-user cache (:func:`texture_cache_path`); else from Craftax's own
-    cache when it reads whole; else built (about a minute) and cached. A cache that cannot be read
-    is named on stderr and rebuilt. ``CRAFTAX_RELOAD_TEXTURES`` set rebuilds, as in Craftax."""
+    """Craftax-Classic's block textures of every size, once per process: from the per-user cache, else
+    Craftax's own when it reads whole, else built (a minute) and cached; ``CRAFTAX_RELOAD_TEXTURES`` rebuilds."""
     path = texture_cache_path()
     reload = bool(os.environ.get("CRAFTAX_RELOAD_TEXTURES"))
     if not reload:

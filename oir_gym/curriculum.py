@@ -1,32 +1,10 @@
-"""The step after relabeling: rows to train on, the instruction buffers' new texts, their bindings.
+"""The step after relabeling (the paper's Alg. 1): rows to train on, buffer inserts, bindings.
 
-The paper's loop (Alg. 1) relabels each rollout's trajectories, then (1) trains on relabeled copies,
-(2) inserts the instructions that paid a reward into a PLR-style instruction buffer, from which new
-episodes draw, and (3) under event-bound grounding pays a new buffer text at its bound event.
-:class:`InstructionCurriculum` is that step, once, for every trainer (PQN's method ``oir``, the
-SB3 callback, a user's own agent)::
-
-    curriculum = InstructionCurriculum([env.buffer], env.registry, CurriculumConfig(k=4))
-    offer = curriculum.apply(relabeler.relabel(trajectories), now=update, rows_per_group=4 * num_envs)
-    offer.rows[0]      # (age, trajectory, candidate) per row to train on, grounded first
-    offer.inserted[0]  # the texts the buffer took
-
-Results fall into **groups**, one per buffer (PQN: one per seed): a result's group is its
-trajectory's ``meta["seed"]`` (0 when absent), its age ``now - meta["update"]`` (0 when absent).
-
-The buffers' statistics are the returns of episodes run with a text (the env or trainer records
-them); the curriculum records none: a 1/0 hindsight return per candidate would rank every
-grounded candidate as solved.
-
-Metric keys of :attr:`Offer.metrics` (per call):
-
-* ``relabel/rows``: rows chosen per group (mean over groups);
-* ``relabel/grounded_frac``: share of the results' candidates that paid a reward on their trajectory;
-* ``relabel/new_instructions``: texts offered to a buffer for the first time in the run;
-* ``relabel/llm_offer_share``: share of this call's offers (one per group and text) from the LLM;
-* with ``config.llm``: ``relabel/llm_rows`` / ``relabel/llm_buffered`` (the LLM's candidates among
-  the rows, its texts the buffers took) and their run totals ``relabel/llm_rows_total`` /
-  ``relabel/llm_buffered_total``.
+One :class:`InstructionCurriculum` serves every trainer; a result's group (buffer) is its trajectory's
+``meta["seed"]`` and its age ``now - meta["update"]`` (0 when absent). :attr:`Offer.metrics` holds
+:data:`OFFER_METRICS` (docs/api.md) and, with ``config.llm``, ``relabel/llm_rows`` / ``relabel/llm_buffered``
+and their run totals ``relabel/llm_rows_total`` / ``relabel/llm_buffered_total``. The curriculum records no
+buffer return: a 1/0 hindsight return would rank every grounded candidate as solved.
 """
 
 from __future__ import annotations
@@ -113,19 +91,9 @@ class Offer:
 
 
 def balanced_choice(candidates: Sequence[Sequence[str]], k: int) -> list[list[str]]:
-    """Up to ``k`` instructions per trajectory, spreading the rows over instructions.
-
-    Round by round, each trajectory in turn takes, among its candidates not yet taken, the one
-    with the fewest rows so far (ties: the candidate's own order). A frequent instruction then
-    fills a trajectory's slots only after the rarer ones it also accomplished.
-
-    Args:
-        candidates: per trajectory, its candidate texts in the relabeler's order (no repeats).
-        k: slots per trajectory.
-
-    Returns:
-        Per trajectory, the chosen texts in the order they were taken.
-    """
+    """Per trajectory (its candidate texts, no repeats), up to ``k`` texts in the order taken: round by
+    round each trajectory takes, of its candidates not yet taken, the one with the fewest rows so far
+    (ties: the candidate's order), so a frequent instruction fills slots only after rarer ones."""
     counts: Counter = Counter()
     chosen: list[list[str]] = [[] for _ in candidates]
     for _ in range(k):
@@ -139,7 +107,7 @@ def balanced_choice(candidates: Sequence[Sequence[str]], k: int) -> list[list[st
 
 
 class InstructionCurriculum:
-    """The step after relabeling (the paper's Alg. 1): rows, buffer inserts, bindings, offer counts.
+    """The step after relabeling: rows, buffer inserts, bindings, offer counts.
 
     Args:
         buffers: one :class:`~oir_gym.buffer.InstructionBuffer` per group (PQN: per seed).
@@ -171,16 +139,11 @@ class InstructionCurriculum:
 
     # ------------------------------------------------------------ the step
     def apply(self, results: Sequence[Any], now: int = 0, rows_per_group: Optional[int] = None) -> Offer:
-        """Choose the rows, insert into the buffers, bind, count.
+        """Choose the rows (at most ``rows_per_group``, ``None``: all) from ``results`` (this update's or
+        earlier :class:`~oir_gym.relabel.RelabelResult` s), insert into the buffers, bind, count.
 
-        Args:
-            results: :class:`~oir_gym.relabel.RelabelResult` s (of this update or earlier ones).
-            now: the current update (a result's age is ``now - trajectory.meta["update"]``).
-            rows_per_group: most rows per group (``None``: every chosen candidate).
-
-        Returns:
-            An :class:`Offer`. The chosen candidates must carry ``emb``, ``final_row`` and ``pre_row`` (a
-            :class:`~oir_gym.relabel.HindsightRelabeler`'s do); a ``ValueError`` before any insert otherwise.
+        Raises ``ValueError`` before any insert if a chosen candidate lacks ``emb``, ``final_row`` or
+        ``pre_row`` (a :class:`~oir_gym.relabel.HindsightRelabeler`'s carry them).
         """
         cfg = self.config
         G = len(self.buffers)
@@ -209,9 +172,7 @@ class InstructionCurriculum:
                                  "final_row, pre_row): use oir_gym.relabel.HindsightRelabeler, whose candidates carry them")
         metrics = {"relabel/rows": sum(map(len, rows)) / G,
                    "relabel/grounded_frac": float(np.mean([c.grounded for r in results for c in r.candidates] or [0.0]))}
-        # buffer: the rows' texts that paid a reward on their trajectory (all with keep_ungrounded).
-        # An ungrounded one can never succeed as an episode instruction, and its return 0 would rank
-        # it ahead of every failing-but-learnable instruction in the buffer's priority order.
+        # an ungrounded text's return 0 would rank it ahead of every learnable one in the buffer
         grounded = [{c.text for r in rs for c in r.candidates if c.grounded} for rs in grouped]
         offered, inserted, offers = [], [], []
         llm_buffered = 0
@@ -223,8 +184,7 @@ class InstructionCurriculum:
             written = buf.insert(cands) if cands else []
             llm_buffered += sum(first[t].source == "llm" for t in written if t in first)
             if cfg.grounding == "bound" and written:
-                # the env pays a buffer text at its bound event(s) (the first binding of a text wins);
-                # only what the buffer took: new episodes draw from it, and a call stays within its size
+                # only what the buffer took (new episodes draw from it); a text's first binding wins
                 self._register(written, [None if t in cfg.fixed_texts else first[t].binding for t in written])
             offered.append(cands)
             inserted.append(written)
@@ -252,13 +212,10 @@ class InstructionCurriculum:
         return int(now - result.trajectory.meta.get("update", now))
 
     def _count_offers(self, offers: Sequence[Any]) -> dict[str, float]:
-        """Record this call's offers (one per group and text): their LLM share, the texts no earlier
-        call offered and, for :meth:`diversity`, each new text's best cosine to any caption phrasing
-        and the event it pays on."""
+        """Record this call's offers (one per group and text): LLM share, new texts, their cosine and event."""
         new = [c for c in dict((c.text, c) for c in offers).values() if c.text not in self.offered]
         if new:
-            # the registry's cosine to the caption phrasings (a bound candidate's final_row is an
-            # indicator row, not a cosine); computed once per distinct text
+            # the registry's cosine, not final_row (an indicator row for a bound candidate)
             best = self.registry.similarity_to_events(np.stack([c.emb for c in new])).max(axis=-1)
             for c, b in zip(new, best):
                 self.offered[c.text] = (float(b), paying_event(c.final_row, self.config.delta), c.source)

@@ -1,15 +1,8 @@
-"""The packaged encoder's embeddings of every packaged text, shipped with the package.
+"""The packaged encoder's embeddings of every packaged text (``oir_gym/data/``, float32, unit norm).
 
-A run's start encodes the evaluation sets, the caption phrasings and (for the rule relabeler) the
-pair and pool wordings: some 800 texts, seconds of the numpy BERT on a few CPU cores. They never
-change between runs, so ``oir_gym/data/embeddings_all-MiniLM-L6-v2.npz`` holds them as the encoder
-computes them (float32, unit norm), with the :func:`fingerprint` of the model that made them.
-:class:`oir_gym.encoder.InstructionEncoder` answers these texts from the table when its model's
-fingerprint is the table's (see its docstring); any other model never sees the table.
-
-This module fingerprints a model (:func:`fingerprint`, :func:`model_fingerprint`) and reads the
-table (:func:`read`, :func:`load`). Which texts are packaged, and the command that rewrites the
-table after one of them or the model changes, are :mod:`oir_gym.packaged_embeddings`'s.
+Some 800 texts (evaluation sets, caption phrasings, relabeler wordings) take seconds of the numpy BERT
+at every run's start; :class:`oir_gym.encoder.InstructionEncoder` answers them from this table when its
+model has the table's :func:`fingerprint`. :mod:`oir_gym.packaged_embeddings` lists and rewrites them.
 """
 
 from __future__ import annotations
@@ -35,16 +28,9 @@ _FINGERPRINT_VERSION = b"oir-gym embedding table fingerprint v1\n"
 
 
 def fingerprint(model: "NumpyBertEncoder") -> str:
-    """A sha256 of what a numpy-backend model's embeddings depend on: its settings (sizes, layer norm
-    epsilon, truncation length, lower-casing), its tokenizer (``tokenizer.json`` as JSON, less the
-    truncation and padding the encoder sets itself) and every weight its forward pass reads (names,
-    dtypes, shapes, bytes: ~0.1 s for all-MiniLM-L6-v2).
-
-    Files that only say the same thing another way (a copy in another folder, ``modules.json`` of a
-    newer sentence-transformers, key order or metadata of ``model.safetensors``, the pooler and
-    ``position_ids`` tensors the forward pass does not read) leave it unchanged; any weight changed
-    changes it.
-    """
+    """A sha256 of what a numpy-backend model's embeddings depend on: its settings, its tokenizer (less
+    the truncation and padding the encoder sets) and every weight its forward pass reads. A copy in
+    another folder or tensors the forward pass does not read leave it unchanged."""
     h = hashlib.sha256(_FINGERPRINT_VERSION)
     h.update(json.dumps(model.settings, sort_keys=True).encode())
     tok = json.loads((Path(model.path) / "tokenizer.json").read_text(encoding="utf-8"))
@@ -106,9 +92,7 @@ _SPOT_TOLERANCE = 1e-4
 
 
 class CorruptTableError(ValueError):
-    """An embedding table file that cannot be trusted: unreadable (truncated, not an ``.npz``), with
-    missing or malformed arrays, rows that are not finite unit vectors, or rows that are not the
-    model's embedding of their text. The message names the file and the command that rewrites it."""
+    """An unreadable or malformed table file, or rows that are not the model's; names the fix."""
 
 
 def _corrupt(path: Path, why: str) -> CorruptTableError:
@@ -119,11 +103,9 @@ def _corrupt(path: Path, why: str) -> CorruptTableError:
 def read(path: str | Path | None = None) -> Optional[EmbeddingTable]:
     """The table at ``path`` (default: the packaged one), or ``None`` when there is no such file.
 
-    Every row is checked to be a finite unit vector (NaN, infinite or zero rows are refused).
-
     Raises:
-        CorruptTableError: the file is not a readable table (truncated, random bytes, an archive
-            without ``texts``, ``embeddings`` and ``fingerprint``, repeated texts, bad rows).
+        CorruptTableError: not a readable table, a missing array, repeated texts, or a row that is not
+            a finite unit vector.
     """
     path = Path(path) if path is not None else table_path()
     if not path.is_file():
@@ -163,13 +145,8 @@ def read(path: str | Path | None = None) -> Optional[EmbeddingTable]:
 
 def spot_check(table: EmbeddingTable, model: "NumpyBertEncoder", path: str | Path,
                rows: Optional[Sequence[int]] = None) -> None:
-    """Compare rows of ``table`` (default: :data:`SPOT_CHECKS` drawn at random) with ``model``'s own
-    embeddings of their texts: the fingerprint says which model made the table, not that the file
-    holds what it made (a row swapped or edited keeps the fingerprint).
-
-    Raises:
-        CorruptTableError: naming the file and the first text whose row differs.
-    """
+    """Compare ``rows`` of ``table`` (default: :data:`SPOT_CHECKS` at random) with ``model``'s embeddings
+    (a swapped row keeps the fingerprint); raises :class:`CorruptTableError` naming the first that differs."""
     if rows is None:
         rows = np.random.default_rng().choice(len(table), size=min(SPOT_CHECKS, len(table)), replace=False)
     rows = [int(i) for i in rows]
@@ -190,15 +167,9 @@ _VERIFIED_LOCK = threading.Lock()
 
 def load(fingerprint: str, path: str | Path | None = None, *,
          model: Optional["NumpyBertEncoder"] = None) -> Optional[EmbeddingTable]:
-    """The table at ``path`` (default: the packaged one) if it was made by the model of ``fingerprint``,
-    else ``None`` (also when there is no file): a caller then computes every text.
-
-    With ``model`` (the model of ``fingerprint``), :func:`spot_check` compares a few rows with its
-    own embeddings, once per file version and process (the checked table is then shared).
-
-    Raises:
-        CorruptTableError: the file is unreadable or its rows are not the model's (see :func:`read`).
-    """
+    """The table at ``path`` (default: the packaged one) if the model of ``fingerprint`` made it, else
+    ``None``. With ``model``, :func:`spot_check` runs once per file version and process.
+    Raises :class:`CorruptTableError` (see :func:`read`)."""
     path = Path(path) if path is not None else table_path()
     if model is None:
         table = read(path)

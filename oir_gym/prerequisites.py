@@ -1,11 +1,7 @@
 """The prerequisite table of Craftax-Classic's achievements (``oir_gym/data/prerequisites.json``).
 
-An achievement's prerequisites are what must have happened earlier in the episode for it to be
-possible (the game's recipes: a table needs wood, a wooden pickaxe a table...). The table is read
-in three places, all through this module: the evaluation's control pairing never pairs an
-achievement with a prerequisite or a consequence (:mod:`oir_gym.evaluation`), the ordered-compound
-evaluation sets use only unrelated pairs (:mod:`oir_gym.instructions`), and the ``compound`` oracle
-relabeler names only unrelated pairs (:mod:`oir_gym.relabel.oracle`).
+An achievement's prerequisites must have happened earlier in the episode (a table needs wood...); the
+evaluation's control pairing, the compound evaluation sets and the compound oracle use only unrelated pairs.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ def _load() -> dict[str, tuple[str, ...]]:
     return out
 
 
-#: Direct prerequisites of each achievement (achievement name -> names); achievements without any
-#: are absent.
+#: Direct prerequisites of each achievement (name -> names); achievements without any are absent.
 PREREQUISITES: dict[str, tuple[str, ...]] = _load()
 
 

@@ -1,11 +1,7 @@
 """Record a vector env's steps as :class:`~oir_gym.trajectory.Trajectory` objects for relabeling.
 
-Data flows one way: env step outputs -> :class:`TrajectoryRecorder` -> trajectories -> relabeler.
-The recorder reads what :class:`~oir_gym.vector_env.InstructionCraftax` returns from ``step``
-(``info["events"]``, ``info["instruction"]``, and with ``info_text=True`` ``info["text"]`` /
-``info["action_text"]``) and the env's ``reset_count``; it never changes the env.
-
-A trajectory never spans a ``reset``: wrap the env and both are recorded::
+The recorder reads the step infos (``events``, ``instruction``, with ``info_text=True`` ``text`` /
+``action_text``) and the env's ``reset_count``; it never changes the env. Wrap the env::
 
     envs = oir_gym.RecordTrajectories(gym.make_vec("OIR-CraftaxClassic-v0", num_envs=64))
     obs, info = envs.reset(seed=0)
@@ -44,28 +40,14 @@ class _Segment:
 class TrajectoryRecorder:
     """Turns the step outputs of an instruction vector env into one trajectory per episode.
 
-    Each env has one open segment. A segment ends with its episode (``terminated`` or
-    ``truncated``), after ``max_length`` steps (the episode then goes on in a new segment), or at a
-    ``reset`` of the envs, and its :class:`~oir_gym.trajectory.Trajectory` holds the instruction
-    the env followed, the per-step events and actions, ``dones`` (True at the last step of a finished episode), the
-    textual observations when the env was made with ``info_text=True``, and in ``meta``:
-    ``start_step`` (the recorder's step counter at its first step), ``terminated``,
-    ``truncated``, ``success`` (the episode's own instruction was met) and ``return``.
-
-    A segment cut by a reset is unfinished, like one cut by ``max_length``: ``dones[-1]`` and
-    ``meta["terminated"]`` / ``["truncated"]`` are False. The recorder sees a reset in three ways:
-    :meth:`record_reset` (what :class:`RecordTrajectories` and :func:`rollout` call after
-    ``envs.reset``); a change of the env's ``reset_count`` between two :meth:`record` calls
-    (:class:`~oir_gym.vector_env.InstructionCraftax` has one); and, for envs without it, an
-    env's ``info["instruction"]`` changing while its episode runs (an episode keeps its
-    instruction, so only a reset changes it).
+    A segment ends with its episode, after ``max_length`` steps, or at a reset (then unfinished:
+    ``dones[-1]`` False). Its ``meta`` holds ``start_step``, ``terminated``, ``truncated``, ``success``
+    and ``return``. A reset is seen through :meth:`record_reset`, a change of the env's ``reset_count``,
+    or an env's ``info["instruction"]`` changing mid-episode.
 
     Args:
-        envs: the vector env (its ``num_envs`` and ``metadata["autoreset_mode"]`` are read; with
-            Gymnasium's next-step autoreset, the step that resets an env is not recorded for it).
-            Or pass ``num_envs`` instead.
+        envs: the vector env (``num_envs`` and ``metadata["autoreset_mode"]`` are read), or ``num_envs``.
         max_length: longest segment, in steps (``None``: whole episodes).
-        num_envs: the number of envs, when ``envs`` is not given.
     """
 
     def __init__(self, envs: Any = None, *, max_length: Optional[int] = None, num_envs: Optional[int] = None) -> None:
@@ -81,8 +63,7 @@ class TrajectoryRecorder:
         mode = getattr(envs, "metadata", {}).get("autoreset_mode") if envs is not None else None
         self.num_envs = n
         self.max_length = max_length
-        # Next-step autoreset: the step after an episode's end only resets that env (its action
-        # is ignored and its events are empty), so it belongs to no trajectory.
+        # next-step autoreset: the step after an episode's end only resets that env (no trajectory's)
         self._next_step = str(getattr(mode, "name", mode or "")).lower() == "next_step"
         self._resetting = np.zeros(n, dtype=bool)
         self._steps = 0
@@ -92,15 +73,13 @@ class TrajectoryRecorder:
         self._seen_resets = self._reset_count()
 
     def _reset_count(self) -> Optional[int]:
-        """The env's ``reset_count`` (``None`` without an env or a counter)."""
         if self._envs is None:
             return None
         count = getattr(getattr(self._envs, "unwrapped", self._envs), "reset_count", None)
         return count if isinstance(count, int) and not isinstance(count, bool) else None
 
     def record_reset(self) -> None:
-        """Tell the recorder that ``envs.reset`` ran: every running segment ends (unfinished) and
-        each env's next step starts a new one, under the instruction that step reports."""
+        """Tell the recorder that ``envs.reset`` ran: every running segment ends (unfinished)."""
         for i, seg in enumerate(self._open):
             if seg.actions:
                 self._done.append(self._close(i, seg, False, False, False, False))
@@ -175,11 +154,8 @@ class TrajectoryRecorder:
         )
 
     def trajectories(self, include_open: bool = True) -> list[Trajectory]:
-        """The trajectories recorded since the last call, finished episodes first.
-
-        ``include_open``: also cut every episode still running at the current step (its
-        ``dones[-1]`` is False; the episode goes on in a new segment).
-        """
+        """The trajectories recorded since the last call, finished episodes first; ``include_open`` also
+        cuts every running episode (``dones[-1]`` False; it goes on in a new segment)."""
         out, self._done = self._done, []
         if include_open:
             for i, seg in enumerate(self._open):
@@ -195,21 +171,8 @@ class TrajectoryRecorder:
 
 
 class RecordTrajectories(VectorWrapper):
-    """A vector env wrapper that records every ``reset`` and ``step`` into a :class:`TrajectoryRecorder`.
-
-    The env behaves as before (its public attributes, ``buffer``, ``set_instructions``, ..., are
-    reachable through the wrapper); :meth:`trajectories` returns what was recorded. Since the wrapper
-    sees each ``reset``, no trajectory spans one: a reset ends every running segment (unfinished)
-    and the next step starts new ones under the instructions the reset set.
-
-    Args:
-        env: an instruction vector env (``gym.make_vec("OIR-CraftaxClassic-v0", ...)``; a
-            ``gymnasium.vector.VectorEnv`` whose step info holds ``events`` and ``instruction``).
-        max_length: see :class:`TrajectoryRecorder`.
-
-    Attributes:
-        recorder: the :class:`TrajectoryRecorder` it fills.
-    """
+    """A vector env wrapper that records every ``reset`` and ``step`` of ``env`` into ``self.recorder``, a
+    :class:`TrajectoryRecorder` (``max_length``: see there); the env's public attributes stay reachable."""
 
     def __init__(self, env: VectorEnv, *, max_length: Optional[int] = None) -> None:
         if not isinstance(env, VectorEnv):
@@ -219,7 +182,6 @@ class RecordTrajectories(VectorWrapper):
         self.recorder = TrajectoryRecorder(env, max_length=max_length)
 
     def __getattr__(self, name: str) -> Any:
-        # The wrapped env's public attributes (buffer, set_instructions, ...) stay reachable.
         env = self.__dict__.get("env")
         if env is None or name.startswith("_"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -243,7 +205,6 @@ class RecordTrajectories(VectorWrapper):
 
 
 def _array(name: str, value: Any, dtype: Any) -> np.ndarray:
-    """``value`` as a numpy array of ``dtype``; what cannot be one is an error naming the argument."""
     try:
         a = np.asarray(value)
         if dtype is np.int64 and a.size and not (np.issubdtype(a.dtype, np.integer) or (
@@ -266,18 +227,8 @@ def rollout(
     options: Optional[dict] = None,
     max_length: Optional[int] = None,
 ) -> list[Trajectory]:
-    """Reset ``envs``, run ``policy`` for ``steps`` steps and return the recorded trajectories.
-
-    Args:
-        envs: an instruction vector env (``gym.make_vec("OIR-CraftaxClassic-v0", ...)``).
-        policy: ``policy(obs) -> actions`` (one action per env); ``None``: uniform random actions.
-        steps: vector env steps to run.
-        seed / options: passed to ``envs.reset`` (``options={"instruction": ...}`` pins one).
-        max_length: see :class:`TrajectoryRecorder`.
-
-    Returns:
-        Every finished episode, then the running ones cut at the last step.
-    """
+    """Reset ``envs`` (``seed``, ``options``), run ``policy(obs) -> actions`` (``None``: random) for ``steps``
+    steps and return every finished episode, then the running ones cut at the last step."""
     steps = check_int("steps", steps, minimum=1)
     if policy is not None and not callable(policy):
         raise ArgumentTypeError(f"policy={show(policy)} must be a callable policy(obs) -> actions or None")

@@ -1,9 +1,7 @@
 """Gymnasium registration of ``OIR-CraftaxClassic-v0``.
 
-``gym.make(ENV_ID)`` gives the single env (:class:`~oir_gym.single_env.InstructionCraftaxEnv`)
-wrapped in :class:`EnvChecker` (Gymnasium's passive env checker, with one repair) and
-``OrderEnforcing``; ``gym.make_vec(ENV_ID, num_envs=n)`` gives the batched
-:class:`~oir_gym.vector_env.InstructionCraftax` itself.
+``gym.make(ENV_ID)`` gives the single env in :class:`EnvChecker` and ``OrderEnforcing``;
+``gym.make_vec(ENV_ID, num_envs=n)`` gives :class:`~oir_gym.vector_env.InstructionCraftax` itself.
 """
 
 from __future__ import annotations
@@ -18,17 +16,8 @@ ENV_ID = "OIR-CraftaxClassic-v0"
 
 
 class EnvChecker(PassiveEnvChecker):
-    """Gymnasium's :class:`~gymnasium.wrappers.PassiveEnvChecker`, except that a refused first
-    ``reset`` does not break the env.
-
-    Gymnasium 1.4's checker marks its one-time reset check as done before it calls ``reset``; when
-    that reset raises (say, an empty instruction refused), it has no reset data to compare the
-    first step with, and every later ``step`` fails with "cannot unpack non-iterable NoneType".
-    Here a first reset that raises leaves the check armed, so the next (valid) reset is checked
-    and the env works as usual. The registered entry point wraps the env in it, and the spec
-    turns Gymnasium's own checker off (``disable_env_checker=True``); passing
-    ``disable_env_checker=False`` to ``gym.make`` adds Gymnasium's, with its flaw, around it.
-    """
+    """Gymnasium's :class:`~gymnasium.wrappers.PassiveEnvChecker`, except that a first ``reset`` that
+    raises leaves the check armed (Gymnasium's marks it done, and every later ``step`` then fails)."""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         first = not self.checked_reset
@@ -41,8 +30,7 @@ class EnvChecker(PassiveEnvChecker):
 
     @property
     def spec(self) -> EnvSpec | None:
-        # The plain wrapper spec (this checker listed among the additional wrappers, which the
-        # entry point recreates), not the parent's, which would switch Gymnasium's checker back on.
+        # the plain wrapper spec: the parent's would switch Gymnasium's checker back on
         return gym.Wrapper.spec.fget(self)
 
 
@@ -66,8 +54,7 @@ def register_envs() -> None:
         return
     gym.register(
         id=ENV_ID,
-        # The single env inside EnvChecker (Gymnasium's checker, repaired). Not through the
-        # spec's additional_wrappers: gym.make_vec refuses a vector entry point beside them.
+        # not through additional_wrappers: gym.make_vec refuses a vector entry point beside them
         entry_point="oir_gym.registration:_make_single",
         vector_entry_point="oir_gym.registration:_make_vector",
         max_episode_steps=None,  # the env truncates itself (max_episode_steps kwarg)

@@ -1,9 +1,4 @@
-"""``InstructionCraftaxEnv``: a single (non-vector) Gymnasium env for checks and single-env tools.
-
-It wraps a one-env :class:`~oir_gym.vector_env.InstructionCraftax` without auto-reset, so it
-behaves like any ``gym.Env`` (and passes ``gymnasium.utils.env_checker.check_env``). For speed,
-use the vector env.
-"""
+"""``InstructionCraftaxEnv``: a one-env :class:`~oir_gym.vector_env.InstructionCraftax` as a plain ``gym.Env``."""
 
 from __future__ import annotations
 

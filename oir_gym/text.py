@@ -2,20 +2,10 @@
 
 ``"Facing: tree; Nearby: [1] tree, water [2] cow, stone; Inventory: wood 2, sapling 1; Status: health 9, food 8, drink 7, energy 9, sleeping no"``
 
-* **Facing** names the block or mob on the tile ahead.
-* **Nearby** lists the non-ground blocks (not grass, sand, path) and the mobs of the 7x7 window,
-  grouped by Chebyshev distance ``[1]``, ``[2]``, ``[3]`` and alphabetised within a group
-  (``nothing`` when the window holds only ground).
-* **Inventory** lists items with a non-zero count (``empty`` otherwise).
-* **Status** gives health, food, drink, energy and whether the player sleeps.
-
-Action text names the action, with ``DO`` replaced by the faced object (``"interact with tree"``).
-
-A jitted JAX function extracts the few small arrays needed (:func:`text_features`); the strings
-are then formatted in Python, only for the steps that need text (LLM prompts, ``info``).
-:func:`describe` gives the same content in named form (:class:`Observation`), read from the arrays,
-for code that reasons about a state (the ELLM rule goals); :func:`parse_observation` reads it
-back from a text.
+Nearby lists the non-ground blocks and mobs of the 7x7 window by Chebyshev distance, alphabetised
+within a group; action text replaces ``DO`` by the faced object (``"interact with tree"``). A jitted
+function extracts small arrays (:func:`text_features`), formatted in Python only where text is needed;
+:func:`describe` gives the same content as an :class:`Observation`, :func:`parse_observation` reads it back.
 """
 
 from __future__ import annotations
@@ -56,25 +46,17 @@ def text_features(state) -> dict:
 
 batch_text_features = jax.jit(jax.vmap(text_features))
 
-_DIST = None
-
-
-def _distances() -> np.ndarray:
-    global _DIST
-    if _DIST is None:
-        r = np.arange(-VIEW_RADIUS, VIEW_RADIUS + 1)
-        _DIST = np.maximum(np.abs(r)[:, None], np.abs(r)[None, :])
-    return _DIST
+_R = np.abs(np.arange(-VIEW_RADIUS, VIEW_RADIUS + 1))
+_DIST = np.maximum(_R[:, None], _R[None, :])
 
 
 def _nearby_groups(f: Mapping[str, np.ndarray]) -> list[set[str]]:
     """Names of the non-ground blocks and live mobs at each Chebyshev distance 1..VIEW_RADIUS."""
     groups: list[set[str]] = [set() for _ in range(VIEW_RADIUS + 1)]
     window = np.asarray(f["window"])
-    dist = _distances()
     for (i, j), b in np.ndenumerate(window):
-        if int(b) not in _TRIVIAL and dist[i, j] > 0:
-            groups[dist[i, j]].add(BLOCK_NAMES[int(b)])
+        if int(b) not in _TRIVIAL and _DIST[i, j] > 0:
+            groups[_DIST[i, j]].add(BLOCK_NAMES[int(b)])
     for rel, alive, kind in zip(np.asarray(f["mob_rel"]), np.asarray(f["mob_alive"]), np.asarray(f["mob_kind"])):
         d = int(np.max(np.abs(rel)))
         if alive and 1 <= d <= VIEW_RADIUS:
@@ -111,16 +93,9 @@ def action_text(action: int, facing: int | None = None) -> str:
 
 @dataclass
 class Observation:
-    """A textual observation in named form: what :func:`format_text` writes, as values.
-
-    Attributes:
-        facing: the block or mob ahead (``"tree"``, ``"crafting table"``, ``"zombie"``...).
-        nearby: name -> smallest Chebyshev distance (1..3) at which it is seen.
-        inventory: item (``"wood"``, ``"wood pickaxe"``...) -> count (only non-zero items).
-        status: ``health``, ``food``, ``drink``, ``energy`` -> value.
-        sleeping: whether the player sleeps.
-        text: the text observation itself (empty when built by hand).
-    """
+    """A textual observation in named form: ``facing`` (``"tree"``...), ``nearby`` (name -> smallest
+    distance 1..3), ``inventory`` (non-zero counts), ``status`` (health, food, drink, energy), ``sleeping``
+    and the ``text`` itself (empty when built by hand)."""
 
     facing: str = ""
     nearby: dict[str, int] = field(default_factory=dict)

@@ -1,8 +1,4 @@
-"""The trajectory record handed from the environment to relabelers (host side, numpy).
-
-Data flows one way: the env (or a training loop) builds :class:`Trajectory` objects from what
-it recorded; relabelers read them and return instructions. Nothing here imports the env.
-"""
+"""The trajectory record handed from the environment to relabelers (host side, numpy)."""
 
 from __future__ import annotations
 
@@ -20,14 +16,11 @@ class Trajectory:
 
     Attributes:
         instruction: the instruction the agent was following when the segment started.
-        events: ``[T, E]`` bool; ``events[t, e]`` is True when event ``e`` (see
-            :data:`oir_gym.captions.EVENT_NAMES`) happened in transition ``t``.
+        events: ``[T, E]`` bool, event ``e`` (:data:`oir_gym.captions.EVENT_NAMES`) happened in transition ``t``.
         actions: ``[T]`` int Craftax actions.
         dones: ``[T]`` bool, True where the original episode ended at step ``t``.
-        texts: optional per-step textual observations (the paper's
-            ``"Facing: ...; Nearby: ...; Inventory: ...; Status: ..."``), observed before step ``t``.
-        action_texts: optional per-step action text with ``DO`` replaced by the faced object.
-        env_id: index of the environment that produced it (for bookkeeping).
+        texts, action_texts: optional per-step textual observations (before step ``t``) and action texts.
+        env_id: index of the environment that produced it.
     """
 
     instruction: str
@@ -66,7 +59,6 @@ class Trajectory:
         """Build a trajectory from per-step lists of event names (handy in tests and docs)."""
         ev = np.zeros((len(steps), len(EVENT_NAMES)), dtype=bool)
         for t, names in enumerate(steps):
-            for n in names:
-                ev[t, VOCAB.event_id(n)] = True
+            ev[t, [VOCAB.event_id(n) for n in names]] = True
         actions = kw.pop("actions", np.zeros(len(steps), dtype=np.int32))
         return cls(instruction=instruction, events=ev, actions=actions, **kw)

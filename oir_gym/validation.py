@@ -1,17 +1,7 @@
-"""Argument checks at the public boundary: one rule per kind of value, one style of error.
+"""Argument checks at the public boundary: errors start with the argument's name and say what is allowed.
 
-Every public constructor and method of the library checks its arguments with these functions
-before it does any work, so a wrong value fails at once with an error that starts with the
-argument's name and says what is allowed, instead of deep inside JAX or Craftax, or not at all
-(``bool("no")`` is True; ``int(2.5)`` is 2; ``True`` is an ``int``).
-
-* A value of the wrong type raises :class:`ArgumentTypeError`: a ``TypeError`` that is also a
-  ``ValueError``, so code that caught ``ValueError`` for a bad argument keeps working.
-* A value of the right type outside its range raises ``ValueError``.
-
-Booleans are never numbers here (``num_envs=True`` is refused), and numbers are never booleans
-(``terminate_on_success=1`` is refused): numpy's integer, floating and bool scalars count as
-Python's.
+A wrong type raises :class:`ArgumentTypeError` (a ``TypeError`` that is also a ``ValueError``), a value
+out of range ``ValueError``. Booleans are never numbers and numbers never booleans; numpy scalars count.
 """
 
 from __future__ import annotations
@@ -165,26 +155,17 @@ def check_instance(name: str, value: Any, types: type | tuple[type, ...], *, non
 
 
 def check_seed(name: str, value: Any, *, none_ok: bool = True) -> int | None:
-    """A seed: an integer in ``[0, MAX_SEED]`` (or ``None``). Larger seeds would collide in JAX's
-    32-bit keys (``2**32`` gives the worlds of ``0``); negative ones are refused by numpy."""
+    """A seed: an integer in ``[0, MAX_SEED]`` (or ``None``; larger ones collide in JAX's 32-bit keys)."""
     return check_int(name, value, minimum=0, maximum=MAX_SEED, none_ok=none_ok)
 
 
-def check_str_sequence(name: str, value: Any, *, non_empty_items: bool = True, allow_empty: bool = True,
-                       paths: bool = False) -> tuple[str, ...]:
-    """``value`` as a tuple of strings: a list, tuple or other iterable of them, never one string.
-
-    A single string is itself a sequence of one-character strings (``sets="original"`` would mean
-    the sets ``"o"``, ``"r"``, ...), so it is refused with a hint to wrap it in a list.
-
-    Args:
-        non_empty_items: every item must be a non-blank string.
-        allow_empty: an empty sequence passes.
-        paths: items may also be ``os.PathLike`` (returned as ``str``).
+def check_str_sequence(name: str, value: Any, *, paths: bool = False) -> tuple[str, ...]:
+    """``value`` as a tuple of non-blank strings (``paths``: also ``os.PathLike``, returned as ``str``).
 
     Raises:
-        ArgumentTypeError: a string, bytes, a mapping, a non-iterable, or an item of the wrong type.
-        ValueError: an empty sequence when not ``allow_empty``, or a blank item.
+        ArgumentTypeError: one string (``sets="original"`` would mean ``"o"``, ``"r"``...: wrap it in a
+            list), bytes, a mapping, a non-iterable, or an item of the wrong type.
+        ValueError: a blank item.
     """
     kind = "paths" if paths else "strings"
     if isinstance(value, (str, bytes, os.PathLike)):
@@ -199,16 +180,12 @@ def check_str_sequence(name: str, value: Any, *, non_empty_items: bool = True, a
         if not isinstance(item, str):
             raise ArgumentTypeError(f"{name}[{i}]={show(item)} must be a {'path' if paths else 'string'}, "
                                     f"got {type(item).__name__}")
-        check_str(f"{name}[{i}]", item, non_empty=non_empty_items)
-        out.append(item)
-    if not out and not allow_empty:
-        raise ValueError(f"{name}={show(value)} must hold at least one {kind[:-1]}")
+        out.append(check_str(f"{name}[{i}]", item))
     return tuple(out)
 
 
 def int_arg(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
-    """An ``argparse`` ``type=``: the string as an integer within the bounds, else a clear usage
-    error (``--repeats 0``: "must be an integer >= 1")."""
+    """An ``argparse`` ``type=``: the string as an integer within the bounds, else a clear usage error."""
     def parse(text: str) -> int:
         try:
             value = int(text, 10)
@@ -224,8 +201,7 @@ def int_arg(minimum: int | None = None, maximum: int | None = None) -> Callable[
 
 def real_arg(low: float | None = None, high: float | None = None, *, low_open: bool = False,
              high_open: bool = False) -> Callable[[str], float]:
-    """An ``argparse`` ``type=``: the string as a finite number in the interval, else a clear usage
-    error (``--timeout nan``, ``--timeout -1``)."""
+    """An ``argparse`` ``type=``: the string as a finite number in the interval, else a clear usage error."""
     def parse(text: str) -> float:
         try:
             value = float(text)

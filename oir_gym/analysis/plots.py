@@ -9,7 +9,7 @@ import numpy as np
 
 from oir_gym.analysis.runs import metrics_path, read_jsonl
 from oir_gym.analysis.tables import (
-    EVAL_METRICS, evaluated_sets, gain_sets, pooled_curves, pooled_points, time_curves,
+    EVAL_METRICS, evaluated_sets, gain_sets, pooled_curves, pool_series, pooled_points, time_curves,
 )
 from oir_gym.metrics import mean_and_stderr
 
@@ -311,11 +311,7 @@ def _series(rows: list[dict], key: str, how: str) -> tuple[np.ndarray, np.ndarra
 
 def _pooled_series(rows_list: Sequence[list[dict]], key: str, how: str = "value"):
     """:func:`_series` of several runs, ``steps [n], values [n, runs]``, cut to the shortest run."""
-    series = [_series(rows, key, how) for rows in rows_list]
-    n = min((len(s) for s, _ in series), default=0)
-    if n == 0:
-        return np.zeros(0), np.zeros((0, 0))
-    return series[0][0][:n], np.stack([v[:n] for _, v in series], axis=1)
+    return pool_series([_series(rows, key, how) for rows in rows_list])
 
 
 def _first_logged(rows_list: Sequence[list[dict]], specs) -> tuple[str, str, str] | None:

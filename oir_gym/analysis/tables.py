@@ -276,9 +276,13 @@ def gain_sets(runs: Iterable[list[dict]]) -> list[str]:
 def pooled_points(runs: Sequence[list[dict]], key: str):
     """``steps [n], values [n, seeds]`` of one logged metric (:func:`metric_points`) over several runs
     of one method, their seeds side by side; cut to the points every run has (none when one lacks it)."""
-    series = [metric_points(rows, key) for rows in runs]
+    return pool_series([metric_points(rows, key) for rows in runs])
+
+
+def pool_series(series: Sequence[tuple[np.ndarray, np.ndarray]]):
+    """``(steps, values)`` pairs side by side: ``steps [n], values [n, columns]``, cut to the shortest."""
     n = min((len(s) for s, _ in series), default=0)
     if n == 0:
         return np.zeros(0), np.zeros((0, 0))
-    return series[0][0][:n], np.concatenate([v[:n] for _, v in series], axis=1)
+    return series[0][0][:n], np.concatenate([v[:n].reshape(n, -1) for _, v in series], axis=1)
 

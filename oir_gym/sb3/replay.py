@@ -1,22 +1,8 @@
 """``RelabelReplayBuffer``: SB3's ``DictReplayBuffer`` that also stores hindsight-relabeled transitions.
 
-SB3 keeps HER inside its replay buffer (``HerReplayBuffer``); OIR's relabeling lives with the
-buffer the same way. Build the off-policy model with it::
-
-    model = DQN("MultiInputPolicy", venv, replay_buffer_class=RelabelReplayBuffer)
-    model.learn(100_000, callback=HindsightRelabelCallback(relabeler))
-
-The agent's own transitions go through the usual :meth:`add`. The
-:class:`~oir_gym.sb3.callback.HindsightRelabelCallback` hands every grounded candidate's segment to
-:meth:`RelabelReplayBuffer.add_relabeled`, which builds the relabeled rewards and dones and writes
-them, ``n_envs`` transitions to a row.
-
-Why rows of mixed segments are fine: SB3's ``DictReplayBuffer`` stores rows of ``n_envs``
-transitions and samples (row, column) pairs independently. DQN and QR-DQN use 1-step targets with
-Dict observations (SB3 refuses n-step returns for Dict spaces), so every stored transition stands
-alone and relabeled transitions from any segments can share a row. Fewer than ``n_envs`` left over
-wait for the next segments (:attr:`RelabelReplayBuffer.pending_transitions`). Relabeled rows share
-the buffer (and its FIFO eviction) with the agent's own rows.
+The :class:`~oir_gym.sb3.callback.HindsightRelabelCallback` hands every grounded candidate's segment to
+:meth:`RelabelReplayBuffer.add_relabeled`, written ``n_envs`` transitions to a row. Rows may mix segments:
+DQN and QR-DQN use 1-step targets with Dict observations, so every stored transition stands alone.
 """
 
 from __future__ import annotations
@@ -37,11 +23,10 @@ INSTRUCTION_KEY = "instruction"
 class RelabelReplayBuffer(DictReplayBuffer):
     """A ``DictReplayBuffer`` with :meth:`add_relabeled` for hindsight-relabeled segments.
 
-    Args (beyond ``DictReplayBuffer``'s, which SB3 passes itself):
+    Args (beyond ``DictReplayBuffer``'s):
         instruction_key: the observation key holding the instruction embedding.
-        keep_history: record every relabeled transition written (:attr:`history`: dicts with
-            ``pos``, ``col``, ``t``, ``first_step`` and the caller's ``tag``), for tests and
-            debugging (memory grows with training).
+        keep_history: record every relabeled transition written in :attr:`history` (``pos``, ``col``,
+            ``t``, ``first_step``, ``tag``; memory grows with training).
 
     Counters: :attr:`relabeled_transitions` (written), :attr:`relabeled_successes` (written with
     reward 1), :attr:`pending_transitions` (queued, waiting to fill a row).
@@ -83,20 +68,14 @@ class RelabelReplayBuffer(DictReplayBuffer):
         """Store one segment relabeled with one instruction; returns the transitions queued.
 
         Args:
-            obs: the segment's observations, ``[T + 1, ...]`` per key: step ``t``'s observation at
-                ``t``, the observation after the last step at ``T``. The instruction key, if
-                present, is ignored (``instruction`` replaces it).
-            actions: ``[T]`` the actions taken.
+            obs: ``[T + 1, ...]`` per key (the instruction key is replaced by ``instruction``).
+            actions: ``[T]``.
             instruction: ``[D]`` the relabeled instruction's embedding.
-            first_step: the first step where the relabeled instruction is accomplished: steps
-                ``0 .. first_step`` are stored, reward 1 and ``done`` at ``first_step`` (the
-                relabeled episode ends at its first success, the paper's termination rule), the
-                rest is dropped. ``-1``: never accomplished; all ``T`` steps with reward 0.
+            first_step: steps ``0 .. first_step`` are stored, reward 1 and done at ``first_step``;
+                ``-1``: never accomplished, all ``T`` steps with reward 0.
             done: (``first_step == -1``) the segment's last step ended its episode.
-            timeout: (``first_step == -1``) that end is no terminal for the relabeled instruction
-                (a time limit, or the original instruction's success): stored as a truncation,
-                so SB3 bootstraps from the next observation instead of learning a value of 0.
-            tag: stored in :attr:`history` with each transition (``keep_history``).
+            timeout: (``first_step == -1``) that end is stored as a truncation (SB3 bootstraps).
+            tag: stored in :attr:`history` with each transition.
         """
         actions = np.asarray(actions).reshape(-1)
         T = len(actions)

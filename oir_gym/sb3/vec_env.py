@@ -1,32 +1,9 @@
-"""Stable-Baselines3 ``VecEnv`` adapter for :class:`~oir_gym.vector_env.InstructionCraftax`.
+"""Stable-Baselines3 ``VecEnv`` adapter for :class:`~oir_gym.vector_env.InstructionCraftax` (docs/sb3.md).
 
-Why an adapter at all
----------------------
-SB3 does not take a Gymnasium ``VectorEnv``: it has its own :class:`VecEnv` API (``step`` returns
-``(obs, rewards, dones, infos)`` with ``infos`` a *list of per-env dicts*, ``reset()`` takes no
-arguments, seeds/options are queued with ``seed()``/``set_options()``) and it always assumes that a
-finished env was reset *in the same step*: the returned observation is the first observation of the
-next episode and the last one sits in ``infos[i]["terminal_observation"]``.
-
-Gymnasium 1.x vector envs default to the *next-step* autoreset: the step that ends an episode
-returns its last observation, and the *following* ``step`` call resets that env and ignores its
-action. Feeding that to SB3 would store a transition from the terminal observation to the reset
-observation (with an action the env never executed) and would lose ``terminal_observation``, so
-DQN's targets and RecurrentPPO's timeout bootstrapping would both be wrong. Gymnasium's
-``SAME_STEP`` mode is the one that maps one-to-one: ``infos["final_obs"][i]`` becomes
-``terminal_observation``. :class:`SB3VecEnv` therefore requires ``autoreset_mode="same_step"``
-(the :class:`~oir_gym.vector_env.InstructionCraftax` default) and refuses ``"next_step"``.
-
-Seeding: ``InstructionCraftax`` is **one** JAX batch driven by **one** PRNG key, not ``n``
-independent envs. SB3's ``VecEnv.seed(s)`` queues ``s + i`` for env ``i``; the adapter seeds the
-batch with ``s`` (the seed of env 0, i.e. ``seeds[i] - i`` for the first queued env) and the batch
-splits that key into one world key per env. Hence ``seed(s)`` + ``reset()`` reproduces every env
-exactly, and different ``s`` give different worlds everywhere, but env ``i`` of a batch seeded with
-``s`` is *not* the same world as env ``0`` of a batch seeded with ``s + i``. Seeds that are not
-consecutive (``seeds[i] != seeds[0] + i``) cannot be honoured and raise a warning.
-
-Everything returned is a fresh, writable numpy array (SB3 writes into ``rewards`` in place, e.g.
-RecurrentPPO's timeout bootstrapping), and every per-env info dict is independent.
+SB3 assumes same-step autoreset (``infos["final_obs"][i]`` becomes ``terminal_observation``), so the
+adapter refuses ``"next_step"`` envs. The batch is one JAX key: ``seed(s)`` seeds it with ``s`` (env 0's
+seed), and non-consecutive per-env seeds raise a warning. Every returned array is a fresh copy (SB3
+writes into ``rewards``).
 """
 
 from __future__ import annotations
@@ -49,34 +26,13 @@ PER_ENV_ATTRS = ("instruction",)
 _STEP_INFO_KEYS = ("instruction", "success", "events", "achievements", "similarity", "text", "action_text")
 
 
-def _to_list(x: Any, n: int) -> list:
-    return list(x) if isinstance(x, (list, tuple, np.ndarray)) else [x] * n
-
-
 class SB3VecEnv(VecEnv):
-    """:class:`~oir_gym.vector_env.InstructionCraftax` as a Stable-Baselines3 ``VecEnv``.
+    """:class:`~oir_gym.vector_env.InstructionCraftax` (``env``, or one built from ``env_kwargs``) as an SB3
+    ``VecEnv``; its step infos are listed in docs/sb3.md.
 
-    Args:
-        env: the batched env (its ``autoreset_mode`` must be ``"same_step"``); when ``None`` one is
-            built from ``env_kwargs``.
-        **env_kwargs: passed to :class:`InstructionCraftax` when ``env`` is ``None``.
-
-    Step infos (one dict per env): ``instruction`` (the instruction the step was taken under),
-    ``success``, ``events`` (``[E]`` bool), ``achievements`` (``[22]`` bool), ``similarity``,
-    ``TimeLimit.truncated`` (truncated and not terminated, as SB3's own ``DummyVecEnv``), and for
-    a finished env ``terminal_observation`` (its last observation), ``episode``
-    (``{"r", "l", "t"}``, the format of SB3's ``Monitor``/``VecMonitor``, so ``rollout/ep_rew_mean``
-    is logged without wrapping) and ``is_success`` (the episode's instruction was accomplished).
-    ``reset_infos[i]`` holds ``{"instruction": ...}`` of env ``i``'s current episode (refreshed
-    at every reset, including autoresets).
-
-    ``get_attr``/``set_attr``/``env_method``: the batch is one Python object, so an attribute is
-    shared by all envs (``get_attr`` returns the same value once per index, ``set_attr`` with a
-    strict subset of indices raises) and ``env_method`` calls the method **once** and returns its
-    result once per index. The per-env exception is ``"instruction"``: ``get_attr("instruction")``
-    gives each env's current instruction and ``set_attr("instruction", text, indices)`` pins the
-    instruction of those envs from their next reset (see :meth:`InstructionCraftax.set_instructions`).
-    ``set_options({"instruction": ...})`` (per env or shared) pins at the next ``reset()``.
+    The batch is one Python object: ``get_attr``/``set_attr``/``env_method`` act on it once for all
+    indices (``set_attr`` on a strict subset raises), except ``"instruction"``: each env's current one,
+    and ``set_attr("instruction", text, indices)`` pins those envs from their next reset.
     """
 
     def __init__(self, env: Optional[InstructionCraftax] = None, **env_kwargs: Any) -> None:
@@ -196,11 +152,11 @@ class SB3VecEnv(VecEnv):
         self.env.close()
 
     def _indices(self, indices) -> list[int]:
-        idx = list(self._get_indices(indices))
+        idx = [int(i) for i in self._get_indices(indices)]
         for i in idx:
-            if not 0 <= int(i) < self.num_envs:
+            if not 0 <= i < self.num_envs:
                 raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
-        return [int(i) for i in idx]
+        return idx
 
     def get_attr(self, attr_name: str, indices=None) -> list[Any]:
         idx = self._indices(indices)
@@ -213,7 +169,7 @@ class SB3VecEnv(VecEnv):
     def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
         idx = self._indices(indices)
         if attr_name == "instruction":
-            vals = _to_list(value, len(idx)) if not isinstance(value, str) else [value] * len(idx)
+            vals = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * len(idx)
             if len(vals) != len(idx):
                 raise ValueError(f"got {len(vals)} instructions for {len(idx)} envs")
             for i, v in zip(idx, vals):
