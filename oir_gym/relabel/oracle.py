@@ -310,83 +310,45 @@ def first_occurrence_events(traj: Trajectory, events: Optional[Iterable[int]] = 
     return [cols[i] for i in sorted(happened.tolist(), key=lambda i: (int(first[i]), cols[i]))]
 
 
-def canonical_labels(traj: Trajectory, pair_table: Mapping[tuple[str, str], str]) -> list[Label]:
-    """Each achievement event's canonical caption, then the pair wordings of ``pair_table`` that happened."""
-    out = [Label(VOCAB.canonical(e), e) for e in first_occurrence_events(traj)]
-    return out + pair_labels(traj, pair_table)
-
-
 def pair_labels(traj: Trajectory, pair_table: Mapping[tuple[str, str], str]) -> list[Label]:
     """The natural pair wordings ("sleep and wake up") whose events happened in order in one episode."""
-    ev = np.asarray(traj.events)
-    episode = None
+    ev, episode = np.asarray(traj.events), _episodes(traj)
     out = []
     for (first, second), text in pair_table.items():
         i, j = EVENT_NAMES.index(first), EVENT_NAMES.index(second)
-        t_first = np.flatnonzero(ev[:, i])
-        t_second = np.flatnonzero(ev[:, j])
-        if not len(t_first) or not len(t_second):
-            continue
-        episode = _episodes(traj) if episode is None else episode
         # each episode's first occurrence of the first event; a second event after it in its episode
-        earliest = {}
-        for t in t_first.tolist():
+        earliest: dict[int, int] = {}
+        for t in np.flatnonzero(ev[:, i]).tolist():
             earliest.setdefault(int(episode[t]), t)
-        if any(earliest.get(int(episode[t]), t) < t for t in t_second.tolist()):
+        if any(earliest.get(int(episode[t]), t) < t for t in np.flatnonzero(ev[:, j]).tolist()):
             out.append(Label(text, j, i))
     return out
 
 
-def task_labels(traj: Trajectory, task_events: Sequence[int]) -> list[Label]:
-    """The canonical captions of the non-achievement ``task_events`` that happened (first occurrence order)."""
-    return [Label(VOCAB.canonical(e), e) for e in first_occurrence_events(traj, task_events)]
-
-
 def compound_labels(traj: Trajectory, seed: int = 0) -> list[Label]:
     """``"A then B"`` for ordered pairs of unrelated achievement events of one episode, in random order."""
-    seq = achievement_sequence(traj)
     out = []
-    for (a, ea, ta), (b, eb, tb) in itertools.permutations(seq, 2):
+    for (a, ea, ta), (b, eb, tb) in itertools.permutations(achievement_sequence(traj), 2):
         # any occurrence of B after A's first counts (B's first may come before A)
         if ea != eb or a == b or related_achievements(VOCAB.achievement_of_event[a], VOCAB.achievement_of_event[b]):
             continue
         later = np.flatnonzero(traj.events[ta + 1:, b])
-        if len(later) and _same_episode(traj, ta, ta + 1 + int(later[0])):
+        if len(later) and not np.asarray(traj.dones[ta:ta + 1 + int(later[0])], bool).any():
             out.append(Label(f"{VOCAB.canonical(a)} then {VOCAB.canonical(b)}", b, a))
     order = trajectory_rng(traj, seed, _STREAM_COMPOUND).permutation(len(out))
     return [out[i] for i in order]
 
 
-def _same_episode(traj: Trajectory, t0: int, t1: int) -> bool:
-    return not bool(np.asarray(traj.dones[t0:t1], bool).any())
-
-
-def diverse_labels(traj: Trajectory, pool: WordingPool, seed: int = 0) -> list[Label]:
-    """Each achievement event named by one of its pool wordings, drawn per trajectory."""
-    rng = trajectory_rng(traj, seed, _STREAM_DIVERSE)
-    out = []
-    for e in first_occurrence_events(traj):
-        ws = pool.wordings[e]
-        out.append(Label(ws[int(rng.integers(len(ws)))], e))
-    return out
-
-
 def mixed_labels(traj: Trajectory, pool: WordingPool, seed: int = 0,
                  pair_table: Optional[Mapping[tuple[str, str], str]] = None) -> list[Label]:
-    """:func:`canonical_labels` with each achievement text a pool wording with probability :data:`MIXED_POOL_SHARE`."""
+    """The ``canonical`` labels with each achievement text a pool wording with probability :data:`MIXED_POOL_SHARE`."""
     rng = trajectory_rng(traj, seed, _STREAM_MIXED)
     out = []
     for e in first_occurrence_events(traj):
         u = rng.random(2)
         ws = pool.wordings[e]
-        text = ws[int(u[1] * len(ws))] if u[0] < MIXED_POOL_SHARE else VOCAB.canonical(e)
-        out.append(Label(text, e))
+        out.append(Label(ws[int(u[1] * len(ws))] if u[0] < MIXED_POOL_SHARE else VOCAB.canonical(e), e))
     return out + pair_labels(traj, RULE_PAIRS if pair_table is None else pair_table)
-
-
-def progress_labels(traj: Trajectory) -> list[Label]:
-    """The canonical captions of the progress events that happened (first occurrence order)."""
-    return [Label(VOCAB.canonical(e), e) for e in first_occurrence_events(traj, VOCAB.progress_events)]
 
 
 def corrupt(labels: Sequence[Label], pool: WordingPool, noise: NoiseProfile, rng: np.random.Generator) -> list[Label]:
@@ -418,11 +380,6 @@ def unique(labels: Iterable[Label]) -> list[Label]:
     return list(first.values())
 
 
-def noisy_labels(traj: Trajectory, pool: WordingPool, noise: NoiseProfile, seed: int = 0) -> list[Label]:
-    """:func:`diverse_labels` corrupted by :func:`corrupt`."""
-    return corrupt(diverse_labels(traj, pool, seed), pool, noise, trajectory_rng(traj, seed, _STREAM_NOISE))
-
-
 def oracle_labels(traj: Trajectory, oracle: str, *, seed: int = 0, pool: Optional[WordingPool] = None,
                   pair_table: Optional[Mapping[tuple[str, str], str]] = None,
                   settings: Optional[OracleSettings] = None) -> list[Label]:
@@ -431,18 +388,19 @@ def oracle_labels(traj: Trajectory, oracle: str, *, seed: int = 0, pool: Optiona
     check_int("seed", seed)
     pairs = RULE_PAIRS if pair_table is None else pair_table
     settings = settings or load_settings()
-    if oracle == "canonical":
-        labels = canonical_labels(traj, pairs)
-    elif oracle == "tasks":
-        labels = canonical_labels(traj, pairs) + task_labels(traj, settings.task_events)
-    elif oracle == "compound":
-        labels = canonical_labels(traj, pairs) + compound_labels(traj, seed)
-    elif oracle == "progress":
-        labels = canonical_labels(traj, pairs) + progress_labels(traj)
-    elif oracle == "diverse":
-        labels = diverse_labels(traj, pool or load_pool(), seed)
-    elif oracle == "mixed":
-        labels = mixed_labels(traj, pool or load_pool(), seed, pairs)
-    else:
-        labels = noisy_labels(traj, pool or load_pool(), settings.noise, seed)
-    return unique(labels)
+    if oracle == "mixed":
+        return unique(mixed_labels(traj, pool or load_pool(), seed, pairs))
+    if oracle in ("diverse", "noisy"):
+        pool, rng = pool or load_pool(), trajectory_rng(traj, seed, _STREAM_DIVERSE)
+        # each achievement event named by one of its pool wordings, drawn per trajectory
+        labels = [Label(pool.wordings[e][int(rng.integers(len(pool.wordings[e])))], e)
+                  for e in first_occurrence_events(traj)]
+        if oracle == "diverse":
+            return unique(labels)
+        return corrupt(labels, pool, settings.noise, trajectory_rng(traj, seed, _STREAM_NOISE))
+    # the rest: canonical captions of the achievements, the pairs, then the variant's own labels
+    labels = [Label(VOCAB.canonical(e), e) for e in first_occurrence_events(traj)] + pair_labels(traj, pairs)
+    if oracle == "compound":
+        return unique(labels + compound_labels(traj, seed))
+    extra = {"canonical": (), "tasks": settings.task_events, "progress": VOCAB.progress_events}[oracle]
+    return unique(labels + [Label(VOCAB.canonical(e), e) for e in first_occurrence_events(traj, extra)])

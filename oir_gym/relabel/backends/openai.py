@@ -283,9 +283,7 @@ class OpenAIBackend:
         try:
             status, data = self._run(self._request("GET", "/models", None, time.monotonic() + self.timeout))
         except _Failure as f:
-            self._count("failures", f.kind)
-            cls = BackendTimeout if f.kind == "timeouts" else BackendError
-            raise cls(self._redact(f"cannot ask {url} which model the server serves: {f.message}")) from None
+            raise self._error(f, f"cannot ask {url} which model the server serves:") from None
         if status != 200:
             raise BackendError(self._redact(
                 f"{url} answered HTTP {status} ({self._snippet(data)}): is {_safe_url(self.base_url)} an "
@@ -382,13 +380,16 @@ class OpenAIBackend:
                 self._count("ok")
                 return content
         except _Failure as f:
-            self._count("failures", f.kind)
-            cls = BackendTimeout if f.kind == "timeouts" else BackendError
-            raise cls(self._redact(f"OpenAI-compatible server at {_safe_url(self.base_url)} {f.message}")) from None
+            raise self._error(f, f"OpenAI-compatible server at {_safe_url(self.base_url)}") from None
         except asyncio.CancelledError:
             if self._closed.is_set():  # close() cut this call short
                 self._count("failures", "connection_errors")
             raise
+
+    def _error(self, f: _Failure, prefix: str) -> BackendError:
+        """``f`` counted and as the caller's error (:class:`BackendTimeout` for a timeout), key masked."""
+        self._count("failures", f.kind)
+        return (BackendTimeout if f.kind == "timeouts" else BackendError)(self._redact(f"{prefix} {f.message}"))
 
     def _content(self, payload: bytes) -> str:
         try:

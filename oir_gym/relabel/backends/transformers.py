@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from oir_gym.relabel.backends.base import BackendError, default_max_tokens, schema_shape, set_sampling
 from oir_gym.relabel.prompts import instruction_gbnf, output_schema
+from oir_gym.validation import check_choice, check_int
 
 #: Gemma's chat turn format (the packaged GGUF carries no chat template; the tokenizer adds ``<bos>``).
 GEMMA_TURN = "<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n"
@@ -119,27 +120,20 @@ class TransformersBackend:
             import transformers  # noqa: F401
         except ImportError as e:
             raise ImportError(TRANSFORMERS_INSTALL_HINT) from e
-        if grammar not in ("gbnf", "json_schema", None):
-            raise ValueError(f"grammar must be 'gbnf', 'json_schema' or None, got {grammar!r}")
+        check_choice("grammar", grammar, ("gbnf", "json_schema", None))
         if grammar is not None:
             try:
                 import xgrammar  # noqa: F401
             except ImportError as e:
                 raise ImportError(TRANSFORMERS_INSTALL_HINT + " (or pass grammar=None)") from e
-        if chat_template not in ("auto", "gemma", None):
-            raise ValueError(f"chat_template must be 'auto', 'gemma' or None, got {chat_template!r}")
-        if dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be None, 'float32', 'bfloat16' or 'float16', got {dtype!r}")
-        if num_threads is not None and int(num_threads) < 1:
-            raise ValueError(f"num_threads must be >= 1 or None, got {num_threads!r}")
+        self.chat_template = check_choice("chat_template", chat_template, ("auto", "gemma", None))
+        self.dtype_arg = check_choice("dtype", dtype, (None, "float32", "bfloat16", "float16"))
+        self.num_threads = check_int("num_threads", num_threads, minimum=1, none_ok=True)
         self._source, self.gguf_file = _resolve_model(model, gguf_file)
         #: the model's identity: the GGUF file, or the folder / hub id (used in cache keys)
         self.model = os.path.join(self._source, self.gguf_file) if self.gguf_file else self._source
         self.device_arg = device
-        self.dtype_arg = dtype
-        self.num_threads = None if num_threads is None else int(num_threads)
         set_sampling(self, temperature, top_p, seed, max_tokens, grammar)
-        self.chat_template = chat_template
         self.batch_size = max(1, int(batch_size))
         self.verbose = verbose
         self.cache_dir = (os.path.join(os.path.expanduser("~"), ".cache", "oir_gym", "transformers")
@@ -176,9 +170,15 @@ class TransformersBackend:
             if not self.verbose and was:
                 tlog.enable_progress_bar()
 
+    def _from_pretrained(self, path: str, dtype: Any, **kw: Any) -> tuple[Any, Any]:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        with self._quiet():
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True, **kw)
+            return tok, AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, **kw)
+
     def _load(self) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         auto = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(auto if self.device_arg == "auto" else self.device_arg)
@@ -188,14 +188,9 @@ class TransformersBackend:
             caching = bool(self.gguf_file and self.cache_dir and os.path.isfile(self.model))
             tok, model = self._load_converted(dtype) if caching else (None, None)
             if model is None:
-                kw: dict[str, Any] = {"local_files_only": True}
-                if self.gguf_file:
-                    kw["gguf_file"] = self.gguf_file
-                with self._quiet():
-                    tok = AutoTokenizer.from_pretrained(self._source, **kw)
-                    # the copy keeps the exact float32 dequantized weights, whatever dtype runs
-                    model = AutoModelForCausalLM.from_pretrained(
-                        self._source, dtype=torch.float32 if caching else dtype, **kw)
+                # the copy keeps the exact float32 dequantized weights, whatever dtype runs
+                tok, model = self._from_pretrained(self._source, torch.float32 if caching else dtype,
+                                                   **({"gguf_file": self.gguf_file} if self.gguf_file else {}))
                 if caching:
                     self._save_converted(tok, model)
                     model.to(dtype)
@@ -231,16 +226,11 @@ class TransformersBackend:
 
     def _load_converted(self, dtype: Any) -> tuple[Any, Any]:
         """Tokenizer and model from the converted copy of the GGUF, or ``(None, None)``."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         path = self._converted_dir()
         if not os.path.isfile(os.path.join(path, "model.safetensors")):
             return None, None
         try:
-            with self._quiet():
-                tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-            return tok, model
+            return self._from_pretrained(path, dtype)
         except Exception:  # noqa: BLE001 - a damaged copy: convert the GGUF again
             shutil.rmtree(path, ignore_errors=True)
             return None, None

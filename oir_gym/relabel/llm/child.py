@@ -437,8 +437,6 @@ class ChildProcessBackend:
         }
 
 
-
-
 def llm_process_stats(llm: Any) -> dict[str, Any]:
     """The child's counters when ``llm`` is a :class:`ChildProcessBackend`, else zeros."""
     if isinstance(llm, ChildProcessBackend):
