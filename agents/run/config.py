@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Annotated, Any, Iterator, Literal, Mapping, Sequence, get_args
 
@@ -236,6 +237,28 @@ class NestedConfig:
                 raise ValueError(f"unknown config field(s) {[f'{part}.{b}' for b in bad]}")
             out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **vals)})  # type: ignore[type-var]
         return out
+
+    def check_types(self) -> None:
+        """ValueError naming the field unless every field holds its declared type and every number is finite."""
+        for part in fields(self):  # type: ignore[arg-type]
+            obj = getattr(self, part.name)
+            need(dataclasses.is_dataclass(obj),
+                 f"config part {part.name!r} is a {type(obj).__name__}, not a {part.type}")
+            default = type(obj)()
+            for f in fields(obj):
+                v, d = getattr(obj, f.name), getattr(default, f.name)
+                if d is None or v is None and f.name == "call_timeout":  # Optional fields
+                    continue
+                d = 1.0 if f.name == "call_timeout" else d
+                if isinstance(d, float) and isinstance(v, float) and not math.isfinite(v):
+                    raise ValueError(f"{part.name}.{f.name}={v!r} must be a finite number")
+                if isinstance(d, bool):
+                    ok = isinstance(v, bool)
+                elif isinstance(d, tuple):
+                    ok = isinstance(v, tuple) and all(isinstance(x, str) for x in v)
+                else:  # a float field takes an int too; no other field takes a bool
+                    ok = not isinstance(v, bool) and isinstance(v, (int, float) if isinstance(d, float) else type(d))
+                need(ok, f"{part.name}.{f.name}={v!r} has type {type(v).__name__}; expected {type(d).__name__}")
 
     def check_fields(self, choices: Sequence[tuple[str, str, Sequence[Any]]],
                      counts: Sequence[tuple[str, Sequence[str]]]) -> None:

@@ -86,7 +86,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     the umask."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _new_temp(path)
+    for _ in range(100):  # a new, exclusively created temporary name; mode 0o666 less the umask
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            break
+    else:
+        raise FileExistsError(f"no free temporary name beside {path}")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -98,17 +104,6 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         raise
     fsync_dir(path.parent)
     return path
-
-
-def _new_temp(path: Path) -> tuple[int, str]:
-    """A new, exclusively created ``.<name>.<random>.tmp`` beside ``path``: ``(fd, its path)``."""
-    for _ in range(100):
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:  # mode 0o666: the kernel applies the user's umask, as for any new file
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), str(tmp)
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -180,18 +175,17 @@ def _link_error(path: Path) -> str:
             "link; remove the link (or put a copy of the file in its place) and run again")
 
 
-def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = (), *, opaque: Iterable[str] = (WANDB,)) -> None:
+def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = ()) -> None:
     """Raise :class:`RunDirError` naming the first symbolic link among the matches of ``patterns`` in
-    ``folder`` and the paths under them (in ``opaque`` folders, e.g. W&B's, only the folder itself)."""
+    ``folder`` and the paths under them (in W&B's folder only the folder itself)."""
     folder = Path(folder)
     if not folder.is_dir():
         return
-    opaque = set(opaque)
     for pattern in patterns:
         for p in sorted(folder.glob(pattern)):
             if p.is_symlink():
                 raise RunDirError(_link_error(p))
-            if not p.is_dir() or p.name in opaque:
+            if not p.is_dir() or p.name == WANDB:
                 continue
             for root, dirs, files in os.walk(p):  # does not descend into linked folders, lists them in dirs
                 for name in dirs + files:
@@ -385,22 +379,20 @@ class MetricsWriter:
 
 
 class RunDir:
-    """A run directory at ``path``; ``extra_outputs``: glob patterns of further files its trainer writes."""
+    """A run directory at ``path``."""
 
-    def __init__(self, path: str | os.PathLike, extra_outputs: Iterable[str] = ()) -> None:
+    def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.extra_outputs = tuple(extra_outputs)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
     @classmethod
-    def prepare(cls, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
-                extra_outputs: Iterable[str] = ()) -> "RunDir":
+    def prepare(cls, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False) -> "RunDir":
         """The :class:`RunDir`, its folder created, once the flags fit the folder (else :class:`RunDirError`,
         nothing changed): ``resume`` needs a run's ``config.json``, neither flag needs a folder without a run,
         ``overwrite`` removes the old outputs first, and no run file may be a symbolic link."""
-        run = cls(path, extra_outputs)
+        run = cls(path)
         if resume and overwrite:
             raise RunDirError("--resume continues the run in the folder and --overwrite deletes it: pass one of them")
         if resume:
@@ -412,13 +404,9 @@ class RunDir:
                               "it, or choose another run directory")
         if overwrite:
             run.remove_outputs()
-        run.refuse_links()
+        refuse_links(run.path, OUTPUT_PATTERNS + _ALSO_WRITTEN)
         run.path.mkdir(parents=True, exist_ok=True)
         return run
-
-    def refuse_links(self) -> None:
-        """:func:`refuse_links` over every file and folder a run writes here."""
-        refuse_links(self.path, OUTPUT_PATTERNS + self.extra_outputs + _ALSO_WRITTEN)
 
     def check_before_first_checkpoint(self, first_checkpoint: int, last_update: int, place: str | os.PathLike,
                                       flag: str = "--resume") -> None:
@@ -448,7 +436,7 @@ class RunDir:
 
     def remove_outputs(self) -> None:
         """Delete the run's outputs (the completion marker first, so a half-removed run is never "complete")."""
-        found = [p for pattern in OUTPUT_PATTERNS + self.extra_outputs for p in sorted(self.path.glob(pattern))]
+        found = [p for pattern in OUTPUT_PATTERNS for p in sorted(self.path.glob(pattern))]
         for p in dict.fromkeys([self.path / COMPLETE, *found]):
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
