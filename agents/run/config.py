@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Annotated, Any, Iterator, Literal, Mapping, Sequence, get_args
@@ -383,20 +384,13 @@ def plain_help(text: str) -> str:
 def preset_help(prog: str, description: str | None, presets: Mapping[str, tuple[str, Any]],
                 default_preset: str) -> str:
     """The bare ``--help`` of a training script: its description and the presets, the default marked."""
-    import os
-    import textwrap
-
-    cols = max(60, min(120, int(os.environ.get("COLUMNS", "100") or 100)))
     width = max(len(n) for n in presets)
     lines = [f"usage: {prog} [PRESET] [OPTIONS...]", ""]
     if description:
         lines += [plain_help(description).strip("\n"), ""]
     lines.append(f"PRESET (the first argument; default: {default_preset}):")
-    for name, (desc, _) in presets.items():
-        text = f"{desc}{' (the default)' if name == default_preset else ''}"
-        body = textwrap.wrap(text, width=cols - width - 4) or [""]
-        lines.append(f"  {name:<{width}}  {body[0]}")
-        lines += [f"  {'':<{width}}  {b}" for b in body[1:]]
+    lines += [f"  {name:<{width}}  {desc}{' (the default)' if name == default_preset else ''}"
+              for name, (desc, _) in presets.items()]
     lines += ["", f"Every option, with a preset's values: {prog} PRESET --help (e.g. {prog} {default_preset} --help)"]
     return "\n".join(lines)
 
@@ -404,27 +398,22 @@ def preset_help(prog: str, description: str | None, presets: Mapping[str, tuple[
 @contextlib.contextmanager
 def _plain_docstrings() -> Iterator[None]:
     """While a command line is parsed, tyro's help text from docstrings without RST markup (:func:`plain_help`)."""
-    try:
-        from tyro import _docstrings
-    except ImportError:  # tyro's internals differ: the help keeps the markup
-        _docstrings = None
+    from tyro import _docstrings
+
     saved = {n: getattr(_docstrings, n) for n in ("get_field_docstring", "get_callable_description")
-             if callable(getattr(_docstrings, n, None))}
-
-    def plain(fn: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            out = fn(*args, **kwargs)
-            return plain_help(out) if isinstance(out, str) else out
-
-        return call
-
+             if callable(getattr(_docstrings, n, None))}  # tyro's internals differ: the help keeps the markup
     for name, fn in saved.items():
-        setattr(_docstrings, name, plain(fn))
+        setattr(_docstrings, name, functools.partial(_plain_result, fn))
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(_docstrings, name, fn)
+
+
+def _plain_result(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    out = fn(*args, **kwargs)
+    return plain_help(out) if isinstance(out, str) else out
 
 
 def _multi_value_flags(config_type: type) -> dict[str, str]:

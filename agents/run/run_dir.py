@@ -1,10 +1,5 @@
-"""One run directory for both trainers: ``config.json`` (+ provenance), ``metrics.jsonl`` / ``metrics.csv``,
-``tb/``, ``wandb/``, ``checkpoints/``, ``eval_<tag>.json`` / ``.md``, plots, and ``complete.json`` written last.
-
-:meth:`RunDir.prepare` checks the flags before anything is deleted; files are written atomically; a resume
-verifies ``metrics.jsonl``'s prefix (:class:`MetricsPosition`); a damaged file is a :class:`CorruptFileError`
-naming it; nothing goes through a symbolic link. Imports only the standard library at import time.
-"""
+"""One run directory for both trainers (:class:`RunDir`): files written atomically, never through a symbolic link,
+``metrics.jsonl``'s prefix verified on resume, ``complete.json`` written last. Imports only the standard library."""
 
 from __future__ import annotations
 
@@ -82,8 +77,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, ``os.replace``), mode 0o666 less
-    the umask."""
+    """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, ``os.replace``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(100):  # a new, exclusively created temporary name; mode 0o666 less the umask
@@ -176,8 +170,7 @@ def _link_error(path: Path) -> str:
 
 
 def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = ()) -> None:
-    """Raise :class:`RunDirError` naming the first symbolic link among the matches of ``patterns`` in
-    ``folder`` and the paths under them (in W&B's folder only the folder itself)."""
+    """:class:`RunDirError` naming the first symbolic link among ``patterns``' matches in ``folder`` and under them."""
     folder = Path(folder)
     if not folder.is_dir():
         return
@@ -194,8 +187,7 @@ def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = ()) -> Non
 
 
 def member(folder: str | os.PathLike, name: str, source: str | os.PathLike | None = None) -> Path:
-    """``folder / name`` for a ``name`` read from ``source``; a :class:`CorruptFileError` naming ``source`` unless
-    it is a relative path of plain parts inside ``folder`` that follows no link."""
+    """``folder / name`` (``name`` read from ``source``) if inside ``folder``, else :class:`CorruptFileError`."""
     folder = Path(folder)
     where = Path(source) if source is not None else folder / str(name)
     parts = Path(name).parts if isinstance(name, str) and name else ()
@@ -239,10 +231,8 @@ def _git(root: Path, *args: str) -> str | None:
 
 def provenance(source_root: str | os.PathLike | None = None,
                packages: Iterable[str] = PROVENANCE_PACKAGES) -> dict[str, Any]:
-    """Which code produced a run: ``{"git_commit", "git_dirty", "source", "python", "packages", "time"}`` of the
-    checkout holding ``source_root`` (default: this file's) and the installed ``packages``. A commit named in
-    ``OIR_GYM_SOURCE_COMMIT`` (a copy sent to another machine) wins, with ``"git_commit_from": "environment"``
-    and a different ``.git`` commit found there as ``"checkout_commit"``."""
+    """Which code produced a run: git commit and state of ``source_root``'s checkout (``OIR_GYM_SOURCE_COMMIT``
+    wins), Python, package versions, time."""
     from importlib import metadata
 
     root = Path(source_root) if source_root is not None else Path(__file__).resolve().parents[1]
@@ -306,8 +296,7 @@ def _parse_rows(path: Path, data: bytes) -> list[tuple[int, dict]]:
 
 
 class MetricsWriter:
-    """Appends rows to ``metrics.jsonl`` (flushed per row, fsynced by :meth:`sync`), TensorBoard and W&B (numeric
-    values at step ``env_steps``); made by :meth:`RunDir.open_metrics`."""
+    """Appends rows to ``metrics.jsonl``, TensorBoard and W&B; made by :meth:`RunDir.open_metrics`."""
 
     def __init__(self, path: Path, *, start: MetricsPosition, tb_dir: Path | None = None,
                  tb_purge_step: int | None = None, wandb_run: Any = None) -> None:
@@ -390,8 +379,7 @@ class RunDir:
     @classmethod
     def prepare(cls, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False) -> "RunDir":
         """The :class:`RunDir`, its folder created, once the flags fit the folder (else :class:`RunDirError`,
-        nothing changed): ``resume`` needs a run's ``config.json``, neither flag needs a folder without a run,
-        ``overwrite`` removes the old outputs first, and no run file may be a symbolic link."""
+        nothing changed; ``overwrite`` removes the old outputs first)."""
         run = cls(path)
         if resume and overwrite:
             raise RunDirError("--resume continues the run in the folder and --overwrite deletes it: pass one of them")
@@ -444,8 +432,7 @@ class RunDir:
                 p.unlink()
 
     def write_config(self, config: Mapping[str, Any], *, source_root: str | os.PathLike | None = None) -> Path:
-        """Write ``config.json`` with ``"provenance"`` (:func:`provenance`); a resumed run keeps the first one
-        and appends its own to ``"resumed"``."""
+        """Write ``config.json`` with ``"provenance"``; a resumed run appends its own to ``"resumed"``."""
         prov = provenance(source_root)
         data = dict(config)
         data.pop("provenance", None)
@@ -478,8 +465,7 @@ class RunDir:
 
     def check_metrics(self, *, position: MetricsPosition | Mapping[str, Any] | None = None,
                       after_update: int | None = None) -> MetricsPosition:
-        """The position :meth:`open_metrics` will cut ``metrics.jsonl`` back to (a :class:`CorruptFileError` when
-        its kept part does not match); the file is not changed."""
+        """The position :meth:`open_metrics` will cut ``metrics.jsonl`` back to (unchanged); CorruptFileError."""
         if position is not None and after_update is not None:
             raise ValueError("give the checkpoint's metrics position or after_update, not both")
         path = self.metrics_path
