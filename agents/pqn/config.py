@@ -3,8 +3,7 @@ also reads the flat ``config.json`` of old runs (:data:`FLAT_KEYS`)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Mapping, Sequence, get_args
 
 from agents.run.config import (
@@ -181,7 +180,7 @@ class TrainConfig(NestedConfig):
 
     def validate(self) -> "TrainConfig":
         """Check every field; raise one ValueError naming the field (and what to use) at the first bad one."""
-        _check_types(self)
+        self.check_types()
         r, p, e, o, el, ev = self.run, self.pqn, self.env, self.oir, self.ellm, self.eval
         self.check_fields(
             (("run", "method", METHODS), ("ellm", "proposer", ELLM_PROPOSERS), ("env", "obs_mode", get_args(ObsMode)),
@@ -266,36 +265,6 @@ FLAT_KEYS: dict[str, tuple[str, ...]] = {
     "eval_epsilon": ("eval.epsilon",),
 }
 """Old flat key -> the nested field(s) it becomes."""
-
-
-def _check_types(cfg: TrainConfig) -> None:
-    """Every field holds its declared type; every number is finite."""
-    for part in fields(cfg):
-        obj = getattr(cfg, part.name)
-        if not is_dataclass(obj):
-            raise ValueError(f"config part {part.name!r} is a {type(obj).__name__}, not a {part.type}")
-        default = type(obj)()
-        for f in fields(obj):
-            v, d = getattr(obj, f.name), getattr(default, f.name)
-            path = f"{part.name}.{f.name}"
-            if f.name == "call_timeout":  # float | None
-                if v is None:
-                    continue
-                d = 1.0
-            if isinstance(d, bool):
-                ok = isinstance(v, bool)
-            elif isinstance(d, int):
-                ok = isinstance(v, int) and not isinstance(v, bool)
-            elif isinstance(d, float):
-                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-                if ok and not math.isfinite(v):
-                    raise ValueError(f"{path}={v!r} must be a finite number")
-            elif isinstance(d, tuple):
-                ok = isinstance(v, tuple) and all(isinstance(x, str) for x in v)
-            else:
-                ok = isinstance(v, type(d))
-            if not ok:
-                raise ValueError(f"{path}={v!r} has type {type(v).__name__}; expected {type(d).__name__}")
 
 
 def load_config(d: Mapping[str, Any]) -> TrainConfig:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Annotated, Any, Iterator, Literal, Mapping, Sequence, get_args
 
@@ -237,6 +239,28 @@ class NestedConfig:
             out = dataclasses.replace(out, **{part: dataclasses.replace(cur, **vals)})  # type: ignore[type-var]
         return out
 
+    def check_types(self) -> None:
+        """ValueError naming the field unless every field holds its declared type and every number is finite."""
+        for part in fields(self):  # type: ignore[arg-type]
+            obj = getattr(self, part.name)
+            need(dataclasses.is_dataclass(obj),
+                 f"config part {part.name!r} is a {type(obj).__name__}, not a {part.type}")
+            default = type(obj)()
+            for f in fields(obj):
+                v, d = getattr(obj, f.name), getattr(default, f.name)
+                if d is None or v is None and f.name == "call_timeout":  # Optional fields
+                    continue
+                d = 1.0 if f.name == "call_timeout" else d
+                if isinstance(d, float) and isinstance(v, float) and not math.isfinite(v):
+                    raise ValueError(f"{part.name}.{f.name}={v!r} must be a finite number")
+                if isinstance(d, bool):
+                    ok = isinstance(v, bool)
+                elif isinstance(d, tuple):
+                    ok = isinstance(v, tuple) and all(isinstance(x, str) for x in v)
+                else:  # a float field takes an int too; no other field takes a bool
+                    ok = not isinstance(v, bool) and isinstance(v, (int, float) if isinstance(d, float) else type(d))
+                need(ok, f"{part.name}.{f.name}={v!r} has type {type(v).__name__}; expected {type(d).__name__}")
+
     def check_fields(self, choices: Sequence[tuple[str, str, Sequence[Any]]],
                      counts: Sequence[tuple[str, Sequence[str]]]) -> None:
         """ValueError naming the field unless each ``(part, name, allowed)`` of ``choices`` holds an allowed
@@ -360,20 +384,13 @@ def plain_help(text: str) -> str:
 def preset_help(prog: str, description: str | None, presets: Mapping[str, tuple[str, Any]],
                 default_preset: str) -> str:
     """The bare ``--help`` of a training script: its description and the presets, the default marked."""
-    import os
-    import textwrap
-
-    cols = max(60, min(120, int(os.environ.get("COLUMNS", "100") or 100)))
     width = max(len(n) for n in presets)
     lines = [f"usage: {prog} [PRESET] [OPTIONS...]", ""]
     if description:
         lines += [plain_help(description).strip("\n"), ""]
     lines.append(f"PRESET (the first argument; default: {default_preset}):")
-    for name, (desc, _) in presets.items():
-        text = f"{desc}{' (the default)' if name == default_preset else ''}"
-        body = textwrap.wrap(text, width=cols - width - 4) or [""]
-        lines.append(f"  {name:<{width}}  {body[0]}")
-        lines += [f"  {'':<{width}}  {b}" for b in body[1:]]
+    lines += [f"  {name:<{width}}  {desc}{' (the default)' if name == default_preset else ''}"
+              for name, (desc, _) in presets.items()]
     lines += ["", f"Every option, with a preset's values: {prog} PRESET --help (e.g. {prog} {default_preset} --help)"]
     return "\n".join(lines)
 
@@ -381,27 +398,22 @@ def preset_help(prog: str, description: str | None, presets: Mapping[str, tuple[
 @contextlib.contextmanager
 def _plain_docstrings() -> Iterator[None]:
     """While a command line is parsed, tyro's help text from docstrings without RST markup (:func:`plain_help`)."""
-    try:
-        from tyro import _docstrings
-    except ImportError:  # tyro's internals differ: the help keeps the markup
-        _docstrings = None
+    from tyro import _docstrings
+
     saved = {n: getattr(_docstrings, n) for n in ("get_field_docstring", "get_callable_description")
-             if callable(getattr(_docstrings, n, None))}
-
-    def plain(fn: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            out = fn(*args, **kwargs)
-            return plain_help(out) if isinstance(out, str) else out
-
-        return call
-
+             if callable(getattr(_docstrings, n, None))}  # tyro's internals differ: the help keeps the markup
     for name, fn in saved.items():
-        setattr(_docstrings, name, plain(fn))
+        setattr(_docstrings, name, functools.partial(_plain_result, fn))
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(_docstrings, name, fn)
+
+
+def _plain_result(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    out = fn(*args, **kwargs)
+    return plain_help(out) if isinstance(out, str) else out
 
 
 def _multi_value_flags(config_type: type) -> dict[str, str]:

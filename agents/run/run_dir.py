@@ -1,10 +1,5 @@
-"""One run directory for both trainers: ``config.json`` (+ provenance), ``metrics.jsonl`` / ``metrics.csv``,
-``tb/``, ``wandb/``, ``checkpoints/``, ``eval_<tag>.json`` / ``.md``, plots, and ``complete.json`` written last.
-
-:meth:`RunDir.prepare` checks the flags before anything is deleted; files are written atomically; a resume
-verifies ``metrics.jsonl``'s prefix (:class:`MetricsPosition`); a damaged file is a :class:`CorruptFileError`
-naming it; nothing goes through a symbolic link. Imports only the standard library at import time.
-"""
+"""One run directory for both trainers (:class:`RunDir`): files written atomically, never through a symbolic link,
+``metrics.jsonl``'s prefix verified on resume, ``complete.json`` written last. Imports only the standard library."""
 
 from __future__ import annotations
 
@@ -82,11 +77,16 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, ``os.replace``), mode 0o666 less
-    the umask."""
+    """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, ``os.replace``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _new_temp(path)
+    for _ in range(100):  # a new, exclusively created temporary name; mode 0o666 less the umask
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            break
+    else:
+        raise FileExistsError(f"no free temporary name beside {path}")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -98,17 +98,6 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         raise
     fsync_dir(path.parent)
     return path
-
-
-def _new_temp(path: Path) -> tuple[int, str]:
-    """A new, exclusively created ``.<name>.<random>.tmp`` beside ``path``: ``(fd, its path)``."""
-    for _ in range(100):
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:  # mode 0o666: the kernel applies the user's umask, as for any new file
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), str(tmp)
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -180,18 +169,16 @@ def _link_error(path: Path) -> str:
             "link; remove the link (or put a copy of the file in its place) and run again")
 
 
-def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = (), *, opaque: Iterable[str] = (WANDB,)) -> None:
-    """Raise :class:`RunDirError` naming the first symbolic link among the matches of ``patterns`` in
-    ``folder`` and the paths under them (in ``opaque`` folders, e.g. W&B's, only the folder itself)."""
+def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = ()) -> None:
+    """:class:`RunDirError` naming the first symbolic link among ``patterns``' matches in ``folder`` and under them."""
     folder = Path(folder)
     if not folder.is_dir():
         return
-    opaque = set(opaque)
     for pattern in patterns:
         for p in sorted(folder.glob(pattern)):
             if p.is_symlink():
                 raise RunDirError(_link_error(p))
-            if not p.is_dir() or p.name in opaque:
+            if not p.is_dir() or p.name == WANDB:
                 continue
             for root, dirs, files in os.walk(p):  # does not descend into linked folders, lists them in dirs
                 for name in dirs + files:
@@ -200,8 +187,7 @@ def refuse_links(folder: str | os.PathLike, patterns: Iterable[str] = (), *, opa
 
 
 def member(folder: str | os.PathLike, name: str, source: str | os.PathLike | None = None) -> Path:
-    """``folder / name`` for a ``name`` read from ``source``; a :class:`CorruptFileError` naming ``source`` unless
-    it is a relative path of plain parts inside ``folder`` that follows no link."""
+    """``folder / name`` (``name`` read from ``source``) if inside ``folder``, else :class:`CorruptFileError`."""
     folder = Path(folder)
     where = Path(source) if source is not None else folder / str(name)
     parts = Path(name).parts if isinstance(name, str) and name else ()
@@ -245,10 +231,8 @@ def _git(root: Path, *args: str) -> str | None:
 
 def provenance(source_root: str | os.PathLike | None = None,
                packages: Iterable[str] = PROVENANCE_PACKAGES) -> dict[str, Any]:
-    """Which code produced a run: ``{"git_commit", "git_dirty", "source", "python", "packages", "time"}`` of the
-    checkout holding ``source_root`` (default: this file's) and the installed ``packages``. A commit named in
-    ``OIR_GYM_SOURCE_COMMIT`` (a copy sent to another machine) wins, with ``"git_commit_from": "environment"``
-    and a different ``.git`` commit found there as ``"checkout_commit"``."""
+    """Which code produced a run: git commit and state of ``source_root``'s checkout (``OIR_GYM_SOURCE_COMMIT``
+    wins), Python, package versions, time."""
     from importlib import metadata
 
     root = Path(source_root) if source_root is not None else Path(__file__).resolve().parents[1]
@@ -312,8 +296,7 @@ def _parse_rows(path: Path, data: bytes) -> list[tuple[int, dict]]:
 
 
 class MetricsWriter:
-    """Appends rows to ``metrics.jsonl`` (flushed per row, fsynced by :meth:`sync`), TensorBoard and W&B (numeric
-    values at step ``env_steps``); made by :meth:`RunDir.open_metrics`."""
+    """Appends rows to ``metrics.jsonl``, TensorBoard and W&B; made by :meth:`RunDir.open_metrics`."""
 
     def __init__(self, path: Path, *, start: MetricsPosition, tb_dir: Path | None = None,
                  tb_purge_step: int | None = None, wandb_run: Any = None) -> None:
@@ -385,22 +368,19 @@ class MetricsWriter:
 
 
 class RunDir:
-    """A run directory at ``path``; ``extra_outputs``: glob patterns of further files its trainer writes."""
+    """A run directory at ``path``."""
 
-    def __init__(self, path: str | os.PathLike, extra_outputs: Iterable[str] = ()) -> None:
+    def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.extra_outputs = tuple(extra_outputs)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
     @classmethod
-    def prepare(cls, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
-                extra_outputs: Iterable[str] = ()) -> "RunDir":
+    def prepare(cls, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False) -> "RunDir":
         """The :class:`RunDir`, its folder created, once the flags fit the folder (else :class:`RunDirError`,
-        nothing changed): ``resume`` needs a run's ``config.json``, neither flag needs a folder without a run,
-        ``overwrite`` removes the old outputs first, and no run file may be a symbolic link."""
-        run = cls(path, extra_outputs)
+        nothing changed; ``overwrite`` removes the old outputs first)."""
+        run = cls(path)
         if resume and overwrite:
             raise RunDirError("--resume continues the run in the folder and --overwrite deletes it: pass one of them")
         if resume:
@@ -412,13 +392,9 @@ class RunDir:
                               "it, or choose another run directory")
         if overwrite:
             run.remove_outputs()
-        run.refuse_links()
+        refuse_links(run.path, OUTPUT_PATTERNS + _ALSO_WRITTEN)
         run.path.mkdir(parents=True, exist_ok=True)
         return run
-
-    def refuse_links(self) -> None:
-        """:func:`refuse_links` over every file and folder a run writes here."""
-        refuse_links(self.path, OUTPUT_PATTERNS + self.extra_outputs + _ALSO_WRITTEN)
 
     def check_before_first_checkpoint(self, first_checkpoint: int, last_update: int, place: str | os.PathLike,
                                       flag: str = "--resume") -> None:
@@ -448,7 +424,7 @@ class RunDir:
 
     def remove_outputs(self) -> None:
         """Delete the run's outputs (the completion marker first, so a half-removed run is never "complete")."""
-        found = [p for pattern in OUTPUT_PATTERNS + self.extra_outputs for p in sorted(self.path.glob(pattern))]
+        found = [p for pattern in OUTPUT_PATTERNS for p in sorted(self.path.glob(pattern))]
         for p in dict.fromkeys([self.path / COMPLETE, *found]):
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
@@ -456,8 +432,7 @@ class RunDir:
                 p.unlink()
 
     def write_config(self, config: Mapping[str, Any], *, source_root: str | os.PathLike | None = None) -> Path:
-        """Write ``config.json`` with ``"provenance"`` (:func:`provenance`); a resumed run keeps the first one
-        and appends its own to ``"resumed"``."""
+        """Write ``config.json`` with ``"provenance"``; a resumed run appends its own to ``"resumed"``."""
         prov = provenance(source_root)
         data = dict(config)
         data.pop("provenance", None)
@@ -490,8 +465,7 @@ class RunDir:
 
     def check_metrics(self, *, position: MetricsPosition | Mapping[str, Any] | None = None,
                       after_update: int | None = None) -> MetricsPosition:
-        """The position :meth:`open_metrics` will cut ``metrics.jsonl`` back to (a :class:`CorruptFileError` when
-        its kept part does not match); the file is not changed."""
+        """The position :meth:`open_metrics` will cut ``metrics.jsonl`` back to (unchanged); CorruptFileError."""
         if position is not None and after_update is not None:
             raise ValueError("give the checkpoint's metrics position or after_update, not both")
         path = self.metrics_path

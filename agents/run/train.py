@@ -93,24 +93,19 @@ class Recipe:
 
     def parse(self, argv: list[str], description: str | None = None) -> Any:
         """The command line as this trainer's options (a :class:`RunOptions` with a ``config``)."""
-        raise NotImplementedError
 
-    def num_updates(self, cfg: Any) -> int:
-        raise NotImplementedError
+    def num_updates(self, cfg: Any) -> int: ...
 
-    def default_run_dir(self, cfg: Any) -> str:
-        raise NotImplementedError
+    def default_run_dir(self, cfg: Any) -> str: ...
 
     def checkpoint_place(self, own_dir: Path) -> Path:
         return own_dir
 
     def checkpoints(self, own_dir: Path) -> dict[int, Path]:
         """The checkpoints this process holds, by update."""
-        raise NotImplementedError
 
     def read_checkpoint(self, path: Path) -> dict[str, Any]:
         """Verify the checkpoint at ``path`` and return its host state (``update``, ``metrics``)."""
-        raise NotImplementedError
 
     def no_checkpoint(self, own_dir: Path) -> None:
         """A resume found no checkpoint: raise if what is there cannot be resumed at all."""
@@ -120,27 +115,22 @@ class Recipe:
 
     def build(self, cfg: Any, own_dir: Path, eval_only: bool, fresh: bool = False) -> RunTrainer:
         """The trainer (``eval_only``: no LLM started; ``fresh``: the run starts from update 0)."""
-        raise NotImplementedError
 
     def write_config(self, run: RunDir, cfg: Any) -> None:
         run.write_config(cfg.to_dict())
 
-    def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str:
-        raise NotImplementedError
+    def header(self, cfg: Any, trainer: RunTrainer, procs: int, run: RunDir) -> str: ...
 
-    def summary_line(self, row: dict[str, Any], num_updates: int) -> str:
-        raise NotImplementedError
+    def summary_line(self, row: dict[str, Any], num_updates: int) -> str: ...
 
     def on_row(self, trainer: RunTrainer, row: dict[str, Any]) -> None:
         """After each metrics row is written."""
 
     def label(self, cfg: Any) -> str:
         """The run's name in plots and tables."""
-        raise NotImplementedError
 
     def eval_title(self, cfg: Any, trainer: RunTrainer, tag: str | None) -> str:
         """The heading of eval_final.md (``tag`` None) or of an ``--eval-only`` evaluation."""
-        raise NotImplementedError
 
     def compile_ahead(self, trainer: RunTrainer) -> bool:
         return False
@@ -621,7 +611,8 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
                 metrics.write(row)
                 recipe.on_row(trainer, row)
                 line = recipe.summary_line(row, n)
-                if bar is None and opts.progress and not quiet:  # started after the first update: its rate leaves out the compile
+                shown = log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row
+                if bar is None and opts.progress and not quiet:  # started after the first update: no compile in its rate
                     bar = tqdm(total=n, initial=log.update, unit="update", dynamic_ncols=True, file=sys.stderr,
                                disable=None)  # None: off when stderr is not a terminal (then lines are printed)
                 elif bar is not None:
@@ -629,16 +620,13 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
                 if bar is not None and not bar.disable:
                     bar.set_postfix_str(f"{row.get('sps', 0.0):.0f} sps, loss {row.get('loss', float('nan')):.4f}",
                                         refresh=False)
-                    if log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row:
+                    if shown:
                         bar.write(line)
-                elif not quiet and (log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row
-                                    or last):
+                elif not quiet and (shown or last):
                     print(line, flush=True)
-                if log.update % cfg.run.checkpoint_every == 0 or last:
+                if log.update % cfg.run.checkpoint_every == 0 or last or why:
                     trainer.save(metrics=metrics.sync())
                 if why:
-                    if not last:
-                        trainer.save(metrics=metrics.sync())
                     return why
         finally:
             if bar is not None:

@@ -30,8 +30,6 @@ from agents.run.run_dir import (
     CorruptFileError, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file,
 )
 
-RELABELERS = ("rules", "llm", "both", "none")
-
 _DQN_FAMILY = dict(learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
                    train_freq=4, gradient_steps=1, target_update_interval=10_000, exploration_fraction=0.1,
                    exploration_initial_eps=1.0, exploration_final_eps=0.05)

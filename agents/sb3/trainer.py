@@ -49,31 +49,26 @@ class SB3Trainer:
         self._last = (time.time(), 0)
         configure_torch_threads(cfg.sb3.threads or None)
         t = time.time()
-        relabel = cfg.relabeler != "none" and not eval_only
         self.venv = make_env(cfg.sb3.num_envs, cfg.run.seed, obs_mode=cfg.env.obs_mode, delta=cfg.env.delta,
                              max_episode_steps=cfg.env.max_episode_steps, reward=cfg.reward,
                              buffer_size=cfg.oir.instruction_buffer_size if cfg.relabeler != "none" else None,
                              tau_low=cfg.oir.tau_low, tau_high=cfg.oir.tau_high)
         self.startup["env"] = time.time() - t
-        t = time.time()
-        if relabel:
-            o = cfg.oir
-            self.relabeler = make_relabeler(cfg.relabeler, o, llm=cfg.llm, delta=cfg.env.delta, encoder=self.venv.encoder,
-                                            seed=cfg.run.seed, eval_files=cfg.eval.instruction_files)
-            try:  # the PQN trainer's start-up check: relabeler llm stops, both warns
-                check_llm(self.relabeler, cfg.relabeler == "llm", "--oir.relabeler")
-            except BaseException:
-                self.close()
-                raise
-        self.startup["relabeler"] = time.time() - t
-        if fresh and not eval_only:
-            t = time.time()
-            try:
-                self.model = self._new_model()
-            except BaseException:
-                self.close()
-                raise
-            self.startup["model"] = time.time() - t
+        try:
+            if cfg.relabeler != "none" and not eval_only:
+                t = time.time()
+                self.relabeler = make_relabeler(cfg.relabeler, cfg.oir, llm=cfg.llm, delta=cfg.env.delta,
+                                                encoder=self.venv.encoder, seed=cfg.run.seed,
+                                                eval_files=cfg.eval.instruction_files)
+                check_llm(self.relabeler, cfg.relabeler == "llm", "--oir.relabeler")  # as PQN's: llm stops, both warns
+                self.startup["relabeler"] = time.time() - t
+            if fresh and not eval_only:
+                t = time.time()
+                self.model = self._new_model()  # a refused hyperparameter fails now
+                self.startup["model"] = time.time() - t
+        except BaseException:
+            self.close()
+            raise
 
     def _new_model(self) -> Any:
         from agents.sb3.models import make_model
