@@ -20,7 +20,6 @@ import time
 import warnings
 from collections import Counter
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union

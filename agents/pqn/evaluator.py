@@ -4,43 +4,24 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from agents.pqn.trainer import ProcessSeeds
 
-class PQNEvaluator:
+
+class PQNEvaluator(ProcessSeeds):
     """Every seed of a PQN run's checkpoint evaluated as the run's own evaluations do, with nothing of
     training built (what ``--eval-only`` runs; the driver's :class:`agents.run.train.RunTrainer`
     interface). ``cfg``: the run's :class:`~agents.pqn.config.TrainConfig`; ``run_dir``: this process's run folder.
     """
 
     def __init__(self, cfg: Any, run_dir: str | os.PathLike) -> None:
-        import jax
-
-        from agents.run.multihost import seed_slice
-        from agents.pqn.trainer import trainer_programs
-        from agents.pqn.sharding import Layout, check_layout
-        from oir_gym import get_encoder
-
-        self.cfg = cfg
+        self._init_seeds(cfg)
+        self._init_programs()
         self.run_dir = Path(run_dir)
-        self.processes, self.process_index = jax.process_count(), jax.process_index()
-        self.seeds = seed_slice(cfg.run.num_seeds, self.processes, self.process_index)
-        self.S, self.seed_offset = self.seeds.stop - self.seeds.start, self.seeds.start
-        local = len(jax.local_devices())
-        num_devices = cfg.run.num_devices or local
-        check_layout(self.S, cfg.pqn.num_envs, num_devices, visible=local)
-        self.layout = Layout(self.S, cfg.pqn.num_envs, num_devices)
-        self.startup: dict[str, float] = {}
-        t = time.time()
-        self.encoder = get_encoder()
-        self.startup["encoder"] = time.time() - t
-        self.programs = trainer_programs(cfg, self.layout, self.encoder.dim)
-        self.update_idx = 0
-        self.env_steps = 0
         self.checkpoint: Path | None = None
         self.method = None
         self._params: Any = None
@@ -80,32 +61,16 @@ class PQNEvaluator:
         self.checkpoint = folder
         return host
 
-    def eval_config(self, final: bool = False) -> Any:
-        """The :class:`~oir_gym.evaluation.EvalConfig` of an evaluation (``final``: the final one)."""
-        from oir_gym.evaluation import eval_config
-
-        ev = self.cfg.eval
-        return eval_config(ev.instruction_files, sets=(*ev.sets, *(ev.final_sets if final else ())),
-                           episodes=ev.final_episodes if final else ev.episodes, horizon=ev.horizon,
-                           control=ev.control)
-
     def evaluate(self, final: bool = False) -> list:
         """Every seed's :class:`~oir_gym.evaluation.EvalResult` on the run's own evaluation worlds."""
-        from agents.pqn.trainer import method_spec
-        from oir_gym import functional as F
-        from oir_gym.evaluation import eval_instructions, eval_keys, evaluate_jax_seeds
+        from oir_gym.evaluation import eval_instructions
 
         if self._params is None:
             raise RuntimeError("PQNEvaluator.evaluate before load: load a checkpoint first")
-        cfg = self.cfg
         ecfg = self.eval_config(final)
         texts, achs, sets = eval_instructions(ecfg)
         rows = self._registry.rows(texts, achs)  # the checkpoint's rows; new texts (a user's file) get rows
-        params = F.EnvParams(table=self._registry.device_table(), delta=cfg.env.delta,
-                             max_steps=cfg.env.max_episode_steps, reward_mode=method_spec(cfg.run.method).reward_mode)
-        keys = eval_keys(cfg.run.seed, self.seeds.stop, self.update_idx)[self.seeds]
-        evaluator = self.programs.evaluator(len(texts) * ecfg.episodes)
-        return evaluate_jax_seeds(evaluator, keys, self._params, params, rows, ecfg, texts, achs, sets)
+        return self._evaluation_of(self._params, self._registry.device_table(), rows, ecfg, texts, achs, sets)()
 
     def close(self) -> None:
         """Nothing to stop."""

@@ -1,16 +1,9 @@
-"""The LSTM recurrence as one fused Pallas kernel per time step (``pqn.lstm_kernel="pallas"``).
-
-:func:`lstm_scan_pallas` has :func:`agents.pqn.network.lstm_scan`'s signature, outputs and written-out
-gradient (same maths). On a GPU each step of that scan is a matmul followed by separate kernels for
-the gate arithmetic, the slicing and the writes into the stacked outputs; here one kernel does the
-whole step. Its grid is (row blocks, hidden-unit blocks): a program multiplies its rows' ``h_prev``
-by the i, f, g and o columns of its ``bn`` hidden units (float32 accumulation), then adds bias and
-input projection, masks the carry at resets, applies the nonlinearities and writes ``h``, ``c`` and
-the gates of step ``t`` straight into the ``[T, ...]`` buffers, which the loop carries in place
-(the step index is a kernel input, so no slicing kernels run between steps). The backward step
-likewise: ``dh_prev = dz_t @ W_h^T`` for its hidden units, then in the same kernel the previous
-step's ``dc`` and gate gradients ``dz_{t-1}`` for those units. ``dW_h`` stays one matmul after the
-loop. Pallas's interpreter runs the kernels on a CPU (tests); on a GPU they compile through Triton.
+"""The LSTM recurrence as one fused Pallas kernel per time step (``pqn.lstm_kernel="pallas"``), with
+:func:`agents.pqn.network.lstm_scan`'s signature, outputs and gradient. A program of the grid (row
+blocks, hidden-unit blocks) multiplies its rows' ``h_prev`` by its units' i, f, g, o columns, applies
+the gates and writes step ``t`` into the ``[T, ...]`` buffers the loop carries in place; the backward
+step likewise computes ``dh_prev = dz_t @ W_h^T`` and step ``t - 1``'s gate gradients (``dW_h``: one
+matmul after the loop). On a CPU Pallas's interpreter runs the kernels; on a GPU, Triton.
 """
 
 from __future__ import annotations
@@ -112,7 +105,6 @@ def _forward(kernel_h, bias_h, x_proj, keep, carry, dtype, unroll):
     shapes = (jax.ShapeDtypeStruct((T, B, H), f32),) * 2 + (jax.ShapeDtypeStruct((T, B, 4, H), f32),)
     call = _step_call(_fwd_kernel, shapes, B, H, dtype, {7: 0, 8: 1, 9: 2})
     w, b, x = kernel_h.astype(dtype).reshape(H, 4, H), bias_h.reshape(4, H).astype(f32), x_proj.reshape(T, B, 4, H)
-
     keep = keep.astype(f32)
 
     def step(bufs, t):
@@ -123,15 +115,14 @@ def _forward(kernel_h, bias_h, x_proj, keep, carry, dtype, unroll):
     return (cs[-1], hs[-1]), hs, cs, gates
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _lstm(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
-    (c, h), hs, _, _ = _forward(kernel_h, bias_h, x_proj, ~resets, carry, dtype, unroll)
-    return (c, h), hs
-
-
 def _lstm_fwd(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
     carry_out, hs, cs, gates = _forward(kernel_h, bias_h, x_proj, ~resets, carry, dtype, unroll)
     return (carry_out, hs), (kernel_h, resets, carry, hs, cs, gates)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _lstm(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
+    return _lstm_fwd(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)[0]
 
 
 def _lstm_bwd(dtype, unroll, res, cotangents):
@@ -174,15 +165,10 @@ def lstm_scan_pallas(kernel_h, bias_h, x_proj, resets, carry, dtype=jnp.float32,
     T, B, G = x_proj.shape
     H = G // 4
     Bp, Hp = -(-B // MIN_BLOCK) * MIN_BLOCK, -(-H // MIN_BLOCK) * MIN_BLOCK
-    if (Bp, Hp) == (B, H):
-        return _lstm(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
     pad_gates = lambda a, rows: jnp.pad(a.reshape(*a.shape[:-1], 4, H),  # noqa: E731
                                         [(0, 0)] * (a.ndim - 2) + [(0, rows), (0, 0), (0, Hp - H)]
                                         ).reshape(*a.shape[:-2], a.shape[-2] + rows, 4 * Hp)
-    kp = pad_gates(kernel_h, Hp - H)
-    bp = pad_gates(bias_h[None], 0)[0]
-    xp = pad_gates(x_proj, Bp - B)
-    rp = jnp.pad(resets, [(0, 0), (0, Bp - B)])
-    cp = tuple(jnp.pad(v, [(0, Bp - B), (0, Hp - H)]) for v in carry)
-    (c, h), hs = _lstm(kp, bp, xp, rp, cp, dtype, unroll)
+    (c, h), hs = _lstm(pad_gates(kernel_h, Hp - H), pad_gates(bias_h[None], 0)[0], pad_gates(x_proj, Bp - B),
+                       jnp.pad(resets, [(0, 0), (0, Bp - B)]),
+                       tuple(jnp.pad(v, [(0, Bp - B), (0, Hp - H)]) for v in carry), dtype, unroll)
     return (c[:B, :H], h[:B, :H]), hs[:, :B, :H]

@@ -130,9 +130,8 @@ class PQNRecipe(Recipe):
     def write_diversity(self, trainer: RunTrainer, folder: Path, cfg: Any) -> None:
         """oir: :func:`write_diversity_report`."""
         method = getattr(trainer, "method", None)
-        if not hasattr(method, "diversity"):
-            return
-        write_diversity_report(method, trainer.update_idx, folder, cfg.oir.grounding, cfg.oir.relabeler)
+        if hasattr(method, "diversity"):
+            write_diversity_report(method, trainer.update_idx, folder, cfg.oir.grounding, cfg.oir.relabeler)
 
 
 def write_diversity_report(method: Any, update: int, folder: Path, grounding: str, relabeler: str) -> None:

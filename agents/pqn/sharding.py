@@ -1,11 +1,7 @@
-"""Seeds (and envs) spread over devices with ``jax.sharding``.
-
-Per-seed arrays keep the seed axis first (``[S, ...]``); the env batch of all seeds is one axis
-``[S * E, ...]`` (seed ``s`` owns envs ``[s*E, (s+1)*E)``). :class:`Layout` lays the mesh
-``("seeds", "parts")`` over ``D`` devices: whole seeds per device when ``S >= D``, else each seed's
-envs split over ``D/S`` devices. The env batch is cut into ``max(S, D)`` blocks with their own world
-pool and key, so :class:`PerDevice` runs the rollout as one single-device program per device with
-no traffic between them. Multi-host runs: :mod:`agents.run.multihost`.
+"""Seeds (and envs) spread over devices with ``jax.sharding``: per-seed arrays ``[S, ...]``, the env
+batch of all seeds ``[S * E, ...]`` (seed-major). :class:`Layout` lays the ``("seeds", "parts")`` mesh
+and cuts the env batch into blocks with their own world pool and key, so :class:`PerDevice` runs the
+rollout as one single-device program per device. Multi-host runs: :mod:`agents.run.multihost`.
 """
 
 from __future__ import annotations
@@ -139,13 +135,9 @@ def _specs_like(specs: Any, tree: Any) -> list[PartitionSpec]:
 
 
 class PerDevice:
-    """Run ``fn``, written for one device's share of the data, on every device of a mesh side by side.
-
-    ``in_specs(*args)`` / ``out_specs(*args)`` give the global arrays' partition specs (pytree
-    prefixes); each call splits the arguments into device shards, starts ``fn``'s executable on every
-    device from its own thread, and joins the results into global arrays. A one-device mesh runs
-    ``jax.jit(fn)``.
-    """
+    """Run ``fn``, written for one device's share of the data, on every device of a mesh side by side
+    (each from its own thread; a one-device mesh runs ``jax.jit(fn)``). ``in_specs(*args)`` /
+    ``out_specs(*args)``: the global arrays' partition specs (pytree prefixes)."""
 
     def __init__(self, fn: Callable, mesh: Mesh, in_specs: Callable[..., Any], out_specs: Callable[..., Any]):
         self.mesh = mesh

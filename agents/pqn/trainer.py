@@ -37,7 +37,7 @@ from oir_gym.buffer import InstructionBuffer
 from oir_gym.craftax_compat import NUM_ACTIONS
 from oir_gym.event_rates import RateWindow, pooled_metrics
 from oir_gym.encoder import get_encoder
-from oir_gym.evaluation import EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator
+from oir_gym.evaluation import EvalConfig, EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator
 from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import obs_dim
@@ -275,9 +275,56 @@ class IterationLog:
     metrics: dict[str, float]
 
 
-class Trainer:
-    """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for ``cfg.run.num_seeds`` seeds side by side
-    (in a run over several processes, this process's :attr:`S` of them from :attr:`seed_offset`).
+class ProcessSeeds:
+    """This process's seeds of a run (in a run over several processes, :attr:`S` of them from
+    :attr:`seed_offset`), their device layout, the encoder, the jitted programs and their evaluation;
+    the base of :class:`Trainer` and :class:`agents.pqn.evaluator.PQNEvaluator`."""
+
+    def _init_seeds(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        #: processes of this run (:mod:`agents.run.multihost`); ``seeds``: this process's global seed indices
+        self.processes, self.process_index = jax.process_count(), jax.process_index()
+        self.seeds = seed_slice(cfg.run.num_seeds, self.processes, self.process_index)
+        self.num_seeds = cfg.run.num_seeds
+        self.S, self.seed_offset = self.seeds.stop - self.seeds.start, self.seeds.start
+        local = len(jax.local_devices())
+        self.num_devices = cfg.run.num_devices or local
+        check_layout(self.S, cfg.pqn.num_envs, self.num_devices, visible=local)
+        self.layout = Layout(self.S, cfg.pqn.num_envs, self.num_devices)
+        self.update_idx = 0
+        self.env_steps = 0
+
+    def _init_programs(self) -> None:
+        #: seconds each part of the start took
+        self.startup: dict[str, float] = {}
+        t = time.time()
+        self.encoder = get_encoder()
+        self.startup["encoder"] = time.time() - t
+        self.programs = trainer_programs(self.cfg, self.layout, self.encoder.dim)
+
+    def eval_config(self, final: bool = False) -> EvalConfig:
+        """The :class:`~oir_gym.evaluation.EvalConfig` of an evaluation (``final``: the final one)."""
+        ev = self.cfg.eval
+        return eval_config(ev.instruction_files, sets=(*ev.sets, *(ev.final_sets if final else ())),
+                           episodes=ev.final_episodes if final else ev.episodes, horizon=ev.horizon,
+                           control=ev.control)
+
+    def env_params_with(self, table: Any) -> F.EnvParams:
+        """The run's env params with instruction table ``table``."""
+        return F.EnvParams(table=table, delta=self.cfg.env.delta, max_steps=self.cfg.env.max_episode_steps,
+                           reward_mode=method_spec(self.cfg.run.method).reward_mode)
+
+    def _evaluation_of(self, policy: Any, table: Any, rows: Any, ecfg: EvalConfig, texts: list[str],
+                       achs: list, sets: list[str]) -> Callable[[], list[EvalResult]]:
+        """The evaluation of every seed's ``policy`` on the instructions' ``rows`` of ``table`` as a call,
+        its arguments read now."""
+        keys = eval_keys(self.cfg.run.seed, self.seeds.stop, self.update_idx)[self.seeds]
+        return functools.partial(evaluate_jax_seeds, self.programs.evaluator(len(texts) * ecfg.episodes), keys,
+                                 policy, self.env_params_with(table), rows, ecfg, texts, achs, sets)
+
+
+class Trainer(ProcessSeeds):
+    """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for this process's seeds side by side.
 
     Args:
         cfg: the run configuration.
@@ -290,39 +337,21 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike, relabeler=None,
                  log: Callable[[str], None] = print, proposer=None, prefetch_worlds: bool = False) -> None:
-        self.cfg = cfg.validate()
-        #: processes of this run (:mod:`agents.run.multihost`); ``seeds``: this process's global seed indices
-        self.processes, self.process_index = jax.process_count(), jax.process_index()
-        self.seeds = seed_slice(cfg.run.num_seeds, self.processes, self.process_index)
-        self.num_seeds = cfg.run.num_seeds
-        self.S, self.seed_offset = self.seeds.stop - self.seeds.start, self.seeds.start
-        local = len(jax.local_devices())
-        self.num_devices = cfg.run.num_devices or local
-        check_layout(self.S, cfg.pqn.num_envs, self.num_devices, visible=local)
-        self.layout = Layout(self.S, cfg.pqn.num_envs, self.num_devices)
+        self._init_seeds(cfg.validate())
         self.mesh = self.layout.mesh()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = log
         self.rate_windows = [RateWindow(cfg.pqn.num_envs) for _ in range(self.S)]
         self._worlds: Future | None = side_threads("oir-worlds", self._initial_worlds)[0] if prefetch_worlds else None
-        #: seconds each part of the start took
-        self.startup: dict[str, float] = {}
-        t = time.time()
-        self.encoder = get_encoder()
-        self.startup["encoder"] = time.time() - t
-        self.programs = trainer_programs(cfg, self.layout, self.encoder.dim)
+        self._init_programs()
         self.net = self.programs.net
         t = time.time()
         self.method_spec = method_spec(cfg.run.method)
         #: rows per env that also pay (ELLM's proposed goals)
         self.num_also_pays = self.method_spec.also_pays_slots(cfg)
-        self.eval_cfg = eval_config(cfg.eval.instruction_files, sets=cfg.eval.sets, episodes=cfg.eval.episodes,
-                                    horizon=cfg.eval.horizon, control=cfg.eval.control)
+        self.eval_cfg, self.final_eval_cfg = self.eval_config(), self.eval_config(final=True)
         self.eval_texts, self.eval_achs, self.eval_sets = eval_instructions(self.eval_cfg)
-        self.final_eval_cfg = eval_config(cfg.eval.instruction_files, sets=(*self.eval_cfg.sets, *cfg.eval.final_sets),
-                                          episodes=cfg.eval.final_episodes, horizon=cfg.eval.horizon,
-                                          control=cfg.eval.control)
         self.final_texts, self.final_achs, self.final_sets = eval_instructions(self.final_eval_cfg)
         n_fixed = len(set(self.all_eval_texts) | set(ORIGINAL_INSTRUCTIONS))
         capacity = self.method_spec.table_capacity(cfg, n_fixed)
@@ -350,16 +379,10 @@ class Trainer:
         self.method: TrainingMethod = self.method_spec.factory(ctx, relabeler, proposer)
         self.startup["method"] = time.time() - t
 
-        self.base_params = F.EnvParams(
-            table=self.registry.device_table(), delta=cfg.env.delta, max_steps=cfg.env.max_episode_steps,
-            reward_mode=self.method_spec.reward_mode,
-        )
+        self.base_params = self.env_params_with(self.registry.device_table())
         n_eval = len(self.eval_texts) * self.eval_cfg.episodes
         self.evaluator = self.programs.evaluator(n_eval, seeds=False)
-        self._evaluate_seeds = self.programs.evaluator(n_eval)
-        self._final_evaluate_seeds: PerDevice | None = None
-        self.update_idx = 0
-        self.env_steps = 0
+        self.programs.evaluator(n_eval)  # built now, the final one at its first request
         self._compiling: list[Future] = []  # start_compiling's rollout and update jobs
         #: the last iteration's rollout (host arrays) and update batch (examples/batch_composition.py)
         self.last_rollout: dict | None = None
@@ -433,9 +456,9 @@ class Trainer:
         worlds = self._worlds.result() if self._worlds is not None else self._initial_worlds()
         self._worlds = None
         self.runner = None
-        self.train_state, self.runner = self._initial_state(k_net, k_env, k_run, self._env_params(), worlds)
+        self.train_state, self.runner = self._placed(*self._initial_state(k_net, k_env, k_run, self._env_params(),
+                                                                          worlds))
         self.key = key
-        self._place()
         self.startup["initial_state"] = time.time() - t0
 
     def _initial_keys(self) -> tuple[Any, Any, Any, Any]:
@@ -471,18 +494,14 @@ class Trainer:
     def _placeholder_state(self, env_params: F.EnvParams) -> tuple[Any, tuple]:
         """A ``(train_state, runner)`` of zeros shaped and placed as :meth:`init_state` makes them."""
         blocks = jax.ShapeDtypeStruct((self.layout.blocks, 2), jnp.uint32)
-        ts, runner = jax.eval_shape(self._initial_state, jax.ShapeDtypeStruct((self.S, 2), jnp.uint32), blocks, blocks,
-                                    env_params)
-        lay = self.layout
-        ts = lay.place(placeholder(ts), jax.tree_util.tree_map(lambda _: lay.seed_spec, ts))
-        return ts, lay.place(placeholder(runner), lay.runner_specs(runner))
+        return self._placed(*placeholder(jax.eval_shape(
+            self._initial_state, jax.ShapeDtypeStruct((self.S, 2), jnp.uint32), blocks, blocks, env_params)))
 
-    def _place(self) -> None:
-        """Put the per-seed state on the mesh (:class:`agents.pqn.sharding.Layout`)."""
+    def _placed(self, train_state: Any, runner: Runner) -> tuple[Any, Runner]:
+        """The per-seed state put on the mesh (:class:`agents.pqn.sharding.Layout`)."""
         lay = self.layout
-        self.train_state = lay.place(self.train_state, jax.tree_util.tree_map(lambda _: lay.seed_spec,
-                                                                              self.train_state))
-        self.runner = lay.place(self.runner, lay.runner_specs(self.runner))
+        return (lay.place(train_state, jax.tree_util.tree_map(lambda _: lay.seed_spec, train_state)),
+                lay.place(runner, lay.runner_specs(runner)))
 
     def _arrays(self) -> dict[str, Any]:
         reg = self.registry.state_dict()
@@ -559,7 +578,8 @@ class Trainer:
                                                     step=jnp.asarray(ts["step"]))
         self.runner = Runner(*jax.tree_util.tree_map(jnp.asarray, restored["runner"]))
         self.key = jnp.asarray(restored["key"])
-        self._place()  # a checkpoint holds host arrays: spread them over this run's devices again
+        # a checkpoint holds host arrays: spread them over this run's devices again
+        self.train_state, self.runner = self._placed(self.train_state, self.runner)
         try:
             for b, sd in zip(self.buffers, host["buffers"], strict=True):
                 b.load_state_dict(sd)
@@ -655,17 +675,12 @@ class Trainer:
 
     def _evaluation(self, policy_params: Any = None, final: bool = False) -> Callable[[], list[EvalResult]]:
         """The evaluation of ``policy_params`` (default: the current ones) as a call, its arguments read now."""
-        params = self.base_params.replace(table=self.registry.device_table())
-        keys = eval_keys(self.cfg.run.seed, self.seeds.stop, self.update_idx)[self.seeds]
         policy = self.train_state.params if policy_params is None else policy_params
-        if not final:
-            return functools.partial(evaluate_jax_seeds, self._evaluate_seeds, keys, policy, params,
-                                     self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets)
-        if self._final_evaluate_seeds is None:
-            self._final_evaluate_seeds = self.programs.evaluator(len(self.final_texts) * self.final_eval_cfg.episodes)
-        return functools.partial(evaluate_jax_seeds, self._final_evaluate_seeds, keys, policy, params,
-                                 self.final_rows, self.final_eval_cfg, self.final_texts, self.final_achs,
-                                 self.final_sets)
+        if final:
+            return self._evaluation_of(policy, self.registry.device_table(), self.final_rows, self.final_eval_cfg,
+                                       self.final_texts, self.final_achs, self.final_sets)
+        return self._evaluation_of(policy, self.registry.device_table(), self.eval_rows, self.eval_cfg,
+                                   self.eval_texts, self.eval_achs, self.eval_sets)
 
     def start_compiling_evaluation(self, policy_params: Any = None, after: Sequence[Future] = ()) -> Future:
         """Compile the evaluation program on a side thread (one throwaway evaluation of ``policy_params``),
@@ -684,10 +699,8 @@ class Trainer:
         state; a failure leaves the compile to the first update. Returns the jobs."""
         try:
             env_params, steps = self._env_params(), self.env_steps
-            if self.runner is None:
-                train_state, runner = self._placeholder_state(env_params)
-            else:
-                train_state, runner = self.train_state, self.runner
+            train_state, runner = (self._placeholder_state(env_params) if self.runner is None
+                                   else (self.train_state, self.runner))
             params = train_state.params
             keys = jax.random.split(jax.random.PRNGKey(0), self.S)
         except Exception as e:  # noqa: BLE001 - an optimisation: training compiles its own programs
@@ -698,10 +711,8 @@ class Trainer:
             jax.block_until_ready(self.programs.rollout(params, runner, env_params, steps))
 
         def update() -> None:
-            shapes = self.programs.rollout.eval_shape(params, runner, env_params, steps)[1]
-            traj = placeholder(shapes)
-            slots = self.method.warmup_slots()
-            batch = self.build_batch(traj) if slots is None else self.build_batch([traj] * self.method.history_len, slots)
+            traj = placeholder(self.programs.rollout.eval_shape(params, runner, env_params, steps)[1])
+            batch = self.method_batch(traj, self.method.warmup_slots())
             new_state, _ = self.programs.update(train_state, keys, batch)
             jax.block_until_ready(self.programs.all_finite(new_state.params))
 

@@ -20,7 +20,6 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-
 import numpy as np
 
 from agents.pqn import config as config_lib
@@ -29,11 +28,15 @@ CPU_DEFAULTS = {"pqn.hidden_size": 64, "pqn.lr": 3e-4, "pqn.lr_linear_decay": Fa
                 "pqn.eps_decay": 0.3, "oir.relabeler": "rules", "eval.every": 10**9}
 
 
-def _value(text: str):
+def _override(item: str) -> tuple[str, object]:
+    """``PART.FIELD=VALUE`` as ``(key, value)``, the value parsed as JSON where it is JSON."""
+    if "=" not in item:
+        raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
+    k, v = item.split("=", 1)
     try:
-        return json.loads(text)
+        return k, json.loads(v)
     except json.JSONDecodeError:
-        return text
+        return k, v
 
 
 def count(trainer, totals: dict[str, Counter]) -> None:
@@ -87,22 +90,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not 0 <= args.skip < args.updates:
         raise SystemExit(f"--skip must be in [0, --updates), got {args.skip} and {args.updates}")
-    over = dict(CPU_DEFAULTS)
-    for item in args.set:
-        if "=" not in item:
-            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        over[k] = _value(v)
+    over = {**CPU_DEFAULTS, **dict(map(_override, args.set))}
     try:
         cfg = config_lib.preset(args.preset).replace(**over, **{"run.method": args.method, "run.seed": args.seed})
-    except (ValueError, TypeError) as e:  # unknown fields
-        raise SystemExit(f"{e}; see agents/run/config.py") from None
-    # room for at least 100 updates, so the epsilon schedule (a fraction of the total) is the CPU defaults'
-    cfg = cfg.replace(**{"run.total_timesteps": max(cfg.run.total_timesteps if "run.total_timesteps" in over else 0,
-                                                    100 * cfg.batch_steps)})
-    try:
+        # room for at least 100 updates, so the epsilon schedule (a fraction of the total) is the CPU defaults'
+        own = cfg.run.total_timesteps if "run.total_timesteps" in over else 0
+        cfg = cfg.replace(**{"run.total_timesteps": max(own, 100 * cfg.batch_steps)})
         cfg.validate()
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # unknown fields or bad values
         raise SystemExit(f"error: {e}") from None
 
     from agents.pqn.trainer import Trainer

@@ -202,8 +202,7 @@ def plot_stone_tier(metrics: dict[str, list[list[dict]]], out: str | Path) -> Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    events = ("collect_wood", "make_wood_pickaxe", "see_stone", "face_stone", "face_stone_with_pickaxe",
-              "near_table_with_wood", "collect_stone", "place_stone", "make_stone_pickaxe")
+    events = ("collect_wood", *(e for e in CHAIN_EVENTS if e != "near_table_with_wood_and_stone"))
     rates = training_rates(metrics, events)
     fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), sharey=True, squeeze=False)
     for ax, (arm, ev) in zip(axes[0], sorted(rates.items())):
@@ -219,7 +218,6 @@ def plot_stone_tier(metrics: dict[str, list[list[dict]]], out: str | Path) -> Pa
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
     plt.close(fig)
-    # the learning curves of both arms (evaluation success against env steps), beside it
     from oir_gym.analysis import plot_learning_curves
 
     plot_learning_curves(metrics, Path(out).with_name(Path(out).stem + "_curves.png"))

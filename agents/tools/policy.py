@@ -139,11 +139,8 @@ class PQNPolicy:
         if not isinstance(obs, Mapping) or "obs" not in obs or "instruction" not in obs:
             raise TypeError("obs must be the env's observation dict with 'obs' and 'instruction' "
                             f"(got {type(obs).__name__})")
-        o = np.asarray(obs["obs"], np.float32)
-        single = o.ndim == 1
-        o = o[None] if single else o
-        ins = np.asarray(obs["instruction"], np.float32)
-        ins = ins[None] if ins.ndim == 1 else ins
+        single = np.ndim(obs["obs"]) == 1
+        o, ins = (np.atleast_2d(np.asarray(obs[k], np.float32)) for k in ("obs", "instruction"))
         if o.shape[-1] != self.obs_dim:
             raise ValueError(f"observation of {o.shape[-1]} features; this policy was trained on "
                              f"{self.obs_dim} (make the env with {self.env_kwargs})")
@@ -151,8 +148,7 @@ class PQNPolicy:
         if self._carry is None or self._carry[0].shape[0] != n:
             self._carry = self.net.initial_carry(n)
             self._start = True
-        start = np.zeros(n, bool) if episode_start is None else np.broadcast_to(np.asarray(episode_start, bool), (n,))
-        start = start | self._start
+        start = np.broadcast_to(np.asarray(False if episode_start is None else episode_start, bool), (n,)) | self._start
         self._start = False
         self._carry, q = self._step(self.params, self._carry, jnp.asarray(o), jnp.asarray(ins), jnp.asarray(start))
         action = np.asarray(q).argmax(-1).astype(np.int64)
