@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -253,11 +253,6 @@ def _programs(config_json: str, layout: Layout, instr_dim: int) -> Programs:
 def trainer_programs(cfg: TrainConfig, layout: Layout, instr_dim: int) -> Programs:
     """The :class:`Programs` of ``cfg`` on ``layout``, shared by this process's trainers of the same key."""
     return _programs(json.dumps(program_config(cfg).to_dict(), sort_keys=True), layout, instr_dim)
-
-
-#: How long the evaluation's compile-ahead waits for the first update's programs (on a warm cache
-#: they load in seconds; on a cold one their compiles overlap it after this).
-EVAL_COMPILE_WAIT_S = 10.0
 
 
 def side_threads(name: str, *jobs: Callable[[], Any]) -> list[Future]:
@@ -682,13 +677,11 @@ class Trainer(ProcessSeeds):
         return self._evaluation_of(policy, self.registry.device_table(), self.eval_rows, self.eval_cfg,
                                    self.eval_texts, self.eval_achs, self.eval_sets)
 
-    def start_compiling_evaluation(self, policy_params: Any = None, after: Sequence[Future] = ()) -> Future:
-        """Compile the evaluation program on a side thread (one throwaway evaluation of ``policy_params``),
-        once the jobs ``after`` are done or :data:`EVAL_COMPILE_WAIT_S` has passed."""
+    def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
+        """Compile the evaluation program on a side thread (one throwaway evaluation of ``policy_params``)."""
         evaluation = self._evaluation(policy_params)
 
         def compile_once() -> None:  # the result is discarded
-            wait(after, timeout=EVAL_COMPILE_WAIT_S)
             evaluation()
 
         return side_threads("oir-eval-compile", compile_once)[0]
@@ -703,6 +696,7 @@ class Trainer(ProcessSeeds):
                                    else (self.train_state, self.runner))
             params = train_state.params
             keys = jax.random.split(jax.random.PRNGKey(0), self.S)
+            evaluation = self.start_compiling_evaluation(params)
         except Exception as e:  # noqa: BLE001 - an optimisation: training compiles its own programs
             self.log(f"compiling ahead failed ({e!r}); the first update compiles its own programs")
             return []
@@ -717,11 +711,7 @@ class Trainer(ProcessSeeds):
             jax.block_until_ready(self.programs.all_finite(new_state.params))
 
         self._compiling = side_threads("oir-compile", rollout, update)
-        try:  # the first evaluation is updates away: its program waits for the first update's ones
-            return self._compiling + [self.start_compiling_evaluation(params, after=self._compiling)]
-        except Exception as e:  # noqa: BLE001 - an optimisation, as above
-            self.log(f"compiling the evaluation ahead failed ({e!r}); the first evaluation compiles it")
-            return self._compiling
+        return self._compiling + [evaluation]
 
     def close(self) -> None:
         """Stop the method's background workers (LLM relabeler or proposer)."""

@@ -295,6 +295,32 @@ def _parse_rows(path: Path, data: bytes) -> list[tuple[int, dict]]:
     return rows
 
 
+class _EventWriter:
+    """TensorBoard scalars through tensorboard's own event file writer (no torch import: 2-3 s of a
+    start). ``purge_step``: a resumed run's first step; TensorBoard hides the older files' events from it on."""
+
+    def __init__(self, folder: Path, *, purge_step: int | None = None) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = Event, Summary
+        self._writer = EventFileWriter(str(folder))
+        if purge_step is not None:
+            self._writer.add_event(Event(step=purge_step, wall_time=time.time(),
+                                         session_log=SessionLog(status=SessionLog.START)))
+
+    def scalars(self, values: Mapping[str, float], step: int) -> None:
+        values = [self._summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+        self._writer.add_event(self._event(step=step, wall_time=time.time(), summary=self._summary(value=values)))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class MetricsWriter:
     """Appends rows to ``metrics.jsonl``, TensorBoard and W&B; made by :meth:`RunDir.open_metrics`."""
 
@@ -312,9 +338,7 @@ class MetricsWriter:
         self._last = (start.update, start.env_steps)
         self.tb = None
         if tb_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
-
-            self.tb = SummaryWriter(str(tb_dir), purge_step=tb_purge_step)
+            self.tb = _EventWriter(tb_dir, purge_step=tb_purge_step)
         self.wandb_run = wandb_run
 
     def write(self, row: Mapping[str, Any]) -> None:
@@ -332,8 +356,7 @@ class MetricsWriter:
         scalars = {k: float(v) for k, v in row.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("update", "env_steps")}
         if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, row["env_steps"])
+            self.tb.scalars(scalars, row["env_steps"])
         if self.wandb_run is not None:
             self.wandb_run.log({**scalars, "update": row["update"]}, step=int(row["env_steps"]))
 
