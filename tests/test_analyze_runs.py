@@ -4,6 +4,7 @@ docs/benchmarks.md and docs/benchmarks_history.md from the files in results/; th
 from __future__ import annotations
 
 import json
+import gzip
 import re
 import sys
 from pathlib import Path
@@ -750,3 +751,29 @@ def test_retention_and_ordered_tables_with_t_intervals(tmp_path, capsys):
     with pytest.raises(SystemExit):
         analyze_runs.main(["--table-only", "--runs", f"m={run}", "--baseline", "nope"])
     assert results[0].flat_metrics()["eval/control/ordered/order_gain"] == pytest.approx(1 / 22)
+
+
+def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
+    """The benchmarks page's current fast-preset runs (56cc473, shipped encoder, cold caches): their
+    time-to-target rows, update medians and first-update times, and the start table's warm runs."""
+    f = RES / "gpu_h200_fast_final"
+    runs = [f"fast preset, seed {s}, H200 (56cc473)={f / f'fast_s{s}'}" for s in (0, 1)]
+    rows = _time_rows(capsys, runs, "300")
+    assert len(rows) == 2 and all(r in BENCH for r in rows), rows
+    assert [r.split("|")[3].split(";")[0].strip() for r in rows] == ["201 s", "182 s"]
+    assert [r.split("|")[-2].split(",")[0].strip() for r in rows] == ["0.346", "0.357"]
+    for s in (0, 1):
+        assert [round(m, 2) for m in _update_medians(f / f"fast_s{s}")] == [[0.6, 0.18, 0.93], [0.62, 0.19, 0.93]][s]
+
+    def first_update(path: Path) -> str:
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        return re.search(r"first update done (\d+) s after launch", text).group(1) + " s"
+
+    p = RES / "gpu_h200_pallas_start"
+    assert [first_update(p / f"start_min1_{c}.log.gz") for c in ("cold", "warm")] == ["58 s", "26 s"]
+    assert first_update(p / "start_min0_warm.log.gz") == "25 s"
+    cold = [first_update(f / "start_cold.log.gz")] + [first_update(f / f"fast_s{s}" / "log.txt") for s in (0, 1)]
+    assert cold == ["54 s", "52 s", "48 s"] and first_update(f / "start_warm.log.gz") == "30 s"
+    assert _says(BENCH, f"| 56cc473 (the evaluation's compile waiting for the first update's; since reverted) | "
+                        f"{', '.join(cold)} | 30 s |")
+    assert "| ed6249a (`results/gpu_h200_pallas_start/`) | 58 s | 26 s (25 s with every program cached) |" in BENCH
