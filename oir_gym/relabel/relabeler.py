@@ -1,9 +1,6 @@
 """The HindsightRelabeler: trajectories in, grounded relabeled instructions out (paper section 4.1).
 
-Each batch goes through the stages of :mod:`oir_gym.relabel.pipeline`. Nothing is raised into the
-training loop: an LLM that raises, passes ``llm_timeout`` or answers nothing usable is counted and
-(``fallback="rules"``) the rule instructions answer instead. :meth:`~HindsightRelabeler.submit` /
-:meth:`~HindsightRelabeler.collect` run the same pipeline on a background thread (:mod:`oir_gym.relabel.jobs`).
+An LLM that raises, times out or answers nothing usable is counted, never raised into the training loop.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Chat completions from any OpenAI-compatible server, on the ``openai`` package's ``AsyncOpenAI``.
 
-A broken or hostile server cannot hurt the run (``tests/test_relabel_openai_hostile.py``): each
-request has a total deadline; answers are capped at ``max_response_bytes`` and never compressed;
-redirects are never followed; malformed answers raise :class:`BackendError`, counted by cause.
-Requests run on one event loop per process on a daemon thread; :meth:`~OpenAIBackend.close`
-cancels those in flight. The API key never appears in ``repr``, exceptions, logs or ``stats()``.
+A hostile server cannot hurt the run: a total deadline per request, answers capped and uncompressed,
+no redirects, malformed answers a counted :class:`BackendError`; the API key is never shown.
 """
 
 from __future__ import annotations
