@@ -30,13 +30,9 @@ FALLBACKS = ("rules", "none")
 
 @dataclass
 class PromptSettings:
-    """What is sent to the LLM.
-
-    ``template``: ``"segments"`` (default), ``"paper"`` (Appendix C), a template file or a
-    :class:`~oir_gym.relabel.prompts.PromptTemplate`; ``max_prompt_tokens``: one prompt's budget (a
-    longer ``segments`` prompt is compacted; ``None``: never); ``skip_idle``: do not ask about
-    trajectories where nothing but moving/waiting happened.
-    """
+    """What is sent to the LLM: ``template`` (``"segments"``, ``"paper"``, a file or a :class:`PromptTemplate`),
+    ``max_prompt_tokens`` (one prompt's budget, ``None``: never compacted), ``skip_idle`` (do not ask about
+    trajectories where nothing but moving/waiting happened)."""
 
     template: Union[str, PromptTemplate] = "segments"
     max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS
