@@ -14,27 +14,14 @@ or off the critical path: ``relabeler.submit(trajs)`` then ``relabeler.collect()
 """
 
 from oir_gym.relabel.backends import (
-    BackendError,
-    BackendTimeout,
-    LlamaCppBackend,
-    LLMBackend,
-    OpenAIBackend,
-    TransformersBackend,
-    VLLMBackend,
-    default_gguf_path,
-    make_backend,
+    BackendError, BackendTimeout, LlamaCppBackend, LLMBackend, OpenAIBackend, TransformersBackend, VLLMBackend,
+    default_gguf_path, make_backend,
 )
 from oir_gym.relabel.composite import CompositeBackend, Proposal
 from oir_gym.relabel.cache import LRUCache
 from oir_gym.relabel.filters import FORBIDDEN_PATTERNS, CandidateFilter, near_duplicate_mask, normalise
 from oir_gym.relabel.parse import ParsedOutput, parse_candidates, parse_completion
-from oir_gym.relabel.prompts import (
-    PromptTemplate,
-    instruction_gbnf,
-    load_template,
-    output_schema,
-    timestep_lines,
-)
+from oir_gym.relabel.prompts import PromptTemplate, instruction_gbnf, load_template, output_schema, timestep_lines
 from oir_gym.relabel.config import RelabelerConfig
 from oir_gym.relabel.relabeler import HindsightRelabeler
 from oir_gym.relabel.results import Candidate, RelabelResult

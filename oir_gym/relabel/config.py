@@ -1,17 +1,4 @@
-"""The relabeler's settings: one dataclass in five parts, validated in one place.
-
-::
-
-    from oir_gym.relabel import HindsightRelabeler, RelabelerConfig
-
-    cfg = RelabelerConfig()                        # offline Gemma 3 270M + rules, K = 4
-    cfg.selection.k = 8
-    cfg.grounding.mode = "bound"
-    relabeler = HindsightRelabeler(cfg)            # validates cfg first
-    rules_only = HindsightRelabeler.rules(k=4)     # no LLM
-
-The parts follow the pipeline (:mod:`oir_gym.relabel.pipeline`).
-"""
+"""The relabeler's settings: one dataclass in five parts following the pipeline, validated in one place."""
 
 from __future__ import annotations
 
@@ -32,8 +19,7 @@ from oir_gym.validation import (
     ArgumentTypeError, check_bool, check_choice, check_instance, check_int, check_real, show,
 )
 
-#: Default prompt budget (tokens, template included): a longer ``segments`` prompt is compacted
-#: (docs/relabeling.md, "Prompt length").
+#: Default prompt budget (tokens, template included; docs/relabeling.md, "Prompt length").
 DEFAULT_MAX_PROMPT_TOKENS = 768
 
 #: What :attr:`LLMSettings.on_full` accepts (see :meth:`HindsightRelabeler.submit`).
@@ -44,13 +30,9 @@ FALLBACKS = ("rules", "none")
 
 @dataclass
 class PromptSettings:
-    """What is sent to the LLM.
-
-    ``template``: ``"segments"`` (default), ``"paper"`` (Appendix C), a template file or a
-    :class:`~oir_gym.relabel.prompts.PromptTemplate`; ``max_prompt_tokens``: one prompt's budget (a
-    longer ``segments`` prompt is compacted; ``None``: never); ``skip_idle``: do not ask about
-    trajectories where nothing but moving/waiting happened.
-    """
+    """What is sent to the LLM: ``template`` (``"segments"``, ``"paper"``, a file or a :class:`PromptTemplate`),
+    ``max_prompt_tokens`` (one prompt's budget, ``None``: never compacted), ``skip_idle`` (do not ask about
+    trajectories where nothing but moving/waiting happened)."""
 
     template: Union[str, PromptTemplate] = "segments"
     max_prompt_tokens: Optional[int] = DEFAULT_MAX_PROMPT_TOKENS

@@ -1,11 +1,8 @@
 """The relabeler's background queue behind :meth:`HindsightRelabeler.submit` / ``collect``.
 
-:class:`JobQueue` runs one function over queued batches on one daemon worker thread. When the
-bounded queue is full, ``on_full`` decides: ``"rules"`` answers at once with the ``overflow``
-function (marked ``fallback="overflow"``), ``"skip"`` drops the new batch, ``"replace"`` drops the
-oldest queued one, ``"block"`` waits for room. Drops are counted in
-:class:`~oir_gym.relabel.stats.RelabelStats`; batches still queued when :meth:`JobQueue.stop`
-runs out of time are counted as ``closed_in_flight``.
+A full queue follows ``on_full``: ``"rules"`` answers at once with ``overflow`` (``fallback="overflow"``),
+``"skip"`` drops the new batch, ``"replace"`` the oldest queued one, ``"block"`` waits; drops are counted, and
+batches still queued when :meth:`JobQueue.stop` runs out of time count as ``closed_in_flight``.
 """
 
 from __future__ import annotations

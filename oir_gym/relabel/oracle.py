@@ -1,9 +1,7 @@
 """Oracle relabelers: rule labels read off a trajectory's true events, in the variants of :data:`ORACLES`.
 
-Each label names only events that happened and carries the event(s) it is bound to, so under
-``grounding="bound"`` it pays exactly at its event whatever its wording. The variants are described
-in docs/relabeling.md ("Oracle relabelers"). Every variant is a pure function of the trajectory's
-events and a seed (:func:`oracle_labels`, draws from :func:`trajectory_rng`).
+Each label names only events that happened and carries the event(s) it is bound to (``grounding="bound"`` pays
+it at its event); each variant is a pure function of the events and a seed (docs/relabeling.md, "Oracle relabelers").
 """
 
 from __future__ import annotations
@@ -101,11 +99,8 @@ def expand_grammar(spec: Mapping[str, Any]) -> list[str]:
 
 
 def load_pool(path: Optional[str | os.PathLike] = None) -> WordingPool:
-    """Read and check a wording pool file (default: the packaged ``oracle_pool.json``).
-
-    Schema: ``{"events": {achievement event name: {"verbs", "objects", "modifiers", "wordings"}}}``.
-    Raises ``ValueError`` naming the file and the event or wording for anything that breaks it.
-    """
+    """Read and check a wording pool file (default: the packaged ``oracle_pool.json``, whose schema it follows);
+    raises ``ValueError`` naming the file and the event or wording for anything that breaks it."""
     if path is None:
         return _packaged_pool()
     return _parse_pool(_read(Path(path)), str(path))

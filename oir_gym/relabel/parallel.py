@@ -1,12 +1,9 @@
 """Relabel a large batch of trajectories over worker processes (synchronous relabelers).
 
-:class:`ParallelRelabeler` cuts the batch into contiguous chunks, relabels them in ``spawn``
-worker processes, each holding a relabeler built by ``factory`` (picklable, e.g.
-``functools.partial(HindsightRelabeler.rules, k=4)``), and returns the results in the batch's order
-with the caller's own trajectories: the same candidates as in process. Workers start at
-construction from a side thread; until they are ready, and for batches below ``min_batch``, the
-calling process relabels. Workers run JAX on the CPU (``WORKER_ENV``). A worker that dies or fails
-to start is warned about once, and later batches stay in process.
+:class:`ParallelRelabeler` relabels contiguous chunks in ``spawn`` workers, each holding a relabeler built by
+``factory`` (picklable, e.g. ``functools.partial(HindsightRelabeler.rules, k=4)``): the same results, in order,
+as in process. Until the workers are ready, for batches below ``min_batch``, and after a worker died (warned
+once), the calling process relabels. Workers run JAX on the CPU (``WORKER_ENV``).
 """
 
 from __future__ import annotations

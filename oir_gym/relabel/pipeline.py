@@ -59,10 +59,8 @@ class PromptPlan:
 def plan_prompts(trajs: Sequence[Trajectory], *, use_llm: bool, skip_idle: bool,
                  key_of: Callable[[Trajectory], str], lookup: Callable[[str], Optional[list[str]]],
                  render: Callable[[Trajectory], tuple[str, int, int]]) -> PromptPlan:
-    """One prompt per distinct behaviour that is neither cached nor idle (``skip_idle``).
-
-    ``lookup``: a key's cached answer or ``None``; ``render``: ``(prompt, compaction level, tokens)``.
-    """
+    """One prompt per distinct behaviour that is neither cached nor idle (``skip_idle``); ``lookup``: a key's
+    cached answer or ``None``; ``render``: ``(prompt, compaction level, tokens)``."""
     n = len(trajs)
     keys: list[Optional[str]] = [key_of(t) for t in trajs] if use_llm else [None] * n
     eligible = [use_llm and not (skip_idle and is_idle(t)) for t in trajs]
@@ -172,10 +170,8 @@ class Merged:
 def merge_rules(trajs: Sequence[Trajectory], answers: Answers, rules: Sequence[list[str]], *,
                 rules_of: Callable[[Trajectory], list[str]], use_rules: bool, fallback: str,
                 candidate_filter: CandidateFilter) -> Merged:
-    """Append rule instructions (``rules``, or ``rules_of(traj)`` for the fallback) to the LLM's candidates.
-
-    ``use_rules``: merge them always, otherwise only when ``fallback="rules"`` and the LLM failed.
-    """
+    """Append rule instructions (``rules``, or ``rules_of(traj)`` for the fallback) to the LLM's candidates:
+    always with ``use_rules``, otherwise only when ``fallback="rules"`` and the LLM failed."""
     items_all: list[list[tuple[str, str]]] = []
     fallbacks: list[Optional[str]] = []
     dropped_all: list[Counter] = []
@@ -191,15 +187,12 @@ def merge_rules(trajs: Sequence[Trajectory], answers: Answers, rules: Sequence[l
             kept, r = candidate_filter.filter(rl)
             dropped += r
             items += [(c, "rules") for c in kept]
-        seen: set[str] = set()
-        uniq = []
+        uniq: dict[str, str] = {}
         for text, src in items:
-            if text in seen:
-                dropped["duplicate"] += 1
-                continue
-            seen.add(text)
-            uniq.append((text, src))
-        items_all.append(uniq)
+            uniq.setdefault(text, src)
+        if len(uniq) < len(items):
+            dropped["duplicate"] += len(items) - len(uniq)
+        items_all.append(list(uniq.items()))
         fallbacks.append(fb)
         dropped_all.append(dropped)
     return Merged(items_all, fallbacks, dropped_all)

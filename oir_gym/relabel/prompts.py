@@ -1,15 +1,8 @@
 """Prompt templates (kept as data in ``oir_gym/data/prompts``), the answer's JSON schema and its GBNF twin.
 
-A template file is plain text with the placeholders ``{{trajectory}}`` and optionally ``{{k}}``.
-Lines starting with ``#|`` are metadata and comments, never sent to the model:
-
-* ``#| view: timesteps`` renders the trajectory one line per step, as in section 4.1 of the paper
-  (``timestep t: <textual observation>, agent takes action <action text>``);
-* ``#| view: segments`` renders it as event segments (:mod:`oir_gym.relabel.segments`);
-* ``#| analysis: true`` makes the expected JSON carry the paper's ``"Analysis"`` field and the
-  ``"Completed Instructions"`` wrapper (see :func:`output_schema`).
-
-Two templates ship: ``paper`` (Appendix C) and ``segments`` (the default).
+A template file is plain text with ``{{trajectory}}`` and optionally ``{{k}}``; ``#|`` lines are never sent:
+``#| view: timesteps`` (one line per step, paper section 4.1) or ``segments`` (:mod:`oir_gym.relabel.segments`),
+``#| analysis: true`` (the answer has the paper's ``"Analysis"`` wrapper, :func:`output_schema`).
 """
 
 from __future__ import annotations
@@ -49,12 +42,8 @@ class PromptTemplate:
 
     def render_fit(self, traj: Trajectory, k: int = 4, max_tokens: Optional[int] = None,
                    count: Optional[Callable[[str], int]] = None) -> tuple[str, int]:
-        """The prompt and its compaction level (0: none).
-
-        With ``max_tokens``, a ``segments`` view is compacted (:func:`~oir_gym.relabel.segments.compact_text`)
-        until the prompt counts at most ``max_tokens`` by ``count`` (default
-        :func:`~oir_gym.relabel.tokens.approx_token_count`); ``timesteps`` is never compacted.
-        """
+        """The prompt and its compaction level: a ``segments`` view is compacted until ``count`` (default
+        :func:`~oir_gym.relabel.tokens.approx_token_count`) gives at most ``max_tokens``."""
         head = self.text.replace("{{k}}", str(k))
         # str.replace, not str.format: the templates are full of JSON braces.
         if self.view == "timesteps":
@@ -138,32 +127,18 @@ def timestep_lines(traj: Trajectory) -> str:
 
 
 def output_schema(k: int = 4, analysis: bool = False) -> dict[str, Any]:
-    """JSON schema of the answer, with ``maxItems=k`` per list so small models cannot loop.
-
-    ``analysis=False``: ``{"Mid-Level": [...], "High-Level": [...]}``; ``analysis=True``: the
-    paper's ``{"Analysis": str, "Completed Instructions": {"Mid-Level": [...], "High-Level": [...]}}``.
-    """
+    """JSON schema of the answer ``{"Mid-Level": [...], "High-Level": [...]}`` (``analysis``: wrapped as the paper's
+    ``{"Analysis": str, "Completed Instructions": {...}}``), ``maxItems=k`` per list so small models cannot loop."""
     item = {"type": "string", "minLength": 1, "maxLength": MAX_INSTRUCTION_CHARS}
-    lists = {
-        "type": "object",
-        "properties": {
-            "Mid-Level": {"type": "array", "items": item, "minItems": 1, "maxItems": int(k)},
-            "High-Level": {"type": "array", "items": item, "minItems": 0, "maxItems": int(k)},
-        },
-        "required": ["Mid-Level", "High-Level"],
-        "additionalProperties": False,
-    }
+    lists = {"type": "object", "properties": {
+        "Mid-Level": {"type": "array", "items": item, "minItems": 1, "maxItems": int(k)},
+        "High-Level": {"type": "array", "items": item, "minItems": 0, "maxItems": int(k)},
+    }, "required": ["Mid-Level", "High-Level"], "additionalProperties": False}
     if not analysis:
         return lists
-    return {
-        "type": "object",
-        "properties": {
-            "Analysis": {"type": "string", "maxLength": MAX_ANALYSIS_CHARS},
-            "Completed Instructions": lists,
-        },
-        "required": ["Analysis", "Completed Instructions"],
-        "additionalProperties": False,
-    }
+    return {"type": "object", "properties": {"Analysis": {"type": "string", "maxLength": MAX_ANALYSIS_CHARS},
+                                             "Completed Instructions": lists},
+            "required": ["Analysis", "Completed Instructions"], "additionalProperties": False}
 
 
 def instruction_gbnf(k: int = 4, analysis: bool = False, max_chars: int = MAX_INSTRUCTION_CHARS) -> str:

@@ -1,9 +1,6 @@
 """The HindsightRelabeler: trajectories in, grounded relabeled instructions out (paper section 4.1).
 
-Each batch goes through the stages of :mod:`oir_gym.relabel.pipeline`. Nothing is raised into the
-training loop: an LLM that raises, passes ``llm_timeout`` or answers nothing usable is counted and
-(``fallback="rules"``) the rule instructions answer instead. :meth:`~HindsightRelabeler.submit` /
-:meth:`~HindsightRelabeler.collect` run the same pipeline on a background thread (:mod:`oir_gym.relabel.jobs`).
+An LLM that raises, times out or answers nothing usable is counted, never raised into the training loop.
 """
 
 from __future__ import annotations
@@ -46,15 +43,12 @@ class HindsightRelabeler(Closing):
     """LLM hindsight instruction relabeling as a library component.
 
     Args:
-        config: every setting (:class:`~oir_gym.relabel.config.RelabelerConfig`; validated here).
-            Default: ``RelabelerConfig()``, the offline Gemma 3 270M with rules beside it.
-        llm: an LLM backend object to use as is, in this process (an
-            :class:`~oir_gym.relabel.backends.LLMBackend`, or a
-            :class:`~oir_gym.relabel.composite.CompositeBackend`), instead of building
-            ``config.llm.backend``; it belongs to the caller (not closed here).
-        encoder: sentence encoder with ``encode(list[str]) -> [n, D]`` unit-norm (default: the
-            shared one of :func:`oir_gym.encoder.get_encoder`), or a
-            :class:`~oir_gym.relabel.encoding.SharedEncoder` shared with other relabelers.
+        config: every setting (:class:`~oir_gym.relabel.config.RelabelerConfig`, validated here; default: the
+            offline Gemma 3 270M with rules beside it).
+        llm: an :class:`~oir_gym.relabel.backends.LLMBackend` or :class:`~oir_gym.relabel.composite.CompositeBackend`
+            used as is in this process instead of building ``config.llm.backend`` (the caller closes it).
+        encoder: sentence encoder with unit-norm ``encode(list[str]) -> [n, D]`` (default: the shared one of
+            :func:`oir_gym.encoder.get_encoder`), or a :class:`~oir_gym.relabel.encoding.SharedEncoder`.
         rules: the rule instructions (:class:`~oir_gym.relabel.rules.RuleBackend`; default one).
     """
 
@@ -111,11 +105,8 @@ class HindsightRelabeler(Closing):
 
     @classmethod
     def rules(cls, k: int = 4, *, encoder: Any = None, **settings: Any) -> "HindsightRelabeler":
-        """A rule relabeler (no LLM, no cache) keeping ``k`` candidates per trajectory.
-
-        ``settings``: ``delta``, ``grounding``, ``bind_threshold``, ``keep_ungrounded``,
-        ``dedup_threshold``, and ``oracle`` (the rule variant, :mod:`oir_gym.relabel.oracle`).
-        """
+        """A rule relabeler (no LLM, no cache) keeping ``k`` candidates per trajectory; ``settings``: ``delta``,
+        ``grounding``, ``bind_threshold``, ``keep_ungrounded``, ``dedup_threshold``, ``oracle`` (the rule variant)."""
         oracle = settings.pop("oracle", None)
         return cls(rules_config(k, **settings), encoder=encoder,
                    rules=None if oracle is None else RuleBackend(oracle=oracle))
@@ -208,11 +199,9 @@ class HindsightRelabeler(Closing):
         return results
 
     def submit(self, trajectories: Sequence[Trajectory]) -> list[int]:
-        """Queue a batch for background relabeling; one request id per trajectory.
-
-        A full queue follows ``on_full`` (:mod:`oir_gym.relabel.jobs`): ``"rules"`` relabels with rules
-        at once, ``"skip"`` drops the new batch, ``"replace"`` the oldest, ``"block"`` waits.
-        """
+        """Queue a batch for background relabeling; one request id per trajectory. A full queue follows
+        ``on_full``: ``"rules"`` relabels with rules at once, ``"skip"`` drops the batch, ``"replace"`` the oldest,
+        ``"block"`` waits."""
         if self._closed:
             raise RuntimeError("relabeler is closed")
         trajs = check_trajectories(trajectories)
@@ -253,11 +242,8 @@ class HindsightRelabeler(Closing):
                               RuntimeWarning, stacklevel=2)
 
     def check_llm(self, timeout: Optional[float] = None) -> Optional[str]:
-        """One tiny real LLM call: the completion (``None`` without an LLM) within ``timeout`` seconds.
-
-        Raises :class:`~oir_gym.relabel.llm.spec.LLMCheckError` (a ``RuntimeError``) with the cause
-        and remedy when the backend cannot be built, crashes, hangs, times out or is not an LLM server.
-        """
+        """One tiny real LLM call: the completion (``None`` without an LLM) within ``timeout`` seconds; raises
+        :class:`~oir_gym.relabel.llm.spec.LLMCheckError` (a ``RuntimeError``) with the cause and remedy."""
         llm = self.backend.llm
         if llm is None:
             return None
@@ -266,10 +252,8 @@ class HindsightRelabeler(Closing):
         return probe(llm, timeout)
 
     def close(self, timeout: Optional[float] = CLOSE_TIMEOUT) -> None:
-        """Finish queued batches for up to ``timeout`` s, stop an LLM this relabeler built, save the cache.
-
-        Idempotent; returns within about ``timeout + 3 * ChildConfig.grace + 1`` seconds whatever the LLM does.
-        """
+        """Finish queued batches for up to ``timeout`` s, stop an LLM this relabeler built, save the cache;
+        idempotent, returns within about ``timeout + 3 * ChildConfig.grace + 1`` s whatever the LLM does."""
         if self._closed:
             return
         self._closed = True

@@ -53,15 +53,12 @@ class RuleBackend:
     Args:
         compounds: also give ``"A then B"`` for consecutive distinct achievement events of one
             episode (repeats collapsed), after the canonical captions.
-        pairs: give the :data:`RULE_PAIRS` instructions (canonical, tasks and compound variants).
+        pairs, pair_table: give the pair instructions (default :data:`RULE_PAIRS`; canonical, tasks and compound).
         max_instructions: cap on the number returned (``None``: all).
-        pair_table: the pair instructions (default :data:`RULE_PAIRS`).
         oracle: the variant, one of :data:`~oir_gym.relabel.oracle.ORACLES`.
-        seed: seeds the per-trajectory draws of ``diverse``, ``noisy`` and ``compound``.
-        pool: the wording pool file of ``diverse`` and ``noisy`` (``None``: the packaged one).
+        seed, pool: the per-trajectory draws' seed, the wording pool file (``None``: the packaged one).
 
-    Raises:
-        ValueError: an unknown ``oracle`` or a bad ``pool`` file (naming it).
+    Raises ``ValueError`` for an unknown ``oracle`` or a bad ``pool`` file (naming it).
     """
 
     compounds: bool = False

@@ -1,29 +1,9 @@
 """Compress a trajectory into event segments ("0-4: move; 5: collect wood; 7-8: place table").
 
-The trajectory view of the ``segments`` prompt and the basis of the relabel cache key. Every
-step gets one *label*:
-
-* the canonical captions (``VOCAB.canonical``) of the events that happened at that step, other
-  than ``move``/``noop`` and the progress events (states along the stone tier, labels of the
-  ``progress`` oracle only), joined by ``", "``;
-* otherwise the step is idle: ``"move"`` if it moved the agent (``move`` event, or a movement
-  action when the event is missing), else ``"wait"``.
-
-Consecutive steps with the same label merge into one run ``"a-b: label"``, and so do consecutive
-idle steps (``"move"`` if any of them moved, else ``"wait"``); a run of a repeated
-achievement keeps its count (``"5-6: collect wood (x2)"``) because counts matter for crafting.
-An episode end (``dones[t]``) closes the run and is marked ``", episode ends"``.
-
-**Compaction** (``level``; :func:`compact_text` picks the least compaction that fits a token
-budget, see docs/relabeling.md). Levels:
-
-* 0: every segment, as above;
-* 1: background events (:data:`BACKGROUND_EVENTS`: searching grass, hitting rock without a
-  pickaxe, taking damage) count as idle steps, so they merge into the move/wait runs;
-* 2: as 1, and idle runs are left out (episode ends stay, as ``"a: episode ends"``); a label
-  repeated with only idle steps between merges into one line ``"a-b: label (xN)"``;
-* 3: one line per distinct label, in order of first occurrence, at its first step, with its
-  count (``"16: collect wood (x6)"``); no episode ends.
+The trajectory view of the ``segments`` prompt and the basis of the relabel cache key. A step's label
+is the canonical captions of its events (idle and progress events left out), else ``"move"`` or
+``"wait"``; equal labels and consecutive idle steps merge into runs ``"a-b: label"``, an episode end
+closes a run. Compaction levels 1-3 (:func:`compact_text`) are described in docs/relabeling.md.
 """
 
 from __future__ import annotations
@@ -167,12 +147,8 @@ def segments_text(traj: Trajectory, sep: str = "\n", level: int = 0) -> str:
 
 
 def compact_text(traj: Trajectory, fits, sep: str = "\n") -> tuple[str, int]:
-    """The least compacted segments text for which ``fits(text)`` is true, and its level.
-
-    Tries levels 0 to :data:`MAX_LEVEL`; when even the last does not fit, its lines are cut from
-    the end (a last line ``"..."`` says so): the most lines that fit (binary search), at least
-    one; the level is then ``MAX_LEVEL + 1``.
-    """
+    """The least compacted segments text for which ``fits(text)`` is true, and its level; when none fits,
+    the most leading lines of the last level that fit (at least one) and ``"..."``, level ``MAX_LEVEL + 1``."""
     text = ""
     for level in range(MAX_LEVEL + 1):
         text = segments_text(traj, sep, level)
@@ -196,13 +172,9 @@ KEY_MODES = ("behaviour", "events", "segments")
 
 
 def behaviour_key(traj: Trajectory, mode: str = "behaviour") -> str:
-    """Normalised description of what happened: the cache key of the relabeler.
-
-    Modes: ``"segments"`` (the full segment text, timing included); ``"behaviour"`` (default: the
-    ordered non-idle labels with run counts and episode ends, no timing); ``"events"`` (as
-    ``"behaviour"`` without counts, repeats collapsed across idle steps). Keys are lower-cased
-    with single spaces; an all-idle trajectory has the key ``""``.
-    """
+    """The relabeler's cache key: ``"segments"`` (segment text, timing included), ``"behaviour"`` (ordered
+    non-idle labels with run counts and episode ends), ``"events"`` (no counts, repeats across idle steps
+    collapsed); lower-cased, single-spaced, ``""`` when all idle."""
     if mode not in KEY_MODES:
         raise ValueError(f"cache key mode must be one of {KEY_MODES}, got {mode!r}")
     if mode == "segments":

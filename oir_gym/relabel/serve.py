@@ -1,24 +1,13 @@
 """A small OpenAI-compatible chat-completions server over :class:`TransformersBackend` (loopback only).
 
-Serves any model the transformers backend loads (default: the packaged Gemma 3 270M GGUF) on
-``127.0.0.1`` with the standard library's HTTP server: no compiled inference library, so it runs
-on any x86-64 CPU (and on a GPU when torch sees one). Useful to share one loaded model between
-several training processes (``--llm.backend openai``) and as the real server of the tests::
+Serves any model the transformers backend loads (default: the packaged Gemma 3 270M GGUF), e.g. to
+share one loaded model between training processes (``--llm.backend openai``)::
 
-    python -m oir_gym.relabel.serve --port 8000                  # packaged Gemma, CPU
-    python -m oir_gym.relabel.serve --model /models/qwen3-0.6b   # any local transformers model
-    python examples/train_pqn.py --oir.relabeler both --llm.backend openai --llm.base-url http://127.0.0.1:8000/v1
+    python -m oir_gym.relabel.serve --port 8000 [--model /models/qwen3-0.6b]
 
-Endpoints: ``GET /v1/models``, ``GET /health``, ``POST /v1/chat/completions`` with ``messages``,
-``n``, ``temperature``, ``top_p``, ``max_tokens`` (or ``max_completion_tokens``), ``seed`` and
-``response_format`` (OpenAI's ``{"type": "json_schema", "json_schema": {"schema": ...}}``,
-llama.cpp's ``{"type": "json_object", "schema": ...}``, or plain ``{"type": "json_object"}``;
-answers are grammar-constrained). Other fields (``stop``, ``stream``, tools...) are not
-supported: ``stream: true`` and tools are refused with HTTP 400, the rest are ignored. Message
-contents are joined in order (system text first) into one user turn.
-
-Requests that arrive together (within ``--batch-wait`` seconds) and share sampling settings and
-schema are generated as one batch. The first request of a batch seeds it.
+Endpoints: ``GET /v1/models``, ``GET /health``, ``POST /v1/chat/completions`` (``messages``, ``n``,
+``temperature``, ``top_p``, ``max_tokens``, ``seed``, ``response_format``; ``stream`` and tools are
+refused). Concurrent requests with the same settings (within ``--batch-wait`` s) are one batch.
 """
 
 from __future__ import annotations
@@ -47,11 +36,8 @@ class RequestError(ValueError):
 
 
 def parse_request(body: dict) -> dict[str, Any]:
-    """Validate a chat-completions request: ``prompt``, ``n``, ``schema`` and sampling settings.
-
-    Raises:
-        RequestError: for a malformed request.
-    """
+    """Validate a chat-completions request: ``prompt``, ``n``, ``schema`` and sampling settings; raises
+    :class:`RequestError` for a malformed one."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     msgs = body.get("messages")
@@ -156,11 +142,8 @@ class _Batcher:
 
 def make_server(backend: Any, host: str = "127.0.0.1", port: int = 8000, *, model_name: str = "default",
                 batch_size: int = 16, batch_wait: float = 0.05, timeout: float = 600.0) -> ThreadingHTTPServer:
-    """An HTTP server answering OpenAI chat completions with ``backend`` (not started yet).
-
-    Raises:
-        ValueError: for a host that is not a loopback address.
-    """
+    """An HTTP server answering OpenAI chat completions with ``backend`` (not started yet); ``ValueError``
+    for a host that is not a loopback address."""
     if host not in LOOPBACK:
         raise ValueError(f"host must be a loopback address {LOOPBACK}, got {host!r}: this server has no "
                          "authentication; put a real server (vllm serve, llama_cpp.server) on a network")

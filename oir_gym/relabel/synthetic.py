@@ -1,11 +1,5 @@
-"""Synthetic but realistic trajectories for tests, docs and the throughput benchmark.
-
-A trajectory is built from a short *script* of event names placed at chosen steps; every other
-step is a movement or an idle step. Per-step textual observations follow the paper's appendix
-format (``"Facing: ...; Nearby: ...; Inventory: ...; Status: ..."``), with an inventory that
-follows the scripted events, and action texts name the faced object for ``do`` (as in the paper).
-No environment is needed, so the relabeler can be tested and benchmarked on any machine.
-"""
+"""Synthetic trajectories for tests, docs and the throughput benchmark, no environment needed: scripted
+events at chosen steps, moves or idle steps between, textual observations in the paper's format."""
 
 from __future__ import annotations
 
@@ -61,10 +55,8 @@ WOOD_TABLE_PICKAXE: tuple[tuple[int, str], ...] = (
 
 
 def _status(t: int, sleeping: bool) -> str:
-    food = max(0, 9 - t // 30)
-    drink = max(0, 9 - t // 25)
-    energy = max(0, 9 - t // 40)
-    return f"health 9, food {food}, drink {drink}, energy {energy}, sleeping {'yes' if sleeping else 'no'}"
+    return (f"health 9, food {max(0, 9 - t // 30)}, drink {max(0, 9 - t // 25)}, energy {max(0, 9 - t // 40)}, "
+            f"sleeping {'yes' if sleeping else 'no'}")
 
 
 def _nearby(rng: np.random.Generator, facing: str) -> str:
@@ -89,16 +81,8 @@ def make_trajectory(
     dones: Optional[Sequence[int]] = None,
     env_id: int = 0,
 ) -> Trajectory:
-    """Build a trajectory where the scripted events happen at the given steps.
-
-    Args:
-        script: ``(step, event_name or [event_names])`` pairs; other steps are moves (70%) or waits.
-        length: number of steps ``T``.
-        texts: also build per-step textual observations and action texts (paper format).
-        seed: RNG seed for the filler steps and the scenery.
-        instruction: the instruction the trajectory was collected under.
-        dones: steps where the original episode ended.
-    """
+    """A trajectory of ``length`` steps with the ``script``'s ``(step, event name(s))`` at their steps, other
+    steps moves (70%) or waits; ``texts``: with observation and action texts; ``dones``: episode ends."""
     rng = np.random.default_rng(seed)  # filler steps: independent of whether texts are built
     trng = np.random.default_rng([seed, 1])  # scenery of the textual observations
     ev = np.zeros((length, len(EVENT_NAMES)), dtype=bool)
@@ -140,8 +124,7 @@ def make_trajectory(
                 inv[k] = inv.get(k, 0) + dv
             sleeping = (sleeping or n == "fall_asleep") and n != "wake_up"
     done_arr = np.zeros(length, dtype=bool)
-    for d in dones or ():
-        done_arr[int(d)] = True
+    done_arr[[int(d) for d in dones or ()]] = True
     return Trajectory(
         instruction=instruction, events=ev, actions=actions, dones=done_arr,
         texts=obs_texts if texts else None, action_texts=act_texts if texts else None, env_id=env_id,
@@ -171,10 +154,9 @@ def random_trajectories(n: int, length: int = 128, seed: int = 0, texts: bool = 
         script = SCRIPTS[i % len(SCRIPTS)]
         shift = int(rng.integers(0, 20))
         jittered = [(min(length - 1, t + shift + int(rng.integers(0, 3)) * j), e) for j, (t, e) in enumerate(script)]
-        # keep the order of the script even after jitter
         fixed, last = [], -1
         for t, e in jittered:
-            t = max(t, last + 1) if t <= last else t
+            t = max(t, last + 1)  # keeps the script's order after the jitter
             if t < length:
                 fixed.append((t, e))
                 last = t
@@ -183,11 +165,7 @@ def random_trajectories(n: int, length: int = 128, seed: int = 0, texts: bool = 
 
 
 def sample_script(rng: np.random.Generator, competence: float, length: int = 128) -> list[tuple[int, str]]:
-    """A random early-game script; ``competence`` in ``[0, 1]`` raises the odds of longer tech chains.
-
-    Used to simulate the behaviour distribution of a training run (for cache hit rates): early on
-    most trajectories are idle or collect a sapling/drink; later ones chain wood, table and tools.
-    """
+    """A random early-game script; ``competence`` in ``[0, 1]`` raises the odds of longer tech chains."""
     ev: list[str] = []
     if rng.random() < 0.3 + 0.6 * competence:
         ev += ["collect_wood"] * int(rng.integers(1, 4))
@@ -222,12 +200,6 @@ def sample_script(rng: np.random.Generator, competence: float, length: int = 128
 def training_run(iterations: int, envs: int, length: int = 128, seed: int = 0, texts: bool = True) -> list[list[Trajectory]]:
     """Batches of trajectories of a simulated training run (competence rising from 0 to 1)."""
     rng = np.random.default_rng(seed)
-    batches = []
-    for it in range(iterations):
-        competence = it / max(1, iterations - 1)
-        batches.append([
-            make_trajectory(sample_script(rng, competence, length), length, texts=texts,
-                            seed=int(rng.integers(1 << 30)), env_id=e)
-            for e in range(envs)
-        ])
-    return batches
+    return [[make_trajectory(sample_script(rng, it / max(1, iterations - 1), length), length, texts=texts,
+                             seed=int(rng.integers(1 << 30)), env_id=e) for e in range(envs)]
+            for it in range(iterations)]

@@ -1,10 +1,7 @@
 """Chat completions from any OpenAI-compatible server, on the ``openai`` package's ``AsyncOpenAI``.
 
-A broken or hostile server cannot hurt the run (``tests/test_relabel_openai_hostile.py``): each
-request has a total deadline; answers are capped at ``max_response_bytes`` and never compressed;
-redirects are never followed; malformed answers raise :class:`BackendError`, counted by cause.
-Requests run on one event loop per process on a daemon thread; :meth:`~OpenAIBackend.close`
-cancels those in flight. The API key never appears in ``repr``, exceptions, logs or ``stats()``.
+A hostile server cannot hurt the run: a total deadline per request, answers capped and uncompressed,
+no redirects, malformed answers a counted :class:`BackendError`; the API key is never shown.
 """
 
 from __future__ import annotations
@@ -187,24 +184,19 @@ class OpenAIBackend:
     """Chat completions from any OpenAI-compatible server, with ``openai.AsyncOpenAI``.
 
     Args:
-        base_url: server root including ``/v1``. Default: ``OPENAI_BASE_URL``, else
-            ``http://127.0.0.1:8000/v1``.
+        base_url: server root including ``/v1`` (default: ``OPENAI_BASE_URL``, else :data:`DEFAULT_BASE_URL`).
         model: model name; empty or ``None``: the one model the server lists (else :class:`BackendError` here).
-        api_key: the API key. Default: the environment variable ``api_key_env``, read at each request.
-        api_key_env: name of the environment variable holding the key (``None``: no key).
+        api_key: the API key; default: the environment variable ``api_key_env`` (``None``: no key), read per request.
         timeout: seconds per HTTP request, total; a call ends within ``timeout * (max_retries + 1)``.
         max_retries: retries after a connection error, a short read, HTTP 429 or 5xx (backoff
             ``backoff * 2**i`` with jitter, or ``Retry-After``); timeouts only with ``retry_on_timeout``.
         concurrency: requests of one :meth:`generate` call in flight at once.
         response_format: ``"auto"`` steps down ``json_schema`` -> ``json_object`` -> ``none`` when the
             server says a format is unsupported; or one of those three.
-        extra_body: extra JSON fields for every request.
-        max_response_bytes: largest answer accepted.
+        extra_body, max_response_bytes: extra JSON fields for every request; largest answer accepted.
 
-    Raises:
-        TypeError, ValueError: an argument of the wrong type or out of range.
-        ImportError: the ``openai`` package is not installed.
-        BackendError: the server cannot tell which model to use (``model`` empty).
+    Raises ``TypeError`` / ``ValueError`` for a bad argument, ``ImportError`` without the ``openai`` package,
+    :class:`BackendError` when ``model`` is empty and the server does not serve exactly one.
     """
 
     def __init__(
@@ -270,10 +262,9 @@ class OpenAIBackend:
         return self._rf_mode
 
     def stats(self) -> dict[str, int]:
-        """Counters since construction: ``calls``, ``ok``, ``failures`` (each also under its cause:
-        ``timeouts``, ``connection_errors``, ``http_errors``, ``redirects``, ``unusable``), ``requests``,
-        ``retries`` and ``format_step_downs``.
-        """
+        """Counters since construction: ``calls``, ``ok``, ``failures`` (also by cause: ``timeouts``,
+        ``connection_errors``, ``http_errors``, ``redirects``, ``unusable``), ``requests``, ``retries``,
+        ``format_step_downs``."""
         with self._lock:
             return dict(self._counts)
 
@@ -506,8 +497,7 @@ class OpenAIBackend:
                                retry=self.retry_on_timeout) from None
             if isinstance(e, httpx2.ConnectError):
                 raise _Failure("connection_errors", f"cannot connect ({what})", retry=True) from None
-            # h11 says "peer closed connection ..." (a short read) or "Server disconnected ...": maybe
-            # the network, worth another try; any other protocol error is not.
+            # "peer closed connection" (a short read) or "Server disconnected" may be the network: retried
             if isinstance(e, httpx2.ProtocolError) and not any(w in str(e).lower() for w in ("closed", "disconnected")):
                 raise _Failure("unusable", f"sent malformed HTTP ({what})") from None
             if isinstance(e, (httpx2.TransportError, OSError)) or type(e).__name__ == "EndOfStream":

@@ -1,8 +1,6 @@
-"""In-process Hugging Face ``transformers`` backend: the offline default (no compiling, any CPU).
+"""In-process Hugging Face ``transformers`` backend: the offline default (no compiling, any CPU, no network).
 
-The packaged Gemma 3 270M GGUF loads through transformers' GGUF reader; answers are constrained
-to the answer grammar by xgrammar, so even the 270M base model returns parseable JSON. Models load
-with ``local_files_only=True``: nothing here touches the network.
+Answers are constrained to the answer grammar by xgrammar, so even the 270M base model returns parseable JSON.
 """
 
 from __future__ import annotations
@@ -98,21 +96,10 @@ class TransformersBackend:
     token_method = "model"
 
     def __init__(
-        self,
-        model: Optional[str] = None,
-        *,
-        gguf_file: Optional[str] = None,
-        device: str = "auto",
-        dtype: Optional[str] = None,
-        num_threads: Optional[int] = 1,
-        temperature: float = 0.7,
-        top_p: float = 0.95,
-        seed: int = 0,
-        max_tokens: Optional[int] = None,
-        grammar: Optional[str] = "gbnf",
-        chat_template: Optional[str] = "auto",
-        batch_size: int = 16,
-        cache_dir: Optional[str] = "auto",
+        self, model: Optional[str] = None, *, gguf_file: Optional[str] = None, device: str = "auto",
+        dtype: Optional[str] = None, num_threads: Optional[int] = 1, temperature: float = 0.7, top_p: float = 0.95,
+        seed: int = 0, max_tokens: Optional[int] = None, grammar: Optional[str] = "gbnf",
+        chat_template: Optional[str] = "auto", batch_size: int = 16, cache_dir: Optional[str] = "auto",
         verbose: bool = False,
     ) -> None:
         try:
@@ -158,7 +145,6 @@ class TransformersBackend:
 
     @contextlib.contextmanager
     def _quiet(self):
-        # hide transformers' progress bars unless verbose, and restore the setting afterwards
         from transformers.utils import logging as tlog
 
         was = tlog.is_progress_bar_enabled()
@@ -366,10 +352,9 @@ class TransformersBackend:
         procs = [_GrammarMask(compiled, len(rows))] if compiled is not None else []
         sample = temperature > 0
         kw: dict[str, Any] = dict(
-            max_new_tokens=max_new, do_sample=sample, eos_token_id=self._stop_ids,
-            pad_token_id=self._tok.pad_token_id, logits_processor=procs,
-            **(dict(temperature=temperature, top_p=top_p, top_k=0) if sample else
-               dict(temperature=None, top_p=None, top_k=None)))
+            max_new_tokens=max_new, do_sample=sample, eos_token_id=self._stop_ids, pad_token_id=self._tok.pad_token_id,
+            logits_processor=procs, **(dict(temperature=temperature, top_p=top_p, top_k=0) if sample else
+                                       dict(temperature=None, top_p=None, top_k=None)))
         devices = [self._device] if self._device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
             torch.manual_seed(seed + offset)

@@ -29,8 +29,7 @@ from oir_gym.relabel.parallel import WORKER_ENV
 
 # --------------------------------------------------------------------------------------------- child side
 def _portable_exc(e: BaseException) -> BaseException:
-    """The exception itself when the parent can unpickle it without importing the backend's
-    library (builtins and our own errors), else a :class:`BackendError` with its type and text."""
+    """``e`` when the parent can unpickle it without the backend's library, else a :class:`BackendError`."""
     mod = type(e).__module__
     if mod == "builtins" or mod.startswith("oir_gym."):
         try:
@@ -44,8 +43,7 @@ def _portable_exc(e: BaseException) -> BaseException:
 
 
 def _child_entry(fd: int) -> None:
-    """Entry point of the LLM child (``python -c``): read the spec, build the backend, then answer
-    requests until told to stop or the parent is gone."""
+    """Entry point of the LLM child (``python -c``): read the spec, then serve until closed or orphaned."""
     # Ctrl+C in a terminal reaches the whole process group; the parent decides when this child ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(fd)
@@ -104,9 +102,8 @@ def _serve(conn: Connection, spec: BackendSpec) -> None:
     close_llm(backend)
 
 
-# The child's first lines. The packages ``oir_gym`` and ``oir_gym.relabel`` are registered without
-# running their __init__ (which imports JAX and the env: ~2 s and ~220 MB per start); their
-# submodules import as usual, and the first access to a package attribute runs the real __init__.
+# The child's first lines: ``oir_gym`` and ``oir_gym.relabel`` registered without running their __init__
+# (JAX and the env: ~2 s and ~220 MB per start) until a package attribute is first read.
 _CHILD_BOOT = """
 import importlib.util, sys
 sys.path[:] = {path!r}
@@ -129,12 +126,9 @@ _child_entry({fd})
 # --------------------------------------------------------------------------------------------- parent side
 @dataclass
 class ChildConfig:
-    """Deadlines and restart policy of a :class:`ChildProcessBackend`.
-
-    ``timeout`` (plus ``per_prompt_timeout`` per completion): seconds a call may take before the child
-    is killed as hung; ``start_timeout``: for import and model load; ``backoff``: first wait before a
-    restart, doubled per failure up to ``max_backoff``; ``grace``: each shutdown step's wait.
-    """
+    """Deadlines and restart policy of a :class:`ChildProcessBackend`: a call may take ``timeout`` plus
+    ``per_prompt_timeout`` per completion before the child is killed as hung; ``start_timeout`` covers import and
+    model load; restarts wait ``backoff``, doubled per failure up to ``max_backoff``; ``grace``: each shutdown step."""
 
     timeout: float = 120.0
     per_prompt_timeout: float = 30.0
@@ -154,13 +148,8 @@ def _close_all_at_exit() -> None:
 
 
 class ChildProcessBackend:
-    """An LLM backend that lives in a child process (the ``LLMBackend`` protocol).
-
-    Args:
-        spec: what to build in the child (a :class:`BackendSpec`, or a name / ``"module:Class"``).
-        kwargs: constructor arguments when ``spec`` is a string.
-        config: deadlines and restart policy (:class:`ChildConfig`).
-        start: start the child now; else on the first call.
+    """An LLM backend (the ``LLMBackend`` protocol) built in a child process from ``spec`` (a :class:`BackendSpec`,
+    or a name / ``"module:Class"`` with constructor ``kwargs``), started now or (``start=False``) at the first call.
 
     Calls are serialised. Failures raise :class:`LLMProcessDied`, :class:`~oir_gym.relabel.BackendTimeout`,
     :class:`LLMUnavailable` or the backend's own :class:`BackendError`.
@@ -251,15 +240,12 @@ class ChildProcessBackend:
         if not _EXIT_HOOK:  # at exit, stop live children (one inside a call would outlive this process)
             atexit.register(_close_all_at_exit)
             _EXIT_HOOK = True
-        # A fresh interpreter, as multiprocessing's "spawn" start method gives, but started directly:
-        # "spawn" would import the caller's __main__ again in the child, which re-runs a script
-        # without an ``if __name__ == "__main__"`` guard. The child gets this process's sys.path.
+        # a fresh interpreter started directly: multiprocessing's "spawn" would re-run an unguarded __main__
         parent_sock, child_sock = socket.socketpair()
         fd = child_sock.fileno()
         code = _CHILD_BOOT.format(path=list(sys.path), fd=fd)
         try:
-            # its JAX on the CPU: importing the package initialises JAX's default backend, which on a
-            # GPU machine would open a CUDA context beside the model's (parallel.WORKER_ENV)
+            # JAX on the CPU (parallel.WORKER_ENV): a CUDA context beside the model's would cost GPU memory
             proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(fd,), stdin=subprocess.DEVNULL,
                                     env={**os.environ, **WORKER_ENV})
         finally:
@@ -298,8 +284,7 @@ class ChildProcessBackend:
         raise BackendError(self._last_error)
 
     def _receive(self, limit: float, what: str) -> tuple:
-        """The child's next message within ``limit`` seconds; on death or a passed deadline:
-        record the failure, stop the child and raise."""
+        """The child's next message within ``limit`` seconds; on death or a passed deadline: record, stop, raise."""
         proc, conn = self._proc, self._conn
         deadline = time.monotonic() + limit
         while True:
@@ -312,8 +297,7 @@ class ChildProcessBackend:
                                           "the LLM process was killed")
                 self._fail(cause, with_remedy(msg), kill=True)
                 raise BackendTimeout(self._last_error)
-            # the socket reports EOF when the child dies; the poll also catches a child whose own
-            # children (vLLM workers) still hold the socket open
+            # EOF says the child died; the poll catches one whose children (vLLM workers) hold the socket open
             if _wait_any([conn], timeout=min(left, 0.5)):
                 try:
                     return conn.recv()
