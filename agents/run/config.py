@@ -54,8 +54,7 @@ class RelabelSettings:
     """Hindsight instruction relabeling and the instruction buffer (method ``oir``; shared by both trainers)."""
 
     relabeler: Relabeler = "rules"
-    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: the rules' at once and
-    the LLM's when they arrive."""
+    """rules: rule instructions from the events; llm: the LLM backend (llm.*); both: the rules', then the LLM's"""
     k: int = 4
     """Relabeled instructions per trajectory (SB3: per segment of ``sb3.segment_length`` steps)."""
     instruction_buffer_size: int = 10
@@ -65,16 +64,11 @@ class RelabelSettings:
     tau_high: float = 0.9
     """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
     grounding: Grounding = "cosine"
-    """cosine: the paper's rule (it pays where a caption matches it above ``env.delta``); bound: a relabeled
-    instruction pays at the event(s) it was accomplished with, whatever its wording (an extension)."""
+    """cosine: pays where a caption matches above env.delta (the paper); bound: at the relabeled event(s)"""
     bind_threshold: float = 0.5
     """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
     oracle: Oracle = "canonical"
-    """The rule relabeler's labels (docs/relabeling.md, "Oracle relabelers"): canonical: each event's caption;
-    diverse: a wording per event from a pool kept away from the evaluation sets; tasks: canonical plus the
-    events outside the 22 achievements; compound: canonical plus "A then B"; noisy: diverse with the 270M LLM's
-    measured errors; mixed: canonical or a pool wording, 0.5 each; progress: canonical plus the stone tier's
-    progress events. diverse, noisy and mixed need oir.grounding bound."""
+    """The rule relabeler's labels (docs/relabeling.md, "Oracle relabelers"); diverse/noisy/mixed need bound"""
 
     def validate(self, method: str) -> None:
         """ValueError naming the ``oir.*`` field at the first bad one (``method``: the run's ``run.method``)."""
@@ -113,11 +107,9 @@ class LLMConfig:
     """The LLM backend, shared by the OIR relabeler, the ELLM proposer and the SB3 trainer."""
 
     backend: LLMBackendArg = "transformers"
-    """transformers (the offline default), llama_cpp, vllm: a local model in a child process; openai: the server
-    at ``base_url``; or ``package.module:ClassName`` of a backend class (a resume imports it only if named)."""
+    """transformers, llama_cpp, vllm (a local model), openai (base_url) or package.module:ClassName"""
     base_url: str = "http://127.0.0.1:8000/v1"
-    """The OpenAI-compatible server (backend openai). The API key goes in ``OPENAI_API_KEY``: a key in the URL
-    is replaced by ``REDACTED`` in ``config.json`` and checkpoints."""
+    """The OpenAI-compatible server (backend openai); the API key goes in OPENAI_API_KEY, not the URL"""
     model: str = ""
     """Model path or name (empty: the backend's packaged default)."""
     template: str = "segments"

@@ -70,10 +70,7 @@ class RunOptions:
     time_limit: Optional[float] = None
     """Stop (with a checkpoint) after this many seconds; resume later."""
     eval_only: Optional[str] = None
-    """No training: evaluate the newest checkpoint on exactly --eval.sets and the sets of --eval.instruction-files
-    (--eval.sets with no name: the files' sets only; --eval.final-sets adds packaged held-out or ordered sets when
-    named), eval.final_episodes per instruction, and write eval_TAG.json/.md (TAG: up to 64 letters, digits, '.',
-    '_', '-'; not 'final' or a number, the run's own evaluations)."""
+    """No training: evaluate the newest checkpoint into eval_TAG.json/.md (which sets: docs/evaluation.md)"""
     wandb: bool = False
     """Also log to Weights & Biases (config = config.json; needs the wandb package)."""
     progress: bool = True

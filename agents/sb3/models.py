@@ -292,62 +292,35 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
     return model
 
 
-class SB3Policy:
-    """A greedy SB3 model as an evaluation policy: ``policy(obs, state, episode_start) -> (actions, state)``
-    (``state``: a recurrent model's LSTM states, None at the start and for feed-forward models)."""
-
-    def __init__(self, model, deterministic: bool = True) -> None:
-        self.model = model
-        self.deterministic = deterministic
-        self.recurrent = hasattr(model.policy, "lstm_actor")
-
-    def __call__(self, obs: dict[str, np.ndarray], state=None, episode_start: Optional[np.ndarray] = None):
-        if self.recurrent:
-            n = next(iter(obs.values())).shape[0]
-            start = np.ones(n, bool) if episode_start is None else np.asarray(episode_start, bool)
-            actions, state = self.model.predict(obs, state=state, episode_start=start, deterministic=self.deterministic)
-        else:
-            actions, _ = self.model.predict(obs, deterministic=self.deterministic)
-            state = None
-        return np.asarray(actions).reshape(-1), state
-
-
-def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str, Any]] = None):
-    """Greedy evaluation with ground-truth success (:func:`oir_gym.evaluation.evaluate_python_policy`)."""
-    from oir_gym.evaluation import EvalConfig, evaluate_python_policy
-
-    return evaluate_python_policy(SB3Policy(model), eval_cfg or EvalConfig(), seed=seed, env_kwargs=env_kwargs)
-
-
 class SB3AgentPolicy:
-    """A trained SB3 model acting greedily in the Gymnasium env (the ``Policy`` of ``agents.tools.policy``); a
-    recurrent model keeps its state until :meth:`reset`. ``env_kwargs``: those of the training env."""
+    """A trained SB3 model acting greedily. ``policy(obs, state, episode_start) -> (actions, state)`` acts on a batch
+    (``state``: a recurrent model's LSTM states, None at the start and for feed-forward models); :meth:`act` (the
+    ``Policy`` of ``agents.tools.policy``) keeps the state itself until :meth:`reset`. ``env_kwargs``: those of the
+    training env."""
 
     def __init__(self, model, algo: Optional[str] = None, env_kwargs: Optional[dict[str, Any]] = None,
                  deterministic: bool = True) -> None:
         self.model = model
         self.algo = algo
         self.env_kwargs = dict(env_kwargs or {})
-        self._policy = SB3Policy(model, deterministic=deterministic)
-        self._state = None
-        self._start = True
-        self._n: Optional[int] = None
+        self.deterministic = deterministic
+        #: whether the policy keeps a memory between steps
+        self.recurrent = hasattr(model.policy, "lstm_actor")
+        self.reset()
 
-    @property
-    def recurrent(self) -> bool:
-        """Whether the policy keeps a memory between steps (reset it with :meth:`reset`)."""
-        return self._policy.recurrent
-
-    @property
-    def state(self) -> Any:
-        """The recurrent state the next :meth:`act` continues from (None after :meth:`reset`, or feed-forward)."""
-        return self._state
+    def __call__(self, obs: dict[str, np.ndarray], state=None, episode_start: Optional[np.ndarray] = None):
+        if not self.recurrent:
+            return np.asarray(self.model.predict(obs, deterministic=self.deterministic)[0]).reshape(-1), None
+        n = next(iter(obs.values())).shape[0]
+        start = np.ones(n, bool) if episode_start is None else np.asarray(episode_start, bool)
+        actions, state = self.model.predict(obs, state=state, episode_start=start, deterministic=self.deterministic)
+        return np.asarray(actions).reshape(-1), state
 
     def reset(self) -> None:
-        """Forget the recurrent state: the next :meth:`act` starts an episode."""
-        self._state = None
+        """Forget the recurrent state (:attr:`state`: None): the next :meth:`act` starts an episode."""
+        self.state: Any = None
         self._start = True
-        self._n = None
+        self._n: Optional[int] = None
 
     def act(self, obs: Mapping[str, np.ndarray], episode_start: Any = None):
         """The greedy action for ``obs``; ``episode_start`` (bool or ``[n]``): envs whose episode starts here."""
@@ -356,22 +329,31 @@ class SB3AgentPolicy:
         if missing:
             raise KeyError(f"observation lacks {sorted(missing)} (expected keys {sorted(space.spaces)})")
         single = np.ndim(obs["obs"]) == 1
-        batch = {}
+        batch = {k: np.asarray(obs[k], np.float32)[None] if single else np.asarray(obs[k], np.float32)
+                 for k in space.spaces}
         for k, sub in space.spaces.items():
-            v = np.asarray(obs[k], np.float32)
-            v = v[None] if single else v
-            if v.shape[1:] != sub.shape:
+            if batch[k].shape[1:] != sub.shape:
                 hint = f" (the run used {self.env_kwargs})" if k == "obs" and self.env_kwargs else ""
-                raise ValueError(f"obs[{k!r}] has shape {v.shape[1:]} per env, the policy was trained on {sub.shape}"
-                                 f"{hint}")
-            batch[k] = v
+                raise ValueError(f"obs[{k!r}] has shape {batch[k].shape[1:]} per env, the policy was trained on "
+                                 f"{sub.shape}{hint}")
         n = batch["obs"].shape[0]
         if self._n is not None and n != self._n:  # another env or batch: its own fresh state
-            self._state, self._start = None, True
+            self.state, self._start = None, True
         start = np.zeros(n, bool) if episode_start is None else np.broadcast_to(np.asarray(episode_start, bool), (n,))
-        actions, self._state = self._policy(batch, self._state, start | self._start)
+        actions, self.state = self(batch, self.state, start | self._start)
         self._start, self._n = False, n
         return int(actions[0]) if single else np.asarray(actions, np.int64).reshape(-1)
+
+
+#: The batch form of :class:`SB3AgentPolicy` (``SB3Policy(model)``), one implementation.
+SB3Policy = SB3AgentPolicy
+
+
+def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str, Any]] = None):
+    """Greedy evaluation with ground-truth success (:func:`oir_gym.evaluation.evaluate_python_policy`)."""
+    from oir_gym.evaluation import EvalConfig, evaluate_python_policy
+
+    return evaluate_python_policy(SB3Policy(model), eval_cfg or EvalConfig(), seed=seed, env_kwargs=env_kwargs)
 
 
 MODEL_ZIP = "model.zip"
