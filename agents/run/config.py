@@ -361,9 +361,13 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = No
         raise
 
 
-def plain_help(text: str) -> str:
-    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B."""
+def plain_help(text: Any) -> Any:
+    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B (not a str:
+    as it is)."""
     import re
+
+    if not isinstance(text, str):
+        return text
 
     def role(m: "re.Match[str]") -> str:
         target = m.group(1).strip()
@@ -395,7 +399,7 @@ def _plain_docstrings() -> Iterator[None]:
     saved = {n: getattr(_docstrings, n) for n in ("get_field_docstring", "get_callable_description")
              if callable(getattr(_docstrings, n, None))}  # tyro's internals differ: the help keeps the markup
     for name, fn in saved.items():
-        setattr(_docstrings, name, functools.partial(_plain_result, fn))
+        setattr(_docstrings, name, functools.partial(lambda f, *a, **kw: plain_help(f(*a, **kw)), fn))
     try:
         yield
     finally:
@@ -403,26 +407,16 @@ def _plain_docstrings() -> Iterator[None]:
             setattr(_docstrings, name, fn)
 
 
-def _plain_result(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    out = fn(*args, **kwargs)
-    return plain_help(out) if isinstance(out, str) else out
-
-
-def _multi_value_flags(config_type: type) -> dict[str, str]:
-    """Every spelling of the flags of tuple fields (``--eval.instruction-files``...) -> one spelling."""
-    out: dict[str, str] = {}
-    for part in fields(config_type):
-        for f in fields(part.default_factory()):  # type: ignore[misc]
-            if isinstance(getattr(part.default_factory(), f.name), tuple):  # type: ignore[misc]
-                canonical = f"--{part.name}.{f.name.replace('_', '-')}"
-                out[canonical] = out[f"--{part.name}.{f.name}"] = canonical
-    return out
-
-
 def merge_repeated_flags(argv: Sequence[str], config_type: type) -> list[str]:
     """``--eval.sets a --eval.sets b`` -> ``--eval.sets a b``: every value of every occurrence of a tuple field's
     flag (of ``config_type``), in order, at its first occurrence (``--flag=value`` is one value)."""
-    multi = _multi_value_flags(config_type)
+    multi: dict[str, str] = {}  # every spelling of a tuple field's flag -> one spelling
+    for part in fields(config_type):
+        default = part.default_factory()  # type: ignore[misc]
+        for f in fields(default):
+            if isinstance(getattr(default, f.name), tuple):
+                multi[f"--{part.name}.{f.name}"] = multi[f"--{part.name}.{f.name.replace('_', '-')}"] = (
+                    f"--{part.name}.{f.name.replace('_', '-')}")
     argv = list(argv)
     values: dict[str, list[str]] = {}
     out: list[Any] = []

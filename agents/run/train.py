@@ -665,25 +665,22 @@ def script(recipe: Recipe, description: str | None = None, started: float | None
     quiet_xla_logs()
     try:
         code = main(recipe, started=started, description=description)
-    except ProcessLost as e:
-        print(f"error: {e}; this process stops too, every checkpoint is kept: continue the run with --resume "
-              "in every process", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # at once: jax.distributed's exit barrier would wait for the lost process, then abort with a stack dump
-        os._exit(3)
-    except Exception:
-        if "jax" not in sys.modules or process_count() == 1:
+    except Exception as e:
+        lost = isinstance(e, ProcessLost)
+        if not lost and ("jax" not in sys.modules or process_count() == 1):
             raise
-        # one process failed: a normal exit would hang at jax.distributed's exit barrier
+        # at once: jax.distributed's exit barrier would wait for the lost or failed process (then abort)
         import jax
         import traceback
 
-        traceback.print_exc()
-        print(f"error: process {jax.process_index()} of {process_count()} failed (above); the other processes stop "
-              "at their next exchange, every checkpoint is kept: continue the run with --resume in every process",
-              file=sys.stderr, flush=True)
+        if not lost:
+            traceback.print_exc()
+        print(f"error: {e}; this process stops too" if lost else f"error: process {jax.process_index()} of "
+              f"{process_count()} failed (above); the other processes stop at their next exchange",
+              ", every checkpoint is kept: continue the run with --resume in every process", sep="", file=sys.stderr,
+              flush=True)
         sys.stdout.flush()
-        os._exit(1)
+        os._exit(3 if lost else 1)
     sys.exit(code)
 
 

@@ -109,10 +109,8 @@ def make_relabel_callback(relabeler, algo: str, **kwargs: Any):
     a rules-only relabeler unless ``asynchronous`` is given."""
     from oir_gym.sb3 import HindsightRelabelCallback
 
-    mode = "curriculum" if algo == "recurrent_ppo" else "replay"
-    sync = getattr(getattr(relabeler, "backend", None), "llm", "?") is None
-    kwargs.setdefault("asynchronous", not sync)
-    return HindsightRelabelCallback(relabeler, mode=mode, **kwargs)
+    kwargs.setdefault("asynchronous", getattr(getattr(relabeler, "backend", None), "llm", "?") is not None)
+    return HindsightRelabelCallback(relabeler, mode="curriculum" if algo == "recurrent_ppo" else "replay", **kwargs)
 
 
 def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, Any]] = None,
@@ -173,19 +171,6 @@ def _is_pickled(v: Any) -> bool:
     return isinstance(v, dict) and ":serialized:" in v
 
 
-def _zip_data(path: Path, archive) -> dict[str, Any]:
-    """The zip's ``data`` as JSON (its ``":serialized:"`` pickles are never decoded)."""
-    if "data" not in archive.namelist():
-        return {}
-    try:
-        data = json.loads(archive.read("data").decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptFileError(path, f"its 'data' member is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CorruptFileError(path, "its 'data' member is not a JSON object")
-    return data
-
-
 def _policy_kwargs_from_data(path: Path, value: Any) -> dict[str, Any]:
     """``policy_kwargs`` as ``data`` shows it: a pickled dict's readable members, the default optimizer and a
     ``torch.nn`` activation by name; any other class is a CorruptFileError (pass the hyperparameters)."""
@@ -234,10 +219,15 @@ def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     try:
         with zipfile.ZipFile(path) as archive:
-            data = _zip_data(path, archive)
-            missing = [m for m in _PARAMETER_FILES if m not in archive.namelist()]
+            names = archive.namelist()
+            data = json.loads(archive.read("data").decode("utf-8")) if "data" in names else {}
     except zipfile.BadZipFile:
         raise CorruptFileError(path, "is not a zip file (an SB3 model.zip)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:  # its ":serialized:" pickles are never decoded
+        raise CorruptFileError(path, f"its 'data' member is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CorruptFileError(path, "its 'data' member is not a JSON object")
+    missing = [m for m in _PARAMETER_FILES if m not in names]
     if missing:
         raise CorruptFileError(path, f"lacks {missing}: it is not a model saved by stable-baselines3")
     return data
