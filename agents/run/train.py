@@ -41,17 +41,11 @@ class RunTrainer(Protocol):
 
     @property
     def seed_offset(self) -> int: ...
-
     def init_state(self) -> None: ...
-
     def load(self, path: Any) -> dict[str, Any]: ...
-
     def iteration(self) -> IterationLog: ...
-
     def evaluate(self, final: bool = False) -> list: ...
-
     def save(self, *, metrics: Any = None) -> Any: ...
-
     def close(self) -> None: ...
 
 
@@ -257,7 +251,7 @@ class _Run:
 
     @property
     def flag(self) -> str:
-        return "--eval-only" if self.opts.eval_only is not None else "--resume"
+        return "--eval-only" if self.evaluating else "--resume"
 
     @property
     def evaluating(self) -> bool:
@@ -557,10 +551,7 @@ def _evaluate_only(r: _Run, trainer: RunTrainer, run_eval: Any) -> int:
 
 def seed_means(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Each metric's mean over the seeds' rows that hold it (a seed may lack one)."""
-    values: dict[str, list[float]] = {}
-    for row in rows:
-        for k, v in row.items():
-            values.setdefault(k, []).append(float(v))
+    values = {k: [float(r[k]) for r in rows if k in r] for k in dict.fromkeys(k for r in rows for k in r)}
     return {k: sum(vs) / len(vs) for k, vs in values.items()}
 
 

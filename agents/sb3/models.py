@@ -1,14 +1,6 @@
-"""Stable-Baselines3 agents on InstructionCraftax (a Dict observation): RecurrentPPO (the curriculum only), QR-DQN
-and DQN (also trained on relabeled transitions) with OIR relabeling::
-
-    venv = make_env(num_envs=16, seed=0)
-    model = make_model("qrdqn", venv, seed=0)
-    model.learn(100_000, callback=make_relabel_callback(make_relabeler("rules", k=4), "qrdqn"))
-    result = evaluate(model)
-
-SB3's ``model.zip`` holds pickles: :func:`load_model` reads only its tensors and plain counters into a fresh model,
-and a run loads only the zip whose sha256 it recorded (``state.json``).
-"""
+"""Stable-Baselines3 agents on InstructionCraftax with OIR relabeling (docs/sb3.md): RecurrentPPO (curriculum only),
+QR-DQN and DQN (also trained on relabeled transitions). SB3's ``model.zip`` holds pickles: :func:`load_model` reads
+only its tensors and plain counters, and a run loads only the zip whose sha256 it recorded (``state.json``)."""
 
 from __future__ import annotations
 
@@ -136,9 +128,8 @@ def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, 
 def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None,
                tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto", *,
                defaults: str = "craftax"):
-    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams` (``hyperparams`` over the ``defaults``
-    set) on ``device`` (or the ``device`` hyperparameter); DQN and QR-DQN get a
-    :class:`~oir_gym.sb3.RelabelReplayBuffer`. ValueError naming the algorithm for an argument it refuses."""
+    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams` on ``device`` (or the ``device``
+    hyperparameter); ValueError naming the algorithm for an argument it refuses."""
     hp = resolve_hyperparams(algo, venv.num_envs, hyperparams, defaults)
     check_hyperparams(algo, hp, device)
     device = hp.pop("device", device)
@@ -161,9 +152,7 @@ def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, A
                          f"{given}: {type(e).__name__}: {str(e).strip()[:300]}") from e
 
 
-#: The members of an SB3 zip that :func:`load_model` reads (tensors only).
-_PARAMETER_FILES = ("policy.pth", "policy.optimizer.pth")
-#: Training progress counters :func:`load_model` takes from the zip's ``data`` (plain JSON there).
+_PARAMETER_FILES = ("policy.pth", "policy.optimizer.pth")  # the tensors load_model reads
 _PROGRESS_COUNTERS = ("num_timesteps", "_n_updates", "_episode_num", "_n_calls")
 
 
@@ -255,8 +244,7 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
         hyperparams = {k: v for k, v in plain.items() if k in accepted}
         if "policy_kwargs" in data:
             hyperparams["policy_kwargs"] = _policy_kwargs_from_data(path, data["policy_kwargs"])
-    if seed is None:
-        seed = plain.get("seed") if isinstance(plain.get("seed"), int) else 0
+    seed = seed if seed is not None else plain["seed"] if isinstance(plain.get("seed"), int) else 0
     if device != "auto":  # the device asked for here wins over the one the model was trained on
         hyperparams = {k: v for k, v in hyperparams.items() if k != "device"}
     model = make_model(algo, venv if venv is not None else spaces_only_venv(obs_mode), seed, hyperparams, device=device,
@@ -376,8 +364,7 @@ def save_checkpoint(run_dir: str | os.PathLike, model, state: Mapping[str, Any])
 
 
 def read_checkpoint_state(run_dir: str | os.PathLike) -> Optional[dict[str, Any]]:
-    """``state.json`` of a run (None when the run saved no checkpoint yet); a damaged file is a
-    :class:`~agents.run.run_dir.CorruptFileError` naming it."""
+    """``state.json`` of a run (None before its first checkpoint); CorruptFileError for a damaged one."""
     path = Path(run_dir) / STATE_JSON
     if not path.exists():
         return None
@@ -429,9 +416,8 @@ def trust_model_zip(run_dir: str | os.PathLike) -> str:
 
 
 def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[str] = None) -> SB3AgentPolicy:
-    """The :class:`SB3AgentPolicy` of an SB3 run directory (``seed``: only 0, its one seed). FileNotFoundError: not
-    an SB3 run directory; :class:`UntrustedModelError` or CorruptFileError: its zip is not the one saved or
-    does not fit its config."""
+    """The :class:`SB3AgentPolicy` of an SB3 run directory (``seed``: only 0); FileNotFoundError, ValueError (a PQN
+    run), :class:`UntrustedModelError` or CorruptFileError otherwise."""
     if seed != 0:
         raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
     from agents.run.run_dir import CONFIG
