@@ -228,8 +228,6 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
     """A model of ``algo`` saved with ``model.save``, loaded without unpickling: a fresh :func:`make_model`
     (``hyperparams`` default: the zip's plain JSON ones) gets the zip's parameters and progress counters.
     CorruptFileError naming the file: not a zip of ``algo`` with these hyperparameters, or non-finite weights."""
-    import zipfile
-
     import torch
 
     algo_class(algo)  # without SB3: the ImportError that names the extra to install
