@@ -25,15 +25,13 @@ class RunConfig:
     """What to run and for how long."""
 
     method: Method = "oir"
-    """gt: ground-truth reward on the 22 achievements; cosine: the cosine reward on them; oir: hindsight
-    relabeling with an instruction buffer; ellm: ELLM goal proposals."""
+    """gt / cosine: ground-truth / cosine reward on the 22 achievements; oir: OIR relabeling; ellm: ELLM"""
     total_timesteps: int = 200_000
     """Env steps per seed."""
     num_seeds: int = 1
     """Seeds trained side by side in one program."""
     num_devices: int = 0
-    """Local devices (GPUs) the seeds are spread over (0: every visible one); with fewer seeds than devices,
-    each seed's envs are split instead (seeds or ``pqn.num_envs`` must divide by it)."""
+    """Local devices (0: all) seeds are spread over; fewer seeds: each seed's envs (pqn.num_envs divides by it)"""
     seed: int = 0
     """The first seed (seeds run.seed to run.seed + run.num_seeds - 1: networks, envs, instruction buffers)."""
     checkpoint_every: int = 25
@@ -110,14 +108,11 @@ class OIRConfig(RelabelSettings):
     llm_lag: int = 16
     """Rollouts kept for late LLM answers (older answers are dropped)."""
     relabel_lag: int = 0
-    """0: a rollout's relabeled copies train in its own update (the paper); 1: the rules relabel on a side thread
-    and the copies enter one update later (off the critical path; a resume loses one rollout's relabels)."""
+    """0: relabeled copies train in their own update (the paper); 1: one update later, off the critical path"""
     oracle_pool: str = ""
-    """Wording pool file of oir.oracle diverse, noisy and mixed (empty: oir_gym/data/oracle_pool.json); a wording
-    within cosine 0.85 of an evaluation string stops the run."""
+    """Wording pool file of oir.oracle diverse, noisy and mixed (empty: oir_gym/data/oracle_pool.json)"""
     relabel_workers: int = -1
-    """Worker processes of the rule relabeler for rollouts of 64+ trajectories: -1 chooses from the machine
-    (none below 4 cores, else up to 8), 0 relabels in the training process."""
+    """Rule relabeler worker processes for 64+ trajectories (-1: by the machine's cores, 0: none)"""
 
 
 @dataclass

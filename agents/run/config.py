@@ -54,8 +54,7 @@ class RelabelSettings:
     """Hindsight instruction relabeling and the instruction buffer (method ``oir``; shared by both trainers)."""
 
     relabeler: Relabeler = "rules"
-    """rules: rule instructions from the events; llm: the LLM backend (``llm.*``); both: the rules' at once and
-    the LLM's when they arrive."""
+    """rules: rule instructions from the events; llm: the LLM backend (llm.*); both: the rules', then the LLM's"""
     k: int = 4
     """Relabeled instructions per trajectory (SB3: per segment of ``sb3.segment_length`` steps)."""
     instruction_buffer_size: int = 10
@@ -65,16 +64,11 @@ class RelabelSettings:
     tau_high: float = 0.9
     """Buffer priority: an instruction whose mean return is above it counts as mastered (ranked last)."""
     grounding: Grounding = "cosine"
-    """cosine: the paper's rule (it pays where a caption matches it above ``env.delta``); bound: a relabeled
-    instruction pays at the event(s) it was accomplished with, whatever its wording (an extension)."""
+    """cosine: pays where a caption matches above env.delta (the paper); bound: at the relabeled event(s)"""
     bind_threshold: float = 0.5
     """grounding=bound: loosest cosine between an instruction and an event of its trajectory that binds it."""
     oracle: Oracle = "canonical"
-    """The rule relabeler's labels (docs/relabeling.md, "Oracle relabelers"): canonical: each event's caption;
-    diverse: a wording per event from a pool kept away from the evaluation sets; tasks: canonical plus the
-    events outside the 22 achievements; compound: canonical plus "A then B"; noisy: diverse with the 270M LLM's
-    measured errors; mixed: canonical or a pool wording, 0.5 each; progress: canonical plus the stone tier's
-    progress events. diverse, noisy and mixed need oir.grounding bound."""
+    """The rule relabeler's labels (docs/relabeling.md, "Oracle relabelers"); diverse/noisy/mixed need bound"""
 
     def validate(self, method: str) -> None:
         """ValueError naming the ``oir.*`` field at the first bad one (``method``: the run's ``run.method``)."""
@@ -113,11 +107,9 @@ class LLMConfig:
     """The LLM backend, shared by the OIR relabeler, the ELLM proposer and the SB3 trainer."""
 
     backend: LLMBackendArg = "transformers"
-    """transformers (the offline default), llama_cpp, vllm: a local model in a child process; openai: the server
-    at ``base_url``; or ``package.module:ClassName`` of a backend class (a resume imports it only if named)."""
+    """transformers, llama_cpp, vllm (a local model), openai (base_url) or package.module:ClassName"""
     base_url: str = "http://127.0.0.1:8000/v1"
-    """The OpenAI-compatible server (backend openai). The API key goes in ``OPENAI_API_KEY``: a key in the URL
-    is replaced by ``REDACTED`` in ``config.json`` and checkpoints."""
+    """The OpenAI-compatible server (backend openai); the API key goes in OPENAI_API_KEY, not the URL"""
     model: str = ""
     """Model path or name (empty: the backend's packaged default)."""
     template: str = "segments"
@@ -369,9 +361,13 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = No
         raise
 
 
-def plain_help(text: str) -> str:
-    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B."""
+def plain_help(text: Any) -> Any:
+    """``text`` without reStructuredText markup, for a terminal: ````x```` -> x, ``:class:`~a.B``` -> B (not a str:
+    as it is)."""
     import re
+
+    if not isinstance(text, str):
+        return text
 
     def role(m: "re.Match[str]") -> str:
         target = m.group(1).strip()
@@ -403,7 +399,7 @@ def _plain_docstrings() -> Iterator[None]:
     saved = {n: getattr(_docstrings, n) for n in ("get_field_docstring", "get_callable_description")
              if callable(getattr(_docstrings, n, None))}  # tyro's internals differ: the help keeps the markup
     for name, fn in saved.items():
-        setattr(_docstrings, name, functools.partial(_plain_result, fn))
+        setattr(_docstrings, name, functools.partial(lambda f, *a, **kw: plain_help(f(*a, **kw)), fn))
     try:
         yield
     finally:
@@ -411,26 +407,16 @@ def _plain_docstrings() -> Iterator[None]:
             setattr(_docstrings, name, fn)
 
 
-def _plain_result(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    out = fn(*args, **kwargs)
-    return plain_help(out) if isinstance(out, str) else out
-
-
-def _multi_value_flags(config_type: type) -> dict[str, str]:
-    """Every spelling of the flags of tuple fields (``--eval.instruction-files``...) -> one spelling."""
-    out: dict[str, str] = {}
-    for part in fields(config_type):
-        for f in fields(part.default_factory()):  # type: ignore[misc]
-            if isinstance(getattr(part.default_factory(), f.name), tuple):  # type: ignore[misc]
-                canonical = f"--{part.name}.{f.name.replace('_', '-')}"
-                out[canonical] = out[f"--{part.name}.{f.name}"] = canonical
-    return out
-
-
 def merge_repeated_flags(argv: Sequence[str], config_type: type) -> list[str]:
     """``--eval.sets a --eval.sets b`` -> ``--eval.sets a b``: every value of every occurrence of a tuple field's
     flag (of ``config_type``), in order, at its first occurrence (``--flag=value`` is one value)."""
-    multi = _multi_value_flags(config_type)
+    multi: dict[str, str] = {}  # every spelling of a tuple field's flag -> one spelling
+    for part in fields(config_type):
+        default = part.default_factory()  # type: ignore[misc]
+        for f in fields(default):
+            if isinstance(getattr(default, f.name), tuple):
+                multi[f"--{part.name}.{f.name}"] = multi[f"--{part.name}.{f.name.replace('_', '-')}"] = (
+                    f"--{part.name}.{f.name.replace('_', '-')}")
     argv = list(argv)
     values: dict[str, list[str]] = {}
     out: list[Any] = []

@@ -122,12 +122,8 @@ def initialize_distributed() -> bool:
 
     if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
-    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        jax.distributed.initialize(
-            coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
-            num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-            process_id=int(os.environ["JAX_PROCESS_ID"]),
-        )
-    else:
-        jax.distributed.initialize()
+    env = os.environ
+    jax.distributed.initialize(**({} if not env.get("JAX_COORDINATOR_ADDRESS") else dict(
+        coordinator_address=env["JAX_COORDINATOR_ADDRESS"], num_processes=int(env["JAX_NUM_PROCESSES"]),
+        process_id=int(env["JAX_PROCESS_ID"]))))
     return True

@@ -100,11 +100,6 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """:func:`atomic_write_bytes` of UTF-8 text."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
 def json_default(o: Any) -> Any:
     """``json.dumps``'s ``default``: numpy scalars and arrays as numbers and lists, paths as text."""
     if hasattr(o, "tolist"):
@@ -116,7 +111,7 @@ def json_default(o: Any) -> Any:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
     """:func:`atomic_write_bytes` of ``obj`` as JSON (numpy scalars/arrays become numbers/lists)."""
-    return atomic_write_text(path, json.dumps(obj, indent=indent, default=json_default))
+    return atomic_write_bytes(path, json.dumps(obj, indent=indent, default=json_default).encode("utf-8"))
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -133,9 +128,8 @@ def sha256_file(path: str | os.PathLike) -> str:
 def read_json(path: str | os.PathLike) -> Any:
     """Parse a JSON file; a missing file raises ``FileNotFoundError``, a damaged one :class:`CorruptFileError`."""
     path = Path(path)
-    data = path.read_bytes()
     try:
-        return json.loads(data.decode("utf-8"))
+        return json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CorruptFileError(path, f"not valid JSON ({e}); the file is damaged or was cut short") from None
 
@@ -306,6 +300,7 @@ class _EventWriter:
 
         self._event, self._summary = Event, Summary
         self._writer = EventFileWriter(str(folder))
+        self.flush, self.close = self._writer.flush, self._writer.close
         if purge_step is not None:
             self._writer.add_event(Event(step=purge_step, wall_time=time.time(),
                                          session_log=SessionLog(status=SessionLog.START)))
@@ -313,12 +308,6 @@ class _EventWriter:
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         values = [self._summary.Value(tag=k, simple_value=v) for k, v in values.items()]
         self._writer.add_event(self._event(step=step, wall_time=time.time(), summary=self._summary(value=values)))
-
-    def flush(self) -> None:
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
 
 
 class MetricsWriter:
@@ -336,9 +325,7 @@ class MetricsWriter:
         self._file = os.fdopen(fd, "ab")
         self._rows, self._bytes = start.rows, start.bytes
         self._last = (start.update, start.env_steps)
-        self.tb = None
-        if tb_dir is not None:
-            self.tb = _EventWriter(tb_dir, purge_step=tb_purge_step)
+        self.tb = _EventWriter(tb_dir, purge_step=tb_purge_step) if tb_dir is not None else None
         self.wandb_run = wandb_run
 
     def write(self, row: Mapping[str, Any]) -> None:
@@ -530,27 +517,22 @@ class RunDir:
                 os.close(fd)
         if tensorboard is None:
             tensorboard = importlib.util.find_spec("tensorboard") is not None
+        wandb_run = None
+        if wandb:
+            try:
+                import wandb as wandb_module
+            except ImportError:
+                raise RunDirError("wandb=True needs the wandb package (pip install 'oir-gym[wandb]')") from None
+            id_file = self.path / WANDB / "run_id"
+            if not id_file.exists():  # W&B's id format (its helper moved between versions)
+                atomic_write_bytes(id_file, "".join(secrets.choice(string.ascii_lowercase + string.digits)
+                                                    for _ in range(8)).encode())
+            wandb_run = wandb_module.init(**{
+                "config": self.read_config() if (self.path / CONFIG).exists() else {}, "dir": str(self.path),
+                "name": self.path.name, "id": id_file.read_text().strip(), "resume": "allow",
+                **(wandb if isinstance(wandb, Mapping) else {})})
         return MetricsWriter(path, start=start, tb_dir=self.path / TENSORBOARD if tensorboard else None,
-                             tb_purge_step=start.env_steps + 1 if start.rows > 0 else None,
-                             wandb_run=self._wandb(wandb) if wandb else None)
-
-    def _wandb(self, options: bool | Mapping[str, Any]) -> Any:
-        try:
-            import wandb
-        except ImportError:
-            raise RunDirError("wandb=True needs the wandb package (pip install 'oir-gym[wandb]')") from None
-        id_file = self.path / WANDB / "run_id"
-        if id_file.exists():
-            run_id = id_file.read_text().strip()
-        else:
-            # W&B's id format (its helper moved between versions)
-            run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-            atomic_write_text(id_file, run_id)
-        kwargs: dict[str, Any] = dict(config=self.read_config() if (self.path / CONFIG).exists() else {},
-                                      dir=str(self.path), name=self.path.name, id=run_id, resume="allow")
-        if isinstance(options, Mapping):
-            kwargs.update(options)
-        return wandb.init(**kwargs)
+                             tb_purge_step=start.env_steps + 1 if start.rows > 0 else None, wandb_run=wandb_run)
 
     def write_csv(self, path: str | os.PathLike | None = None) -> Path:
         """Write ``metrics.csv`` (atomically) from ``metrics.jsonl``: one column per key of any row."""
@@ -560,7 +542,7 @@ class RunDir:
         w = csv.DictWriter(buf, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-        return atomic_write_text(path or self.path / METRICS_CSV, buf.getvalue())
+        return atomic_write_bytes(path or self.path / METRICS_CSV, buf.getvalue().encode("utf-8"))
 
     def eval_path(self, tag: str, ext: str = "json") -> Path:
         """``eval_<tag>.<ext>``."""
@@ -570,7 +552,7 @@ class RunDir:
         """Write ``eval_<tag>.json`` (``results``, JSON-able) and, when given, ``eval_<tag>.md`` (atomically)."""
         path = atomic_write_json(self.eval_path(tag), results)
         if markdown is not None:
-            atomic_write_text(self.eval_path(tag, "md"), markdown)
+            atomic_write_bytes(self.eval_path(tag, "md"), markdown.encode("utf-8"))
         return path
 
     def read_eval(self, tag: str) -> Any:

@@ -41,17 +41,11 @@ class RunTrainer(Protocol):
 
     @property
     def seed_offset(self) -> int: ...
-
     def init_state(self) -> None: ...
-
     def load(self, path: Any) -> dict[str, Any]: ...
-
     def iteration(self) -> IterationLog: ...
-
     def evaluate(self, final: bool = False) -> list: ...
-
     def save(self, *, metrics: Any = None) -> Any: ...
-
     def close(self) -> None: ...
 
 
@@ -70,10 +64,7 @@ class RunOptions:
     time_limit: Optional[float] = None
     """Stop (with a checkpoint) after this many seconds; resume later."""
     eval_only: Optional[str] = None
-    """No training: evaluate the newest checkpoint on exactly --eval.sets and the sets of --eval.instruction-files
-    (--eval.sets with no name: the files' sets only; --eval.final-sets adds packaged held-out or ordered sets when
-    named), eval.final_episodes per instruction, and write eval_TAG.json/.md (TAG: up to 64 letters, digits, '.',
-    '_', '-'; not 'final' or a number, the run's own evaluations)."""
+    """No training: evaluate the newest checkpoint into eval_TAG.json/.md (which sets: docs/evaluation.md)"""
     wandb: bool = False
     """Also log to Weights & Biases (config = config.json; needs the wandb package)."""
     progress: bool = True
@@ -260,7 +251,7 @@ class _Run:
 
     @property
     def flag(self) -> str:
-        return "--eval-only" if self.opts.eval_only is not None else "--resume"
+        return "--eval-only" if self.evaluating else "--resume"
 
     @property
     def evaluating(self) -> bool:
@@ -560,10 +551,7 @@ def _evaluate_only(r: _Run, trainer: RunTrainer, run_eval: Any) -> int:
 
 def seed_means(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Each metric's mean over the seeds' rows that hold it (a seed may lack one)."""
-    values: dict[str, list[float]] = {}
-    for row in rows:
-        for k, v in row.items():
-            values.setdefault(k, []).append(float(v))
+    values = {k: [float(r[k]) for r in rows if k in r] for k in dict.fromkeys(k for r in rows for k in r)}
     return {k: sum(vs) / len(vs) for k, vs in values.items()}
 
 
@@ -668,25 +656,22 @@ def script(recipe: Recipe, description: str | None = None, started: float | None
     quiet_xla_logs()
     try:
         code = main(recipe, started=started, description=description)
-    except ProcessLost as e:
-        print(f"error: {e}; this process stops too, every checkpoint is kept: continue the run with --resume "
-              "in every process", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # at once: jax.distributed's exit barrier would wait for the lost process, then abort with a stack dump
-        os._exit(3)
-    except Exception:
-        if "jax" not in sys.modules or process_count() == 1:
+    except Exception as e:
+        lost = isinstance(e, ProcessLost)
+        if not lost and ("jax" not in sys.modules or process_count() == 1):
             raise
-        # one process failed: a normal exit would hang at jax.distributed's exit barrier
+        # at once: jax.distributed's exit barrier would wait for the lost or failed process (then abort)
         import jax
         import traceback
 
-        traceback.print_exc()
-        print(f"error: process {jax.process_index()} of {process_count()} failed (above); the other processes stop "
-              "at their next exchange, every checkpoint is kept: continue the run with --resume in every process",
-              file=sys.stderr, flush=True)
+        if not lost:
+            traceback.print_exc()
+        print(f"error: {e}; this process stops too" if lost else f"error: process {jax.process_index()} of "
+              f"{process_count()} failed (above); the other processes stop at their next exchange",
+              ", every checkpoint is kept: continue the run with --resume in every process", sep="", file=sys.stderr,
+              flush=True)
         sys.stdout.flush()
-        os._exit(1)
+        os._exit(3 if lost else 1)
     sys.exit(code)
 
 

@@ -111,8 +111,7 @@ class SB3RunConfig:
     """What to run and for how long."""
 
     method: SB3Method = "oir"
-    """gt: ground-truth reward on the 22 achievements; cosine: the cosine reward on them; oir: hindsight
-    relabeling with an instruction buffer."""
+    """gt / cosine: ground-truth / cosine reward on the 22 achievements; oir: OIR relabeling"""
     total_timesteps: int = 30_000
     """Env steps (the run's one seed)."""
     seed: int = 0
@@ -140,8 +139,7 @@ class SB3Settings:
     threads: int = 0
     """Torch threads (0: automatic, 1 on machines with <= 4 cores)."""
     defaults: HyperparamDefaults = "craftax"
-    """The hyperparameters the run starts from: craftax (sized to learn on Craftax) or tiny (small networks and
-    buffers: the smoke preset); --sb3.hp overrides single keys."""
+    """Starting hyperparameters: craftax, or tiny (small networks: the smoke preset); --sb3.hp overrides"""
     hp: tuple[str, ...] = ()
     """Overrides of SB3 constructor arguments, KEY=VALUE (a Python literal; policy_kwargs.KEY for the network)."""
     hyperparams: Annotated[dict, tyro.conf.Suppress] = field(default_factory=dict)

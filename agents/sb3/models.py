@@ -1,14 +1,6 @@
-"""Stable-Baselines3 agents on InstructionCraftax (a Dict observation): RecurrentPPO (the curriculum only), QR-DQN
-and DQN (also trained on relabeled transitions) with OIR relabeling::
-
-    venv = make_env(num_envs=16, seed=0)
-    model = make_model("qrdqn", venv, seed=0)
-    model.learn(100_000, callback=make_relabel_callback(make_relabeler("rules", k=4), "qrdqn"))
-    result = evaluate(model)
-
-SB3's ``model.zip`` holds pickles: :func:`load_model` reads only its tensors and plain counters into a fresh model,
-and a run loads only the zip whose sha256 it recorded (``state.json``).
-"""
+"""Stable-Baselines3 agents on InstructionCraftax with OIR relabeling (docs/sb3.md): RecurrentPPO (curriculum only),
+QR-DQN and DQN (also trained on relabeled transitions). SB3's ``model.zip`` holds pickles: :func:`load_model` reads
+only its tensors and plain counters, and a run loads only the zip whose sha256 it recorded (``state.json``)."""
 
 from __future__ import annotations
 
@@ -109,10 +101,8 @@ def make_relabel_callback(relabeler, algo: str, **kwargs: Any):
     a rules-only relabeler unless ``asynchronous`` is given."""
     from oir_gym.sb3 import HindsightRelabelCallback
 
-    mode = "curriculum" if algo == "recurrent_ppo" else "replay"
-    sync = getattr(getattr(relabeler, "backend", None), "llm", "?") is None
-    kwargs.setdefault("asynchronous", not sync)
-    return HindsightRelabelCallback(relabeler, mode=mode, **kwargs)
+    kwargs.setdefault("asynchronous", getattr(getattr(relabeler, "backend", None), "llm", "?") is not None)
+    return HindsightRelabelCallback(relabeler, mode="curriculum" if algo == "recurrent_ppo" else "replay", **kwargs)
 
 
 def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, Any]] = None,
@@ -138,9 +128,8 @@ def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, 
 def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None,
                tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto", *,
                defaults: str = "craftax"):
-    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams` (``hyperparams`` over the ``defaults``
-    set) on ``device`` (or the ``device`` hyperparameter); DQN and QR-DQN get a
-    :class:`~oir_gym.sb3.RelabelReplayBuffer`. ValueError naming the algorithm for an argument it refuses."""
+    """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams` on ``device`` (or the ``device``
+    hyperparameter); ValueError naming the algorithm for an argument it refuses."""
     hp = resolve_hyperparams(algo, venv.num_envs, hyperparams, defaults)
     check_hyperparams(algo, hp, device)
     device = hp.pop("device", device)
@@ -163,27 +152,12 @@ def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, A
                          f"{given}: {type(e).__name__}: {str(e).strip()[:300]}") from e
 
 
-#: The members of an SB3 zip that :func:`load_model` reads (tensors only).
-_PARAMETER_FILES = ("policy.pth", "policy.optimizer.pth")
-#: Training progress counters :func:`load_model` takes from the zip's ``data`` (plain JSON there).
+_PARAMETER_FILES = ("policy.pth", "policy.optimizer.pth")  # the tensors load_model reads
 _PROGRESS_COUNTERS = ("num_timesteps", "_n_updates", "_episode_num", "_n_calls")
 
 
 def _is_pickled(v: Any) -> bool:
     return isinstance(v, dict) and ":serialized:" in v
-
-
-def _zip_data(path: Path, archive) -> dict[str, Any]:
-    """The zip's ``data`` as JSON (its ``":serialized:"`` pickles are never decoded)."""
-    if "data" not in archive.namelist():
-        return {}
-    try:
-        data = json.loads(archive.read("data").decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptFileError(path, f"its 'data' member is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CorruptFileError(path, "its 'data' member is not a JSON object")
-    return data
 
 
 def _policy_kwargs_from_data(path: Path, value: Any) -> dict[str, Any]:
@@ -234,10 +208,15 @@ def check_model_zip(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     try:
         with zipfile.ZipFile(path) as archive:
-            data = _zip_data(path, archive)
-            missing = [m for m in _PARAMETER_FILES if m not in archive.namelist()]
+            names = archive.namelist()
+            data = json.loads(archive.read("data").decode("utf-8")) if "data" in names else {}
     except zipfile.BadZipFile:
         raise CorruptFileError(path, "is not a zip file (an SB3 model.zip)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:  # its ":serialized:" pickles are never decoded
+        raise CorruptFileError(path, f"its 'data' member is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CorruptFileError(path, "its 'data' member is not a JSON object")
+    missing = [m for m in _PARAMETER_FILES if m not in names]
     if missing:
         raise CorruptFileError(path, f"lacks {missing}: it is not a model saved by stable-baselines3")
     return data
@@ -249,8 +228,6 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
     """A model of ``algo`` saved with ``model.save``, loaded without unpickling: a fresh :func:`make_model`
     (``hyperparams`` default: the zip's plain JSON ones) gets the zip's parameters and progress counters.
     CorruptFileError naming the file: not a zip of ``algo`` with these hyperparameters, or non-finite weights."""
-    import zipfile
-
     import torch
 
     algo_class(algo)  # without SB3: the ImportError that names the extra to install
@@ -265,8 +242,7 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
         hyperparams = {k: v for k, v in plain.items() if k in accepted}
         if "policy_kwargs" in data:
             hyperparams["policy_kwargs"] = _policy_kwargs_from_data(path, data["policy_kwargs"])
-    if seed is None:
-        seed = plain.get("seed") if isinstance(plain.get("seed"), int) else 0
+    seed = seed if seed is not None else plain["seed"] if isinstance(plain.get("seed"), int) else 0
     if device != "auto":  # the device asked for here wins over the one the model was trained on
         hyperparams = {k: v for k, v in hyperparams.items() if k != "device"}
     model = make_model(algo, venv if venv is not None else spaces_only_venv(obs_mode), seed, hyperparams, device=device,
@@ -292,62 +268,35 @@ def load_model(algo: str, path: str | os.PathLike, venv=None, device: str = "aut
     return model
 
 
-class SB3Policy:
-    """A greedy SB3 model as an evaluation policy: ``policy(obs, state, episode_start) -> (actions, state)``
-    (``state``: a recurrent model's LSTM states, None at the start and for feed-forward models)."""
-
-    def __init__(self, model, deterministic: bool = True) -> None:
-        self.model = model
-        self.deterministic = deterministic
-        self.recurrent = hasattr(model.policy, "lstm_actor")
-
-    def __call__(self, obs: dict[str, np.ndarray], state=None, episode_start: Optional[np.ndarray] = None):
-        if self.recurrent:
-            n = next(iter(obs.values())).shape[0]
-            start = np.ones(n, bool) if episode_start is None else np.asarray(episode_start, bool)
-            actions, state = self.model.predict(obs, state=state, episode_start=start, deterministic=self.deterministic)
-        else:
-            actions, _ = self.model.predict(obs, deterministic=self.deterministic)
-            state = None
-        return np.asarray(actions).reshape(-1), state
-
-
-def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str, Any]] = None):
-    """Greedy evaluation with ground-truth success (:func:`oir_gym.evaluation.evaluate_python_policy`)."""
-    from oir_gym.evaluation import EvalConfig, evaluate_python_policy
-
-    return evaluate_python_policy(SB3Policy(model), eval_cfg or EvalConfig(), seed=seed, env_kwargs=env_kwargs)
-
-
 class SB3AgentPolicy:
-    """A trained SB3 model acting greedily in the Gymnasium env (the ``Policy`` of ``agents.tools.policy``); a
-    recurrent model keeps its state until :meth:`reset`. ``env_kwargs``: those of the training env."""
+    """A trained SB3 model acting greedily. ``policy(obs, state, episode_start) -> (actions, state)`` acts on a batch
+    (``state``: a recurrent model's LSTM states, None at the start and for feed-forward models); :meth:`act` (the
+    ``Policy`` of ``agents.tools.policy``) keeps the state itself until :meth:`reset`. ``env_kwargs``: those of the
+    training env."""
 
     def __init__(self, model, algo: Optional[str] = None, env_kwargs: Optional[dict[str, Any]] = None,
                  deterministic: bool = True) -> None:
         self.model = model
         self.algo = algo
         self.env_kwargs = dict(env_kwargs or {})
-        self._policy = SB3Policy(model, deterministic=deterministic)
-        self._state = None
-        self._start = True
-        self._n: Optional[int] = None
+        self.deterministic = deterministic
+        #: whether the policy keeps a memory between steps
+        self.recurrent = hasattr(model.policy, "lstm_actor")
+        self.reset()
 
-    @property
-    def recurrent(self) -> bool:
-        """Whether the policy keeps a memory between steps (reset it with :meth:`reset`)."""
-        return self._policy.recurrent
-
-    @property
-    def state(self) -> Any:
-        """The recurrent state the next :meth:`act` continues from (None after :meth:`reset`, or feed-forward)."""
-        return self._state
+    def __call__(self, obs: dict[str, np.ndarray], state=None, episode_start: Optional[np.ndarray] = None):
+        if not self.recurrent:
+            return np.asarray(self.model.predict(obs, deterministic=self.deterministic)[0]).reshape(-1), None
+        n = next(iter(obs.values())).shape[0]
+        start = np.ones(n, bool) if episode_start is None else np.asarray(episode_start, bool)
+        actions, state = self.model.predict(obs, state=state, episode_start=start, deterministic=self.deterministic)
+        return np.asarray(actions).reshape(-1), state
 
     def reset(self) -> None:
-        """Forget the recurrent state: the next :meth:`act` starts an episode."""
-        self._state = None
+        """Forget the recurrent state (:attr:`state`: None): the next :meth:`act` starts an episode."""
+        self.state: Any = None
         self._start = True
-        self._n = None
+        self._n: Optional[int] = None
 
     def act(self, obs: Mapping[str, np.ndarray], episode_start: Any = None):
         """The greedy action for ``obs``; ``episode_start`` (bool or ``[n]``): envs whose episode starts here."""
@@ -356,22 +305,31 @@ class SB3AgentPolicy:
         if missing:
             raise KeyError(f"observation lacks {sorted(missing)} (expected keys {sorted(space.spaces)})")
         single = np.ndim(obs["obs"]) == 1
-        batch = {}
+        batch = {k: np.asarray(obs[k], np.float32)[None] if single else np.asarray(obs[k], np.float32)
+                 for k in space.spaces}
         for k, sub in space.spaces.items():
-            v = np.asarray(obs[k], np.float32)
-            v = v[None] if single else v
-            if v.shape[1:] != sub.shape:
+            if batch[k].shape[1:] != sub.shape:
                 hint = f" (the run used {self.env_kwargs})" if k == "obs" and self.env_kwargs else ""
-                raise ValueError(f"obs[{k!r}] has shape {v.shape[1:]} per env, the policy was trained on {sub.shape}"
-                                 f"{hint}")
-            batch[k] = v
+                raise ValueError(f"obs[{k!r}] has shape {batch[k].shape[1:]} per env, the policy was trained on "
+                                 f"{sub.shape}{hint}")
         n = batch["obs"].shape[0]
         if self._n is not None and n != self._n:  # another env or batch: its own fresh state
-            self._state, self._start = None, True
+            self.state, self._start = None, True
         start = np.zeros(n, bool) if episode_start is None else np.broadcast_to(np.asarray(episode_start, bool), (n,))
-        actions, self._state = self._policy(batch, self._state, start | self._start)
+        actions, self.state = self(batch, self.state, start | self._start)
         self._start, self._n = False, n
         return int(actions[0]) if single else np.asarray(actions, np.int64).reshape(-1)
+
+
+#: The batch form of :class:`SB3AgentPolicy` (``SB3Policy(model)``), one implementation.
+SB3Policy = SB3AgentPolicy
+
+
+def evaluate(model, eval_cfg=None, seed: int = 0, env_kwargs: Optional[dict[str, Any]] = None):
+    """Greedy evaluation with ground-truth success (:func:`oir_gym.evaluation.evaluate_python_policy`)."""
+    from oir_gym.evaluation import EvalConfig, evaluate_python_policy
+
+    return evaluate_python_policy(SB3Policy(model), eval_cfg or EvalConfig(), seed=seed, env_kwargs=env_kwargs)
 
 
 MODEL_ZIP = "model.zip"
@@ -404,8 +362,7 @@ def save_checkpoint(run_dir: str | os.PathLike, model, state: Mapping[str, Any])
 
 
 def read_checkpoint_state(run_dir: str | os.PathLike) -> Optional[dict[str, Any]]:
-    """``state.json`` of a run (None when the run saved no checkpoint yet); a damaged file is a
-    :class:`~agents.run.run_dir.CorruptFileError` naming it."""
+    """``state.json`` of a run (None before its first checkpoint); CorruptFileError for a damaged one."""
     path = Path(run_dir) / STATE_JSON
     if not path.exists():
         return None
@@ -457,9 +414,8 @@ def trust_model_zip(run_dir: str | os.PathLike) -> str:
 
 
 def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[str] = None) -> SB3AgentPolicy:
-    """The :class:`SB3AgentPolicy` of an SB3 run directory (``seed``: only 0, its one seed). FileNotFoundError: not
-    an SB3 run directory; :class:`UntrustedModelError` or CorruptFileError: its zip is not the one saved or
-    does not fit its config."""
+    """The :class:`SB3AgentPolicy` of an SB3 run directory (``seed``: only 0); FileNotFoundError, ValueError (a PQN
+    run), :class:`UntrustedModelError` or CorruptFileError otherwise."""
     if seed != 0:
         raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
     from agents.run.run_dir import CONFIG

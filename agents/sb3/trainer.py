@@ -33,10 +33,7 @@ class SB3Trainer:
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.update_idx = 0
-        self.env_steps = 0
-        self.process_index = 0
-        self.seed_offset = 0
+        self.update_idx = self.env_steps = self.process_index = self.seed_offset = 0
         self.method = None  # the driver's diversity report: PQN's OIR method only
         self.eval_only = eval_only
         self.startup: dict[str, float] = {}
