@@ -141,7 +141,7 @@ def mismatch_partners(targets: Sequence[tuple[int, ...]]) -> list[int] | None:
 
 
 def eval_key(seed: int, index: int = 0, update: int = 0) -> jax.Array:
-    """The key of one evaluation (worlds and policy noise) of the run's ``seed``, ``index`` in a vmapped run, ``update``."""
+    """The key of one evaluation (worlds, policy noise) of a run's ``seed``, its ``index`` and ``update``."""
     key = jax.random.PRNGKey(EVAL_KEY_SALT)
     for name, v in (("seed", seed), ("index", index), ("update", update)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= int(v) < 2**32:
@@ -199,7 +199,7 @@ class EvalResult:
         return {s: summarize(r) for s, r in self.rates.items()}
 
     def retention(self, learned: float = LEARNED_THRESHOLD) -> dict[str, dict[str, float | int | None]]:
-        """``{set: {"retention": value or None, "learned": n}}`` of every single-achievement set against ``original``."""
+        """``{set: {"retention": value or None, "learned": n}}`` of every single-achievement set vs ``original``."""
         if "original" not in self.rates:
             return {}
         o_rates, o_achs = self.rates["original"], self.achievements["original"]
