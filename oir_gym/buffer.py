@@ -1,10 +1,7 @@
 """The prioritized instruction replay buffer of the paper (Sec. 4.3), in pure Python/numpy.
 
-A fixed-size circular array of instructions, sampled uniformly. A batch of new instructions is
-sorted by ``(status, R(i), count, position in the batch)`` (status: 0 learning boundary
-``tau_low < R <= tau_high``, 1 failing ``R <= tau_low``, 2 mastered; unseen: ``R = 0``) and written
-round-robin at the cursor over the oldest slots. Per-instruction statistics (count, mean return)
-are kept for at most ``max_tracked`` instructions, least recently updated evicted.
+A fixed-size circular array of instructions, sampled uniformly; a batch of new instructions is written
+in priority order round-robin at the cursor over the oldest slots (unseen instructions have ``R = 0``).
 """
 
 from __future__ import annotations
@@ -87,16 +84,10 @@ def _check_instruction(instruction: Any, what: str = "instruction") -> str:
 
 
 class InstructionBuffer:
-    """Fixed-size circular buffer of instructions with PLR-style priority-ordered insertion.
-
-    Args:
-        capacity: number of slots (paper: 10), >= 1.
-        tau_low, tau_high: failing and mastered thresholds, ``0 <= tau_low < tau_high``.
-        initial: instructions to :meth:`insert` at construction (the paper starts empty).
-        seed: seed of the generator :meth:`sample` uses.
-        allow_duplicates: write candidates already in the buffer and repeats within a batch too.
-        max_tracked: instructions whose statistics are kept (the least recently updated is dropped).
-    """
+    """Fixed-size circular buffer of instructions with PLR-style priority-ordered insertion: ``capacity``
+    slots, failing / mastered thresholds ``0 <= tau_low < tau_high``, ``initial`` instructions to insert,
+    ``seed`` of :meth:`sample`, ``allow_duplicates`` to write repeats, statistics of at most ``max_tracked``
+    instructions (the least recently updated is dropped)."""
 
     def __init__(self, capacity: int = 10, tau_low: float = 0.1, tau_high: float = 0.9,
                  initial: Iterable[str] | None = None, seed: int | None = None, allow_duplicates: bool = False,
@@ -139,7 +130,7 @@ class InstructionBuffer:
         return self._size == self._capacity
 
     def contents(self) -> list[str]:
-        """The filled slots in slot order (not insertion order once the cursor has wrapped)."""
+        """The filled slots in slot order."""
         return [s for s in self._slots if s is not None]
 
     def num_tracked(self) -> int:
@@ -179,8 +170,7 @@ class InstructionBuffer:
         return instruction_status(self.stats(instruction).mean_return, self._tau_low, self._tau_high)
 
     def insert(self, candidates: Sequence[str]) -> list[str]:
-        """Write a batch of new instructions in :func:`priority_order` at the round-robin cursor, at most
-        ``capacity`` of them (the tail would overwrite the head); returns those written, in order."""
+        """Write at most ``capacity`` new instructions in :func:`priority_order` at the cursor; those written."""
         if isinstance(candidates, str):
             raise ValueError("candidates must be a list of instructions, not a single string")
         cands = [_check_instruction(c, f"candidate {i}") for i, c in enumerate(candidates)]
@@ -196,8 +186,7 @@ class InstructionBuffer:
         return ordered
 
     def sample(self, n: int, rng: np.random.Generator | None = None) -> list[str]:
-        """Draw ``n`` instructions uniformly (with replacement) from the filled slots, with ``rng`` or
-        the buffer's own generator; EmptyBufferError if the buffer holds none."""
+        """``n`` instructions drawn uniformly with replacement (EmptyBufferError if the buffer holds none)."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"n must be an integer >= 0, got {n!r}")
         if self._size == 0:
@@ -207,7 +196,7 @@ class InstructionBuffer:
         return [filled[i] for i in (self._rng if rng is None else rng).integers(0, len(filled), size=int(n))]
 
     def state_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable snapshot: configuration, slots, cursor, statistics and rng state."""
+        """A JSON-serialisable snapshot (configuration included)."""
         return {"version": _STATE_VERSION, "capacity": self._capacity, "tau_low": self._tau_low,
                 "tau_high": self._tau_high, "allow_duplicates": self._allow_duplicates,
                 "max_tracked": self._max_tracked, "slots": list(self._slots), "size": self._size,
@@ -222,10 +211,8 @@ class InstructionBuffer:
                 raise ValueError(f"unsupported InstructionBuffer state version {version!r} (expected {_STATE_VERSION})")
             fresh = InstructionBuffer(capacity=state["capacity"], tau_low=state["tau_low"], tau_high=state["tau_high"],
                                       allow_duplicates=state["allow_duplicates"], max_tracked=state["max_tracked"])
-            slots = list(state["slots"])
+            slots, stats, rng_state = list(state["slots"]), state["stats"], state["rng_state"]
             size, cursor = int(state["size"]), int(state["cursor"])
-            stats = state["stats"]
-            rng_state = state["rng_state"]
         except KeyError as e:
             raise ValueError(f"InstructionBuffer state is missing key {e.args[0]!r}") from None
         if len(slots) != fresh._capacity:
@@ -252,7 +239,7 @@ class InstructionBuffer:
         self.__dict__.update(fresh.__dict__)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write :meth:`state_dict` as JSON (atomically: temporary file, then rename)."""
+        """Write :meth:`state_dict` as JSON, atomically."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")

@@ -1,10 +1,8 @@
 """The step after relabeling (the paper's Alg. 1): rows to train on, buffer inserts, bindings.
 
-One :class:`InstructionCurriculum` serves every trainer; a result's group (buffer) is its trajectory's
-``meta["seed"]`` and its age ``now - meta["update"]`` (0 when absent). :attr:`Offer.metrics` holds
-:data:`OFFER_METRICS` (docs/api.md) and, with ``config.llm``, ``relabel/llm_rows`` / ``relabel/llm_buffered``
-and their run totals ``relabel/llm_rows_total`` / ``relabel/llm_buffered_total``. The curriculum records no
-buffer return: a 1/0 hindsight return would rank every grounded candidate as solved.
+A result's group (buffer) is its trajectory's ``meta["seed"]``, its age ``now - meta["update"]`` (0 when
+absent). The curriculum records no buffer return: a 1/0 hindsight return would rank every grounded
+candidate as solved.
 """
 
 from __future__ import annotations
@@ -29,30 +27,16 @@ GROUNDING = ("cosine", "bound")
 
 @dataclass(frozen=True)
 class CurriculumConfig:
-    """Settings of :class:`InstructionCurriculum`.
+    """Settings of :class:`InstructionCurriculum`; ValueError for a bad value."""
 
-    Attributes:
-        k: relabeled copies per trajectory (with ``balance``, the slots each trajectory fills).
-        balance: spread each trajectory's ``k`` rows over instructions (:func:`balanced_choice`);
-            the relabeler then hands back every grounded candidate, not only ``k``.
-        keep_ungrounded: also buffer candidates that paid no reward on their trajectory (the
-            paper's Alg. 1); by default only those that did.
-        grounding: ``"bound"`` registers each text a buffer took with its candidate's binding (the
-            env pays it at its bound event); ``"cosine"`` leaves registration to the draw.
-        delta: the env's cosine threshold (which event a text pays on, for :meth:`InstructionCurriculum.diversity`).
-        fixed_texts: texts never bound (evaluation and original instructions keep their own rows).
-        llm: the results include an LLM's: report what its instructions reached.
-        prompt_examples: the LLM prompt's few-shot answers (``diversity/llm_echo_share``).
-    """
-
-    k: int
-    balance: bool = False
-    keep_ungrounded: bool = False
-    grounding: str = "cosine"
-    delta: float = 0.8
-    fixed_texts: tuple[str, ...] = ORIGINAL_INSTRUCTIONS
-    llm: bool = False
-    prompt_examples: tuple[str, ...] = ()
+    k: int  # relabeled copies per trajectory (with balance, the slots each trajectory fills)
+    balance: bool = False  # spread each trajectory's k rows over instructions (balanced_choice)
+    keep_ungrounded: bool = False  # also buffer candidates that paid no reward on their trajectory (Alg. 1)
+    grounding: str = "cosine"  # "bound": register each text a buffer took with its candidate's binding
+    delta: float = 0.8  # the env's cosine threshold (which event a text pays on, for diversity())
+    fixed_texts: tuple[str, ...] = ORIGINAL_INSTRUCTIONS  # texts never bound
+    llm: bool = False  # the results include an LLM's: report what its instructions reached
+    prompt_examples: tuple[str, ...] = ()  # the LLM prompt's few-shot answers (diversity/llm_echo_share)
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
@@ -75,14 +59,8 @@ class Row(NamedTuple):
 
 @dataclass(frozen=True)
 class Offer:
-    """What one :meth:`InstructionCurriculum.apply` did.
-
-    Attributes:
-        rows: per group, the rows to train on (at most ``rows_per_group``; grounded first, then older).
-        offered: per group, the texts offered to its buffer (once each, in row order).
-        inserted: per group, the texts its buffer took.
-        metrics: the ``relabel/*`` metrics of the call (module docstring).
-    """
+    """What one :meth:`InstructionCurriculum.apply` did, per group: ``rows`` to train on, texts ``offered``
+    to its buffer and ``inserted`` by it; and the call's ``relabel/*`` ``metrics``."""
 
     rows: list[list[Row]]
     offered: list[list[str]]
@@ -91,9 +69,8 @@ class Offer:
 
 
 def balanced_choice(candidates: Sequence[Sequence[str]], k: int) -> list[list[str]]:
-    """Per trajectory (its candidate texts, no repeats), up to ``k`` texts in the order taken: round by
-    round each trajectory takes, of its candidates not yet taken, the one with the fewest rows so far
-    (ties: the candidate's order), so a frequent instruction fills slots only after rarer ones."""
+    """Per trajectory (its candidate texts), up to ``k`` texts: round by round each takes, of its candidates
+    not yet taken, the one with the fewest rows so far (ties: the candidate's order)."""
     counts: Counter = Counter()
     chosen: list[list[str]] = [[] for _ in candidates]
     for _ in range(k):
@@ -107,17 +84,8 @@ def balanced_choice(candidates: Sequence[Sequence[str]], k: int) -> list[list[st
 
 
 class InstructionCurriculum:
-    """The step after relabeling: rows, buffer inserts, bindings, offer counts.
-
-    Args:
-        buffers: one :class:`~oir_gym.buffer.InstructionBuffer` per group (PQN: per seed).
-        registry: the instruction table (:class:`~oir_gym.instruction_registry.InstructionRegistry`):
-            the cosine of new texts to the captions (:meth:`diversity`) and, by default, registration.
-        config: a :class:`CurriculumConfig`.
-        register: ``register(texts, bindings)`` puts the texts a buffer took into the env's table
-            with their bindings (``grounding="bound"``); default ``registry.rows(texts, bindings=...)``.
-            A trainer passes its own to keep rows it still reads from being reused.
-    """
+    """The step after relabeling over one buffer per group and the instruction ``registry``;
+    ``register(texts, bindings)`` (default ``registry.rows``) registers bound texts."""
 
     def __init__(self, buffers: Sequence[InstructionBuffer], registry: Any, config: CurriculumConfig, *,
                  register: Optional[Callable[[list[str], list[Any]], Any]] = None) -> None:
@@ -139,12 +107,8 @@ class InstructionCurriculum:
 
     # ------------------------------------------------------------ the step
     def apply(self, results: Sequence[Any], now: int = 0, rows_per_group: Optional[int] = None) -> Offer:
-        """Choose the rows (at most ``rows_per_group``, ``None``: all) from ``results`` (this update's or
-        earlier :class:`~oir_gym.relabel.RelabelResult` s), insert into the buffers, bind, count.
-
-        Raises ``ValueError`` before any insert if a chosen candidate lacks ``emb``, ``final_row`` or
-        ``pre_row`` (a :class:`~oir_gym.relabel.HindsightRelabeler`'s carry them).
-        """
+        """Choose the rows (at most ``rows_per_group``) from ``results``, insert into the buffers, bind, count;
+        ValueError before any insert if a chosen candidate lacks ``emb``, ``final_row`` or ``pre_row``."""
         cfg = self.config
         G = len(self.buffers)
         by_group: list[list[Row]] = [[] for _ in range(G)]
@@ -227,10 +191,7 @@ class InstructionCurriculum:
 
     # ------------------------------------------------------------ reports and state
     def diversity(self) -> dict[str, float]:
-        """Diversity of every text offered so far (:mod:`oir_gym.diversity`): ``diversity/novelty_share``,
-        ``diversity/wordings_per_event``, ``diversity/instructions``..., ``relabel/llm_offer_share_total``
-        and ``relabel/offers_total``; with ``config.llm`` also ``diversity/llm_instructions`` (texts the
-        LLM offered first) and ``diversity/llm_echo_share`` (the share copying the prompt's examples)."""
+        """``diversity/*`` of every text offered so far (:mod:`oir_gym.diversity`) and the run's offer totals."""
         texts = list(self.offered)
         stats = instruction_diversity(texts, [self.offered[t][0] for t in texts], [self.offered[t][1] for t in texts])
         out = {**stats.flat(), "relabel/llm_offer_share_total": self.offers_llm / max(self.offers_total, 1),

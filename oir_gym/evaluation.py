@@ -39,17 +39,9 @@ EVAL_KEY_SALT = 0x0E7A1
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Evaluation settings.
-
-    Attributes:
-        sets: packaged (:data:`~oir_gym.instructions.PACKAGED_SET_NAMES`) or user set names to
-            evaluate, in order; every set of ``instruction_files`` is evaluated as well.
-        episodes: episodes per instruction.
-        horizon: steps per episode.
-        instruction_files: user files of named sets (``docs/evaluation.md``), checked here.
-        control: also measure each achievement under a mismatched and a neutral instruction.
-        neutral_text: the neutral instruction of the control.
-    """
+    """Evaluation settings: ``sets`` (packaged or user set names; every set of ``instruction_files`` is
+    evaluated too), ``episodes`` per instruction, ``horizon`` steps, ``control`` (also measure each
+    achievement under a mismatched and the ``neutral_text`` instruction). ValueError for a bad value or file."""
 
     sets: tuple[str, ...] = SET_NAMES
     episodes: int = 2
@@ -99,12 +91,8 @@ def related(a: Sequence[int], b: Sequence[int]) -> bool:
 
 
 def mismatch_pairing(targets: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[int, ...]]:
-    """The fixed derangement of the control: for each distinct target, the target whose instruction stands in.
-
-    Among the derangements of the sorted distinct targets with the fewest :func:`related` pairs, the
-    one that gives each target in turn the partner nearest after it (cyclically). Returns
-    ``{target: partner}``; empty for fewer than 2 distinct targets.
-    """
+    """``{target: partner}``, the control's fixed derangement of the distinct targets (docs/evaluation.md);
+    empty for fewer than 2 distinct targets."""
     return dict(_pairing(tuple(sorted(set(tuple(t) for t in targets)))))
 
 
@@ -138,11 +126,8 @@ def _pairing(uniq: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, ...], 
 
 
 def mismatch_partners(targets: Sequence[tuple[int, ...]]) -> list[int] | None:
-    """For each instruction of a set, the index of the instruction given in its mismatched condition.
-
-    The k-th instruction of target A gets the (k mod m)-th of the m instructions of
-    :func:`mismatch_pairing` (A); ``None`` for fewer than 2 distinct targets.
-    """
+    """Per instruction, the index of the one given in its mismatched condition: the k-th instruction of
+    target A gets the (k mod m)-th of the m of its partner's; ``None`` for fewer than 2 distinct targets."""
     pairing = mismatch_pairing(targets)
     if not pairing:
         return None
@@ -156,8 +141,7 @@ def mismatch_partners(targets: Sequence[tuple[int, ...]]) -> list[int] | None:
 
 
 def eval_key(seed: int, index: int = 0, update: int = 0) -> jax.Array:
-    """The key of one evaluation (its worlds and policy noise) from the run's ``seed``, the seed's
-    ``index`` in a vmapped run and the ``update``."""
+    """The key of one evaluation (worlds, policy noise) of a run's ``seed``, its ``index`` and ``update``."""
     key = jax.random.PRNGKey(EVAL_KEY_SALT)
     for name, v in (("seed", seed), ("index", index), ("update", update)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= int(v) < 2**32:
@@ -176,36 +160,16 @@ def eval_keys(seed: int, num_seeds: int, update: int = 0) -> jax.Array:
 RECORD_SHAPE: tuple[int, int] = (1 + NUM_ACHIEVEMENTS, NUM_ACHIEVEMENTS)
 
 
-def records_from_achieved(achieved: np.ndarray) -> np.ndarray:
-    """Records ``[n, 23, 22]`` from achievement flags ``[n, 22]`` (all at step 0; no order known)."""
-    achieved = np.asarray(achieved, bool)
-    rec = np.full((achieved.shape[0], *RECORD_SHAPE), -1, np.int32)
-    rec[:, 0] = np.where(achieved, 0, -1)
-    return rec
-
-
-def _outcomes(records: np.ndarray, target: tuple[int, ...], ordered: bool = False,
-              horizon: int | None = None) -> np.ndarray:
-    """``[episodes]`` success of ``target`` from records, within ``horizon`` steps if given."""
-    h = np.iinfo(np.int32).max if horizon is None else horizon
-    if ordered:
-        step = records[:, 1 + target[0], target[1]]
-        return (step >= 0) & (step < h)
-    first = records[:, 0, list(target)]
-    return ((first >= 0) & (first < h)).all(axis=1)
+def _outcomes(records: np.ndarray, target: tuple[int, ...], ordered: bool, horizon: int) -> np.ndarray:
+    """``[episodes]`` success of ``target`` from records within ``horizon`` steps."""
+    step = records[:, 1 + target[0], target[1]] if ordered else records[:, 0, list(target)]
+    ok = (step >= 0) & (step < horizon)
+    return ok if ordered else ok.all(axis=1)
 
 
 @dataclass
 class ControlResult:
-    """The control conditions of one set, aligned with the set's instructions.
-
-    Attributes:
-        mismatched_texts: the instruction given in each one's mismatched condition (``None`` with
-            fewer than 2 distinct targets); mismatched_rates: its success there.
-        neutral_text, neutral_rates: the neutral instruction and each one's success under it.
-        reverse_texts: for "X then Y", the evaluated "Y then X" (``None`` where none; the list ``None``
-            when no instruction has one); reverse_rates: success of X before Y there (NaN where none).
-    """
+    """The control conditions of one set, aligned with its instructions (fields: docs/evaluation.md)."""
 
     mismatched_texts: list[str] | None
     mismatched_rates: np.ndarray | None
@@ -235,8 +199,7 @@ class EvalResult:
         return {s: summarize(r) for s, r in self.rates.items()}
 
     def retention(self, learned: float = LEARNED_THRESHOLD) -> dict[str, dict[str, float | int | None]]:
-        """``{set: {"retention": value or None, "learned": n}}`` of every single-achievement set against
-        ``original`` (:func:`oir_gym.metrics.paraphrase_retention`); empty without ``original``."""
+        """``{set: {"retention": value or None, "learned": n}}`` of every single-achievement set vs ``original``."""
         if "original" not in self.rates:
             return {}
         o_rates, o_achs = self.rates["original"], self.achievements["original"]
@@ -251,8 +214,7 @@ class EvalResult:
         return out
 
     def control_summary(self) -> dict[str, dict[str, float]]:
-        """Per set: :func:`oir_gym.metrics.control_summary`, plus ``order_gain`` and
-        ``reverse_mean_success_rate`` where reverse instructions were evaluated."""
+        """Per set: :func:`oir_gym.metrics.control_summary`, plus ``order_gain`` and ``reverse_mean_success_rate``."""
         out = {}
         for s, c in self.control.items():
             out[s] = control_summary(self.rates[s], c.mismatched_rates, c.neutral_rates)
@@ -354,32 +316,22 @@ class EvalResult:
 
 
 def _plan(cfg: EvalConfig) -> tuple[list[str], list[int], list[str], list[EvalInstruction]]:
-    texts, achs, sets, items_ = [], [], [], []
-    for s, items in cfg.instruction_sets().items():
-        for ins in items:
-            texts.append(ins.text)
-            achs.append(ins.achievement_index)
-            sets.append(s)
-            items_.append(ins)
+    plan = [(s, ins) for s, items in cfg.instruction_sets().items() for ins in items]
     if cfg.control:
-        texts.append(cfg.neutral_text)
-        achs.append(-1)
-        sets.append(NEUTRAL_SET)
-        items_.append(EvalInstruction(cfg.neutral_text, -1, NEUTRAL_SET))
-    return texts, achs, sets, items_
+        plan.append((NEUTRAL_SET, EvalInstruction(cfg.neutral_text, -1, NEUTRAL_SET)))
+    items = [ins for _, ins in plan]
+    return [i.text for i in items], [i.achievement_index for i in items], [s for s, _ in plan], items
 
 
 def eval_instructions(cfg: EvalConfig) -> tuple[list[str], list[int], list[str]]:
-    """Texts, achievement indices and set names of every instruction an evaluation gives, in order
-    (last, with ``cfg.control``, the neutral one); their registry rows are :func:`evaluate_jax`'s ``rows``."""
+    """Texts, achievement indices and set names of every instruction an evaluation gives (last: the neutral one)."""
     texts, achs, sets, _ = _plan(cfg)
     return texts, achs, sets
 
 
 def eval_result(cfg: EvalConfig, texts, achs, sets, achieved: np.ndarray) -> EvalResult:
-    """Per-set rates (and the control) from ``texts, achs, sets`` = :func:`eval_instructions` (cfg) and
-    ``achieved``, instruction-major: records ``[n * episodes, 23, 22]`` or flags ``[n * episodes, 22]``
-    (not enough for ordered instructions)."""
+    """The result from :func:`eval_instructions` (cfg) and instruction-major ``achieved``: records
+    ``[n * episodes, 23, 22]`` or flags ``[n * episodes, 22]`` (not for ordered instructions)."""
     p_texts, _, p_sets, items = _plan(cfg)
     if list(texts) != p_texts or list(sets) != p_sets:
         raise ValueError("texts and sets must be eval_instructions(cfg) of this config")
@@ -389,7 +341,9 @@ def eval_result(cfg: EvalConfig, texts, achs, sets, achieved: np.ndarray) -> Eva
         if any(ins.ordered for ins in items):
             raise ValueError("ordered instructions (\"X then Y\") are scored from episode records [n, 23, 22] "
                              "(make_jax_evaluator's output), not from bare achievement flags")
-        rec = records_from_achieved(rec)
+        flags = rec.astype(bool)
+        rec = np.full((n, *RECORD_SHAPE), -1, np.int32)
+        rec[:, 0] = np.where(flags, 0, -1)  # all at step 0: no order known
     elif rec.shape != (n, *RECORD_SHAPE):
         raise ValueError(f"achieved must be [n_instructions * episodes, {NUM_ACHIEVEMENTS}] = "
                          f"[{n}, {NUM_ACHIEVEMENTS}] flags or [{n}, {RECORD_SHAPE[0]}, {RECORD_SHAPE[1]}] records, "
@@ -401,11 +355,8 @@ def eval_result(cfg: EvalConfig, texts, achs, sets, achieved: np.ndarray) -> Eva
         return float(_outcomes(per[episodes], ins.targets, ins.ordered, h).mean())
 
     neutral = p_sets.index(NEUTRAL_SET) if cfg.control else None
-    # the first evaluated instruction of each ordered target, to find an instruction's reverse
-    by_order = {}
-    for i, ins in enumerate(items):
-        if ins.ordered:
-            by_order.setdefault(ins.targets, i)
+    # the first evaluated instruction of each ordered target (reversed: the first one wins), to find reverses
+    by_order = {ins.targets: i for i, ins in reversed(list(enumerate(items))) if ins.ordered}
     res = EvalResult()
     for s in cfg.set_names:
         idx = [i for i, x in enumerate(sets) if x == s]
@@ -442,19 +393,13 @@ def eval_params(params: F.EnvParams, rows: np.ndarray, achievements: Sequence[in
 
 
 def make_jax_evaluator(policy_step: Callable, init_carry: Callable, num_envs: int, horizon: int,
-                       obs_mode: str = "paper", pool_size: int | None = None):
-    """Build a jitted ``evaluate(key, policy_params, env_params, pinned_rows) -> records [num_envs, 23, 22]``
-    (:data:`RECORD_SHAPE`).
-
-    Args:
-        policy_step: ``(policy_params, carry, obs, done, key) -> (carry, actions)``, batched.
-        init_carry: ``(num_envs) -> carry``.
-        pool_size: worlds pre-generated for resets (an evaluation never resets: 1 by default).
-    """
+                       obs_mode: str = "paper"):
+    """A jitted ``evaluate(key, policy_params, env_params, pinned_rows) -> records [num_envs, 23, 22]``;
+    ``policy_step(policy_params, carry, obs, done, key) -> (carry, actions)``, ``init_carry(num_envs) -> carry``."""
 
     def evaluate(key, policy_params, env_params, pinned):
         k_reset, k_run = jax.random.split(key)
-        obs, bstate = F.batch_reset(k_reset, env_params, num_envs, pool_size or 1, pinned, obs_mode)
+        obs, bstate = F.batch_reset(k_reset, env_params, num_envs, 1, pinned, obs_mode)
 
         def body(c, xs):
             obs, bstate, carry, alive, first, after, done_prev = c
@@ -498,23 +443,16 @@ def evaluate_jax(evaluator, key, policy_params, env_params: F.EnvParams, rows: n
 
 def evaluate_jax_seeds(evaluator, keys, policy_params, env_params: F.EnvParams, rows: np.ndarray,
                        cfg: EvalConfig, texts, achs, sets) -> list[EvalResult]:
-    """:func:`evaluate_jax` for several policies, one result each: ``evaluator`` is vmapped over key and
-    policy parameters (``jax.jit(jax.vmap(ev, in_axes=(0, 0, None, None)))``); ``keys`` (:func:`eval_keys`)
-    and ``policy_params`` have a leading policy axis."""
+    """:func:`evaluate_jax` for several policies: ``evaluator`` vmapped over key and policy parameters, which
+    have a leading policy axis."""
     achieved = _jax_achieved(evaluator, keys, policy_params, env_params, rows, cfg, achs)
     return [eval_result(cfg, texts, achs, sets, a) for a in achieved]
 
 
 def evaluate_python_policy(policy: Callable, cfg: EvalConfig = EvalConfig(), seed: int = 0,
                            env_kwargs: dict | None = None) -> EvalResult:
-    """Evaluate any Python policy on a fresh :class:`InstructionCraftax` (the SB3 agents' driver).
-
-    Args:
-        policy: ``policy(obs: dict[str, np.ndarray], state, episode_start: np.ndarray) ->
-            (actions, state)``; ``state`` is the policy's own (e.g. LSTM states), ``None`` at first.
-        seed: seeds the worlds.
-        env_kwargs: extra keyword arguments of the env (``obs_mode``, ``encoder``...).
-    """
+    """Evaluate ``policy(obs, state, episode_start) -> (actions, state)`` (``state``: its own, ``None`` at
+    first) on a fresh :class:`InstructionCraftax` made with ``env_kwargs``."""
     from oir_gym.vector_env import InstructionCraftax
 
     texts, achs, sets = eval_instructions(cfg)

@@ -24,21 +24,13 @@ from oir_gym.reward import step_match, step_similarity
 
 @struct.dataclass
 class InstructionTable:
-    """Device-side instruction rows.
+    """Device-side instruction rows."""
 
-    Attributes:
-        emb: ``[N, D]`` unit-norm instruction embeddings (the policy input).
-        event_sim: ``[N, E]`` what a step's events are compared with (``final`` of :mod:`oir_gym.grounding`).
-        pre_sim: ``[N, E]`` an event that must happen earlier first (``pre``); all -1: none.
-        achievement: ``[N]`` ground-truth achievement index of the row, or -1.
-        sample_mask: ``[G, N]`` bool, rows that resets of group ``g`` envs may draw (the buffer).
-    """
-
-    emb: jax.Array
-    event_sim: jax.Array
-    achievement: jax.Array
-    sample_mask: jax.Array
-    pre_sim: jax.Array
+    emb: jax.Array  # [N, D] unit-norm instruction embeddings (the policy input)
+    event_sim: jax.Array  # [N, E] what a step's events are compared with (``final`` of oir_gym.grounding)
+    achievement: jax.Array  # [N] ground-truth achievement index of the row, or -1
+    sample_mask: jax.Array  # [G, N] bool: rows that resets of group g envs may draw (the buffer)
+    pre_sim: jax.Array  # [N, E] an event that must happen earlier first (``pre``); all -1: none
 
 
 def default_craftax_params() -> CraftaxParams:
@@ -48,45 +40,25 @@ def default_craftax_params() -> CraftaxParams:
 
 @struct.dataclass
 class EnvParams:
-    """Parameters of InstructionCraftax (all traced: changing them does not recompile).
-
-    Attributes:
-        table: the instruction table.
-        delta: cosine threshold of the reward (strict ``>``).
-        max_steps: episode length limit; reaching it truncates.
-        terminate_on_success: end the episode at the first success.
-        reward_mode: 0 = cosine reward (paper), 1 = ground-truth reward of the row's achievement.
-        craftax: Craftax-Classic's own parameters.
-    """
+    """Parameters of InstructionCraftax (all traced: changing them does not recompile)."""
 
     table: InstructionTable
-    delta: float = 0.9
-    max_steps: int = 10_000
+    delta: float = 0.9  # cosine threshold of the reward (strict >)
+    max_steps: int = 10_000  # reaching it truncates
     terminate_on_success: bool = True
-    reward_mode: int = 0
+    reward_mode: int = 0  # 0 = cosine reward (paper), 1 = ground-truth reward of the row's achievement
     craftax: CraftaxParams = struct.field(default_factory=default_craftax_params)
 
 
 @struct.dataclass
 class EnvState:
-    """State of one environment.
-
-    Attributes:
-        craftax: the Craftax-Classic state.
-        instr: row of the current instruction in the table.
-        pinned: row every reset of this env uses, or -1 to draw from the buffer.
-        also_pays: ``[G]`` further rows that also pay this env's cosine reward (-1 = unused; ELLM's
-            goals), kept across resets; shape ``[0]`` by default.
-        group: which row of ``table.sample_mask`` this env draws from.
-        steps, success, ep_return, achieved, pre_seen: the episode's steps, whether the instruction
-            was accomplished, its return, ``[22]`` achievements, and whether ``pre`` happened.
-    """
+    """State of one environment; ``steps`` to ``pre_seen`` are the episode's."""
 
     craftax: CraftaxState
-    instr: jax.Array
-    pinned: jax.Array
-    also_pays: jax.Array
-    group: jax.Array
+    instr: jax.Array  # row of the current instruction in the table
+    pinned: jax.Array  # row every reset of this env uses, or -1 to draw from the buffer
+    also_pays: jax.Array  # [G] further rows that also pay its cosine reward (-1 = unused; ELLM), kept across resets
+    group: jax.Array  # which row of table.sample_mask this env draws from
     steps: jax.Array
     success: jax.Array
     ep_return: jax.Array
@@ -95,9 +67,7 @@ class EnvState:
 
 
 class StepInfo(NamedTuple):
-    """Per-step information of :func:`step`: events ``[E]``, this step's achievements ``[22]``, the
-    step's caption similarity, first success, instruction row, episode return and length so far,
-    and Craftax's game over."""
+    """Per-step information of :func:`step` (``success``: the first one; ``ep_*``: so far)."""
 
     events: jax.Array
     achievements: jax.Array
@@ -115,15 +85,9 @@ STATIC = CraftaxStaticParams()
 def make_table(emb, event_sim, achievement=None, sample_mask=None, pre_sim=None) -> InstructionTable:
     """Build an :class:`InstructionTable` from numpy/JAX arrays (``pre_sim`` default: no preconditions)."""
     n = emb.shape[0]
-    if pre_sim is None:
-        pre_sim = jnp.full(jnp.shape(event_sim), -1.0, jnp.float32)
-    if achievement is None:
-        achievement = jnp.full((n,), -1, jnp.int32)
-    if sample_mask is None:
-        sample_mask = jnp.ones((n,), bool)
-    sample_mask = jnp.asarray(sample_mask, bool)
-    if sample_mask.ndim == 1:
-        sample_mask = sample_mask[None, :]
+    pre_sim = jnp.full(jnp.shape(event_sim), -1.0) if pre_sim is None else pre_sim
+    achievement = jnp.full((n,), -1) if achievement is None else achievement
+    sample_mask = jnp.atleast_2d(jnp.asarray(jnp.ones((n,)) if sample_mask is None else sample_mask, bool))
     return InstructionTable(jnp.asarray(emb, jnp.float32), jnp.asarray(event_sim, jnp.float32),
                             jnp.asarray(achievement, jnp.int32), sample_mask, jnp.asarray(pre_sim, jnp.float32))
 
@@ -206,13 +170,8 @@ def _new_world(key, craftax: CraftaxParams):
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), world)
 
 
-def _generate_worlds(key, params: EnvParams, n: int):
-    return jax.vmap(lambda k: _new_world(k, params.craftax))(jax.random.split(key, n))
-
-
 def batch_worlds(key, craftax: CraftaxParams, num_envs: int, pool_size: int):
-    """The worlds :func:`batch_reset` with ``key`` starts from: ``(worlds [num_envs], pool [pool_size])``
-    (independent of the instruction table; one vmapped generator compiles in half the time of two)."""
+    """The worlds :func:`batch_reset` with ``key`` starts from: ``(worlds [num_envs], pool [pool_size])``."""
     k_env, k_pool, _ = jax.random.split(key, 3)
     keys = jnp.concatenate([jax.random.split(k_env, num_envs), jax.random.split(k_pool, pool_size)])
     both = jax.vmap(lambda k: _new_world(k, craftax))(keys)
@@ -222,9 +181,7 @@ def batch_worlds(key, craftax: CraftaxParams, num_envs: int, pool_size: int):
 
 def batch_reset(key, params: EnvParams, num_envs: int, pool_size: int | None = None,
                 pinned=None, obs_mode: str = "paper", groups=None, num_also_pays: int = 0, worlds=None):
-    """Reset a batch and fill its world pool: ``(obs, BatchState)``. ``pinned`` and ``groups`` (``[B]``)
-    default to unpinned group-0 envs; ``num_also_pays`` sizes ``EnvState.also_pays``; ``worlds``:
-    :func:`batch_worlds` of this key (generated here when None)."""
+    """Reset a batch and fill its world pool: ``(obs, BatchState)``; ``worlds``: :func:`batch_worlds` of this key."""
     pool_size = pool_size or max(num_envs, 16)
     _, _, k_instr = jax.random.split(key, 3)
     worlds, pool = batch_worlds(key, params.craftax, num_envs, pool_size) if worlds is None else worlds
@@ -248,8 +205,7 @@ def tree_select(mask, a, b):
 
 
 def reset_done(key, bstate: BatchState, done, params: EnvParams, pool_refresh: int):
-    """Reset the envs where ``done`` from consecutive pool slots at the cursor, then regenerate
-    ``pool_refresh`` slots from the cursor and advance it."""
+    """Reset the envs where ``done`` from the pool at the cursor; regenerate ``pool_refresh`` slots there."""
     env = bstate.env
     num_envs = done.shape[0]
     pool_size = jax.tree_util.tree_leaves(bstate.pool)[0].shape[0]
@@ -262,7 +218,7 @@ def reset_done(key, bstate: BatchState, done, params: EnvParams, pool_refresh: i
     fresh = jax.vmap(_fresh_state)(fresh_worlds, instr, env.pinned, env.group, env.also_pays)
     env = tree_select(done, fresh, env)
 
-    new = _generate_worlds(k_pool, params, pool_refresh)
+    new = jax.vmap(lambda k: _new_world(k, params.craftax))(jax.random.split(k_pool, pool_refresh))
     idx = (bstate.cursor + jnp.arange(pool_refresh)) % pool_size
     pool = jax.tree_util.tree_map(lambda p, n: p.at[idx].set(n), bstate.pool, new)
     return BatchState(env=env, pool=pool, cursor=(bstate.cursor + pool_refresh) % pool_size)
@@ -271,8 +227,7 @@ def reset_done(key, bstate: BatchState, done, params: EnvParams, pool_refresh: i
 def batch_step(key, bstate: BatchState, actions, params: EnvParams, obs_mode: str = "paper",
                pool_refresh: int = 4, autoreset: bool = True):
     """Step a batch, resetting finished envs in the same step (``autoreset``): ``(obs, bstate, reward,
-    terminated, truncated, info, final_obs)``; ``obs`` of a reset env is its next episode's first
-    observation, ``final_obs`` its last. :func:`block_step` with one block."""
+    terminated, truncated, info, final_obs)``; ``final_obs`` is a reset env's last observation."""
     one = bstate.replace(cursor=bstate.cursor[None])
     obs, one, *rest = block_step(key[None], one, actions, params, obs_mode, pool_refresh, autoreset)
     return (obs, one.replace(cursor=one.cursor[0]), *rest)
@@ -287,17 +242,15 @@ def _flat(x):
 
 
 def block_worlds(keys, craftax: CraftaxParams, envs_per_block: int, pool_per_block: int):
-    """:func:`batch_worlds` of every block of :func:`block_reset`: ``(worlds [B * envs_per_block],
-    pool [B * pool_per_block])``, block-major."""
+    """:func:`batch_worlds` of every block of :func:`block_reset`, block-major."""
     worlds, pool = jax.vmap(lambda k: batch_worlds(k, craftax, envs_per_block, pool_per_block))(keys)
     return jax.tree_util.tree_map(_flat, worlds), jax.tree_util.tree_map(_flat, pool)
 
 
 def block_reset(keys, params: EnvParams, envs_per_block: int, pool_per_block: int, pinned=None,
                 obs_mode: str = "paper", groups=None, num_also_pays: int = 0, worlds=None):
-    """Reset ``B = len(keys)`` independent blocks of ``envs_per_block`` envs with pools of ``pool_per_block``
-    worlds: ``(obs, BatchState)``, env leaves ``[B * envs_per_block]`` block-major, ``cursor [B]``. A block
-    depends only on its key and state, so blocks can be spread over devices; ``worlds``: :func:`block_worlds`."""
+    """Reset ``len(keys)`` independent blocks of ``envs_per_block`` envs: ``(obs, BatchState)``, env leaves
+    block-major, ``cursor [B]``; ``worlds``: :func:`block_worlds`."""
     B, n = keys.shape[0], envs_per_block
     pinned = jnp.full((B * n,), -1, jnp.int32) if pinned is None else jnp.asarray(pinned, jnp.int32)
     groups = jnp.zeros((B * n,), jnp.int32) if groups is None else jnp.asarray(groups, jnp.int32)
@@ -314,8 +267,7 @@ def block_reset(keys, params: EnvParams, envs_per_block: int, pool_per_block: in
 
 def block_step(keys, bstate: BatchState, actions, params: EnvParams, obs_mode: str = "paper",
                pool_refresh: int = 4, autoreset: bool = True):
-    """:func:`batch_step` for ``B = len(keys)`` independent blocks (:func:`block_reset`), each stepping with
-    its own key and pool; the reset is a branch taken only when some env finished."""
+    """:func:`batch_step` for ``len(keys)`` independent blocks (:func:`block_reset`)."""
     B = keys.shape[0]
     num_envs = actions.shape[0]
     n = num_envs // B
@@ -365,8 +317,7 @@ def set_pinned(bstate: BatchState, pinned) -> BatchState:
 
 
 def set_also_pays(bstate: BatchState, rows) -> BatchState:
-    """Set the ``[B, G]`` rows that also pay each env's reward (-1 = unused) at once; ``G`` is the batch's
-    ``num_also_pays``."""
+    """Set the ``[B, G]`` rows that also pay each env's reward (-1 = unused)."""
     rows = jnp.asarray(rows, jnp.int32)
     if rows.shape != bstate.env.also_pays.shape:
         raise ValueError(f"also_pays rows of shape {rows.shape}; this batch holds {bstate.env.also_pays.shape} "

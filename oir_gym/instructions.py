@@ -1,11 +1,8 @@
 """Evaluation instruction sets (paper Sec. 5 and Appendix A, "Testing Protocol Details").
 
-Sets tied to Craftax achievements, scored by the env's ground-truth achievement flags: the paper's
-three (:data:`SET_NAMES`: ``original``, ``simple``, ``complex``) and :data:`EXTRA_SET_NAMES`
-(``heldout`` paraphrases no relabeler gives, ``ordered`` "X then Y" pairs of unrelated achievements
-and their ``ordered_reverse`` control). The texts live in ``oir_gym/data/instructions.json`` (the
-per-achievement schema); user files of named sets (``{"sets": {name: [entries]}}``) are read by
-:func:`load_instruction_files`. Both schemas: ``docs/evaluation.md``.
+Sets scored by the env's ground-truth achievement flags: the paper's :data:`SET_NAMES` and
+:data:`EXTRA_SET_NAMES`, from ``oir_gym/data/instructions.json``, and user files of named sets. Both file
+schemas: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -53,23 +50,14 @@ class UnknownInstructionSetError(KeyError, ValueError):
 
 @dataclass(frozen=True)
 class EvalInstruction:
-    """One evaluation instruction.
-
-    Attributes:
-        text: the instruction given to the agent.
-        achievement_index: the achievement whose flag marks success, or -1 for several (``all_of``).
-        set_name: the packaged or user set's name.
-        all_of: the achievements that must all happen (Craftax order; asked order when ``ordered``).
-        ordered: ``all_of``'s two achievements must happen in this order ("X then Y").
-        horizon: success counts only within this many steps (``None``: the evaluation's horizon).
-    """
+    """One evaluation instruction."""
 
     text: str
-    achievement_index: int
+    achievement_index: int  # the achievement whose flag marks success, or -1 for several (all_of)
     set_name: str
-    all_of: tuple[int, ...] = ()
-    ordered: bool = False
-    horizon: int | None = None
+    all_of: tuple[int, ...] = ()  # the achievements that must all happen (Craftax order; asked order when ordered)
+    ordered: bool = False  # all_of's two achievements must happen in this order ("X then Y")
+    horizon: int | None = None  # success counts only within this many steps (None: the evaluation's horizon)
 
     @property
     def targets(self) -> tuple[int, ...]:
@@ -178,16 +166,14 @@ def _packaged() -> dict[str, tuple[EvalInstruction, ...]]:
 
 
 def load_instruction_sets(path: str | os.PathLike | None = None) -> dict[str, list[EvalInstruction]]:
-    """``{"original": [...], "simple": [...], "complex": [...], ...}`` (fresh lists) of the packaged sets or
-    of a file ``path`` of the per-achievement schema; ValueError for a malformed file."""
+    """``{set name: [EvalInstruction, ...]}`` (fresh lists) of the packaged sets or of a per-achievement file."""
     if path is None:
         return {k: list(v) for k, v in _packaged().items()}
     return _parse(_read_json(path), str(path))
 
 
 def get_instruction_set(name: str, path: str | os.PathLike | None = None) -> list[EvalInstruction]:
-    """One evaluation set by name (one of :data:`PACKAGED_SET_NAMES`); UnknownInstructionSetError (a
-    KeyError and a ValueError) for any other name or a set the file at ``path`` lacks."""
+    """One of the :data:`PACKAGED_SET_NAMES` sets; UnknownInstructionSetError for another name or one ``path`` lacks."""
     if name not in PACKAGED_SET_NAMES:
         raise UnknownInstructionSetError(f"unknown instruction set {name!r}; valid names: {', '.join(PACKAGED_SET_NAMES)}")
     sets = load_instruction_sets(path)
@@ -202,12 +188,8 @@ MAX_TEXT_CHARS = MAX_INSTRUCTION_CHARS
 
 
 def validate_instruction(text: object, where: str = "instruction") -> str:
-    """The instruction with its whitespace collapsed (the one rule for instructions: env, registry, files).
-
-    Raises:
-        TypeError: not a string.
-        ValueError: empty, longer than :data:`MAX_INSTRUCTION_CHARS`, or holding a control character.
-    """
+    """The instruction with its whitespace collapsed; TypeError for a non-string, ValueError for one empty,
+    longer than :data:`MAX_INSTRUCTION_CHARS` or holding a control character."""
     if not isinstance(text, str):
         raise TypeError(f"{where}: expected a non-empty string, got {_type_name(text)} {show(text)}")
     s = " ".join(text.split())
@@ -336,8 +318,7 @@ def _parse_named_sets(raw: dict, source: str) -> dict[str, list[EvalInstruction]
 
 
 def load_instruction_file(path: str | os.PathLike) -> dict[str, list[EvalInstruction]]:
-    """``{set name: [EvalInstruction, ...]}`` of one user file, in file order (either schema of
-    ``docs/evaluation.md``); ValueError naming the file, set, entry and field of what is wrong."""
+    """``{set name: [EvalInstruction, ...]}`` of one user file (either schema); ValueError naming what is wrong."""
     raw = _read_json(path)
     if isinstance(raw, dict) and "sets" in raw:
         return _parse_named_sets(raw, str(path))

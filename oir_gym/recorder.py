@@ -38,17 +38,10 @@ class _Segment:
 
 
 class TrajectoryRecorder:
-    """Turns the step outputs of an instruction vector env into one trajectory per episode.
-
-    A segment ends with its episode, after ``max_length`` steps, or at a reset (then unfinished:
-    ``dones[-1]`` False). Its ``meta`` holds ``start_step``, ``terminated``, ``truncated``, ``success``
-    and ``return``. A reset is seen through :meth:`record_reset`, a change of the env's ``reset_count``,
-    or an env's ``info["instruction"]`` changing mid-episode.
-
-    Args:
-        envs: the vector env (``num_envs`` and ``metadata["autoreset_mode"]`` are read), or ``num_envs``.
-        max_length: longest segment, in steps (``None``: whole episodes).
-    """
+    """Turns the step outputs of an instruction vector env (or ``num_envs`` envs) into one trajectory per
+    segment, which ends with its episode, after ``max_length`` steps, or at a reset (then ``dones[-1]``
+    False: seen through :meth:`record_reset`, the env's ``reset_count`` or a changed ``info["instruction"]``).
+    Its ``meta`` holds ``start_step``, ``terminated``, ``truncated``, ``success`` and ``return``."""
 
     def __init__(self, envs: Any = None, *, max_length: Optional[int] = None, num_envs: Optional[int] = None) -> None:
         if envs is None and num_envs is None:
@@ -154,8 +147,7 @@ class TrajectoryRecorder:
         )
 
     def trajectories(self, include_open: bool = True) -> list[Trajectory]:
-        """The trajectories recorded since the last call, finished episodes first; ``include_open`` also
-        cuts every running episode (``dones[-1]`` False; it goes on in a new segment)."""
+        """The trajectories recorded since the last call, finished first; ``include_open``: running ones cut too."""
         out, self._done = self._done, []
         if include_open:
             for i, seg in enumerate(self._open):
@@ -166,7 +158,6 @@ class TrajectoryRecorder:
         return out
 
     def __len__(self) -> int:
-        """Finished trajectories waiting in :meth:`trajectories`."""
         return len(self._done)
 
 
@@ -218,15 +209,8 @@ def _array(name: str, value: Any, dtype: Any) -> np.ndarray:
                                 f"env ({e})") from None
 
 
-def rollout(
-    envs: Any,
-    policy: Optional[Callable[[Any], Any]] = None,
-    steps: int = 64,
-    *,
-    seed: Optional[int] = None,
-    options: Optional[dict] = None,
-    max_length: Optional[int] = None,
-) -> list[Trajectory]:
+def rollout(envs: Any, policy: Optional[Callable[[Any], Any]] = None, steps: int = 64, *, seed: Optional[int] = None,
+            options: Optional[dict] = None, max_length: Optional[int] = None) -> list[Trajectory]:
     """Reset ``envs`` (``seed``, ``options``), run ``policy(obs) -> actions`` (``None``: random) for ``steps``
     steps and return every finished episode, then the running ones cut at the last step."""
     steps = check_int("steps", steps, minimum=1)

@@ -53,10 +53,6 @@ def check_reset_options(options: Any) -> dict[str, Any]:
     return dict(options)
 
 
-def _check_delta(delta: float) -> float:
-    return check_real("delta", delta, low=-1.0, high=1.0, low_open=True, hint=" (cosine similarity threshold)")
-
-
 @jax.jit
 def _merge_next_step(reset_mask, fresh_env, fresh_obs, state, obs, reward, term, trunc):
     """Next-step autoreset: envs in ``reset_mask`` keep their fresh state and first obs, reward 0."""
@@ -70,31 +66,11 @@ def _merge_next_step(reset_mask, fresh_env, fresh_obs, state, obs, reward, term,
 class InstructionCraftax(VectorEnv):
     """Instruction-conditioned Craftax-Classic, batched (Gymnasium ``VectorEnv``).
 
-    Observation: ``Dict({"obs": Box(0, 1, (D,)), "instruction": Box(-1, 1, (384,))})``, ``D`` 888
-    (``"paper"``) or 1345 (``"symbolic"``); action ``Discrete(17)``; reward 1 at the first step whose
-    caption matches the instruction (cosine ``> delta``), which terminates, as do death and lava.
-
-    Args:
-        num_envs: number of parallel envs (>= 1).
-        obs_mode: ``"paper"`` (the paper's appendix vector) or ``"symbolic"`` (Craftax's own).
-        delta: cosine threshold in (-1, 1].
-        max_episode_steps: truncation horizon.
-        instructions: the initial instruction buffer (default: the 22 Craftax achievements).
-        buffer: an :class:`~oir_gym.buffer.InstructionBuffer` to draw from and record returns into
-            (overrides ``instructions``); its contents are picked up before each step.
-        reward: ``"cosine"`` (paper) or ``"gt"`` (ground truth of the instruction's achievement).
-        terminate_on_success: end episodes at the first success.
-        autoreset_mode: ``"same_step"`` (SB3's; last obs in ``infos["final_obs"]``) or ``"next_step"``.
-        info_text: add the textual observation (``infos["text"]``) and action text to every step.
-        encoder: an encoder instance, or a model path / ``"default"``.
-        render_mode: ``None`` or ``"rgb_array"``.
-        seed: seed of the first reset.
-        pool_size / pool_refresh: world pool size and worlds regenerated per step with a reset.
-        table_capacity: rows of the device instruction table.
-
-    Infos (arrays over envs): ``instruction``, ``success``, ``events``, ``achievements``, ``similarity``
-    (``text``/``action_text`` with ``info_text``); where an episode ended ``episode`` (``{"r", "l", "t"}``,
-    as ``RecordEpisodeStatistics``), and in same-step mode ``final_obs`` and ``final_info``, with masks.
+    Reward 1 at the first step whose caption matches the instruction (cosine ``> delta``), which
+    terminates, as do death and lava. ``instructions``: the initial buffer (default: the 22 achievements);
+    ``buffer`` (overrides it) is drawn from and records returns; ``reward``: ``"cosine"`` or ``"gt"``
+    (the instruction's achievement); ``info_text``: add ``text``/``action_text`` to infos; ``pool_size`` /
+    ``pool_refresh``: worlds pre-generated / regenerated per step with a reset. Spaces and infos: docs/api.md.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10, "autoreset_mode": AutoresetMode.SAME_STEP}
@@ -108,7 +84,7 @@ class InstructionCraftax(VectorEnv):
                  table_capacity: int = 256) -> None:
         num_envs = check_int("num_envs", num_envs, minimum=1, maximum=MAX_NUM_ENVS)
         check_obs_mode(obs_mode)
-        delta = _check_delta(delta)
+        delta = check_real("delta", delta, low=-1.0, high=1.0, low_open=True, hint=" (cosine similarity threshold)")
         max_episode_steps = check_int("max_episode_steps", max_episode_steps, minimum=1, maximum=_MAX_INT32)
         check_choice("reward", reward, REWARD_MODES)
         check_choice("render_mode", render_mode, (None, "rgb_array"))
@@ -175,7 +151,6 @@ class InstructionCraftax(VectorEnv):
         self._key = jax.random.PRNGKey(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
         self._pinned = np.full((self.num_envs,), -1, np.int32)
         self._needs_reset = np.zeros((self.num_envs,), bool)
-        self._last_obs = None
         # lets a TrajectoryRecorder that only sees step outputs tell a reset happened between two steps
         self.reset_count = 0
         self._episode_start = np.zeros((self.num_envs,), np.float64)
@@ -204,8 +179,7 @@ class InstructionCraftax(VectorEnv):
 
     def register_instructions(self, texts: Sequence[str], achievements: Sequence[int] | None = None,
                               bindings: Sequence[Any] | None = None) -> np.ndarray:
-        """Add instructions to the device table (optionally mapped to ground-truth achievements, or
-        bound to events: one :class:`~oir_gym.grounding.Binding` or ``None`` per text)."""
+        """Add instructions to the device table (optionally with achievements or per-text bindings); their rows."""
         rows = self.registry.rows(texts, achievements, protected=self._pinned[self._pinned >= 0], bindings=bindings)
         self._refresh_params()
         return rows
@@ -236,7 +210,6 @@ class InstructionCraftax(VectorEnv):
         return [self.registry.text(r) for r in np.asarray(self._state.env.instr)]
 
     def _batch_seed(self, seed: Any) -> int | None:
-        """The one seed of the JAX batch: an int, or a list of one seed per env (``[s, s + 1, ...]``)."""
         if seed is None or isinstance(seed, (int, np.integer, bool, np.bool_)):
             return check_seed("seed", seed)
         if not isinstance(seed, (abc.Sequence, np.ndarray)) or isinstance(seed, (str, bytes)):
@@ -257,8 +230,8 @@ class InstructionCraftax(VectorEnv):
         return int(seeds[0])
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
-        """Reset all envs; ``options={"instruction": str | list}`` pins instructions first. ``seed``: an int,
-        or per-env seeds ``[s, s + 1, ...]`` (the same as ``s``) or all ``None``."""
+        """Reset all envs; ``options={"instruction": str | list}`` pins instructions first; ``seed``: an int or
+        ``[s, s + 1, ...]``."""
         seed = self._batch_seed(seed)
         options = check_reset_options(options)
         if seed is not None:
@@ -276,7 +249,6 @@ class InstructionCraftax(VectorEnv):
         infos = {"instruction": np.array(self.current_instructions(), dtype=object)}
         if self.info_text:
             infos["text"] = np.array(batch_text(self._state.env.craftax)[0], dtype=object)
-        self._last_obs = obs
         return obs_np, infos
 
     def _check_actions(self, actions) -> jax.Array:
@@ -364,7 +336,6 @@ class InstructionCraftax(VectorEnv):
                 infos["final_info"] = _copy_info({k2: v for k2, v in infos.items() if not k2.startswith("final")})
                 infos["_final_info"] = done.copy()
         self._needs_reset = done if self.autoreset == "next_step" else np.zeros_like(done)
-        self._last_obs = obs
         return self._to_numpy(obs), rewards, terms, truncs, infos
 
     def _to_numpy(self, obs) -> dict[str, np.ndarray]:

@@ -14,14 +14,6 @@ from oir_gym.analysis.tables import (
 from oir_gym.metrics import mean_and_stderr
 
 
-def _figure(ncols: int = 1, figsize: tuple[float, float] = (7, 4)):
-    """A figure with ``ncols`` axes, without pyplot (a notebook's backend and figures stay untouched)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize)
-    return fig, fig.subplots(1, ncols)
-
-
 def save_figure(fig, out: str | Path) -> Path:
     """Lay out a figure and write it (PNG by ``out``'s suffix); returns ``out`` as a Path."""
     fig.tight_layout()
@@ -33,7 +25,7 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path | list[dict]]], out
                          set_name: str = "original") -> Path:
     """Eval metrics vs env steps, one line per method with an s.e. band over seeds; ``runs[method]`` lists
     run directories, ``metrics.jsonl`` files or metrics rows, pooled as seeds."""
-    fig, axes = _figure(3, (15, 4))
+    fig, axes = _grid(3, 3, (5, 4))
     for label, paths in runs.items():
         steps, curves = pooled_curves([d if isinstance(d, list) else read_jsonl(metrics_path(d)) for d in paths],
                                       set_name)
@@ -56,8 +48,7 @@ def _marker(n: int) -> str | None:
 
 
 def training_figure(metrics: list[dict]):
-    """Loss, training success, epsilon and throughput vs env steps of one run, one axes per logged key
-    (one axes with a note when none is logged)."""
+    """Loss, training success, epsilon and throughput vs env steps of one run, one axes per logged key."""
     keys = [k for k in ("loss", "train/success_rate", "train/reward_per_step", "curriculum/unpayable_step_frac",
                         "epsilon", "sps") if any(k in r and "env_steps" in r for r in metrics)]
     fig, axes = _grid(max(len(keys), 1), max(len(keys), 1), (4.0, 3.2))
@@ -88,7 +79,7 @@ def instruction_bars_figure(results: dict[str, Iterable[dict]], set_name: str = 
     if set_name not in first[0]:
         set_name = next(iter(first[0]))
     texts = first[0][set_name]["texts"]
-    fig, ax = _figure(1, (max(10, len(texts) * 0.6), 4.5))
+    fig, (ax,) = _grid(1, 1, (max(10, len(texts) * 0.6), 4.5))
     width = 0.8 / max(len(methods), 1)
     x = np.arange(len(texts))
     for i, m in enumerate(methods):
@@ -131,7 +122,7 @@ def plot_tsne(groups: dict[str, Sequence[str]], out: str | Path, encoder=None, s
         raise ValueError(f"need at least 5 instructions for a t-SNE, got {len(texts)}")
     emb = enc.encode(texts)
     xy = TSNE(n_components=2, perplexity=min(30, max(2, len(texts) // 4)), random_state=seed, init="pca").fit_transform(emb)
-    fig, ax = _figure(1, (7, 6))
+    fig, (ax,) = _grid(1, 1, (7, 6))
     for g in dict.fromkeys(names):
         idx = [i for i, n in enumerate(names) if n == g]
         marker, size = ("*", 120) if g == "achievements" else ("o", 18)
@@ -145,7 +136,7 @@ def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_nam
                          xlabel: str = "delta") -> Path:
     """Final metrics (mean +- s.e. over seeds) against a swept parameter (e.g. the delta ablation)."""
     xs = list(values)
-    fig, axes = _figure(3, (13, 3.6))
+    fig, axes = _grid(3, 3, (13 / 3, 3.6))
     for ax, k in zip(axes, EVAL_METRICS):
         stats = [mean_and_stderr(np.array([r[set_name][k] for r in values[x]], dtype=float)) for x in xs]
         ax.errorbar(range(len(xs)), [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=4)
@@ -161,7 +152,7 @@ def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], delt
                              out: str | Path) -> Path:
     """Recall and wrongly rewarded events against delta, one line per set of
     :func:`oir_gym.reward.threshold_confusion` results."""
-    fig, axes = _figure(2, (10, 3.6))
+    fig, axes = _grid(2, 2, (5, 3.6))
     titles = {"recall": "own event rewarded (fraction of instructions)",
               "wrong_per_instruction": "other events rewarded (per instruction)"}
     for ax, (key, title) in zip(axes, titles.items()):
@@ -177,7 +168,7 @@ def plot_threshold_confusion(curves: dict[str, dict[str, Sequence[float]]], delt
 def plot_time_to_target(runs: dict[str, Sequence[list[dict]]], out: str | Path, target: float | None = None,
                         set_name: str = "original") -> Path:
     """Mean success (over seeds, s.e. band) against wall-clock seconds, one line per method."""
-    fig, ax = _figure(1, (7, 4))
+    fig, (ax,) = _grid(1, 1, (7, 4))
     for name, rs in runs.items():
         times, _, vals = time_curves(rs, set_name)
         _band(ax, times / 60, vals, name)
@@ -190,8 +181,7 @@ def plot_time_to_target(runs: dict[str, Sequence[list[dict]]], out: str | Path, 
     return save_figure(fig, out)
 
 
-#: Where the relabeling panel reads a quantity, in order of preference: ``(key, how, what)``, ``how``
-#: ``"value"`` (per update) or ``"increment"`` (a running count, differenced).
+#: Where the relabeling panel reads a quantity, in order of preference: ``(key, how, what)`` (:func:`_series`).
 RELABEL_ROWS = (("relabel/rows", "value", "PQN: rows per seed"),
                 ("relabel/rows_added", "increment", "SB3: transitions per metrics row"))
 RELABEL_NOVELTY = (("relabel/new_instructions", "value", "texts offered to a buffer for the first time"),
@@ -199,9 +189,8 @@ RELABEL_NOVELTY = (("relabel/new_instructions", "value", "texts offered to a buf
                    ("relabel/buffer_inserted", "increment", "SB3: texts written to the buffer per metrics row"))
 
 
-
 def _grid(n: int, ncols: int = 3, cell: tuple[float, float] = (4.6, 3.4)):
-    """A pyplot-free figure with ``n`` axes, ``ncols`` to a row."""
+    """A figure with ``n`` axes, ``ncols`` to a row, without pyplot (a notebook's figures stay untouched)."""
     from matplotlib.figure import Figure
 
     ncols = max(1, min(ncols, n))
@@ -259,8 +248,8 @@ MIN_HALF_SPAN = 0.1
 
 
 def symmetric_limits(axes, min_half: float = MIN_HALF_SPAN, cap: float = 1.0) -> tuple[float, float]:
-    """``(-h, h)`` around 0 that holds every line and band drawn on ``axes`` with a 10% margin: ``h`` at
-    least ``min_half`` and at most ``cap`` (a gain lies in [-1, 1]), rounded up to a multiple of 0.05."""
+    """``(-h, h)`` holding every line and band on ``axes`` with a 10% margin, ``min_half <= h <= cap``, rounded
+    up to a multiple of 0.05."""
     top = 0.0
     for ax in axes:
         for ln in ax.get_lines():
@@ -276,8 +265,8 @@ def symmetric_limits(axes, min_half: float = MIN_HALF_SPAN, cap: float = 1.0) ->
 
 
 def success_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | None = None):
-    """Mean success rate against env steps, one axes per set (default :func:`evaluated_sets`), y in [0, 1],
-    one line per method (``runs``: its runs' metrics rows, pooled as seeds); ValueError without any."""
+    """Mean success rate against env steps, one axes per set, one line per method (``runs``: its runs' metrics
+    rows, pooled as seeds); ValueError without any."""
     sets = list(sets) if sets is not None else evaluated_sets(r for rs in runs.values() for r in rs)
     if not sets:
         raise ValueError("no evaluation in these metrics rows (no eval/<set>/mean_success_rate key)")
@@ -286,8 +275,7 @@ def success_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | 
 
 
 def gain_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | None = None):
-    """The instruction-following gain (``eval/control/<set>/gain``) against env steps, one axes per set
-    (default :func:`gain_sets`), y from :func:`symmetric_limits`; ValueError when no row has the control."""
+    """``eval/control/<set>/gain`` against env steps, one axes per set; ValueError when no row has the control."""
     sets = list(sets) if sets is not None else gain_sets(r for rs in runs.values() for r in rs)
     if not sets:
         raise ValueError("no instruction-following gain in these metrics rows (no eval/control/<set>/gain key: "
@@ -297,8 +285,7 @@ def gain_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] | Non
 
 
 def _series(rows: list[dict], key: str, how: str) -> tuple[np.ndarray, np.ndarray]:
-    """``steps, values`` of one metric of a run (``how="increment"``: a running count's steps; a drop
-    is a resumed process counting from 0)."""
+    """``steps, values`` of one metric of a run (``how="increment"``: a running count, differenced)."""
     pts = [(r["env_steps"], float(r[key])) for r in rows if key in r and "env_steps" in r]
     if not pts:
         return np.zeros(0), np.zeros(0)
@@ -340,13 +327,8 @@ def _logs(rows_list: Sequence[list[dict]], key: str) -> bool:
 
 
 def relabeling_figure(runs: dict[str, Sequence[list[dict]]]):
-    """What relabeling put into training per update, six axes against env steps, one line per method:
-    relabeled rows, instruction sources (rules, LLM, ELLM proposer), novelty, the grounded fraction, LLM
-    answers (in time, stale, queued) and LLM latency; an axes a run did not log gets a note.
-
-    Raises:
-        ValueError: when no run logged any of them (:func:`has_relabeling`).
-    """
+    """What relabeling put into training per update (rows, sources, novelty, grounded fraction, LLM answers
+    and latency) against env steps, one line per method; ValueError when no run logged any of them."""
     if not has_relabeling(r for rs in runs.values() for r in rs):
         raise ValueError("no relabeling metrics in these metrics rows (relabel/rows, relabel/llm_offer_share, "
                          "relabel/new_instructions, ellm/...): a run without relabeling")
@@ -413,8 +395,8 @@ def rate_events(runs: Iterable[list[dict]]) -> list[str]:
 
 
 def event_rates_figure(runs: dict[str, Sequence[list[dict]]]):
-    """Training rate (``rate/<event>``, per 1,000 env steps, log scale, floor 1e-3) of each event against
-    env steps, one axes per event, one line per method; ValueError when no row holds a rate."""
+    """Training rate (``rate/<event>``) of each event against env steps, one axes per event, one line per
+    method; ValueError when no row holds a rate."""
     events = rate_events(rows for rs in runs.values() for rows in rs)
     if not events:
         raise ValueError("no training rates (rate/<event>) in these metrics rows")
@@ -448,8 +430,8 @@ def write_overview_plots(runs: dict[str, Sequence[list[dict]]], out_dir: str | P
 
 
 def caption_frame(frame: np.ndarray, text: str, font_size: int | None = None) -> np.ndarray:
-    """A new ``[H, W, 3]`` uint8 ``frame`` with ``text`` in white on a dark band across its top, wrapped
-    to the width and cut with ``...`` past a third of the height (``font_size`` default ``max(8, W // 20)``)."""
+    """A new ``[H, W, 3]`` uint8 ``frame`` with ``text`` wrapped on a dark band across its top (at most a
+    third of the height)."""
     from PIL import Image, ImageDraw, ImageFont
 
     arr = np.asarray(frame)

@@ -14,19 +14,19 @@ EVAL_METRICS = ("mean_success_rate", "num_completed", "aggregate_score")
 CONTROL_METRICS = ("gain", "gain_neutral", "mismatched_mean_success_rate", "neutral_mean_success_rate")
 
 
-def eval_curves(metrics: list[dict], set_name: str = "original", seed_keys: bool = True):
+def _is_eval(row: dict, set_name: str) -> bool:
+    return any(k.startswith((f"eval/{set_name}/", f"seed0/eval/{set_name}/")) for k in row)
+
+
+def eval_curves(metrics: list[dict], set_name: str = "original"):
     """``steps, {metric: [n_points, n_seeds]}`` from evaluation rows of one run."""
-    pts = [r for r in metrics if any(k.startswith(f"eval/{set_name}/") or k.startswith(f"seed0/eval/{set_name}/")
-                                      for k in r)]
-    steps = np.array([r["env_steps"] for r in pts])
+    pts = [r for r in metrics if _is_eval(r, set_name)]
     out = {}
     for m in EVAL_METRICS:
-        vals = []
-        for r in pts:
-            seeds = sorted(k for k in r if k.endswith(f"/eval/{set_name}/{m}") and k.startswith("seed"))
-            vals.append([r[k] for k in seeds] if seeds and seed_keys else [r.get(f"eval/{set_name}/{m}", np.nan)])
-        out[m] = np.array(vals, dtype=float)
-    return steps, out
+        seeds = [sorted(k for k in r if k.endswith(f"/eval/{set_name}/{m}") and k.startswith("seed")) for r in pts]
+        out[m] = np.array([[r[k] for k in ks] if ks else [r.get(f"eval/{set_name}/{m}", np.nan)]
+                           for r, ks in zip(pts, seeds)], dtype=float)
+    return np.array([r["env_steps"] for r in pts]), out
 
 
 def pooled_curves(runs: Sequence[list[dict]], set_name: str = "original"):
@@ -41,9 +41,8 @@ def pooled_curves(runs: Sequence[list[dict]], set_name: str = "original"):
 
 def curve_means(runs: Sequence[list[dict]], set_name: str = "original", min_step: float = 0.0,
                 max_step: float = float("inf")) -> dict[str, np.ndarray]:
-    """``{metric: [n_seeds]}``: each seed's mean over its evaluations between ``min_step`` and ``max_step``
-    env steps (inclusive) of :func:`pooled_curves`, a normalised area under the learning curve;
-    ValueError when no point is left."""
+    """``{metric: [n_seeds]}``: each seed's mean over its evaluations in ``[min_step, max_step]`` env steps
+    (a normalised area under the learning curve); ValueError when no point is left."""
     steps, curves = pooled_curves(runs, set_name)
     keep = (steps >= min_step) & (steps <= max_step)
     if not keep.any():
@@ -68,8 +67,8 @@ def curve_mean_table(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str] 
 
 
 def metric_points(rows: list[dict], key: str):
-    """``steps [n_points], values [n_points, n_seeds]`` of one logged metric ``key`` (e.g.
-    ``"eval/original/mean_success_rate"``) of one run: per-seed ``seed<s>/<key>`` where logged."""
+    """``steps [n_points], values [n_points, n_seeds]`` of one logged metric ``key`` of one run (per-seed
+    ``seed<s>/<key>`` where logged)."""
     pts = [r for r in rows if key in r or f"seed0/{key}" in r]
     if not pts:
         return np.zeros(0), np.zeros((0, 0))
@@ -85,8 +84,7 @@ def metric_points(rows: list[dict], key: str):
 
 
 def last_evals_means(runs: Sequence[list[dict]], key: str, k: int = 5, max_step: float = float("inf")) -> np.ndarray:
-    """``[n_seeds]``: each seed's mean over its run's last ``k`` evaluations of ``key`` up to ``max_step``
-    env steps, the seeds of all the runs pooled; empty when no run logged ``key``."""
+    """``[n_seeds]``: each seed's mean over its run's last ``k`` evaluations of ``key`` up to ``max_step``."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     points = [metric_points(rows, key) for rows in runs]
@@ -95,16 +93,14 @@ def last_evals_means(runs: Sequence[list[dict]], key: str, k: int = 5, max_step:
 
 
 def last_evals_count(runs: Sequence[list[dict]], key: str, k: int = 5, max_step: float = float("inf")) -> int:
-    """How many evaluations :func:`last_evals_means` averages: ``k``, or fewer where a run has fewer (the
-    smallest over the runs that logged ``key``; 0 when none did)."""
+    """How many evaluations :func:`last_evals_means` averages (the fewest over the runs that logged ``key``)."""
     counts = [int((metric_points(rows, key)[0] <= max_step).sum()) for rows in runs]
     counts = [c for c in counts if c]
     return min([k, *counts]) if counts else 0
 
 
 def final_values(results: Sequence[dict], set_name: str, metric: str) -> np.ndarray:
-    """Per-seed values of one of :data:`EVAL_METRICS` or ``"control/<m>"`` from evaluation dicts
-    (:meth:`EvalResult.to_dict`, one per seed); NaN for a seed without it."""
+    """Per-seed values of one of :data:`EVAL_METRICS` or ``"control/<m>"`` from evaluation dicts (NaN: absent)."""
     if metric.startswith("control/"):
         m = metric.split("/", 1)[1]
         return np.array([float(r[set_name].get("control", {}).get(m, np.nan)) if set_name in r else np.nan
@@ -128,7 +124,6 @@ def set_names(results: dict[str, Sequence[dict]]) -> list[str]:
 
 
 def _builtin_first(names: Iterable[str]) -> list[str]:
-    """Distinct ``names``: the built-in sets first, then the others as found."""
     from oir_gym.instructions import SET_NAMES
 
     seen = dict.fromkeys(names)
@@ -139,8 +134,7 @@ def final_and_last_table(finals: dict[str, Sequence[dict]], runs: dict[str, Sequ
                          sets: Sequence[str] = ("original", "simple", "complex"), k: int = 5,
                          max_step: float = float("inf")) -> str:
     """Markdown table: per method and set, the final point (``finals``: per-seed evaluation dicts) beside
-    the mean of the last ``k`` evaluations of ``runs`` up to ``max_step``, as :func:`ci_cell`; gain
-    columns when some run has the control."""
+    the mean of the last ``k`` evaluations of ``runs``, as :func:`ci_cell`; gain columns with the control."""
     gain_key = "eval/control/{}/gain"
     has_gain = any(np.isfinite(final_values(seeds, s, "control/gain")).any() for seeds in finals.values() for s in sets) \
         or any(len(last_evals_means(rows, gain_key.format(s), k, max_step)) for rows in runs.values() for s in sets)
@@ -165,8 +159,7 @@ def final_and_last_table(finals: dict[str, Sequence[dict]], runs: dict[str, Sequ
 
 
 def control_table(finals: dict[str, Sequence[dict]], sets: Sequence[str] = ("original", "simple", "complex")) -> str:
-    """Markdown table of the final evaluation's control per method and set (success asked, mismatched,
-    neutral, the two gains as :func:`ci_cell`); empty when no evaluation has a control."""
+    """Markdown table of the final evaluation's control per method and set; empty without a control."""
     lines = ["| method | set | asked | mismatched | neutral | gain (asked - mismatched) | gain (asked - neutral) |",
              "|---|---|---|---|---|---|---|"]
     for m, seeds in finals.items():
@@ -201,8 +194,8 @@ def final_table(results: dict[str, list[dict]], sets: Sequence[str] = ("original
 
 
 def cumulative_time(rows: Sequence[dict], exclude_eval: bool = False) -> np.ndarray:
-    """Wall-clock seconds of each metrics row since the run first started, across resumes (a drop of
-    ``time`` starts a resumed process); ``exclude_eval`` leaves out the periodic evaluations (``time/eval_s``)."""
+    """Wall-clock seconds of each metrics row since the run first started, across resumes; ``exclude_eval``
+    leaves out the periodic evaluations (``time/eval_s``)."""
     out, offset, last, last_value, evals = [], 0.0, 0.0, 0.0, 0.0
     for r in rows:
         t = float(r.get("time", np.nan))
@@ -217,14 +210,10 @@ def cumulative_time(rows: Sequence[dict], exclude_eval: bool = False) -> np.ndar
 
 def time_curves(runs: Sequence[list[dict]], set_name: str = "original", metric: str = "mean_success_rate",
                 exclude_eval: bool = False):
-    """``times [n], steps [n], values [n, seeds]`` at the evaluation points of :func:`pooled_curves`: the
-    runs' mean wall-clock seconds, the env steps and every seed's value."""
+    """``times [n], steps [n], values [n, seeds]`` at the evaluation points of :func:`pooled_curves`."""
     per = []
     for rows in runs:
-        t = cumulative_time(rows, exclude_eval)
-        idx = [i for i, r in enumerate(rows) if any(k.startswith(f"eval/{set_name}/") or
-                                                    k.startswith(f"seed0/eval/{set_name}/") for k in r)]
-        per.append(t[idx])
+        per.append(cumulative_time(rows, exclude_eval)[[i for i, r in enumerate(rows) if _is_eval(r, set_name)]])
     steps, curves = pooled_curves(runs, set_name)
     n = len(steps)
     times = np.mean([p[:n] for p in per], axis=0) if n else np.zeros(0)
@@ -274,8 +263,7 @@ def gain_sets(runs: Iterable[list[dict]]) -> list[str]:
 
 
 def pooled_points(runs: Sequence[list[dict]], key: str):
-    """``steps [n], values [n, seeds]`` of one logged metric (:func:`metric_points`) over several runs
-    of one method, their seeds side by side; cut to the points every run has (none when one lacks it)."""
+    """:func:`metric_points` of several runs of one method, seeds side by side, cut to the shortest."""
     return pool_series([metric_points(rows, key) for rows in runs])
 
 

@@ -1,11 +1,8 @@
 """``HindsightRelabelCallback``: paper Alg. 1's relabeling around an SB3 agent.
 
-Each env's experience is cut into segments (an episode, or ``segment_length`` steps) that go to a
-:class:`~oir_gym.relabel.HindsightRelabeler`. Off-policy agents (``mode="replay"``) get each grounded
-candidate's segment in their :class:`~oir_gym.sb3.replay.RelabelReplayBuffer`; on-policy agents
-(``mode="curriculum"``) only update the instruction buffer, since a PPO rollout is consumed before
-an asynchronous relabeler answers. The buffer is updated by
-:class:`~oir_gym.curriculum.InstructionCurriculum`, the step PQN's method ``oir`` takes.
+Each env's experience is cut into segments for the relabeler; off-policy agents (``mode="replay"``) get
+each grounded candidate's segment in their replay buffer, on-policy ones only the instruction buffer
+update (a PPO rollout is consumed before an asynchronous relabeler answers).
 """
 
 from __future__ import annotations
@@ -38,30 +35,17 @@ INSERT = ("grounded", "all", "none")
 
 @dataclass(frozen=True)
 class RelabelConfig:
-    """Settings of :class:`HindsightRelabelCallback`.
+    """Settings of :class:`HindsightRelabelCallback` (docs/sb3.md); ValueError for a bad value."""
 
-    Attributes:
-        mode: ``"replay"`` (into the model's ``RelabelReplayBuffer``: DQN, QR-DQN), ``"curriculum"``
-            (instruction buffer only: RecurrentPPO, PPO, A2C) or ``"auto"`` (by the model's buffer).
-        segment_length: longest segment sent to the relabeler.
-        submit_batch: finished segments per submission (default: ``num_envs``).
-        asynchronous: relabel on the relabeler's background worker; ``False``: in the training thread.
-        insert: candidates that enter the instruction buffer: ``"grounded"``, ``"all"`` or ``"none"``.
-        max_candidates: grounded candidates replayed per segment (default: all kept).
-        replay_ungrounded: also replay ungrounded candidates (reward 0) as negative examples.
-        end_timeout: seconds to wait for pending results at the end of ``learn()``.
-        keep_history: keep every relabeled segment (:attr:`HindsightRelabelCallback.trajectories`).
-    """
-
-    mode: str = "auto"
-    segment_length: int = 128
-    submit_batch: Optional[int] = None
-    asynchronous: bool = True
-    insert: str = "grounded"
-    max_candidates: Optional[int] = None
-    replay_ungrounded: bool = False
-    end_timeout: float = 300.0
-    keep_history: bool = False
+    mode: str = "auto"  # "replay" (RelabelReplayBuffer: DQN, QR-DQN), "curriculum" (instruction buffer only) or "auto"
+    segment_length: int = 128  # longest segment sent to the relabeler
+    submit_batch: Optional[int] = None  # finished segments per submission (default: num_envs)
+    asynchronous: bool = True  # relabel on the relabeler's background worker
+    insert: str = "grounded"  # candidates that enter the instruction buffer: "grounded", "all" or "none"
+    max_candidates: Optional[int] = None  # grounded candidates replayed per segment (default: all)
+    replay_ungrounded: bool = False  # also replay ungrounded candidates (reward 0) as negative examples
+    end_timeout: float = 300.0  # seconds to wait for pending results at the end of learn()
+    keep_history: bool = False  # keep every relabeled segment (HindsightRelabelCallback.trajectories)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -104,17 +88,9 @@ class _Segment:
 
 
 class HindsightRelabelCallback(BaseCallback):
-    """Hindsight instruction relabeling for SB3 training (paper Alg. 1 around an SB3 agent).
-
-    Args:
-        relabeler: a :class:`~oir_gym.relabel.HindsightRelabeler` (or any object with ``relabel`` and,
-            asynchronous, ``submit``/``collect``/``pending``).
-        config: a :class:`RelabelConfig`; ``**options``: its fields to override.
-        verbose: SB3 verbosity.
-
-    Run counters (:attr:`stats`) are logged under ``relabel/`` at every rollout end beside the
-    per-window :meth:`metrics`.
-    """
+    """Hindsight instruction relabeling for SB3 training with a ``relabeler`` (``relabel``; asynchronous:
+    ``submit``/``collect``/``pending``) and ``config`` (``**options`` override its fields). :attr:`stats`
+    and :meth:`metrics` are logged at every rollout end."""
 
     def __init__(self, relabeler: Any, config: Optional[RelabelConfig] = None, *, verbose: int = 0,
                  **options: Any) -> None:
@@ -272,8 +248,7 @@ class HindsightRelabelCallback(BaseCallback):
             self.process_results(results)
 
     def process_results(self, results: Sequence[Any]) -> None:
-        """Apply relabeling results: replay rows (``mode="replay"``), then the instruction buffer
-        through :class:`~oir_gym.curriculum.InstructionCurriculum` (as PQN's method ``oir``)."""
+        """Apply relabeling results: replay rows (``mode="replay"``), then the instruction buffer (as PQN's)."""
         if not results:
             return
         cfg = self.config
@@ -342,19 +317,16 @@ class HindsightRelabelCallback(BaseCallback):
 
     def _on_training_end(self) -> None:
         self._dispatch()
-        if self.config.asynchronous and self.config.end_timeout > 0:
-            pending = int(getattr(self.relabeler, "pending", 0) or 0)
-            if pending and self.verbose >= 1:
-                print(f"HindsightRelabelCallback: waiting for {pending} pending relabelings "
-                      f"(at most {self.config.end_timeout}s)", flush=True)
-            self._drain(block=True)
-        else:
-            self._drain(block=False)
+        block = self.config.asynchronous and self.config.end_timeout > 0
+        pending = int(getattr(self.relabeler, "pending", 0) or 0)
+        if block and pending and self.verbose >= 1:
+            print(f"HindsightRelabelCallback: waiting for {pending} pending relabelings "
+                  f"(at most {self.config.end_timeout}s)", flush=True)
+        self._drain(block=block)
         self._log()
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
-        """The ``relabel/*`` metrics PQN logs (rows, grounded_frac, new_instructions, llm_offer_share) and the
-        training rates (:class:`oir_gym.event_rates.RateWindow`) since the last ``reset``."""
+        """The ``relabel/*`` metrics PQN logs and the training rates since the last ``reset``."""
         w = self._window
         out = {"relabel/rows": float(w["copies"]),
                "relabel/grounded_frac": w["grounded"] / w["candidates"] if w["candidates"] else 0.0,
