@@ -21,6 +21,14 @@ def test_default_model_is_packaged_locally():
     assert os.path.isdir(path)
 
 
+def _run_clean(code: str, drop: tuple[str, ...], **extra: str) -> str:
+    """Run ``code`` in a fresh interpreter without the variables ``drop`` (plus ``extra``); its stdout."""
+    env = {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
 def test_encoder_loads_offline_without_network(tmp_path):
     """A fresh process with no sockets, an empty HF cache and no HF_*_OFFLINE variables can encode,
     and building the encoder leaves the process environment as it was (no process-wide switch)."""
@@ -44,12 +52,9 @@ def test_encoder_loads_offline_without_network(tmp_path):
         print("OK", float(abs(v).sum()) > 0)
         """
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                                                            "JAX_COMPILATION_CACHE_DIR")}
-    env["HF_HOME"] = str(tmp_path / "hf")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "OK True" in out.stdout
+    out = _run_clean(code, ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "JAX_COMPILATION_CACHE_DIR"),
+                     HF_HOME=str(tmp_path / "hf"))
+    assert "OK True" in out
 
 
 def test_enable_compilation_cache_is_explicit(tmp_path):
@@ -74,12 +79,9 @@ def test_enable_compilation_cache_is_explicit(tmp_path):
         print("OK")
         """
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("OIR_GYM_JAX_CACHE", "JAX_COMPILATION_CACHE_DIR",
-                                                          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
-    env["OIR_GYM_JAX_CACHE_DIR"] = str(tmp_path / "jaxcache")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "OK" in out.stdout
+    drop = ("OIR_GYM_JAX_CACHE", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+    out = _run_clean(code, drop, OIR_GYM_JAX_CACHE_DIR=str(tmp_path / "jaxcache"))
+    assert "OK" in out
 
 
 def test_output_contract(encoder):

@@ -153,34 +153,27 @@ def test_csv_eval_files_and_completion_marker(tmp_path):
         run.is_complete()
 
 
-def test_tensorboard_gets_the_numeric_values(tmp_path):
+def _tensorboard_losses(run: RunDir) -> list[tuple[int, float]]:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run = RunDir.prepare(tmp_path / "run")
-    with run.open_metrics(tensorboard=True) as m:
-        for r in _rows(3):
-            m.write(r)
     acc = EventAccumulator(str(run.path / "tb"))
     acc.Reload()
-    assert [e.step for e in acc.Scalars("loss")] == [128, 256, 384]
+    return [(e.step, e.value) for e in acc.Scalars("loss")]
 
 
-def test_tensorboard_of_a_resumed_run_drops_the_steps_it_writes_again(tmp_path):
+def test_tensorboard_gets_the_numeric_values_and_a_resume_drops_the_steps_it_writes_again(tmp_path):
     """A resume after a crash rewrites rows past its checkpoint: TensorBoard shows each step once."""
     pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     run = RunDir.prepare(tmp_path / "run")
     with run.open_metrics(tensorboard=True) as m:
         for r in _rows(3):
             m.write(r)
+    assert [step for step, _ in _tensorboard_losses(run)] == [128, 256, 384]
     time.sleep(1.1)  # event files are named by the second they were opened in
     with run.open_metrics(after_update=1, tensorboard=True) as m:
         m.write({**_rows(2)[1], "loss": 9.0})
-    acc = EventAccumulator(str(run.path / "tb"))
-    acc.Reload()
-    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(128, 1.0), (256, 9.0)]
+    assert _tensorboard_losses(run) == [(128, 1.0), (256, 9.0)]
 
 
 def test_atomic_json_write_killed_midway_leaves_the_old_file(tmp_path):
