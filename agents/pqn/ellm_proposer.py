@@ -267,8 +267,7 @@ class GoalProposer:
             if ask:
                 got, outcome = self._ask_llm(ask, [self.render_prompt(observations[uniq[kk]]) for kk in ask])
                 s[f"llm_{outcome}"] += 1
-                if got:
-                    answers.update(got)
+                answers.update(got or {})
         by_key: dict[str, list[str]] = {}
         for key in uniq:
             goals = [g for g in answers.get(key, []) if g][: self.k]
@@ -306,10 +305,9 @@ class GoalProposer:
             "llm_timeouts": s["llm_timeout"], "llm_errors": s["llm_error"] + s["llm_unusable"],
             "llm_fraction": s["from_llm"] / max(s["requests"], 1),
             "latency_mean_s": latency / max(s["llm_completed"], 1), "errors_by_type": errors, "dropped": dropped,
-            "llm_failed_calls": health["failures"], "llm_consecutive_failures": health["consecutive_failures"],
-            "llm_down": int(health["down"]), "llm_down_seconds": health["down_seconds"],
-            "llm_warnings": health["warnings"], "llm_restarts": child["restarts"],
-            "llm_child_deaths": child["child_deaths"],
+            "llm_failed_calls": health["failures"], "llm_down": int(health["down"]),
+            **{f"llm_{n}": health[n] for n in ("consecutive_failures", "down_seconds", "warnings")},
+            **{f"llm_{n}": child[n] for n in ("restarts", "child_deaths")},
         }
 
     def close(self, wait: float = 30.0) -> None:

@@ -18,8 +18,7 @@ MAX_FPS = 100
 
 
 def check_output(out: str | Path) -> Path:
-    """The video path, checked before any work: a .gif or .mp4 in an existing folder, and for an MP4
-    a writer that can write it (imageio's ffmpeg plugin)."""
+    """The video path, checked before any work: a .gif or .mp4 in an existing folder, with a writer for it."""
     out = Path(out)
     if out.suffix.lower() not in (".gif", ".mp4"):
         raise ValueError(f"--out {out}: the video must end in .gif or .mp4")
