@@ -246,8 +246,7 @@ def child_main(args) -> int:
 
 def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]],
                   processes: bool = False, baseline_runs: Optional[dict[str, list[float]]] = None) -> str:
-    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first column (or
-    ``baseline_runs``' mean)."""
+    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first column."""
     plan = list(medians)
     unit = "process(es)" if processes else "device(s)"
     d0, s0 = plan[0]

@@ -115,13 +115,9 @@ def load_prompt(name_or_path: str = DEFAULT_PROMPT) -> str:
 
 
 class GoalProposer:
-    """ELLM goal proposer: observations in, up to ``k`` goals per observation out.
-
-    ``backend``: ``"rules"``, a relabeler backend name (``isolate``: in a child process), a
-    ``"package.module:ClassName"``, a ``BackendSpec`` or an object with ``generate(prompts, n=1, *, schema=None)``;
-    ``timeout`` seconds and at most ``max_prompts`` signatures per batched call; ``warn_after`` failed
-    calls in a row before the one warning of an outage.
-    """
+    """ELLM goal proposer: observations in, up to ``k`` goals per observation out. ``backend``: ``"rules"``,
+    a relabeler backend (name, ``"package.module:ClassName"``, ``BackendSpec`` or object with ``generate``);
+    ``timeout`` s and at most ``max_prompts`` signatures per batched call."""
 
     def __init__(
         self,

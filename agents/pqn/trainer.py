@@ -297,9 +297,8 @@ class ProcessSeeds:
 
 
 class Trainer(ProcessSeeds):
-    """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for this process's seeds side by side,
-    writing checkpoints to ``run_dir``. ``relabeler`` (oir) and ``proposer`` (ellm) default to ``cfg``'s;
-    ``prefetch_worlds``: generate :meth:`init_state`'s worlds on a side thread from the start."""
+    """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for this process's seeds side by side, into
+    ``run_dir``; ``relabeler`` (oir) and ``proposer`` (ellm) default to ``cfg``'s."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike, relabeler=None,
                  log: Callable[[str], None] = print, proposer=None, prefetch_worlds: bool = False) -> None:
@@ -478,9 +477,8 @@ class Trainer(ProcessSeeds):
 
     def save(self, *, metrics: MetricsPosition | Mapping[str, Any] | None = None, keep: int | None = None,
              metrics_after_update: int | None = None) -> Path:
-        """Checkpoint the state and rewrite the generated-instruction file; returns the checkpoint folder.
-        ``metrics``: the metrics position a resume cuts back to (else ``metrics_after_update``);
-        ``keep``: checkpoints kept (default ``run.keep_checkpoints``)."""
+        """Checkpoint the state and rewrite the generated-instruction file; returns the checkpoint folder
+        (``metrics``: the position a resume cuts back to, else ``metrics_after_update``)."""
         reg = self.registry.state_dict()
         pos = metrics.to_dict() if isinstance(metrics, MetricsPosition) else (dict(metrics) if metrics else None)
         host = {
@@ -604,8 +602,7 @@ class Trainer(ProcessSeeds):
             "sps": cfg.batch_steps * self.S / max(time.time() - t0, 1e-9),
             "time/rollout_s": t_rollout - t0, "time/host_s": t_host - t_rollout, "time/update_s": t_update - t_host,
         })
-        for s in range(self.S):
-            metrics[f"seed{self.seed_offset + s}/loss"] = float(upd["loss"][s])
+        metrics.update({f"seed{self.seed_offset + s}/loss": float(upd["loss"][s]) for s in range(self.S)})
         return IterationLog(self.update_idx, self.env_steps, metrics)
 
     def event_rates(self, events: np.ndarray, dones: np.ndarray) -> dict[str, float]:

@@ -95,8 +95,7 @@ def _has_gain(finals: dict[str, list[dict]], sets) -> bool:
 
 def t_summary_table(finals: dict[str, list[dict]], runs: dict[str, list[list[dict]]], sets: list[str],
                     k: int = 5, max_step: float = float("inf")) -> str:
-    """Per method and set, with 95% t intervals over seeds: the final point, the last ``k`` and all
-    evaluations (up to ``max_step``), completed, aggregate, kept vs original and (with the control) gains."""
+    """Per method and set, 95% t intervals over seeds of the final, last-``k`` and whole-run success and more."""
     has_gain = _has_gain(finals, sets)
     head = (f"| method | set | seeds | final: success | last {k}: success | whole run: success | final: completed "
             "| final: aggregate | final: kept vs original |")
