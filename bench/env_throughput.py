@@ -1,10 +1,8 @@
 """Environment throughput: InstructionCraftax against raw Craftax-Classic, on this machine.
 
-Four ways of stepping a batch of envs with random actions: (a) raw Craftax-Classic with the same
-optimistic resets as ours, in a ``lax.scan``; (b) ``oir_gym.functional.batch_step`` in the same scan;
-(c) the Gymnasium vector env ``InstructionCraftax`` from Python; (d) the raw batch of (a), one jitted
-step per Python call, copied to numpy. The compile column is the set-up plus two calls, less two
-steady-state calls. Timed runs are interleaved; the median is reported.
+Four ways of stepping a batch of envs with random actions: (a) raw Craftax-Classic in a ``lax.scan``;
+(b) ``oir_gym.functional.batch_step`` in the same scan; (c) the Gymnasium vector env from Python; (d) (a)'s
+batch, one jitted step per Python call. Timed runs are interleaved; the median is reported.
 
     python bench/env_throughput.py --quick
     python bench/env_throughput.py --envs 64 256 --steps 128 --repeats 3

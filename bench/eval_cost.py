@@ -2,9 +2,8 @@
 
     python bench/eval_cost.py --episodes 4 16 32 --horizon 1 100 --repeats 3
 
-Timed is ``Trainer.evaluate`` for one seed: 155 instructions x ``episodes`` envs, ``horizon`` greedy
-steps of a small network. An evaluation costs a fixed part (world generation) plus ``horizon`` scan
-steps: two horizons give both.
+Timed is ``Trainer.evaluate`` for one seed: 155 instructions x ``episodes`` envs, ``horizon`` greedy steps;
+two horizons separate the fixed part (world generation) from the per-step part.
 """
 
 import argparse

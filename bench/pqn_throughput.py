@@ -4,12 +4,10 @@
     python bench/pqn_throughput.py --preset paper,fast --devices 2 --seeds 4   # two sizes, 2 GPUs
     python bench/pqn_throughput.py --preset paper --devices 1,2,4 --seeds-per-device 2 [--processes]
 
-Loops, timed per update interleaved after ``--warmup`` untimed updates (medians and every update):
-(a) plain PQN-RNN: Craftax's own step and reward with optimistic resets, the same network (zero
-instruction) and update; (b) ours, ``gt``: ``Trainer.iteration`` with the instruction layer and the
-host bookkeeping; (c) ours, ``oir``: (b) plus rule relabeling and K relabeled copies per trajectory;
-(d) ``oir_lag``: (c) with ``oir.relabel_lag 1``. A list of device counts prints the scaling table;
-``--processes`` runs one process per device, the first count before, between and after the others.
+Loops, timed per update interleaved after ``--warmup`` untimed updates: (a) plain PQN-RNN on raw Craftax,
+the same network (zero instruction) and update; (b) ``Trainer.iteration`` with ``gt``; (c) with ``oir``
+(rules); (d) ``oir_lag``: (c) with ``oir.relabel_lag 1``. A list of device counts prints the scaling table;
+``--processes`` runs one process per device.
 """
 
 import argparse
@@ -248,8 +246,7 @@ def child_main(args) -> int:
 
 def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int], dict[str, float]],
                   processes: bool = False, baseline_runs: Optional[dict[str, list[float]]] = None) -> str:
-    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first column, or
-    with ``baseline_runs`` (per loop, the first column's s/update in each run) to their mean."""
+    """Markdown: per loop, seed-steps/s at each (devices, seeds) and the ratio to the first column."""
     plan = list(medians)
     unit = "process(es)" if processes else "device(s)"
     d0, s0 = plan[0]

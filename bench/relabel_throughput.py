@@ -1,9 +1,7 @@
 """Relabeling throughput of the offline LLM backends: speed, ``paper`` vs ``segments`` prompts, cache.
 
-Synthetic trajectories are relabeled by :class:`~oir_gym.relabel.HindsightRelabeler` with in-process
-backends (Gemma 3 270M by default). Tables: speed per backend (timed calls interleaved); per template,
-throughput, prompt tokens, LLM time, candidates, grounding and echo share; cache hit rates of each
-cache-key mode over a simulated run, and the relabeler's own cache statistics.
+Synthetic trajectories are relabeled by ``HindsightRelabeler`` with in-process backends. Tables: speed per
+backend; per template, throughput, tokens, candidates, grounding and echo share; cache hit rates.
 
     python bench/relabel_throughput.py --quick
     python bench/relabel_throughput.py --n-paper 4 --n-segments 16 --iterations 12 --envs 16

@@ -2,10 +2,8 @@
 
     python bench/trace_summary.py TRACE_DIR [--iterations N] [--top 25]
 
-Reads the newest ``perfetto_trace.json.gz`` under ``TRACE_DIR`` (``jax.profiler.trace(TRACE_DIR,
-create_perfetto_trace=True)``; ``bench/update_cost.py --trace`` writes one) and prints, per iteration,
-the GPU kernels' time by kind, by calls per iteration and the ``--top`` kernels, and the device's busy
-fraction. The CPU backend records no device kernels: the summary then says so.
+Reads the newest ``perfetto_trace.json.gz`` under ``TRACE_DIR`` and prints, per iteration, the GPU kernels'
+time by kind, by calls and the ``--top`` kernels, and the device's busy fraction.
 """
 
 import argparse

@@ -6,25 +6,11 @@
     python bench/update_cost.py --preset fast --variants sequence:8:float32,cell:8:float32,sequence:8:bfloat16
     python bench/update_cost.py --preset fast --variants sequence:8:bfloat16 --trace /tmp/update_trace
 
-The update is :func:`agents.pqn.network.update`, vmapped over seeds and jitted as the trainer does, on a
-batch of random trajectories shaped as the preset's (OIR: ``num_envs * (1 + K)`` trajectories of
-``num_steps`` steps). Variants, timed interleaved (a, b, a, b, ...) so that machine load hits them
-alike; medians reported, with each variant's ratio to the first:
-
-* ``lstm``: ``sequence`` (:class:`agents.pqn.network.SequenceLSTM`: the input projection of all steps as
-  one matmul before the scan) or ``cell`` (flax's ``OptimizedLSTMCell`` called at every step under
-  ``nn.scan``: both matmuls per step). Same parameters, same math.
-* ``unroll``: the scan's unroll (``pqn.scan_unroll``).
-* ``dtype``: ``pqn.compute_dtype``, the matmuls' input type (``sequence`` only; float32
-  accumulation either way).
-* ``grad`` (a fourth field of ``--variants``, default ``hoisted``): the LSTM's gradient,
-  :func:`agents.pqn.network.lstm_scan`'s written-out one or JAX's ``autodiff`` of the scan (``sequence`` only).
-* ``--lstm-kernel scan,pallas``: each variant with each LSTM recurrence (``pqn.lstm_kernel``: the scan, or
-  :func:`agents.pqn.lstm_pallas.lstm_scan_pallas`'s fused kernels; ``sequence`` with ``hoisted`` only).
-
-Beside each time: the update's matmul FLOPs (counted from the shapes: forward, and the backward's
-input and weight gradients), the FLOP/s achieved and their fraction of the card's dense peak for
-the variant's dtype (bfloat16, or TF32 for float32, which XLA runs on tensor cores).
+The update is :func:`agents.pqn.network.update`, vmapped over seeds and jitted as the trainer does, on random
+trajectories shaped as the preset's. Variants (``lstm``: ``sequence`` or flax's per-step ``cell``; ``unroll``;
+``dtype``; ``grad``: ``hoisted`` or ``autodiff``; ``--lstm-kernel``: ``scan`` or ``pallas``) are timed
+interleaved; medians are reported with each one's ratio to the first, its matmul FLOPs, FLOP/s and fraction
+of the card's dense peak (bfloat16, or TF32 for float32).
 """
 
 from __future__ import annotations
@@ -52,9 +38,7 @@ PEAKS = {"H100": (989e12, 494e12), "H200": (989e12, 494e12), "A100": (312e12, 15
 
 def update_flops(seeds: int, trajectories: int, steps: int, hidden: int, epochs: int, in_dim: int,
                  num_actions: int) -> float:
-    """Matmul FLOPs of one update: every trajectory of every seed goes through the network once per
-    epoch over ``steps + 1`` observations (forward, then the input and weight gradients, twice the
-    forward's, except the first layer's input gradient, which nothing needs)."""
+    """Matmul FLOPs of one update: forward, input and weight gradients (not the first layer's input gradient)."""
     rows = trajectories * (steps + 1)
     first = 2 * rows * in_dim * hidden
     rest = 2 * rows * (hidden * 4 * hidden * 2 + hidden * num_actions)  # LSTM input and recurrent, Q head

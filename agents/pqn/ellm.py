@@ -26,8 +26,7 @@ def also_pays_slots(cfg: "TrainConfig") -> int:
 
 
 def table_capacity(cfg: "TrainConfig", n_eval: int) -> int:
-    """Rows of the instruction table ELLM needs: those in use (current + pinned goal [+ all K goals]
-    of every env) beside the ``n_eval`` evaluation rows, at least ``env.table_capacity``."""
+    """Table rows ELLM needs (its envs' goals and the evaluation's), at least ``env.table_capacity``."""
     return max(cfg.env.table_capacity,
                n_eval + (2 + also_pays_slots(cfg)) * cfg.run.num_seeds * cfg.pqn.num_envs + 32)
 

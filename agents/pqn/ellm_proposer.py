@@ -5,12 +5,9 @@ The proposer of method ``ellm`` (:mod:`agents.pqn.ellm`)::
     proposer = GoalProposer("rules", k=4)
     goals = proposer.propose(batch_observations(env_state.craftax))   # up to k goals per observation
 
-Backends: ``"rules"`` (:func:`rule_goals`, no LLM, deterministic), or any relabeler backend
-(:data:`oir_gym.relabel.backends.BACKEND_NAMES`, ``"package.module:ClassName"`` or an object with
-``generate(prompts, n, *, schema)``) with the few-shot prompt ``oir_gym/data/prompts/ellm.txt``.
-Observations are cached by :func:`signature`; the misses go to the LLM in one batched call. Nothing
-is ever raised into the caller: when the LLM fails, answers nothing usable or misses ``timeout``,
-the rules answer (a late answer still fills the cache).
+Backends: ``"rules"`` (:func:`rule_goals`, no LLM) or any relabeler backend with the few-shot prompt
+``oir_gym/data/prompts/ellm.txt``; cache misses go to the LLM in one batched call, and when it fails,
+answers nothing usable or misses ``timeout``, the rules answer.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ from oir_gym.relabel.llm.health import LLMHealth
 from oir_gym.relabel.llm.caller import OffThreadCaller
 from oir_gym.relabel.llm.build import build_llm, probe
 
-#: The rule proposer's wording of each Craftax achievement (natural variants of the 22 original
-#: instructions that the caption vocabulary grounds at cosine 1.0).
+#: The rule proposer's wording of each Craftax achievement.
 GOALS: dict[str, str] = {a: a.replace("_", " ") for a in ACHIEVEMENT_NAMES} | {"collect_drink": "drink water"}
 #: Goals when nothing in the observation suggests anything (grass is almost always at hand).
 FALLBACK_GOALS: tuple[str, ...] = ("collect wood", "collect sapling")
@@ -64,9 +60,7 @@ DEFAULT_PROMPT = "ellm"
 
 
 def rule_goals(obs: Union[Observation, str], k: Optional[int] = None) -> list[str]:
-    """Achievable next goals for one observation, most immediate first, at most ``k`` (no LLM): asleep ->
-    wake up; what it faces; threats nearby; crafting; placing; resources nearby; low energy -> sleep;
-    nothing -> :data:`FALLBACK_GOALS`."""
+    """Achievable next goals for one observation, most immediate first, at most ``k`` (no LLM)."""
     o = obs if isinstance(obs, Observation) else parse_observation(obs)
     G = GOALS
     if o.sleeping:
@@ -95,9 +89,7 @@ def rule_goals(obs: Union[Observation, str], k: Optional[int] = None) -> list[st
 
 
 def signature(obs: Union[Observation, str], mode: str = "coarse") -> str:
-    """Cache key of an observation: ``"text"`` (the exact text) or ``"coarse"`` (facing, nearby
-    names with their distances, inventory counts capped at ``2+``, vitals as ``low``/``ok``,
-    sleeping: everything :func:`rule_goals` reads)."""
+    """Cache key of an observation: ``"text"`` (the exact text) or ``"coarse"`` (what :func:`rule_goals` reads)."""
     o = obs if isinstance(obs, Observation) else parse_observation(obs)
     if mode == "text":
         return o.text
@@ -123,16 +115,9 @@ def load_prompt(name_or_path: str = DEFAULT_PROMPT) -> str:
 
 
 class GoalProposer:
-    """ELLM goal proposer: observations in, up to ``k`` goals per observation out.
-
-    ``backend``: ``"rules"``, a name of :data:`~oir_gym.relabel.backends.BACKEND_NAMES` (built with
-    ``backend_kwargs``; ``isolate``: in a child process with ``child_config``, default all but
-    ``openai``), ``"package.module:ClassName"``, a :class:`~oir_gym.relabel.llm.spec.BackendSpec` or an
-    object with ``generate(prompts, n=1, *, schema=None)``. ``cache_size`` LRU entries keyed by
-    :func:`signature`; ``timeout`` seconds per batched call and at most ``max_prompts`` signatures
-    per call (``None``: no limit); ``prompt``: ``"ellm"`` or a template file; ``warn_after`` failed
-    calls in a row before the one warning of an outage.
-    """
+    """ELLM goal proposer: observations in, up to ``k`` goals per observation out. ``backend``: ``"rules"``,
+    a relabeler backend (name, ``"package.module:ClassName"``, ``BackendSpec`` or object with ``generate``);
+    ``timeout`` s and at most ``max_prompts`` signatures per batched call."""
 
     def __init__(
         self,
@@ -184,12 +169,11 @@ class GoalProposer:
         return signature(obs, self.signature_mode)
 
     def check_llm(self, timeout: float = 900.0) -> Optional[str]:
-        """One tiny real LLM call before use (``None`` for the rule proposer); raises
-        :class:`~oir_gym.relabel.llm.spec.LLMCheckError` with the cause and the remedy."""
+        """One tiny real LLM call before use (``None`` for the rules); raises ``LLMCheckError`` with the remedy."""
         return None if self.llm is None else probe(self.llm, timeout)
 
     def _llm_call(self, keys: list[str], prompts: list[str]) -> dict[str, list[str]]:
-        """One batched LLM call; parses, filters, caches and reports (to :attr:`health`) every answer, late ones too."""
+        """One batched LLM call; parses, filters, caches and reports every answer, late ones too."""
         t0 = time.perf_counter()
         try:
             raw = self.llm.generate(prompts, 1, schema=self.schema)
@@ -244,8 +228,7 @@ class GoalProposer:
             return None, "error"
 
     def propose(self, observations: Sequence[Union[Observation, str]]) -> list[list[str]]:
-        """Up to ``k`` goals for each :class:`~oir_gym.text.Observation` or text observation (never raises;
-        never an empty list)."""
+        """Up to ``k`` goals (never none) for each observation or its text; never raises."""
         obs = [o if isinstance(o, Observation) else parse_observation(o) for o in observations]
         try:
             return self._propose(obs)
@@ -265,8 +248,7 @@ class GoalProposer:
         freq: Counter = Counter(keys)
         for i, key in enumerate(keys):
             uniq.setdefault(key, i)
-        hits = {key: self.cache.get(key) if self.cache.capacity > 0 else None for key in uniq}
-        answers = {key: hit for key, hit in hits.items() if hit is not None}
+        answers = {key: hit for key in uniq if self.cache.capacity > 0 and (hit := self.cache.get(key)) is not None}
         misses = [key for key in uniq if key not in answers]
         s = Counter(propose_calls=1, requests=len(observations), unique=len(uniq), cache_hits=len(answers),
                     cache_misses=len(misses))
@@ -281,8 +263,7 @@ class GoalProposer:
             if ask:
                 got, outcome = self._ask_llm(ask, [self.render_prompt(observations[uniq[kk]]) for kk in ask])
                 s[f"llm_{outcome}"] += 1
-                if got:
-                    answers.update(got)
+                answers.update(got or {})
         by_key: dict[str, list[str]] = {}
         for key in uniq:
             goals = [g for g in answers.get(key, []) if g][: self.k]
@@ -320,15 +301,13 @@ class GoalProposer:
             "llm_timeouts": s["llm_timeout"], "llm_errors": s["llm_error"] + s["llm_unusable"],
             "llm_fraction": s["from_llm"] / max(s["requests"], 1),
             "latency_mean_s": latency / max(s["llm_completed"], 1), "errors_by_type": errors, "dropped": dropped,
-            "llm_failed_calls": health["failures"], "llm_consecutive_failures": health["consecutive_failures"],
-            "llm_down": int(health["down"]), "llm_down_seconds": health["down_seconds"],
-            "llm_warnings": health["warnings"], "llm_restarts": child["restarts"],
-            "llm_child_deaths": child["child_deaths"],
+            "llm_failed_calls": health["failures"], "llm_down": int(health["down"]),
+            **{f"llm_{n}": health[n] for n in ("consecutive_failures", "down_seconds", "warnings")},
+            **{f"llm_{n}": child[n] for n in ("restarts", "child_deaths")},
         }
 
     def close(self, wait: float = 30.0) -> None:
-        """Stop the worker thread and free the backend: a child process at once, an in-process backend
-        after up to ``wait`` s for a running call."""
+        """Stop the worker and free the backend (in-process: after up to ``wait`` s for a running call)."""
         idle = self._caller.close(0.0 if isinstance(self.llm, ChildProcessBackend) else wait)
         if self.llm is not None and (idle or isinstance(self.llm, ChildProcessBackend)):
             close_llm(self.llm)
@@ -336,8 +315,7 @@ class GoalProposer:
 
 def make_proposer(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, timeout: Optional[float] = None,
                   max_prompts: Optional[int] = None, flag: Optional[str] = "--ellm.proposer"):
-    """The ELLM goal proposer (:class:`~agents.pqn.ellm_proposer.GoalProposer`): ``"rules"``, or
-    ``"llm"``, the backend of ``llm`` (falling back to rules), checked with one real call."""
+    """The ELLM :class:`GoalProposer`: ``"rules"``, or ``"llm"`` (``llm``'s backend, checked with one real call)."""
     if kind == "rules":
         return GoalProposer("rules", k=k)
     if kind != "llm":

@@ -1,5 +1,4 @@
-"""The ``--eval-only`` trainer of a PQN run: its checkpoint's network and instruction table, evaluated
-(no relabeler, goal proposer, LLM or update)."""
+"""The ``--eval-only`` trainer of a PQN run: its checkpoint's network and instruction table, evaluated."""
 
 from __future__ import annotations
 
@@ -13,10 +12,7 @@ from agents.pqn.trainer import ProcessSeeds
 
 
 class PQNEvaluator(ProcessSeeds):
-    """Every seed of a PQN run's checkpoint evaluated as the run's own evaluations do, with nothing of
-    training built (what ``--eval-only`` runs; the driver's :class:`agents.run.train.RunTrainer`
-    interface). ``cfg``: the run's :class:`~agents.pqn.config.TrainConfig`; ``run_dir``: this process's run folder.
-    """
+    """Every seed of a PQN run's checkpoint evaluated as the run's evaluations do, nothing of training built."""
 
     def __init__(self, cfg: Any, run_dir: str | os.PathLike) -> None:
         self._init_seeds(cfg)
@@ -28,11 +24,8 @@ class PQNEvaluator(ProcessSeeds):
         self._registry: Any = None
 
     def load(self, path: str | os.PathLike) -> dict[str, Any]:
-        """Read the checkpoint at ``path`` (a checkpoint folder, or a run folder's newest); returns its host state.
-
-        Raises:
-            agents.run.checkpoint.CheckpointError: a damaged, foreign or mismatched checkpoint (naming the file).
-        """
+        """Read the checkpoint at ``path`` (or a run folder's newest); returns its host state. Raises
+        ``CheckpointError`` (naming the file) for a damaged, foreign or mismatched one."""
         import jax
         import jax.numpy as jnp
 

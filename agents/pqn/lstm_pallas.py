@@ -1,9 +1,6 @@
 """The LSTM recurrence as one fused Pallas kernel per time step (``pqn.lstm_kernel="pallas"``), with
-:func:`agents.pqn.network.lstm_scan`'s signature, outputs and gradient. A program of the grid (row
-blocks, hidden-unit blocks) multiplies its rows' ``h_prev`` by its units' i, f, g, o columns, applies
-the gates and writes step ``t`` into the ``[T, ...]`` buffers the loop carries in place; the backward
-step likewise computes ``dh_prev = dz_t @ W_h^T`` and step ``t - 1``'s gate gradients (``dW_h``: one
-matmul after the loop). On a CPU Pallas's interpreter runs the kernels; on a GPU, Triton.
+:func:`agents.pqn.network.lstm_scan`'s signature, outputs and gradient; each program of the grid (row
+blocks, hidden-unit blocks) writes step ``t`` into the ``[T, ...]`` buffers the loop carries in place.
 """
 
 from __future__ import annotations
@@ -159,9 +156,8 @@ _lstm.defvjp(_lstm_fwd, _lstm_bwd)
 
 
 def lstm_scan_pallas(kernel_h, bias_h, x_proj, resets, carry, dtype=jnp.float32, unroll: int = 1):
-    """:func:`agents.pqn.network.lstm_scan` (same arguments, outputs and gradient) with one fused
-    Pallas kernel per step. Rows and hidden units are padded with zeros to multiples of ``MIN_BLOCK``
-    where needed (padded units stay 0: their gates see z = 0, their carry starts at 0)."""
+    """:func:`agents.pqn.network.lstm_scan` with one fused Pallas kernel per step (rows and units zero-padded
+    to multiples of ``MIN_BLOCK``)."""
     T, B, G = x_proj.shape
     H = G // 4
     Bp, Hp = -(-B // MIN_BLOCK) * MIN_BLOCK, -(-H // MIN_BLOCK) * MIN_BLOCK

@@ -1,10 +1,8 @@
 """The per-method part of a PQN iteration behind one interface, :class:`TrainingMethod`.
 
-The trainer (:class:`agents.pqn.trainer.Trainer`) runs what every method shares and asks its method
-which instructions episodes draw, what to train on after a rollout, which table rows can pay, its
-checkpoint state and its generated-instruction file. :class:`GroundTruth` (``gt``) and
-:class:`Cosine` (``cosine``) are here; ``oir`` is :mod:`agents.pqn.oir_method`, ``ellm``
-:mod:`agents.pqn.ellm`. A method is built from a :class:`MethodContext` and holds no Trainer.
+The trainer asks its method which instructions episodes draw, what to train on after a rollout, which
+table rows can pay, its checkpoint state and its generated-instruction file. ``gt`` and ``cosine`` are
+here, ``oir`` in :mod:`agents.pqn.oir_method`, ``ellm`` in :mod:`agents.pqn.ellm`.
 """
 
 from __future__ import annotations
@@ -23,9 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class MethodContext:
-    """What a training method may use of its run: the config, this process's ``S`` seeds from
-    ``seed_offset``, the run's instruction table and per-seed buffers (shared objects), the encoder,
-    every evaluation instruction once, and a ``log`` for messages."""
+    """What a training method may use of its run (the table and buffers are the trainer's own objects)."""
 
     cfg: "TrainConfig"
     S: int
@@ -44,16 +40,14 @@ class MethodContext:
         return list(dict.fromkeys([*self.all_eval_texts, *ORIGINAL_INSTRUCTIONS]))
 
     def protected_rows(self, env_state: Any = None, extra: Iterable[int] = ()) -> list[int]:
-        """Table rows a new instruction must not take: :attr:`fixed_texts`', the buffers', the envs'
-        (:func:`protected_rows`) and ``extra``."""
+        """:func:`protected_rows` of :attr:`fixed_texts` and ``extra``."""
         fixed = self.registry.find(self.fixed_texts).values()
         return protected_rows(self.registry, self.buffers, [*fixed, *extra], env_state)
 
 
 def protected_rows(registry: "InstructionRegistry", buffers: "Sequence[InstructionBuffer]", fixed_rows: Iterable[int],
                    env_state: Any = None) -> list[int]:
-    """Table rows new instructions must not take: ``fixed_rows``, the envs' current, pinned and
-    also-paying rows (``env_state``) and every buffer's instructions."""
+    """Table rows new instructions must not take: ``fixed_rows``, the envs' (``env_state``) and the buffers'."""
     rows = {int(r) for r in fixed_rows}
     if env_state is not None:
         rows |= set(np.asarray(env_state.env.instr).reshape(-1).tolist())
@@ -66,9 +60,8 @@ def protected_rows(registry: "InstructionRegistry", buffers: "Sequence[Instructi
 
 @dataclass(frozen=True)
 class MethodStep:
-    """What a method hands back after a rollout: its ``metrics``, relabel ``slots``
-    (:func:`agents.pqn.trainer.build_batch`), ``[S * E]`` rows to ``pinned`` the envs to at their next
-    reset and ``[S * E, n]`` rows that ``also_pays`` (-1: none; ``None``: nothing to set)."""
+    """A method's answer after a rollout: ``metrics``, relabel ``slots``, ``[S * E]`` rows ``pinned`` at the
+    envs' next reset and ``[S * E, n]`` rows that ``also_pays`` (-1: none; ``None``: nothing to set)."""
 
     metrics: dict[str, float]
     slots: Optional[dict] = None
@@ -82,9 +75,7 @@ MethodFactory = Callable[[MethodContext, Any, Any], "TrainingMethod"]
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One training method by name (:data:`agents.pqn.method_specs.METHOD_SPECS`): its factory, the env's
-    ``reward_mode`` (0 cosine, 1 ground truth), its ``generated_file`` in the run directory, the
-    ``table_capacity(cfg, n_fixed)`` it needs and the ``also_pays_slots(cfg)`` rows per env."""
+    """One training method by name (:data:`agents.pqn.method_specs.METHOD_SPECS`); ``reward_mode``: 0 cosine, 1 gt."""
 
     factory: MethodFactory
     reward_mode: int = 0
@@ -110,8 +101,7 @@ class TrainingMethod:
         return None
 
     def step(self, update: int, host: dict, env_state: Any) -> MethodStep:
-        """What to train on after a rollout (``host``: its ``[S, T, E, ...]`` host arrays; ``env_state``:
-        the envs' state after it), ``update`` updates done so far."""
+        """What to train on after a rollout (``host``: its ``[S, T, E, ...]`` host arrays)."""
         return MethodStep({})
 
     def warmup_slots(self) -> Optional[dict]:

@@ -1,10 +1,8 @@
 """PQN-RNN (Gallici et al. 2024) conditioned on instructions: network, acting, Q(lambda) targets, update.
 
 The network: LayerNorm on the input (obs features ++ instruction embedding), ``num_layers``
-Dense+LayerNorm+ReLU blocks, one LSTM layer and a linear Q head, as in purejaxql's PQN-RNN. The
-loss is the squared error to Q(lambda) targets from the same forward pass (stop-gradient),
-optimised by RAdam with gradient clipping and linear LR decay. The training loop is
-:mod:`agents.pqn.trainer`; the hyperparameters :class:`agents.pqn.config.PQNConfig`.
+Dense+LayerNorm+ReLU blocks, one LSTM layer and a linear Q head, as in purejaxql's PQN-RNN; the loss
+is the squared error to Q(lambda) targets from the same forward pass (stop-gradient), optimised by RAdam.
 """
 
 from __future__ import annotations
@@ -25,11 +23,7 @@ from agents.pqn.lstm_pallas import lstm_scan_pallas
 
 # ----------------------------------------------------------------------------- network
 def matmul(x, w, dtype=jnp.float32):
-    """``x @ w`` with both cast to ``dtype``, accumulated and returned in float32.
-
-    Below float32 its gradient multiplies in ``dtype`` as well (:func:`_low_precision_matmul`);
-    in float32 it is ``jnp.matmul`` and autodiff's gradient.
-    """
+    """``x @ w`` with both cast to ``dtype``, accumulated and returned in float32 (the gradient in ``dtype`` too)."""
     if jnp.dtype(dtype) == jnp.float32:
         return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), preferred_element_type=jnp.float32)
     return _low_precision_matmul(x, w, jnp.dtype(dtype))
@@ -37,10 +31,7 @@ def matmul(x, w, dtype=jnp.float32):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _low_precision_matmul(x, w, dtype):
-    """:func:`matmul` in ``dtype`` (bfloat16) with a written-out gradient: the float32 cotangent is
-    cast to ``dtype`` before ``g @ w^T`` and ``x^T @ g`` (float32 accumulation), as the LSTM's
-    backward does. JAX's own gradient would multiply the float32 cotangent with the ``dtype``
-    operand in float32 (TF32 on a GPU): the update's two largest matmuls at half the bfloat16 rate."""
+    """:func:`matmul` below float32; its gradient casts the cotangent to ``dtype`` (JAX's would multiply in float32)."""
     return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
 
 
@@ -60,10 +51,8 @@ _low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bw
 
 
 def lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
-    """The LSTM recurrence over ``x_proj [T, B, 4H]`` (each step's input already projected), with
-    JAX's own gradient: ``((c, h), (hs, gates, cs))``, the final carry, then every step's ``h``,
-    gates ``i, f, g, o`` (after their nonlinearities) and cell (what :func:`lstm_scan`'s backward
-    pass reads)."""
+    """The LSTM recurrence over ``x_proj [T, B, 4H]`` with JAX's gradient: ``((c, h), (hs, gates, cs))``,
+    every step's ``h``, gates ``i, f, g, o`` (after their nonlinearities) and cell."""
     kernel = kernel_h.astype(dtype)  # cast once, not in every step
 
     def step(carry, inp):
@@ -80,24 +69,16 @@ def lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
 
 
 def _entering(carry0, seq, resets):
-    """What entered each step: ``carry0`` then ``seq[:-1]``, zeroed where ``resets`` (computed after
-    the loop from its outputs, so the loop writes fewer arrays)."""
+    """What entered each step: ``carry0`` then ``seq[:-1]``, zeroed where ``resets``."""
     prev = jnp.concatenate([carry0[None], seq[:-1]], axis=0)
     return jnp.where(resets[..., None], 0.0, prev)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def lstm_scan(kernel_h, bias_h, x_proj, resets, carry, dtype=jnp.float32, unroll: int = 1):
-    """An LSTM over ``x_proj [T, B, 4H]`` (the steps' input projections, gates in the order i, f,
-    g, o) from ``carry = (c, h)``, zeroed where ``resets [T, B]``: returns ``((c, h), hs [T, B, H])``.
-
-    Its gradient is written out rather than left to autodiff of the scan, so that the weight
-    gradient leaves the loop: the backward loop only carries ``dh, dc`` back through ``h @ W_h``
-    (one ``[B, 4H] x [4H, H]`` matmul per step) and emits each step's gate gradients; ``dW_h`` is then
-    one ``[H, T*B] x [T*B, 4H]`` matmul after it. Autodiff accumulates ``dW_h`` inside the loop, a
-    second matmul on every one of the sequential steps that bound the update's time on a GPU. Same
-    maths (tests compare both to float tolerance).
-    """
+    """An LSTM over ``x_proj [T, B, 4H]`` (gates i, f, g, o) from ``carry = (c, h)``, zeroed where
+    ``resets [T, B]``: returns ``((c, h), hs [T, B, H])``. Its written-out gradient computes ``dW_h`` as
+    one matmul after the backward loop, not one per step inside it (same maths as autodiff)."""
     carry, (hs, *_) = lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
     return carry, hs
 
@@ -138,17 +119,10 @@ lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
 
 
 class SequenceLSTM(nn.Module):
-    """An LSTM over a ``[T, B, F]`` sequence with flax's ``OptimizedLSTMCell`` parameters and math.
-
-    The input projection ``x @ W_i`` of every step is one matmul before the scan, which then only
-    multiplies the hidden state (``h @ W_h + b``): the cell, called once per step, does both at
-    every step. The carry is ``(c, h)``, zeroed where ``resets [T, B]`` (episode starts).
-    ``dtype``: the matmuls' input type (``bfloat16``: half the bytes; float32 accumulation, float32
-    gates and carry). ``grad``: ``"hoisted"`` (:func:`lstm_scan`'s written-out gradient, the weight
-    gradient after the loop) or ``"autodiff"`` (JAX's gradient of the scan; the reference).
-    ``kernel``: with ``"hoisted"``, ``"scan"`` (:func:`lstm_scan`) or ``"pallas"``
-    (:func:`agents.pqn.lstm_pallas.lstm_scan_pallas`, the same maths as fused kernels).
-    """
+    """An LSTM over ``[T, B, F]`` with flax's ``OptimizedLSTMCell`` parameters and maths, the input
+    projection hoisted out of the scan; the carry ``(c, h)`` is zeroed where ``resets [T, B]``.
+    ``dtype``: the matmuls' input type; ``grad``: ``"hoisted"`` (:func:`lstm_scan`) or ``"autodiff"``;
+    ``kernel`` (hoisted only): ``"scan"`` or ``"pallas"`` (:func:`agents.pqn.lstm_pallas.lstm_scan_pallas`)."""
 
     features: int
     unroll: int = 1
@@ -174,9 +148,7 @@ class SequenceLSTM(nn.Module):
 
 
 class QNetwork(nn.Module):
-    """Instruction-conditioned recurrent Q-network: ``(carry, obs [T, B, D], instruction [T, B, 384],
-    resets [T, B]) -> (carry, q [T, B, A])``, the carry zeroed at ``resets``; ``dtype``: the matmuls'
-    input type (all else float32)."""
+    """``(carry, obs [T, B, D], instruction [T, B, 384], resets [T, B]) -> (carry, q [T, B, A])``."""
 
     num_actions: int
     hidden_size: int = 512
@@ -211,8 +183,7 @@ def make_network(cfg: PQNConfig, num_actions: int) -> QNetwork:
 
 
 def make_optimizer(cfg: PQNConfig, num_updates: int):
-    """RAdam with global-norm clipping; the learning rate decays linearly to 0 over ``num_updates``
-    (when ``cfg.lr_linear_decay``)."""
+    """RAdam with global-norm clipping; the learning rate optionally decays linearly to 0."""
     steps = num_updates * cfg.num_epochs * cfg.num_minibatches
     lr = optax.linear_schedule(cfg.lr, 0.0, steps) if cfg.lr_linear_decay else cfg.lr
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.radam(learning_rate=lr))
@@ -220,8 +191,7 @@ def make_optimizer(cfg: PQNConfig, num_updates: int):
 
 def create_train_state(key, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim: int,
                        num_updates: int, tx: optax.GradientTransformation | None = None) -> TrainState:
-    """Initial parameters and optimiser state (``tx``: default :func:`make_optimizer`; one object shared by
-    states keeps one pytree structure)."""
+    """Initial parameters and optimiser state (``tx``: default :func:`make_optimizer`)."""
     carry = net.initial_carry(1)
     params = net.init(key, carry, jnp.zeros((1, 1, obs_dim)), jnp.zeros((1, 1, emb_dim)), jnp.zeros((1, 1), bool))
     return TrainState.create(apply_fn=net.apply, params=params, tx=tx or make_optimizer(cfg, num_updates))
@@ -229,10 +199,7 @@ def create_train_state(key, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim
 
 def create_train_states(keys, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_dim: int, num_updates: int,
                         tx: optax.GradientTransformation | None = None) -> TrainState:
-    """One :func:`create_train_state` per key of ``keys [S, 2]``, stacked on a leading seed axis.
-
-    ``jax.lax.map``, not a batch: batched QRs of the orthogonal initialiser deadlock a 2-thread CPU pool.
-    """
+    """One :func:`create_train_state` per key of ``keys [S, 2]``, stacked (``lax.map``: batched QRs deadlock on CPU)."""
     return jax.lax.map(lambda k: create_train_state(k, cfg, net, obs_dim, emb_dim, num_updates, tx), keys)
 
 
@@ -254,11 +221,7 @@ def eps_greedy(key, q, eps):
 # ----------------------------------------------------------------------------- targets
 def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float, cuts=None, q_taken=None):
     """Q(lambda) returns ``G_t = r_t + gamma (1 - d_t) ((1 - lam) max_a Q(s_{t+1}, a) + lam G_{t+1})``,
-    ``G_T = max_a Q(s_T, a)``, over ``[T, B]`` ``rewards``, ``dones`` and ``next_q_max``.
-
-    ``cuts`` (optional ``[T, B]`` bool): steps without a target of their own; there ``G_t`` is
-    ``q_taken[t]`` (``Q(s_t, a_t)``), which earlier steps bootstrap from.
-    """
+    ``G_T = max_a Q(s_T, a)``, over ``[T, B]``; where ``cuts``, ``G_t = q_taken[t]``."""
     if cuts is None:
         cuts, q_taken = jnp.zeros(rewards.shape, bool), jnp.zeros_like(rewards)
     # G_t = a_t * G_{t+1} + b_t: an associative scan of log(T) depth instead of T sequential steps
@@ -276,13 +239,8 @@ def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float, cuts=
 
 # ----------------------------------------------------------------------------- update
 def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Array]):
-    """One PQN update on a batch of N trajectories; returns ``(train_state, {loss, q_mean, target_mean})``.
-
-    ``batch``: ``obs [T, N, D]``, ``instr [T, N, 384]``, ``actions``, ``rewards``, ``dones``, ``resets``
-    ``[T, N]``, ``next_obs_last [N, D]`` and ``next_instr_last`` (after the last step), ``weights [N]``
-    (0: padding), ``carry0`` (LSTM state at the start) and optionally ``cuts`` (left out of the loss).
-    Each minibatch's targets come from its own forward pass over ``T + 1`` steps (stop-gradient).
-    """
+    """One PQN update on a batch of N trajectories (:func:`agents.pqn.trainer.build_batch`'s keys; optional
+    ``cuts`` are left out of the loss); returns ``(train_state, {loss, q_mean, target_mean})``."""
     apply = train_state.apply_fn
     obs_ext = jnp.concatenate([batch["obs"], batch["next_obs_last"][None]], axis=0)
     instr_ext = jnp.concatenate([batch["instr"], batch["next_instr_last"][None]], axis=0)

@@ -1,9 +1,7 @@
 """Method ``oir``: hindsight instruction relabeling with an instruction buffer (steps 2-4 of the paper's loop).
 
-After each rollout (:meth:`OIRRelabeling.step`) every env's segment is relabeled (rule answers at
-once, LLM answers in the background, used when they arrive), the candidates that paid go into each
-seed's :class:`~oir_gym.buffer.InstructionBuffer` (:class:`oir_gym.curriculum.InstructionCurriculum`),
-and the trainer's batch gets the relabeled copies (:func:`agents.pqn.trainer.build_batch`).
+After each rollout every env's segment is relabeled (LLM answers used when they arrive), the candidates
+that paid go into each seed's instruction buffer and the batch gets the relabeled copies.
 """
 
 from __future__ import annotations
@@ -22,11 +20,8 @@ from oir_gym.trajectory import Trajectory
 
 
 class OIRRelabeling(TrainingMethod):
-    """``oir``: relabeled copies of the rollout's trajectories in the batch, an instruction buffer per seed.
-
-    ``relabeler``: a :class:`~oir_gym.relabel.background.BackgroundRelabeler`, used as is; any other
-    relabeler is the LLM half (``oir.relabeler`` ``llm``, ``both``) or the rules (``rules``) of one.
-    """
+    """``oir``: relabeled copies of the rollout's trajectories in the batch, an instruction buffer per seed
+    (``relabeler``: a ``BackgroundRelabeler`` as is, else the LLM or rules half of one)."""
 
     def __init__(self, ctx: MethodContext, relabeler: Any) -> None:
         super().__init__(ctx)
@@ -96,8 +91,7 @@ class OIRRelabeling(TrainingMethod):
                 for s in range(ctx.S) for e in range(self.cfg.pqn.num_envs)]
 
     def slots(self, rows: list[list[Any]]) -> tuple[dict, list[list[str]], np.ndarray]:
-        """The batch's relabel slots from the curriculum's rows per seed (:class:`oir_gym.curriculum.Row`),
-        the texts per seed and row ("" for padding) and the valid mask."""
+        """The batch's relabel slots from the curriculum's rows per seed, the texts ("" padding) and the valid mask."""
         src, env, valid, emb, final, pre = self._empty_slots()
         texts = [["" for _ in range(src.shape[1])] for _ in range(self.ctx.S)]
         for s, chosen in enumerate(rows):
@@ -135,8 +129,7 @@ class OIRRelabeling(TrainingMethod):
         return chosen
 
     def relabel(self, host: dict, update: int = 0, env_state: Any = None) -> tuple[dict, dict[str, float]]:
-        """Relabel this rollout (and collect late LLM answers): the batch's relabel slots and the metrics;
-        grounded candidates go into the buffers (``env_state``: whose rows new texts must not take)."""
+        """Relabel this rollout (and collect late LLM answers); grounded candidates go into the buffers."""
         cfg = self.cfg
         self._env_state = env_state
         trajs = self.trajectories(host, update)
@@ -169,8 +162,7 @@ class OIRRelabeling(TrainingMethod):
         return slots, stats
 
     def llm_report(self) -> dict[str, Any]:
-        """The LLM relabeler's record so far (empty without an LLM): calls, latency, late answers, errors
-        and drops by type, and its instructions' ``rows_in_batch`` and ``into_buffer``."""
+        """The LLM relabeler's record so far (empty without an LLM)."""
         if not self.async_llm:
             return {}
         st = self.relabeler.stats()

@@ -1,7 +1,5 @@
 """Seeds (and envs) spread over devices with ``jax.sharding``: per-seed arrays ``[S, ...]``, the env
-batch of all seeds ``[S * E, ...]`` (seed-major). :class:`Layout` lays the ``("seeds", "parts")`` mesh
-and cuts the env batch into blocks with their own world pool and key, so :class:`PerDevice` runs the
-rollout as one single-device program per device. Multi-host runs: :mod:`agents.run.multihost`.
+batch of all seeds ``[S * E, ...]`` (seed-major); :class:`PerDevice` runs one program per device.
 """
 
 from __future__ import annotations
@@ -22,11 +20,7 @@ SEEDS, PARTS = "seeds", "parts"
 
 
 def check_layout(num_seeds: int, num_envs: int, num_devices: int, visible: Optional[int] = None) -> None:
-    """Refuse a device layout that cannot hold the run, before anything is compiled.
-
-    Raises:
-        ValueError: naming the numbers and the fix.
-    """
+    """Refuse (``ValueError``, naming the fix) a device layout that cannot hold the run, before compiling."""
     visible = len(jax.devices()) if visible is None else visible
     if num_devices < 1:
         raise ValueError(f"num_devices={num_devices} must be >= 1 (--run.num-devices 0 means every visible device)")
@@ -52,9 +46,7 @@ def check_layout(num_seeds: int, num_envs: int, num_devices: int, visible: Optio
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a run's ``S`` seeds of ``E`` envs live over ``D`` devices (checked by :func:`check_layout`):
-    ``blocks = max(S, D)`` env blocks of ``envs_per_block`` envs; per device ``local_seeds`` seeds of
-    ``local_envs`` envs."""
+    """Where a run's ``S`` seeds of ``E`` envs live over ``D`` devices, in ``max(S, D)`` env blocks."""
 
     num_seeds: int
     num_envs: int
@@ -206,8 +198,7 @@ class PerDevice:
 
 
 def placeholder(tree: Any) -> Any:
-    """Arrays of zeros for a pytree of :class:`jax.ShapeDtypeStruct`, with each leaf's shape, dtype, weak
-    type and sharding (a jitted program compiles for them as for real arrays)."""
+    """Zeros for a pytree of :class:`jax.ShapeDtypeStruct`, with each leaf's shape, dtype, weak type and sharding."""
     def zeros(x):
         if getattr(x, "weak_type", False):  # a Python scalar's type: jnp.zeros would make it strong
             z = jnp.broadcast_to(jnp.asarray(np.zeros((), x.dtype).item()), x.shape)
@@ -225,8 +216,7 @@ def make_mesh(num_devices: Optional[int] = None) -> Mesh:
 
 
 def shard_leading(tree: Any, mesh: Mesh, sizes: tuple[int, ...]) -> Any:
-    """Place a pytree on the mesh: leaves whose leading axis is one of ``sizes`` (e.g. ``S`` and
-    ``S * E``) are split along it, every other leaf is replicated."""
+    """Place a pytree on the mesh: leaves whose leading axis is one of ``sizes`` are split, others replicated."""
     n = mesh.devices.size
 
     def put(x):

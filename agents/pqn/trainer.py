@@ -50,9 +50,7 @@ STRUCTURAL_FIELDS = ("run.method", "run.num_seeds", "pqn.num_envs", "pqn.num_ste
 
 
 class Runner(NamedTuple):
-    """What the rollout carries from one update to the next (checkpoints keep it as ``"0"`` ... ``"4"``):
-    the env blocks' state, the observations, the LSTM carry per seed, ``[S * E]`` done flags and
-    ``[blocks, 2]`` rollout keys."""
+    """The rollout's state between updates (checkpoints keep it as ``"0"`` ... ``"4"``)."""
 
     env_state: Any
     obs: Any
@@ -62,12 +60,8 @@ class Runner(NamedTuple):
 
 
 def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = None):
-    """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``, traj leaves ``[S, T, E, ...]``.
-
-    Each env block (one per seed or seed part, :class:`agents.pqn.sharding.Layout`) has its own world
-    pool and key, so auto-resets stay a real branch and each device runs its blocks as its own
-    program (:class:`agents.pqn.sharding.PerDevice`).
-    """
+    """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``, traj leaves ``[S, T, E, ...]``;
+    each env block has its own world pool and key, each device runs its blocks as its own program."""
     layout = layout or Layout(cfg.run.num_seeds, cfg.pqn.num_envs, 1)
     S, E = layout.local_seeds, layout.local_envs  # per device
 
@@ -121,14 +115,8 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
 
 
 def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
-    """The update batch D of one seed: the current rollout's trajectories plus relabeled copies.
-
-    Args:
-        trajs: the last ``L`` rollouts stacked on a leading axis, the current one first.
-        table_emb: ``[N, D]`` instruction embeddings.
-        slots: relabel rows ``src [R]`` (rollout age), ``env [R]``, ``emb [R, D]``, grounding rows
-            ``final [R, E]`` and ``pre [R, E]`` (:mod:`oir_gym.grounding`), ``valid [R]``; ``None``: none.
-    """
+    """The update batch D of one seed: the newest of ``trajs`` (the last rollouts stacked, newest first) plus
+    copies relabeled by ``slots`` (``src``, ``env``, ``emb``, ``final``, ``pre``, ``valid``; ``None``: none)."""
     cur = jax.tree_util.tree_map(lambda x: x[0], trajs)
     orig = dict(
         obs=cur["obs"], instr=table_emb[cur["instr"]], actions=cur["action"], rewards=cur["reward"],
@@ -165,9 +153,7 @@ def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
 
 
 def relayout_runner(runner: dict, blocks: int, pool_per_block: int) -> dict:
-    """A checkpoint's runner state dict fitted to ``blocks`` env blocks of ``pool_per_block`` pool worlds
-    (a resume on another device count): keys re-split from the first, cursors at 0, pool worlds reused
-    in order; ``runner`` itself when it fits."""
+    """A checkpoint's runner state dict fitted to ``blocks`` env blocks of ``pool_per_block`` pool worlds."""
     keys = np.asarray(runner["4"])
     bstate = runner["0"]
     cursor = np.asarray(bstate["cursor"])
@@ -182,8 +168,7 @@ def relayout_runner(runner: dict, blocks: int, pool_per_block: int) -> dict:
 
 
 def program_config(cfg: TrainConfig) -> TrainConfig:
-    """The fields of ``cfg`` the jitted programs read, every other field at its default (the key of
-    :class:`Programs` shared between trainers)."""
+    """The fields of ``cfg`` the jitted programs read, every other field at its default."""
     p = TrainConfig()
     p.pqn = copy.deepcopy(cfg.pqn)
     p.run.total_timesteps, p.run.num_seeds = cfg.run.total_timesteps, cfg.run.num_seeds
@@ -194,9 +179,7 @@ def program_config(cfg: TrainConfig) -> TrainConfig:
 
 
 class Programs:
-    """A trainer's jitted programs (rollout, batch, update, initial state, evaluations), network and
-    optimiser for one :func:`program_config`, layout and embedding size; no run state, shared by the
-    trainers of a process (:func:`trainer_programs`)."""
+    """A trainer's jitted programs, network and optimiser; no run state, shared (:func:`trainer_programs`)."""
 
     def __init__(self, cfg: TrainConfig, layout: Layout, instr_dim: int) -> None:
         self.cfg, self.layout, self.instr_dim = cfg, layout, instr_dim
@@ -271,13 +254,10 @@ class IterationLog:
 
 
 class ProcessSeeds:
-    """This process's seeds of a run (in a run over several processes, :attr:`S` of them from
-    :attr:`seed_offset`), their device layout, the encoder, the jitted programs and their evaluation;
-    the base of :class:`Trainer` and :class:`agents.pqn.evaluator.PQNEvaluator`."""
+    """This process's seeds of a run, their layout, encoder, programs and evaluation (base of the trainers)."""
 
     def _init_seeds(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        #: processes of this run (:mod:`agents.run.multihost`); ``seeds``: this process's global seed indices
         self.processes, self.process_index = jax.process_count(), jax.process_index()
         self.seeds = seed_slice(cfg.run.num_seeds, self.processes, self.process_index)
         self.num_seeds = cfg.run.num_seeds
@@ -286,8 +266,7 @@ class ProcessSeeds:
         self.num_devices = cfg.run.num_devices or local
         check_layout(self.S, cfg.pqn.num_envs, self.num_devices, visible=local)
         self.layout = Layout(self.S, cfg.pqn.num_envs, self.num_devices)
-        self.update_idx = 0
-        self.env_steps = 0
+        self.update_idx, self.env_steps = 0, 0
 
     def _init_programs(self) -> None:
         #: seconds each part of the start took
@@ -311,24 +290,15 @@ class ProcessSeeds:
 
     def _evaluation_of(self, policy: Any, table: Any, rows: Any, ecfg: EvalConfig, texts: list[str],
                        achs: list, sets: list[str]) -> Callable[[], list[EvalResult]]:
-        """The evaluation of every seed's ``policy`` on the instructions' ``rows`` of ``table`` as a call,
-        its arguments read now."""
+        """Every seed's evaluation of ``policy`` on ``rows`` of ``table`` as a call, its arguments read now."""
         keys = eval_keys(self.cfg.run.seed, self.seeds.stop, self.update_idx)[self.seeds]
         return functools.partial(evaluate_jax_seeds, self.programs.evaluator(len(texts) * ecfg.episodes), keys,
                                  policy, self.env_params_with(table), rows, ecfg, texts, achs, sets)
 
 
 class Trainer(ProcessSeeds):
-    """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for this process's seeds side by side.
-
-    Args:
-        cfg: the run configuration.
-        run_dir: where checkpoints and the generated-instruction file go.
-        relabeler: method ``oir``: a :class:`~oir_gym.relabel.HindsightRelabeler` (default: from ``cfg``).
-        log: callable receiving messages.
-        proposer: method ``ellm``: a :class:`~agents.pqn.ellm_proposer.GoalProposer` (default: from ``cfg``).
-        prefetch_worlds: generate :meth:`init_state`'s worlds on a side thread from the start (a fresh run).
-    """
+    """Runs PQN with method ``gt``, ``cosine``, ``oir`` or ``ellm`` for this process's seeds side by side, into
+    ``run_dir``; ``relabeler`` (oir) and ``proposer`` (ellm) default to ``cfg``'s."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike, relabeler=None,
                  log: Callable[[str], None] = print, proposer=None, prefetch_worlds: bool = False) -> None:
@@ -432,8 +402,7 @@ class Trainer(ProcessSeeds):
         return self.build_batch(ring + [traj] * (n - len(ring)), slots)
 
     def build_batch(self, trajs: dict | Sequence[dict], slots: dict | None = None) -> dict:
-        """The update batch of all seeds (:func:`build_batch`) from this rollout, or recent rollouts (newest
-        first) with relabel ``slots``."""
+        """All seeds' update batch (:func:`build_batch`) of this rollout, or of recent ones with ``slots``."""
         table_emb = self.registry.device_table().emb
         if slots is None:
             return self.programs.build_plain(trajs, table_emb)
@@ -457,8 +426,7 @@ class Trainer(ProcessSeeds):
         self.startup["initial_state"] = time.time() - t0
 
     def _initial_keys(self) -> tuple[Any, Any, Any, Any]:
-        """``(key, k_net, k_env, k_run)``: the run's key, this process's network keys and its env blocks'
-        reset and rollout keys (a global seed draws the same in any process count)."""
+        """``(key, k_net, k_env, k_run)``, each global seed's the same in any process count."""
         n, lay = self.num_seeds, self.layout
         key = jax.random.PRNGKey(self.cfg.run.seed)
         key, *ks = jax.random.split(key, 1 + 3 * n)
@@ -509,14 +477,8 @@ class Trainer(ProcessSeeds):
 
     def save(self, *, metrics: MetricsPosition | Mapping[str, Any] | None = None, keep: int | None = None,
              metrics_after_update: int | None = None) -> Path:
-        """Checkpoint the current state (:mod:`agents.run.checkpoint`) and rewrite the generated-instruction
-        file; returns the checkpoint folder.
-
-        Args:
-            metrics: the run's metrics position at this update (a resume cuts ``metrics.jsonl`` back to it).
-            keep: checkpoints kept (default ``run.keep_checkpoints``).
-            metrics_after_update: without a position: resume keeps the metrics rows up to this update.
-        """
+        """Checkpoint the state and rewrite the generated-instruction file; returns the checkpoint folder
+        (``metrics``: the position a resume cuts back to, else ``metrics_after_update``)."""
         reg = self.registry.state_dict()
         pos = metrics.to_dict() if isinstance(metrics, MetricsPosition) else (dict(metrics) if metrics else None)
         host = {
@@ -543,12 +505,8 @@ class Trainer(ProcessSeeds):
         return atomic_write_json(self.run_dir / self.method_spec.generated_file, payload)
 
     def load(self, path: str | os.PathLike | None = None) -> dict[str, Any]:
-        """Restore a checkpoint (default: the run directory's newest); returns its host state.
-
-        Raises:
-            agents.run.checkpoint.CheckpointError: a damaged, legacy or foreign checkpoint, or one of
-                another method, network size or batch shape (naming the file and the field).
-        """
+        """Restore a checkpoint (default: the run directory's newest); returns its host state. Raises
+        ``CheckpointError`` (naming file and field) for a damaged, foreign or structurally different one."""
         arrays, host = load_checkpoint(path or self.run_dir)
         folder = Path(path) if path and (Path(path) / "manifest.json").exists() else latest_checkpoint(
             path or self.run_dir)
@@ -590,8 +548,7 @@ class Trainer(ProcessSeeds):
         return host
 
     def iteration(self) -> IterationLog:
-        """One rollout, the method's batch, one PQN update. A non-finite update raises
-        ``FloatingPointError`` and leaves the parameters as they were (never checkpointed)."""
+        """One rollout, batch and update; a non-finite update raises ``FloatingPointError``, changing nothing."""
         cfg = self.cfg
         t0 = time.time()
         for f in self._compiling:  # start_compiling's programs: wait, never compile twice
@@ -613,8 +570,7 @@ class Trainer(ProcessSeeds):
         batch = self.method_batch(traj, step.slots)
         self._history = [traj, *self._history[: self.method.history_len - 2]] if self.method.history_len > 1 else []
         metrics.update(step.metrics)
-        if step.slots is not None:
-            # a device scalar, read after the update started
+        if step.slots is not None:  # a device scalar, read after the update started
             metrics["relabel/cut_steps"] = jnp.sum(batch["cuts"]) / self.S
         if step.pinned is not None:  # goals the envs run at their next reset (ELLM)
             self.env_state = F.set_pinned(self.env_state, jnp.asarray(step.pinned))
@@ -646,8 +602,7 @@ class Trainer(ProcessSeeds):
             "sps": cfg.batch_steps * self.S / max(time.time() - t0, 1e-9),
             "time/rollout_s": t_rollout - t0, "time/host_s": t_host - t_rollout, "time/update_s": t_update - t_host,
         })
-        for s in range(self.S):
-            metrics[f"seed{self.seed_offset + s}/loss"] = float(upd["loss"][s])
+        metrics.update({f"seed{self.seed_offset + s}/loss": float(upd["loss"][s]) for s in range(self.S)})
         return IterationLog(self.update_idx, self.env_steps, metrics)
 
     def event_rates(self, events: np.ndarray, dones: np.ndarray) -> dict[str, float]:
@@ -679,12 +634,7 @@ class Trainer(ProcessSeeds):
 
     def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
         """Compile the evaluation program on a side thread (one throwaway evaluation of ``policy_params``)."""
-        evaluation = self._evaluation(policy_params)
-
-        def compile_once() -> None:  # the result is discarded
-            evaluation()
-
-        return side_threads("oir-eval-compile", compile_once)[0]
+        return side_threads("oir-eval-compile", self._evaluation(policy_params))[0]
 
     def start_compiling(self) -> list[Future]:
         """Compile the first update's programs (rollout, batch and update, evaluation) side by side on side

@@ -88,12 +88,15 @@ def _t_cell(values, fmt: str = "{:.3f}") -> str:
     return finite_t_cell(arr, fmt) if arr.size and np.isfinite(arr).all() else "-"
 
 
+def _has_gain(finals: dict[str, list[dict]], sets) -> bool:
+    return any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
+               for seeds in finals.values() for s in sets)
+
+
 def t_summary_table(finals: dict[str, list[dict]], runs: dict[str, list[list[dict]]], sets: list[str],
                     k: int = 5, max_step: float = float("inf")) -> str:
-    """Per method and set, with 95% t intervals over seeds: the final point, the last ``k`` and all
-    evaluations (up to ``max_step``), completed, aggregate, kept vs original and (with the control) gains."""
-    has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
-                   for seeds in finals.values() for s in sets)
+    """Per method and set, 95% t intervals over seeds of the final, last-``k`` and whole-run success and more."""
+    has_gain = _has_gain(finals, sets)
     head = (f"| method | set | seeds | final: success | last {k}: success | whole run: success | final: completed "
             "| final: aggregate | final: kept vs original |")
     if has_gain:
@@ -178,8 +181,7 @@ def seed_retention(result: dict, set_name: str) -> float:
 
 def retention_table(finals: dict[str, list[dict]], sets, baseline: str | None = None) -> str:
     """Per method and set: final success, paraphrase retention and gain, each with ``baseline``'s difference."""
-    has_gain = any(np.isfinite(analysis.final_values(seeds, s, "control/gain")).any()
-                   for seeds in finals.values() for s in sets)
+    has_gain = _has_gain(finals, sets)
     head = "| method | set | seeds | mean success rate | paraphrase retention |" + (
         " gain (asked - mismatched) |" if has_gain else "")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]

@@ -1,9 +1,7 @@
 """What does each update train on? Per instruction: rollout share, relabeled rows, rewards, cut steps.
 
-Runs the PQN trainer for ``--updates`` iterations and, after the first ``--skip``, counts per
-instruction (all seeds pooled) its share of the rollout steps, its episodes and successes, its
-relabeled rows in the batch (OIR), its rewarded steps and their share of all, and the cut steps of
-its relabeled copies. Compare ``--method oir`` with ``--method cosine``:
+Runs the PQN trainer for ``--updates`` iterations and counts per instruction, after the first ``--skip``
+(all seeds pooled). Compare ``--method oir`` with ``--method cosine``:
 
     python examples/batch_composition.py --method oir --updates 40 --skip 30 --out /tmp/oir_batch.json
 

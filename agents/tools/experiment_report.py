@@ -4,12 +4,9 @@
     python -m agents.tools.experiment_report stone results/stone_tier     # docs/experiments/stone-tier.md
     python -m agents.tools.experiment_report stone results/stone_tier --plot docs/img/stone_tier.png
 
-A folder holds one run directory per process, named ``<arm>_s<first seed>`` (``canonical_s0``,
-``canonical_s3``...), each with ``eval_final.json`` (one entry per seed) and ``metrics.jsonl``
-(or ``metrics.jsonl.gz``). Differences between arms are Welch t intervals at 95%
-(:func:`oir_gym.metrics.welch_interval`), with the seed as the unit and again with the process as
-the unit (each process's mean over its seeds); pooled success counts use Fisher's exact test.
-docs/results.md shows these outputs; tests/test_experiment_report.py rebuilds them from results/.
+A folder holds one run directory per process, ``<arm>_s<first seed>``, each with ``eval_final.json`` and
+``metrics.jsonl(.gz)``. Arm differences are 95% Welch t intervals with the seed and with the process as the
+unit; pooled success counts use Fisher's exact test.
 """
 
 from __future__ import annotations
@@ -77,8 +74,7 @@ def _diff_cell(a: np.ndarray, b: np.ndarray) -> str:
 
 
 def comparison_table(arms: dict, pairs: list[tuple[str, str]], measures: list[tuple[str, object]]) -> str:
-    """Per measure: each arm's mean [95% t, seeds], then each pair's difference with the seed and
-    the process as the unit."""
+    """Per measure: each arm's mean [95% t], then each pair's difference by seed and by process."""
     names = list(arms)
     head = ["measure", *[f"{a} ({sum(len(p) for p in arms[a])} seeds)" for a in names],
             *[f"{a} - {b} (seeds)" for a, b in pairs], *[f"{a} - {b} (processes)" for a, b in pairs]]
@@ -130,8 +126,7 @@ def final_episodes(root: str | Path) -> int:
 
 
 def pooled_counts(arm: list[list[dict]], text: str, episodes: int) -> tuple[int, int]:
-    """Successes and episodes of one original-set instruction, pooled over an arm's seeds (a seed's
-    rate is its successes over ``episodes``)."""
+    """Successes and episodes of one original-set instruction, pooled over an arm's seeds."""
     succ = sum(int(round(set_success(seed, "original", text) * episodes)) for proc in arm for seed in proc)
     return succ, episodes * sum(len(proc) for proc in arm)
 
@@ -170,21 +165,19 @@ CHAIN_EVENTS = ("make_wood_pickaxe", "see_stone", "face_stone", "face_stone_with
 
 
 def rates_table(metrics: dict[str, list[list[dict]]], last: int = 100) -> str:
-    """Training rate per 1,000 env steps of the chain's events, mean over each arm's last ``last``
-    updates and processes (``metrics``: :func:`arm_metrics`)."""
+    """Training rate per 1,000 env steps of the chain's events, mean over each arm's last ``last`` updates."""
     rates = training_rates(metrics, CHAIN_EVENTS)
     arms = sorted(rates)
     lines = [f"| event (rate per 1,000 env steps, last {last} updates) | " + " | ".join(arms) + " |",
              "|---|" + "---|" * len(arms)]
-    for e in CHAIN_EVENTS:
-        lines.append(f"| {e} | " + " | ".join(f"{rates[a][e][1][-last:].mean():.4f}" for a in arms) + " |")
+    lines += [f"| {e} | " + " | ".join(f"{rates[a][e][1][-last:].mean():.4f}" for a in arms) + " |"
+              for e in CHAIN_EVENTS]
     return "\n".join(lines)
 
 
 def training_rates(metrics: dict[str, list[list[dict]]],
                    events: tuple[str, ...]) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """``arm -> event -> (env steps, mean over the arm's processes of the per-update training rate
-    per 1,000 steps)`` (``metrics``: :func:`arm_metrics`)."""
+    """``arm -> event -> (env steps, the processes' mean training rate per 1,000 steps)``."""
     out: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
     for arm, run_rows in metrics.items():
         rows = [[r for r in rs if "rate/collect_wood" in r] for rs in run_rows]
@@ -194,9 +187,7 @@ def training_rates(metrics: dict[str, list[list[dict]]],
 
 
 def plot_stone_tier(metrics: dict[str, list[list[dict]]], out: str | Path) -> Path:
-    """Training rates (per 1,000 env steps, log scale) of the wooden tier, collect stone and the
-    progress events, one panel per arm, at ``out``; the arms' learning curves at ``<out>_curves.png``
-    (``metrics``: :func:`arm_metrics`)."""
+    """The chain's training rates, one panel per arm, at ``out``; the learning curves at ``<out>_curves.png``."""
     import matplotlib
 
     matplotlib.use("Agg")

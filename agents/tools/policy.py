@@ -13,8 +13,7 @@
             break
 
 A policy keeps its recurrent state between calls; :meth:`Policy.reset` starts a new episode (with
-a vector env, pass ``episode_start``). PQN runs load from their newest checkpoint (no pickle), SB3
-runs through ``agents.sb3.models.load_sb3_policy``.
+a vector env, pass ``episode_start``).
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ class Policy(Protocol):
         ...
 
     def act(self, obs: Mapping[str, np.ndarray], episode_start: Any = None) -> Any:
-        """The action for ``obs`` (an ``int``; for a vector env's batch an ``int64`` array);
-        ``episode_start`` (bool or ``[num_envs]``) marks envs whose episode starts here."""
+        """The action for ``obs`` (``int``, or ``int64 [num_envs]``); ``episode_start`` marks new episodes."""
         ...
 
 
@@ -58,14 +56,9 @@ def is_sb3_run(run_dir: str | os.PathLike) -> bool:
 
 
 def load_policy(run_dir: str | os.PathLike, seed: int = 0, device: Any = None) -> Policy:
-    """The greedy policy of seed ``seed`` of a PQN or SB3 run directory, on ``device`` (PQN: a JAX device
-    or platform name; SB3: a torch device; default: the framework's).
-
-    Raises:
-        FileNotFoundError: no run or no checkpoint there.
-        agents.run.checkpoint.CheckpointError: a damaged, legacy or mismatched checkpoint (names the file).
-        ImportError: an SB3 run without stable-baselines3 installed (the message names the extra).
-    """
+    """The greedy policy of seed ``seed`` of a PQN or SB3 run directory, on ``device`` (a JAX or torch device).
+    Raises ``FileNotFoundError`` (no run or checkpoint), ``CheckpointError`` (a damaged, legacy or mismatched
+    checkpoint) or ``ImportError`` (an SB3 run without stable-baselines3)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory")
@@ -77,8 +70,7 @@ def load_policy(run_dir: str | os.PathLike, seed: int = 0, device: Any = None) -
 
 
 class PQNPolicy:
-    """A PQN run's recurrent Q-network (one seed's ``params``) acting on env observations, epsilon-greedy
-    (``rng_seed``: of the draws) on ``device``; built by :meth:`load` (or :func:`load_policy`)."""
+    """One seed of a PQN run's Q-network acting epsilon-greedily on env observations; built by :meth:`load`."""
 
     def __init__(self, net: Any, params: Any, env_kwargs: dict[str, Any], obs_dim: int, epsilon: float = 0.0,
                  rng_seed: int = 0, device: Any = None) -> None:

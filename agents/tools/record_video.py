@@ -18,8 +18,7 @@ MAX_FPS = 100
 
 
 def check_output(out: str | Path) -> Path:
-    """The video path, checked before any work: a .gif or .mp4 in an existing folder, and for an MP4
-    a writer that can write it (imageio's ffmpeg plugin)."""
+    """The video path, checked before any work: a .gif or .mp4 in an existing folder, with a writer for it."""
     out = Path(out)
     if out.suffix.lower() not in (".gif", ".mp4"):
         raise ValueError(f"--out {out}: the video must end in .gif or .mp4")
@@ -42,8 +41,7 @@ def check_output(out: str | Path) -> Path:
 
 def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int = 0, env_seed: int = 0,
            steps: int = 300, episodes: int = 1, fps: int | None = None, scale: int = 2) -> dict:
-    """Roll out the run's policy on ``instruction`` and write the frames to ``out`` (.gif or .mp4); returns
-    ``{"frames", "episodes", "successes", "return", "path"}``."""
+    """Roll out the run's policy on ``instruction`` into video ``out``; returns ``{"frames", "path", ...}``."""
     import gymnasium as gym
     import numpy as np
 
@@ -96,22 +94,21 @@ def record(run_dir: str | Path, instruction: str, out: str | Path, *, seed: int 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from oir_gym.validation import int_arg
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", help="a run directory of train_pqn.py or train_sb3.py")
     p.add_argument("instruction", help="what the agent is asked to do, in your own words")
     p.add_argument("--out", default="policy.gif", help="output .gif or .mp4 (default policy.gif)")
     p.add_argument("--seed", type=int, default=0, help="which seed of the run (PQN runs train several)")
     p.add_argument("--env-seed", type=int, default=0, help="world seed")
-    p.add_argument("--steps", type=int, default=300, help="at most this many env steps")
-    p.add_argument("--episodes", type=int, default=1, help="stop after this many episodes")
+    p.add_argument("--steps", type=int_arg(1), default=300, help="at most this many env steps")
+    p.add_argument("--episodes", type=int_arg(1), default=1, help="stop after this many episodes")
     p.add_argument("--fps", type=int, default=None, help="frames per second (default: the env's render_fps)")
-    p.add_argument("--scale", type=int, default=2, help="enlarge each frame by this factor")
+    p.add_argument("--scale", type=int_arg(1), default=2, help="enlarge each frame by this factor")
     args = p.parse_args(argv)
     if not args.instruction.strip():
         p.error("the instruction is empty")
-    for name in ("steps", "episodes", "scale"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1")
     if args.fps is not None and not 1 <= args.fps <= MAX_FPS:
         p.error(f"--fps {args.fps} must be in [1, {MAX_FPS}]")
     try:  # the output before the policy is loaded and the rollout runs
