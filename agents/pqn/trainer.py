@@ -37,7 +37,9 @@ from oir_gym.buffer import InstructionBuffer
 from oir_gym.craftax_compat import NUM_ACTIONS
 from oir_gym.event_rates import RateWindow, pooled_metrics
 from oir_gym.encoder import get_encoder
-from oir_gym.evaluation import EvalConfig, EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator
+from oir_gym.evaluation import (
+    EvalConfig, EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator,
+)
 from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
 from oir_gym.observation import obs_dim

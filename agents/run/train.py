@@ -600,7 +600,7 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
                 recipe.on_row(trainer, row)
                 line = recipe.summary_line(row, n)
                 shown = log.update % opts.log_every == 0 or "eval/original/mean_success_rate" in row
-                if bar is None and opts.progress and not quiet:  # started after the first update: no compile in its rate
+                if bar is None and opts.progress and not quiet:  # after the first update: no compile in its rate
                     bar = tqdm(total=n, initial=log.update, unit="update", dynamic_ncols=True, file=sys.stderr,
                                disable=None)  # None: off when stderr is not a terminal (then lines are printed)
                 elif bar is not None:
