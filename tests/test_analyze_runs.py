@@ -777,3 +777,5 @@ def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys
     assert _says(BENCH, f"| 56cc473 (the evaluation's compile waiting for the first update's; since reverted) | "
                         f"{', '.join(cold)} | 30 s |")
     assert "| ed6249a (`results/gpu_h200_pallas_start/`) | 58 s | 26 s (25 s with every program cached) |" in BENCH
+    end = [first_update(f / f"start_end_{c}.log.gz") for c in ("cold", "warm")]
+    assert end == ["58 s", "24 s"] and f"| 091db34 (TensorBoard without torch) | {end[0]} | {end[1]} |" in BENCH
