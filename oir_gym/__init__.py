@@ -12,18 +12,22 @@ process; scripts call :func:`enable_compilation_cache` to reuse compiled JAX pro
 
 from __future__ import annotations
 
+import importlib
 import os
 
-from oir_gym.buffer import InstructionBuffer
-from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, NUM_EVENTS
-from oir_gym.curriculum import CurriculumConfig, InstructionCurriculum, Offer
-from oir_gym.encoder import InstructionEncoder, get_encoder
-from oir_gym.instructions import ORIGINAL_INSTRUCTIONS, get_instruction_set, load_instruction_sets
-from oir_gym.trajectory import Trajectory
-from oir_gym.recorder import RecordTrajectories, TrajectoryRecorder, rollout
-from oir_gym.vector_env import InstructionCraftax
-from oir_gym.single_env import InstructionCraftaxEnv
 from oir_gym.registration import ENV_ID, register_envs
+
+#: Public name -> its module, imported on first use: Craftax's import starts JAX's backend, which
+#: ``import oir_gym`` must not (a script may still have to set up ``jax.distributed``).
+_LAZY = {
+    "InstructionBuffer": "buffer", "ACHIEVEMENT_NAMES": "captions", "EVENT_NAMES": "captions",
+    "NUM_EVENTS": "captions", "CurriculumConfig": "curriculum", "InstructionCurriculum": "curriculum",
+    "Offer": "curriculum", "InstructionEncoder": "encoder", "get_encoder": "encoder",
+    "ORIGINAL_INSTRUCTIONS": "instructions", "get_instruction_set": "instructions",
+    "load_instruction_sets": "instructions", "Trajectory": "trajectory", "RecordTrajectories": "recorder",
+    "TrajectoryRecorder": "recorder", "rollout": "recorder", "InstructionCraftax": "vector_env",
+    "InstructionCraftaxEnv": "single_env", "HindsightRelabeler": "relabel",
+}
 
 __version__ = "0.1.0"
 
@@ -59,11 +63,8 @@ register_envs()
 
 
 def __getattr__(name: str):
-    # The relabeler pulls in optional LLM backends: import it lazily.
-    if name == "HindsightRelabeler":
-        from oir_gym.relabel import HindsightRelabeler
-
-        return HindsightRelabeler
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"oir_gym.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'oir_gym' has no attribute {name!r}")
 
 

@@ -11,6 +11,8 @@ function-level imports included), has no strongly connected component of two mod
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -315,3 +317,14 @@ def test_every_agents_import_names_an_existing_module():
             missing += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
                         if n.startswith("agents.") and n not in graph]
     assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
+
+
+def test_importing_oir_gym_registers_the_env_and_imports_neither_jax_nor_craftax():
+    """Craftax's import starts JAX's backend: ``import oir_gym`` leaves it to the first use of a name, so a
+    script can still set up ``jax.distributed`` (or JAX's config) after importing the package."""
+    code = ("import sys, gymnasium as gym, oir_gym\n"
+            "assert 'OIR-CraftaxClassic-v0' in gym.registry\n"
+            "assert not {'jax', 'craftax'} & set(sys.modules), sorted({'jax', 'craftax'} & set(sys.modules))\n"
+            "assert oir_gym.InstructionCraftax.__name__ == 'InstructionCraftax' and 'jax' in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
