@@ -104,6 +104,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     from flax.training.train_state import TrainState
 
+    from agents.pqn import lstm_pallas
     from agents.pqn import network as pqn
     from agents.pqn.config import PQNConfig, TrainConfig
     from oir_gym.craftax_compat import NUM_ACTIONS
@@ -133,11 +134,16 @@ def main(argv=None) -> int:
     variants = [(*v, kern) for v in variants for kern in args.lstm_kernel.split(",")
                 if kern == "scan" or v[0] == "sequence" and v[3] == "hoisted"]
     programs = {}
+    tiling_names = ("MAX_ROWS", "MAX_UNITS", "MAX_CHUNK", "NUM_STAGES", "NUM_WARPS")
+    module_tiling = [getattr(lstm_pallas, n) for n in tiling_names]
+
+    def use_tiling(kern: str) -> None:
+        """pallas/ROWS/UNITS/CHUNK/STAGES/WARPS: that tiling; any other kernel: the module's own."""
+        for name, value in zip(tiling_names, [int(x) for x in kern.split("/")[1:]] or module_tiling):
+            setattr(lstm_pallas, name, value)
+
     for lstm, unroll, dtype, grad, kern in list(variants):
-        if kern.startswith("pallas/"):  # pallas/ROWS/UNITS/CHUNK/STAGES/WARPS: the kernel's tiling
-            from agents.pqn import lstm_pallas
-            (lstm_pallas.MAX_ROWS, lstm_pallas.MAX_UNITS, lstm_pallas.MAX_CHUNK, lstm_pallas.NUM_STAGES,
-             lstm_pallas.NUM_WARPS) = map(int, kern.split("/")[1:])
+        use_tiling(kern)
         net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad, kern.split("/")[0])
                if lstm == "sequence" else cell_network(NUM_ACTIONS, H, unroll))
         tx = pqn.make_optimizer(cfg, 100)
@@ -181,6 +187,7 @@ def main(argv=None) -> int:
         print(f"| {v[0]} | {v[1]} | {v[2]} | {v[3]} | {v[4]} | {programs[v][2]:.1f} | {med:.3f} | {med / base:.2f} | "
               f"{flops / med / 1e12:.1f} | {frac} |")
     if args.parts:
+        use_tiling(variants[0][4])
         print_parts(variants[0], cfg, batch, S, N, T, H, args.iterations)
     if args.trace:
         print_trace(args.trace, programs[variants[0]], batch, S, args.iterations)
@@ -254,7 +261,7 @@ def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
 
     def recurrence(kernel, bias, x_proj, resets, carry):
         if grad == "hoisted":
-            out = (lstm_scan_pallas if kern == "pallas" else pqn.lstm_scan)(kernel, bias, x_proj, resets, carry, cdt, unroll)
+            out = (lstm_scan_pallas if kern.startswith("pallas") else pqn.lstm_scan)(kernel, bias, x_proj, resets, carry, cdt, unroll)
         else:
             c, (hs, *_) = pqn.lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)
             out = (c, hs)
