@@ -68,10 +68,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'oir_gym' has no attribute {name!r}")
 
 
-__all__ = [
-    "ACHIEVEMENT_NAMES", "ENV_ID", "EVENT_NAMES", "NUM_EVENTS", "ORIGINAL_INSTRUCTIONS",
-    "CurriculumConfig", "HindsightRelabeler", "InstructionBuffer", "InstructionCraftax", "InstructionCraftaxEnv",
-    "InstructionCurriculum", "InstructionEncoder", "Offer", "RecordTrajectories", "Trajectory", "TrajectoryRecorder",
-    "enable_compilation_cache", "get_encoder",
-    "get_instruction_set", "load_instruction_sets", "rollout",
-]
+__all__ = sorted([*_LAZY, "ENV_ID", "enable_compilation_cache"])
