@@ -240,9 +240,8 @@ class NestedConfig:
             default = type(obj)()
             for f in fields(obj):
                 v, d = getattr(obj, f.name), getattr(default, f.name)
-                if d is None or v is None and f.name == "call_timeout":  # Optional fields
+                if d is None:  # an Optional field (e.g. llm.call_timeout): its part's validate() checks it
                     continue
-                d = 1.0 if f.name == "call_timeout" else d
                 if isinstance(d, float) and isinstance(v, float) and not math.isfinite(v):
                     raise ValueError(f"{part.name}.{f.name}={v!r} must be a finite number")
                 if isinstance(d, bool):
