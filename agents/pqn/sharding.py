@@ -131,11 +131,14 @@ class PerDevice:
     (each from its own thread; a one-device mesh runs ``jax.jit(fn)``). ``in_specs(*args)`` /
     ``out_specs(*args)``: the global arrays' partition specs (pytree prefixes)."""
 
-    def __init__(self, fn: Callable, mesh: Mesh, in_specs: Callable[..., Any], out_specs: Callable[..., Any]):
+    def __init__(self, fn: Callable, mesh: Mesh, in_specs: Callable[..., Any], out_specs: Callable[..., Any],
+                 cache: Any = None, name: str = ""):
         self.mesh = mesh
         self.in_specs, self.out_specs = in_specs, out_specs
         self.devices = list(mesh.devices.flat)
         self._jit = jax.jit(fn)
+        #: one device: the jitted function, or its executables kept in ``cache`` (a ProgramCache) under ``name``
+        self.program = cache.wrap(self._jit, name) if cache is not None and len(self.devices) == 1 else self._jit
         self.compiled: dict[Any, Any] = {}
         self._signature: Any = None
         self._lock = threading.Lock()
@@ -169,7 +172,7 @@ class PerDevice:
     def eval_shape(self, *args) -> Any:
         """The global outputs as :class:`jax.ShapeDtypeStruct` (with shardings); nothing is compiled or run."""
         if len(self.devices) == 1:
-            local = jax.eval_shape(self._jit, *args)
+            local = self.program.eval_shape(*args) if self.program is not self._jit else jax.eval_shape(self._jit, *args)
             specs = [PartitionSpec()] * len(jax.tree_util.tree_leaves(local))  # what jit gives a 1-device mesh
         else:
             local = jax.eval_shape(self._jit, *self._split(args)[0])
@@ -181,7 +184,7 @@ class PerDevice:
 
     def __call__(self, *args):
         if len(self.devices) == 1:
-            return self._jit(*args)
+            return self.program(*args)
         local_args = self._split(args)
         with self._lock:
             self._compile(local_args)

@@ -31,6 +31,7 @@ from agents.run.checkpoint import CheckpointError, latest_checkpoint, load_check
 from agents.pqn.config import TrainConfig, load_config
 from agents.run.run_dir import MetricsPosition, atomic_write_json
 from agents.run.multihost import seed_slice
+from agents.pqn.program_cache import ProgramCache
 from agents.pqn.sharding import Layout, PerDevice, check_layout, placeholder
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
@@ -61,7 +62,7 @@ class Runner(NamedTuple):
     keys: Any
 
 
-def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = None):
+def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = None, cache: ProgramCache | None = None):
     """``rollout(train_params, runner, env_params, env_steps) -> (runner, traj)``, traj leaves ``[S, T, E, ...]``;
     each env block has its own world pool and key, each device runs its blocks as its own program."""
     layout = layout or Layout(cfg.run.num_seeds, cfg.pqn.num_envs, 1)
@@ -113,7 +114,7 @@ def make_rollout(cfg: TrainConfig, net: pqn.QNetwork, layout: Layout | None = No
         last = dict.fromkeys(("carry0", "last_obs", "last_instr", "last_done"), layout.seed_env_spec)
         return (layout.runner_specs(runner), {k: layout.traj_spec for k in traj_keys} | last)
 
-    return PerDevice(rollout, layout.mesh(), in_specs, out_specs)
+    return PerDevice(rollout, layout.mesh(), in_specs, out_specs, cache, "rollout")
 
 
 def build_batch(cfg: TrainConfig, trajs, table_emb, slots):
@@ -183,26 +184,29 @@ def program_config(cfg: TrainConfig) -> TrainConfig:
 class Programs:
     """A trainer's jitted programs, network and optimiser; no run state, shared (:func:`trainer_programs`)."""
 
-    def __init__(self, cfg: TrainConfig, layout: Layout, instr_dim: int) -> None:
+    def __init__(self, cfg: TrainConfig, layout: Layout, instr_dim: int, context: str = "") -> None:
         self.cfg, self.layout, self.instr_dim = cfg, layout, instr_dim
         self.mesh = layout.mesh()
+        #: the compiled programs kept across processes (``context``: what they are built from)
+        self.cache = ProgramCache.from_jax_config(context)
+        keep = self.cache.wrap if layout.num_devices == 1 else (lambda f, name, static=(): f)
         self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
         #: one object: every train state shares its structure (jit's cache compares it)
         self.tx = pqn.make_optimizer(cfg.pqn, cfg.num_updates)
-        self.rollout = make_rollout(cfg, self.net, layout)
-        self.update = jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b)))
-        self.all_finite = jax.jit(lambda tree: jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)])))
+        self.rollout = make_rollout(cfg, self.net, layout, self.cache)
+        self.update = keep(jax.jit(jax.vmap(lambda ts, k, b: pqn.update(ts, cfg.pqn, k, b))), "update")
+        self.all_finite = keep(jax.jit(lambda tree: jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))), "all_finite")
         # ring = (newest, ..., oldest) rollouts, stacked inside the program
         stack = lambda ring: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs, axis=1), *ring)  # noqa: E731
         build_seeds = jax.vmap(lambda t, e, s: build_batch(cfg, t, e, s), in_axes=(0, None, 0))
-        self.build = jax.jit(lambda ring, e, s: build_seeds(stack(ring), e, s))
+        self.build = keep(jax.jit(lambda ring, e, s: build_seeds(stack(ring), e, s)), "build")
         build_plain = jax.vmap(lambda t, e: build_batch(cfg, t, e, None), in_axes=(0, None))
-        self.build_plain = jax.jit(lambda t, e: build_plain(stack((t,)), e))
+        self.build_plain = keep(jax.jit(lambda t, e: build_plain(stack((t,)), e)), "build_plain")
         d_obs = obs_dim(cfg.env.obs_mode)
         self.init_train_states = jax.jit(lambda ks: pqn.create_train_states(
             ks, cfg.pqn, self.net, d_obs, instr_dim, cfg.num_updates, tx=self.tx))
-        self.reset = jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7))
+        self.reset = keep(jax.jit(F.block_reset, static_argnums=(2, 3, 5, 7)), "reset", (2, 3, 5, 7))
         self._evaluators: dict[int, tuple[Callable, PerDevice]] = {}
         self._lock = threading.Lock()
 
@@ -221,18 +225,19 @@ class Programs:
                 self._evaluators[n] = evaluate, PerDevice(
                     jax.vmap(evaluate, in_axes=(0, 0, None, None)), self.mesh,
                     in_specs=lambda *a: (lay.seed_spec, lay.seed_spec, PartitionSpec(), PartitionSpec()),
-                    out_specs=lambda *a: lay.seed_spec)
+                    out_specs=lambda *a: lay.seed_spec, cache=self.cache, name=f"evaluate{n}")
             return self._evaluators[n][1 if seeds else 0]
 
 
 @functools.lru_cache(maxsize=None)
 def _world_generator() -> Callable:
-    return jax.jit(F.block_worlds, static_argnums=(2, 3))
+    return ProgramCache.from_jax_config().wrap(jax.jit(F.block_worlds, static_argnums=(2, 3)), "worlds", (2, 3))
 
 
 @functools.lru_cache(maxsize=8)
 def _programs(config_json: str, layout: Layout, instr_dim: int) -> Programs:
-    return Programs(TrainConfig.from_dict(json.loads(config_json)), layout, instr_dim)
+    return Programs(TrainConfig.from_dict(json.loads(config_json)), layout, instr_dim,
+                    context=f"{config_json}|{layout}|{instr_dim}")
 
 
 def trainer_programs(cfg: TrainConfig, layout: Layout, instr_dim: int) -> Programs:
@@ -366,7 +371,7 @@ class Trainer(ProcessSeeds):
         """Generated instruction -> count (oir: offered to the buffers; ellm: proposed goals)."""
         return self.method.generated
 
-    def _env_params(self) -> F.EnvParams:
+    def env_params(self) -> F.EnvParams:
         """Env params: the shared table, with each seed's draw rows as its row of the sample mask."""
         masks = np.zeros((self.S, self.registry.capacity), bool)
         for s in range(self.S):
@@ -422,7 +427,7 @@ class Trainer(ProcessSeeds):
         worlds = self._worlds.result() if self._worlds is not None else self._initial_worlds()
         self._worlds = None
         self.runner = None
-        self.train_state, self.runner = self._placed(*self._initial_state(k_net, k_env, k_run, self._env_params(),
+        self.train_state, self.runner = self._placed(*self._initial_state(k_net, k_env, k_run, self.env_params(),
                                                                           worlds))
         self.key = key
         self.startup["initial_state"] = time.time() - t0
@@ -456,7 +461,7 @@ class Trainer(ProcessSeeds):
         done = jnp.ones((self.S * cfg.pqn.num_envs,), bool)
         return train_state, Runner(bstate, obs, carry, done, k_run)
 
-    def _placeholder_state(self, env_params: F.EnvParams) -> tuple[Any, tuple]:
+    def placeholder_state(self, env_params: F.EnvParams) -> tuple[Any, tuple]:
         """A ``(train_state, runner)`` of zeros shaped and placed as :meth:`init_state` makes them."""
         blocks = jax.ShapeDtypeStruct((self.layout.blocks, 2), jnp.uint32)
         return self._placed(*placeholder(jax.eval_shape(
@@ -557,7 +562,7 @@ class Trainer(ProcessSeeds):
             if (err := f.exception()) is not None:
                 self.log(f"compiling ahead failed ({err!r}); the update compiles its own programs")
         self._compiling = []
-        env_params = self._env_params()
+        env_params = self.env_params()
         self.runner, traj = self.programs.rollout(self.train_state.params, self.runner, env_params, self.env_steps)
         host = jax.device_get({k: traj[k] for k in ("instr", "events", "action", "done", "reward", "ep_return",
                                                       "success")})
@@ -648,8 +653,8 @@ class Trainer(ProcessSeeds):
         threads with throwaway calls (before :meth:`init_state`: on a placeholder state), changing no
         state; a failure leaves the compile to the first update. Returns the jobs."""
         try:
-            env_params, steps = self._env_params(), self.env_steps
-            train_state, runner = (self._placeholder_state(env_params) if self.runner is None
+            env_params, steps = self.env_params(), self.env_steps
+            train_state, runner = (self.placeholder_state(env_params) if self.runner is None
                                    else (self.train_state, self.runner))
             params = train_state.params
             keys = jax.random.split(jax.random.PRNGKey(0), self.S)

@@ -577,7 +577,9 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
                 if first:  # how long a user waits for the first update, compile and start-up included
                     row["time/first_update_s"] = row["time"]
                     if not quiet:
-                        print(f"first update done {row['time']:.0f} s after launch", flush=True)
+                        cache = getattr(getattr(trainer, "programs", None), "cache", None)
+                        note = f" ({cache.summary()})" if cache is not None and cache.summary() else ""
+                        print(f"first update done {row['time']:.0f} s after launch{note}", flush=True)
                     first = False
                 last = log.update >= n
                 if log.update % cfg.eval.every == 0 or last:

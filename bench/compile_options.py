@@ -1,0 +1,74 @@
+"""The rollout program's cold compile under XLA options: compile seconds and run seconds, in one process.
+
+    OIR_GYM_JAX_CACHE=0 python bench/compile_options.py --preset fast \
+        --options default "xla_gpu_autotune_level=0" "xla_gpu_enable_llvm_module_compilation_parallelism=true"
+
+Each option set (``name=value`` pairs joined by ``,``; ``default``: none) compiles the same lowered rollout
+of the preset's trainer (run with ``OIR_GYM_JAX_CACHE=0``: JAX's persistent cache would answer the second
+compile), then runs it ``--runs`` times; the table gives the median run and the ratios to the first set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def parse_options(text: str) -> dict:
+    if text == "default":
+        return {}
+    out: dict = {}
+    for pair in text.split(","):
+        name, value = pair.split("=", 1)
+        out[name] = {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="fast")
+    p.add_argument("--options", nargs="+", default=["default"])
+    p.add_argument("--runs", type=int, default=3)
+    a = p.parse_args(argv)
+    import jax
+
+    from agents.pqn.config import preset
+    from agents.pqn.trainer import Trainer
+
+    trainer = Trainer(preset(a.preset), tempfile.mkdtemp(), log=lambda m: None)
+    env_params = trainer.env_params()
+    train_state, runner = trainer.placeholder_state(env_params)
+    args = (train_state.params, runner, env_params, trainer.env_steps)
+    t = time.time()
+    lowered = trainer.programs.rollout.program.lower(*args)
+    print(f"# rollout of preset {a.preset} on {jax.devices()[0].device_kind}; traced and lowered in "
+          f"{time.time() - t:.1f} s; median of {a.runs} runs", flush=True)
+    print("| options | compile s | run s | compile ratio | run ratio |\n|---|---|---|---|---|", flush=True)
+    first = None
+    for text in a.options:
+        t = time.time()
+        try:
+            compiled = lowered.compile(compiler_options=parse_options(text))
+        except Exception as e:  # noqa: BLE001 - an option this XLA does not know
+            print(f"| {text} | failed: {type(e).__name__}: {str(e)[:120]} | | | |", flush=True)
+            continue
+        compile_s = time.time() - t
+        runs = []
+        for _ in range(a.runs):
+            t = time.time()
+            jax.block_until_ready(compiled(*args))
+            runs.append(time.time() - t)
+        run_s = statistics.median(runs)
+        first = first or (compile_s, run_s)
+        print(f"| {text} | {compile_s:.1f} | {run_s:.3f} | {compile_s / first[0]:.2f} | {run_s / first[1]:.2f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
