@@ -126,9 +126,6 @@ class InstructionBuffer:
     def __contains__(self, instruction: object) -> bool:
         return isinstance(instruction, str) and instruction in self._slots
 
-    def is_full(self) -> bool:
-        return self._size == self._capacity
-
     def contents(self) -> list[str]:
         """The filled slots in slot order."""
         return [s for s in self._slots if s is not None]

@@ -1,10 +1,5 @@
-"""The evaluation protocol of the paper (Sec. 5) plus its control, shared by the PQN and SB3 agents.
-
-Every instruction of the evaluated sets is given to ``episodes`` envs for ``horizon`` greedy steps;
-every episode keeps a record of achievement steps (:data:`RECORD_SHAPE`) from which success, the
-control (the same achievement under a mismatched and a neutral instruction) and order gains are
-scored. :func:`evaluate_jax` runs it in one jitted scan (PQN), :func:`evaluate_python_policy` from
-Python for any policy (SB3). The protocol and the control are defined in ``docs/evaluation.md``.
+"""The evaluation protocol of the paper (Sec. 5) plus its control (``docs/evaluation.md``), shared by the
+agents: :func:`evaluate_jax` runs it in one jitted scan (PQN), :func:`evaluate_python_policy` for any policy (SB3).
 """
 
 from __future__ import annotations

@@ -184,33 +184,30 @@ def check_str_sequence(name: str, value: Any, *, paths: bool = False) -> tuple[s
     return tuple(out)
 
 
-def int_arg(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
-    """An ``argparse`` ``type=``: the string as an integer within the bounds, else a clear usage error."""
-    def parse(text: str) -> int:
+def _arg_type(convert: Callable[[str], Any], what: str, check: Callable[[Any], Any],
+              type_name: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
-            value = int(text, 10)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         try:
-            return check_int("value", value, minimum=minimum, maximum=maximum)  # type: ignore[return-value]
+            return check(value)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e).replace("value=", "", 1)) from None
-    parse.__name__ = "integer"  # argparse names the type in "invalid integer value"
+    parse.__name__ = type_name  # argparse names the type in "invalid integer value"
     return parse
+
+
+def int_arg(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """An ``argparse`` ``type=``: the string as an integer within the bounds, else a clear usage error."""
+    return _arg_type(lambda t: int(t, 10), "an integer",
+                     lambda v: check_int("value", v, minimum=minimum, maximum=maximum), "integer")
 
 
 def real_arg(low: float | None = None, high: float | None = None, *, low_open: bool = False,
              high_open: bool = False) -> Callable[[str], float]:
     """An ``argparse`` ``type=``: the string as a finite number in the interval, else a clear usage error."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        try:
-            return check_real("value", value, low=low, high=high, low_open=low_open,  # type: ignore[return-value]
-                              high_open=high_open)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e).replace("value=", "", 1)) from None
-    parse.__name__ = "number"
-    return parse
+    return _arg_type(float, "a number",
+                     lambda v: check_real("value", v, low=low, high=high, low_open=low_open, high_open=high_open),
+                     "number")

@@ -4,12 +4,7 @@ By concern: :mod:`~oir_gym.analysis.runs` reads run files, :mod:`~oir_gym.analys
 summaries and markdown tables, :mod:`~oir_gym.analysis.plots` draws figures; their names are here.
 
 Works on any run directory written by ``examples/train_pqn.py`` or ``examples/train_sb3.py``;
-several runs (seeds, methods) are aggregated as mean +- standard error. The figures a researcher
-looks at first (:func:`success_figure`, :func:`gain_figure`, :func:`relabeling_figure`,
-:func:`training_figure`, :func:`instruction_bars_figure`) are pure functions of metrics rows (or
-evaluation dicts) that return a matplotlib Figure; :func:`write_overview_plots` writes them
-as PNGs into every run directory at the end of a run and for ``examples/analyze_runs.py``.
-:func:`caption_frame` writes an instruction onto a video frame (``examples/record_video.py``).
+several runs (seeds, methods) are aggregated as mean +- standard error.
 """
 
 from oir_gym.analysis.runs import (  # noqa: F401

@@ -32,8 +32,7 @@ def plot_learning_curves(runs: dict[str, Sequence[str | Path | list[dict]]], out
         for ax, m in zip(axes, EVAL_METRICS):
             _band(ax, steps, curves[m], label)
     for ax, m in zip(axes, EVAL_METRICS):
-        ax.set_title(f"{m.replace('_', ' ')} ({set_name})")
-        ax.set_xlabel("env steps")
+        ax.set(title=f"{m.replace('_', ' ')} ({set_name})", xlabel="env steps")
         ax.grid(alpha=0.3)
     axes[0].legend()
     return save_figure(fig, out)
@@ -58,8 +57,7 @@ def training_figure(metrics: list[dict]):
     for ax, k in zip(axes, keys):
         steps, vals = zip(*[(r["env_steps"], r[k]) for r in rows if k in r])
         ax.plot(steps, vals, marker=_marker(len(steps)))
-        ax.set_title(k)
-        ax.set_xlabel("env steps")
+        ax.set(title=k, xlabel="env steps")
         ax.grid(alpha=0.3)
     return fig
 
@@ -89,8 +87,7 @@ def instruction_bars_figure(results: dict[str, Iterable[dict]], set_name: str = 
                label=f"{m} ({len(rates)} seed{'s' * (len(rates) != 1)})")
     ax.set_xticks(x + width * (len(methods) - 1) / 2)
     ax.set_xticklabels(texts, rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("success rate")
-    ax.set_ylim(0, 1)
+    ax.set(ylabel="success rate", ylim=(0, 1))
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     eps = f", {episodes} episode{'s' * (episodes != 1)} per instruction" if episodes is not None else ""
@@ -140,10 +137,7 @@ def plot_metric_vs_param(values: dict[str, list[dict]], out: str | Path, set_nam
     for ax, k in zip(axes, EVAL_METRICS):
         stats = [mean_and_stderr(np.array([r[set_name][k] for r in values[x]], dtype=float)) for x in xs]
         ax.errorbar(range(len(xs)), [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=4)
-        ax.set_xticks(range(len(xs)))
-        ax.set_xticklabels(xs)
-        ax.set_xlabel(xlabel)
-        ax.set_title(f"{k.replace('_', ' ')} ({set_name})")
+        ax.set(xticks=range(len(xs)), xticklabels=xs, xlabel=xlabel, title=f"{k.replace('_', ' ')} ({set_name})")
         ax.grid(alpha=0.3)
     return save_figure(fig, out)
 
@@ -174,8 +168,7 @@ def plot_time_to_target(runs: dict[str, Sequence[list[dict]]], out: str | Path, 
         _band(ax, times / 60, vals, name)
     if target is not None:
         ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.2f}")
-    ax.set_xlabel("wall clock (min, compile included)")
-    ax.set_ylabel(f"mean success ({set_name})")
+    ax.set(xlabel="wall clock (min, compile included)", ylabel=f"mean success ({set_name})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, out)
@@ -232,9 +225,7 @@ def _per_set_figure(runs: dict[str, Sequence[list[dict]]], sets: Sequence[str], 
             ax.axhline(0, color="grey", lw=0.8, ls="--", label="_zero")
         if not [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]:
             _note(ax, "not evaluated")
-        ax.set_title(s)
-        ax.set_xlabel("env steps")
-        ax.set_ylabel(ylabel)
+        ax.set(title=s, xlabel="env steps", ylabel=ylabel)
         ax.grid(alpha=0.3)
     for ax in axes:  # each set on its own scale: a set's small gains stay readable beside another's large ones
         ax.set_ylim(*(ylim or symmetric_limits([ax])))
@@ -377,8 +368,7 @@ def relabeling_figure(runs: dict[str, Sequence[list[dict]]]):
               ax_latency: ("LLM latency (mean per call so far)", "seconds", LLM_LATENCY)}
     for ax, (title, ylabel, key) in titles.items():
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("env steps")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="env steps", ylabel=ylabel)
         ax.grid(alpha=0.3)
         if ax.get_lines():
             ax.legend(fontsize=7)

@@ -211,9 +211,8 @@ def cumulative_time(rows: Sequence[dict], exclude_eval: bool = False) -> np.ndar
 def time_curves(runs: Sequence[list[dict]], set_name: str = "original", metric: str = "mean_success_rate",
                 exclude_eval: bool = False):
     """``times [n], steps [n], values [n, seeds]`` at the evaluation points of :func:`pooled_curves`."""
-    per = []
-    for rows in runs:
-        per.append(cumulative_time(rows, exclude_eval)[[i for i, r in enumerate(rows) if _is_eval(r, set_name)]])
+    per = [cumulative_time(rows, exclude_eval)[[i for i, r in enumerate(rows) if _is_eval(r, set_name)]]
+           for rows in runs]
     steps, curves = pooled_curves(runs, set_name)
     n = len(steps)
     times = np.mean([p[:n] for p in per], axis=0) if n else np.zeros(0)

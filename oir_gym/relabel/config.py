@@ -126,14 +126,12 @@ class RelabelerConfig:
         with _field("selection.k"):
             s.k = check_int("k", s.k, minimum=1)
         with _field("grounding.delta"):
-            if not (_real(g.delta) and -1.0 < float(g.delta) <= 1.0):
-                raise ValueError(f"delta={g.delta!r} is outside the allowed range (-1, 1] (cosine similarity threshold)")
+            g.delta = check_real("delta", g.delta, low=-1.0, high=1.0, low_open=True,
+                                 hint=" (cosine similarity threshold)")
         with _field("llm.samples"):
-            if not (_whole(l.samples) and l.samples >= 1):
-                raise ValueError(f"samples={l.samples!r} must be an integer >= 1 (completions per prompt)")
+            l.samples = check_int("samples", l.samples, minimum=1, hint=" (completions per prompt)")
         with _field("cache.size"):
-            if not (_whole(c.size) and c.size >= 0):
-                raise ValueError(f"cache_size={c.size!r} must be an integer >= 0 (0 disables the cache)")
+            c.size = check_int("cache_size", c.size, minimum=0, hint=" (0 disables the cache)")
         with _field("selection.dedup_threshold"):
             if not (_real(s.dedup_threshold) and 0.0 < float(s.dedup_threshold) <= 1.0):
                 raise ValueError(f"dedup_threshold={s.dedup_threshold!r} must be a cosine in (0, 1] "
@@ -185,6 +183,3 @@ def _field(path: str) -> Iterator[None]:
 def _real(x: Any) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and bool(np.isfinite(x))
 
-
-def _whole(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)

@@ -1,10 +1,4 @@
-"""Where the packaged relabeling model lives.
-
-One small module with no project imports, so the token counter (:mod:`oir_gym.relabel.tokens`)
-and the backends (:mod:`oir_gym.relabel.backends.llama_cpp`,
-:mod:`oir_gym.relabel.backends.transformers`) can all find the model file without importing each
-other.
-"""
+"""Where the packaged relabeling model lives (no project imports: the token counter and the backends share it)."""
 
 from __future__ import annotations
 

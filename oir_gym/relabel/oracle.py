@@ -171,8 +171,7 @@ def evaluation_texts(files: Iterable[str | os.PathLike] = ()) -> list[str]:
     texts = [i.text for items in load_instruction_sets().values() for i in items]
     example = resources.files("oir_gym.data").joinpath("example_instruction_sets.json")
     with resources.as_file(example) as path:
-        sources = [path, *files]
-        for f in sources:
+        for f in (path, *files):
             texts += [i.text for items in load_instruction_file(f).values() for i in items]
     return list(dict.fromkeys(texts))
 

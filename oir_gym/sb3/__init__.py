@@ -11,10 +11,7 @@ Quick use::
     model = DQN("MultiInputPolicy", venv, seed=0, replay_buffer_class=RelabelReplayBuffer)
     model.learn(100_000, callback=HindsightRelabelCallback(HindsightRelabeler.rules(k=4)))
 
-Modules: :mod:`oir_gym.sb3.vec_env` (:class:`SB3VecEnv`: why an adapter, autoreset, seeding),
-:mod:`oir_gym.sb3.replay` (:class:`RelabelReplayBuffer`: relabeled transitions inside the buffer,
-as SB3 keeps HER), :mod:`oir_gym.sb3.callback` (:class:`HindsightRelabelCallback` and its
-:class:`RelabelConfig`). See docs/sb3.md.
+See docs/sb3.md.
 """
 
 from oir_gym.sb3.callback import HindsightRelabelCallback, RelabelConfig
