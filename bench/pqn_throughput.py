@@ -114,7 +114,6 @@ def main(argv=None) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- --processes: one process per device
 def gpu_ids() -> list[str]:
     """This host's GPUs as ``CUDA_VISIBLE_DEVICES`` entries, found without initialising a backend."""
     if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
@@ -303,7 +302,7 @@ def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object]
     cfg = TrainConfig().replace(**{"run.method": "gt", **common}).validate()
     E, T, D = cfg.pqn.num_envs, cfg.pqn.num_steps, obs_dim("symbolic")
 
-    # ---------------------------------------------------------------- (a) plain PQN-RNN
+    # (a) plain PQN-RNN
     net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
     mesh = jax.sharding.Mesh(np.asarray(jax.local_devices()[:devices]), (AXIS,))  # this process's devices
     seed_keys = jax.random.split(jax.random.PRNGKey(args.seed), S)
@@ -341,7 +340,7 @@ def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object]
         jax.device_get(m["loss"])
         plain["steps"] += E * T
 
-    # ---------------------------------------------------------------- (b)-(d) ours
+    # (b)-(d) ours
     tmp = tempfile.mkdtemp(prefix="oir_bench_")
     chosen = [x.strip() for x in args.loops.split(",") if x.strip()]
     ours = {}

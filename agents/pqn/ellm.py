@@ -41,11 +41,8 @@ class ELLMProposals(TrainingMethod):
         self._goal_rng = np.random.default_rng(self.cfg.run.seed + 7919 + ctx.seed_offset)
 
     def step(self, update: int, host: dict, env_state: Any) -> MethodStep:
-        # goals for the next episodes, from the states the envs continue from
-        return self.propose_goals(np.unique(host["instr"]), env_state)
-
-    def propose_goals(self, rollout_rows: np.ndarray, env_state: Any) -> MethodStep:
-        """Goals from every env's current observation, each env pinned to one (``rollout_rows`` stay protected)."""
+        """Goals from every env's current observation (the states the next episodes start from), each env pinned
+        to one; the rollout's rows stay protected."""
         ctx = self.ctx
         t0 = time.time()
         goals = self.proposer.propose(batch_observations(env_state.env.craftax))
@@ -53,7 +50,7 @@ class ELLMProposals(TrainingMethod):
         for g in goals:
             self.generated.update(dict.fromkeys(g, 1))
         self.pinned_counts.update(t for t in chosen if t)
-        protected = ctx.protected_rows(env_state, extra=rollout_rows)
+        protected = ctx.protected_rows(env_state, extra=np.unique(host["instr"]))
         n_also = also_pays_slots(self.cfg)
         # "any": every proposed goal needs a row (it pays); "pinned": only the chosen ones
         uniq = sorted({t for g in goals for t in g[:n_also]} | {t for t in chosen if t})

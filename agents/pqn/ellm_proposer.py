@@ -165,9 +165,6 @@ class GoalProposer:
         text = obs.text if isinstance(obs, Observation) else obs
         return self.template.replace("{{k}}", str(self.k)).replace("{{observation}}", text)
 
-    def signature(self, obs: Union[Observation, str]) -> str:
-        return signature(obs, self.signature_mode)
-
     def check_llm(self, timeout: float = 900.0) -> Optional[str]:
         """One tiny real LLM call before use (``None`` for the rules); raises ``LLMCheckError`` with the remedy."""
         return None if self.llm is None else probe(self.llm, timeout)
@@ -243,7 +240,7 @@ class GoalProposer:
             return [rule_goals(o, self.k) for o in obs]
 
     def _propose(self, observations: list[Observation]) -> list[list[str]]:
-        keys = [self.signature(t) for t in observations]
+        keys = [signature(t, self.signature_mode) for t in observations]
         uniq: dict[str, int] = {}  # key -> first index
         freq: Counter = Counter(keys)
         for i, key in enumerate(keys):

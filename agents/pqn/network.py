@@ -21,7 +21,6 @@ from agents.pqn.config import PQNConfig
 from agents.pqn.lstm_pallas import lstm_scan_pallas
 
 
-# ----------------------------------------------------------------------------- network
 def matmul(x, w, dtype=jnp.float32):
     """``x @ w`` with both cast to ``dtype``, accumulated and returned in float32 (the gradient in ``dtype`` too)."""
     if jnp.dtype(dtype) == jnp.float32:
@@ -203,7 +202,6 @@ def create_train_states(keys, cfg: PQNConfig, net: QNetwork, obs_dim: int, emb_d
     return jax.lax.map(lambda k: create_train_state(k, cfg, net, obs_dim, emb_dim, num_updates, tx), keys)
 
 
-# ----------------------------------------------------------------------------- acting
 def epsilon(cfg: PQNConfig, total_timesteps: int, env_steps):
     """Linear decay from eps_start to eps_finish over ``eps_decay * total_timesteps`` env steps."""
     frac = jnp.clip(env_steps / (cfg.eps_decay * total_timesteps), 0.0, 1.0)
@@ -218,7 +216,6 @@ def eps_greedy(key, q, eps):
     return jnp.where(jax.random.uniform(k2, greedy.shape) < eps, rand, greedy)
 
 
-# ----------------------------------------------------------------------------- targets
 def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float, cuts=None, q_taken=None):
     """Q(lambda) returns ``G_t = r_t + gamma (1 - d_t) ((1 - lam) max_a Q(s_{t+1}, a) + lam G_{t+1})``,
     ``G_T = max_a Q(s_T, a)``, over ``[T, B]``; where ``cuts``, ``G_t = q_taken[t]``."""
@@ -237,7 +234,6 @@ def q_lambda_targets(rewards, dones, next_q_max, gamma: float, lam: float, cuts=
     return g
 
 
-# ----------------------------------------------------------------------------- update
 def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Array]):
     """One PQN update on a batch of N trajectories (:func:`agents.pqn.trainer.build_batch`'s keys; optional
     ``cuts`` are left out of the loss); returns ``(train_state, {loss, q_mean, target_mean})``."""

@@ -36,16 +36,12 @@ class PQNRecipe(Recipe):
     script = "examples/train_pqn.py"
     multi_process = True
 
-    @property
-    def options_type(self) -> type:
-        return PQNOptions
-
     def parse(self, argv: list[str], description: str | None = None) -> Any:
         """``--resume`` / ``--eval-only`` start from the run's saved config, else from the preset named first."""
         from agents.run.config import check_saved_backend
         from agents.pqn.config import cli, load_config
 
-        return parse_with_base(argv, description, self.options_type, cli, load_config, check_saved_backend)
+        return parse_with_base(argv, description, PQNOptions, cli, load_config, check_saved_backend)
 
     def num_updates(self, cfg: Any) -> int:
         return cfg.num_updates

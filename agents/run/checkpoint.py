@@ -15,7 +15,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from agents.run.run_dir import CHECKPOINTS, CorruptFileError, json_default, fsync_dir, member, read_json, sha256_bytes
 
@@ -148,16 +148,16 @@ def _owned_by_live_process(p: Path) -> bool:
     return True
 
 
-def _member(folder: Path, name: str, source: Path | None = None) -> Path:
-    """``folder / name`` inside the folder and through no link (:func:`agents.run.run_dir.member`)."""
+def _checked(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` (:func:`agents.run.run_dir.member`, ``read_json``), its CorruptFileError a CheckpointError."""
     try:
-        return member(folder, name, source)
+        return fn(*args)
     except CorruptFileError as e:
         raise CheckpointError(e.path, str(e).split(": ", 1)[1]) from None
 
 
 def _read_verified(folder: Path, name: str, spec: Mapping[str, Any]) -> bytes:
-    path = _member(folder, name)
+    path = _checked(member, folder, name)
     if not path.exists():
         raise CheckpointError(path, "is missing from the checkpoint")
     data = path.read_bytes()
@@ -181,11 +181,8 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
         latest = latest_checkpoint(folder)
         if latest is None:
             raise FileNotFoundError(f"no checkpoint in {folder} (expected {folder / CHECKPOINTS}/<update>/{MANIFEST})")
-        folder = _member(latest.parent, latest.name)  # a checkpoint found in a run is read from inside it
-    try:
-        manifest = read_json(_member(folder, MANIFEST))
-    except CorruptFileError as e:
-        raise CheckpointError(e.path, str(e).split(": ", 1)[1]) from None
+        folder = _checked(member, latest.parent, latest.name)  # a checkpoint found in a run is read from inside it
+    manifest = _checked(read_json, _checked(member, folder, MANIFEST))
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(folder / MANIFEST, f"is not an oir-gym checkpoint manifest (format "
                                                  f"{manifest.get('format') if isinstance(manifest, dict) else None!r}, "
@@ -194,7 +191,7 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
     if not isinstance(files, dict):
         raise CheckpointError(folder / MANIFEST, f"'files' is a {type(files).__name__}, not an object of file names")
     for name in files:  # a manifest names its folder's two files, nothing elsewhere
-        _member(folder, name, folder / MANIFEST)
+        _checked(member, folder, name, folder / MANIFEST)
         if name not in (ARRAYS, HOST):
             raise CheckpointError(folder / MANIFEST, f"names {name!r}; a checkpoint manifest lists only {ARRAYS} and "
                                                      f"{HOST} of its own folder")
@@ -235,19 +232,27 @@ def _check_content(folder: Path, manifest: Mapping[str, Any], arrays: Any, host:
         raise CheckpointError(folder / HOST, f"update={host['update']} but its manifest says {update}")
     if not isinstance(arrays, dict):
         raise CheckpointError(folder / ARRAYS, f"holds a {type(arrays).__name__}, not a group of named arrays")
-
-    def finite(t: Any, path: str) -> None:
-        if isinstance(t, dict):
-            for k, v in t.items():
-                finite(v, f"{path}/{k}" if path else str(k))
-            return
-        a = np.asarray(t)
+    for path, a, _ in _leaves(arrays, arrays, folder / ARRAYS):
+        a = np.asarray(a)
         if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
             raise CheckpointError(folder / ARRAYS, f"field {path} holds NaN or infinite values: the state diverged "
                                                    "or the file was changed (move this checkpoint folder away to resume "
                                                    "from the one before it)")
 
-    finite(arrays, "")
+
+def _leaves(t: Any, s: Any, file: str | os.PathLike, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """``(path, leaf of t, leaf of s)`` of two trees of nested dicts; CheckpointError where their groups differ."""
+    if not isinstance(t, dict):
+        yield path, t, s
+        return
+    if not isinstance(s, dict):
+        raise CheckpointError(file, f"field {path or '/'} is missing or not a group in the checkpoint")
+    missing, extra = sorted(set(map(str, t)) - set(map(str, s))), sorted(set(map(str, s)) - set(map(str, t)))
+    if missing or extra:
+        raise CheckpointError(file, f"field {path or '/'}: the checkpoint lacks {missing} and has extra "
+                                    f"{extra}: it was written by another method, network or code version")
+    for k in t:
+        yield from _leaves(t[k], s[str(k)] if str(k) in s else s[k], file, f"{path}/{k}" if path else str(k))
 
 
 def restore_tree(template: Any, state: Any, file: str | os.PathLike, prefix: str = "") -> Any:
@@ -257,28 +262,13 @@ def restore_tree(template: Any, state: Any, file: str | os.PathLike, prefix: str
     import numpy as np
     from flax import serialization
 
-    tmpl = serialization.to_state_dict(template)
-
-    def check(t: Any, s: Any, path: str) -> None:
-        if isinstance(t, dict):
-            if not isinstance(s, dict):
-                raise CheckpointError(file, f"field {path or '/'} is missing or not a group in the checkpoint")
-            missing = sorted(set(map(str, t)) - set(map(str, s)))
-            extra = sorted(set(map(str, s)) - set(map(str, t)))
-            if missing or extra:
-                raise CheckpointError(file, f"field {path or '/'}: the checkpoint lacks {missing} and has extra "
-                                            f"{extra}: it was written by another method, network or code version")
-            for k in t:
-                check(t[k], s[str(k)] if str(k) in s else s[k], f"{path}/{k}" if path else str(k))
-            return
+    for path, t, s in _leaves(serialization.to_state_dict(template), state, file, prefix):
         ta, sa = np.asarray(t), np.asarray(s)
         if ta.shape != sa.shape:
             raise CheckpointError(file, f"field {path} has shape {sa.shape} in the checkpoint and {ta.shape} in this "
                                         "run: it was written for another network size or batch shape")
         if ta.dtype.kind != sa.dtype.kind:
             raise CheckpointError(file, f"field {path} has dtype {sa.dtype} in the checkpoint and {ta.dtype} in this run")
-
-    check(tmpl, state, prefix)
     restored = serialization.from_state_dict(template, state)
     return jax.tree_util.tree_map(lambda t, s: np.asarray(s, dtype=np.asarray(t).dtype), template, restored)
 

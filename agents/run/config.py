@@ -416,9 +416,8 @@ def merge_repeated_flags(argv: Sequence[str], config_type: type) -> list[str]:
             if isinstance(getattr(default, f.name), tuple):
                 multi[f"--{part.name}.{f.name}"] = multi[f"--{part.name}.{f.name.replace('_', '-')}"] = (
                     f"--{part.name}.{f.name.replace('_', '-')}")
-    argv = list(argv)
     values: dict[str, list[str]] = {}
-    out: list[Any] = []
+    out: list[Any] = []  # every occurrence's values gather at the first
     i = 0
     while i < len(argv):
         if argv[i] == "--":
@@ -431,8 +430,7 @@ def merge_repeated_flags(argv: Sequence[str], config_type: type) -> list[str]:
             out.append(argv[i - 1])
             continue
         if flag not in values:
-            values[flag] = [flag]
-            out.append(values[flag])  # every occurrence's values gather at the first
+            out.append(values.setdefault(flag, [flag]))
         if eq:
             values[flag].append(val)
             continue

@@ -5,14 +5,8 @@
 ``NAME=PREFIX`` reads ``PREFIX_metrics.jsonl`` and ``PREFIX_eval_final.json``, or a run directory's
 ``metrics.jsonl`` and ``eval_final.json``; ``NAME=PREFIX#TAG`` reads ``eval_TAG.json`` instead (the
 periodic evaluation at update TAG; the curves then stop there). A repeated NAME pools its runs as
-seeds. Tables: the final point (mean +- s.e.), the mean over all periodic evaluations, the final point
-beside each seed's mean over its last ``--last-k`` evaluations (95% bootstrap intervals over seeds;
-``--interval t``: Student's t, with completed instructions, aggregate score and ``kept``, the share
-of original-set success kept on a paraphrase set), the instruction-following control, paraphrase
-retention (``oir_gym.metrics.paraphrase_retention``) and ordered compounds (t intervals;
-``--baseline NAME``: each cell's Welch-interval difference to that method).
-``--time-target X``: success against wall clock; ``--ablation VALUE=PREFIX``: the delta ablation;
-``--tsne NAME=FILE``: instruction lists (``instructions.json`` / ``goals.json``).
+seeds. Each table's heading says what it holds; ``kept`` is the share of original-set success kept on a
+paraphrase set.
 """
 
 from __future__ import annotations

@@ -53,10 +53,6 @@ def set_success(seed: dict, set_name: str, text: str | None = None) -> float:
     return float(s["mean_success_rate"] if text is None else s["rates"][s["texts"].index(text)])
 
 
-def _gain(seed: dict, set_name: str) -> float:
-    return float(seed[set_name]["control"]["gain"])
-
-
 def per_seed(arm: list[list[dict]], fn) -> tuple[np.ndarray, np.ndarray]:
     """``fn(seed)`` per seed (all processes pooled) and per process (the mean of its seeds)."""
     procs = [np.array([fn(s) for s in proc], float) for proc in arm]
@@ -88,7 +84,6 @@ def comparison_table(arms: dict, pairs: list[tuple[str, str]], measures: list[tu
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- mixed arm
 MIXED_SETS = ("original", "simple", "complex", "heldout", "own_words", "ordered")
 
 
@@ -107,12 +102,12 @@ def mixed_report(root: str | Path) -> str:
     arms = load_arms(root)
     arms = {a: arms[a] for a in ("canonical", "mixed", "diverse", "gt") if a in arms}
     measures = [(f"{s} success", (lambda s: lambda seed: set_success(seed, s))(s)) for s in MIXED_SETS]
-    measures += [(f"{s} gain", (lambda s: lambda seed: _gain(seed, s))(s)) for s in ("original", "heldout")]
+    measures += [(f"{s} gain", (lambda s: lambda seed: float(seed[s]["control"]["gain"]))(s))
+                 for s in ("original", "heldout")]
     pairs = [("mixed", "canonical"), ("diverse", "canonical"), ("diverse", "gt")]
     return mixed_verdict(arms) + "\n\n" + comparison_table(arms, pairs, measures)
 
 
-# ----------------------------------------------------------------------------- stone tier
 STONE_TEXTS = ("collect stone", "place stone", "make stone pickaxe")
 
 
