@@ -753,9 +753,42 @@ def test_retention_and_ordered_tables_with_t_intervals(tmp_path, capsys):
     assert results[0].flat_metrics()["eval/control/ordered/order_gain"] == pytest.approx(1 / 22)
 
 
+def first_update(path: Path) -> str:
+    """``"N s"`` of a log's "first update done N s after launch" line (gzipped or plain)."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return re.search(r"first update done (\d+) s after launch", text).group(1) + " s"
+
+
 def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
-    """The benchmarks page's current fast-preset runs (56cc473, shipped encoder, cold caches): their
-    time-to-target rows, update medians and first-update times, and the start table's warm runs."""
+    """The benchmarks page's current fast-preset runs (b107fd2, shipped encoder, cold caches): their
+    time-to-target rows, update medians and first-update times, and the warm starts of the program cache."""
+    f = RES / "gpu_h200_program_cache"
+    names = ["fast_s0", "fast_s1", "fast_s0_again"]
+    runs = [f"fast preset, {label}, H200 (b107fd2)={f / n}"
+            for label, n in zip(["seed 0", "seed 1", "seed 0 again"], names)]
+    rows = _time_rows(capsys, runs, "300")
+    assert len(rows) == 3 and all(r in BENCH for r in rows), rows
+    assert [r.split("|")[3].split(";")[0].strip() for r in rows] == ["189 s", "189 s", "187 s"]
+    assert [r.split("|")[-2].split(",")[0].strip() for r in rows] == ["0.348", "0.388", "0.350"]
+    medians = [[round(m, 2) for m in _update_medians(f / n)] for n in names]
+    assert medians == [[0.54, 0.17, 0.93], [0.55, 0.17, 0.93], [0.52, 0.15, 0.93]]
+    assert _says(BENCH, "0.52-0.55 s waiting for the rollout, 0.15-0.17 s of host work and 0.93 s of update program")
+    cold = [first_update(f / n / "log.txt") for n in names]
+    warm = [first_update(f / f"warm{i}" / "log.txt") for i in (1, 2, 3)]
+    assert cold == ["54 s", "54 s", "53 s"] and warm == ["19 s", "15 s", "16 s"]
+    assert all("6 programs loaded from the program cache, 0 compiled" in (f / f"warm{i}" / "log.txt").read_text()
+               for i in (1, 2, 3))
+    assert f"| b107fd2 (the program cache) | {', '.join(cold)} | {', '.join(warm)} |" in BENCH
+    f16 = [first_update(f / f"start_f16{t}_{c}.log.gz") for t in ("", "reserialized") for c in ("cold", "warm")]
+    assert f16 == ["61 s", "24 s", "32 s", "23 s"] and _says(BENCH, "61 s cold, 24 s warm") and _says(BENCH, "32 s, then 23 s")
+    table = (f / "compile_options.txt").read_text()
+    assert "| default | 21.2 | 0.569 |" in table and "| xla_gpu_autotune_level=0 | 22.3 | 0.503 |" in table
+    assert _says(BENCH, "compiles in 21.2 s") and _says(BENCH, "compiled in 22.3 s") and _says(BENCH, "0.503 s against 0.569 s")
+
+
+def test_the_56cc473_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
+    """The history's fast-preset runs of 56cc473 (shipped encoder, cold caches): their time-to-target rows,
+    update medians and first-update times, and the start table's warm runs."""
     f = RES / "gpu_h200_fast_final"
     runs = [f"fast preset, seed {s}, H200 (56cc473)={f / f'fast_s{s}'}" for s in (0, 1)]
     rows = _time_rows(capsys, runs, "300")
@@ -764,10 +797,6 @@ def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys
     assert [r.split("|")[-2].split(",")[0].strip() for r in rows] == ["0.346", "0.357"]
     for s in (0, 1):
         assert [round(m, 2) for m in _update_medians(f / f"fast_s{s}")] == [[0.6, 0.18, 0.93], [0.62, 0.19, 0.93]][s]
-
-    def first_update(path: Path) -> str:
-        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-        return re.search(r"first update done (\d+) s after launch", text).group(1) + " s"
 
     p = RES / "gpu_h200_pallas_start"
     assert [first_update(p / f"start_min1_{c}.log.gz") for c in ("cold", "warm")] == ["58 s", "26 s"]
