@@ -779,6 +779,9 @@ def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys
     assert all("6 programs loaded from the program cache, 0 compiled" in (f / f"warm{i}" / "log.txt").read_text()
                for i in (1, 2, 3))
     assert f"| b107fd2 (the program cache) | {', '.join(cold)} | {', '.join(warm)} |" in BENCH
+    losses = [[json.loads(line)["seed0/loss"] for line in open(f / n / "metrics.jsonl")][:2]
+              for n in ("fast_s0_again", "warm2")]
+    assert losses[0] == losses[1] and _says(BENCH, f"({losses[0][0]:.8f}, {losses[0][1]:.8f})")
     f16 = [first_update(f / f"start_f16{t}_{c}.log.gz") for t in ("", "reserialized") for c in ("cold", "warm")]
     assert f16 == ["61 s", "24 s", "32 s", "23 s"] and _says(BENCH, "61 s cold, 24 s warm") and _says(BENCH, "32 s, then 23 s")
     table = (f / "compile_options.txt").read_text()

@@ -82,13 +82,15 @@ def test_stored_programs_load_in_a_new_process_without_tracing_and_give_the_same
     assert second["shape"] == [4] and second["summary"] == "2 programs loaded from the program cache, 0 compiled"
 
 
-@pytest.mark.parametrize("change", ["context", "shape", "dtype", "static", "name"])
-def test_anything_a_program_is_built_from_gives_another_entry(tmp_path, change):
+@pytest.mark.parametrize("change", ["context", "shape", "dtype", "static", "name", "xla_flags"])
+def test_anything_a_program_is_built_from_gives_another_entry(tmp_path, change, monkeypatch):
     f, _ = traced_counter()
     g = lambda x, y, n: f(x, y * n)  # noqa: E731
     ProgramCache(tmp_path, context="c").wrap(jax.jit(g, static_argnums=2), "f", (2,))(jnp.ones(3), jnp.ones(3), 2)
     args = {"shape": (jnp.ones(4), jnp.ones(4), 2), "dtype": (jnp.ones(3, jnp.int32), jnp.ones(3, jnp.int32), 2),
             "static": (jnp.ones(3), jnp.ones(3), 3)}.get(change, (jnp.ones(3), jnp.ones(3), 2))
+    if change == "xla_flags":
+        monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=/nonexistent")
     cache = ProgramCache(tmp_path, context="other" if change == "context" else "c")
     out = cache.wrap(jax.jit(g, static_argnums=2), "g" if change == "name" else "f", (2,))(*args)
     assert cache.compiled and not cache.loaded and len(list(tmp_path.glob("*.bin"))) == 2

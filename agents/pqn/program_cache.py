@@ -4,8 +4,9 @@ JAX's persistent compilation cache skips XLA's compile, but its key is the lower
 still traces and lowers the rollout, update and evaluation (seconds each, one Python thread at a time).
 :class:`ProgramCache` stores each compiled executable under a key made of what the program is built
 from (its name, the caller's context such as the program config, the arguments' structure, shapes and
-static values, the versions of JAX, Craftax and the other array libraries, the device, and the contents
-of the ``oir_gym`` and ``agents`` source folders) and loads it on the next start without tracing.
+static values, the versions of JAX, Craftax and the other array libraries, the device, ``XLA_FLAGS`` and
+JAX's numeric settings, and the contents of the ``oir_gym`` and ``agents`` source folders) and loads it on
+the next start without tracing.
 
 It lives in ``programs/`` of JAX's cache folder (``oir_gym.enable_compilation_cache``), on GPUs and
 TPUs, and is off with it (``OIR_GYM_JAX_CACHE=0``) or alone (``OIR_GYM_PROGRAM_CACHE=0``). Entries are
@@ -36,6 +37,8 @@ _DISTRIBUTIONS = ("jax", "jaxlib", "craftax", "flax", "optax", "chex", "numpy")
 #: The folder's size, beyond which the least recently used entries are removed.
 MAX_BYTES = 4 << 30
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+#: JAX settings that change what a traced program computes (with ``XLA_FLAGS``, part of every key).
+_JAX_FLAGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl", "jax_numpy_dtype_promotion")
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,16 +129,19 @@ class ProgramCache:
     @classmethod
     def from_jax_config(cls, context: str = "", log: Callable[[str], None] | None = None) -> "ProgramCache":
         """The cache in ``programs/`` of JAX's persistent cache folder; inactive where that is unset, with
-        ``OIR_GYM_PROGRAM_CACHE=0``, and on the CPU (jaxlib 0.10's CPU executables, loaded in a process that
+        ``OIR_GYM_PROGRAM_CACHE=0``, over several processes (``jax.distributed``), and on the CPU (jaxlib 0.10's CPU executables, loaded in a process that
         compiled others or from JAX's cache, can fail to run: "Function ... not found")."""
         folder = jax.config.jax_compilation_cache_dir
-        active = folder and os.environ.get("OIR_GYM_PROGRAM_CACHE", "1") != "0" and jax.default_backend() != "cpu"
+        active = (folder and os.environ.get("OIR_GYM_PROGRAM_CACHE", "1") != "0" and jax.default_backend() != "cpu"
+                  and jax.process_count() == 1)
         return cls(Path(folder) / "programs" if active else None, context, log)
 
     def key(self, name: str, sig: str) -> str:
+        """The entry name of program ``name`` for arguments of signature ``sig`` (see the module docstring)."""
         device = jax.devices()[0]
+        flags = [os.environ.get("XLA_FLAGS", ""), *(str(getattr(jax.config, f)) for f in _JAX_FLAGS)]
         parts = [name, self.context, sig, source_digest(), device.platform, device.device_kind,
-                 str(len(jax.devices())), device.client.platform_version]
+                 str(len(jax.devices())), device.client.platform_version, *flags]
         return f"{name}-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]}"
 
     def wrap(self, jitted: Any, name: str, static_argnums: Sequence[int] = ()) -> Any:
