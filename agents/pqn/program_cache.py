@@ -26,6 +26,7 @@ import pickle
 import re
 import sys
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -216,7 +217,8 @@ class CachedProgram:
     def __init__(self, jitted: Any, name: str, cache: ProgramCache, static_argnums: tuple[int, ...] = ()) -> None:
         self.jitted, self.name, self.cache, self.static_argnums = jitted, name, cache, static_argnums
         self._executables: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._traces: dict[str, Future] = {}  # per signature until compiled: eval_shape and compile trace once
+        self._lock, self._trace_lock = threading.Lock(), threading.Lock()
 
     def _split(self, args: tuple) -> tuple[list, list]:
         dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
@@ -238,11 +240,27 @@ class CachedProgram:
             elif not compile_missing:
                 return None
             else:
-                compiled = self.jitted.lower(*args).compile()
+                compiled = self._trace(sig, args).lower().compile()
                 self.cache.compiled.append(self.name)
                 self.cache.store(key, compiled, dynamic)
             self._executables[sig] = compiled
+            self._traces.pop(sig, None)
             return compiled
+
+    def _trace(self, sig: str, args: tuple) -> Any:
+        """``jitted.trace(*args)``, once per signature whichever thread asks first."""
+        with self._trace_lock:
+            owner = sig not in self._traces
+            if owner:
+                self._traces[sig] = Future()
+        job = self._traces[sig]
+        if owner:
+            try:
+                job.set_result(self.jitted.trace(*args))
+            except BaseException as e:
+                job.set_exception(e)
+                self._traces.pop(sig, None)
+        return job.result()
 
     def __call__(self, *args: Any) -> Any:
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args)):
@@ -250,15 +268,15 @@ class CachedProgram:
         return self.executable(*args)(*self._split(args)[0])
 
     def eval_shape(self, *args: Any) -> Any:
-        """The outputs' shapes and dtypes, from the executable where one is held or stored, else traced."""
+        """The outputs' shapes and dtypes, from the executable where one is held or stored, else from the trace
+        that its compile uses too."""
         dynamic, static = self._split(args)
         sig = signature(dynamic, static)
         compiled = None
         if sig in self._executables or self.cache.has(self.cache.key(self.name, sig)):
             compiled = self.executable(*args, compile_missing=False)  # waits for a load, never for a compile
-        if compiled is None:
-            return jax.eval_shape(self.jitted, *args)
-        return jax.tree_util.tree_map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype), compiled.out_info)
+        info = self._trace(sig, args).out_info if compiled is None else compiled.out_info
+        return jax.tree_util.tree_map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype), info)
 
     def lower(self, *args: Any) -> Any:
         return self.jitted.lower(*args)
