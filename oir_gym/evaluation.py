@@ -420,13 +420,18 @@ def make_jax_evaluator(policy_step: Callable, init_carry: Callable, num_envs: in
     return jax.jit(evaluate)
 
 
-def _jax_achieved(evaluator, key, policy_params, env_params: F.EnvParams, rows: np.ndarray, cfg: EvalConfig,
-                  achs) -> np.ndarray:
+def evaluator_args(key, policy_params, env_params: F.EnvParams, rows: np.ndarray, cfg: EvalConfig, achs) -> tuple:
+    """The arguments of a :func:`make_jax_evaluator` evaluator for :func:`eval_instructions` at table ``rows``."""
     if len(rows) != len(achs):
         raise ValueError(f"{len(rows)} rows for {len(achs)} instructions: register eval_instructions(cfg) and pass "
                          "their rows")
-    pinned = jnp.repeat(jnp.asarray(rows, jnp.int32), cfg.episodes)
-    return np.asarray(evaluator(key, policy_params, eval_params(env_params, rows, achs), pinned))
+    return key, policy_params, eval_params(env_params, rows, achs), jnp.repeat(jnp.asarray(rows, jnp.int32),
+                                                                               cfg.episodes)
+
+
+def _jax_achieved(evaluator, key, policy_params, env_params: F.EnvParams, rows: np.ndarray, cfg: EvalConfig,
+                  achs) -> np.ndarray:
+    return np.asarray(evaluator(*evaluator_args(key, policy_params, env_params, rows, cfg, achs)))
 
 
 def evaluate_jax(evaluator, key, policy_params, env_params: F.EnvParams, rows: np.ndarray,

@@ -280,3 +280,12 @@ class CachedProgram:
 
     def lower(self, *args: Any) -> Any:
         return self.jitted.lower(*args)
+
+
+def prepare(program: Any, *args: Any) -> None:
+    """Have ``program`` ready for ``args``: a :class:`CachedProgram` compiles or loads it without running it; a
+    plain ``jax.jit`` function runs once (its call is what fills its cache)."""
+    if isinstance(program, CachedProgram):
+        program.executable(*args)
+    else:
+        jax.block_until_ready(program(*args))

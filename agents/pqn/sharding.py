@@ -169,6 +169,16 @@ class PerDevice:
         self.compiled = {d: f.result() for d, f in zip(self.devices, done)}
         self._signature = signature
 
+    def prepare(self, *args) -> None:
+        """Compile (or load) the program for ``args`` (:func:`agents.pqn.program_cache.prepare`); several devices:
+        one throwaway run."""
+        if len(self.devices) == 1:
+            from agents.pqn.program_cache import prepare
+
+            prepare(self.program, *args)
+        else:
+            jax.block_until_ready(self(*args))
+
     def eval_shape(self, *args) -> Any:
         """The global outputs as :class:`jax.ShapeDtypeStruct` (with shardings); nothing is compiled or run."""
         if len(self.devices) == 1:

@@ -31,7 +31,7 @@ from agents.run.checkpoint import CheckpointError, latest_checkpoint, load_check
 from agents.pqn.config import TrainConfig, load_config
 from agents.run.run_dir import MetricsPosition, atomic_write_json
 from agents.run.multihost import seed_slice
-from agents.pqn.program_cache import ProgramCache
+from agents.pqn.program_cache import ProgramCache, prepare
 from agents.pqn.sharding import Layout, PerDevice, check_layout, placeholder
 from oir_gym import functional as F
 from oir_gym.buffer import InstructionBuffer
@@ -39,7 +39,8 @@ from oir_gym.craftax_compat import NUM_ACTIONS
 from oir_gym.event_rates import RateWindow, pooled_metrics
 from oir_gym.encoder import get_encoder
 from oir_gym.evaluation import (
-    EvalConfig, EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, make_jax_evaluator,
+    EvalConfig, EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, evaluator_args,
+    make_jax_evaluator,
 )
 from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
@@ -640,18 +641,16 @@ class Trainer(ProcessSeeds):
                                    self.eval_texts, self.eval_achs, self.eval_sets)
 
     def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
-        """Compile the evaluation program on a side thread (one throwaway evaluation of ``policy_params``)."""
-        evaluation = self._evaluation(policy_params)
-
-        def compile_once() -> None:  # the results are discarded
-            evaluation()
-
-        return side_threads("oir-eval-compile", compile_once)[0]
+        """Compile (or load) the evaluation program of ``policy_params`` on a side thread (:func:`prepare`)."""
+        evaluator, keys, policy, env_params, rows, ecfg, _, achs, _ = self._evaluation(policy_params).args
+        return side_threads("oir-eval-compile",
+                            lambda: evaluator.prepare(*evaluator_args(keys, policy, env_params, rows, ecfg, achs)))[0]
 
     def start_compiling(self) -> list[Future]:
-        """Compile the first update's programs (rollout, batch and update, evaluation) side by side on side
-        threads with throwaway calls (before :meth:`init_state`: on a placeholder state), changing no
-        state; a failure leaves the compile to the first update. Returns the jobs."""
+        """Compile (or load from the program cache) the first update's programs (rollout, batch and update,
+        evaluation) side by side on side threads (before :meth:`init_state`: for a placeholder state), changing
+        no state; programs without a cache compile by a throwaway call. A failure leaves the compile to the
+        first update. Returns the jobs."""
         try:
             env_params, steps = self.env_params(), self.env_steps
             train_state, runner = (self.placeholder_state(env_params) if self.runner is None
@@ -663,16 +662,14 @@ class Trainer(ProcessSeeds):
             self.log(f"compiling ahead failed ({e!r}); the first update compiles its own programs")
             return []
 
-        def rollout() -> None:
-            jax.block_until_ready(self.programs.rollout(params, runner, env_params, steps))
-
         def update() -> None:
             traj = placeholder(self.programs.rollout.eval_shape(params, runner, env_params, steps)[1])
             batch = self.method_batch(traj, self.method.warmup_slots())
-            new_state, _ = self.programs.update(train_state, keys, batch)
-            jax.block_until_ready(self.programs.all_finite(new_state.params))
+            prepare(self.programs.update, train_state, keys, batch)
+            prepare(self.programs.all_finite, params)
 
-        self._compiling = side_threads("oir-compile", rollout, update)
+        self._compiling = side_threads("oir-compile", lambda: self.programs.rollout.prepare(
+            params, runner, env_params, steps), update)
         return self._compiling + [evaluation]
 
     def close(self) -> None:
