@@ -564,12 +564,8 @@ class RunDir:
         return atomic_write_json(self.path / COMPLETE, {**info, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                         time.gmtime())})
 
-    def is_complete(self) -> bool:
-        """Whether :meth:`mark_complete` ran (a damaged marker is a :class:`CorruptFileError`)."""
-        return self.completion() is not None
-
     def completion(self) -> dict[str, Any] | None:
-        """The contents of ``complete.json`` (None while the run is not complete)."""
+        """The contents of ``complete.json`` (None while the run is not complete; a damaged one: CorruptFileError)."""
         path = self.path / COMPLETE
         return read_json(path) if path.exists() else None
 
