@@ -165,6 +165,14 @@ class EvalSettings:
     final_sets: tuple[str, ...] = ("heldout", "ordered", "ordered_reverse")
     """Packaged sets the final evaluation adds: held-out paraphrases, ordered compounds and their reverse."""
 
+    def eval_config(self, final: bool = False) -> Any:
+        """The :class:`oir_gym.evaluation.EvalConfig` of a periodic evaluation (``final``: of the final one)."""
+        from oir_gym.evaluation import eval_config
+
+        return eval_config(self.instruction_files, sets=(*self.sets, *(self.final_sets if final else ())),
+                           episodes=self.final_episodes if final else self.episodes, horizon=self.horizon,
+                           control=self.control)
+
     def check_sets(self) -> None:
         """ValueError naming the set or file unless every set named exists, none twice, and something is evaluated."""
         from oir_gym.instructions import EXTRA_SET_NAMES, SET_NAMES, load_instruction_files

@@ -204,13 +204,9 @@ class SB3Trainer:
     def evaluate(self, final: bool = False) -> list:
         """The greedy evaluation of the run's one seed (``final``: eval.final_sets and eval.final_episodes)."""
         from agents.sb3.models import evaluate
-        from oir_gym.evaluation import eval_config
 
-        ev = self.cfg.eval
-        ecfg = eval_config(ev.instruction_files, sets=(*ev.sets, *(ev.final_sets if final else ())),
-                           episodes=ev.final_episodes if final else ev.episodes, horizon=ev.horizon,
-                           control=ev.control)
-        return [evaluate(self.model, ecfg, seed=self.cfg.run.seed + 12345, env_kwargs={"obs_mode": self.cfg.env.obs_mode})]
+        return [evaluate(self.model, self.cfg.eval.eval_config(final), seed=self.cfg.run.seed + 12345,
+                         env_kwargs={"obs_mode": self.cfg.env.obs_mode})]
 
     def save(self, *, metrics: Any = None) -> Path:
         """A checkpoint: model.zip, and state.json with the instruction buffer, metrics position and update."""
