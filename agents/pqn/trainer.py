@@ -623,11 +623,9 @@ class Trainer(ProcessSeeds):
     def _evaluation(self, policy_params: Any = None, final: bool = False) -> Callable[[], list[EvalResult]]:
         """The evaluation of ``policy_params`` (default: the current ones) as a call, its arguments read now."""
         policy = self.train_state.params if policy_params is None else policy_params
-        if final:
-            return self._evaluation_of(policy, self.registry.device_table(), self.final_rows, self.final_eval_cfg,
-                                       self.final_texts, self.final_achs, self.final_sets)
-        return self._evaluation_of(policy, self.registry.device_table(), self.eval_rows, self.eval_cfg,
-                                   self.eval_texts, self.eval_achs, self.eval_sets)
+        which = ((self.final_rows, self.final_eval_cfg, self.final_texts, self.final_achs, self.final_sets) if final
+                 else (self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets))
+        return self._evaluation_of(policy, self.registry.device_table(), *which)
 
     def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
         """Compile the evaluation program on a side thread (one throwaway evaluation of ``policy_params``)."""

@@ -109,10 +109,10 @@ class SB3Trainer:
             self.model.set_logger(configure(str(self.run_dir / "tb"), ["tensorboard"]))
         self._last = (time.time(), int(self.model.num_timesteps))
         if self.relabeler is not None:
-            kw: dict[str, Any] = {"segment_length": self.cfg.sb3.segment_length, "verbose": 1}
-            if self.cfg.sb3.asynchronous is not None:
-                kw["asynchronous"] = self.cfg.sb3.asynchronous
-            self.relabel_cb = make_relabel_callback(self.relabeler, self.cfg.sb3.algo, **kw)
+            s = self.cfg.sb3
+            kw = {} if s.asynchronous is None else {"asynchronous": s.asynchronous}
+            self.relabel_cb = make_relabel_callback(self.relabeler, s.algo, segment_length=s.segment_length, verbose=1,
+                                                    **kw)
 
     def iteration(self) -> IterationLog:
         """Let ``learn`` run to the next update boundary (or its end); that update's metrics row."""
