@@ -629,7 +629,12 @@ class Trainer(ProcessSeeds):
 
     def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
         """Compile the evaluation program on a side thread (one throwaway evaluation of ``policy_params``)."""
-        return side_threads("oir-eval-compile", self._evaluation(policy_params))[0]
+        evaluation = self._evaluation(policy_params)
+
+        def compile_once() -> None:  # the results are discarded
+            evaluation()
+
+        return side_threads("oir-eval-compile", compile_once)[0]
 
     def start_compiling(self) -> list[Future]:
         """Compile the first update's programs (rollout, batch and update, evaluation) side by side on side
