@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from oir_gym.captions import ACHIEVEMENT_NAMES
-from oir_gym.validation import show
+from oir_gym.validation import read_json_file, show
 from oir_gym.prerequisites import related_achievements
 
 #: The paper's instruction sets, in the order the paper reports them (evaluated by default).
@@ -217,17 +216,7 @@ class _Obj(dict):
 
 
 def _read_json(path: str | os.PathLike) -> Any:
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the instruction file ({e})") from None
-    try:
-        return json.loads(text, object_pairs_hook=_Obj)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    except RecursionError:  # Python's JSON reader recurses once per nesting level
-        raise ValueError(f"{path}: nested too deeply to be an instruction file (objects and lists inside each "
-                         "other a thousand levels or more); see docs/evaluation.md for the schema") from None
+    return read_json_file(path, "instruction file", "docs/evaluation.md", object_pairs_hook=_Obj)
 
 
 def _type_name(x: Any) -> str:

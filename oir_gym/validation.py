@@ -7,8 +7,10 @@ out of range ``ValueError``. Booleans are never numbers and numbers never boolea
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -211,3 +213,19 @@ def real_arg(low: float | None = None, high: float | None = None, *, low_open: b
     return _arg_type(float, "a number",
                      lambda v: check_real("value", v, low=low, high=high, low_open=low_open, high_open=high_open),
                      "number")
+
+
+def read_json_file(path: str | os.PathLike, what: str, schema: str, object_pairs_hook: Any = None) -> Any:
+    """The JSON value in file ``path`` (a ``what``, e.g. "instruction file"); ValueError naming the file when it
+    cannot be read, is not JSON, or nests too deeply (``schema``: where its schema is described)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the {what} ({e})") from None
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # Python's JSON reader recurses once per nesting level
+        raise ValueError(f"{path}: nested too deeply to be a {what} (objects and lists inside each other a thousand "
+                         f"levels or more); see {schema} for the schema") from None

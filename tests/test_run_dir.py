@@ -145,12 +145,12 @@ def test_csv_eval_files_and_completion_marker(tmp_path):
     assert (run.path / "eval_final.md").read_text() == "| a |"
     with pytest.raises(ValueError, match="evaluation tag"):
         run.eval_path("../escape")
-    assert not run.is_complete()
+    assert run.completion() is None
     run.mark_complete(update=4)
-    assert run.is_complete() and run.completion()["update"] == 4
+    assert run.completion()["update"] == 4
     (run.path / COMPLETE).write_text('{"upd')
     with pytest.raises(CorruptFileError, match=COMPLETE):
-        run.is_complete()
+        run.completion()
 
 
 def _tensorboard_losses(run: RunDir) -> list[tuple[int, float]]:

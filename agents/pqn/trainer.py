@@ -15,7 +15,6 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -30,6 +29,7 @@ from agents.pqn.method_specs import METHOD_SPECS, make_proposer, make_relabeler,
 from agents.run.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, restore_tree, save_checkpoint
 from agents.pqn.config import TrainConfig, load_config
 from agents.run.run_dir import MetricsPosition, atomic_write_json
+from agents.run.train import IterationLog
 from agents.run.multihost import seed_slice
 from agents.pqn.program_cache import ProgramCache, prepare
 from agents.pqn.sharding import Layout, PerDevice, check_layout, placeholder
@@ -39,8 +39,7 @@ from oir_gym.craftax_compat import NUM_ACTIONS
 from oir_gym.event_rates import RateWindow, pooled_metrics
 from oir_gym.encoder import get_encoder
 from oir_gym.evaluation import (
-    EvalConfig, EvalResult, eval_config, eval_instructions, eval_keys, evaluate_jax_seeds, evaluator_args,
-    make_jax_evaluator,
+    EvalConfig, EvalResult, eval_instructions, eval_keys, evaluate_jax_seeds, evaluator_args, make_jax_evaluator,
 )
 from oir_gym.instruction_registry import InstructionRegistry
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
@@ -254,13 +253,6 @@ def side_threads(name: str, *jobs: Callable[[], Any]) -> list[Future]:
     return futures
 
 
-@dataclass
-class IterationLog:
-    update: int
-    env_steps: int
-    metrics: dict[str, float]
-
-
 class ProcessSeeds:
     """This process's seeds of a run, their layout, encoder, programs and evaluation (base of the trainers)."""
 
@@ -286,10 +278,7 @@ class ProcessSeeds:
 
     def eval_config(self, final: bool = False) -> EvalConfig:
         """The :class:`~oir_gym.evaluation.EvalConfig` of an evaluation (``final``: the final one)."""
-        ev = self.cfg.eval
-        return eval_config(ev.instruction_files, sets=(*ev.sets, *(ev.final_sets if final else ())),
-                           episodes=ev.final_episodes if final else ev.episodes, horizon=ev.horizon,
-                           control=ev.control)
+        return self.cfg.eval.eval_config(final)
 
     def env_params_with(self, table: Any) -> F.EnvParams:
         """The run's env params with instruction table ``table``."""
@@ -634,11 +623,9 @@ class Trainer(ProcessSeeds):
     def _evaluation(self, policy_params: Any = None, final: bool = False) -> Callable[[], list[EvalResult]]:
         """The evaluation of ``policy_params`` (default: the current ones) as a call, its arguments read now."""
         policy = self.train_state.params if policy_params is None else policy_params
-        if final:
-            return self._evaluation_of(policy, self.registry.device_table(), self.final_rows, self.final_eval_cfg,
-                                       self.final_texts, self.final_achs, self.final_sets)
-        return self._evaluation_of(policy, self.registry.device_table(), self.eval_rows, self.eval_cfg,
-                                   self.eval_texts, self.eval_achs, self.eval_sets)
+        which = ((self.final_rows, self.final_eval_cfg, self.final_texts, self.final_achs, self.final_sets) if final
+                 else (self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets))
+        return self._evaluation_of(policy, self.registry.device_table(), *which)
 
     def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
         """Compile (or load) the evaluation program of ``policy_params`` on a side thread (:func:`prepare`)."""

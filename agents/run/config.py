@@ -165,6 +165,14 @@ class EvalSettings:
     final_sets: tuple[str, ...] = ("heldout", "ordered", "ordered_reverse")
     """Packaged sets the final evaluation adds: held-out paraphrases, ordered compounds and their reverse."""
 
+    def eval_config(self, final: bool = False) -> Any:
+        """The :class:`oir_gym.evaluation.EvalConfig` of a periodic evaluation (``final``: of the final one)."""
+        from oir_gym.evaluation import eval_config
+
+        return eval_config(self.instruction_files, sets=(*self.sets, *(self.final_sets if final else ())),
+                           episodes=self.final_episodes if final else self.episodes, horizon=self.horizon,
+                           control=self.control)
+
     def check_sets(self) -> None:
         """ValueError naming the set or file unless every set named exists, none twice, and something is evaluated."""
         from oir_gym.instructions import EXTRA_SET_NAMES, SET_NAMES, load_instruction_files
@@ -252,17 +260,26 @@ class NestedConfig:
                     ok = not isinstance(v, bool) and isinstance(v, (int, float) if isinstance(d, float) else type(d))
                 need(ok, f"{part.name}.{f.name}={v!r} has type {type(v).__name__}; expected {type(d).__name__}")
 
-    def check_fields(self, choices: Sequence[tuple[str, str, Sequence[Any]]],
-                     counts: Sequence[tuple[str, Sequence[str]]]) -> None:
-        """ValueError naming the field unless each ``(part, name, allowed)`` of ``choices`` holds an allowed
-        value and each field of ``counts`` (``(part, names)``) an integer >= 1."""
-        for part, name, allowed in choices:
+    def check_parts(self, choices: Sequence[tuple[str, str, Sequence[Any]]],
+                    counts: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """The checks both trainers share, a ValueError naming the field at the first bad one: :meth:`check_types`;
+        each ``(part, name, allowed)`` of ``choices`` holds an allowed value and each field of ``counts``
+        (``(part, names)``) an integer >= 1, the shared parts' among them; then the ``env``, ``oir``, ``llm`` and
+        ``eval`` parts' own checks."""
+        self.check_types()
+        for part, name, allowed in (("env", "obs_mode", get_args(ObsMode)), *choices):
             v = getattr(getattr(self, part), name)
             need(v in allowed, f"{part}.{name}={v!r}; expected one of {tuple(allowed)}")
-        for part, names in counts:
+        for part, names in (("env", ("max_episode_steps",)), ("oir", ("k", "instruction_buffer_size")),
+                            ("eval", ("every", "episodes", "horizon")), *counts):
             for name in names:
                 v = getattr(getattr(self, part), name)
                 need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{part}.{name}={v!r} must be >= 1")
+        delta = self.env.delta  # type: ignore[attr-defined]
+        need(-1 < delta <= 1, f"env.delta={delta} is outside (-1, 1]")
+        self.oir.validate(self.run.method)  # type: ignore[attr-defined]
+        self.llm.validate()  # type: ignore[attr-defined]
+        self.eval.check_sets()  # type: ignore[attr-defined]
 
 
 def _part_from_dict(factory: Any, part: str, value: Any) -> Any:

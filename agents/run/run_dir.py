@@ -223,8 +223,7 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def provenance(source_root: str | os.PathLike | None = None,
-               packages: Iterable[str] = PROVENANCE_PACKAGES) -> dict[str, Any]:
+def provenance(source_root: str | os.PathLike | None = None) -> dict[str, Any]:
     """Which code produced a run: git commit and state of ``source_root``'s checkout (``OIR_GYM_SOURCE_COMMIT``
     wins), Python, package versions, time."""
     from importlib import metadata
@@ -233,7 +232,7 @@ def provenance(source_root: str | os.PathLike | None = None,
     commit = _git(root, "rev-parse", "HEAD")
     status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
     versions: dict[str, str] = {}
-    for name in packages:
+    for name in PROVENANCE_PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -406,8 +405,7 @@ class RunDir:
         run.path.mkdir(parents=True, exist_ok=True)
         return run
 
-    def check_before_first_checkpoint(self, first_checkpoint: int, last_update: int, place: str | os.PathLike,
-                                      flag: str = "--resume") -> None:
+    def check_before_first_checkpoint(self, first_checkpoint: int, last_update: int, place: str | os.PathLike) -> None:
         """A resume found no checkpoint in ``place``: :class:`RunDirError` naming what the files hold unless no
         metrics row or evaluation file is past update ``first_checkpoint`` (``final`` counts as ``last_update``),
         so that starting again from update 0 loses nothing."""
@@ -422,7 +420,7 @@ class RunDir:
                 found.append(p.name)
         if found:
             raise RunDirError(
-                f"{flag} given but {place} holds no checkpoint, while {self.path} holds {', '.join(found[:4])}"
+                f"--resume given but {place} holds no checkpoint, while {self.path} holds {', '.join(found[:4])}"
                 f"{' and more' if len(found) > 4 else ''}: the run went past its first checkpoint (update "
                 f"{first_checkpoint}), so its checkpoints were moved or deleted. Nothing was changed: put the "
                 "checkpoints back to continue the run, or pass --overwrite instead to start it again (its outputs "
@@ -441,9 +439,9 @@ class RunDir:
             elif p.exists() or p.is_symlink():
                 p.unlink()
 
-    def write_config(self, config: Mapping[str, Any], *, source_root: str | os.PathLike | None = None) -> Path:
+    def write_config(self, config: Mapping[str, Any]) -> Path:
         """Write ``config.json`` with ``"provenance"``; a resumed run appends its own to ``"resumed"``."""
-        prov = provenance(source_root)
+        prov = provenance()
         data = dict(config)
         data.pop("provenance", None)
         data.pop("resumed", None)
@@ -564,12 +562,8 @@ class RunDir:
         return atomic_write_json(self.path / COMPLETE, {**info, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                         time.gmtime())})
 
-    def is_complete(self) -> bool:
-        """Whether :meth:`mark_complete` ran (a damaged marker is a :class:`CorruptFileError`)."""
-        return self.completion() is not None
-
     def completion(self) -> dict[str, Any] | None:
-        """The contents of ``complete.json`` (None while the run is not complete)."""
+        """The contents of ``complete.json`` (None while the run is not complete; a damaged one: CorruptFileError)."""
         path = self.path / COMPLETE
         return read_json(path) if path.exists() else None
 

@@ -109,10 +109,10 @@ class SB3Trainer:
             self.model.set_logger(configure(str(self.run_dir / "tb"), ["tensorboard"]))
         self._last = (time.time(), int(self.model.num_timesteps))
         if self.relabeler is not None:
-            kw: dict[str, Any] = {"segment_length": self.cfg.sb3.segment_length, "verbose": 1}
-            if self.cfg.sb3.asynchronous is not None:
-                kw["asynchronous"] = self.cfg.sb3.asynchronous
-            self.relabel_cb = make_relabel_callback(self.relabeler, self.cfg.sb3.algo, **kw)
+            s = self.cfg.sb3
+            kw = {} if s.asynchronous is None else {"asynchronous": s.asynchronous}
+            self.relabel_cb = make_relabel_callback(self.relabeler, s.algo, segment_length=s.segment_length, verbose=1,
+                                                    **kw)
 
     def iteration(self) -> IterationLog:
         """Let ``learn`` run to the next update boundary (or its end); that update's metrics row."""
@@ -204,13 +204,9 @@ class SB3Trainer:
     def evaluate(self, final: bool = False) -> list:
         """The greedy evaluation of the run's one seed (``final``: eval.final_sets and eval.final_episodes)."""
         from agents.sb3.models import evaluate
-        from oir_gym.evaluation import eval_config
 
-        ev = self.cfg.eval
-        ecfg = eval_config(ev.instruction_files, sets=(*ev.sets, *(ev.final_sets if final else ())),
-                           episodes=ev.final_episodes if final else ev.episodes, horizon=ev.horizon,
-                           control=ev.control)
-        return [evaluate(self.model, ecfg, seed=self.cfg.run.seed + 12345, env_kwargs={"obs_mode": self.cfg.env.obs_mode})]
+        return [evaluate(self.model, self.cfg.eval.eval_config(final), seed=self.cfg.run.seed + 12345,
+                         env_kwargs={"obs_mode": self.cfg.env.obs_mode})]
 
     def save(self, *, metrics: Any = None) -> Path:
         """A checkpoint: model.zip, and state.json with the instruction buffer, metrics position and update."""

@@ -13,7 +13,6 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -22,7 +21,7 @@ from oir_gym.captions import ACHIEVEMENT_NAMES, EVENT_NAMES, VOCAB
 from oir_gym.prerequisites import related_achievements
 from oir_gym.relabel.filters import CandidateFilter
 from oir_gym.trajectory import Trajectory
-from oir_gym.validation import check_int, check_real, check_str
+from oir_gym.validation import check_int, check_real, check_str, read_json_file
 
 #: The oracle variants, in the order of the ladder.
 ORACLES: tuple[str, ...] = ("canonical", "diverse", "tasks", "compound", "noisy", "mixed", "progress")
@@ -103,25 +102,13 @@ def load_pool(path: Optional[str | os.PathLike] = None) -> WordingPool:
     raises ``ValueError`` naming the file and the event or wording for anything that breaks it."""
     if path is None:
         return _packaged_pool()
-    return _parse_pool(_read(Path(path)), str(path))
+    return _parse_pool(read_json_file(path, "wording pool", f"oir_gym/data/{PACKAGED_POOL}"), str(path))
 
 
 @lru_cache(maxsize=1)
 def _packaged_pool() -> WordingPool:
     text = resources.files("oir_gym.data").joinpath(PACKAGED_POOL).read_text()
     return _parse_pool(json.loads(text), f"oir_gym/data/{PACKAGED_POOL}")
-
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the wording pool ({e})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: nested too deeply to read as a wording pool (schema: oir_gym/data/"
-                         f"{PACKAGED_POOL})") from None
 
 
 def _parse_pool(raw: Any, source: str) -> WordingPool:

@@ -1,17 +1,7 @@
-"""The relabeling pipeline as plain functions over small dataclasses.
-
-:meth:`HindsightRelabeler.relabel <oir_gym.relabel.HindsightRelabeler.relabel>` is these calls::
-
-    plan = plan_prompts(trajs, ...)            # cache keys, cache hits, one prompt per behaviour
-    proposals = <one batched LLM call>         # the relabeler's only I/O (plus the rules)
-    answers = read_answers(plan, proposals)    # parse, filter, errors; what to cache
-    merged = merge_rules(trajs, answers, ...)  # LLM candidates first, then rules (or the fallback)
-    grounded = ground(trajs, merged, ...)      # where each candidate is paid (cosine or bound)
-    chosen = [select(g, ...) for g in grounded]  # near-dedup, grounded first, up to k
-    results, counts, dropped = assemble(...)   # one RelabelResult per trajectory, the batch's counts
-
-No stage starts a thread, holds a lock or touches the relabeler's counters; each returns what it
-dropped and why (``dropped``).
+"""The relabeling pipeline as plain functions over small dataclasses, called in this order by
+:meth:`HindsightRelabeler.relabel <oir_gym.relabel.HindsightRelabeler.relabel>`: :func:`plan_prompts`, one
+batched LLM call, :func:`read_answers`, :func:`merge_rules`, :func:`ground`, :func:`select`, :func:`assemble`.
+No stage starts a thread, holds a lock or touches the relabeler's counters; each returns what it dropped and why.
 """
 
 from __future__ import annotations

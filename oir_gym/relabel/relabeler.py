@@ -60,23 +60,12 @@ class HindsightRelabeler(Closing):
         self.config = cfg = config.validate()
         check_objects(llm=llm, encoder=encoder, rules=rules)
         p, lc, cc, g, sel = cfg.prompt, cfg.llm, cfg.cache, cfg.grounding, cfg.selection
-        self.grounding = g.mode
-        self.bind_threshold = float(g.bind_threshold)
-        self.k = int(sel.k)
+        # read by tests, BackgroundRelabeler and the trainers; the other settings are read from self.config
+        self.grounding, self.k, self.delta = g.mode, int(sel.k), float(g.delta)
         self.template = p.template if isinstance(p.template, PromptTemplate) else load_template(str(p.template))
-        self.schema = self.template.schema(self.k)
-        self.delta = float(g.delta)
-        self.samples = int(lc.samples)
-        self.keep_ungrounded = sel.keep_ungrounded
-        self.dedup_threshold = float(sel.dedup_threshold)
-        self.fallback = lc.fallback
-        self.llm_timeout = lc.timeout
-        self.skip_idle = p.skip_idle
+        self.keep_ungrounded, self.llm_timeout = sel.keep_ungrounded, lc.timeout
         self.max_prompt_tokens = p.max_prompt_tokens
         self.filter = sel.candidate_filter or CandidateFilter()
-        self.on_full = lc.on_full
-        self.cache_save_every = int(cc.save_every)
-        self.cache_key_mode = cc.key
         self._rules = rules or RuleBackend()
         check_oracle(getattr(self._rules, "oracle", "canonical"), g.mode)
 
@@ -85,8 +74,6 @@ class HindsightRelabeler(Closing):
         self._owns_llm = llm is None and isinstance(backend, (str, LLMSpec))
         self.backend = CompositeBackend.build(backend, lc, self._rules, sel.use_rules)
         self.use_rules = self.backend.rules is not None
-        self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, LLMSpec)
-                             else type(self.backend.llm or self._rules).__name__)
         self.health = LLMHealth("relabeler", lc.warn_after, fallback="relabeling with rules meanwhile"
                                 if lc.fallback == "rules" else "those trajectories get no instructions")
 
@@ -132,8 +119,8 @@ class HindsightRelabeler(Closing):
 
     def cache_key(self, traj: Trajectory) -> str:
         """Cache key: backend, template, k, key mode and the normalised behaviour of the trajectory."""
-        return (f"{self._backend_id}|{self.template.name}|k={self.k}|{self.cache_key_mode}|"
-                f"{behaviour_key(traj, self.cache_key_mode)}")
+        mode = self.config.cache.key
+        return f"{self._backend_id}|{self.template.name}|k={self.k}|{mode}|{behaviour_key(traj, mode)}"
 
     def render_prompt(self, traj: Trajectory) -> str:
         """The prompt this relabeler would send for ``traj`` (compacted to ``max_prompt_tokens``)."""
@@ -166,11 +153,12 @@ class HindsightRelabeler(Closing):
     def _process(self, trajs: list[Trajectory], ids: list[int], llm_allowed: bool) -> list[RelabelResult]:
         use_llm = llm_allowed and self.backend.llm is not None
         lookup = self.cache.get if self.cache.capacity > 0 else (lambda key: None)
-        plan = plan_prompts(trajs, use_llm=use_llm, skip_idle=self.skip_idle, key_of=self.cache_key,
+        cfg = self.config
+        plan = plan_prompts(trajs, use_llm=use_llm, skip_idle=cfg.prompt.skip_idle, key_of=self.cache_key,
                             lookup=lookup, render=self._render)
         t0 = time.perf_counter()
-        props = self.backend.propose_within(self._caller, self.llm_timeout, trajs, plan.asked, self.samples,
-                                           self.schema)
+        props = self.backend.propose_within(self._caller, self.llm_timeout, trajs, plan.asked, cfg.llm.samples,
+                                           self.template.schema(self.k))
         latency = time.perf_counter() - t0
         # close() cuts a call in flight (it stops the LLM): its failure is the shutdown, not the LLM's
         closing = self._closed
@@ -180,13 +168,13 @@ class HindsightRelabeler(Closing):
         self.health.call([answers.errors[i] for i in answers.asked],
                          permanent=getattr(self.backend.llm, "fatal", None) is not None)
         merged = merge_rules(trajs, answers, [p.rules for p in props], rules_of=self._rules.instructions,
-                             use_rules=self.use_rules, fallback=self.fallback, candidate_filter=self.filter)
+                             use_rules=self.use_rules, fallback=cfg.llm.fallback, candidate_filter=self.filter)
         grounded = ground(trajs, merged, encode=self._enc.encode, phrase_emb=self._enc.phrases(), mode=self.grounding,
-                          delta=self.delta, bind_threshold=self.bind_threshold,
+                          delta=self.delta, bind_threshold=cfg.grounding.bind_threshold,
                           pair_table=getattr(self._rules, "pair_table", None),
                           rule_table=getattr(self._rules, "label_events", None))
-        chosen = [select(g, k=self.k, keep_ungrounded=self.keep_ungrounded, dedup_threshold=self.dedup_threshold)
-                  for g in grounded]
+        chosen = [select(g, k=self.k, keep_ungrounded=self.keep_ungrounded,
+                         dedup_threshold=cfg.selection.dedup_threshold) for g in grounded]
 
         results, s, dropped = assemble(trajs, ids, plan, answers, merged, grounded, chosen)
         share = None if closing else [bool(answers.llm[i]) and answers.errors[i] is None
@@ -194,7 +182,7 @@ class HindsightRelabeler(Closing):
         self._stats.record_batch(s, dropped=dropped, errors={e for e in answers.errors if e}, share=share,
                                  prompts=sum(p is not None for p in plan.prompts), tokens=sum(plan.tokens),
                                  latency=latency)
-        if self.cache.path is not None and self.cache.dirty >= self.cache_save_every:
+        if self.cache.path is not None and self.cache.dirty >= cfg.cache.save_every:
             self.save_cache()
         return results
 
