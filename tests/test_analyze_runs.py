@@ -779,6 +779,12 @@ def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys
     assert all("6 programs loaded from the program cache, 0 compiled" in (f / f"warm{i}" / "log.txt").read_text()
                for i in (1, 2, 3))
     assert f"| b107fd2 (the program cache) | {', '.join(cold)} | {', '.join(warm)} |" in BENCH
+    start = {t: [first_update(f / f"start_final_{t}_{c}.log.gz") for c in ("cold", "warm")] for t in "abc"}
+    assert start == {"a": ["62 s", "17 s"], "b": ["58 s", "19 s"], "c": ["55 s", "14 s"]}
+    assert "| c1962aa (+ one trace per program: JAX 0.11 traced the rollout twice, once per thread) | 62 s, 58 s | 17 s, 19 s |" in BENCH
+    assert "| 41b2094 (+ the compile-ahead loads or compiles without running the programs once) | 55 s | 14 s |" in BENCH
+    timeline = gzip.decompress((f / "start_final_c_cold.log.gz").read_bytes()).decode()
+    assert "  50.9 Finished XLA compilation of jit(rollout) in 31.989" in timeline and _says(BENCH, "it took 32.0 s")
     losses = [[json.loads(line)["seed0/loss"] for line in open(f / n / "metrics.jsonl")][:2]
               for n in ("fast_s0_again", "warm2")]
     assert losses[0] == losses[1] and _says(BENCH, f"({losses[0][0]:.8f}, {losses[0][1]:.8f})")
