@@ -21,13 +21,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def parse_options(text: str) -> dict:
-    if text == "default":
-        return {}
-    out: dict = {}
-    for pair in text.split(","):
-        name, value = pair.split("=", 1)
-        out[name] = {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
-    return out
+    pairs = [pair.split("=", 1) for pair in text.split(",")] if text != "default" else []
+    return {k: {"true": True, "false": False}.get(v.lower(), int(v) if v.isdigit() else v) for k, v in pairs}
 
 
 def main(argv=None) -> None:

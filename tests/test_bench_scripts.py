@@ -41,6 +41,25 @@ def test_eval_cost_bench_runs_and_prints_its_table():
 
 
 @pytest.mark.slow
+def test_compile_options_bench_compiles_the_smoke_rollout_under_each_option_set_and_reports_unknown_ones():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "compile_options.py"), "--preset", "smoke", "--runs", "1",
+                          "--options", "default", "xla_cpu_enable_fast_math=false", "xla_no_such_option=1"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "OIR_GYM_JAX_CACHE": "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| ") and "options" not in line]
+    assert [r[0].strip() for r in rows] == ["default", "xla_cpu_enable_fast_math=false", "xla_no_such_option=1"]
+    assert rows[0][3].strip() == "1.00" and "xla_no_such_option" in rows[2][1]  # its ratio to itself; the refusal
+
+
+def test_compile_options_parses_name_value_pairs():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from compile_options import parse_options
+
+    assert parse_options("default") == {}
+    assert parse_options("a=true,b=16,c=x") == {"a": True, "b": 16, "c": "x"}
+
+
+@pytest.mark.slow
 def test_pqn_throughput_bench_prints_ratios_and_where_an_update_goes():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "pqn_throughput.py"), "--iterations", "3"],
                          capture_output=True, text=True, timeout=1200, cwd=ROOT)

@@ -65,10 +65,6 @@ def _leaf_signature(x: Any) -> tuple:
     return (tuple(np.shape(x)), str(x.dtype), bool(getattr(x, "weak_type", False)))
 
 
-def _is_code(obj: Any) -> bool:
-    return callable(obj) and not isinstance(obj, type)
-
-
 def _statics(tree: Any) -> list[Any]:
     """The functions in ``tree``'s static node data (an optimiser's, say), in traversal order: pickled by
     reference to the arguments, which hold the same objects."""
@@ -78,7 +74,8 @@ def _statics(tree: Any) -> list[Any]:
         data = treedef.node_data()
         if data is not None:
             for obj in (data[1], *(data[1] if isinstance(data[1], tuple) else ())):
-                if _is_code(obj) or (isinstance(obj, tuple) and any(map(_is_code, obj))):
+                parts = obj if isinstance(obj, tuple) else (obj,)
+                if any(callable(o) and not isinstance(o, type) for o in parts):
                     found.append(obj)
         for child in treedef.children():
             walk(child)
@@ -88,25 +85,20 @@ def _statics(tree: Any) -> list[Any]:
 
 
 class _Pickler(pickle.Pickler):
-    """Pickles a compiled program's pytree structures, its arguments' static objects by reference."""
+    """Pickles a program's pytree structures with the arguments' static objects by position."""
 
     def __init__(self, file: Any, statics: list[Any]) -> None:
         super().__init__(file)
-        self.ids: dict[int, int] = {}
-        for i, obj in enumerate(statics):
-            self.ids.setdefault(id(obj), i)
+        self.ids = {id(obj): i for i, obj in reversed(list(enumerate(statics)))}
 
     def persistent_id(self, obj: Any) -> Any:
-        return ("static", self.ids[id(obj)]) if id(obj) in self.ids else None
+        return self.ids.get(id(obj))
 
 
 class _Unpickler(pickle.Unpickler):
     def __init__(self, file: Any, statics: list[Any]) -> None:
         super().__init__(file)
-        self.statics = statics
-
-    def persistent_load(self, pid: Any) -> Any:
-        return self.statics[pid[1]]
+        self.persistent_load = statics.__getitem__
 
 
 def signature(dynamic: Sequence[Any], static: Sequence[Any] = ()) -> str:
@@ -130,8 +122,8 @@ class ProgramCache:
     @classmethod
     def from_jax_config(cls, context: str = "", log: Callable[[str], None] | None = None) -> "ProgramCache":
         """The cache in ``programs/`` of JAX's persistent cache folder; inactive where that is unset, with
-        ``OIR_GYM_PROGRAM_CACHE=0``, over several processes (``jax.distributed``), and on the CPU (jaxlib 0.10's CPU executables, loaded in a process that
-        compiled others or from JAX's cache, can fail to run: "Function ... not found")."""
+        ``OIR_GYM_PROGRAM_CACHE=0``, over several processes, and on the CPU (jaxlib 0.10's CPU executables,
+        loaded in a process that compiled others or from JAX's cache, can fail: "Function ... not found")."""
         folder = jax.config.jax_compilation_cache_dir
         active = (folder and os.environ.get("OIR_GYM_PROGRAM_CACHE", "1") != "0" and jax.default_backend() != "cpu"
                   and jax.process_count() == 1)
@@ -152,9 +144,8 @@ class ProgramCache:
 
     def summary(self) -> str:
         """``"N programs loaded from the program cache, M compiled"``, or ``""`` where the cache is inactive."""
-        if self.folder is None:
-            return ""
-        return f"{len(self.loaded)} programs loaded from the program cache, {len(self.compiled)} compiled"
+        n, m = len(self.loaded), len(self.compiled)
+        return f"{n} programs loaded from the program cache, {m} compiled" if self.folder is not None else ""
 
     def has(self, key: str) -> bool:
         """Whether an entry is stored under ``key``."""
@@ -165,9 +156,9 @@ class ProgramCache:
         loadable: logged)."""
         if not self.has(key):
             return None
-        path = self.folder / f"{key}.bin"
         from jax.experimental import serialize_executable
 
+        path = self.folder / f"{key}.bin"
         try:
             payload, in_tree, out_tree = _Unpickler(io.BytesIO(path.read_bytes()), _statics(args)).load()
             compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
@@ -184,12 +175,11 @@ class ProgramCache:
         from jax.experimental import serialize_executable
 
         try:
-            with io.BytesIO() as file:
-                _Pickler(file, _statics(args)).dump(serialize_executable.serialize(compiled))
-                blob = file.getvalue()
+            file = io.BytesIO()
+            _Pickler(file, _statics(args)).dump(serialize_executable.serialize(compiled))
             self.folder.mkdir(parents=True, exist_ok=True)
             tmp = self.folder / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
-            tmp.write_bytes(blob)
+            tmp.write_bytes(file.getvalue())
             os.replace(tmp, self.folder / f"{key}.bin")
         except Exception as e:  # noqa: BLE001 - the program runs; only its next start is slower
             self.log(f"program cache: {key} was not stored ({e!r})")
@@ -221,8 +211,7 @@ class CachedProgram:
         self._lock, self._trace_lock = threading.Lock(), threading.Lock()
 
     def _split(self, args: tuple) -> tuple[list, list]:
-        dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
-        return dynamic, [args[i] for i in self.static_argnums]
+        return [a for i, a in enumerate(args) if i not in self.static_argnums], [args[i] for i in self.static_argnums]
 
     def executable(self, *args: Any, compile_missing: bool = True) -> Any | None:
         """The executable for ``args``: held, loaded or (``compile_missing``) compiled and stored."""
@@ -234,8 +223,7 @@ class CachedProgram:
             if (hit := self._executables.get(sig)) is not None:
                 return hit
             key = self.cache.key(self.name, sig)
-            compiled = self.cache.load(key, dynamic)
-            if compiled is not None:
+            if (compiled := self.cache.load(key, dynamic)) is not None:
                 self.cache.loaded.append(self.name)
             elif not compile_missing:
                 return None
@@ -270,8 +258,7 @@ class CachedProgram:
     def eval_shape(self, *args: Any) -> Any:
         """The outputs' shapes and dtypes, from the executable where one is held or stored, else from the trace
         that its compile uses too."""
-        dynamic, static = self._split(args)
-        sig = signature(dynamic, static)
+        sig = signature(*self._split(args))
         compiled = None
         if sig in self._executables or self.cache.has(self.cache.key(self.name, sig)):
             compiled = self.executable(*args, compile_missing=False)  # waits for a load, never for a compile
