@@ -153,3 +153,14 @@ def test_prune_removes_the_least_recently_used_entries_first(tmp_path):
         os.utime(path, (1000 + i, 1000 + i))
     ProgramCache(tmp_path).prune(max_bytes=200)
     assert sorted(p.stem for p in tmp_path.glob("*.bin")) == ["mid", "new"]
+
+
+def test_a_program_that_cannot_be_stored_still_runs_and_leaves_no_partial_file(tmp_path):
+    """An output holding a function that is not among the arguments (here a new lambda) cannot be pickled."""
+    messages: list[str] = []
+    cache = ProgramCache(tmp_path, log=messages.append)
+    out = cache.wrap(jax.jit(lambda x: TrainState.create(apply_fn=lambda p: p, params=x, tx=optax.sgd(0.1))),
+                     "init")(jnp.ones(2))
+    np.testing.assert_array_equal(out.params, [1.0, 1.0])
+    assert cache.compiled == ["init"] and "was not stored" in messages[0]
+    assert list(tmp_path.iterdir()) == []

@@ -174,25 +174,29 @@ class ProgramCache:
             return
         from jax.experimental import serialize_executable
 
+        tmp = self.folder / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             file = io.BytesIO()
             _Pickler(file, _statics(args)).dump(serialize_executable.serialize(compiled))
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = self.folder / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
             tmp.write_bytes(file.getvalue())
             os.replace(tmp, self.folder / f"{key}.bin")
         except Exception as e:  # noqa: BLE001 - the program runs; only its next start is slower
+            tmp.unlink(missing_ok=True)
             self.log(f"program cache: {key} was not stored ({e!r})")
             return
         self.prune()
 
     def prune(self, max_bytes: int = MAX_BYTES) -> None:
         """Remove the least recently used entries until the folder holds at most ``max_bytes``."""
-        if self.folder is None:
-            return
-        entries = sorted((p.stat().st_mtime, p.stat().st_size, p) for p in self.folder.glob("*.bin"))
+        entries = []
+        for path in self.folder.glob("*.bin") if self.folder is not None else ():
+            try:  # another process may remove an entry meanwhile
+                entries.append((path.stat().st_mtime, path.stat().st_size, path))
+            except OSError:
+                continue
         total = sum(size for _, size, _ in entries)
-        for _, size, path in entries:
+        for _, size, path in sorted(entries):
             if total <= max_bytes:
                 break
             path.unlink(missing_ok=True)
