@@ -164,3 +164,15 @@ def test_a_program_that_cannot_be_stored_still_runs_and_leaves_no_partial_file(t
     np.testing.assert_array_equal(out.params, [1.0, 1.0])
     assert cache.compiled == ["init"] and "was not stored" in messages[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_prepare_compiles_and_stores_a_cached_program_and_runs_a_plain_one_once(tmp_path):
+    from agents.pqn.program_cache import prepare
+
+    cache = ProgramCache(tmp_path)
+    prepare(cache.wrap(jax.jit(lambda x: x + 1), "f"), jnp.ones(2))
+    assert cache.compiled == ["f"] and len(list(tmp_path.glob("f-*.bin"))) == 1
+    ran: list[int] = []  # a host callback: such a program cannot be stored, and shows that it ran
+    prepare(jax.jit(lambda x: jax.debug.callback(lambda: ran.append(1)) or x + 1), jnp.ones(2))
+    jax.effects_barrier()
+    assert ran == [1]
