@@ -182,7 +182,8 @@ class PerDevice:
     def eval_shape(self, *args) -> Any:
         """The global outputs as :class:`jax.ShapeDtypeStruct` (with shardings); nothing is compiled or run."""
         if len(self.devices) == 1:
-            local = self.program.eval_shape(*args) if self.program is not self._jit else jax.eval_shape(self._jit, *args)
+            cached = self.program is not self._jit
+            local = self.program.eval_shape(*args) if cached else jax.eval_shape(self._jit, *args)
             specs = [PartitionSpec()] * len(jax.tree_util.tree_leaves(local))  # what jit gives a 1-device mesh
         else:
             local = jax.eval_shape(self._jit, *self._split(args)[0])
