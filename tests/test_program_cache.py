@@ -133,6 +133,7 @@ def test_an_inactive_cache_stores_nothing_and_the_trainer_leaves_it_off_on_the_c
         assert ProgramCache.from_jax_config().folder is None  # this suite runs on the CPU
         monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
         assert ProgramCache.from_jax_config().folder == tmp_path / "programs"
+        assert ProgramCache.from_jax_config(devices=2).folder is None  # programs over several devices
         monkeypatch.setenv("OIR_GYM_PROGRAM_CACHE", "0")
         assert ProgramCache.from_jax_config().folder is None
     finally:

@@ -120,13 +120,15 @@ class ProgramCache:
         self.compiled: list[str] = []
 
     @classmethod
-    def from_jax_config(cls, context: str = "", log: Callable[[str], None] | None = None) -> "ProgramCache":
-        """The cache in ``programs/`` of JAX's persistent cache folder; inactive where that is unset, with
-        ``OIR_GYM_PROGRAM_CACHE=0``, over several processes, and on the CPU (jaxlib 0.10's CPU executables,
-        loaded in a process that compiled others or from JAX's cache, can fail: "Function ... not found")."""
+    def from_jax_config(cls, context: str = "", log: Callable[[str], None] | None = None,
+                        devices: int = 1) -> "ProgramCache":
+        """The cache in ``programs/`` of JAX's persistent cache folder for programs of one device; inactive where
+        that is unset, with ``OIR_GYM_PROGRAM_CACHE=0``, for programs over several ``devices`` or processes, and
+        on the CPU (jaxlib 0.10's CPU executables, loaded in a process that compiled others or from JAX's cache,
+        can fail: "Function ... not found")."""
         folder = jax.config.jax_compilation_cache_dir
         active = (folder and os.environ.get("OIR_GYM_PROGRAM_CACHE", "1") != "0" and jax.default_backend() != "cpu"
-                  and jax.process_count() == 1)
+                  and jax.process_count() == 1 and devices == 1)
         return cls(Path(folder) / "programs" if active else None, context, log)
 
     def key(self, name: str, sig: str) -> str:

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from agents.pqn.program_cache import prepare
+
 AXIS = "devices"
 SEEDS, PARTS = "seeds", "parts"
 
@@ -138,7 +140,7 @@ class PerDevice:
         self.devices = list(mesh.devices.flat)
         self._jit = jax.jit(fn)
         #: one device: the jitted function, or its executables kept in ``cache`` (a ProgramCache) under ``name``
-        self.program = cache.wrap(self._jit, name) if cache is not None and len(self.devices) == 1 else self._jit
+        self.program = cache.wrap(self._jit, name) if cache is not None else self._jit
         self.compiled: dict[Any, Any] = {}
         self._signature: Any = None
         self._lock = threading.Lock()
@@ -173,8 +175,6 @@ class PerDevice:
         """Compile (or load) the program for ``args`` (:func:`agents.pqn.program_cache.prepare`); several devices:
         one throwaway run."""
         if len(self.devices) == 1:
-            from agents.pqn.program_cache import prepare
-
             prepare(self.program, *args)
         else:
             jax.block_until_ready(self(*args))
@@ -182,8 +182,7 @@ class PerDevice:
     def eval_shape(self, *args) -> Any:
         """The global outputs as :class:`jax.ShapeDtypeStruct` (with shardings); nothing is compiled or run."""
         if len(self.devices) == 1:
-            cached = self.program is not self._jit
-            local = self.program.eval_shape(*args) if cached else jax.eval_shape(self._jit, *args)
+            local = self.program.eval_shape(*args)
             specs = [PartitionSpec()] * len(jax.tree_util.tree_leaves(local))  # what jit gives a 1-device mesh
         else:
             local = jax.eval_shape(self._jit, *self._split(args)[0])

@@ -188,8 +188,8 @@ class Programs:
         self.cfg, self.layout, self.instr_dim = cfg, layout, instr_dim
         self.mesh = layout.mesh()
         #: the compiled programs kept across processes (``context``: what they are built from)
-        self.cache = ProgramCache.from_jax_config(context)
-        keep = self.cache.wrap if layout.num_devices == 1 else (lambda f, name, static=(): f)
+        self.cache = ProgramCache.from_jax_config(context, devices=layout.num_devices)
+        keep = self.cache.wrap
         self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
         #: one object: every train state shares its structure (jit's cache compares it)
         self.tx = pqn.make_optimizer(cfg.pqn, cfg.num_updates)

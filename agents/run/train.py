@@ -578,8 +578,9 @@ def _train(recipe: Recipe, trainer: RunTrainer, n: int, metrics: Any, opts: RunO
                     row["time/first_update_s"] = row["time"]
                     if not quiet:
                         cache = getattr(getattr(trainer, "programs", None), "cache", None)
-                        note = f" ({cache.summary()})" if cache is not None and cache.summary() else ""
-                        print(f"first update done {row['time']:.0f} s after launch{note}", flush=True)
+                        note = cache.summary() if cache is not None else ""
+                        print(f"first update done {row['time']:.0f} s after launch{f' ({note})' if note else ''}",
+                              flush=True)
                     first = False
                 last = log.update >= n
                 if log.update % cfg.eval.every == 0 or last:
