@@ -1,11 +1,12 @@
-"""The rollout program's cold compile under XLA options: compile seconds and run seconds, in one process.
+"""A program's cold compile under XLA options: compile seconds and run seconds, in one process.
 
-    OIR_GYM_JAX_CACHE=0 python bench/compile_options.py --preset fast \
-        --options default "xla_gpu_autotune_level=0" "xla_gpu_enable_llvm_module_compilation_parallelism=true"
+    OIR_GYM_JAX_CACHE=0 python bench/compile_options.py --preset fast --program rollout \
+        --options default "xla_gpu_autotune_level=0" "xla_llvm_disable_expensive_passes=true"
 
-Each option set (``name=value`` pairs joined by ``,``; ``default``: none) compiles the same lowered rollout
-of the preset's trainer (run with ``OIR_GYM_JAX_CACHE=0``: JAX's persistent cache would answer the second
-compile), then runs it ``--runs`` times; the table gives the median run and the ratios to the first set.
+Each option set (``name=value`` pairs joined by ``,``; ``default``: none) compiles the same lowered program
+(``--program``: the preset trainer's rollout, update or evaluation; run with ``OIR_GYM_JAX_CACHE=0``: JAX's
+persistent cache would answer the second compile), then runs it ``--runs`` times; the table gives the median
+run and the ratios to the first set.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def parse_options(text: str) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="fast")
+    p.add_argument("--program", choices=("rollout", "update", "evaluate"), default="rollout")
     p.add_argument("--options", nargs="+", default=["default"])
     p.add_argument("--runs", type=int, default=3)
     a = p.parse_args(argv)
@@ -39,10 +41,16 @@ def main(argv=None) -> None:
     trainer = Trainer(preset(a.preset), tempfile.mkdtemp(), log=lambda m: None)
     env_params = trainer.env_params()
     train_state, runner = trainer.placeholder_state(env_params)
-    args = (train_state.params, runner, env_params, trainer.env_steps)
     t = time.time()
-    lowered = trainer.programs.rollout.program.lower(*args)
-    print(f"# rollout of preset {a.preset} on {jax.devices()[0].device_kind}; traced and lowered in "
+    if a.program == "rollout":
+        program, args = trainer.programs.rollout.program, (train_state.params, runner, env_params, trainer.env_steps)
+    elif a.program == "update":
+        program, args = trainer.programs.update, trainer.update_args(train_state, runner)
+    else:
+        evaluator, args = trainer.evaluation_program(train_state.params)
+        program = evaluator.program
+    lowered = program.lower(*args)
+    print(f"# {a.program} of preset {a.preset} on {jax.devices()[0].device_kind}; traced and lowered in "
           f"{time.time() - t:.1f} s; median of {a.runs} runs", flush=True)
     print("| options | compile s | run s | compile ratio | run ratio |\n|---|---|---|---|---|", flush=True)
     first = None

@@ -627,11 +627,23 @@ class Trainer(ProcessSeeds):
                  else (self.eval_rows, self.eval_cfg, self.eval_texts, self.eval_achs, self.eval_sets))
         return self._evaluation_of(policy, self.registry.device_table(), *which)
 
+    def evaluation_program(self, policy_params: Any = None) -> tuple[Any, tuple]:
+        """The evaluation program (a :class:`~agents.pqn.sharding.PerDevice`) and its arguments for
+        ``policy_params`` (default: the current ones)."""
+        evaluator, keys, policy, env_params, rows, ecfg, _, achs, _ = self._evaluation(policy_params).args
+        return evaluator, evaluator_args(keys, policy, env_params, rows, ecfg, achs)
+
     def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
         """Compile (or load) the evaluation program of ``policy_params`` on a side thread (:func:`prepare`)."""
-        evaluator, keys, policy, env_params, rows, ecfg, _, achs, _ = self._evaluation(policy_params).args
-        return side_threads("oir-eval-compile",
-                            lambda: evaluator.prepare(*evaluator_args(keys, policy, env_params, rows, ecfg, achs)))[0]
+        evaluator, args = self.evaluation_program(policy_params)
+        return side_threads("oir-eval-compile", lambda: evaluator.prepare(*args))[0]
+
+    def update_args(self, train_state: Any, runner: Any) -> tuple:
+        """Arguments of the update program as the first update passes them (placeholder data, no relabels)."""
+        traj = placeholder(self.programs.rollout.eval_shape(train_state.params, runner, self.env_params(),
+                                                            self.env_steps)[1])
+        keys = jax.random.split(jax.random.PRNGKey(0), self.S)
+        return train_state, keys, self.method_batch(traj, self.method.warmup_slots())
 
     def start_compiling(self) -> list[Future]:
         """Compile (or load from the program cache) the first update's programs (rollout, batch and update,
@@ -643,16 +655,13 @@ class Trainer(ProcessSeeds):
             train_state, runner = (self.placeholder_state(env_params) if self.runner is None
                                    else (self.train_state, self.runner))
             params = train_state.params
-            keys = jax.random.split(jax.random.PRNGKey(0), self.S)
             evaluation = self.start_compiling_evaluation(params)
         except Exception as e:  # noqa: BLE001 - an optimisation: training compiles its own programs
             self.log(f"compiling ahead failed ({e!r}); the first update compiles its own programs")
             return []
 
         def update() -> None:
-            traj = placeholder(self.programs.rollout.eval_shape(params, runner, env_params, steps)[1])
-            batch = self.method_batch(traj, self.method.warmup_slots())
-            prepare(self.programs.update, train_state, keys, batch)
+            prepare(self.programs.update, *self.update_args(train_state, runner))
             prepare(self.programs.all_finite, params)
 
         self._compiling = side_threads("oir-compile", lambda: self.programs.rollout.prepare(
