@@ -177,3 +177,22 @@ def test_prepare_compiles_and_stores_a_cached_program_and_runs_a_plain_one_once(
     prepare(jax.jit(lambda x: jax.debug.callback(lambda: ran.append(1)) or x + 1), jnp.ones(2))
     jax.effects_barrier()
     assert ran == [1]
+
+
+def test_prepare_waits_between_the_trace_and_the_compile_and_not_for_a_held_program(tmp_path):
+    """``wait`` keeps a compile off a busier one (the trainer's evaluation waits for its rollout's compile)."""
+    from agents.pqn.program_cache import prepare
+
+    cache = ProgramCache(tmp_path)
+    f, calls = traced_counter()
+    program = cache.wrap(jax.jit(f), "f")
+    seen: list[tuple[int, list[str]]] = []
+    prepare(program, jnp.ones(2), jnp.ones(2), wait=lambda: seen.append((calls["n"], list(cache.compiled))))
+    assert seen == [(1, [])] and cache.compiled == ["f"]  # traced, not yet compiled, when it waited
+    prepare(program, jnp.ones(2), jnp.ones(2), wait=lambda: seen.append((-1, [])))
+    assert len(seen) == 1  # held: nothing to compile, nothing to wait for
+    order: list[str] = []
+    prepare(jax.jit(lambda x: jax.debug.callback(lambda: order.append("ran")) or x), jnp.ones(2),
+            wait=lambda: order.append("waited"))
+    jax.effects_barrier()
+    assert order == ["waited", "ran"]

@@ -219,8 +219,9 @@ class CachedProgram:
     def _split(self, args: tuple) -> tuple[list, list]:
         return [a for i, a in enumerate(args) if i not in self.static_argnums], [args[i] for i in self.static_argnums]
 
-    def executable(self, *args: Any, compile_missing: bool = True) -> Any | None:
-        """The executable for ``args``: held, loaded or (``compile_missing``) compiled and stored."""
+    def executable(self, *args: Any, compile_missing: bool = True, wait: Callable[[], Any] | None = None) -> Any | None:
+        """The executable for ``args``: held, loaded or (``compile_missing``) compiled and stored; ``wait`` (a
+        compile only) is called between lowering and XLA's compile, to keep that compile off a busier one."""
         dynamic, static = self._split(args)
         sig = signature(dynamic, static)
         if (hit := self._executables.get(sig)) is not None:
@@ -234,7 +235,10 @@ class CachedProgram:
             elif not compile_missing:
                 return None
             else:
-                compiled = self._trace(sig, args).lower().compile()
+                lowered = self._trace(sig, args).lower()
+                if wait is not None:
+                    wait()
+                compiled = lowered.compile()
                 self.cache.compiled.append(self.name)
                 self.cache.store(key, compiled, dynamic)
             self._executables[sig] = compiled
@@ -275,10 +279,13 @@ class CachedProgram:
         return self.jitted.lower(*args)
 
 
-def prepare(program: Any, *args: Any) -> None:
+def prepare(program: Any, *args: Any, wait: Callable[[], Any] | None = None) -> None:
     """Have ``program`` ready for ``args``: a :class:`CachedProgram` compiles or loads it without running it; a
-    plain ``jax.jit`` function runs once (its call is what fills its cache)."""
+    plain ``jax.jit`` function runs once (its call is what fills its cache). ``wait``: called before a compile
+    (:meth:`CachedProgram.executable`; before the run of a plain function)."""
     if isinstance(program, CachedProgram):
-        program.executable(*args)
-    else:
-        jax.block_until_ready(program(*args))
+        program.executable(*args, wait=wait)
+        return
+    if wait is not None:
+        wait()
+    jax.block_until_ready(program(*args))

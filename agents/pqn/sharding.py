@@ -171,13 +171,15 @@ class PerDevice:
         self.compiled = {d: f.result() for d, f in zip(self.devices, done)}
         self._signature = signature
 
-    def prepare(self, *args) -> None:
-        """Compile (or load) the program for ``args`` (:func:`agents.pqn.program_cache.prepare`); several devices:
-        one throwaway run."""
+    def prepare(self, *args, wait: Callable[[], Any] | None = None) -> None:
+        """Compile (or load) the program for ``args`` (:func:`agents.pqn.program_cache.prepare`, ``wait`` as
+        there); several devices: one throwaway run."""
         if len(self.devices) == 1:
-            prepare(self.program, *args)
-        else:
-            jax.block_until_ready(self(*args))
+            prepare(self.program, *args, wait=wait)
+            return
+        if wait is not None:
+            wait()
+        jax.block_until_ready(self(*args))
 
     def eval_shape(self, *args) -> Any:
         """The global outputs as :class:`jax.ShapeDtypeStruct` (with shardings); nothing is compiled or run."""

@@ -633,10 +633,12 @@ class Trainer(ProcessSeeds):
         evaluator, keys, policy, env_params, rows, ecfg, _, achs, _ = self._evaluation(policy_params).args
         return evaluator, evaluator_args(keys, policy, env_params, rows, ecfg, achs)
 
-    def start_compiling_evaluation(self, policy_params: Any = None) -> Future:
-        """Compile (or load) the evaluation program of ``policy_params`` on a side thread (:func:`prepare`)."""
+    def start_compiling_evaluation(self, policy_params: Any = None, after: Future | None = None) -> Future:
+        """Compile (or load) the evaluation program of ``policy_params`` on a side thread (:func:`prepare`);
+        ``after``: its XLA compile waits for that job (it is traced and lowered at once)."""
         evaluator, args = self.evaluation_program(policy_params)
-        return side_threads("oir-eval-compile", lambda: evaluator.prepare(*args))[0]
+        wait = None if after is None else after.exception  # waits, raises nothing: a failed job was logged
+        return side_threads("oir-eval-compile", lambda: evaluator.prepare(*args, wait=wait))[0]
 
     def update_args(self, train_state: Any, runner: Any) -> tuple:
         """Arguments of the update program as the first update passes them (placeholder data, no relabels)."""
@@ -646,16 +648,17 @@ class Trainer(ProcessSeeds):
         return train_state, keys, self.method_batch(traj, self.method.warmup_slots())
 
     def start_compiling(self) -> list[Future]:
-        """Compile (or load from the program cache) the first update's programs (rollout, batch and update,
-        evaluation) side by side on side threads (before :meth:`init_state`: for a placeholder state), changing
-        no state; programs without a cache compile by a throwaway call. A failure leaves the compile to the
-        first update. Returns the jobs."""
+        """Compile (or load from the program cache) the run's programs on side threads (before
+        :meth:`init_state`: for a placeholder state), changing no state: the rollout and the update side by
+        side, the evaluation traced beside them and compiled once the rollout is (the first update waits for
+        the rollout's compile, which runs a third longer beside the evaluation's; the first evaluation comes
+        updates later). Programs without a cache compile by a throwaway call. A failure leaves the compile to
+        the program's first use. Returns the jobs."""
         try:
             env_params, steps = self.env_params(), self.env_steps
             train_state, runner = (self.placeholder_state(env_params) if self.runner is None
                                    else (self.train_state, self.runner))
             params = train_state.params
-            evaluation = self.start_compiling_evaluation(params)
         except Exception as e:  # noqa: BLE001 - an optimisation: training compiles its own programs
             self.log(f"compiling ahead failed ({e!r}); the first update compiles its own programs")
             return []
@@ -666,7 +669,12 @@ class Trainer(ProcessSeeds):
 
         self._compiling = side_threads("oir-compile", lambda: self.programs.rollout.prepare(
             params, runner, env_params, steps), update)
-        return self._compiling + [evaluation]
+        try:
+            evaluation = [self.start_compiling_evaluation(params, after=self._compiling[0])]
+        except Exception as e:  # noqa: BLE001 - as above: the first evaluation compiles its program
+            self.log(f"compiling the evaluation ahead failed ({e!r}); the first evaluation compiles it")
+            evaluation = []
+        return self._compiling + evaluation
 
     def close(self) -> None:
         """Stop the method's background workers (LLM relabeler or proposer)."""
