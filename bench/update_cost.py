@@ -5,17 +5,20 @@
     python bench/update_cost.py --preset fast --unroll 8,16 --dtype float32,bfloat16
     python bench/update_cost.py --preset fast --variants sequence:8:float32,cell:8:float32,sequence:8:bfloat16
     python bench/update_cost.py --preset fast --variants sequence:8:bfloat16 --trace /tmp/update_trace
+    python bench/update_cost.py --preset fast --variants sequence:8:bfloat16 --valid-rows 0.82 --skip-padding off,on
 
 The update is :func:`agents.pqn.network.update`, vmapped over seeds and jitted as the trainer does, on random
 trajectories shaped as the preset's. Variants (``lstm``: ``sequence`` or flax's per-step ``cell``; ``unroll``;
-``dtype``; ``grad``: ``hoisted`` or ``autodiff``; ``--lstm-kernel``: ``scan`` or ``pallas``) are timed
-interleaved; medians are reported with each one's ratio to the first, its matmul FLOPs, FLOP/s and fraction
-of the card's dense peak (bfloat16, or TF32 for float32).
+``dtype``; ``grad``: ``hoisted`` or ``autodiff``; ``--lstm-kernel``: ``scan`` or ``pallas``; ``--skip-padding``:
+``pqn.skip_padding``) are timed interleaved; medians are reported with each one's ratio to the first, its
+matmul FLOPs, FLOP/s and fraction of the card's dense peak (bfloat16, or TF32 for float32), counted over
+every row and over the rows that train (``--valid-rows``: their share; the rest are padding, weighted 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 import statistics
@@ -64,6 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--lstm-kernel", default="scan", help="LSTM recurrences (pqn.lstm_kernel; pallas/R/U/K/S/W sets the "
                    "kernel's row, unit and chunk blocks, stages and warps), comma-separated "
                    "(scan, pallas)")
+    p.add_argument("--valid-rows", type=float, default=1.0, help="share of the batch's rows that train (the rest "
+                   "are padding, weighted 0 as unfilled relabel slots are)")
+    p.add_argument("--skip-padding", default="off", help="pqn.skip_padding settings, comma-separated (off, on)")
     p.add_argument("--iterations", type=int_arg(1), default=5, help="timed updates per variant (median reported)")
     p.add_argument("--parts", action="store_true",
                    help="also time the first variant's parts: one minibatch's update (times the update's "
@@ -119,7 +125,8 @@ def main(argv=None) -> int:
         "obs": jax.random.normal(k, (S, T, N, D)), "instr": jax.random.normal(k, (S, T, N, 384)),
         "actions": jax.random.randint(k, (S, T, N), 0, NUM_ACTIONS), "rewards": jnp.zeros((S, T, N)),
         "dones": jax.random.uniform(k, (S, T, N)) < 0.01, "resets": jax.random.uniform(k, (S, T, N)) < 0.01,
-        "cuts": jnp.zeros((S, T, N), bool), "weights": jnp.ones((S, N)),
+        "cuts": jnp.zeros((S, T, N), bool),
+        "weights": jnp.broadcast_to((jnp.arange(N) < round(args.valid_rows * N)).astype(jnp.float32), (S, N)),
         "next_obs_last": jnp.zeros((S, N, D)), "next_instr_last": jnp.zeros((S, N, 384)),
         "carry0": (jnp.zeros((S, N, H)), jnp.zeros((S, N, H))),
     }
@@ -131,8 +138,8 @@ def main(argv=None) -> int:
     else:
         variants = [(*v, "hoisted") for v in itertools.product(
             args.lstm.split(","), [int(u) for u in args.unroll.split(",")], args.dtype.split(","))]
-    variants = [(*v, kern) for v in variants for kern in args.lstm_kernel.split(",")
-                if kern == "scan" or v[0] == "sequence" and v[3] == "hoisted"]
+    variants = [(*v, kern, skip) for v in variants for kern in args.lstm_kernel.split(",")
+                if kern == "scan" or v[0] == "sequence" and v[3] == "hoisted" for skip in args.skip_padding.split(",")]
     programs = {}
     tiling_names = ("MAX_ROWS", "MAX_UNITS", "MAX_CHUNK", "NUM_STAGES", "NUM_WARPS")
     module_tiling = [getattr(lstm_pallas, n) for n in tiling_names]
@@ -142,8 +149,9 @@ def main(argv=None) -> int:
         for name, value in zip(tiling_names, [int(x) for x in kern.split("/")[1:]] or module_tiling):
             setattr(lstm_pallas, name, value)
 
-    for lstm, unroll, dtype, grad, kern in list(variants):
+    for lstm, unroll, dtype, grad, kern, skip in list(variants):
         use_tiling(kern)
+        vcfg = dataclasses.replace(cfg, skip_padding=skip == "on")
         net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad, kern.split("/")[0])
                if lstm == "sequence" else cell_network(NUM_ACTIONS, H, unroll))
         tx = pqn.make_optimizer(cfg, 100)
@@ -154,15 +162,15 @@ def main(argv=None) -> int:
             return TrainState.create(apply_fn=net.apply, params=params, tx=tx)
 
         state = jax.jit(jax.vmap(init))(jax.random.split(k, S))
-        fn = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, cfg, key, b)))
+        fn = jax.jit(jax.vmap(lambda ts, key, b, vcfg=vcfg: pqn.update(ts, vcfg, key, b)))
         t = time.time()
         try:
             compiled = fn.lower(state, jax.random.split(k, S), batch).compile()
         except Exception as e:  # noqa: BLE001 - a tiling the card cannot run: say so, time the others
             print(f"# {kern}: did not compile ({str(e).splitlines()[0][:200]})")
-            variants.remove((lstm, unroll, dtype, grad, kern))
+            variants.remove((lstm, unroll, dtype, grad, kern, skip))
             continue
-        programs[(lstm, unroll, dtype, grad, kern)] = (compiled, state, time.time() - t)
+        programs[(lstm, unroll, dtype, grad, kern, skip)] = (compiled, state, time.time() - t)
         jax.block_until_ready(compiled(state, jax.random.split(k, S), batch))  # warm-up
     times = {v: [] for v in variants}
     for _ in range(args.iterations):
@@ -173,19 +181,19 @@ def main(argv=None) -> int:
             times[v].append(time.time() - t)
     print(f"# update program, preset {args.preset}: {S} seed(s) x {N} trajectories x {T} steps, LSTM {H}, "
           f"{size['epochs']} epochs x {size['minibatches']} minibatches; {jax.devices()[0].device_kind}, "
-          f"median of {args.iterations}")
+          f"median of {args.iterations}; {args.valid_rows:.0%} of the rows train")
     flops = update_flops(S, N, T, H, size["epochs"], D + 384, NUM_ACTIONS)
     kind = jax.devices()[0].device_kind
     print(f"# matmul FLOPs per update: {flops / 1e9:,.1f} GFLOP")
-    print("| lstm | unroll | dtype | grad | kernel | compile s | update s | ratio to first | TFLOP/s | of peak |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+    print("| lstm | unroll | dtype | grad | kernel | skip padding | compile s | update s | ratio to first | TFLOP/s | "
+          "of peak | TFLOP/s on rows that train |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     base = statistics.median(times[variants[0]])
     for v in variants:
         med = statistics.median(times[v])
         top = peak(kind, v[2])
         frac = f"{flops / med / top:.1%}" if top else "-"
-        print(f"| {v[0]} | {v[1]} | {v[2]} | {v[3]} | {v[4]} | {programs[v][2]:.1f} | {med:.3f} | {med / base:.2f} | "
-              f"{flops / med / 1e12:.1f} | {frac} |")
+        print(f"| {v[0]} | {v[1]} | {v[2]} | {v[3]} | {v[4]} | {v[5]} | {programs[v][2]:.1f} | {med:.3f} | "
+              f"{med / base:.2f} | {flops / med / 1e12:.1f} | {frac} | {flops * args.valid_rows / med / 1e12:.1f} |")
     if args.parts:
         use_tiling(variants[0][4])
         print_parts(variants[0], cfg, batch, S, N, T, H, args.iterations)
@@ -222,7 +230,6 @@ def _median_time(fn, *a, iterations: int) -> float:
 
 def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
     """Where one update's time goes: a minibatch's update, and the LSTM recurrence inside it."""
-    import dataclasses
 
     import jax
     import jax.numpy as jnp
@@ -232,7 +239,7 @@ def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
     from agents.pqn.lstm_pallas import lstm_scan_pallas
     from oir_gym.craftax_compat import NUM_ACTIONS
 
-    lstm, unroll, dtype, grad, kern = variant
+    lstm, unroll, dtype, grad, kern, _ = variant
     mb = N // cfg.num_minibatches
     steps = cfg.num_epochs * cfg.num_minibatches
     one = dataclasses.replace(cfg, num_epochs=1, num_minibatches=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
 
 from agents.pqn import network as pqn  # noqa: E402
 from agents.pqn.config import PQNConfig, TrainConfig, preset  # noqa: E402
@@ -431,3 +433,75 @@ def test_matmul_gradient_is_autodiffs_in_float32_and_multiplies_in_bfloat16_unde
     for a, b in zip(grad_bf16(x, w), ours):
         assert a.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0.05, atol=0.05)
+
+
+def _padded(batch, valid, garbage_seed=None):
+    """``batch`` with rows weighted by ``valid``; ``garbage_seed``: the padding rows' inputs replaced by noise."""
+    w = jnp.asarray(valid, jnp.float32)
+    if garbage_seed is None:
+        return dict(batch, weights=w)
+    rng = np.random.default_rng(garbage_seed)
+    pad = ~np.asarray(valid, bool)
+    noisy = dict(batch, weights=w)
+    for k in ("obs", "instr", "rewards"):
+        x = np.array(batch[k])
+        x[:, pad] = rng.normal(size=x[:, pad].shape)
+        noisy[k] = jnp.asarray(x, batch[k].dtype)
+    return noisy
+
+
+def _leaves_equal(a, b) -> bool:
+    return all(np.array_equal(np.asarray(x), np.asarray(y))
+               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True))
+
+
+def test_skipping_padding_changes_nothing_when_every_row_trains():
+    cfg, ts, batch = _terminal_batch(0, num_minibatches=2, num_epochs=3)
+    skip = dataclasses.replace(cfg, skip_padding=True)
+    key = jax.random.PRNGKey(3)
+    (a, ma), (b, mb) = pqn.update(ts, cfg, key, batch), pqn.update(ts, skip, key, batch)
+    assert _leaves_equal(a.params, b.params) and _leaves_equal(a.opt_state, b.opt_state)
+    assert float(ma["loss"]) == pytest.approx(float(mb["loss"]), rel=1e-6)
+
+
+@settings(max_examples=12, deadline=None)
+@given(valid=st.lists(st.booleans(), min_size=8, max_size=8), garbage=st.integers(0, 2**16))
+def test_skipped_padding_runs_only_minibatches_holding_a_row_and_its_inputs_change_nothing(valid, garbage):
+    """8 rows in 4 minibatches of 2 for 2 epochs: ceil(rows that train / 2) optimiser steps per epoch (at least
+    one), the learning-rate schedule 4 further per epoch, and what the padding rows hold changes nothing."""
+    cfg, ts, batch = _terminal_batch(0, num_minibatches=4, num_epochs=2, skip_padding=True)
+    batch = jax.tree_util.tree_map(lambda x: jnp.concatenate([x, x], axis=1 if x.ndim >= 2 and x.shape[0] == 8
+                                                             else 0), batch)  # 8 rows
+    upd = _jitted_update(cfg)
+    key = jax.random.PRNGKey(0)
+    out, m = upd(ts, key, _padded(batch, valid))
+    noisy, _ = upd(ts, key, _padded(batch, valid, garbage))
+    assert _leaves_equal(out.params, noisy.params)
+    runs = max(1, -(-sum(valid) // 2))
+    assert int(out.step) == 2 * runs and np.isfinite(float(m["loss"]))
+    schedule = [s for s in jax.tree_util.tree_leaves(out.opt_state, is_leaf=lambda x: isinstance(
+        x, optax.ScaleByScheduleState)) if isinstance(s, optax.ScaleByScheduleState)]
+    assert [int(s.count) for s in schedule] == [2 * 4]
+
+
+_JITTED: dict[str, object] = {}
+
+
+def _jitted_update(cfg):
+    """One jitted update per config (hypothesis's examples share its compile)."""
+    return _JITTED.setdefault(repr(cfg), jax.jit(lambda ts, k, b: pqn.update(ts, cfg, k, b)))
+
+
+def test_skipped_padding_under_vmap_gives_each_seed_its_own_update():
+    """Seeds with different numbers of rows that train, vmapped as the trainer does: each seed's result is its
+    update alone (the minibatch loop runs to the longest seed's count, the others' results untouched)."""
+    cfg, ts, batch = _terminal_batch(0, num_minibatches=2, num_epochs=2, skip_padding=True)
+    masks = [[1, 0, 0, 0], [1, 1, 1, 1]]
+    keys = jax.random.split(jax.random.PRNGKey(1), 2)
+    both = jax.vmap(lambda k, b: pqn.update(ts, cfg, k, b))(
+        keys, jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[_padded(batch, m) for m in masks]))
+    for s, m in enumerate(masks):
+        alone, _ = pqn.update(ts, cfg, keys[s], _padded(batch, m))
+        for x, y in zip(jax.tree_util.tree_leaves(alone.params), jax.tree_util.tree_leaves(both[0].params)):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y)[s], rtol=1e-5, atol=1e-6)
+        assert int(both[0].step[s]) == int(alone.step)

@@ -63,6 +63,10 @@ class PQNConfig:
     """Passes over each update's batch."""
     num_minibatches: int = 4
     """Minibatches per pass (they must divide the update's trajectories)."""
+    skip_padding: bool = False
+    """Leave out the batch's padding (relabel slots no instruction filled): each pass puts the rows that train
+    first and stops after the last minibatch holding one (the learning-rate schedule still advances by
+    ``num_minibatches`` per pass); off: every minibatch runs, its padding weighted 0."""
     gamma: float = 0.99
     """Discount factor."""
     lam: float = 0.5

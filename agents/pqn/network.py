@@ -260,14 +260,34 @@ def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Ar
         loss = 0.5 * jnp.sum(err * w) / jnp.maximum(jnp.sum(w) * q_a.shape[0], 1.0)
         return loss, (q_a.mean(), targets.mean())
 
+    def minibatch(ts, idx):
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params, idx)
+        return ts.apply_gradients(grads=grads), (loss,) + aux
+
     def epoch(ts, k):
-        perm = jax.random.permutation(k, n).reshape(cfg.num_minibatches, mb)
+        perm = jax.random.permutation(k, n)
+        if not cfg.skip_padding:
+            return jax.lax.scan(minibatch, ts, perm.reshape(cfg.num_minibatches, mb))
+        # the rows that train first (in perm's order), then the padding; only minibatches holding a row run
+        valid = batch["weights"] > 0
+        order = perm[jnp.argsort(~valid[perm], stable=True)]
+        runs = jnp.maximum(1, (jnp.sum(valid) + mb - 1) // mb)
 
-        def minibatch(ts, idx):
-            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params, idx)
-            return ts.apply_gradients(grads=grads), (loss,) + aux
+        def step(i, carry):
+            ts, total = carry
+            ts, out = minibatch(ts, jax.lax.dynamic_slice_in_dim(order, i * mb, mb))
+            return ts, tuple(a + b for a, b in zip(total, out))
 
-        return jax.lax.scan(minibatch, ts, perm)
+        ts, total = jax.lax.fori_loop(0, runs, step, (ts, (jnp.float32(0),) * 3))
+        ts = ts.replace(opt_state=advance_schedule(ts.opt_state, cfg.num_minibatches - runs))
+        return ts, tuple(t / runs for t in total)
 
     train_state, (losses, qs, tgt) = jax.lax.scan(epoch, train_state, jax.random.split(key, cfg.num_epochs))
     return train_state, {"loss": losses.mean(), "q_mean": qs.mean(), "target_mean": tgt.mean()}
+
+
+def advance_schedule(opt_state: Any, steps) -> Any:
+    """``opt_state`` with its learning-rate schedule ``steps`` further on (the optimiser's own count unchanged)."""
+    is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+    return jax.tree_util.tree_map(lambda s: s._replace(count=s.count + steps) if is_schedule(s) else s, opt_state,
+                                  is_leaf=is_schedule)
