@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Fast-preset runs one after another, each with a fresh (cold) compilation cache, then the same
 # preset again on the warm cache of the last one, stopped after 2 updates.
-# Usage: bash bench/gpu_session.sh bash bench/fast_runs.sh NAME... (seed i for the i-th name; "warm" = the warm start)
+# Usage: [FIRST_SEED=k] bash bench/gpu_session.sh bash bench/fast_runs.sh NAME... (seed k+i for the i-th name;
+# "warm" = the warm start)
 set -u
-i=0
+i=${FIRST_SEED:-0}  # the first run's seed
 for name in "$@"; do
   if [ "$name" = warm ]; then
     flags="--max-updates 2"; cache=/tmp/jc_last
