@@ -294,7 +294,7 @@ def _fast() -> TrainConfig:
     # beside the next rollout (oir.relabel_lag 1); bfloat16 matmuls (bench/update_cost.py).
     return _paper().replace(**{
         "run.total_timesteps": 64 * 1024 * 128, "run.num_seeds": 3, "pqn.num_envs": 1024, "pqn.num_steps": 128,
-        "pqn.num_epochs": 4, "pqn.num_minibatches": 16, "pqn.skip_padding": True, "pqn.lr": 5e-4, "eval.every": 8,
+        "pqn.num_epochs": 4, "pqn.num_minibatches": 16, "pqn.lr": 5e-4, "eval.every": 8,
         "run.checkpoint_every": 16, "oir.relabel_lag": 1, "pqn.compute_dtype": "bfloat16",
     })
 
