@@ -759,9 +759,45 @@ def first_update(path: Path) -> str:
     return re.search(r"first update done (\d+) s after launch", text).group(1) + " s"
 
 
-def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
-    """The benchmarks page's current fast-preset runs (b107fd2, shipped encoder, cold caches): their
-    time-to-target rows, update medians and first-update times, and the warm starts of the program cache."""
+def test_the_current_fast_preset_rows_starts_and_padding_runs_are_rebuilt_from_results(capsys):
+    """The benchmarks page's current fast-preset runs (affa8ff; b8322e2 with pqn.skip_padding on; shipped encoder,
+    cold caches): time-to-target rows, update medians, first-update times, first evaluations, and the update
+    program and compile-option tables."""
+    f = RES / "gpu_h200_start_order"
+    off, skip = ["off_s0", "off_s1"], ["fast_s0", "fast_s1", "fast_s2"]
+    runs = [f"fast preset, seed {i}, H200 (affa8ff)={f / n}" for i, n in enumerate(off)]
+    runs += [f"skip_padding on, seed {i}, H200 (b8322e2)={f / n}" for i, n in enumerate(skip)]
+    rows = _time_rows(capsys, runs, "300")
+    assert len(rows) == 5 and all(r in BENCH for r in rows), rows
+    assert [r.split("|")[3].split(";")[0].strip() for r in rows] == ["173 s", "164 s", "197 s", "not reached",
+                                                                     "not reached"]
+    assert [r.split("|")[-2].split(",")[0].strip() for r in rows] == ["0.351", "0.357", "0.344", "0.322", "0.320"]
+    medians = [[round(m, 2) for m in _update_medians(f / n)] for n in off + skip]
+    assert [m[2] for m in medians] == [0.94, 0.94, 0.83, 0.82, 0.82] and [m[1] for m in medians[:2]] == [0.18, 0.18]
+    assert _says(BENCH, "0.54-0.55 s waiting for the rollout, 0.18 s of host work and 0.94 s of update program")
+    cold = [first_update(f / n / "log.txt") for n in skip + off]
+    assert cold == ["52 s", "42 s", "44 s", "45 s", "42 s"] and first_update(f / "warm" / "log.txt") == "13 s"
+    assert "| b8322e2, affa8ff (+ the evaluation XLA-compiles once the rollout has) | 52 s, 42 s, 44 s; 45 s, 42 s | 13 s |" in BENCH
+    assert "6 programs loaded from the program cache, 0 compiled" in (f / "warm" / "log.txt").read_text()
+    first_eval = [[json.loads(line) for line in open(f / n / "metrics.jsonl") if '"time/eval_s"' in line][0]
+                  for n in off + skip]
+    assert sorted(round(r["time/eval_s"], 1) for r in first_eval) == [8.9, 10.8, 11.1, 12.0, 17.3]
+    assert _says(BENCH, "it took 8.9-17.3 s in these five runs")
+    update64 = [round([json.loads(line) for line in open(f / n / "metrics.jsonl")][63]["time"]) for n in off]
+    assert update64 == [190, 181] and _says(BENCH, "update 64 at 190 and 181 s")
+    table = (f / "update_cost_skip_padding.txt").read_text()
+    assert "| scan | off | 10.0 | 0.932 | 1.00 | 129.6 | 13.1% | 106.3 |" in table
+    assert "| scan | on | 5.8 | 0.820 | 0.88 | 147.2 | 14.9% | 120.7 |" in table
+    assert _says(BENCH, "0.932 s, 0.820 s with it (0.88x)") and _says(BENCH, "106.3 and 120.7 TFLOP/s")
+    rollout, evaluate = ((f / f"compile_options_{p}.txt").read_text() for p in ("rollout", "evaluate"))
+    assert "| default | 23.6 | 0.484 |" in rollout and "| default | 18.4 | 2.783 |" in evaluate
+    assert _says(BENCH, "the rollout compiled in 23.6 s with the defaults and in 17.7-19.8 s")
+    assert _says(BENCH, "the evaluation compiled in 18.4 s, and in 17.2-20.2 s")
+
+
+def test_the_b107fd2_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
+    """The history's fast-preset runs of b107fd2 (shipped encoder, cold caches): their time-to-target rows,
+    update medians and first-update times, and the warm starts of the program cache."""
     f = RES / "gpu_h200_program_cache"
     names = ["fast_s0", "fast_s1", "fast_s0_again"]
     runs = [f"fast preset, {label}, H200 (b107fd2)={f / n}"
