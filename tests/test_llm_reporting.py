@@ -54,10 +54,11 @@ def test_the_time_limit_bounds_the_llm_start_up_check(capsys):
     process that sleeps in generate) is cut short at the deadline, and the warning says by what."""
     from agents.run.config import LLMConfig
     from agents.run.llm import check_deadline
-    from agents.run.relabeling import make_relabeler
+    from agents.run.relabeling import RelabelerOptions, make_relabeler
 
     with check_deadline(time.time() + 20, "--time-limit 20"):
-        bg = make_relabeler("both", LLMConfig(backend="llm_child_backends:HangsInGenerate"), flag="--oir.relabeler")
+        bg = make_relabeler("both", llm=LLMConfig(backend="llm_child_backends:HangsInGenerate"),
+                            options=RelabelerOptions(flag="--oir.relabeler"))
     try:
         err = capsys.readouterr().err
         assert "failed its start-up check" in err and "cut short by --time-limit 20" in err
