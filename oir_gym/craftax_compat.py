@@ -10,6 +10,7 @@ truncated for every later render; an unreadable cache is named (:class:`TextureC
 from __future__ import annotations
 
 import bz2
+import contextlib
 import functools
 import os
 import pickle
@@ -116,10 +117,8 @@ def _write_texture_cache(path: Path, textures: dict) -> None:
             os.fsync(raw.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

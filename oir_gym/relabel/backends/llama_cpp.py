@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import threading
@@ -100,10 +101,8 @@ class LlamaCppBackend:
         """Free the model now (also done at interpreter exit, before module teardown)."""
         llm, self._llm = self._llm, None
         if llm is not None:
-            try:
+            with contextlib.suppress(Exception):  # best effort during shutdown
                 llm.close()
-            except Exception:  # noqa: BLE001 - best effort during shutdown
-                pass
 
     def count_tokens(self, text: str) -> int:
         """Exact prompt length in this model's tokens."""
