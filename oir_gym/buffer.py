@@ -22,7 +22,6 @@ from oir_gym.validation import ArgumentTypeError, atomic_file, check_bool, check
 
 #: Instruction statuses of the paper, in priority order.
 LEARNING_BOUNDARY, FAILING, MASTERED = 0, 1, 2
-STATUS_NAMES: tuple[str, ...] = ("learning_boundary", "failing", "mastered")
 
 _STATE_VERSION = 1
 

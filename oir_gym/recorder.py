@@ -24,7 +24,7 @@ from oir_gym.trajectory import Trajectory
 from oir_gym.validation import MAX_NUM_ENVS, ArgumentTypeError, check_int, show
 
 
-class Segment:
+class OpenSegment:
     """The steps of one env's trajectory so far (``obs``: per key, the observations from ``first_obs`` on)."""
 
     __slots__ = ("instruction", "start", "events", "actions", "texts", "action_texts", "ret", "obs")
@@ -72,7 +72,7 @@ class TrajectoryRecorder:
         self._next_step = str(getattr(mode, "name", mode or "")).lower() == "next_step"
         self._resetting = np.zeros(n, dtype=bool)
         self._steps = 0
-        self._open = [Segment(0) for _ in range(n)]
+        self._open = [OpenSegment(0) for _ in range(n)]
         self._done: list[Trajectory] = []
         self._envs = envs
         self._seen_resets = self._reset_count()
@@ -88,7 +88,7 @@ class TrajectoryRecorder:
         for i, seg in enumerate(self._open):
             if seg.actions:
                 self._done.append(self._close(i, seg, False, False, False, False))
-            self._open[i] = Segment(self._steps)
+            self._open[i] = OpenSegment(self._steps)
         self._resetting[:] = False  # a pending next-step autoreset was done by the reset
         self._seen_resets = self._reset_count()
 
@@ -129,7 +129,7 @@ class TrajectoryRecorder:
             elif instruction != seg.instruction:  # a reset the recorder was not told of
                 if seg.actions:
                     self._done.append(self._close(i, seg, False, False, False, False))
-                seg = self._open[i] = Segment(self._steps)
+                seg = self._open[i] = OpenSegment(self._steps)
                 seg.instruction = instruction
             seg.events.append(events[i])
             seg.actions.append(int(acts[i]))
@@ -141,12 +141,12 @@ class TrajectoryRecorder:
             if ended or (self.max_length is not None and len(seg.actions) >= self.max_length):
                 success = bool(info["success"][i]) if "success" in info else False
                 self._done.append(self._close(i, seg, ended, bool(term[i]), bool(trunc[i]), success))
-                self._open[i] = Segment(self._steps + 1)
+                self._open[i] = OpenSegment(self._steps + 1)
         if self._next_step:
             self._resetting = term | trunc
         self._steps += 1
 
-    def _close(self, i: int, seg: Segment, ended: bool, term: bool, trunc: bool, success: bool) -> Trajectory:
+    def _close(self, i: int, seg: OpenSegment, ended: bool, term: bool, trunc: bool, success: bool) -> Trajectory:
         return seg.trajectory(i, ended, {"start_step": seg.start, "terminated": term and ended,
                                          "truncated": trunc and ended, "success": success and ended, "return": seg.ret})
 
@@ -157,7 +157,7 @@ class TrajectoryRecorder:
             for i, seg in enumerate(self._open):
                 if seg.actions:
                     out.append(self._close(i, seg, False, False, False, False))
-                    self._open[i] = Segment(self._steps)
+                    self._open[i] = OpenSegment(self._steps)
                     self._open[i].instruction = seg.instruction
         return out
 

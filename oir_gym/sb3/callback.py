@@ -21,7 +21,7 @@ from oir_gym.curriculum import CurriculumConfig, InstructionCurriculum
 from oir_gym.event_rates import RateWindow
 from oir_gym.instruction_registry import validate_instruction
 from oir_gym.grounding import episode_starts_from_dones, first_paid_step, no_precondition
-from oir_gym.recorder import Segment
+from oir_gym.recorder import OpenSegment
 from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.sb3.replay import INSTRUCTION_KEY, RelabelReplayBuffer
 from oir_gym.sb3.vec_env import SB3VecEnv, find_instruction_env
@@ -87,7 +87,7 @@ class HindsightRelabelCallback(BaseCallback):
         self._counts: Counter = Counter()
         self._window: Counter = Counter()  # since the last metrics(reset=True)
         self._rates: Optional[RateWindow] = None
-        self._segments: list[Segment] = []
+        self._segments: list[OpenSegment] = []
         self._finished: list[Trajectory] = []
         self._ready: list[Any] = []
         self._cur_obs: Optional[dict[str, np.ndarray]] = None
@@ -139,11 +139,11 @@ class HindsightRelabelCallback(BaseCallback):
     def _strip(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: np.array(v, copy=True) for k, v in obs.items() if k != INSTRUCTION_KEY}
 
-    def _new_segment(self, i: int) -> Segment:
+    def _new_segment(self, i: int) -> OpenSegment:
         first = None
         if self.mode == "replay" and self._cur_obs is not None:
             first = {k: v[i].copy() for k, v in self._cur_obs.items()}
-        return Segment(self.num_timesteps, first)
+        return OpenSegment(self.num_timesteps, first)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         # through the relabeler when it shares the env's encoder, so its worker is not encoding at the same time

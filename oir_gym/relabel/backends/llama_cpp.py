@@ -34,21 +34,9 @@ class LlamaCppBackend:
         grammar: ``"gbnf"`` (hand-written, default), ``"json_schema"``, or ``None`` (unconstrained).
     """
 
-    def __init__(
-        self,
-        model_path: Optional[str] = None,
-        *,
-        chat_format: str = "gemma",
-        n_ctx: Optional[int] = None,
-        n_threads: int = 1,
-        n_batch: int = 512,
-        temperature: float = 0.7,
-        top_p: float = 0.95,
-        seed: int = 0,
-        max_tokens: Optional[int] = None,
-        grammar: Optional[str] = "gbnf",
-        verbose: bool = False,
-    ) -> None:
+    def __init__(self, model_path: Optional[str] = None, *, chat_format: str = "gemma", n_ctx: Optional[int] = None,
+                 n_threads: int = 1, n_batch: int = 512, temperature: float = 0.7, top_p: float = 0.95, seed: int = 0,
+                 max_tokens: Optional[int] = None, grammar: Optional[str] = "gbnf", verbose: bool = False) -> None:
         try:
             import llama_cpp  # noqa: F401
         except ImportError as e:
