@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -19,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from oir_gym.validation import ArgumentTypeError, check_bool, check_int, check_real, show
+from oir_gym.validation import ArgumentTypeError, atomic_file, check_bool, check_int, check_real, show
 
 #: Instruction statuses of the paper, in priority order.
 LEARNING_BOUNDARY, FAILING, MASTERED = 0, 1, 2
-STATUS_NAMES: tuple[str, ...] = ("learning_boundary", "failing", "mastered")
 
 _STATE_VERSION = 1
 
@@ -237,17 +235,8 @@ class InstructionBuffer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write :meth:`state_dict` as JSON, atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.state_dict(), f)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_file(path) as f:
+            json.dump(self.state_dict(), f)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> InstructionBuffer:

@@ -14,7 +14,6 @@ import functools
 import os
 import pickle
 import sys
-import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +28,8 @@ from craftax.craftax_classic.envs.craftax_state import StaticEnvParams as Crafta
 from craftax.craftax_classic.game_logic import craftax_step, is_near_block
 from craftax.craftax_classic.renderer import render_craftax_symbolic
 from craftax.craftax_classic.world_gen import generate_world
+
+from oir_gym.validation import atomic_file
 
 NUM_ACTIONS = len(Action)  # 17
 NUM_BLOCKS = len(BlockType)  # 17
@@ -106,21 +107,8 @@ def read_texture_cache(path: str | os.PathLike) -> dict:
 
 def _write_texture_cache(path: Path, textures: dict) -> None:
     """Write ``textures`` to a temporary file and rename it over ``path`` (a reader never sees a part)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            with bz2.BZ2File(raw, "wb") as f:
-                pickle.dump(textures, f)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_file(path, "wb") as raw, bz2.BZ2File(raw, "wb") as f:
+        pickle.dump(textures, f)
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,6 +16,7 @@ import numpy as np
 from oir_gym.buffer import InstructionBuffer
 from oir_gym.diversity import echo_share, instruction_diversity, paying_event
 from oir_gym.instructions import ORIGINAL_INSTRUCTIONS
+from oir_gym.validation import check_choice, check_int, check_real
 
 __all__ = ["OFFER_METRICS", "CurriculumConfig", "InstructionCurriculum", "Offer", "Row", "balanced_choice"]
 
@@ -39,12 +40,9 @@ class CurriculumConfig:
     prompt_examples: tuple[str, ...] = ()  # the LLM prompt's few-shot answers (diversity/llm_echo_share)
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
-            raise ValueError(f"k={self.k!r} must be an integer >= 1 (relabeled copies per trajectory)")
-        if self.grounding not in GROUNDING:
-            raise ValueError(f"grounding={self.grounding!r}; expected one of {GROUNDING}")
-        if not isinstance(self.delta, (int, float)) or not -1.0 <= self.delta <= 1.0:
-            raise ValueError(f"delta={self.delta!r} must be a cosine threshold in [-1, 1]")
+        check_int("k", self.k, minimum=1, hint=" (relabeled copies per trajectory)")
+        check_choice("grounding", self.grounding, GROUNDING)
+        check_real("delta", self.delta, low=-1.0, high=1.0, hint=" (a cosine threshold)")
         object.__setattr__(self, "fixed_texts", tuple(self.fixed_texts))
         object.__setattr__(self, "prompt_examples", tuple(self.prompt_examples))
 

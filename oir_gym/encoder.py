@@ -55,21 +55,12 @@ class InstructionEncoder:
             ``cache_size > 0``, the table's fingerprint), or ``None``; its texts take no cache entries.
     """
 
-    def __init__(
-        self,
-        model: str = DEFAULT_MODEL,
-        device: str = "cpu",
-        cache_size: int = 100_000,
-        batch_size: int = 256,
-        allow_hub: bool = False,
-        backend: str = "auto",
-    ) -> None:
+    def __init__(self, model: str = DEFAULT_MODEL, device: str = "cpu", cache_size: int = 100_000,
+                 batch_size: int = 256, allow_hub: bool = False, backend: str = "auto") -> None:
         path = default_model_path() if model in (DEFAULT_MODEL, None) else str(model)
         if not allow_hub and not Path(path).is_dir():
-            raise FileNotFoundError(
-                f"encoder model path {path!r} does not exist; pass an existing local "
-                "sentence-transformers folder, or model='default' for the packaged all-MiniLM-L6-v2"
-            )
+            raise FileNotFoundError(f"encoder model path {path!r} does not exist; pass an existing local sentence-"
+                                    "transformers folder, or model='default' for the packaged all-MiniLM-L6-v2")
         backend = _choose_backend(path, device, backend)
         self.model_path = path
         self.backend = backend

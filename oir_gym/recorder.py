@@ -24,10 +24,12 @@ from oir_gym.trajectory import Trajectory
 from oir_gym.validation import MAX_NUM_ENVS, ArgumentTypeError, check_int, show
 
 
-class _Segment:
-    __slots__ = ("instruction", "start", "events", "actions", "texts", "action_texts", "ret")
+class OpenSegment:
+    """The steps of one env's trajectory so far (``obs``: per key, the observations from ``first_obs`` on)."""
 
-    def __init__(self, start: int) -> None:
+    __slots__ = ("instruction", "start", "events", "actions", "texts", "action_texts", "ret", "obs")
+
+    def __init__(self, start: int, first_obs: Optional[dict[str, np.ndarray]] = None) -> None:
         self.instruction: Optional[str] = None
         self.start = start
         self.events: list[np.ndarray] = []
@@ -35,6 +37,16 @@ class _Segment:
         self.texts: list[str] = []
         self.action_texts: list[str] = []
         self.ret = 0.0
+        self.obs: dict[str, list[np.ndarray]] = {k: [v] for k, v in (first_obs or {}).items()}
+
+    def trajectory(self, env_id: int, ended: bool, meta: dict[str, Any]) -> Trajectory:
+        """These steps as a trajectory of env ``env_id`` (``ended``: its last step ended the episode)."""
+        dones = np.zeros(len(self.actions), dtype=bool)
+        dones[-1] = ended
+        return Trajectory(instruction=self.instruction or "", events=np.stack(self.events),
+                          actions=np.asarray(self.actions, np.int32), dones=dones,
+                          texts=list(self.texts) if self.texts else None,
+                          action_texts=list(self.action_texts) if self.texts else None, env_id=env_id, meta=meta)
 
 
 class TrajectoryRecorder:
@@ -60,7 +72,7 @@ class TrajectoryRecorder:
         self._next_step = str(getattr(mode, "name", mode or "")).lower() == "next_step"
         self._resetting = np.zeros(n, dtype=bool)
         self._steps = 0
-        self._open = [_Segment(0) for _ in range(n)]
+        self._open = [OpenSegment(0) for _ in range(n)]
         self._done: list[Trajectory] = []
         self._envs = envs
         self._seen_resets = self._reset_count()
@@ -76,7 +88,7 @@ class TrajectoryRecorder:
         for i, seg in enumerate(self._open):
             if seg.actions:
                 self._done.append(self._close(i, seg, False, False, False, False))
-            self._open[i] = _Segment(self._steps)
+            self._open[i] = OpenSegment(self._steps)
         self._resetting[:] = False  # a pending next-step autoreset was done by the reset
         self._seen_resets = self._reset_count()
 
@@ -117,7 +129,7 @@ class TrajectoryRecorder:
             elif instruction != seg.instruction:  # a reset the recorder was not told of
                 if seg.actions:
                     self._done.append(self._close(i, seg, False, False, False, False))
-                seg = self._open[i] = _Segment(self._steps)
+                seg = self._open[i] = OpenSegment(self._steps)
                 seg.instruction = instruction
             seg.events.append(events[i])
             seg.actions.append(int(acts[i]))
@@ -129,22 +141,14 @@ class TrajectoryRecorder:
             if ended or (self.max_length is not None and len(seg.actions) >= self.max_length):
                 success = bool(info["success"][i]) if "success" in info else False
                 self._done.append(self._close(i, seg, ended, bool(term[i]), bool(trunc[i]), success))
-                self._open[i] = _Segment(self._steps + 1)
+                self._open[i] = OpenSegment(self._steps + 1)
         if self._next_step:
             self._resetting = term | trunc
         self._steps += 1
 
-    def _close(self, i: int, seg: _Segment, ended: bool, term: bool, trunc: bool, success: bool) -> Trajectory:
-        dones = np.zeros(len(seg.actions), dtype=bool)
-        dones[-1] = ended
-        return Trajectory(
-            instruction=seg.instruction or "", events=np.stack(seg.events),
-            actions=np.asarray(seg.actions, np.int32), dones=dones,
-            texts=list(seg.texts) if seg.texts else None,
-            action_texts=list(seg.action_texts) if seg.texts else None, env_id=i,
-            meta={"start_step": seg.start, "terminated": term and ended, "truncated": trunc and ended,
-                  "success": success and ended, "return": seg.ret},
-        )
+    def _close(self, i: int, seg: OpenSegment, ended: bool, term: bool, trunc: bool, success: bool) -> Trajectory:
+        return seg.trajectory(i, ended, {"start_step": seg.start, "terminated": term and ended,
+                                         "truncated": trunc and ended, "success": success and ended, "return": seg.ret})
 
     def trajectories(self, include_open: bool = True) -> list[Trajectory]:
         """The trajectories recorded since the last call, finished first; ``include_open``: running ones cut too."""
@@ -153,7 +157,7 @@ class TrajectoryRecorder:
             for i, seg in enumerate(self._open):
                 if seg.actions:
                     out.append(self._close(i, seg, False, False, False, False))
-                    self._open[i] = _Segment(self._steps)
+                    self._open[i] = OpenSegment(self._steps)
                     self._open[i].instruction = seg.instruction
         return out
 

@@ -7,11 +7,13 @@ out of range ``ValueError``. Booleans are never numbers and numbers never boolea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -229,3 +231,22 @@ def read_json_file(path: str | os.PathLike, what: str, schema: str, object_pairs
     except RecursionError:  # Python's JSON reader recurses once per nesting level
         raise ValueError(f"{path}: nested too deeply to be a {what} (objects and lists inside each other a thousand "
                          f"levels or more); see {schema} for the schema") from None
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """A temporary file beside ``path`` (made with its folders) that replaces ``path`` when the block ends without
+    an error, so that a reader never sees a part; on an error it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
+
+from oir_gym.validation import atomic_file
 
 CACHE_FORMAT_VERSION = 1
 
@@ -74,16 +75,10 @@ class LRUCache:
         with self._lock:
             payload = {"version": CACHE_FORMAT_VERSION, "entries": [[k, v] for k, v in self._data.items()]}
             taken, self.dirty = self.dirty, 0
-        tmp = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=self.path.name, dir=str(self.path.parent))
-            with os.fdopen(fd, "w") as f:
+            with atomic_file(self.path) as f:
                 json.dump(payload, f)
-            os.replace(tmp, self.path)
         except BaseException:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
             with self._lock:  # not written: those entries are still unsaved, so the next save is due at once
                 self.dirty += taken
             raise

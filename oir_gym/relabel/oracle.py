@@ -26,10 +26,7 @@ from oir_gym.validation import check_int, check_real, check_str, read_json_file
 #: The oracle variants, in the order of the ladder.
 ORACLES: tuple[str, ...] = ("canonical", "diverse", "tasks", "compound", "noisy", "mixed", "progress")
 
-#: Variants whose wordings the cosine reward cannot pay: they need event-bound grounding.
-NEEDS_BOUND_GROUNDING: tuple[str, ...] = ("diverse", "noisy", "mixed")
-
-#: Variants that read the wording pool.
+#: Variants that read the wording pool; the cosine reward cannot pay its wordings, so they need event-bound grounding.
 USES_POOL: tuple[str, ...] = ("diverse", "noisy", "mixed")
 
 #: ``mixed``: the probability that an achievement label takes a pool wording.
@@ -45,7 +42,9 @@ MAX_EVAL_COSINE = 0.85
 PACKAGED_POOL = "oracle_pool.json"
 
 _IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))
-_ACHIEVEMENT_EVENTS = tuple(e for e in range(len(EVENT_NAMES)) if _IS_ACHIEVEMENT[e])
+#: The achievement event ids, ascending.
+ACHIEVEMENT_EVENTS = tuple(e for e in range(len(EVENT_NAMES)) if _IS_ACHIEVEMENT[e])
+
 #: Ordered event pairs with a natural combined instruction; each wording pays on its second event only (tested).
 RULE_PAIRS: dict[tuple[str, str], str] = {
     ("fall_asleep", "wake_up"): "sleep and wake up",
@@ -244,7 +243,7 @@ def check_oracle(oracle: str, grounding: Optional[str] = None) -> None:
     """Raise ValueError for an unknown variant, or one the grounding cannot pay (the one rule)."""
     if oracle not in ORACLES:
         raise ValueError(f"unknown oracle relabeler {oracle!r}; expected one of {', '.join(ORACLES)}")
-    if grounding is not None and grounding != "bound" and oracle in NEEDS_BOUND_GROUNDING:
+    if grounding is not None and grounding != "bound" and oracle in USES_POOL:
         raise ValueError(f"oracle {oracle!r} needs event-bound grounding (grounding='bound', --oir.grounding bound): "
                          f"its wordings are chosen far from the captions, so the cosine reward ({grounding!r}) "
                          "would pay them nowhere")
@@ -264,18 +263,19 @@ def trajectory_rng(traj: Trajectory, seed: int, stream: int) -> np.random.Genera
     return np.random.default_rng(key)
 
 
-def _episodes(traj: Trajectory) -> np.ndarray:
+def episode_ids(traj: Trajectory) -> np.ndarray:
+    """Per step, the index of its episode within ``traj``."""
     return np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
 
 
 def achievement_sequence(traj: Trajectory) -> list[tuple[int, int, int]]:
     """``(event, episode, step)`` of the achievement events in time order, first step per episode."""
-    episode = _episodes(traj)
+    episode = episode_ids(traj)
     seq, seen = [], set()
     # only the achievement columns: moving and waiting fill most steps, and a loop over them is slow
-    ts, cs = np.nonzero(np.asarray(traj.events)[:, _ACHIEVEMENT_EVENTS])  # time-major, then event id
+    ts, cs = np.nonzero(np.asarray(traj.events)[:, ACHIEVEMENT_EVENTS])  # time-major, then event id
     for t, c in zip(ts.tolist(), cs.tolist()):
-        e = _ACHIEVEMENT_EVENTS[c]
+        e = ACHIEVEMENT_EVENTS[c]
         if (e, int(episode[t])) not in seen:
             seen.add((e, int(episode[t])))
             seq.append((e, int(episode[t]), t))
@@ -284,7 +284,7 @@ def achievement_sequence(traj: Trajectory) -> list[tuple[int, int, int]]:
 
 def first_occurrence_events(traj: Trajectory, events: Optional[Iterable[int]] = None) -> list[int]:
     """The achievement events of ``traj`` (or those of ``events``) in order of first occurrence."""
-    cols = list(_ACHIEVEMENT_EVENTS) if events is None else sorted(set(events))
+    cols = list(ACHIEVEMENT_EVENTS) if events is None else sorted(set(events))
     ev = np.asarray(traj.events)[:, cols]
     happened = np.flatnonzero(ev.any(axis=0))
     first = ev.argmax(axis=0)
@@ -293,7 +293,7 @@ def first_occurrence_events(traj: Trajectory, events: Optional[Iterable[int]] = 
 
 def pair_labels(traj: Trajectory, pair_table: Mapping[tuple[str, str], str]) -> list[Label]:
     """The natural pair wordings ("sleep and wake up") whose events happened in order in one episode."""
-    ev, episode = np.asarray(traj.events), _episodes(traj)
+    ev, episode = np.asarray(traj.events), episode_ids(traj)
     out = []
     for (first, second), text in pair_table.items():
         i, j = EVENT_NAMES.index(first), EVENT_NAMES.index(second)

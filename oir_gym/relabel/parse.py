@@ -11,6 +11,7 @@ numbered list. It never raises: problems are counted in a :class:`collections.Co
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import re
 from collections import Counter
@@ -125,15 +126,11 @@ def _repair(s: str) -> str:
 
 def _loads(s: str) -> Any:
     for attempt in (s, _repair(s)):
-        try:
+        with contextlib.suppress(ValueError, RecursionError):
             return json.loads(attempt)
-        except (ValueError, RecursionError):
-            pass
-    try:
+    with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         if len(s) < 8000:  # literal_eval is recursive; keep it away from huge inputs
             return ast.literal_eval(s)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        pass
     raise ValueError("not JSON")
 
 
@@ -195,10 +192,8 @@ def _salvage(text: str, out: ParsedOutput) -> None:
         p = m.group(4)
         if s is not None:
             if m.group(1) is not None:
-                try:
+                with contextlib.suppress(ValueError):
                     s = json.loads(f'"{s}"')
-                except ValueError:
-                    pass
             if frames and frames[-1][0] == "[" and frames[-1][1] != "skip":
                 _add(out, frames[-1][1], s)
             last_str = s

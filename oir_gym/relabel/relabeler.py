@@ -113,9 +113,8 @@ class HindsightRelabeler(Closing):
 
     def _take_ids(self, n: int) -> list[int]:
         with self._id_lock:
-            ids = list(range(self._next_id, self._next_id + n))
             self._next_id += n
-        return ids
+            return list(range(self._next_id - n, self._next_id))
 
     def cache_key(self, traj: Trajectory) -> str:
         """Cache key: backend, template, k, key mode and the normalised behaviour of the trajectory."""
@@ -223,8 +222,7 @@ class HindsightRelabeler(Closing):
         try:
             self.cache.save()
         except OSError as e:  # a full disk must not stop training: counted, warned once, not an LLM error
-            first = self._stats.increment("cache_save_failures") == 1
-            if first:
+            if self._stats.increment("cache_save_failures") == 1:
                 warnings.warn(f"could not save the relabel cache to {self.cache.path} ({type(e).__name__}: {e}); "
                               "training goes on with the cache in memory (stats()['cache_save_failures'])",
                               RuntimeWarning, stacklevel=2)

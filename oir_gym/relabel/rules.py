@@ -9,9 +9,14 @@ import numpy as np
 
 from oir_gym.captions import EVENT_NAMES, VOCAB
 from oir_gym.relabel.oracle import (  # noqa: F401  (RULE_PAIRS: re-exported; defined beside the labelers)
-    RULE_PAIRS, USES_POOL, Label, WordingPool, check_oracle, first_occurrence_events, load_pool, oracle_labels, unique,
+    ACHIEVEMENT_EVENTS, RULE_PAIRS, USES_POOL, Label, WordingPool, check_oracle, episode_ids, first_occurrence_events,
+    load_pool, oracle_labels, unique,
 )
 from oir_gym.trajectory import Trajectory
+
+#: canonical caption -> event id, for reading "A then B" back (achievement events only).
+_CANONICAL_EVENT: dict[str, int] = {VOCAB.canonical(e): e for e in ACHIEVEMENT_EVENTS}
+
 
 def rule_events(text: str, pair_table: Optional[dict] = None) -> Optional[tuple[int, int]]:
     """``(pre, final)`` event ids of a rule instruction (a caption, ``"A then B"`` or a
@@ -33,12 +38,6 @@ def rule_final_event(text: str, pair_table: Optional[dict] = None) -> Optional[i
     relabeler refuses a compound whose cosine reward would pay on its first half)."""
     ev = rule_events(text, pair_table)
     return None if ev is None or ev[0] < 0 else ev[1]
-
-
-#: canonical caption -> event id, for reading "A then B" back (achievement events only).
-_CANONICAL_EVENT: dict[str, int] = {
-    VOCAB.canonical(e): e for e in range(len(EVENT_NAMES)) if VOCAB.achievement_of_event[e] >= 0
-}
 
 
 @dataclass
@@ -108,16 +107,10 @@ class RuleBackend:
 
 
 def _consecutive_compounds(traj: Trajectory) -> list[Label]:
-    episode = np.cumsum(np.concatenate([[0], np.asarray(traj.dones[:-1], dtype=np.int64)]))
-    seq: list[tuple[int, int]] = []
-    cols = [e for e in range(len(EVENT_NAMES)) if _IS_ACHIEVEMENT[e]]
-    ts, cs = np.nonzero(np.asarray(traj.events)[:, cols])  # time-major, then event id
+    episode, seq = episode_ids(traj), []
+    ts, cs = np.nonzero(np.asarray(traj.events)[:, ACHIEVEMENT_EVENTS])  # time-major, then event id
     for t, c in zip(ts.tolist(), cs.tolist()):
-        e = cols[c]
-        if not seq or seq[-1] != (e, int(episode[t])):
-            seq.append((e, int(episode[t])))
+        if not seq or seq[-1] != (ACHIEVEMENT_EVENTS[c], int(episode[t])):
+            seq.append((ACHIEVEMENT_EVENTS[c], int(episode[t])))
     return [Label(f"{VOCAB.canonical(a)} then {VOCAB.canonical(b)}", b, a)
             for (a, ea), (b, eb) in zip(seq, seq[1:]) if ea == eb and a != b]
-
-
-_IS_ACHIEVEMENT = tuple(VOCAB.achievement_of_event[e] >= 0 for e in range(len(EVENT_NAMES)))

@@ -13,6 +13,7 @@ refused). Concurrent requests with the same settings (within ``--batch-wait`` s)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -252,12 +253,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     host, port = server.server_address[:2]
     url_host = f"[{host}]" if ":" in host else host
     print(f"oir_gym.relabel.serve: {backend.model} on http://{url_host}:{port}/v1", flush=True)
-    try:
+    with server, contextlib.suppress(KeyboardInterrupt):  # the server closes on leaving the block
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
 
 
 if __name__ == "__main__":

@@ -71,16 +71,9 @@ def _nearby(rng: np.random.Generator, facing: str) -> str:
     return " | ".join(groups)
 
 
-def make_trajectory(
-    script: Sequence[tuple[int, str | Sequence[str]]],
-    length: int = 128,
-    *,
-    texts: bool = True,
-    seed: int = 0,
-    instruction: str = "collect wood",
-    dones: Optional[Sequence[int]] = None,
-    env_id: int = 0,
-) -> Trajectory:
+def make_trajectory(script: Sequence[tuple[int, str | Sequence[str]]], length: int = 128, *, texts: bool = True,
+                    seed: int = 0, instruction: str = "collect wood", dones: Optional[Sequence[int]] = None,
+                    env_id: int = 0) -> Trajectory:
     """A trajectory of ``length`` steps with the ``script``'s ``(step, event name(s))`` at their steps, other
     steps moves (70%) or waits; ``texts``: with observation and action texts; ``dones``: episode ends."""
     rng = np.random.default_rng(seed)  # filler steps: independent of whether texts are built

@@ -7,6 +7,7 @@ vocabulary through llama-cpp-python), otherwise an approximation (words and punc
 from __future__ import annotations
 
 import atexit
+import contextlib
 import re
 from functools import lru_cache
 from typing import Any, Callable, NamedTuple, Optional
@@ -67,8 +68,6 @@ def backend_token_count(llm: Any, text: str) -> TokenCount:
     :func:`approx_token_count`. ``method`` is the backend's ``token_method`` (default ``"model"``)."""
     counter = getattr(llm, "count_tokens", None)
     if callable(counter):
-        try:
+        with contextlib.suppress(Exception):  # a tokenizer failure must not stop relabeling
             return TokenCount(int(counter(text)), getattr(llm, "token_method", "model"))
-        except Exception:  # noqa: BLE001 - a tokenizer failure must not stop relabeling
-            pass
     return TokenCount(approx_token_count(text), "approx-regex")

@@ -21,10 +21,12 @@ from oir_gym.curriculum import CurriculumConfig, InstructionCurriculum
 from oir_gym.event_rates import RateWindow
 from oir_gym.instruction_registry import validate_instruction
 from oir_gym.grounding import episode_starts_from_dones, first_paid_step, no_precondition
+from oir_gym.recorder import OpenSegment
 from oir_gym.relabel.results import Candidate, RelabelResult
 from oir_gym.sb3.replay import INSTRUCTION_KEY, RelabelReplayBuffer
 from oir_gym.sb3.vec_env import SB3VecEnv, find_instruction_env
 from oir_gym.trajectory import Trajectory
+from oir_gym.validation import check_choice, check_int, check_real
 from oir_gym.vector_env import InstructionCraftax
 
 __all__ = ["RelabelConfig", "HindsightRelabelCallback"]
@@ -48,19 +50,12 @@ class RelabelConfig:
     keep_history: bool = False  # keep every relabeled segment (HindsightRelabelCallback.trajectories)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode={self.mode!r}; expected one of {MODES}")
-        if self.insert not in INSERT:
-            raise ValueError(f"insert={self.insert!r}; expected one of {INSERT}")
-        for name in ("segment_length", "submit_batch", "max_candidates"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"{name}={v!r} must be an integer >= 1" + ("" if name == "segment_length"
-                                                                            else " or None"))
-        if self.segment_length is None:
-            raise ValueError("segment_length must be an integer >= 1, not None")
-        if not isinstance(self.end_timeout, (int, float)) or not 0 <= self.end_timeout < float("inf"):
-            raise ValueError(f"end_timeout={self.end_timeout!r} must be a number of seconds >= 0")
+        check_choice("mode", self.mode, MODES)
+        check_choice("insert", self.insert, INSERT)
+        check_int("segment_length", self.segment_length, minimum=1)
+        for name in ("submit_batch", "max_candidates"):
+            check_int(name, getattr(self, name), minimum=1, none_ok=True)
+        check_real("end_timeout", self.end_timeout, low=0, hint=" (seconds)")
 
 
 def _clean(text: Any) -> Optional[str]:
@@ -68,23 +63,6 @@ def _clean(text: Any) -> Optional[str]:
         return validate_instruction(text)
     except (TypeError, ValueError):
         return None
-
-
-class _Segment:
-
-    __slots__ = ("obs", "events", "actions", "texts", "action_texts", "instruction", "start")
-
-    def __init__(self, first_obs: Optional[dict[str, np.ndarray]], start: int) -> None:
-        self.obs: dict[str, list[np.ndarray]] = {k: [v] for k, v in (first_obs or {}).items()}
-        self.events: list[np.ndarray] = []
-        self.actions: list[int] = []
-        self.texts: list[str] = []
-        self.action_texts: list[str] = []
-        self.instruction: Optional[str] = None
-        self.start = start
-
-    def __len__(self) -> int:
-        return len(self.actions)
 
 
 class HindsightRelabelCallback(BaseCallback):
@@ -109,7 +87,7 @@ class HindsightRelabelCallback(BaseCallback):
         self._counts: Counter = Counter()
         self._window: Counter = Counter()  # since the last metrics(reset=True)
         self._rates: Optional[RateWindow] = None
-        self._segments: list[_Segment] = []
+        self._segments: list[OpenSegment] = []
         self._finished: list[Trajectory] = []
         self._ready: list[Any] = []
         self._cur_obs: Optional[dict[str, np.ndarray]] = None
@@ -161,11 +139,11 @@ class HindsightRelabelCallback(BaseCallback):
     def _strip(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: np.array(v, copy=True) for k, v in obs.items() if k != INSTRUCTION_KEY}
 
-    def _new_segment(self, i: int) -> _Segment:
+    def _new_segment(self, i: int) -> OpenSegment:
         first = None
         if self.mode == "replay" and self._cur_obs is not None:
             first = {k: v[i].copy() for k, v in self._cur_obs.items()}
-        return _Segment(first, self.num_timesteps)
+        return OpenSegment(self.num_timesteps, first)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         # through the relabeler when it shares the env's encoder, so its worker is not encoding at the same time
@@ -198,7 +176,7 @@ class HindsightRelabelCallback(BaseCallback):
                 nxt = info["terminal_observation"] if done else None
                 for k in new_obs:
                     seg.obs[k].append(np.array(nxt[k] if done else new_obs[k][i], copy=True))
-            if done or len(seg) >= limit:
+            if done or len(seg.actions) >= limit:
                 self._finish(i, done, bool(info.get("TimeLimit.truncated", False)), bool(info.get("success", False)))
         if replay:
             self._cur_obs = new_obs
@@ -211,16 +189,11 @@ class HindsightRelabelCallback(BaseCallback):
 
     def _finish(self, i: int, done: bool, timeout: bool, success: bool = False) -> None:
         seg = self._segments[i]
-        dones = np.zeros(len(seg), dtype=bool)
-        dones[-1] = done
         meta: dict[str, Any] = {"sb3_id": self._traj_counter, "start_step": seg.start, "timeout": timeout and done,
                                 "own_success": success and done}
         if self.mode == "replay":
             meta["obs"] = {k: np.stack(v) for k, v in seg.obs.items()}  # [T + 1, ...]
-        traj = Trajectory(instruction=seg.instruction or "", events=np.stack(seg.events),
-                          actions=np.asarray(seg.actions, np.int32), dones=dones,
-                          texts=list(seg.texts) if seg.texts else None,
-                          action_texts=list(seg.action_texts) if seg.texts else None, env_id=i, meta=meta)
+        traj = seg.trajectory(i, done, meta)
         self._traj_counter += 1
         self._counts["segments"] += 1
         self._finished.append(traj)

@@ -7,10 +7,9 @@ DQN and QR-DQN use 1-step targets with Dict observations, so every stored transi
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Union
+from typing import Any, Mapping
 
 import numpy as np
-import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer
 
@@ -32,22 +31,9 @@ class RelabelReplayBuffer(DictReplayBuffer):
     reward 1), :attr:`pending_transitions` (queued, waiting to fill a row).
     """
 
-    def __init__(
-        self,
-        buffer_size: int,
-        observation_space: spaces.Dict,
-        action_space: spaces.Space,
-        device: Union[th.device, str] = "auto",
-        n_envs: int = 1,
-        optimize_memory_usage: bool = False,
-        handle_timeout_termination: bool = True,
-        *,
-        instruction_key: str = INSTRUCTION_KEY,
-        keep_history: bool = False,
-    ) -> None:
-        super().__init__(buffer_size, observation_space, action_space, device=device, n_envs=n_envs,
-                         optimize_memory_usage=optimize_memory_usage,
-                         handle_timeout_termination=handle_timeout_termination)
+    def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space, *args: Any,
+                 instruction_key: str = INSTRUCTION_KEY, keep_history: bool = False, **kwargs: Any) -> None:
+        super().__init__(buffer_size, observation_space, action_space, *args, **kwargs)
         if instruction_key not in self.observations:
             raise KeyError(f"observation key {instruction_key!r} not in the observation space "
                            f"(keys {sorted(self.observations)})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import threading
@@ -33,21 +34,9 @@ class LlamaCppBackend:
         grammar: ``"gbnf"`` (hand-written, default), ``"json_schema"``, or ``None`` (unconstrained).
     """
 
-    def __init__(
-        self,
-        model_path: Optional[str] = None,
-        *,
-        chat_format: str = "gemma",
-        n_ctx: Optional[int] = None,
-        n_threads: int = 1,
-        n_batch: int = 512,
-        temperature: float = 0.7,
-        top_p: float = 0.95,
-        seed: int = 0,
-        max_tokens: Optional[int] = None,
-        grammar: Optional[str] = "gbnf",
-        verbose: bool = False,
-    ) -> None:
+    def __init__(self, model_path: Optional[str] = None, *, chat_format: str = "gemma", n_ctx: Optional[int] = None,
+                 n_threads: int = 1, n_batch: int = 512, temperature: float = 0.7, top_p: float = 0.95, seed: int = 0,
+                 max_tokens: Optional[int] = None, grammar: Optional[str] = "gbnf", verbose: bool = False) -> None:
         try:
             import llama_cpp  # noqa: F401
         except ImportError as e:
@@ -100,10 +89,8 @@ class LlamaCppBackend:
         """Free the model now (also done at interpreter exit, before module teardown)."""
         llm, self._llm = self._llm, None
         if llm is not None:
-            try:
+            with contextlib.suppress(Exception):  # best effort during shutdown
                 llm.close()
-            except Exception:  # noqa: BLE001 - best effort during shutdown
-                pass
 
     def count_tokens(self, text: str) -> int:
         """Exact prompt length in this model's tokens."""

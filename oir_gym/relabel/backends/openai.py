@@ -482,9 +482,6 @@ class OpenAIBackend:
             resp = await asyncio.wait_for(send, budget)
         except openai.APIStatusError as e:  # any status but 2xx, its body read (and capped)
             resp = e.response
-        except TimeoutError:  # the total deadline
-            raise _Failure("timeouts", f"timed out: no complete answer within {budget:.1f} s",
-                           retry=self.retry_on_timeout) from None
         except _Failure:
             raise
         except Exception as e:  # noqa: BLE001 - every client fault becomes a _Failure
@@ -492,7 +489,7 @@ class OpenAIBackend:
             what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             if self._closed.is_set():
                 raise _Failure("connection_errors", _CLOSED) from None
-            if isinstance(e, httpx2.TimeoutException):
+            if isinstance(e, (TimeoutError, httpx2.TimeoutException)):  # TimeoutError: the total deadline
                 raise _Failure("timeouts", f"timed out: no complete answer within {budget:.1f} s",
                                retry=self.retry_on_timeout) from None
             if isinstance(e, httpx2.ConnectError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -58,10 +59,8 @@ class OffThreadCaller:
         """Wait up to ``wait`` s for a running call, then let the thread go; True if none runs."""
         fut = self._inflight
         if fut is not None and not fut.done() and wait > 0:
-            try:
+            with contextlib.suppress(Exception):  # the call's own error or the timeout
                 fut.result(timeout=wait)
-            except Exception:  # noqa: BLE001 - the call's own error or the timeout
-                pass
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

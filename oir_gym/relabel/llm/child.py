@@ -4,8 +4,10 @@ LLM library ends only the child, which is restarted with bounded backoff."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -32,13 +34,9 @@ def _portable_exc(e: BaseException) -> BaseException:
     """``e`` when the parent can unpickle it without the backend's library, else a :class:`BackendError`."""
     mod = type(e).__module__
     if mod == "builtins" or mod.startswith("oir_gym."):
-        try:
-            import pickle
-
+        with contextlib.suppress(Exception):  # not picklable: a plain error
             pickle.loads(pickle.dumps(e))
             return e
-        except Exception:  # noqa: BLE001 - fall through to a plain error
-            pass
     return BackendError(f"{type(e).__name__}: {e}")
 
 
@@ -60,10 +58,8 @@ def _serve(conn: Connection, spec: BackendSpec) -> None:
         if backend is None:
             raise ValueError(f"backend {spec.name!r} is not an LLM")
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
-        try:
+        with contextlib.suppress(OSError):  # the parent is gone
             conn.send(("init_error", type(e).__name__, str(e)))
-        except OSError:  # the parent is gone
-            pass
         return
     info = {
         "identity": backend_identity(backend),
@@ -208,11 +204,8 @@ class ChildProcessBackend:
         """The backend's id for cache keys, as the child reported it (waits for a starting child;
         the spec's label while it was never up)."""
         if self._identity is None and not self._closed and not self._fatal:
-            try:
-                with self._lock:
-                    self._ensure_started()
-            except BackendError:
-                pass
+            with contextlib.suppress(BackendError), self._lock:
+                self._ensure_started()
         return self._identity or self.spec.label
 
     @property
@@ -299,10 +292,8 @@ class ChildProcessBackend:
                 raise BackendTimeout(self._last_error)
             # EOF says the child died; the poll catches one whose children (vLLM workers) hold the socket open
             if _wait_any([conn], timeout=min(left, 0.5)):
-                try:
+                with contextlib.suppress(EOFError, OSError):  # the child closed its end: its exit code tells why
                     return conn.recv()
-                except (EOFError, OSError):
-                    pass  # the child closed its end: it is dying; its exit code tells why
             elif proc.poll() is None:
                 continue
             self._died(proc)
@@ -329,10 +320,8 @@ class ChildProcessBackend:
 
     def _died(self, proc: subprocess.Popen) -> None:
         """Record the child's death (its exit code names the cause) and raise."""
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(self.config.grace)
-        except subprocess.TimeoutExpired:
-            pass
         if self._closed:
             self._reap()
             raise LLMUnavailable("the LLM process was closed")
@@ -369,18 +358,12 @@ class ChildProcessBackend:
         for stop in steps:
             if proc.poll() is not None:
                 break
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stop()
-            except (OSError, ValueError):
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(OSError):
             conn.close()
-        except OSError:
-            pass
 
     def close(self) -> None:
         """Stop the child within about three times ``config.grace`` (ask, terminate, kill). Idempotent."""

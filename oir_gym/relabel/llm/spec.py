@@ -3,6 +3,7 @@ runtime's errors, and the causes of a failure with their remedies."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -168,8 +169,6 @@ def close_llm(llm: Any) -> None:
     """Free a backend (its ``close`` if it has one; errors ignored: this runs at shutdown)."""
     close = getattr(llm, "close", None)
     if callable(close):
-        try:
+        with contextlib.suppress(Exception):
             close()
-        except Exception:  # noqa: BLE001 - best effort
-            pass
 
