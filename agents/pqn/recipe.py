@@ -22,6 +22,7 @@ from agents.run.run_dir import RunDir, atomic_write_json
 from agents.run.resume import parse_with_base
 from agents.run.train import Recipe, RunOptions, RunTrainer, main
 
+
 @dataclass
 class PQNOptions(RunOptions):
     """Train PQN with OIR or a baseline on Craftax-Classic."""
@@ -38,13 +39,9 @@ class PQNRecipe(Recipe):
 
     def parse(self, argv: list[str], description: str | None = None) -> Any:
         """``--resume`` / ``--eval-only`` start from the run's saved config, else from the preset named first."""
-        from agents.run.config import check_saved_backend
         from agents.pqn.config import cli, load_config
 
-        return parse_with_base(argv, description, PQNOptions, cli, load_config, check_saved_backend)
-
-    def num_updates(self, cfg: Any) -> int:
-        return cfg.num_updates
+        return parse_with_base(argv, description, PQNOptions, cli, load_config)
 
     def default_run_dir(self, cfg: Any) -> str:
         return f"runs/{cfg.run.method}_{time.strftime('%Y%m%d-%H%M%S')}"

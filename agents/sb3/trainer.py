@@ -286,7 +286,6 @@ class SB3Recipe(Recipe):
 
     name = "SB3"
     script = "examples/train_sb3.py"
-    multi_process = False
     tensorboard = False  # SB3's own logger writes tb/ (its train/ and rollout/ scalars and every row)
     compiles = False
 
@@ -295,7 +294,7 @@ class SB3Recipe(Recipe):
         import functools
         import sys
 
-        from agents.run.config import check_saved_backend, cli
+        from agents.run.config import cli
         from agents.run.resume import parse_with_base
         from agents.sb3.config import old_flag_error
 
@@ -305,12 +304,9 @@ class SB3Recipe(Recipe):
             raise SystemExit(2)
 
         parse = functools.partial(cli, default_preset="cpu", presets=SB3_PRESETS, config_type=SB3TrainConfig)
-        opts = parse_with_base(argv, description, SB3Options, parse, load_sb3_config, check_saved_backend)
+        opts = parse_with_base(argv, description, SB3Options, parse, load_sb3_config)
         opts.config = opts.config.with_hp()
         return opts
-
-    def num_updates(self, cfg: Any) -> int:
-        return cfg.num_updates
 
     def default_run_dir(self, cfg: Any) -> str:
         return f"runs/sb3_{cfg.sb3.algo}_{cfg.relabeler}_{time.strftime('%Y%m%d-%H%M%S')}"

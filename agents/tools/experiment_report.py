@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from agents.tools.analyze_runs import finite_t_cell
 from oir_gym.analysis.runs import metrics_path, read_jsonl
-from oir_gym.metrics import t_interval, welch_interval
+from oir_gym.metrics import welch_interval
 
 #: The wooden tier's achievements (the stone tier's prerequisites).
 WOODEN_TIER = ("collect wood", "place table", "make wooden pickaxe", "make wooden sword")
@@ -59,11 +60,6 @@ def per_seed(arm: list[list[dict]], fn) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(procs), np.array([p.mean() for p in procs])
 
 
-def _mean_ci(x: np.ndarray) -> str:
-    low, high = t_interval(x)
-    return f"{x.mean():.3f} [{low:.3f}, {high:.3f}]"
-
-
 def _diff_cell(a: np.ndarray, b: np.ndarray) -> str:
     d, low, high = welch_interval(a, b)
     return f"{d:+.3f} [{low:+.3f}, {high:+.3f}]"
@@ -77,7 +73,7 @@ def comparison_table(arms: dict, pairs: list[tuple[str, str]], measures: list[tu
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, fn in measures:
         vals = {a: per_seed(arms[a], fn) for a in names}
-        cells = [_mean_ci(vals[a][0]) for a in names]
+        cells = [finite_t_cell(vals[a][0]) for a in names]
         cells += [_diff_cell(vals[a][0], vals[b][0]) for a, b in pairs]
         cells += [_diff_cell(vals[a][1], vals[b][1]) for a, b in pairs]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
