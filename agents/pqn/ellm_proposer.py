@@ -119,15 +119,14 @@ class GoalProposer:
     ``timeout`` s and at most ``max_prompts`` signatures per batched call."""
 
     def __init__(self, backend: Any = "rules", k: int = 4, cache_size: int = 4096, *, timeout: Optional[float] = None,
-                 max_prompts: Optional[int] = None, candidate_filter: Optional[CandidateFilter] = None,
-                 backend_kwargs: Optional[dict] = None) -> None:
+                 max_prompts: Optional[int] = None, backend_kwargs: Optional[dict] = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if isinstance(backend, str) and backend not in BACKENDS and ":" not in backend:
             raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKENDS}, "
                              "'package.module:ClassName' or a backend object")
         self.k, self.timeout, self.max_prompts = int(k), timeout, max_prompts
-        self.filter = candidate_filter or CandidateFilter()
+        self.filter = CandidateFilter()
         self.cache = LRUCache(cache_size)
         self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, BackendSpec)
                              else type(backend).__name__)

@@ -262,10 +262,8 @@ class NestedConfig:
 
     def check_parts(self, choices: Sequence[tuple[str, str, Sequence[Any]]],
                     counts: Sequence[tuple[str, Sequence[str]]]) -> None:
-        """The checks both trainers share, a ValueError naming the field at the first bad one: :meth:`check_types`;
-        each ``(part, name, allowed)`` of ``choices`` holds an allowed value and each field of ``counts``
-        (``(part, names)``) an integer >= 1, the shared parts' among them; then the ``env``, ``oir``, ``llm`` and
-        ``eval`` parts' own checks."""
+        """The checks both trainers share (ValueError naming the field): :meth:`check_types`, each ``(part, name,
+        allowed)`` of ``choices`` and each ``(part, names)`` of ``counts`` (integers >= 1), the shared parts' own."""
         self.check_types()
         for part, name, allowed in (("env", "obs_mode", get_args(ObsMode)), *choices):
             v = getattr(getattr(self, part), name)
@@ -347,8 +345,6 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = No
     ``--pqn.lr``; a bad value: exit status 2). The flags override ``base`` (a resumed run's config; no preset
     then) or the preset named first (default ``default_preset``)."""
     import sys
-
-    import tyro
 
     argv = merge_repeated_flags(list(sys.argv[1:] if args is None else args), config_type)
     description = plain_help(description) if description else description

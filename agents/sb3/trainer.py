@@ -98,12 +98,11 @@ class SB3Trainer:
         return state
 
     def _attach(self) -> None:
-        from agents.sb3.models import make_relabel_callback
-
-        # an evaluation leaves the run's TensorBoard files as they are
         from stable_baselines3.common.logger import Logger, configure
 
-        if importlib.util.find_spec("tensorboard") is None or self.eval_only:
+        from agents.sb3.models import make_relabel_callback
+
+        if importlib.util.find_spec("tensorboard") is None or self.eval_only:  # an evaluation keeps tb/ as it is
             self.model.set_logger(Logger(folder=None, output_formats=[]))
         else:
             self.model.set_logger(configure(str(self.run_dir / "tb"), ["tensorboard"]))

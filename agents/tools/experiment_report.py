@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.tools.analyze_runs import finite_t_cell
+from agents.tools.analyze_runs import finite_t_cell, welch_cell
 from oir_gym.analysis.runs import metrics_path, read_jsonl
 from oir_gym.metrics import welch_interval
 
@@ -60,11 +60,6 @@ def per_seed(arm: list[list[dict]], fn) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(procs), np.array([p.mean() for p in procs])
 
 
-def _diff_cell(a: np.ndarray, b: np.ndarray) -> str:
-    d, low, high = welch_interval(a, b)
-    return f"{d:+.3f} [{low:+.3f}, {high:+.3f}]"
-
-
 def comparison_table(arms: dict, pairs: list[tuple[str, str]], measures: list[tuple[str, object]]) -> str:
     """Per measure: each arm's mean [95% t], then each pair's difference by seed and by process."""
     names = list(arms)
@@ -74,8 +69,8 @@ def comparison_table(arms: dict, pairs: list[tuple[str, str]], measures: list[tu
     for label, fn in measures:
         vals = {a: per_seed(arms[a], fn) for a in names}
         cells = [finite_t_cell(vals[a][0]) for a in names]
-        cells += [_diff_cell(vals[a][0], vals[b][0]) for a, b in pairs]
-        cells += [_diff_cell(vals[a][1], vals[b][1]) for a, b in pairs]
+        cells += [welch_cell(vals[a][0], vals[b][0]) for a, b in pairs]
+        cells += [welch_cell(vals[a][1], vals[b][1]) for a, b in pairs]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
