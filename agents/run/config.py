@@ -289,11 +289,9 @@ def _part_from_dict(factory: Any, part: str, value: Any) -> Any:
     if unknown:
         raise ValueError(f"unknown config key {f'{part}.{unknown[0]}'!r} in section {part!r}"
                          f"{did_you_mean(unknown[0], names, prefix=part + '.')}")
-    vals = dict(value)
-    for f in fields(default):
-        if f.name in vals and isinstance(getattr(default, f.name), tuple) and isinstance(vals[f.name], list):
-            vals[f.name] = tuple(vals[f.name])  # JSON has lists only
-    return replace(default, **vals)
+    # JSON has lists only: a tuple field's list becomes a tuple
+    return replace(default, **{k: tuple(v) if isinstance(v, list) and isinstance(getattr(default, k), tuple) else v
+                               for k, v in value.items()})
 
 
 def did_you_mean(name: Any, choices: Sequence[str], prefix: str = "") -> str:

@@ -17,9 +17,10 @@ from agents.run import relabeling
 from agents.run.config import LLMConfig, RelabelSettings
 from agents.sb3.config import (  # noqa: F401  (re-exported: the algorithms and their checks)
     ALGOS, HYPERPARAM_DEFAULTS, POLICIES, RESERVED_HYPERPARAMS, algo_class, check_device, check_hyperparams,
+    load_sb3_config,
 )
 from agents.run.run_dir import (
-    CorruptFileError, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file,
+    CONFIG, CorruptFileError, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file,
 )
 
 _DQN_FAMILY = dict(learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
@@ -85,11 +86,10 @@ def make_relabeler(kind: str = "rules", settings: Optional[RelabelSettings] = No
     (``k=8``...) or set those of :class:`agents.run.relabeling.RelabelerOptions` (``cache_path``...)."""
     from dataclasses import fields, replace
 
-    from agents.run.relabeling import RelabelerOptions
-
-    own = {f.name for f in fields(RelabelerOptions)}
+    own = {f.name for f in fields(relabeling.RelabelerOptions)}
     settings = replace(settings or RelabelSettings(), **{k: v for k, v in overrides.items() if k not in own})
-    options = RelabelerOptions(seed=seed, eval_files=tuple(eval_files), **{k: v for k, v in overrides.items() if k in own})
+    options = relabeling.RelabelerOptions(seed=seed, eval_files=tuple(eval_files),
+                                          **{k: v for k, v in overrides.items() if k in own})
     return relabeling.make_relabeler(kind, settings, llm, delta=delta, encoder=encoder, options=options)
 
 
@@ -412,9 +412,6 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
     run), :class:`UntrustedModelError` or CorruptFileError otherwise."""
     if seed != 0:
         raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
-    from agents.run.run_dir import CONFIG
-    from agents.sb3.config import load_sb3_config
-
     folder = Path(run_dir)
     expected = (f"load_sb3_policy expects a run directory written by examples/train_sb3.py --run-dir "
                 f"(it holds {CONFIG}, {MODEL_ZIP} and {STATE_JSON})")
