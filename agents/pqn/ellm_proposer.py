@@ -1,13 +1,6 @@
-"""ELLM-style forward goal proposal (Du et al. 2023): goals suggested from the CURRENT observation.
-
-The proposer of method ``ellm`` (:mod:`agents.pqn.ellm`)::
-
-    proposer = GoalProposer("rules", k=4)
-    goals = proposer.propose(batch_observations(env_state.craftax))   # up to k goals per observation
-
-Backends: ``"rules"`` (:func:`rule_goals`, no LLM) or any relabeler backend with the few-shot prompt
-``oir_gym/data/prompts/ellm.txt``; cache misses go to the LLM in one batched call, and when it fails,
-answers nothing usable or misses ``timeout``, the rules answer.
+"""ELLM-style forward goal proposal (Du et al. 2023) for method ``ellm``: goals suggested from the CURRENT
+observation by :func:`rule_goals` or an LLM with the few-shot prompt ``oir_gym/data/prompts/ellm.txt``; cache misses
+go to the LLM in one batched call, and when it fails, answers nothing usable or misses ``timeout``, the rules answer.
 """
 
 from __future__ import annotations

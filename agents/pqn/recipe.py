@@ -1,12 +1,5 @@
-"""The PQN trainer's :class:`~agents.run.train.Recipe`: its command line, checkpoints, header and
-progress lines, and the diversity report of an ``oir`` run.
-
-    from agents.run.train import main
-    from agents.pqn.recipe import PQN
-    main(PQN, ["smoke", "--run-dir", "runs/smoke"])     # what examples/train_pqn.py runs
-
-``python -m agents.run.train ARGS`` is ``examples/train_pqn.py ARGS``.
-"""
+"""The PQN trainer's :class:`~agents.run.train.Recipe`, :data:`PQN` (``examples/train_pqn.py``): its command line,
+checkpoints, header and progress lines, and the diversity report of an ``oir`` run."""
 
 from __future__ import annotations
 

@@ -37,9 +37,7 @@ class SB3Trainer:
         self.method = None  # the driver's diversity report: PQN's OIR method only
         self.eval_only = eval_only
         self.startup: dict[str, float] = {}
-        self.model: Any = None
-        self.relabel_cb: Any = None
-        self.relabeler: Any = None
+        self.model = self.relabel_cb = self.relabeler = None  # the model: built now with fresh, else by load/init_state
         self._thread: Optional[threading.Thread] = None
         self._to_main: queue.Queue = queue.Queue(maxsize=1)
         self._to_learner: queue.Queue = queue.Queue(maxsize=1)

@@ -174,14 +174,14 @@ def training_rates(metrics: dict[str, list[list[dict]]],
 
 def plot_stone_tier(metrics: dict[str, list[list[dict]]], out: str | Path) -> Path:
     """The chain's training rates, one panel per arm, at ``out``; the learning curves at ``<out>_curves.png``."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from oir_gym.analysis import plot_learning_curves, save_figure
 
     events = ("collect_wood", *(e for e in CHAIN_EVENTS if e != "near_table_with_wood_and_stone"))
     rates = training_rates(metrics, events)
-    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), sharey=True, squeeze=False)
+    fig = Figure(figsize=(6 * len(rates), 4.5))
+    axes = fig.subplots(1, len(rates), sharey=True, squeeze=False)
     for ax, (arm, ev) in zip(axes[0], sorted(rates.items())):
         for e in events:
             steps, r = ev[e]
@@ -191,14 +191,9 @@ def plot_stone_tier(metrics: dict[str, list[list[dict]]], out: str | Path) -> Pa
         ax.set_xlabel("env steps per seed (M)")
     axes[0][0].set_ylabel("events per 1,000 env steps (floor 0.001)")
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    from oir_gym.analysis import plot_learning_curves
-
     plot_learning_curves(metrics, Path(out).with_name(Path(out).stem + "_curves.png"))
-    return Path(out)
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> int:
