@@ -11,7 +11,6 @@ import warnings
 from collections import Counter
 from concurrent.futures import TimeoutError as FutureTimeout
 from importlib import resources
-from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from oir_gym.captions import ACHIEVEMENT_NAMES
@@ -46,9 +45,6 @@ TARGETS: dict[str, tuple[str, Optional[str]]] = {
     "coal": ("collect_coal", "wood pickaxe"), "iron": ("collect_iron", "stone pickaxe"),
     "diamond": ("collect_diamond", "iron pickaxe"),
 }
-
-BACKENDS = BACKEND_NAMES
-DEFAULT_PROMPT = "ellm"
 
 
 def rule_goals(obs: Union[Observation, str], k: Optional[int] = None) -> list[str]:
@@ -91,19 +87,10 @@ def signature(obs: Union[Observation, str], mode: str = "coarse") -> str:
     return f"{o.facing}|{near}|{inv}|{vit}|{int(o.sleeping)}"
 
 
-def load_prompt(name_or_path: str = DEFAULT_PROMPT) -> str:
-    """The few-shot prompt template (``#|`` comment lines removed): packaged ``"ellm"`` or a file."""
-    if name_or_path == DEFAULT_PROMPT:
-        raw = resources.files("oir_gym.data").joinpath("prompts", "ellm.txt").read_text()
-    else:
-        p = Path(name_or_path)
-        if not p.is_file():
-            raise ValueError(f"unknown ELLM prompt {name_or_path!r}: use 'ellm' or a path to a .txt file")
-        raw = p.read_text()
-    body = "\n".join(line for line in raw.splitlines() if not line.startswith("#|")).strip("\n")
-    if "{{observation}}" not in body:
-        raise ValueError(f"ELLM prompt {name_or_path!r} has no {{{{observation}}}} placeholder")
-    return body
+def load_prompt() -> str:
+    """The packaged few-shot prompt template ``oir_gym/data/prompts/ellm.txt`` (``#|`` comment lines removed)."""
+    raw = resources.files("oir_gym.data").joinpath("prompts", "ellm.txt").read_text()
+    return "\n".join(line for line in raw.splitlines() if not line.startswith("#|")).strip("\n")
 
 
 class GoalProposer:
@@ -115,8 +102,8 @@ class GoalProposer:
                  max_prompts: Optional[int] = None, backend_kwargs: Optional[dict] = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if isinstance(backend, str) and backend not in BACKENDS and ":" not in backend:
-            raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKENDS}, "
+        if isinstance(backend, str) and backend not in BACKEND_NAMES and ":" not in backend:
+            raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKEND_NAMES}, "
                              "'package.module:ClassName' or a backend object")
         self.k, self.timeout, self.max_prompts = int(k), timeout, max_prompts
         self.filter = CandidateFilter()
