@@ -84,11 +84,6 @@ class PQNConfig:
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Input type of the hidden layer's and the LSTM's matmuls (float32 accumulation, parameters and gates)."""
 
-    @property
-    def batch_steps(self) -> int:
-        """Env steps of one update (one seed)."""
-        return self.num_envs * self.num_steps
-
 
 @dataclass
 class EnvConfig(EnvSettings):
@@ -145,13 +140,9 @@ class TrainConfig(NestedConfig):
     eval: EvalSettings = field(default_factory=EvalSettings)
 
     @property
-    def method(self) -> str:
-        return self.run.method
-
-    @property
     def batch_steps(self) -> int:
         """Env steps of one update (one seed)."""
-        return self.pqn.batch_steps
+        return self.pqn.num_envs * self.pqn.num_steps
 
     @property
     def num_updates(self) -> int:
@@ -193,9 +184,7 @@ class TrainConfig(NestedConfig):
              f"run.num_seeds - 1 must fit JAX's 32-bit keys)")
         need(e.max_episode_steps <= 2**31 - 1, f"env.max_episode_steps={e.max_episode_steps} must be < 2**31")
         need(r.num_devices >= 0, f"run.num_devices={r.num_devices} must be >= 0 (0: every visible device)")
-        if r.num_devices > 0:
-            # the layout's arithmetic only; the Trainer checks against the visible devices (asking JAX
-            # for them here would start its backend before a multi-host jax.distributed.initialize)
+        if r.num_devices > 0:  # arithmetic only: asking JAX for devices would start it before jax.distributed
             from agents.pqn.sharding import check_layout
 
             check_layout(r.num_seeds, p.num_envs, r.num_devices, visible=r.num_devices)

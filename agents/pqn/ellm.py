@@ -1,9 +1,6 @@
-"""Method ``ellm``: the ELLM baseline (Du et al. 2023) on the PQN backbone.
-
-After each rollout a :class:`~agents.pqn.ellm_proposer.GoalProposer` proposes up to K goals from every
-env's current observation; each env is pinned to one of them at its next reset, and (``ellm.reward="any"``)
-every goal proposed for it pays too. The batch is the original trajectories.
-"""
+"""Method ``ellm``: the ELLM baseline (Du et al. 2023) on the PQN backbone; the batch is the original trajectories,
+each env pinned at its next reset to a goal proposed from its current observation (``ellm.reward="any"``: every goal
+proposed for it pays too)."""
 
 from __future__ import annotations
 

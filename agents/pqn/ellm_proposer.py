@@ -1,13 +1,6 @@
-"""ELLM-style forward goal proposal (Du et al. 2023): goals suggested from the CURRENT observation.
-
-The proposer of method ``ellm`` (:mod:`agents.pqn.ellm`)::
-
-    proposer = GoalProposer("rules", k=4)
-    goals = proposer.propose(batch_observations(env_state.craftax))   # up to k goals per observation
-
-Backends: ``"rules"`` (:func:`rule_goals`, no LLM) or any relabeler backend with the few-shot prompt
-``oir_gym/data/prompts/ellm.txt``; cache misses go to the LLM in one batched call, and when it fails,
-answers nothing usable or misses ``timeout``, the rules answer.
+"""ELLM-style forward goal proposal (Du et al. 2023) for method ``ellm``: goals suggested from the CURRENT
+observation by :func:`rule_goals` or an LLM with the few-shot prompt ``oir_gym/data/prompts/ellm.txt``; cache misses
+go to the LLM in one batched call, and when it fails, answers nothing usable or misses ``timeout``, the rules answer.
 """
 
 from __future__ import annotations
@@ -18,7 +11,6 @@ import warnings
 from collections import Counter
 from concurrent.futures import TimeoutError as FutureTimeout
 from importlib import resources
-from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from oir_gym.captions import ACHIEVEMENT_NAMES
@@ -31,7 +23,7 @@ from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
 from oir_gym.relabel.prompts import output_schema
 from oir_gym.text import Observation, parse_observation
 from oir_gym.relabel.llm.spec import BackendSpec, LLMBusy, close_llm
-from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend, llm_process_stats
+from oir_gym.relabel.llm.child import ChildProcessBackend, llm_process_stats
 from oir_gym.relabel.llm.health import LLMHealth
 from oir_gym.relabel.llm.caller import OffThreadCaller
 from oir_gym.relabel.llm.build import build_llm, probe
@@ -53,10 +45,6 @@ TARGETS: dict[str, tuple[str, Optional[str]]] = {
     "coal": ("collect_coal", "wood pickaxe"), "iron": ("collect_iron", "stone pickaxe"),
     "diamond": ("collect_diamond", "iron pickaxe"),
 }
-
-BACKENDS = BACKEND_NAMES
-SIGNATURES = ("coarse", "text")
-DEFAULT_PROMPT = "ellm"
 
 
 def rule_goals(obs: Union[Observation, str], k: Optional[int] = None) -> list[str]:
@@ -99,19 +87,10 @@ def signature(obs: Union[Observation, str], mode: str = "coarse") -> str:
     return f"{o.facing}|{near}|{inv}|{vit}|{int(o.sleeping)}"
 
 
-def load_prompt(name_or_path: str = DEFAULT_PROMPT) -> str:
-    """The few-shot prompt template (``#|`` comment lines removed): packaged ``"ellm"`` or a file."""
-    if name_or_path == DEFAULT_PROMPT:
-        raw = resources.files("oir_gym.data").joinpath("prompts", "ellm.txt").read_text()
-    else:
-        p = Path(name_or_path)
-        if not p.is_file():
-            raise ValueError(f"unknown ELLM prompt {name_or_path!r}: use 'ellm' or a path to a .txt file")
-        raw = p.read_text()
-    body = "\n".join(line for line in raw.splitlines() if not line.startswith("#|")).strip("\n")
-    if "{{observation}}" not in body:
-        raise ValueError(f"ELLM prompt {name_or_path!r} has no {{{{observation}}}} placeholder")
-    return body
+def load_prompt() -> str:
+    """The packaged few-shot prompt template ``oir_gym/data/prompts/ellm.txt`` (``#|`` comment lines removed)."""
+    raw = resources.files("oir_gym.data").joinpath("prompts", "ellm.txt").read_text()
+    return "\n".join(line for line in raw.splitlines() if not line.startswith("#|")).strip("\n")
 
 
 class GoalProposer:
@@ -119,37 +98,21 @@ class GoalProposer:
     a relabeler backend (name, ``"package.module:ClassName"``, ``BackendSpec`` or object with ``generate``);
     ``timeout`` s and at most ``max_prompts`` signatures per batched call."""
 
-    def __init__(
-        self,
-        backend: Any = "rules",
-        k: int = 4,
-        cache_size: int = 4096,
-        *,
-        signature: str = "coarse",
-        timeout: Optional[float] = None,
-        max_prompts: Optional[int] = None,
-        prompt: str = DEFAULT_PROMPT,
-        candidate_filter: Optional[CandidateFilter] = None,
-        backend_kwargs: Optional[dict] = None,
-        isolate: Optional[bool] = None,
-        child_config: Optional[ChildConfig] = None,
-        warn_after: int = 3,
-    ) -> None:
+    def __init__(self, backend: Any = "rules", k: int = 4, cache_size: int = 4096, *, timeout: Optional[float] = None,
+                 max_prompts: Optional[int] = None, backend_kwargs: Optional[dict] = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if signature not in SIGNATURES:
-            raise ValueError(f"signature must be one of {SIGNATURES}, got {signature!r}")
-        if isinstance(backend, str) and backend not in BACKENDS and ":" not in backend:
-            raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKENDS}, "
+        if isinstance(backend, str) and backend not in BACKEND_NAMES and ":" not in backend:
+            raise ValueError(f"unknown proposer backend {backend!r}: use one of {BACKEND_NAMES}, "
                              "'package.module:ClassName' or a backend object")
-        self.k, self.signature_mode, self.timeout, self.max_prompts = int(k), signature, timeout, max_prompts
-        self.filter = candidate_filter or CandidateFilter()
+        self.k, self.timeout, self.max_prompts = int(k), timeout, max_prompts
+        self.filter = CandidateFilter()
         self.cache = LRUCache(cache_size)
         self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, BackendSpec)
                              else type(backend).__name__)
-        self.llm = build_llm(backend, backend_kwargs, isolate=isolate, config=child_config)
-        self.health = LLMHealth("ELLM proposer", warn_after, fallback="proposing rule goals meanwhile")
-        self.template = load_prompt(prompt) if self.llm is not None else ""
+        self.llm = build_llm(backend, backend_kwargs)
+        self.health = LLMHealth("ELLM proposer", fallback="proposing rule goals meanwhile")
+        self.template = load_prompt() if self.llm is not None else ""
         self.schema = output_schema(self.k)
         self._caller = OffThreadCaller("oir-ellm")
         self._lock = threading.Lock()
@@ -158,7 +121,7 @@ class GoalProposer:
         self.last_error: Optional[str] = None
 
     def __repr__(self) -> str:
-        return f"GoalProposer(backend={self.backend_name!r}, k={self.k}, signature={self.signature_mode!r})"
+        return f"GoalProposer(backend={self.backend_name!r}, k={self.k})"
 
     def render_prompt(self, obs: Union[Observation, str]) -> str:
         """The LLM prompt for one observation (its text)."""
@@ -240,7 +203,7 @@ class GoalProposer:
             return [rule_goals(o, self.k) for o in obs]
 
     def _propose(self, observations: list[Observation]) -> list[list[str]]:
-        keys = [signature(t, self.signature_mode) for t in observations]
+        keys = [signature(t) for t in observations]
         uniq: dict[str, int] = {}  # key -> first index
         freq: Counter = Counter(keys)
         for i, key in enumerate(keys):
@@ -311,7 +274,7 @@ class GoalProposer:
 
 
 def make_proposer(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, timeout: Optional[float] = None,
-                  max_prompts: Optional[int] = None, flag: Optional[str] = "--ellm.proposer"):
+                  max_prompts: Optional[int] = None):
     """The ELLM :class:`GoalProposer`: ``"rules"``, or ``"llm"`` (``llm``'s backend, checked with one real call)."""
     if kind == "rules":
         return GoalProposer("rules", k=k)
@@ -320,6 +283,5 @@ def make_proposer(kind: str, llm: Optional[LLMConfig] = None, *, k: int = 4, tim
     llm = (llm or LLMConfig()).validate()
     proposer = GoalProposer(llm.backend, k=k, timeout=timeout, max_prompts=max_prompts,
                             backend_kwargs=backend_kwargs(llm))
-    if flag is not None:
-        check_llm(proposer, True, flag)
+    check_llm(proposer, True, "--ellm.proposer")
     return proposer

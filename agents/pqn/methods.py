@@ -1,9 +1,5 @@
-"""The per-method part of a PQN iteration behind one interface, :class:`TrainingMethod`.
-
-The trainer asks its method which instructions episodes draw, what to train on after a rollout, which
-table rows can pay, its checkpoint state and its generated-instruction file. ``gt`` and ``cosine`` are
-here, ``oir`` in :mod:`agents.pqn.oir_method`, ``ellm`` in :mod:`agents.pqn.ellm`.
-"""
+"""The per-method part of a PQN iteration behind one interface, :class:`TrainingMethod` (``gt`` and ``cosine``
+here, ``oir`` in :mod:`agents.pqn.oir_method`, ``ellm`` in :mod:`agents.pqn.ellm`)."""
 
 from __future__ import annotations
 

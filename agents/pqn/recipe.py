@@ -1,12 +1,5 @@
-"""The PQN trainer's :class:`~agents.run.train.Recipe`: its command line, checkpoints, header and
-progress lines, and the diversity report of an ``oir`` run.
-
-    from agents.run.train import main
-    from agents.pqn.recipe import PQN
-    main(PQN, ["smoke", "--run-dir", "runs/smoke"])     # what examples/train_pqn.py runs
-
-``python -m agents.run.train ARGS`` is ``examples/train_pqn.py ARGS``.
-"""
+"""The PQN trainer's :class:`~agents.run.train.Recipe`, :data:`PQN` (``examples/train_pqn.py``): its command line,
+checkpoints, header and progress lines, and the diversity report of an ``oir`` run."""
 
 from __future__ import annotations
 
@@ -21,6 +14,7 @@ from agents.pqn.config import TrainConfig
 from agents.run.run_dir import RunDir, atomic_write_json
 from agents.run.resume import parse_with_base
 from agents.run.train import Recipe, RunOptions, RunTrainer, main
+
 
 @dataclass
 class PQNOptions(RunOptions):
@@ -38,13 +32,9 @@ class PQNRecipe(Recipe):
 
     def parse(self, argv: list[str], description: str | None = None) -> Any:
         """``--resume`` / ``--eval-only`` start from the run's saved config, else from the preset named first."""
-        from agents.run.config import check_saved_backend
         from agents.pqn.config import cli, load_config
 
-        return parse_with_base(argv, description, PQNOptions, cli, load_config, check_saved_backend)
-
-    def num_updates(self, cfg: Any) -> int:
-        return cfg.num_updates
+        return parse_with_base(argv, description, PQNOptions, cli, load_config)
 
     def default_run_dir(self, cfg: Any) -> str:
         return f"runs/{cfg.run.method}_{time.strftime('%Y%m%d-%H%M%S')}"

@@ -87,8 +87,7 @@ def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: 
         return final
     if final.exists():  # no manifest: a copy that stopped part way, never loaded; kept aside, not in the way
         aside = root / f"{final.name}.incomplete"
-        if aside.exists():
-            shutil.rmtree(aside)
+        shutil.rmtree(aside, ignore_errors=True)
         os.rename(final, aside)
     state = serialization.to_state_dict(jax.device_get(arrays))
     blob = serialization.msgpack_serialize(state)

@@ -262,10 +262,8 @@ class NestedConfig:
 
     def check_parts(self, choices: Sequence[tuple[str, str, Sequence[Any]]],
                     counts: Sequence[tuple[str, Sequence[str]]]) -> None:
-        """The checks both trainers share, a ValueError naming the field at the first bad one: :meth:`check_types`;
-        each ``(part, name, allowed)`` of ``choices`` holds an allowed value and each field of ``counts``
-        (``(part, names)``) an integer >= 1, the shared parts' among them; then the ``env``, ``oir``, ``llm`` and
-        ``eval`` parts' own checks."""
+        """The checks both trainers share (ValueError naming the field): :meth:`check_types`, each ``(part, name,
+        allowed)`` of ``choices`` and each ``(part, names)`` of ``counts`` (integers >= 1), the shared parts' own."""
         self.check_types()
         for part, name, allowed in (("env", "obs_mode", get_args(ObsMode)), *choices):
             v = getattr(getattr(self, part), name)
@@ -291,11 +289,9 @@ def _part_from_dict(factory: Any, part: str, value: Any) -> Any:
     if unknown:
         raise ValueError(f"unknown config key {f'{part}.{unknown[0]}'!r} in section {part!r}"
                          f"{did_you_mean(unknown[0], names, prefix=part + '.')}")
-    vals = dict(value)
-    for f in fields(default):
-        if f.name in vals and isinstance(getattr(default, f.name), tuple) and isinstance(vals[f.name], list):
-            vals[f.name] = tuple(vals[f.name])  # JSON has lists only
-    return replace(default, **vals)
+    # JSON has lists only: a tuple field's list becomes a tuple
+    return replace(default, **{k: tuple(v) if isinstance(v, list) and isinstance(getattr(default, k), tuple) else v
+                               for k, v in value.items()})
 
 
 def did_you_mean(name: Any, choices: Sequence[str], prefix: str = "") -> str:
@@ -347,8 +343,6 @@ def cli(options_type: type, args: Sequence[str] | None = None, *, base: Any = No
     ``--pqn.lr``; a bad value: exit status 2). The flags override ``base`` (a resumed run's config; no preset
     then) or the preset named first (default ``default_preset``)."""
     import sys
-
-    import tyro
 
     argv = merge_repeated_flags(list(sys.argv[1:] if args is None else args), config_type)
     description = plain_help(description) if description else description

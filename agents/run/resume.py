@@ -111,8 +111,7 @@ def eval_plan(cfg: Any) -> str:
     return f"the sets {', '.join(sets)} ({ev.final_episodes} episode(s) per instruction)"
 
 
-def parse_with_base(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any,
-                    check_saved_backend: Any) -> Any:
+def parse_with_base(argv: list[str], description: str | None, options_type: type, cli: Any, load_config: Any) -> Any:
     """The command line as ``options_type`` (parsed by ``cli``): ``--resume`` / ``--eval-only`` start from the run's
     saved config (``load_config``; flags override it), otherwise from the preset named first. A module-path LLM
     backend or a field of :data:`OUTSIDE_FIELDS` pointing outside is taken from the files only when the flags
@@ -130,6 +129,8 @@ def parse_with_base(argv: list[str], description: str | None, options_type: type
         except (ValueError, CorruptFileError) as e:
             raise SystemExit(f"error: {file}: {e}") from None
         if known.eval_only is None:  # an evaluation starts no LLM (the recipe replaces the backend)
+            from agents.run.config import check_saved_backend
+
             try:
                 check_saved_backend(base.llm, file, on_command_line=known.llm_backend is not None)
             except ValueError as e:

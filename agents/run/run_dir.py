@@ -442,9 +442,7 @@ class RunDir:
     def write_config(self, config: Mapping[str, Any]) -> Path:
         """Write ``config.json`` with ``"provenance"``; a resumed run appends its own to ``"resumed"``."""
         prov = provenance()
-        data = dict(config)
-        data.pop("provenance", None)
-        data.pop("resumed", None)
+        data = {k: v for k, v in config.items() if k not in ("provenance", "resumed")}
         path = self.path / CONFIG
         if path.exists():
             old = read_json(path)

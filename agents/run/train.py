@@ -85,7 +85,8 @@ class Recipe:
     def parse(self, argv: list[str], description: str | None = None) -> Any:
         """The command line as this trainer's options (a :class:`RunOptions` with a ``config``)."""
 
-    def num_updates(self, cfg: Any) -> int: ...
+    def num_updates(self, cfg: Any) -> int:
+        return cfg.num_updates
 
     def default_run_dir(self, cfg: Any) -> str: ...
 
@@ -523,10 +524,8 @@ def _evaluation(r: _Run, trainer: RunTrainer) -> Any:
 
     def run_eval(tag: str, final: bool = False) -> tuple[list[dict], dict[str, float]]:
         results = trainer.evaluate(final=final)
-        row: dict[str, float] = {}
-        for s, res in enumerate(results):
-            for k, v in res.flat_metrics().items():
-                row[f"seed{trainer.seed_offset + s}/{k}"] = v
+        row = {f"seed{trainer.seed_offset + s}/{k}": v for s, res in enumerate(results)
+               for k, v in res.flat_metrics().items()}
         row.update(seed_means([res.flat_metrics() for res in results]))
         every = merge_evals(allgather_json([res.to_dict() for res in results]))
         if r.me == 0:

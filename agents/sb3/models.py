@@ -17,9 +17,10 @@ from agents.run import relabeling
 from agents.run.config import LLMConfig, RelabelSettings
 from agents.sb3.config import (  # noqa: F401  (re-exported: the algorithms and their checks)
     ALGOS, HYPERPARAM_DEFAULTS, POLICIES, RESERVED_HYPERPARAMS, algo_class, check_device, check_hyperparams,
+    load_sb3_config,
 )
 from agents.run.run_dir import (
-    CorruptFileError, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file,
+    CONFIG, CorruptFileError, RunDir, atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file,
 )
 
 _DQN_FAMILY = dict(learning_rate=1e-4, buffer_size=50_000, learning_starts=2_000, batch_size=128, gamma=0.99,
@@ -64,8 +65,7 @@ def configure_torch_threads(n: Optional[int] = None) -> int:
 
 def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delta: float = 0.9,
              max_episode_steps: int = 10_000, reward: str = "cosine", buffer_size: Optional[int] = 10,
-             tau_low: float = 0.1, tau_high: float = 0.9, instructions=None, info_text: bool = False,
-             encoder: Any = "default", **env_kwargs: Any):
+             tau_low: float = 0.1, tau_high: float = 0.9):
     """An SB3 VecEnv over a fresh :class:`~oir_gym.vector_env.InstructionCraftax` whose instruction buffer holds the
     first ``buffer_size`` original instructions (None: all 22, the fixed-instruction baselines)."""
     from oir_gym.buffer import InstructionBuffer
@@ -73,12 +73,10 @@ def make_env(num_envs: int = 16, seed: int = 0, *, obs_mode: str = "paper", delt
     from oir_gym.sb3 import SB3VecEnv
     from oir_gym.vector_env import InstructionCraftax
 
-    initial = list(ORIGINAL_INSTRUCTIONS if instructions is None else instructions)
-    cap = len(initial) if buffer_size is None else int(buffer_size)
-    buf = InstructionBuffer(cap, tau_low, tau_high, initial=initial[:cap], seed=seed)
-    env = InstructionCraftax(num_envs=num_envs, obs_mode=obs_mode, delta=delta, max_episode_steps=max_episode_steps,
-                             buffer=buf, reward=reward, info_text=info_text, encoder=encoder, seed=seed, **env_kwargs)
-    return SB3VecEnv(env)
+    cap = len(ORIGINAL_INSTRUCTIONS) if buffer_size is None else int(buffer_size)
+    buf = InstructionBuffer(cap, tau_low, tau_high, initial=list(ORIGINAL_INSTRUCTIONS)[:cap], seed=seed)
+    return SB3VecEnv(InstructionCraftax(num_envs=num_envs, obs_mode=obs_mode, delta=delta, seed=seed, buffer=buf,
+                                        max_episode_steps=max_episode_steps, reward=reward))
 
 
 def make_relabeler(kind: str = "rules", settings: Optional[RelabelSettings] = None, *, llm: Optional[LLMConfig] = None,
@@ -88,11 +86,10 @@ def make_relabeler(kind: str = "rules", settings: Optional[RelabelSettings] = No
     (``k=8``...) or set those of :class:`agents.run.relabeling.RelabelerOptions` (``cache_path``...)."""
     from dataclasses import fields, replace
 
-    from agents.run.relabeling import RelabelerOptions
-
-    own = {f.name for f in fields(RelabelerOptions)}
+    own = {f.name for f in fields(relabeling.RelabelerOptions)}
     settings = replace(settings or RelabelSettings(), **{k: v for k, v in overrides.items() if k not in own})
-    options = RelabelerOptions(seed=seed, eval_files=tuple(eval_files), **{k: v for k, v in overrides.items() if k in own})
+    options = relabeling.RelabelerOptions(seed=seed, eval_files=tuple(eval_files),
+                                          **{k: v for k, v in overrides.items() if k in own})
     return relabeling.make_relabeler(kind, settings, llm, delta=delta, encoder=encoder, options=options)
 
 
@@ -125,8 +122,7 @@ def resolve_hyperparams(algo: str, num_envs: int, overrides: Optional[dict[str, 
     return hp
 
 
-def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None,
-               tensorboard_log: Optional[str] = None, verbose: int = 0, device: str = "auto", *,
+def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, Any]] = None, device: str = "auto", *,
                defaults: str = "craftax"):
     """An SB3 model of ``algo`` on ``venv`` with :func:`resolve_hyperparams` on ``device`` (or the ``device``
     hyperparameter); ValueError naming the algorithm for an argument it refuses."""
@@ -144,8 +140,7 @@ def make_model(algo: str, venv, seed: int = 0, hyperparams: Optional[dict[str, A
         hp.setdefault("replay_buffer_class", RelabelReplayBuffer)
     cls = algo_class(algo)
     try:
-        return cls(POLICIES[algo], venv, seed=seed, tensorboard_log=tensorboard_log, verbose=verbose, device=device,
-                   **hp)
+        return cls(POLICIES[algo], venv, seed=seed, device=device, **hp)
     except (TypeError, ValueError, AssertionError, AttributeError) as e:  # a value of the wrong kind or range
         given = f"--sb3.hp {hyperparams}" if hyperparams else "the defaults"
         raise ValueError(f"{cls.__name__} (--sb3.algo {algo}, --sb3.defaults {defaults}) could not be built with "
@@ -280,8 +275,7 @@ class SB3AgentPolicy:
         self.algo = algo
         self.env_kwargs = dict(env_kwargs or {})
         self.deterministic = deterministic
-        #: whether the policy keeps a memory between steps
-        self.recurrent = hasattr(model.policy, "lstm_actor")
+        self.recurrent = hasattr(model.policy, "lstm_actor")  # keeps a memory between steps
         self.reset()
 
     def __call__(self, obs: dict[str, np.ndarray], state=None, episode_start: Optional[np.ndarray] = None):
@@ -418,9 +412,6 @@ def load_sb3_policy(run_dir: str | os.PathLike, seed: int = 0, device: Optional[
     run), :class:`UntrustedModelError` or CorruptFileError otherwise."""
     if seed != 0:
         raise ValueError(f"seed={seed!r}: an SB3 run directory holds one trained seed (index 0)")
-    from agents.run.run_dir import CONFIG
-    from agents.sb3.config import load_sb3_config
-
     folder = Path(run_dir)
     expected = (f"load_sb3_policy expects a run directory written by examples/train_sb3.py --run-dir "
                 f"(it holds {CONFIG}, {MODEL_ZIP} and {STATE_JSON})")

@@ -37,9 +37,7 @@ class SB3Trainer:
         self.method = None  # the driver's diversity report: PQN's OIR method only
         self.eval_only = eval_only
         self.startup: dict[str, float] = {}
-        self.model: Any = None
-        self.relabel_cb: Any = None
-        self.relabeler: Any = None
+        self.model = self.relabel_cb = self.relabeler = None  # the model: built now with fresh, else by load/init_state
         self._thread: Optional[threading.Thread] = None
         self._to_main: queue.Queue = queue.Queue(maxsize=1)
         self._to_learner: queue.Queue = queue.Queue(maxsize=1)
@@ -98,12 +96,11 @@ class SB3Trainer:
         return state
 
     def _attach(self) -> None:
-        from agents.sb3.models import make_relabel_callback
-
-        # an evaluation leaves the run's TensorBoard files as they are
         from stable_baselines3.common.logger import Logger, configure
 
-        if importlib.util.find_spec("tensorboard") is None or self.eval_only:
+        from agents.sb3.models import make_relabel_callback
+
+        if importlib.util.find_spec("tensorboard") is None or self.eval_only:  # an evaluation keeps tb/ as it is
             self.model.set_logger(Logger(folder=None, output_formats=[]))
         else:
             self.model.set_logger(configure(str(self.run_dir / "tb"), ["tensorboard"]))
@@ -286,7 +283,6 @@ class SB3Recipe(Recipe):
 
     name = "SB3"
     script = "examples/train_sb3.py"
-    multi_process = False
     tensorboard = False  # SB3's own logger writes tb/ (its train/ and rollout/ scalars and every row)
     compiles = False
 
@@ -295,7 +291,7 @@ class SB3Recipe(Recipe):
         import functools
         import sys
 
-        from agents.run.config import check_saved_backend, cli
+        from agents.run.config import cli
         from agents.run.resume import parse_with_base
         from agents.sb3.config import old_flag_error
 
@@ -305,12 +301,9 @@ class SB3Recipe(Recipe):
             raise SystemExit(2)
 
         parse = functools.partial(cli, default_preset="cpu", presets=SB3_PRESETS, config_type=SB3TrainConfig)
-        opts = parse_with_base(argv, description, SB3Options, parse, load_sb3_config, check_saved_backend)
+        opts = parse_with_base(argv, description, SB3Options, parse, load_sb3_config)
         opts.config = opts.config.with_hp()
         return opts
-
-    def num_updates(self, cfg: Any) -> int:
-        return cfg.num_updates
 
     def default_run_dir(self, cfg: Any) -> str:
         return f"runs/sb3_{cfg.sb3.algo}_{cfg.relabeler}_{time.strftime('%Y%m%d-%H%M%S')}"

@@ -151,16 +151,19 @@ def finite_t_cell(values, fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(ok.mean())} [{ci}]{missing}"
 
 
-def diff_cell(values, baseline, fmt: str = "{:+.3f}") -> str:
-    """`` vs base: diff [low, high]`` (Welch t interval over the finite values of each arm), or ``""``."""
-    if baseline is None:
-        return ""
+def welch_cell(values, baseline, fmt: str = "{:+.3f}") -> str:
+    """``diff [low, high]``, the Welch t interval over the finite values of each arm; ``-`` with fewer than 2."""
     a, b = np.asarray(values, float), np.asarray(baseline, float)
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     if a.size < 2 or b.size < 2:
-        return "; vs base: -"
+        return "-"
     d, low, high = welch_interval(a, b)
-    return f"; vs base: {fmt.format(d)} [{fmt.format(low)}, {fmt.format(high)}]"
+    return f"{fmt.format(d)} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def diff_cell(values, baseline, fmt: str = "{:+.3f}") -> str:
+    """``; vs base: `` and :func:`welch_cell`, or ``""`` without a ``baseline``."""
+    return "" if baseline is None else f"; vs base: {welch_cell(values, baseline, fmt)}"
 
 
 def seed_retention(result: dict, set_name: str) -> float:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from agents.tools.analyze_runs import finite_t_cell, welch_cell
 from oir_gym.analysis.runs import metrics_path, read_jsonl
-from oir_gym.metrics import t_interval, welch_interval
+from oir_gym.metrics import welch_interval
 
 #: The wooden tier's achievements (the stone tier's prerequisites).
 WOODEN_TIER = ("collect wood", "place table", "make wooden pickaxe", "make wooden sword")
@@ -59,16 +60,6 @@ def per_seed(arm: list[list[dict]], fn) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(procs), np.array([p.mean() for p in procs])
 
 
-def _mean_ci(x: np.ndarray) -> str:
-    low, high = t_interval(x)
-    return f"{x.mean():.3f} [{low:.3f}, {high:.3f}]"
-
-
-def _diff_cell(a: np.ndarray, b: np.ndarray) -> str:
-    d, low, high = welch_interval(a, b)
-    return f"{d:+.3f} [{low:+.3f}, {high:+.3f}]"
-
-
 def comparison_table(arms: dict, pairs: list[tuple[str, str]], measures: list[tuple[str, object]]) -> str:
     """Per measure: each arm's mean [95% t], then each pair's difference by seed and by process."""
     names = list(arms)
@@ -77,9 +68,9 @@ def comparison_table(arms: dict, pairs: list[tuple[str, str]], measures: list[tu
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, fn in measures:
         vals = {a: per_seed(arms[a], fn) for a in names}
-        cells = [_mean_ci(vals[a][0]) for a in names]
-        cells += [_diff_cell(vals[a][0], vals[b][0]) for a, b in pairs]
-        cells += [_diff_cell(vals[a][1], vals[b][1]) for a, b in pairs]
+        cells = [finite_t_cell(vals[a][0]) for a in names]
+        cells += [welch_cell(vals[a][0], vals[b][0]) for a, b in pairs]
+        cells += [welch_cell(vals[a][1], vals[b][1]) for a, b in pairs]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -183,14 +174,14 @@ def training_rates(metrics: dict[str, list[list[dict]]],
 
 def plot_stone_tier(metrics: dict[str, list[list[dict]]], out: str | Path) -> Path:
     """The chain's training rates, one panel per arm, at ``out``; the learning curves at ``<out>_curves.png``."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from oir_gym.analysis import plot_learning_curves, save_figure
 
     events = ("collect_wood", *(e for e in CHAIN_EVENTS if e != "near_table_with_wood_and_stone"))
     rates = training_rates(metrics, events)
-    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), sharey=True, squeeze=False)
+    fig = Figure(figsize=(6 * len(rates), 4.5))
+    axes = fig.subplots(1, len(rates), sharey=True, squeeze=False)
     for ax, (arm, ev) in zip(axes[0], sorted(rates.items())):
         for e in events:
             steps, r = ev[e]
@@ -200,14 +191,9 @@ def plot_stone_tier(metrics: dict[str, list[list[dict]]], out: str | Path) -> Pa
         ax.set_xlabel("env steps per seed (M)")
     axes[0][0].set_ylabel("events per 1,000 env steps (floor 0.001)")
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    from oir_gym.analysis import plot_learning_curves
-
     plot_learning_curves(metrics, Path(out).with_name(Path(out).stem + "_curves.png"))
-    return Path(out)
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> int:
