@@ -9,7 +9,8 @@ import argparse
 import os
 import statistics
 import sys
-import time
+
+from timing import interleaved
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -28,13 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     trajs = random_trajectories(a.n, a.length, seed=0, texts=False)
     rel = {m: HindsightRelabeler.rules(k=a.k, encoder=get_encoder(), grounding=m) for m in ("cosine", "bound")}
-    times = {m: [] for m in rel}
     kept = {m: sum(len(x.candidates) for x in r.relabel(trajs)) for m, r in rel.items()}  # warms the encoder
-    for _ in range(a.repeats):
-        for m, r in rel.items():
-            t0 = time.perf_counter()
-            r.relabel(trajs)
-            times[m].append(time.perf_counter() - t0)
+    times = interleaved({m: lambda r=r: r.relabel(trajs) for m, r in rel.items()}, a.repeats)
     print(f"\n{a.n} trajectories x {a.length} steps, rule relabeler, {a.repeats} timed calls per mode\n")
     print("| grounding | median s / call | min s / call | ms / trajectory (median) | candidates kept |\n"
           "|---|---|---|---|---|")
