@@ -157,7 +157,7 @@ def raw_python(n, steps, pool_size, pool_refresh, seed):
     return one, steps
 
 
-def main(args) -> list[dict]:
+def main(args) -> None:
     from oir_gym.vector_env import InstructionCraftax
 
     print(f"# env throughput on {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
@@ -192,24 +192,16 @@ def main(args) -> list[dict]:
             compile_s[v] = max(0.0, warm - 2 * run(v) / runs[v][1])
             print(f"  envs={n:4d} {names[v]:34s} compiled in {compile_s[v]:6.1f} s", flush=True)
         times = interleaved({v: lambda v=v: run(v) for v in args.variants}, args.repeats)
-        res = {}
+        sps = {v: n * args.steps / statistics.median(times[v]) for v in args.variants}
         for v in args.variants:
-            res[v] = {"sps": n * args.steps / statistics.median(times[v]), "compile": compile_s[v]}
-            rows.append({"envs": n, "variant": names[v], **res[v]})
-            print(f"  envs={n:4d} {names[v]:34s} {res[v]['sps']:10.0f} env-steps/s", flush=True)
+            rows.append(f"| {n} | {names[v]} | {sps[v]:,.0f} | {compile_s[v]:.1f} |")
+            print(f"  envs={n:4d} {names[v]:34s} {sps[v]:10.0f} env-steps/s", flush=True)
         for x, y in (("b", "a"), ("c", "d")):
-            if x in res and y in res:
-                rows.append({"envs": n, "variant": f"ratio ({x})/({y})", "ratio": res[x]["sps"] / res[y]["sps"]})
+            if x in sps and y in sps:
+                r = sps[x] / sps[y]
+                rows.append(f"| {n} | **ratio ({x})/({y})** | **{r:.2f}**{'' if r >= 0.8 else ' (below 0.8)'} | |")
         env.close()
-
-    print("\n| envs | variant | env-steps/s | compile (s) |\n|---:|---|---:|---:|")
-    for r in rows:
-        if "ratio" in r:
-            flag = "" if r["ratio"] >= 0.8 else " (below 0.8)"
-            print(f"| {r['envs']} | **{r['variant']}** | **{r['ratio']:.2f}**{flag} | |")
-        else:
-            print(f"| {r['envs']} | {r['variant']} | {r['sps']:,.0f} | {r['compile']:.1f} |")
-    return rows
+    print("\n| envs | variant | env-steps/s | compile (s) |\n|---:|---|---:|---:|\n" + "\n".join(rows))
 
 
 if __name__ == "__main__":

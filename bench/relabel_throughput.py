@@ -21,14 +21,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from oir_gym.diversity import echo_share  # noqa: E402
 from oir_gym.encoder import get_encoder  # noqa: E402
 from oir_gym.validation import int_arg  # noqa: E402
-from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache, TransformersBackend  # noqa: E402
+from oir_gym.relabel import (  # noqa: E402
+    HindsightRelabeler, LlamaCppBackend, LRUCache, TransformersBackend, load_template)
 from oir_gym.relabel.config import (  # noqa: E402
-    CacheSettings, LLMSettings, PromptSettings, RelabelerConfig, SelectionSettings,
-)
-from oir_gym.relabel import load_template  # noqa: E402
+    CacheSettings, LLMSettings, PromptSettings, RelabelerConfig, SelectionSettings)
 from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle  # noqa: E402
-from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory  # noqa: E402
-from oir_gym.relabel.synthetic import random_trajectories, training_run  # noqa: E402
+from oir_gym.relabel.synthetic import (  # noqa: E402
+    WOOD_TABLE_PICKAXE, make_trajectory, random_trajectories, training_run)
 
 
 def bench_template(template: str, trajs, backend, encoder, k: int) -> dict:

@@ -7,12 +7,10 @@
     python bench/update_cost.py --preset fast --variants sequence:8:bfloat16 --trace /tmp/update_trace
     python bench/update_cost.py --preset fast --variants sequence:8:bfloat16 --valid-rows 0.82 --skip-padding off,on
 
-The update is :func:`agents.pqn.network.update`, vmapped over seeds and jitted as the trainer does, on random
-trajectories shaped as the preset's. Variants (``lstm``: ``sequence`` or flax's per-step ``cell``; ``unroll``;
-``dtype``; ``grad``: ``hoisted`` or ``autodiff``; ``--lstm-kernel``: ``scan`` or ``pallas``; ``--skip-padding``:
-``pqn.skip_padding``) are timed interleaved; medians are reported with each one's ratio to the first, its
-matmul FLOPs, FLOP/s and fraction of the card's dense peak (bfloat16, or TF32 for float32), counted over
-every row and over the rows that train (``--valid-rows``: their share; the rest are padding, weighted 0).
+The update (:func:`agents.pqn.network.update`, vmapped over seeds and jitted as the trainer does) runs on random
+trajectories of the preset's shape. Variants (LSTM ``sequence`` or flax's per-step ``cell``; GRAD ``hoisted`` or
+``autodiff``) are timed interleaved; each one's median, ratio to the first, FLOP/s and share of the card's dense
+peak (bfloat16, or TF32 for float32) are reported, over every row and over the rows that train (``--valid-rows``).
 """
 
 from __future__ import annotations
@@ -124,10 +122,8 @@ def main(argv=None) -> int:
         "carry0": (jnp.zeros((S, N, H)), jnp.zeros((S, N, H))),
     }
     if args.variants:
-        variants = []
-        for v in args.variants.split(","):
-            lstm, unroll, dtype, *grad = v.split(":")
-            variants.append((lstm, int(unroll), dtype, grad[0] if grad else "hoisted"))
+        variants = [(lstm, int(unroll), dtype, (grad or ["hoisted"])[0])
+                    for lstm, unroll, dtype, *grad in (v.split(":") for v in args.variants.split(","))]
     else:
         variants = [(*v, "hoisted") for v in itertools.product(
             args.lstm.split(","), [int(u) for u in args.unroll.split(",")], args.dtype.split(","))]
@@ -223,9 +219,8 @@ def print_parts(variant, state, cfg, batch, S, N, T, H, iterations: int) -> None
     mb = N // cfg.num_minibatches
     steps = cfg.num_epochs * cfg.num_minibatches
     one = dataclasses.replace(cfg, num_epochs=1, num_minibatches=1)
-    small = jax.tree_util.tree_map(lambda x: x[:, :, :mb] if x.ndim >= 3 and x.shape[2] == N else x, batch)
-    small = {k: (v[:, :mb] if k in ("weights", "next_obs_last", "next_instr_last") else v) for k, v in small.items()}
-    small["carry0"] = tuple(c[:, :mb] for c in batch["carry0"])
+    small = {k: jax.tree_util.tree_map(lambda x: x[:, :mb], v) if k in ("weights", "next_obs_last", "next_instr_last",
+             "carry0") else v[:, :, :mb] for k, v in batch.items()}
     k = jax.random.PRNGKey(0)
     keys = jax.random.split(k, S)
     minibatch = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, one, key, b)))
@@ -240,16 +235,12 @@ def print_parts(variant, state, cfg, batch, S, N, T, H, iterations: int) -> None
 
     def recurrence(kernel, bias, x_proj, resets, carry):
         if grad == "hoisted":
-            out = (lstm_scan_pallas if kern.startswith("pallas") else pqn.lstm_scan)(kernel, bias, x_proj, resets, carry, cdt, unroll)
-        else:
-            c, (hs, *_) = pqn.lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)
-            out = (c, hs)
-        return out[1].sum()
+            scan = lstm_scan_pallas if kern.startswith("pallas") else pqn.lstm_scan
+            return scan(kernel, bias, x_proj, resets, carry, cdt, unroll)[1].sum()
+        return pqn.lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)[1][0].sum()
 
-    rec = jax.jit(jax.vmap(jax.grad(recurrence, argnums=(0, 1, 2))))
-    t_rec = _median_time(rec, kernel, bias, x_proj, resets, carry, iterations=iterations)
-    fwd = jax.jit(jax.vmap(recurrence))
-    t_fwd = _median_time(fwd, kernel, bias, x_proj, resets, carry, iterations=iterations)
+    t_rec, t_fwd = (_median_time(jax.jit(jax.vmap(f)), kernel, bias, x_proj, resets, carry, iterations=iterations)
+                    for f in (jax.grad(recurrence, argnums=(0, 1, 2)), recurrence))
     per_step = t_rec / (2 * (T + 1))
     print(f"# parts of the first variant ({lstm}, unroll {unroll}, {dtype}, {grad}, {kern}); {steps} minibatches per update")
     print("| part | s | x minibatches per update |\n|---|---|---|")
