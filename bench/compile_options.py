@@ -12,15 +12,11 @@ run and the ratios to the first set.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import time
 
-from timing import interleaved
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import interleaved
 
 
 def parse_options(text: str) -> dict:

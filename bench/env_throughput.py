@@ -13,13 +13,9 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 
-from timing import interleaved
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from oir_gym.validation import int_arg  # noqa: E402
+from common import int_arg, interleaved
 
 
 def parse_args(argv=None):

@@ -6,18 +6,12 @@ Synthetic trajectories relabeled in each mode, timed calls interleaved after one
 """
 
 import argparse
-import os
 import statistics
-import sys
 
-from timing import interleaved
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from oir_gym.encoder import get_encoder  # noqa: E402
-from oir_gym.relabel import HindsightRelabeler  # noqa: E402
-from oir_gym.relabel.synthetic import random_trajectories  # noqa: E402
-from oir_gym.validation import int_arg  # noqa: E402
+from common import int_arg, interleaved
+from oir_gym.encoder import get_encoder
+from oir_gym.relabel import HindsightRelabeler
+from oir_gym.relabel.synthetic import random_trajectories
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,14 +27,11 @@ import traceback
 from pathlib import Path
 from typing import Callable, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
+from common import int_arg, real_arg
+from agents.run.multihost import initialize_distributed
 
-from agents.run.multihost import initialize_distributed  # noqa: E402
-
-if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # a process of --processes: join before importing oir_gym starts JAX
+if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # a process of --processes: join before anything starts JAX
     initialize_distributed()
-from oir_gym.validation import int_arg, real_arg  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -191,7 +188,7 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
             log = os.path.join(tmp, f"process{i}")
             with open(log + ".out", "w") as out, open(log + ".err", "w") as err:
                 procs.append(subprocess.Popen(cmd + ["--child-result", log + ".json"], env=env, stdout=out,
-                                              stderr=err, cwd=os.path.join(HERE, ".."),
+                                              stderr=err, cwd=Path(__file__).resolve().parents[1],
                                               start_new_session=True))  # a group of its own, with its workers
         print(f"{size} sizes: {d} process(es) of 1 device each started (logs in {tmp})", file=sys.stderr, flush=True)
         deadline = time.monotonic() + args.timeout
@@ -345,11 +342,10 @@ def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object]
             for key, (_, spec) in OURS.items() if key in chosen}
     for tr in ours.values():
         tr.init_state()
-    parts: dict[str, list[dict]] = {}  # ours: each update's time/* metrics (Trainer.iteration)
+    parts: dict[str, list[dict]] = {}  # ours: each update's metrics (time/* among them)
 
     def ours_iteration(key: str):
-        metrics = ours[key].iteration().metrics
-        parts.setdefault(OURS[key][0], []).append({k: v for k, v in metrics.items() if k.startswith("time/")})
+        parts.setdefault(OURS[key][0], []).append(ours[key].iteration().metrics)
 
     loops = {PLAIN: plain_iteration} if "plain" in chosen else {}
     loops.update({OURS[key][0]: (lambda key=key: ours_iteration(key)) for key in ours})

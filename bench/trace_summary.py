@@ -15,6 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
+from common import int_arg
+
 #: Kernel kinds, matched in order on the kernel's name (case-insensitive).
 KINDS = (
     ("matmul", re.compile(r"gemm|xmma|nvjet|cutlass|cublas|cudnn|matmul|triton_dot|dot_|wgmma|gemv")),
@@ -99,8 +101,6 @@ def report(trace_dir: str | Path, iterations: int = 1, top: int = 25) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from oir_gym.validation import int_arg  # here: update_cost imports this module for report() alone
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace_dir")
     p.add_argument("--iterations", type=int_arg(1), default=1, help="iterations the trace holds")

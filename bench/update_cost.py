@@ -18,15 +18,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import os
 import statistics
 import sys
 import time
 
-from timing import interleaved
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from oir_gym.validation import int_arg  # noqa: E402
+from common import int_arg, interleaved
 
 SIZES = {
     "cpu": dict(seeds=1, trajectories=64, steps=16, hidden=128, epochs=2, minibatches=4),
@@ -201,12 +197,6 @@ def print_trace(trace_dir: str, program, batch, S: int, iterations: int) -> None
     print(trace_summary.report(trace_dir, iterations))
 
 
-def _median_time(fn, *a, iterations: int) -> float:
-    import jax
-    jax.block_until_ready(fn(*a))
-    return statistics.median(interleaved({0: lambda: jax.block_until_ready(fn(*a))}, iterations)[0])
-
-
 def print_parts(variant, state, cfg, batch, S, N, T, H, iterations: int) -> None:
     """Where one update's time goes (``state``: the variant's): a minibatch's update, and its LSTM recurrence."""
     import jax
@@ -214,6 +204,10 @@ def print_parts(variant, state, cfg, batch, S, N, T, H, iterations: int) -> None
 
     from agents.pqn import network as pqn
     from agents.pqn.lstm_pallas import lstm_scan_pallas
+
+    def median_s(fn, *a) -> float:
+        jax.block_until_ready(fn(*a))  # compiles
+        return statistics.median(interleaved({0: lambda: jax.block_until_ready(fn(*a))}, iterations)[0])
 
     lstm, unroll, dtype, grad, kern, _ = variant
     mb = N // cfg.num_minibatches
@@ -224,7 +218,7 @@ def print_parts(variant, state, cfg, batch, S, N, T, H, iterations: int) -> None
     k = jax.random.PRNGKey(0)
     keys = jax.random.split(k, S)
     minibatch = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, one, key, b)))
-    t_mb = _median_time(minibatch, state, keys, small, iterations=iterations)
+    t_mb = median_s(minibatch, state, keys, small)
 
     x_proj = jax.random.normal(k, (S, T + 1, mb, 4 * H))
     resets = jax.random.uniform(k, (S, T + 1, mb)) < 0.01
@@ -239,7 +233,7 @@ def print_parts(variant, state, cfg, batch, S, N, T, H, iterations: int) -> None
             return scan(kernel, bias, x_proj, resets, carry, cdt, unroll)[1].sum()
         return pqn.lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)[1][0].sum()
 
-    t_rec, t_fwd = (_median_time(jax.jit(jax.vmap(f)), kernel, bias, x_proj, resets, carry, iterations=iterations)
+    t_rec, t_fwd = (median_s(jax.jit(jax.vmap(f)), kernel, bias, x_proj, resets, carry)
                     for f in (jax.grad(recurrence, argnums=(0, 1, 2)), recurrence))
     per_step = t_rec / (2 * (T + 1))
     print(f"# parts of the first variant ({lstm}, unroll {unroll}, {dtype}, {grad}, {kern}); {steps} minibatches per update")

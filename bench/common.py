@@ -1,6 +1,11 @@
-"""Timing shared by the bench scripts."""
+"""What the bench scripts share; importing it puts this checkout's code first on ``sys.path``."""
 
+import os
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oir_gym.validation import int_arg, real_arg  # noqa: E402,F401  (for the scripts)
 
 
 def interleaved(calls: dict, rounds: int) -> dict:
