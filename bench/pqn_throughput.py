@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Optional
 
-from common import int_arg, real_arg
+from common import int_arg, real_arg  # first: it puts this checkout on sys.path
 from agents.run.multihost import initialize_distributed
 
 if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # a process of --processes: join before anything starts JAX
