@@ -13,13 +13,11 @@ run and the ratios to the first set.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import interleaved
 
 
 def parse_options(text: str) -> dict:
@@ -66,12 +64,7 @@ def main(argv=None) -> None:
             print(f"| {text} | failed: {type(e).__name__}: {str(e)[:120]} | | | |", flush=True)
             continue
         compile_s = time.time() - t
-        runs = []
-        for _ in range(a.runs):
-            t = time.time()
-            jax.block_until_ready(compiled(*args))
-            runs.append(time.time() - t)
-        run_s = statistics.median(runs)
+        run_s = statistics.median(interleaved({0: lambda: jax.block_until_ready(compiled(*args))}, a.runs)[0])
         first = first or (compile_s, run_s)
         print(f"| {text} | {compile_s:.1f} | {run_s:.3f} | {compile_s / first[0]:.2f} | {run_s / first[1]:.2f} |",
               flush=True)

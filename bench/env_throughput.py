@@ -13,11 +13,9 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from oir_gym.validation import int_arg  # noqa: E402
+from common import int_arg, interleaved
 
 
 def parse_args(argv=None):
@@ -93,8 +91,8 @@ def raw_step(key, rb: F.BatchState, actions, pool_refresh: int):
     return obs, F.BatchState(env=env, pool=pool, cursor=cursor), reward, done
 
 
-def make_scan(num_envs: int, steps: int, step):
-    """``jit(run)``: ``run(key, state, *rest)`` scans ``step(key, state, actions, *rest) -> (state, total)``."""
+def scan_call(num_envs: int, steps: int, step, args: list):
+    """A call that scans ``step(key, state, actions, *rest) -> (state, total)`` from ``args`` (key, state, *rest)."""
     def run(key, state, *rest):
         def body(carry, _):
             key, state, acc = carry
@@ -104,7 +102,13 @@ def make_scan(num_envs: int, steps: int, step):
 
         return jax.lax.scan(body, (key, state, jnp.zeros((), jnp.float32)), None, length=steps)[0]
 
-    return jax.jit(run)
+    fn = jax.jit(run)
+
+    def one():
+        key, state, _ = jax.block_until_ready(fn(*args))
+        args[:2] = key, state
+
+    return one
 
 
 # Each variant is a set-up that returns ``(one, calls)``: ``one()`` is one call (a whole scan, or one
@@ -115,7 +119,7 @@ def raw_scan(n, steps, pool_size, pool_refresh, seed):
         return rb, jnp.sum(obs) + jnp.sum(reward) + jnp.sum(done)
 
     _, rb = jax.jit(raw_reset, static_argnums=(1, 2))(jax.random.PRNGKey(seed), n, pool_size)
-    return _scan_calls(make_scan(n, steps, step), [jax.random.PRNGKey(seed + 1), rb]), 1
+    return scan_call(n, steps, step, [jax.random.PRNGKey(seed + 1), rb]), 1
 
 
 def ours_scan(env, steps, seed):
@@ -125,15 +129,7 @@ def ours_scan(env, steps, seed):
         return bs, jnp.sum(obs["obs"]) + jnp.sum(obs["instruction"]) + jnp.sum(reward) + jnp.sum(term) + jnp.sum(trunc)
 
     env.reset(seed=seed)
-    return _scan_calls(make_scan(env.num_envs, steps, step), [jax.random.PRNGKey(seed + 1), env.state, env.params]), 1
-
-
-def _scan_calls(fn, args: list):
-    def one():
-        key, state, _ = jax.block_until_ready(fn(*args))
-        args[:2] = key, state
-
-    return one
+    return scan_call(env.num_envs, steps, step, [jax.random.PRNGKey(seed + 1), env.state, env.params]), 1
 
 
 def ours_gym(env, steps, seed):
@@ -157,7 +153,7 @@ def raw_python(n, steps, pool_size, pool_refresh, seed):
     return one, steps
 
 
-def main(args) -> list[dict]:
+def main(args) -> None:
     from oir_gym.vector_env import InstructionCraftax
 
     print(f"# env throughput on {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
@@ -173,7 +169,7 @@ def main(args) -> list[dict]:
         make = {"a": lambda: raw_scan(n, args.steps, ps, pr, args.seed),
                 "b": lambda: ours_scan(env, args.steps, args.seed), "c": lambda: ours_gym(env, args.steps, args.seed),
                 "d": lambda: raw_python(n, args.steps, ps, pr, args.seed)}
-        runs, compile_s, times = {}, {}, {v: [] for v in args.variants}
+        runs, compile_s = {}, {}
 
         def run(v: str) -> float:
             one, calls = runs[v]
@@ -191,27 +187,17 @@ def main(args) -> list[dict]:
             # compile time: setup and the two warm-up calls, less two steady-state calls
             compile_s[v] = max(0.0, warm - 2 * run(v) / runs[v][1])
             print(f"  envs={n:4d} {names[v]:34s} compiled in {compile_s[v]:6.1f} s", flush=True)
-        for _ in range(args.repeats):
-            for v in args.variants:
-                times[v].append(run(v))
-        res = {}
+        times = interleaved({v: lambda v=v: run(v) for v in args.variants}, args.repeats)
+        sps = {v: n * args.steps / statistics.median(times[v]) for v in args.variants}
         for v in args.variants:
-            res[v] = {"sps": n * args.steps / statistics.median(times[v]), "compile": compile_s[v]}
-            rows.append({"envs": n, "variant": names[v], **res[v]})
-            print(f"  envs={n:4d} {names[v]:34s} {res[v]['sps']:10.0f} env-steps/s", flush=True)
+            rows.append(f"| {n} | {names[v]} | {sps[v]:,.0f} | {compile_s[v]:.1f} |")
+            print(f"  envs={n:4d} {names[v]:34s} {sps[v]:10.0f} env-steps/s", flush=True)
         for x, y in (("b", "a"), ("c", "d")):
-            if x in res and y in res:
-                rows.append({"envs": n, "variant": f"ratio ({x})/({y})", "ratio": res[x]["sps"] / res[y]["sps"]})
+            if x in sps and y in sps:
+                r = sps[x] / sps[y]
+                rows.append(f"| {n} | **ratio ({x})/({y})** | **{r:.2f}**{'' if r >= 0.8 else ' (below 0.8)'} | |")
         env.close()
-
-    print("\n| envs | variant | env-steps/s | compile (s) |\n|---:|---|---:|---:|")
-    for r in rows:
-        if "ratio" in r:
-            flag = "" if r["ratio"] >= 0.8 else " (below 0.8)"
-            print(f"| {r['envs']} | **{r['variant']}** | **{r['ratio']:.2f}**{flag} | |")
-        else:
-            print(f"| {r['envs']} | {r['variant']} | {r['sps']:,.0f} | {r['compile']:.1f} |")
-    return rows
+    print("\n| envs | variant | env-steps/s | compile (s) |\n|---:|---|---:|---:|\n" + "\n".join(rows))
 
 
 if __name__ == "__main__":

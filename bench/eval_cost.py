@@ -15,8 +15,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from oir_gym.validation import int_arg  # noqa: E402
+from common import int_arg
 
 
 def parse_args(argv=None):
@@ -71,13 +70,12 @@ def bench_one(episodes: int, horizon: int, args, encoder) -> str:
     compiled = seeds.lower(eval_keys(0, 1), params, eval_params(env_params, rows, achs), pinned).compile()
     compile_s = time.perf_counter() - t0
 
-    def run(update: int) -> float:
+    times = []
+    for update in range(1, args.repeats + 1):
         t0 = time.perf_counter()
         res = evaluate_jax_seeds(compiled, eval_keys(0, 1, update), params, env_params, rows, cfg, texts, achs, sets)
         assert len(res) == 1 and len(res[0].rates["original"]) == 22
-        return time.perf_counter() - t0
-
-    times = [run(u) for u in range(1, args.repeats + 1)]
+        times.append(time.perf_counter() - t0)
     steps, rss = n_envs * horizon, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return (f"| {episodes} | {horizon} | {n_envs:,} | {steps:,} | {compile_s:.1f} | {min(times):.2f} | "
             f"{statistics.median(times):.2f} | {steps / min(times):,.0f} | {carry_bytes / 2**20:.0f} | {rss:.2f} |")

@@ -6,17 +6,12 @@ Synthetic trajectories relabeled in each mode, timed calls interleaved after one
 """
 
 import argparse
-import os
 import statistics
-import sys
-import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from oir_gym.encoder import get_encoder  # noqa: E402
-from oir_gym.relabel import HindsightRelabeler  # noqa: E402
-from oir_gym.relabel.synthetic import random_trajectories  # noqa: E402
-from oir_gym.validation import int_arg  # noqa: E402
+from common import int_arg, interleaved
+from oir_gym.encoder import get_encoder
+from oir_gym.relabel import HindsightRelabeler
+from oir_gym.relabel.synthetic import random_trajectories
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,13 +23,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     trajs = random_trajectories(a.n, a.length, seed=0, texts=False)
     rel = {m: HindsightRelabeler.rules(k=a.k, encoder=get_encoder(), grounding=m) for m in ("cosine", "bound")}
-    times = {m: [] for m in rel}
     kept = {m: sum(len(x.candidates) for x in r.relabel(trajs)) for m, r in rel.items()}  # warms the encoder
-    for _ in range(a.repeats):
-        for m, r in rel.items():
-            t0 = time.perf_counter()
-            r.relabel(trajs)
-            times[m].append(time.perf_counter() - t0)
+    times = interleaved({m: lambda r=r: r.relabel(trajs) for m, r in rel.items()}, a.repeats)
     print(f"\n{a.n} trajectories x {a.length} steps, rule relabeler, {a.repeats} timed calls per mode\n")
     print("| grounding | median s / call | min s / call | ms / trajectory (median) | candidates kept |\n"
           "|---|---|---|---|---|")

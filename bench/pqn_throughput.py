@@ -27,14 +27,11 @@ import traceback
 from pathlib import Path
 from typing import Callable, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
+from common import int_arg, real_arg  # first: it puts this checkout on sys.path
+from agents.run.multihost import initialize_distributed
 
-from agents.run.multihost import initialize_distributed  # noqa: E402
-
-if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # a process of --processes: join before importing oir_gym starts JAX
+if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # a process of --processes: join before anything starts JAX
     initialize_distributed()
-from oir_gym.validation import int_arg, real_arg  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -108,7 +105,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         return _error(str(e).replace("--run.num-devices", "--devices").replace("--run.num-seeds", "--seeds"))
     for n in names:
-        medians = {(d, seeds): bench_size(args, n, seeds, d) for d, seeds in plan}
+        medians = {(d, seeds): {loop: statistics.median(t) for loop, t in bench_size(args, n, seeds, d).items()}
+                   for d, seeds in plan}
         if len(plan) > 1:
             print(scaling_table(n, SIZES[n]["pqn.num_envs"] * SIZES[n]["pqn.num_steps"], medians), flush=True)
     return 0
@@ -190,7 +188,7 @@ def run_processes(args, size: str, d: int, gpus: list[str]) -> Optional[list[dic
             log = os.path.join(tmp, f"process{i}")
             with open(log + ".out", "w") as out, open(log + ".err", "w") as err:
                 procs.append(subprocess.Popen(cmd + ["--child-result", log + ".json"], env=env, stdout=out,
-                                              stderr=err, cwd=os.path.join(HERE, ".."),
+                                              stderr=err, cwd=Path(__file__).resolve().parents[1],
                                               start_new_session=True))  # a group of its own, with its workers
         print(f"{size} sizes: {d} process(es) of 1 device each started (logs in {tmp})", file=sys.stderr, flush=True)
         deadline = time.monotonic() + args.timeout
@@ -226,9 +224,8 @@ def child_main(args) -> int:
     from agents.run.multihost import ProcessLost, allgather_json, process_count
 
     try:
-        times: dict[str, list[float]] = {}
         with contextlib.redirect_stdout(table := io.StringIO()):
-            bench_size(args, args.preset, args.seeds, 1, meet=lambda: allgather_json(0), times_out=times)
+            times = bench_size(args, args.preset, args.seeds, 1, meet=lambda: allgather_json(0))
         sys.stdout.write(table.getvalue())
         Path(args.child_result).write_text(json.dumps({"table": table.getvalue().strip(), "times": times}))
     except ProcessLost as e:
@@ -277,9 +274,8 @@ def scaling_table(size: str, steps_per_seed: int, medians: dict[tuple[int, int],
     return "\n".join(lines)
 
 
-def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object] = lambda: None,
-               times_out: Optional[dict[str, list[float]]] = None) -> dict[str, float]:
-    """Print the tables of one size and return each loop's median s/update; ``meet()`` ends each update."""
+def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object] = lambda: None) -> dict[str, list]:
+    """Print the tables of one size and return each loop's timed s/update; ``meet()`` ends each update."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -341,18 +337,15 @@ def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object]
         plain["steps"] += E * T
 
     # (b)-(d) ours
-    tmp = tempfile.mkdtemp(prefix="oir_bench_")
-    chosen = [x.strip() for x in args.loops.split(",") if x.strip()]
-    ours = {}
-    for key in [k for k in OURS if k in chosen]:
-        ours[key] = Trainer(TrainConfig().replace(**{**common, **OURS[key][1]}), os.path.join(tmp, key),
-                            log=lambda s: None)
-        ours[key].init_state()
-    parts: dict[str, list[dict]] = {}  # ours: each update's time/* metrics (Trainer.iteration)
+    tmp, chosen = tempfile.mkdtemp(prefix="oir_bench_"), [x.strip() for x in args.loops.split(",")]
+    ours = {key: Trainer(TrainConfig().replace(**{**common, **spec}), os.path.join(tmp, key), log=lambda s: None)
+            for key, (_, spec) in OURS.items() if key in chosen}
+    for tr in ours.values():
+        tr.init_state()
+    parts: dict[str, list[dict]] = {}  # ours: each update's metrics (time/* among them)
 
     def ours_iteration(key: str):
-        metrics = ours[key].iteration().metrics
-        parts.setdefault(OURS[key][0], []).append({k: v for k, v in metrics.items() if k.startswith("time/")})
+        parts.setdefault(OURS[key][0], []).append(ours[key].iteration().metrics)
 
     loops = {PLAIN: plain_iteration} if "plain" in chosen else {}
     loops.update({OURS[key][0]: (lambda key=key: ours_iteration(key)) for key in ours})
@@ -403,9 +396,7 @@ def bench_size(args, size: str, S: int, devices: int, meet: Callable[[], object]
             med = [statistics.median(r[f"time/{k}_s"] for r in rows[args.warmup:])
                    for k in ("rollout", "host", "update")]
             print(f"| {name} | " + " | ".join(f"{m:.3f}" for m in med) + " |", flush=True)
-    if times_out is not None:
-        times_out.update(times)
-    return medians
+    return times
 
 
 def _times(xs: list[float]) -> str:

@@ -12,23 +12,17 @@ backend; per template, throughput, tokens, candidates, grounding and echo share;
 import argparse
 import json
 import os
-import sys
 import time
 from collections import Counter
+from types import SimpleNamespace
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from oir_gym.diversity import echo_share  # noqa: E402
-from oir_gym.encoder import get_encoder  # noqa: E402
-from oir_gym.validation import int_arg  # noqa: E402
-from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache, TransformersBackend  # noqa: E402
-from oir_gym.relabel.config import (  # noqa: E402
-    CacheSettings, LLMSettings, PromptSettings, RelabelerConfig, SelectionSettings,
-)
-from oir_gym.relabel import load_template  # noqa: E402
-from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle  # noqa: E402
-from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory  # noqa: E402
-from oir_gym.relabel.synthetic import random_trajectories, training_run  # noqa: E402
+from common import int_arg
+from oir_gym.diversity import echo_share
+from oir_gym.encoder import get_encoder
+from oir_gym.relabel import HindsightRelabeler, LlamaCppBackend, LRUCache, TransformersBackend, load_template
+from oir_gym.relabel.config import CacheSettings, LLMSettings, PromptSettings, RelabelerConfig, SelectionSettings
+from oir_gym.relabel.segments import KEY_MODES, behaviour_key, is_idle
+from oir_gym.relabel.synthetic import WOOD_TABLE_PICKAXE, make_trajectory, random_trajectories, training_run
 
 
 def bench_template(template: str, trajs, backend, encoder, k: int) -> dict:
@@ -51,8 +45,8 @@ def bench_template(template: str, trajs, backend, encoder, k: int) -> dict:
             "example": results[0].instructions}
 
 
-def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, seed: int) -> float:
-    """The same backend in a child process and in this process, interleaved: a table; returns the ratio."""
+def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, seed: int) -> None:
+    """The same backend in a child process and in this process, interleaved: a table and their ratio."""
     encoder = get_encoder()
     trajs = [t for t in random_trajectories(4 * n, length, seed=seed) if not is_idle(t)][:n]
     modes = {name: HindsightRelabeler(RelabelerConfig(
@@ -78,9 +72,7 @@ def print_isolation(backend: str, kwargs: dict, n: int, length: int, k: int, see
         print(f"| {name} | {len(trajs)} | {len(trajs) / wall[name]:.3f} | {llm_s:.3f} "
               f"| {(s['candidates_llm'] - s0['candidates_llm']) / len(trajs):.2f} | {s['errors'] - s0['errors']} |")
         rl.close()
-    ratio = wall["in process"] / wall["child process"]
-    print(f"\nchild-process / in-process throughput: {ratio:.3f}x")
-    return ratio
+    print(f"\nchild-process / in-process throughput: {wall['in process'] / wall['child process']:.3f}x")
 
 
 def make_llm(name: str, args) -> tuple:
@@ -168,9 +160,8 @@ def main(argv=None) -> None:
           + "|---" * 8 + "|")
     for (be, label, load_s), r in zip(llms, speed):
         print(f"| {label} | {load_s:.1f} | {r['prompt_tokens'] / r['prefill_s']:.0f} "
-              f"| {r['gen_tokens'] / r['gen_s']:.1f} "
-              f"| {r['full_s'] / n_speed:.2f} | {r['batch_s_per_traj']:.2f} | {r['full_prompt_tokens'] / n_speed:.0f} "
-              f"| {r['gen_tokens'] / n_speed:.0f} |")
+              f"| {r['gen_tokens'] / r['gen_s']:.1f} | {r['full_s'] / n_speed:.2f} | {r['batch_s_per_traj']:.2f} "
+              f"| {r['full_prompt_tokens'] / n_speed:.0f} | {r['gen_tokens'] / n_speed:.0f} |")
 
     for be, label, _ in llms:
         rows = [bench_template(template, pool[:n], be, encoder, args.k)
@@ -208,9 +199,11 @@ def main(argv=None) -> None:
 
     # the relabeler's own cache statistics over a (shorter) run with the model
     label = "scripted stub LLM (--quick)" if args.quick else "the offline model"
+    stub = SimpleNamespace(generate=lambda prompts, n=1, schema=None:  # its answers do not change hit rates
+                           [['{"Mid-Level": ["collect wood"], "High-Level": []}'] * n for _ in prompts])
     rl = HindsightRelabeler(RelabelerConfig(prompt=PromptSettings(template="segments"),
                                             selection=SelectionSettings(k=args.k)),
-                            llm=_Echo() if args.quick else backend, encoder=encoder)
+                            llm=stub if args.quick else backend, encoder=encoder)
     t0 = time.perf_counter()
     for batch in training_run(args.iterations, args.envs, args.length, seed=args.seed + 1):
         rl.relabel(batch)
@@ -221,13 +214,6 @@ def main(argv=None) -> None:
           "traj/s (with cache) | grounded fraction |\n" + "|---" * 8 + "|")
     print(f"| {s['trajectories']} | {s['skipped_idle']} | {s['prompts']} | {s['cache_hits']} | {s['batch_dedup']} "
           f"| {s['cache_hit_rate']:.0%} | {s['trajectories'] / wall:.2f} | {s['grounded_fraction']:.2f} |")
-
-
-class _Echo:
-    """Stand-in LLM for --quick cache statistics (answers are irrelevant to hit rates)."""
-
-    def generate(self, prompts, n=1, *, schema=None):
-        return [['{"Mid-Level": ["collect wood"], "High-Level": []}'] * n for _ in prompts]
 
 
 if __name__ == "__main__":

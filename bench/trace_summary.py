@@ -15,6 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
+from common import int_arg
+
 #: Kernel kinds, matched in order on the kernel's name (case-insensitive).
 KINDS = (
     ("matmul", re.compile(r"gemm|xmma|nvjet|cutlass|cublas|cudnn|matmul|triton_dot|dot_|wgmma|gemv")),
@@ -29,16 +31,9 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, pattern in KINDS if pattern.search(name.lower())), "other")
 
 
-#: Buckets of calls per iteration (lower bounds, largest first) for the table by frequency.
-CALL_BUCKETS = (1000, 100, 0)
-
-
 def call_bucket(calls: float) -> str:
     """The frequency bucket of a kernel run ``calls`` times per iteration."""
-    for i, low in enumerate(CALL_BUCKETS):
-        if calls >= low:
-            return f">= {low:,}" if i == 0 else f"{low:,}-{CALL_BUCKETS[i - 1] - 1:,}"
-    raise ValueError(f"calls must be >= 0, got {calls}")
+    return ">= 1,000" if calls >= 1000 else "100-999" if calls >= 100 else "0-99"
 
 
 def device_kernels(events: Iterable[dict]) -> list[dict]:
@@ -82,7 +77,7 @@ def format_summary(summary: dict, top: int = 25) -> str:
     for us, n in summary["names"].values():
         buckets[call_bucket(n)] = [a + b for a, b in zip(buckets[call_bucket(n)], (us, n, 1))]
     lines += ["", "| calls per iteration of a kernel | ms | share | calls | kernels |", "|---|---|---|---|---|"]
-    for bucket in (call_bucket(low) for low in CALL_BUCKETS):
+    for bucket in map(call_bucket, (1000, 100, 0)):
         if bucket in buckets:
             us, n, k = buckets[bucket]
             lines.append(f"| {bucket} | {us / 1e3:,.1f} | {us / busy:.1%} | {n:,.0f} | {k} |")
@@ -106,8 +101,6 @@ def report(trace_dir: str | Path, iterations: int = 1, top: int = 25) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from oir_gym.validation import int_arg  # here: update_cost imports this module for report() alone
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace_dir")
     p.add_argument("--iterations", type=int_arg(1), default=1, help="iterations the trace holds")

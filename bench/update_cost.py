@@ -7,12 +7,10 @@
     python bench/update_cost.py --preset fast --variants sequence:8:bfloat16 --trace /tmp/update_trace
     python bench/update_cost.py --preset fast --variants sequence:8:bfloat16 --valid-rows 0.82 --skip-padding off,on
 
-The update is :func:`agents.pqn.network.update`, vmapped over seeds and jitted as the trainer does, on random
-trajectories shaped as the preset's. Variants (``lstm``: ``sequence`` or flax's per-step ``cell``; ``unroll``;
-``dtype``; ``grad``: ``hoisted`` or ``autodiff``; ``--lstm-kernel``: ``scan`` or ``pallas``; ``--skip-padding``:
-``pqn.skip_padding``) are timed interleaved; medians are reported with each one's ratio to the first, its
-matmul FLOPs, FLOP/s and fraction of the card's dense peak (bfloat16, or TF32 for float32), counted over
-every row and over the rows that train (``--valid-rows``: their share; the rest are padding, weighted 0).
+The update (:func:`agents.pqn.network.update`, vmapped over seeds and jitted as the trainer does) runs on random
+trajectories of the preset's shape. Variants (LSTM ``sequence`` or flax's per-step ``cell``; GRAD ``hoisted`` or
+``autodiff``) are timed interleaved; each one's median, ratio to the first, FLOP/s and share of the card's dense
+peak (bfloat16, or TF32 for float32) are reported, over every row and over the rows that train (``--valid-rows``).
 """
 
 from __future__ import annotations
@@ -20,21 +18,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from oir_gym.validation import int_arg  # noqa: E402
+from common import int_arg, interleaved
 
 SIZES = {
     "cpu": dict(seeds=1, trajectories=64, steps=16, hidden=128, epochs=2, minibatches=4),
     "paper": dict(seeds=1, trajectories=64 * 5, steps=128, hidden=512, epochs=8, minibatches=4),
     "fast": dict(seeds=3, trajectories=1024 * 5, steps=128, hidden=512, epochs=4, minibatches=16),
 }
-
-
 #: Dense tensor-core peaks (FLOP/s) by device kind: (bfloat16, TF32); NVIDIA's datasheets (SXM).
 PEAKS = {"H100": (989e12, 494e12), "H200": (989e12, 494e12), "A100": (312e12, 156e12)}
 
@@ -46,13 +40,6 @@ def update_flops(seeds: int, trajectories: int, steps: int, hidden: int, epochs:
     first = 2 * rows * in_dim * hidden
     rest = 2 * rows * (hidden * 4 * hidden * 2 + hidden * num_actions)  # LSTM input and recurrent, Q head
     return float(seeds * epochs * (2 * first + 3 * rest))
-
-
-def peak(device_kind: str, dtype: str) -> float | None:
-    for name, (bf16, tf32) in PEAKS.items():
-        if name in device_kind:
-            return bf16 if dtype == "bfloat16" else tf32
-    return None
 
 
 def parse_args(argv=None):
@@ -131,10 +118,8 @@ def main(argv=None) -> int:
         "carry0": (jnp.zeros((S, N, H)), jnp.zeros((S, N, H))),
     }
     if args.variants:
-        variants = []
-        for v in args.variants.split(","):
-            lstm, unroll, dtype, *grad = v.split(":")
-            variants.append((lstm, int(unroll), dtype, grad[0] if grad else "hoisted"))
+        variants = [(lstm, int(unroll), dtype, (grad or ["hoisted"])[0])
+                    for lstm, unroll, dtype, *grad in (v.split(":") for v in args.variants.split(","))]
     else:
         variants = [(*v, "hoisted") for v in itertools.product(
             args.lstm.split(","), [int(u) for u in args.unroll.split(",")], args.dtype.split(","))]
@@ -154,12 +139,11 @@ def main(argv=None) -> int:
         vcfg = dataclasses.replace(cfg, skip_padding=skip == "on")
         net = (pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad, kern.split("/")[0])
                if lstm == "sequence" else cell_network(NUM_ACTIONS, H, unroll))
-        tx = pqn.make_optimizer(cfg, 100)
 
-        def init(key, net=net, tx=tx):
+        def init(key, net=net):
             params = net.init(key, pqn.QNetwork(NUM_ACTIONS, H).initial_carry(1), jnp.zeros((1, 1, D)),
                               jnp.zeros((1, 1, 384)), jnp.zeros((1, 1), bool))
-            return TrainState.create(apply_fn=net.apply, params=params, tx=tx)
+            return TrainState.create(apply_fn=net.apply, params=params, tx=pqn.make_optimizer(cfg, 100))
 
         state = jax.jit(jax.vmap(init))(jax.random.split(k, S))
         fn = jax.jit(jax.vmap(lambda ts, key, b, vcfg=vcfg: pqn.update(ts, vcfg, key, b)))
@@ -172,13 +156,9 @@ def main(argv=None) -> int:
             continue
         programs[(lstm, unroll, dtype, grad, kern, skip)] = (compiled, state, time.time() - t)
         jax.block_until_ready(compiled(state, jax.random.split(k, S), batch))  # warm-up
-    times = {v: [] for v in variants}
-    for _ in range(args.iterations):
-        for v in variants:
-            compiled, state, _ = programs[v]
-            t = time.time()
-            jax.block_until_ready(compiled(state, jax.random.split(k, S), batch))
-            times[v].append(time.time() - t)
+    keys = jax.random.split(k, S)
+    times = interleaved({v: lambda p=programs[v]: jax.block_until_ready(p[0](p[1], keys, batch)) for v in variants},
+                        args.iterations)
     print(f"# update program, preset {args.preset}: {S} seed(s) x {N} trajectories x {T} steps, LSTM {H}, "
           f"{size['epochs']} epochs x {size['minibatches']} minibatches; {jax.devices()[0].device_kind}, "
           f"median of {args.iterations}; {args.valid_rows:.0%} of the rows train")
@@ -190,13 +170,13 @@ def main(argv=None) -> int:
     base = statistics.median(times[variants[0]])
     for v in variants:
         med = statistics.median(times[v])
-        top = peak(kind, v[2])
+        top = next((p[v[2] != "bfloat16"] for name, p in PEAKS.items() if name in kind), None)
         frac = f"{flops / med / top:.1%}" if top else "-"
         print(f"| {v[0]} | {v[1]} | {v[2]} | {v[3]} | {v[4]} | {v[5]} | {programs[v][2]:.1f} | {med:.3f} | "
               f"{med / base:.2f} | {flops / med / 1e12:.1f} | {frac} | {flops * args.valid_rows / med / 1e12:.1f} |")
     if args.parts:
         use_tiling(variants[0][4])
-        print_parts(variants[0], cfg, batch, S, N, T, H, args.iterations)
+        print_parts(variants[0], programs[variants[0]][1], cfg, batch, S, N, T, H, args.iterations)
     if args.trace:
         print_trace(args.trace, programs[variants[0]], batch, S, args.iterations)
     return 0
@@ -217,47 +197,28 @@ def print_trace(trace_dir: str, program, batch, S: int, iterations: int) -> None
     print(trace_summary.report(trace_dir, iterations))
 
 
-def _median_time(fn, *a, iterations: int) -> float:
-    import jax
-    jax.block_until_ready(fn(*a))
-    times = []
-    for _ in range(iterations):
-        t = time.time()
-        jax.block_until_ready(fn(*a))
-        times.append(time.time() - t)
-    return statistics.median(times)
-
-
-def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
-    """Where one update's time goes: a minibatch's update, and the LSTM recurrence inside it."""
-
+def print_parts(variant, state, cfg, batch, S, N, T, H, iterations: int) -> None:
+    """Where one update's time goes (``state``: the variant's): a minibatch's update, and its LSTM recurrence."""
     import jax
     import jax.numpy as jnp
-    from flax.training.train_state import TrainState
 
     from agents.pqn import network as pqn
     from agents.pqn.lstm_pallas import lstm_scan_pallas
-    from oir_gym.craftax_compat import NUM_ACTIONS
+
+    def median_s(fn, *a) -> float:
+        jax.block_until_ready(fn(*a))  # compiles
+        return statistics.median(interleaved({0: lambda: jax.block_until_ready(fn(*a))}, iterations)[0])
 
     lstm, unroll, dtype, grad, kern, _ = variant
     mb = N // cfg.num_minibatches
     steps = cfg.num_epochs * cfg.num_minibatches
     one = dataclasses.replace(cfg, num_epochs=1, num_minibatches=1)
-    small = jax.tree_util.tree_map(lambda x: x[:, :, :mb] if x.ndim >= 3 and x.shape[2] == N else x, batch)
-    small = {k: (v[:, :mb] if k in ("weights", "next_obs_last", "next_instr_last") else v) for k, v in small.items()}
-    small["carry0"] = tuple(c[:, :mb] for c in batch["carry0"])
-    net = pqn.QNetwork(NUM_ACTIONS, H, 1, True, unroll, jnp.dtype(dtype), grad, kern)
+    small = {k: jax.tree_util.tree_map(lambda x: x[:, :mb], v) if k in ("weights", "next_obs_last", "next_instr_last",
+             "carry0") else v[:, :, :mb] for k, v in batch.items()}
     k = jax.random.PRNGKey(0)
-    D = batch["obs"].shape[-1]
-
-    def init(key):
-        params = net.init(key, net.initial_carry(1), jnp.zeros((1, 1, D)), jnp.zeros((1, 1, 384)), jnp.zeros((1, 1), bool))
-        return TrainState.create(apply_fn=net.apply, params=params, tx=pqn.make_optimizer(one, 100))
-
-    state = jax.jit(jax.vmap(init))(jax.random.split(k, S))
     keys = jax.random.split(k, S)
     minibatch = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, one, key, b)))
-    t_mb = _median_time(minibatch, state, keys, small, iterations=iterations)
+    t_mb = median_s(minibatch, state, keys, small)
 
     x_proj = jax.random.normal(k, (S, T + 1, mb, 4 * H))
     resets = jax.random.uniform(k, (S, T + 1, mb)) < 0.01
@@ -268,16 +229,12 @@ def print_parts(variant, cfg, batch, S, N, T, H, iterations: int) -> None:
 
     def recurrence(kernel, bias, x_proj, resets, carry):
         if grad == "hoisted":
-            out = (lstm_scan_pallas if kern.startswith("pallas") else pqn.lstm_scan)(kernel, bias, x_proj, resets, carry, cdt, unroll)
-        else:
-            c, (hs, *_) = pqn.lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)
-            out = (c, hs)
-        return out[1].sum()
+            scan = lstm_scan_pallas if kern.startswith("pallas") else pqn.lstm_scan
+            return scan(kernel, bias, x_proj, resets, carry, cdt, unroll)[1].sum()
+        return pqn.lstm_forward(kernel, bias, x_proj, resets, carry, cdt, unroll)[1][0].sum()
 
-    rec = jax.jit(jax.vmap(jax.grad(recurrence, argnums=(0, 1, 2))))
-    t_rec = _median_time(rec, kernel, bias, x_proj, resets, carry, iterations=iterations)
-    fwd = jax.jit(jax.vmap(recurrence))
-    t_fwd = _median_time(fwd, kernel, bias, x_proj, resets, carry, iterations=iterations)
+    t_rec, t_fwd = (median_s(jax.jit(jax.vmap(f)), kernel, bias, x_proj, resets, carry)
+                    for f in (jax.grad(recurrence, argnums=(0, 1, 2)), recurrence))
     per_step = t_rec / (2 * (T + 1))
     print(f"# parts of the first variant ({lstm}, unroll {unroll}, {dtype}, {grad}, {kern}); {steps} minibatches per update")
     print("| part | s | x minibatches per update |\n|---|---|---|")

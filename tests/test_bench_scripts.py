@@ -123,7 +123,7 @@ def test_update_cost_bench_prints_each_variant_with_its_ratio_to_the_first(tmp_p
     cells = [[c.strip() for c in r.split("|")[1:-1]] for r in rows]
     assert [c[:4] for c in cells] == [["sequence", "1", "float32", "hoisted"], ["sequence", "1", "bfloat16", "autodiff"],
                                       ["cell", "1", "float32", "hoisted"]]
-    assert cells[0][6] == "1.00" and all(float(c[7]) >= 0 for c in cells)  # ratio to the first, TFLOP/s
+    assert cells[0][8] == "1.00" and all(float(c[9]) >= 0 for c in cells)  # ratio to the first, TFLOP/s
     assert "GFLOP" in out.stdout  # the update's matmul FLOPs, counted from the shapes
     assert "no device kernels" in out.stdout  # --trace: recorded and read; the CPU has no GPU kernels
 
