@@ -262,7 +262,7 @@ def test_no_function_over_150_lines_and_no_file_over_900():
 
 
 #: The library's source (what issue 38 set): the same features must not grow back into more lines.
-MAX_SOURCE_LINES = 22_250
+MAX_SOURCE_LINES = 22_000
 SOURCE_DIRS = ("oir_gym", "agents", "examples", "bench")
 #: oir_gym/ files stay under this (an LLM backend may exceed it: it holds its protocol's defences).
 MAX_PACKAGE_FILE_LINES = 600
