@@ -23,7 +23,7 @@ from oir_gym.relabel.parse import NOTE_REASONS, parse_candidates
 from oir_gym.relabel.prompts import output_schema
 from oir_gym.text import Observation, parse_observation
 from oir_gym.relabel.llm.spec import BackendSpec, LLMBusy, close_llm
-from oir_gym.relabel.llm.child import ChildProcessBackend, llm_process_stats
+from oir_gym.relabel.llm.child import ChildConfig, ChildProcessBackend, llm_process_stats
 from oir_gym.relabel.llm.health import LLMHealth
 from oir_gym.relabel.llm.caller import OffThreadCaller
 from oir_gym.relabel.llm.build import build_llm, probe
@@ -96,10 +96,12 @@ def load_prompt() -> str:
 class GoalProposer:
     """ELLM goal proposer: observations in, up to ``k`` goals per observation out. ``backend``: ``"rules"``,
     a relabeler backend (name, ``"package.module:ClassName"``, ``BackendSpec`` or object with ``generate``);
-    ``timeout`` s and at most ``max_prompts`` signatures per batched call."""
+    ``timeout`` s and at most ``max_prompts`` signatures per batched call; ``child_config``: the LLM child
+    process's restart settings."""
 
     def __init__(self, backend: Any = "rules", k: int = 4, cache_size: int = 4096, *, timeout: Optional[float] = None,
-                 max_prompts: Optional[int] = None, backend_kwargs: Optional[dict] = None) -> None:
+                 max_prompts: Optional[int] = None, backend_kwargs: Optional[dict] = None,
+                 child_config: Optional[ChildConfig] = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if isinstance(backend, str) and backend not in BACKEND_NAMES and ":" not in backend:
@@ -110,7 +112,7 @@ class GoalProposer:
         self.cache = LRUCache(cache_size)
         self.backend_name = (backend if isinstance(backend, str) else backend.name if isinstance(backend, BackendSpec)
                              else type(backend).__name__)
-        self.llm = build_llm(backend, backend_kwargs)
+        self.llm = build_llm(backend, backend_kwargs, config=child_config)
         self.health = LLMHealth("ELLM proposer", fallback="proposing rule goals meanwhile")
         self.template = load_prompt() if self.llm is not None else ""
         self.schema = output_schema(self.k)
