@@ -70,6 +70,14 @@ def remove_checkpoints_after(run_dir: str | os.PathLike, update: int) -> list[Pa
     return newer
 
 
+def _write_synced(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and flush it to the disk (one place a test can stop a save midway)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: Mapping[str, Any],
                     keep: int = 2) -> Path:
     """Write checkpoint ``update`` (``arrays``: a pytree; ``host``: JSON-able) of a run atomically, keep the newest
@@ -103,10 +111,7 @@ def save_checkpoint(run_dir: str | os.PathLike, update: int, arrays: Any, host: 
     tmp.mkdir()
     try:
         for name, data in ((ARRAYS, blob), (HOST, host_bytes), (MANIFEST, json.dumps(manifest, indent=1).encode())):
-            with open(tmp / name, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            _write_synced(tmp / name, data)
         fsync_dir(tmp)
         os.rename(tmp, final)  # atomic: the folder appears complete or not at all
     except BaseException:
