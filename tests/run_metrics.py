@@ -17,7 +17,8 @@ def read_rows(run_dir: Path) -> list[dict]:
 def assert_same_seeds_metrics(a: list[dict], b: list[dict], skip: Callable[[str], bool] = lambda k: False) -> None:
     """Rows of the same seeds on another layout: rollout metrics exact, losses to 1e-4 relative (XLA's
     kernels round a batch of seeds' matmuls and one seed's differently), evaluation successes to
-    1/20 (a greedy argmax between near-equal Q-values can flip an episode); wall-clock columns and
+    1/20 (a greedy argmax between near-equal Q-values can flip an episode), the rates pooled over the seeds to
+    their rounding (a several-process row averages its processes' rounded rates); wall-clock columns and
     ``skip(key)`` columns are not compared."""
     assert len(a) == len(b)
     for one, two in zip(a, b):
@@ -31,5 +32,7 @@ def assert_same_seeds_metrics(a: list[dict], b: list[dict], skip: Callable[[str]
                 assert abs(two[k] - v) <= 0.05, k
             elif "/eval/" in f"/{k}":
                 continue  # counts / aggregate scores follow the success rates
+            elif k.startswith(("rate/", "episode_rate/")):
+                assert abs(two[k] - v) <= 1e-3, k  # the seeds' pooled rates: processes' rounded rates, averaged
             else:
                 assert two[k] == v, k
