@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from oir_gym import functional as F
-from oir_gym.captions import ACHIEVEMENT_NAMES, NUM_ACHIEVEMENTS
+from oir_gym.captions import NUM_ACHIEVEMENTS
 from oir_gym.instructions import (
     PACKAGED_SET_NAMES, SET_NAMES, EvalInstruction, load_instruction_files, load_instruction_sets,
 )

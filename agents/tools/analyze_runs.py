@@ -286,7 +286,7 @@ def main(argv=None) -> int:
         print("\n## Ordered compounds at the final point (mean [95% t interval over seeds])\n")
         print(order)
     if args.time_target is not None:
-        print(f"\n## Time to target: mean success (original) against wall clock, compile included\n")
+        print("\n## Time to target: mean success (original) against wall clock, compile included\n")
         print(analysis.time_to_target_table(metrics, args.time_target, args.time_budget))
         if not args.table_only:
             analysis.plot_time_to_target(metrics, out / "time_to_target.png", args.time_target)
