@@ -777,7 +777,8 @@ def test_the_current_fast_preset_rows_starts_and_padding_runs_are_rebuilt_from_r
     assert _says(BENCH, "0.54-0.55 s waiting for the rollout, 0.18 s of host work and 0.94 s of update program")
     cold = [first_update(f / n / "log.txt") for n in skip + off]
     assert cold == ["52 s", "42 s", "44 s", "45 s", "42 s"] and first_update(f / "warm" / "log.txt") == "13 s"
-    assert "| b8322e2, affa8ff (+ the evaluation XLA-compiles once the rollout has) | 52 s, 42 s, 44 s; 45 s, 42 s | 13 s |" in BENCH
+    assert ("| b8322e2, affa8ff (+ the evaluation XLA-compiles once the rollout has) | 52 s, 42 s, 44 s; 45 s, 42 s "
+            "| 13 s |") in BENCH
     assert "6 programs loaded from the program cache, 0 compiled" in (f / "warm" / "log.txt").read_text()
     first_eval = [[json.loads(line) for line in open(f / n / "metrics.jsonl") if '"time/eval_s"' in line][0]
                   for n in off + skip]

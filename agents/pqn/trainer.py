@@ -651,8 +651,9 @@ class Trainer(ProcessSeeds):
         """Compile (or load from the program cache) the run's programs on side threads (before
         :meth:`init_state`: for a placeholder state), changing no state: the rollout and the update side by
         side, the evaluation traced beside them and compiled once the rollout is (the first update waits for
-        the rollout's compile, slower beside another; the first evaluation comes updates later). Programs without a cache compile by a throwaway call. A failure leaves the compile to
-        the program's first use. Returns the jobs."""
+        the rollout's compile, slower beside another; the first evaluation comes updates later). Programs
+        without a cache compile by a throwaway call. A failure leaves the compile to the program's first use.
+        Returns the jobs."""
         try:
             env_params, steps = self.env_params(), self.env_steps
             train_state, runner = (self.placeholder_state(env_params) if self.runner is None
