@@ -33,6 +33,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from oir_gym.validation import atomic_file
+
 #: Distributions whose code ends up inside the compiled programs.
 _DISTRIBUTIONS = ("jax", "jaxlib", "craftax", "flax", "optax", "chex", "numpy")
 #: The folder's size, beyond which the least recently used entries are removed.
@@ -176,15 +178,12 @@ class ProgramCache:
             return
         from jax.experimental import serialize_executable
 
-        tmp = self.folder / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             file = io.BytesIO()
             _Pickler(file, _statics(args)).dump(serialize_executable.serialize(compiled))
-            self.folder.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(file.getvalue())
-            os.replace(tmp, self.folder / f"{key}.bin")
+            with atomic_file(self.folder / f"{key}.bin", "wb") as f:
+                f.write(file.getvalue())
         except Exception as e:  # noqa: BLE001 - the program runs; only its next start is slower
-            tmp.unlink(missing_ok=True)
             self.log(f"program cache: {key} was not stored ({e!r})")
             return
         self.prune()
