@@ -394,6 +394,33 @@ def test_update_losses_equal_with_either_lstm_gradient():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+@pytest.mark.parametrize("unroll", [1, 4])
+def test_update_is_the_gradient_of_the_loss_over_the_sequence_and_its_bootstrap_state(unroll):
+    # the reference: the network over T + 1 steps (the batch then s_T), q_next from steps 1..T
+    cfg, ts, batch = _terminal_batch(0, num_minibatches=1, num_epochs=1, lr_linear_decay=False, scan_unroll=unroll)
+    ts = ts.replace(apply_fn=pqn.make_network(cfg, 17).apply)
+    rng = np.random.default_rng(2)
+    T, N = batch["rewards"].shape
+    batch = dict(batch, dones=jnp.asarray(rng.random((T, N)) < 0.2), resets=jnp.asarray(rng.random((T, N)) < 0.2),
+                 next_obs_last=jnp.asarray(rng.random((N, 5)), jnp.float32),
+                 carry0=tuple(jnp.asarray(rng.normal(size=(N, 16)), jnp.float32) for _ in range(2)))
+
+    def reference_loss(params):
+        ext = lambda x, last: jnp.concatenate([x, last[None]], axis=0)  # noqa: E731
+        _, q = ts.apply_fn(params, batch["carry0"], ext(batch["obs"], batch["next_obs_last"]),
+                           ext(batch["instr"], batch["next_instr_last"]), ext(batch["resets"], batch["dones"][-1]))
+        q_a = jnp.take_along_axis(q[:-1], batch["actions"][..., None], axis=-1)[..., 0]
+        targets = pqn.q_lambda_targets(batch["rewards"], batch["dones"], jax.lax.stop_gradient(q[1:]).max(-1),
+                                       cfg.gamma, cfg.lam)
+        return 0.5 * jnp.mean((q_a - targets) ** 2)
+
+    loss, grads = jax.value_and_grad(reference_loss)(ts.params)
+    new_ts, metrics = pqn.update(ts, cfg, jax.random.PRNGKey(0), batch)
+    assert float(metrics["loss"]) == pytest.approx(float(loss), rel=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(new_ts.params), jax.tree_util.tree_leaves(ts.apply_gradients(grads=grads).params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
 def _dot_generals(jaxpr) -> list:
     """Every dot_general of ``jaxpr``, inside its sub-programs too."""
     found = []

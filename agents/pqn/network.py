@@ -105,13 +105,14 @@ def _lstm_scan_bwd(dtype, unroll, res, cotangents):
         dh_prev = matmul(dz, kernel_t, dtype)
         dc_prev = dc * f
         keep = ~reset_t[:, None]  # a reset carry came from zeros, not from the step before
-        return (jnp.where(keep, dc_prev, 0.0), jnp.where(keep, dh_prev, 0.0)), dz
+        # stacked in the matmuls' dtype: dW_h and the input projection's gradient multiply it in that dtype
+        return (jnp.where(keep, dc_prev, 0.0), jnp.where(keep, dh_prev, 0.0)), dz.astype(dtype)
 
     (dc0, dh0), dz = jax.lax.scan(step, (dc_last, dh_last), (dhs, resets, c_prev, gates, cs), reverse=True,
                                   unroll=unroll)
-    d_kernel = jnp.einsum("tbh,tbg->hg", h_prev.astype(dtype), dz.astype(dtype), preferred_element_type=jnp.float32)
-    d_bias = dz.sum(axis=(0, 1))
-    return d_kernel.astype(kernel_h.dtype), d_bias, dz, None, (dc0, dh0)
+    d_kernel = jnp.einsum("tbh,tbg->hg", h_prev.astype(dtype), dz, preferred_element_type=jnp.float32)
+    d_bias = dz.sum(axis=(0, 1), dtype=jnp.float32)
+    return d_kernel.astype(kernel_h.dtype), d_bias, dz.astype(jnp.float32), None, (dc0, dh0)
 
 
 lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
@@ -238,19 +239,20 @@ def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Ar
     """One PQN update on a batch of N trajectories (:func:`agents.pqn.trainer.build_batch`'s keys; optional
     ``cuts`` are left out of the loss); returns ``(train_state, {loss, q_mean, target_mean})``."""
     apply = train_state.apply_fn
-    obs_ext = jnp.concatenate([batch["obs"], batch["next_obs_last"][None]], axis=0)
-    instr_ext = jnp.concatenate([batch["instr"], batch["next_instr_last"][None]], axis=0)
-    resets_ext = jnp.concatenate([batch["resets"], batch["dones"][-1:]], axis=0)
-
     n = batch["actions"].shape[1]
     mb = n // cfg.num_minibatches
 
     def loss_fn(params, idx):
         sel = lambda x, axis=1: jnp.take(x, idx, axis=axis)  # noqa: E731
         carry0 = jax.tree_util.tree_map(lambda c: c[idx], batch["carry0"])
-        _, q_ext = apply(params, carry0, sel(obs_ext), sel(instr_ext), sel(resets_ext))
-        q_next = jax.lax.stop_gradient(q_ext[1:]).max(-1)
-        q_a = jnp.take_along_axis(q_ext[:-1], sel(batch["actions"])[..., None], axis=-1)[..., 0]
+        carry, q = apply(params, carry0, sel(batch["obs"]), sel(batch["instr"]), sel(batch["resets"]))
+        # the bootstrap state s_T as one more step from the sequence's carry (no gradient flows through it):
+        # the recurrence stays T long, so a scan unroll dividing T needs no remainder copies of [T, B, ...]
+        no_grad = jax.lax.stop_gradient
+        _, q_last = apply(no_grad(params), no_grad(carry), sel(batch["next_obs_last"], 0)[None],
+                          sel(batch["next_instr_last"], 0)[None], sel(batch["dones"][-1:]))
+        q_next = no_grad(jnp.concatenate([q[1:], q_last], axis=0)).max(-1)
+        q_a = jnp.take_along_axis(q, sel(batch["actions"])[..., None], axis=-1)[..., 0]
         cuts = sel(batch["cuts"]) if "cuts" in batch else jnp.zeros(q_a.shape, bool)
         targets = q_lambda_targets(sel(batch["rewards"]), sel(batch["dones"]), q_next, cfg.gamma, cfg.lam,
                                    cuts, jax.lax.stop_gradient(q_a))
