@@ -220,8 +220,8 @@ def print_parts(variant, state, cfg, batch, S, N, T, H, iterations: int) -> None
     minibatch = jax.jit(jax.vmap(lambda ts, key, b: pqn.update(ts, one, key, b)))
     t_mb = median_s(minibatch, state, keys, small)
 
-    x_proj = jax.random.normal(k, (S, T + 1, mb, 4 * H))
-    resets = jax.random.uniform(k, (S, T + 1, mb)) < 0.01
+    x_proj = jax.random.normal(k, (S, T, mb, 4 * H))  # the update's recurrence: T steps
+    resets = jax.random.uniform(k, (S, T, mb)) < 0.01
     kernel = jax.random.normal(k, (S, H, 4 * H)) * 0.05
     bias = jnp.zeros((S, 4 * H))
     carry = (jnp.zeros((S, mb, H)), jnp.zeros((S, mb, H)))
@@ -235,13 +235,13 @@ def print_parts(variant, state, cfg, batch, S, N, T, H, iterations: int) -> None
 
     t_rec, t_fwd = (median_s(jax.jit(jax.vmap(f)), kernel, bias, x_proj, resets, carry)
                     for f in (jax.grad(recurrence, argnums=(0, 1, 2)), recurrence))
-    per_step = t_rec / (2 * (T + 1))
+    per_step = t_rec / (2 * T)
     print(f"# parts of the first variant ({lstm}, unroll {unroll}, {dtype}, {grad}, {kern}); {steps} minibatches per update")
     print("| part | s | x minibatches per update |\n|---|---|---|")
     print(f"| one minibatch's update ({S} x {mb} trajectories) | {t_mb:.4f} | {t_mb * steps:.3f} |")
     print(f"| the LSTM recurrence, forward and backward | {t_rec:.4f} | {t_rec * steps:.3f} |")
     print(f"| the LSTM recurrence, forward only | {t_fwd:.4f} | {t_fwd * steps:.3f} |")
-    print(f"# {per_step * 1e6:.1f} us per sequential LSTM step (forward and backward: {2 * (T + 1)} steps per minibatch)")
+    print(f"# {per_step * 1e6:.1f} us per sequential LSTM step (forward and backward: {2 * T} steps per minibatch)")
 
 
 if __name__ == "__main__":

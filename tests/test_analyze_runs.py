@@ -759,10 +759,35 @@ def first_update(path: Path) -> str:
     return re.search(r"first update done (\d+) s after launch", text).group(1) + " s"
 
 
-def test_the_current_fast_preset_rows_starts_and_padding_runs_are_rebuilt_from_results(capsys):
-    """The benchmarks page's current fast-preset runs (affa8ff; b8322e2 with pqn.skip_padding on; shipped encoder,
-    cold caches): time-to-target rows, update medians, first-update times, first evaluations, and the update
-    program and compile-option tables."""
+def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
+    """The benchmarks page's current fast-preset runs (dcd44bd, shipped encoder, cold caches, and a warm start):
+    time-to-target rows, update medians, update 64's time, first-update times and first evaluations."""
+    f = RES / "gpu_h200_update_bootstrap"
+    names = ["fast_s0", "fast_s1", "fast_s2"]
+    rows = _time_rows(capsys, [f"fast preset, seed {i}, H200 (dcd44bd)={f / n}" for i, n in enumerate(names)], "300")
+    assert len(rows) == 3 and all(r in BENCH for r in rows), rows
+    assert [r.split("|")[3].split(";")[0].strip() for r in rows] == ["171 s", "180 s", "168 s"]
+    assert [r.split("|")[-2].split(",")[0].strip() for r in rows] == ["0.347", "0.365", "0.361"]
+    assert all(json.loads((f / n / "config.json").read_text())["provenance"]["git_commit"] == "dcd44bd" for n in names)
+    medians = [[round(m, 2) for m in _update_medians(f / n)] for n in names]
+    assert medians == [[0.53, 0.18, 0.83], [0.54, 0.16, 0.83], [0.49, 0.13, 0.83]]
+    assert _says(BENCH, "0.49-0.54 s waiting for the rollout, 0.13-0.18 s of host work and 0.83 s of update program")
+    update64 = [round([json.loads(line) for line in open(f / n / "metrics.jsonl")][63]["time"]) for n in names]
+    assert update64 == [171, 180, 168] and _says(BENCH, "update 64 came at 171, 180 and 168 s")
+    cold = [first_update(f / n / "log.txt") for n in names]
+    assert cold == ["40 s", "47 s", "42 s"] and first_update(f / "warm" / "log.txt") == "11 s"
+    assert "| dcd44bd (+ the update's sequence T steps long) | 40 s, 47 s, 42 s | 11 s |" in BENCH
+    assert "6 programs loaded from the program cache, 0 compiled" in (f / "warm" / "log.txt").read_text()
+    first_eval = [[json.loads(line) for line in open(f / n / "metrics.jsonl") if '"time/eval_s"' in line][0]
+                  for n in names]
+    assert sorted(round(r["time/eval_s"], 1) for r in first_eval) == [7.4, 9.9, 11.9]
+    assert _says(BENCH, "The first evaluation, which compiles once the rollout has, took 7.4-11.9 s")
+
+
+def test_the_affa8ff_fast_preset_rows_starts_and_padding_runs_are_rebuilt_from_results(capsys):
+    """The history's fast-preset runs of affa8ff and the benchmarks page's b8322e2 runs with pqn.skip_padding on
+    (shipped encoder, cold caches): time-to-target rows, update medians, first-update times, first evaluations,
+    and the update program and compile-option tables."""
     f = RES / "gpu_h200_start_order"
     off, skip = ["off_s0", "off_s1"], ["fast_s0", "fast_s1", "fast_s2"]
     runs = [f"fast preset, seed {i}, H200 (affa8ff)={f / n}" for i, n in enumerate(off)]

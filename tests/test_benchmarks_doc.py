@@ -129,6 +129,23 @@ def test_the_update_program_table_and_its_same_call_ratios_are_rebuilt_from_resu
     assert _says(PAGE, f"gives {r['gradient']}; in the old call bfloat16 alone (1.885 s) gives {r['dtype']}")
 
 
+def test_the_current_update_program_table_is_its_one_call():
+    """new (dcd44bd) and old (f258bec), one process each in the order new, old, new, old."""
+    d = RES / "gpu_h200_update_bootstrap"
+    cells = {code: re.findall(r"^\| sequence \| 8 \| bfloat16 \| hoisted \| scan \| off \| [\d.]+ \| ([\d.]+) \| "
+                              r"[\d.]+ \| ([\d.]+) \| ([\d.]+%) \|", (d / f"update_cost_{code}.txt").read_text(), re.M)
+             for code in ("new", "old")}
+    assert all(len(v) == 2 for v in cells.values()), cells
+    for code, sha in (("new", "dcd44bd"), ("old", "f258bec")):
+        passes = cells[code]
+        cols = [[p[0] for p in passes]] + [list(dict.fromkeys(p[i] for p in passes)) for i in (1, 2)]
+        assert f"| {code} ({sha}) | {' | '.join(', '.join(c) for c in cols)} |" in PAGE, (code, cols)
+    ratios = {f"{float(n[0]) / float(o[0]):.2f}x" for n, o in zip(cells["new"], cells["old"])}
+    assert ratios == {"0.87x"} and _says(PAGE, "The update's sequence T steps long: 0.87x the time in the same call")
+    after = (d / "trace_after.md").read_text()
+    assert "| >= 1,000 | 435.8 |" in after and _says(PAGE, "(launched >= 1,000 times per update) still take 435.8 ms")
+
+
 def test_the_statements_that_did_not_stand_are_gone_from_both_pages():
     """Ratios across calls, machines or loads: 1.76x (two machines), 1.30x and 1.12x for 4x the
     seeds (different load, different calls), 3.6x "met" on one slow baseline."""
