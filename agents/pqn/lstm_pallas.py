@@ -160,6 +160,7 @@ def lstm_scan_pallas(kernel_h, bias_h, x_proj, resets, carry, dtype=jnp.float32,
     to multiples of ``MIN_BLOCK``)."""
     T, B, G = x_proj.shape
     H = G // 4
+    x_proj = x_proj.astype(jnp.float32)  # its kernels read float32
     Bp, Hp = -(-B // MIN_BLOCK) * MIN_BLOCK, -(-H // MIN_BLOCK) * MIN_BLOCK
     pad_gates = lambda a, rows: jnp.pad(a.reshape(*a.shape[:-1], 4, H),  # noqa: E731
                                         [(0, 0)] * (a.ndim - 2) + [(0, rows), (0, 0), (0, Hp - H)]

@@ -51,7 +51,7 @@ _low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bw
 
 def lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
     """The LSTM recurrence over ``x_proj [T, B, 4H]`` with JAX's gradient: ``((c, h), (hs, gates, cs))``,
-    every step's ``h``, gates ``i, f, g, o`` (after their nonlinearities) and cell."""
+    every step's ``h``, gates ``i, f, g, o`` (after their nonlinearities; stored in ``dtype``) and cell."""
     kernel = kernel_h.astype(dtype)  # cast once, not in every step
 
     def step(carry, inp):
@@ -62,7 +62,7 @@ def lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
         i, f, g, o = nn.sigmoid(zi), nn.sigmoid(zf), jnp.tanh(zg), nn.sigmoid(zo)
         c = f * c_prev + i * g
         h = o * jnp.tanh(c)
-        return (c, h), (h, jnp.concatenate([i, f, g, o], axis=-1), c)
+        return (c, h), (h, jnp.concatenate([i, f, g, o], axis=-1).astype(dtype), c)
 
     return jax.lax.scan(step, carry, (x_proj, resets), unroll=unroll)
 
@@ -73,11 +73,15 @@ def _entering(carry0, seq, resets):
     return jnp.where(resets[..., None], 0.0, prev)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def lstm_scan(kernel_h, bias_h, x_proj, resets, carry, dtype=jnp.float32, unroll: int = 1):
-    """An LSTM over ``x_proj [T, B, 4H]`` (gates i, f, g, o) from ``carry = (c, h)``, zeroed where
-    ``resets [T, B]``: returns ``((c, h), hs [T, B, H])``. Its written-out gradient computes ``dW_h`` as
+    """An LSTM over ``x_proj [T, B, 4H]`` (gates i, f, g, o; read in ``dtype``) from ``carry = (c, h)``, zeroed
+    where ``resets [T, B]``: returns ``((c, h), hs [T, B, H])``. Its written-out gradient computes ``dW_h`` as
     one matmul after the backward loop, not one per step inside it (same maths as autodiff)."""
+    return _lstm_scan(kernel_h, bias_h, x_proj.astype(dtype), resets, carry, dtype, unroll)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _lstm_scan(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
     carry, (hs, *_) = lstm_forward(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll)
     return carry, hs
 
@@ -96,7 +100,7 @@ def _lstm_scan_bwd(dtype, unroll, res, cotangents):
     def step(carry, inp):
         dc_next, dh_next = carry
         dh_t, reset_t, c_prev_t, gates_t, c_t = inp
-        i, f, g, o = jnp.split(gates_t, 4, axis=-1)
+        i, f, g, o = jnp.split(gates_t.astype(jnp.float32), 4, axis=-1)
         dh = dh_t + dh_next
         tanh_c = jnp.tanh(c_t)
         dc = dc_next + dh * o * (1.0 - tanh_c ** 2)
@@ -112,10 +116,10 @@ def _lstm_scan_bwd(dtype, unroll, res, cotangents):
                                   unroll=unroll)
     d_kernel = jnp.einsum("tbh,tbg->hg", h_prev.astype(dtype), dz, preferred_element_type=jnp.float32)
     d_bias = dz.sum(axis=(0, 1), dtype=jnp.float32)
-    return d_kernel.astype(kernel_h.dtype), d_bias, dz.astype(jnp.float32), None, (dc0, dh0)
+    return d_kernel.astype(kernel_h.dtype), d_bias, dz, None, (dc0, dh0)
 
 
-lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
+_lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
 
 
 class SequenceLSTM(nn.Module):
@@ -137,7 +141,8 @@ class SequenceLSTM(nn.Module):
                            name=f"i{g}")(x[0])[0] for g in gates]
         w_h = [DenseParams(self.features, use_bias=True, kernel_init=nn.initializers.orthogonal(),
                            bias_init=nn.initializers.zeros_init(), name=f"h{g}")(carry[1]) for g in gates]
-        x_proj = matmul(x, jnp.concatenate(w_i, axis=-1), self.dtype)  # [T, B, 4H]
+        # [T, B, 4H], kept in the matmuls' dtype: each step reads it once, and memory bounds a step's time
+        x_proj = matmul(x, jnp.concatenate(w_i, axis=-1), self.dtype).astype(self.dtype)
         kernel_h = jnp.concatenate([k for k, _ in w_h], axis=-1)
         bias_h = jnp.concatenate([b for _, b in w_h], axis=-1)
         if self.grad == "hoisted":
