@@ -760,28 +760,31 @@ def first_update(path: Path) -> str:
 
 
 def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
-    """The benchmarks page's current fast-preset runs (dcd44bd, shipped encoder, cold caches, and a warm start):
+    """The benchmarks page's current fast-preset runs (dcd44bd and 85ab07c, shipped encoder, cold caches; a warm start):
     time-to-target rows, update medians, update 64's time, first-update times and first evaluations."""
-    f = RES / "gpu_h200_update_bootstrap"
-    names = ["fast_s0", "fast_s1", "fast_s2"]
-    rows = _time_rows(capsys, [f"fast preset, seed {i}, H200 (dcd44bd)={f / n}" for i, n in enumerate(names)], "300")
-    assert len(rows) == 3 and all(r in BENCH for r in rows), rows
-    assert [r.split("|")[3].split(";")[0].strip() for r in rows] == ["171 s", "180 s", "168 s"]
-    assert [r.split("|")[-2].split(",")[0].strip() for r in rows] == ["0.347", "0.365", "0.361"]
-    assert all(json.loads((f / n / "config.json").read_text())["provenance"]["git_commit"] == "dcd44bd" for n in names)
-    medians = [[round(m, 2) for m in _update_medians(f / n)] for n in names]
-    assert medians == [[0.53, 0.18, 0.83], [0.54, 0.16, 0.83], [0.49, 0.13, 0.83]]
-    assert _says(BENCH, "0.49-0.54 s waiting for the rollout, 0.13-0.18 s of host work and 0.83 s of update program")
-    update64 = [round([json.loads(line) for line in open(f / n / "metrics.jsonl")][63]["time"]) for n in names]
-    assert update64 == [171, 180, 168] and _says(BENCH, "update 64 came at 171, 180 and 168 s")
-    cold = [first_update(f / n / "log.txt") for n in names]
-    assert cold == ["40 s", "47 s", "42 s"] and first_update(f / "warm" / "log.txt") == "11 s"
-    assert "| dcd44bd (+ the update's sequence T steps long) | 40 s, 47 s, 42 s | 11 s |" in BENCH
+    f, g = RES / "gpu_h200_update_bootstrap", RES / "gpu_h200_bf16_residuals"
+    runs = [f / "fast_s0", f / "fast_s1", f / "fast_s2", g / "fast_s0", g / "fast_s1"]
+    shas = ["dcd44bd"] * 3 + ["85ab07c"] * 2
+    labels = [f"fast preset, seed {i}, H200 ({sha})={r}" for i, r, sha in zip([0, 1, 2, 0, 1], runs, shas)]
+    rows = _time_rows(capsys, labels, "300")
+    assert len(rows) == 5 and all(r in BENCH for r in rows), rows
+    assert [r.split("|")[3].split(";")[0].strip() for r in rows] == ["171 s", "180 s", "168 s", "174 s", "175 s"]
+    assert [r.split("|")[-2].split(",")[0].strip() for r in rows] == ["0.347", "0.365", "0.361", "0.361", "0.361"]
+    assert [json.loads((r / "config.json").read_text())["provenance"]["git_commit"] for r in runs] == shas
+    medians = [[round(m, 2) for m in _update_medians(r)] for r in runs]
+    assert medians == [[0.53, 0.18, 0.83], [0.54, 0.16, 0.83], [0.49, 0.13, 0.83], [0.49, 0.14, 0.79],
+                       [0.52, 0.15, 0.79]]
+    assert _says(BENCH, "0.49-0.54 s waiting for the rollout, 0.13-0.18 s of host work and 0.83 s of update "
+                        "program at dcd44bd, 0.79 s at 85ab07c")
+    update64 = [round([json.loads(line) for line in open(r / "metrics.jsonl")][63]["time"]) for r in runs]
+    assert update64 == [171, 180, 168, 174, 175] and _says(BENCH, "came at 168-180 s")
+    cold = [first_update(r / "log.txt") for r in runs]
+    assert cold == ["40 s", "47 s", "42 s", "45 s", "45 s"] and first_update(f / "warm" / "log.txt") == "11 s"
+    assert "| dcd44bd (+ the update's sequence T steps long); 85ab07c | 40 s, 47 s, 42 s; 45 s, 45 s | 11 s |" in BENCH
     assert "6 programs loaded from the program cache, 0 compiled" in (f / "warm" / "log.txt").read_text()
-    first_eval = [[json.loads(line) for line in open(f / n / "metrics.jsonl") if '"time/eval_s"' in line][0]
-                  for n in names]
-    assert sorted(round(r["time/eval_s"], 1) for r in first_eval) == [7.4, 9.9, 11.9]
-    assert _says(BENCH, "The first evaluation, which compiles once the rollout has, took 7.4-11.9 s")
+    first_eval = [[json.loads(line) for line in open(r / "metrics.jsonl") if '"time/eval_s"' in line][0] for r in runs]
+    assert sorted(round(r["time/eval_s"], 1) for r in first_eval) == [7.4, 9.8, 9.9, 11.9, 12.3]
+    assert _says(BENCH, "The first evaluation, which compiles once the rollout has, took 7.4-12.3 s")
 
 
 def test_the_affa8ff_fast_preset_rows_starts_and_padding_runs_are_rebuilt_from_results(capsys):

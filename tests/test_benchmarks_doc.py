@@ -129,21 +129,42 @@ def test_the_update_program_table_and_its_same_call_ratios_are_rebuilt_from_resu
     assert _says(PAGE, f"gives {r['gradient']}; in the old call bfloat16 alone (1.885 s) gives {r['dtype']}")
 
 
-def test_the_current_update_program_table_is_its_one_call():
-    """new (dcd44bd) and old (f258bec), one process each in the order new, old, new, old."""
-    d = RES / "gpu_h200_update_bootstrap"
-    cells = {code: re.findall(r"^\| sequence \| 8 \| bfloat16 \| hoisted \| scan \| off \| [\d.]+ \| ([\d.]+) \| "
+def _same_call_rows(folder: str, shas: tuple[str, str], kernel: str = "scan") -> set[str]:
+    """The page rows of one new/old update_cost call (one process each, new, old, new, old) and the ratio."""
+    d = RES / folder
+    cells = {code: re.findall(rf"^\| sequence \| 8 \| bfloat16 \| hoisted \| {kernel} \| off \| [\d.]+ \| ([\d.]+) \| "
                               r"[\d.]+ \| ([\d.]+) \| ([\d.]+%) \|", (d / f"update_cost_{code}.txt").read_text(), re.M)
              for code in ("new", "old")}
     assert all(len(v) == 2 for v in cells.values()), cells
-    for code, sha in (("new", "dcd44bd"), ("old", "f258bec")):
+    for code, sha in zip(("new", "old"), shas):
         passes = cells[code]
         cols = [[p[0] for p in passes]] + [list(dict.fromkeys(p[i] for p in passes)) for i in (1, 2)]
         assert f"| {code} ({sha}) | {' | '.join(', '.join(c) for c in cols)} |" in PAGE, (code, cols)
-    ratios = {f"{float(n[0]) / float(o[0]):.2f}x" for n, o in zip(cells["new"], cells["old"])}
+    return {f"{float(n[0]) / float(o[0]):.2f}x" for n, o in zip(cells["new"], cells["old"])}
+
+
+def test_the_current_update_program_tables_are_their_calls():
+    """dcd44bd against f258bec, then 85ab07c against ad5b76a (the code of dcd44bd), each in one call."""
+    ratios = _same_call_rows("gpu_h200_update_bootstrap", ("dcd44bd", "f258bec"))
     assert ratios == {"0.87x"} and _says(PAGE, "The update's sequence T steps long: 0.87x the time in the same call")
-    after = (d / "trace_after.md").read_text()
-    assert "| >= 1,000 | 435.8 |" in after and _says(PAGE, "(launched >= 1,000 times per update) still take 435.8 ms")
+    ratios = _same_call_rows("gpu_h200_bf16_residuals", ("85ab07c", "ad5b76a"))
+    assert ratios == {"0.96x"} and _says(PAGE, "The input projection and gates in bfloat16: 0.96x.")
+    text = (RES / "gpu_h200_bf16_residuals" / "update_cost_new.txt").read_text()
+    assert "| sequence | 8 | bfloat16 | hoisted | pallas | off | 5.9 | 0.887 | 1.14 | 136.2 | 13.8% | 136.2 |" in text
+    assert "| new (85ab07c), `--lstm-kernel pallas` | 0.887 | 136.2 | 13.8% |" in PAGE
+    assert _says(PAGE, "The Pallas recurrence is now 1.14x the scan.")
+    before = (RES / "gpu_h200_update_bootstrap" / "trace_before.md").read_text()
+    assert "| `loop_slice_fusion` | fused elementwise | 30.26 | 3.1% | 64 | 472.8 |" in before
+    after = (RES / "gpu_h200_bf16_residuals" / "trace_after.md").read_text()
+    lines = after.splitlines()
+    i = lines.index("| kind | ms | share | calls |")
+    kinds = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:4]] for r in lines[i + 2:i + 7]}
+    for kind in ("matmul", "fused elementwise", "copy / memset", "reduction"):
+        assert f"| {kind} | {' | '.join(kinds[kind])} |" in PAGE, kind
+    for bucket, label in ((">= 1,000", ">= 1,000 times"), ("100-999", "100-999 times"), ("0-99", "0-99 times")):
+        row = next(r for r in lines if r.startswith(f"| {bucket} |")).split("|")
+        assert f"| launched {label} per update | {row[2].strip()} | {row[3].strip()} |" in PAGE, bucket
+    assert _says(PAGE, "(launched >= 1,000 times per update) still take 396.1 ms")
 
 
 def test_the_statements_that_did_not_stand_are_gone_from_both_pages():

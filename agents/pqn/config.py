@@ -82,7 +82,8 @@ class PQNConfig:
     lstm_kernel: Literal["scan", "pallas"] = "scan"
     """The LSTM recurrence: ``scan`` of XLA ops, or ``pallas`` (one fused kernel per step; same maths)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Input type of the hidden layer's and the LSTM's matmuls (float32 accumulation, parameters and gates)."""
+    """Input type of the hidden layer's and the LSTM's matmuls, and of the LSTM's stored input projection, gates
+    and gate gradients (float32 accumulation, parameters, cell state and Q-values)."""
 
 
 @dataclass
@@ -303,8 +304,8 @@ PRESETS: dict[str, tuple[str, Any]] = {
             "(a few minutes on 2 cores)", _cpu),
     "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
     "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, bfloat16 matmuls, 3 seeds, 8.4M "
-             "env steps per seed (one H200, shipped encoder, cold compilation cache: 0.347, 0.365 and 0.361 mean success "
-             "with rule labels after 171, 180 and 168 s, compile and evaluations included; docs/benchmarks.md)",
+             "env steps per seed (one H200, shipped encoder, cold compilation cache: 0.347-0.365 mean success with rule "
+             "labels after 168-180 s in five runs, compile and evaluations included; docs/benchmarks.md)",
              _fast),
     "smoke": ("The smallest run through every part of the method (4 updates; 2-core CPU: about 2 min the first time, "
               "compiling, about 30 s once JAX's compilation cache holds its programs)", _smoke),
