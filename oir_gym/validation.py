@@ -11,7 +11,7 @@ import contextlib
 import json
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
@@ -233,13 +233,32 @@ def read_json_file(path: str | os.PathLike, what: str, schema: str, object_pairs
                          f"levels or more); see {schema} for the schema") from None
 
 
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a folder's entries (a rename inside it) to disk; a no-op where the platform cannot."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms without directory fds
+        return
+    with contextlib.suppress(OSError):
+        os.fsync(fd)
+    os.close(fd)
+
+
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+def atomic_file(path: str | os.PathLike, mode: str = "w", *, private: bool = True) -> Iterator[IO]:
     """A temporary file beside ``path`` (made with its folders) that replaces ``path`` when the block ends without
-    an error, so that a reader never sees a part; on an error it is removed."""
+    an error, so that a reader never sees a part; on an error it is removed. The file is synced before the rename
+    and the folder after it. ``private``: mode 0600, else 0666 less the umask (as ``open`` makes files)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    for _ in range(100):  # a new, exclusively created temporary name
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                         0o600 if private else 0o666)
+            break
+    else:
+        raise FileExistsError(f"no free temporary name beside {path}")
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -247,6 +266,6 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)

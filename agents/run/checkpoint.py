@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from agents.run.run_dir import CHECKPOINTS, CorruptFileError, json_default, fsync_dir, member, read_json, sha256_bytes
+from agents.run.run_dir import CHECKPOINTS, CorruptFileError, json_default, member, read_json, sha256_bytes
+from oir_gym.validation import fsync_dir
 
 FORMAT = "oir-gym-checkpoint/1"
 ARRAYS = "arrays.msgpack"

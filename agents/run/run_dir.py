@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import importlib.util
@@ -21,6 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from oir_gym.validation import atomic_file
 
 
 CONFIG = "config.json"
@@ -65,39 +66,11 @@ class CorruptFileError(ValueError):
         super().__init__(f"{self.path}: {problem}")
 
 
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (a rename inside it) to disk; a no-op where the platform cannot."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms without directory fds
-        return
-    with contextlib.suppress(OSError):
-        os.fsync(fd)
-    os.close(fd)
-
-
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, ``os.replace``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(100):  # a new, exclusively created temporary name; mode 0o666 less the umask
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        with contextlib.suppress(FileExistsError):
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-            break
-    else:
-        raise FileExistsError(f"no free temporary name beside {path}")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
+    """Write ``data`` to ``path`` atomically (:func:`oir_gym.validation.atomic_file`; mode 0666 less the umask)."""
+    with atomic_file(path, "wb", private=False) as f:
+        f.write(data)
+    return Path(path)
 
 
 def json_default(o: Any) -> Any:
