@@ -174,12 +174,7 @@ class PerDevice:
     def prepare(self, *args, wait: Callable[[], Any] | None = None) -> None:
         """Compile (or load) the program for ``args`` (:func:`agents.pqn.program_cache.prepare`, ``wait`` as
         there); several devices: one throwaway run."""
-        if len(self.devices) == 1:
-            prepare(self.program, *args, wait=wait)
-            return
-        if wait is not None:
-            wait()
-        jax.block_until_ready(self(*args))
+        prepare(self.program if len(self.devices) == 1 else self, *args, wait=wait)
 
     def eval_shape(self, *args) -> Any:
         """The global outputs as :class:`jax.ShapeDtypeStruct` (with shardings); nothing is compiled or run."""

@@ -640,9 +640,11 @@ class Trainer(ProcessSeeds):
         wait = None if after is None else after.exception  # waits, raises nothing: a failed job was logged
         return side_threads("oir-eval-compile", lambda: evaluator.prepare(*args, wait=wait))[0]
 
-    def update_args(self, train_state: Any, runner: Any) -> tuple:
-        """Arguments of the update program as the first update passes them (placeholder data, no relabels)."""
-        traj = placeholder(self.programs.rollout.eval_shape(train_state.params, runner, self.env_params(),
+    def update_args(self, train_state: Any, runner: Any, env_params: Any = None) -> tuple:
+        """Arguments of the update program as the first update passes them (placeholder data, no relabels;
+        ``env_params``: :meth:`env_params`'s, read now when not given)."""
+        env_params = self.env_params() if env_params is None else env_params
+        traj = placeholder(self.programs.rollout.eval_shape(train_state.params, runner, env_params,
                                                             self.env_steps)[1])
         keys = jax.random.split(jax.random.PRNGKey(0), self.S)
         return train_state, keys, self.method_batch(traj, self.method.warmup_slots())
@@ -664,7 +666,7 @@ class Trainer(ProcessSeeds):
             return []
 
         def update() -> None:
-            prepare(self.programs.update, *self.update_args(train_state, runner))
+            prepare(self.programs.update, *self.update_args(train_state, runner, env_params))
             prepare(self.programs.all_finite, params)
 
         self._compiling = side_threads("oir-compile", lambda: self.programs.rollout.prepare(
