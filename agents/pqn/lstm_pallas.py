@@ -57,7 +57,7 @@ def _fwd_kernel(t_ref, keep_ref, x_ref, w_ref, b_ref, h0_ref, c0_ref, hs_in, cs_
     hs_ref[t, rows, cols] = o * jnp.tanh(c)
     cs_ref[t, rows, cols] = c
     for k, v in enumerate((i, f, g, o)):
-        g_ref[t, rows, k, cols] = v
+        g_ref[t, rows, k, cols] = v.astype(dtype).astype(jnp.float32)  # stored in dtype, as the scan stores them
 
 
 def _bwd_kernel(t_ref, keep_ref, wt_ref, g_ref, cs_ref, c0_ref, dhs_ref, dc_ref, dz_in, dz_ref, dc_out,
@@ -144,12 +144,12 @@ def _lstm_bwd(dtype, unroll, res, cotangents):
 
     (dz, dc), _ = jax.lax.scan(step, (dz, dc.astype(f32)), jnp.arange(T - 1, 0, -1, dtype=jnp.int32),
                                unroll=unroll)
-    dz = dz.reshape(T, B, 4 * H)
-    dh0 = jnp.matmul(dz[0].astype(dtype), wt, preferred_element_type=f32) * keep[0][:, None]
+    dz = dz.reshape(T, B, 4 * H).astype(dtype)  # stacked in dtype, as the scan stacks it
+    dh0 = jnp.matmul(dz[0], wt, preferred_element_type=f32) * keep[0][:, None]
     dc0 = dc * gates[0, :, 1] * keep[0][:, None]
     h_prev = _entering(h0, hs, keep)
-    d_kernel = jnp.einsum("tbh,tbg->hg", h_prev.astype(dtype), dz.astype(dtype), preferred_element_type=f32)
-    return d_kernel.astype(kernel_h.dtype), dz.sum(axis=(0, 1)), dz, None, (dc0, dh0)
+    d_kernel = jnp.einsum("tbh,tbg->hg", h_prev.astype(dtype), dz, preferred_element_type=f32)
+    return d_kernel.astype(kernel_h.dtype), dz.sum(axis=(0, 1), dtype=f32), dz.astype(f32), None, (dc0, dh0)
 
 
 _lstm.defvjp(_lstm_fwd, _lstm_bwd)
@@ -160,7 +160,7 @@ def lstm_scan_pallas(kernel_h, bias_h, x_proj, resets, carry, dtype=jnp.float32,
     to multiples of ``MIN_BLOCK``)."""
     T, B, G = x_proj.shape
     H = G // 4
-    x_proj = x_proj.astype(jnp.float32)  # its kernels read float32
+    x_proj = x_proj.astype(dtype).astype(jnp.float32)  # read in dtype, as the scan reads it; the kernels take float32
     Bp, Hp = -(-B // MIN_BLOCK) * MIN_BLOCK, -(-H // MIN_BLOCK) * MIN_BLOCK
     pad_gates = lambda a, rows: jnp.pad(a.reshape(*a.shape[:-1], 4, H),  # noqa: E731
                                         [(0, 0)] * (a.ndim - 2) + [(0, rows), (0, 0), (0, Hp - H)]
