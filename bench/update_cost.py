@@ -52,8 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=None, help="explicit variants LSTM:UNROLL:DTYPE[:GRAD], comma-separated "
                    "(instead of every combination of the three options)")
     p.add_argument("--lstm-kernel", default="scan", help="LSTM recurrences (pqn.lstm_kernel; pallas/R/U/K/S/W sets the "
-                   "kernel's row, unit and chunk blocks, stages and warps), comma-separated "
-                   "(scan, pallas)")
+                   "kernel's row, unit and chunk blocks, stages, warps and optionally the backward's unit block), "
+                   "comma-separated (scan, pallas)")
     p.add_argument("--valid-rows", type=float, default=1.0, help="share of the batch's rows that train (the rest "
                    "are padding, weighted 0 as unfilled relabel slots are)")
     p.add_argument("--skip-padding", default="off", help="pqn.skip_padding settings, comma-separated (off, on)")
@@ -126,12 +126,13 @@ def main(argv=None) -> int:
     variants = [(*v, kern, skip) for v in variants for kern in args.lstm_kernel.split(",")
                 if kern == "scan" or v[0] == "sequence" and v[3] == "hoisted" for skip in args.skip_padding.split(",")]
     programs = {}
-    tiling_names = ("MAX_ROWS", "MAX_UNITS", "MAX_CHUNK", "NUM_STAGES", "NUM_WARPS")
+    tiling_names = ("MAX_ROWS", "MAX_UNITS", "MAX_CHUNK", "NUM_STAGES", "NUM_WARPS", "MAX_BWD_UNITS")
     module_tiling = [getattr(lstm_pallas, n) for n in tiling_names]
 
     def use_tiling(kern: str) -> None:
-        """pallas/ROWS/UNITS/CHUNK/STAGES/WARPS: that tiling; any other kernel: the module's own."""
-        for name, value in zip(tiling_names, [int(x) for x in kern.split("/")[1:]] or module_tiling):
+        """pallas/ROWS/UNITS/CHUNK/STAGES/WARPS[/BWD_UNITS]: that tiling, the module's own for what it leaves out."""
+        given = [int(x) for x in kern.split("/")[1:]]
+        for name, value in zip(tiling_names, given + module_tiling[len(given):]):
             setattr(lstm_pallas, name, value)
 
     for lstm, unroll, dtype, grad, kern, skip in list(variants):

@@ -79,8 +79,9 @@ class PQNConfig:
     """Normalise the observation input (layer norm)."""
     scan_unroll: int = 1
     """LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)."""
-    lstm_kernel: Literal["scan", "pallas"] = "scan"
-    """The LSTM recurrence: ``scan`` of XLA ops, or ``pallas`` (one fused kernel per step; same maths)."""
+    lstm_kernel: Literal["auto", "scan", "pallas"] = "auto"
+    """The LSTM recurrence: ``scan`` of XLA ops, ``pallas`` (one fused kernel per step; same maths), or ``auto``:
+    ``pallas`` on one GPU, the scan otherwise (on a CPU, or with the seeds spread over devices)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Input type of the hidden layer's and the LSTM's matmuls, and of the LSTM's stored input projection, gates
     and gate gradients (float32 accumulation, parameters, cell state and Q-values)."""
@@ -173,7 +174,7 @@ class TrainConfig(NestedConfig):
         r, p, e, o, el, ev = self.run, self.pqn, self.env, self.oir, self.ellm, self.eval
         self.check_parts(
             (("run", "method", METHODS), ("ellm", "proposer", ELLM_PROPOSERS), ("ellm", "reward", get_args(EllmReward)),
-             ("pqn", "compute_dtype", ("float32", "bfloat16")), ("pqn", "lstm_kernel", ("scan", "pallas"))),
+             ("pqn", "compute_dtype", ("float32", "bfloat16")), ("pqn", "lstm_kernel", ("auto", "scan", "pallas"))),
             (("run", ("total_timesteps", "num_seeds", "checkpoint_every", "keep_checkpoints")),
              ("pqn", ("num_envs", "num_steps", "num_epochs", "num_minibatches", "hidden_size", "num_layers",
                       "scan_unroll")),

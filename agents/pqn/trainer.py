@@ -190,7 +190,7 @@ class Programs:
         #: the compiled programs kept across processes (``context``: what they are built from)
         self.cache = ProgramCache.from_jax_config(context, devices=layout.num_devices)
         keep = self.cache.wrap
-        self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS)
+        self.net = pqn.make_network(cfg.pqn, NUM_ACTIONS, layout.num_devices)
         #: one object: every train state shares its structure (jit's cache compares it)
         self.tx = pqn.make_optimizer(cfg.pqn, cfg.num_updates)
         self.rollout = make_rollout(cfg, self.net, layout, self.cache)
