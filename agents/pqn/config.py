@@ -80,8 +80,9 @@ class PQNConfig:
     scan_unroll: int = 1
     """LSTM time steps per loop iteration (GPU: fewer loop round trips; same maths)."""
     lstm_kernel: Literal["auto", "scan", "pallas"] = "auto"
-    """The LSTM recurrence: ``scan`` of XLA ops, ``pallas`` (one fused kernel per step; same maths), or ``auto``:
-    ``pallas`` on one GPU, the scan otherwise (on a CPU, or with the seeds spread over devices)."""
+    """The LSTM recurrence of the update: ``scan`` of XLA ops, ``pallas`` (one fused kernel per step; same maths),
+    or ``auto``: ``pallas`` on one GPU, the scan otherwise (on a CPU, or with the seeds spread over devices).
+    Acting and evaluation step the network one step at a time, always with the scan's step."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Input type of the hidden layer's and the LSTM's matmuls, and of the LSTM's stored input projection, gates
     and gate gradients (float32 accumulation, parameters, cell state and Q-values)."""

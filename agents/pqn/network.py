@@ -126,7 +126,8 @@ class SequenceLSTM(nn.Module):
     """An LSTM over ``[T, B, F]`` with flax's ``OptimizedLSTMCell`` parameters and maths, the input
     projection hoisted out of the scan; the carry ``(c, h)`` is zeroed where ``resets [T, B]``.
     ``dtype``: the matmuls' input type; ``grad``: ``"hoisted"`` (:func:`lstm_scan`) or ``"autodiff"``;
-    ``kernel`` (hoisted only): ``"scan"`` or ``"pallas"`` (:func:`agents.pqn.lstm_pallas.lstm_scan_pallas`)."""
+    ``kernel`` (hoisted only): ``"scan"`` or ``"pallas"`` (:func:`agents.pqn.lstm_pallas.lstm_scan_pallas`, for
+    sequences of more than one step)."""
 
     features: int
     unroll: int = 1
@@ -146,7 +147,8 @@ class SequenceLSTM(nn.Module):
         kernel_h = jnp.concatenate([k for k, _ in w_h], axis=-1)
         bias_h = jnp.concatenate([b for _, b in w_h], axis=-1)
         if self.grad == "hoisted":
-            lstm = lstm_scan_pallas if self.kernel == "pallas" else lstm_scan
+            # one step (acting, evaluation) stays the scan's: a kernel per step fuses nothing there
+            lstm = lstm_scan_pallas if self.kernel == "pallas" and x.shape[0] > 1 else lstm_scan
             return lstm(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
         carry, (hs, *_) = lstm_forward(kernel_h, bias_h, x_proj, resets, carry, self.dtype, self.unroll)
         return carry, hs
