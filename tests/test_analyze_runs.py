@@ -760,7 +760,37 @@ def first_update(path: Path) -> str:
 
 
 def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
-    """The benchmarks page's current fast-preset runs (dcd44bd and 85ab07c, shipped encoder, cold caches; a warm start):
+    """The benchmarks page's current fast-preset runs (6cde687 and d341441: the fused recurrence; shipped encoder,
+    cold caches; warm starts): time-to-target rows, update medians, update 64's time, first-update times and first
+    evaluations."""
+    d = RES / "gpu_h200_pallas_fused"
+    runs = [d / "p_s0", d / "p_s1", d / "p_s2", d / "q_s0"]
+    shas = ["6cde687"] * 3 + ["d341441"]
+    labels = [f"fast preset, seed {i}, H200 ({sha})={r}" for i, r, sha in zip([0, 1, 2, 0], runs, shas)]
+    rows = _time_rows(capsys, labels, "300")
+    assert len(rows) == 4 and all(r in BENCH for r in rows), rows
+    assert [r.split("|")[3].split(";")[0].strip() for r in rows] == ["174 s", "152 s", "179 s", "176 s"]
+    assert [r.split("|")[-2].split(",")[0].strip() for r in rows] == ["0.339", "0.362", "0.364", "0.351"]
+    assert _says(BENCH, "(0.339, 0.362, 0.364, 0.351)")
+    assert [json.loads((r / "config.json").read_text())["provenance"]["git_commit"] for r in runs] == shas
+    assert {json.loads((r / "config.json").read_text())["pqn"]["lstm_kernel"] for r in runs} == {"auto"}
+    medians = [[round(m, 2) for m in _update_medians(r)] for r in runs]
+    assert medians == [[0.55, 0.16, 0.6], [0.5, 0.15, 0.6], [0.58, 0.19, 0.6], [0.56, 0.18, 0.6]]
+    assert _says(BENCH, "0.50-0.58 s waiting for the rollout, 0.15-0.19 s of host work and 0.60 s of update program")
+    update64 = [round([json.loads(line) for line in open(r / "metrics.jsonl")][63]["time"]) for r in runs]
+    assert update64 == [174, 166, 179, 176] and _says(BENCH, "update 64 came at 166-179 s")
+    cold = [first_update(r / "log.txt") for r in runs]
+    assert cold == ["47 s", "42 s", "50 s", "50 s"]
+    assert [first_update(d / w / "log.txt") for w in ("warm", "warm_d341441")] == ["14 s", "13 s"]
+    assert ("| 6cde687 (+ the Pallas recurrence in every program); d341441 (in the update only) | 47 s, 42 s, 50 s; "
+            "50 s | 14 s; 13 s |") in BENCH
+    first_eval = [[json.loads(line) for line in open(r / "metrics.jsonl") if '"time/eval_s"' in line][0] for r in runs]
+    assert [round(r["time/eval_s"], 1) for r in first_eval] == [14.5, 14.1, 13.0, 13.5]
+    assert _says(BENCH, "the first evaluation (13.0-14.5 s)") and _says(BENCH, "(d341441: 0.56 s, 13.5 s)")
+
+
+def test_the_dcd44bd_and_85ab07c_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
+    """The history's fast-preset runs of the scan (dcd44bd and 85ab07c, shipped encoder, cold caches; a warm start):
     time-to-target rows, update medians, update 64's time, first-update times and first evaluations."""
     f, g = RES / "gpu_h200_update_bootstrap", RES / "gpu_h200_bf16_residuals"
     runs = [f / "fast_s0", f / "fast_s1", f / "fast_s2", g / "fast_s0", g / "fast_s1"]

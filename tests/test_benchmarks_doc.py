@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "results"
 PAGE = (ROOT / "docs" / "benchmarks.md").read_text()
 HISTORY = (ROOT / "docs" / "benchmarks_history.md").read_text()
+#: both pages: a measurement's earlier rows move to the history page as newer ones take their place
+BOTH = PAGE + HISTORY
 B = RES / "gpu_h200_bf16_backward"
 
 
@@ -119,14 +121,14 @@ def test_the_page_is_short_and_its_history_is_linked():
 
 def test_the_update_program_table_and_its_same_call_ratios_are_rebuilt_from_results():
     rows, times = update_rows()
-    assert all(r in PAGE for r in rows), rows
+    assert all(r in BOTH for r in rows), rows
     old, new = times[("old (889a683)", "bfloat16")], times[("new (2c161bc)", "bfloat16")]
     assert [_x(o, n) for o, n in zip(old, new)] == ["1.13x", "1.13x"]  # both passes of the one call agree
-    assert _says(PAGE, "The written-out bfloat16 backward: 1.13x faster in the same call")
+    assert _says(BOTH, "The written-out bfloat16 backward: 1.13x faster in the same call")
     r = h100_update_ratios()
     assert r == {"whole": "1.66x", "gradient": "1.36x", "dtype": "1.19x"}
-    assert _says(PAGE, f"bfloat16 with the written-out LSTM gradient 1.357 s: **{r['whole']}**")
-    assert _says(PAGE, f"gives {r['gradient']}; in the old call bfloat16 alone (1.885 s) gives {r['dtype']}")
+    assert _says(BOTH, f"bfloat16 with the written-out LSTM gradient 1.357 s: **{r['whole']}**")
+    assert _says(BOTH, f"gives {r['gradient']}; in the old call bfloat16 alone (1.885 s) gives {r['dtype']}")
 
 
 def _same_call_rows(folder: str, shas: tuple[str, str], kernel: str = "scan") -> set[str]:
@@ -144,15 +146,16 @@ def _same_call_rows(folder: str, shas: tuple[str, str], kernel: str = "scan") ->
 
 
 def test_the_current_update_program_tables_are_their_calls():
-    """dcd44bd against f258bec, then 85ab07c against ad5b76a (the code of dcd44bd), each in one call."""
+    """dcd44bd against f258bec, then 85ab07c against ad5b76a (the code of dcd44bd), each in one call; the scan's
+    kernel table of 85ab07c (now on the history page)."""
     ratios = _same_call_rows("gpu_h200_update_bootstrap", ("dcd44bd", "f258bec"))
-    assert ratios == {"0.87x"} and _says(PAGE, "The update's sequence T steps long: 0.87x the time in the same call")
+    assert ratios == {"0.87x"} and _says(BOTH, "The update's sequence T steps long: 0.87x the time in the same call")
     ratios = _same_call_rows("gpu_h200_bf16_residuals", ("85ab07c", "ad5b76a"))
-    assert ratios == {"0.96x"} and _says(PAGE, "The input projection and gates in bfloat16: 0.96x.")
+    assert ratios == {"0.96x"} and _says(BOTH, "The input projection and gates in bfloat16: 0.96x.")
     text = (RES / "gpu_h200_bf16_residuals" / "update_cost_new.txt").read_text()
     assert "| sequence | 8 | bfloat16 | hoisted | pallas | off | 5.9 | 0.887 | 1.14 | 136.2 | 13.8% | 136.2 |" in text
-    assert "| new (85ab07c), `--lstm-kernel pallas` | 0.887 | 136.2 | 13.8% |" in PAGE
-    assert _says(PAGE, "The Pallas recurrence is now 1.14x the scan.")
+    assert "| new (85ab07c), `--lstm-kernel pallas` | 0.887 | 136.2 | 13.8% |" in BOTH
+    assert _says(BOTH, "The Pallas recurrence is now 1.14x the scan.")
     before = (RES / "gpu_h200_update_bootstrap" / "trace_before.md").read_text()
     assert "| `loop_slice_fusion` | fused elementwise | 30.26 | 3.1% | 64 | 472.8 |" in before
     after = (RES / "gpu_h200_bf16_residuals" / "trace_after.md").read_text()
@@ -160,11 +163,11 @@ def test_the_current_update_program_tables_are_their_calls():
     i = lines.index("| kind | ms | share | calls |")
     kinds = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:4]] for r in lines[i + 2:i + 7]}
     for kind in ("matmul", "fused elementwise", "copy / memset", "reduction"):
-        assert f"| {kind} | {' | '.join(kinds[kind])} |" in PAGE, kind
+        assert f"| {kind} | {' | '.join(kinds[kind])} |" in BOTH, kind
     for bucket, label in ((">= 1,000", ">= 1,000 times"), ("100-999", "100-999 times"), ("0-99", "0-99 times")):
         row = next(r for r in lines if r.startswith(f"| {bucket} |")).split("|")
-        assert f"| launched {label} per update | {row[2].strip()} | {row[3].strip()} |" in PAGE, bucket
-    assert _says(PAGE, "(launched >= 1,000 times per update) still take 396.1 ms")
+        assert f"| launched {label} per update | {row[2].strip()} | {row[3].strip()} |" in BOTH, bucket
+    assert _says(BOTH, "(launched >= 1,000 times per update) still take 396.1 ms")
 
 
 def test_the_statements_that_did_not_stand_are_gone_from_both_pages():
@@ -231,7 +234,47 @@ def pallas_rows() -> list[str]:
 def test_the_fused_kernel_table_is_its_one_call():
     rows = pallas_rows()
     assert len(rows) == 6 and rows[0].startswith("| scan | 0.933 | 1.00 |")
-    assert all(r in PAGE for r in rows), rows
+    assert all(r in BOTH for r in rows), rows
     best = min(rows[1:], key=lambda r: float(r.split("|")[2]))
     assert best.startswith("| pallas/64/32/64/2/4 | 0.884 | 0.95 |")
-    assert _says(PAGE, "The best tiling (64/32/64/2/4, the module's default) is 0.95x the scan")
+    assert _says(BOTH, "The best tiling (64/32/64/2/4, the module's default) is 0.95x the scan")
+
+
+def test_the_fused_recurrence_table_and_its_trace_are_their_calls():
+    """6cde687's Pallas recurrence in seven tilings between two scans of one process; the call before (zero-filled
+    buffers, 0c1c27f's kernel); d341441's later call; the kernel table of its trace."""
+    d = RES / "gpu_h200_pallas_fused"
+    rows = []
+    for line in (d / "update_cost_tilings.txt").read_text().splitlines():
+        if line.startswith("| sequence |"):
+            c = [x.strip() for x in line.strip().strip("|").split("|")]
+            rows.append((c[4], c[7], c[8], c[9], c[10]))
+    assert [r[0] for r in rows[:2]] == ["scan", "pallas"] and rows[0][1:] == rows[-1][1:] == ("0.779", "1.00", "155.1",
+                                                                                             "15.7%")
+    assert "| scan (first, last) | 0.779, 0.779 | 1.00 | 155.1 | 15.7% |" in PAGE
+    assert "| pallas (64/32/64/2/4/32, the module's default) | 0.594 | 0.76 | 203.4 | 20.6% |" in PAGE
+    for name, *cols in rows[2:-1]:
+        assert f"| {name} | {' | '.join(cols)} |" in PAGE, name
+    assert _says(PAGE, "0.76x the scan's time in the same call (0.594 s against 0.779 s)")
+    fill, old = ((d / f"update_cost_before_{p}.txt").read_text() for p in ("fill", "old"))
+    assert "| scan | off | 9.9 | 0.780 | 1.00 |" in fill and "| pallas | off | 4.2 | 0.662 | 0.85 |" in fill
+    assert "| pallas | off | 4.7 | 0.887 | 1.14 |" in old
+    assert _says(PAGE, "took 0.662 s, and 0c1c27f's Pallas kernel (float32 buffers) 0.887 s, against 0.780 s")
+    final = (d / "update_cost_final.txt").read_text()
+    assert "| scan | off | 13.8 | 0.779 | 1.00 |" in final and "| pallas | off | 5.9 | 0.592 | 0.76 |" in final
+    assert _says(PAGE, "0.592 s against 0.779 s")
+    indexed = {p: (d / "indexed_loop" / f"update_cost_{p}.txt").read_text() for p in ("new_1", "old_1")}
+    assert "| 0.913 |" in indexed["new_1"] and "| 0.781 |" in indexed["old_1"]
+    assert _says(PAGE, "took 0.913 s against 0.781 s")
+    lines = (d / "trace_pallas.md").read_text().splitlines()
+    i = lines.index("| kind | ms | share | calls |")
+    kinds = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:4]] for r in lines[i + 2:i + 7]}
+    assert f"| other (the Pallas kernels) | {' | '.join(kinds['other'])} |" in PAGE
+    for kind in ("matmul", "fused elementwise", "copy / memset", "reduction"):
+        assert f"| {kind} | {' | '.join(kinds[kind])} |" in PAGE, kind
+    for bucket, label in ((">= 1,000", ">= 1,000 times"), ("100-999", "100-999 times"), ("0-99", "0-99 times")):
+        row = next(r for r in lines if r.startswith(f"| {bucket} |")).split("|")
+        assert f"| launched {label} per update | {row[2].strip()} | {row[3].strip()} |" in PAGE, bucket
+    steps = [r.split("|") for r in lines if r.startswith("| `_") and int(r.split("|")[-3].replace(",", "")) >= 1000]
+    assert {c[1].strip(): c[-2].strip() for c in steps} == {"`_bwd_kernel__1`": "20.4", "`_fwd_kernel__1`": "14.7"}
+    assert _says(PAGE, "`_fwd_kernel` 14.7 us, `_bwd_kernel` 20.4 us")

@@ -306,8 +306,8 @@ PRESETS: dict[str, tuple[str, Any]] = {
             "(a few minutes on 2 cores)", _cpu),
     "paper": ("The paper's Craftax-Classic hyperparameters (10M env steps; for a GPU)", _paper),
     "fast": ("A strong agent quickly on one GPU: 1,024 envs x 128 steps, 4 epochs, bfloat16 matmuls, 3 seeds, 8.4M "
-             "env steps per seed (one H200, shipped encoder, cold compilation cache: 0.347-0.365 mean success with rule "
-             "labels after 168-180 s in five runs, compile and evaluations included; docs/benchmarks.md)",
+             "env steps per seed (one H200, shipped encoder, cold compilation cache: 0.339-0.364 mean success with rule "
+             "labels after 166-179 s in four runs, compile and evaluations included; docs/benchmarks.md)",
              _fast),
     "smoke": ("The smallest run through every part of the method (4 updates; 2-core CPU: about 2 min the first time, "
               "compiling, about 30 s once JAX's compilation cache holds its programs)", _smoke),
