@@ -106,10 +106,8 @@ def _step_call(kernel, shapes, B, H, units, first, aliases):
 def _forward(kernel_h, bias_h, x_proj, keep, carry, dtype, unroll):
     """``(c, h)`` after the last step, ``hs [T, B, H]``, ``hq [T + 1, B, H]`` (``h0`` then every ``h``, in
     ``dtype``), ``cs [T + 1, B, H]`` (``c0`` then every ``c``) and the gates ``[T, B, 4, H]`` (in ``dtype``)."""
-    T, B, G = x_proj.shape
+    (T, B, G), (c0, h0), f32 = x_proj.shape, carry, jnp.float32
     H = G // 4
-    c0, h0 = carry
-    f32 = jnp.float32
     shapes = (jax.ShapeDtypeStruct((T + 1, B, H), dtype), jax.ShapeDtypeStruct((T + 1, B, H), f32),
               jax.ShapeDtypeStruct((T, B, H), f32), jax.ShapeDtypeStruct((T, B, 4, H), dtype))
     call = functools.partial(_step_call, _fwd_kernel, shapes, B, H, MAX_UNITS)
@@ -125,8 +123,8 @@ def _forward(kernel_h, bias_h, x_proj, keep, carry, dtype, unroll):
 
 
 def _lstm_fwd(kernel_h, bias_h, x_proj, resets, carry, dtype, unroll):
-    carry_out, hs, hq, cs, gates = _forward(kernel_h, bias_h, x_proj, ~resets, carry, dtype, unroll)
-    return (carry_out, hs), (kernel_h, resets, hq, cs, gates)
+    carry_out, hs, *res = _forward(kernel_h, bias_h, x_proj, ~resets, carry, dtype, unroll)
+    return (carry_out, hs), (kernel_h, resets, *res)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
@@ -156,9 +154,7 @@ def _lstm_bwd(dtype, unroll, res, cotangents):
             return call(False, {7: 0})(t[None], *args, dc, dz), None
 
         (dz, dc), _ = jax.lax.scan(step, (dz, dc), jnp.arange(T - 2, 0, -1, dtype=jnp.int32), unroll=unroll)
-    else:
-        dz = dz[None]
-    dz = dz.reshape(T, B, 4 * H)
+    dz = (dz if T > 1 else dz[None]).reshape(T, B, 4 * H)
     dh0 = jnp.matmul(dz[0], wt, preferred_element_type=f32) * keep[0][:, None]
     dc0 = dc * gates[0, :, 1].astype(f32) * keep[0][:, None]
     h_prev = hq[:-1] * keep[..., None].astype(dtype)  # what each step's matmul read

@@ -186,9 +186,8 @@ class QNetwork(nn.Module):
 def lstm_kernel(setting: str, num_devices: int = 1) -> str:
     """The recurrence ``pqn.lstm_kernel`` names: ``auto`` is the Pallas kernel on one GPU, else the scan (a CPU
     would interpret the kernel; a program spread over devices would gather every seed to run it)."""
-    if setting != "auto":
-        return setting
-    return "pallas" if jax.default_backend() == "gpu" and num_devices == 1 else "scan"
+    gpu = jax.default_backend() == "gpu" and num_devices == 1
+    return setting if setting != "auto" else "pallas" if gpu else "scan"
 
 
 def make_network(cfg: PQNConfig, num_actions: int, num_devices: int = 1) -> QNetwork:
