@@ -93,9 +93,9 @@ def test_an_unknown_lstm_kernel_is_refused():
 
 def test_auto_picks_the_pallas_kernel_on_one_gpu_and_the_scan_elsewhere(monkeypatch):
     assert TrainConfig().pqn.lstm_kernel == "auto"
-    assert pqn.lstm_kernel("auto") == "scan"  # this suite runs on a CPU: the kernel would be interpreted
-    assert (pqn.lstm_kernel("scan"), pqn.lstm_kernel("pallas", 4)) == ("scan", "pallas")  # named: as named
+    assert pqn.resolve_lstm_kernel("auto") == "scan"  # this suite runs on a CPU: the kernel would be interpreted
+    assert (pqn.resolve_lstm_kernel("scan"), pqn.resolve_lstm_kernel("pallas", 4)) == ("scan", "pallas")  # named: as named
     # no GPU here: the backend's name is what the choice reads, so it is set (the one fault a CPU cannot produce)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert (pqn.lstm_kernel("auto", 1), pqn.lstm_kernel("auto", 2)) == ("pallas", "scan")
+    assert (pqn.resolve_lstm_kernel("auto", 1), pqn.resolve_lstm_kernel("auto", 2)) == ("pallas", "scan")
     assert pqn.make_network(TrainConfig().pqn, 5).lstm_kernel == "pallas"

@@ -13,7 +13,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 #: Largest row block, hidden-unit block and contraction chunk (powers of two; Triton's dot needs >= 16),
-#: and Triton's warps and pipeline stages per program (bench/update_cost.py --lstm-kernel pallas/R/U/K/S/W).
+#: and Triton's pipeline stages and warps per program (bench/update_cost.py --lstm-kernel pallas/R/U/K/S/W).
 MAX_ROWS, MAX_UNITS, MAX_CHUNK, MIN_BLOCK = 64, 32, 64, 16
 NUM_WARPS, NUM_STAGES = 4, 2
 #: The backward's hidden-unit block: its matmul contracts over 4H, not H (bench: pallas/R/U/K/S/W/BWD_UNITS).

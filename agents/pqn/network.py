@@ -183,7 +183,7 @@ class QNetwork(nn.Module):
         return (z, z)
 
 
-def lstm_kernel(setting: str, num_devices: int = 1) -> str:
+def resolve_lstm_kernel(setting: str, num_devices: int = 1) -> str:
     """The recurrence ``pqn.lstm_kernel`` names: ``auto`` is the Pallas kernel on one GPU, else the scan (a CPU
     would interpret the kernel; a program spread over devices would gather every seed to run it)."""
     gpu = jax.default_backend() == "gpu" and num_devices == 1
@@ -193,7 +193,7 @@ def lstm_kernel(setting: str, num_devices: int = 1) -> str:
 def make_network(cfg: PQNConfig, num_actions: int, num_devices: int = 1) -> QNetwork:
     """The Q-network of ``cfg`` for ``num_actions`` actions (its program spread over ``num_devices``)."""
     return QNetwork(num_actions, cfg.hidden_size, cfg.num_layers, cfg.norm_input, cfg.scan_unroll,
-                    jnp.dtype(cfg.compute_dtype), lstm_kernel=lstm_kernel(cfg.lstm_kernel, num_devices))
+                    jnp.dtype(cfg.compute_dtype), lstm_kernel=resolve_lstm_kernel(cfg.lstm_kernel, num_devices))
 
 
 def make_optimizer(cfg: PQNConfig, num_updates: int):
