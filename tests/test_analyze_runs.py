@@ -786,7 +786,7 @@ def test_the_current_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys
             "50 s | 14 s; 13 s |") in BENCH
     first_eval = [[json.loads(line) for line in open(r / "metrics.jsonl") if '"time/eval_s"' in line][0] for r in runs]
     assert [round(r["time/eval_s"], 1) for r in first_eval] == [14.5, 14.1, 13.0, 13.5]
-    assert _says(BENCH, "the first evaluation (13.0-14.5 s)") and _says(BENCH, "(d341441: 0.56 s, 13.5 s)")
+    assert _says(BENCH, "the first evaluation (13.0-14.5 s)") and _says(BENCH, "(d341441: 0.56 s, 13.5 s, one run)")
 
 
 def test_the_dcd44bd_and_85ab07c_fast_preset_rows_and_starts_are_rebuilt_from_results(capsys):
