@@ -269,7 +269,7 @@ def update(train_state: TrainState, cfg: PQNConfig, key, batch: dict[str, jax.Ar
         q_a = jnp.take_along_axis(q, sel(batch["actions"])[..., None], axis=-1)[..., 0]
         cuts = sel(batch["cuts"]) if "cuts" in batch else jnp.zeros(q_a.shape, bool)
         targets = q_lambda_targets(sel(batch["rewards"]), sel(batch["dones"]), q_next, cfg.gamma, cfg.lam,
-                                   cuts, jax.lax.stop_gradient(q_a))
+                                   cuts, no_grad(q_a))
         w = sel(batch["weights"], axis=0)[None, :]
         err = (q_a - targets) ** 2 * (1.0 - cuts.astype(q_a.dtype))
         # the normaliser counts every step of the valid rows, cut or not, so a cut changes no scale
