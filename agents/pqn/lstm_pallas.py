@@ -95,10 +95,11 @@ def _bwd_kernel(t_ref, keep_ref, wt_ref, g_ref, cs_ref, dhs_ref, dc_ref, dz_src,
 
 
 def _step_call(kernel, shapes, B, H, units, first, aliases):
-    """A ``pallas_call`` of ``kernel`` on the (row blocks, hidden-unit blocks) grid, refs unblocked."""
+    """A ``pallas_call`` of ``kernel`` on the (row blocks, hidden-unit blocks) grid, refs unblocked; ``aliases``:
+    the buffers it updates in place (none for the ``first`` step, which creates them)."""
     bb, bn, bk = _block(B, MAX_ROWS), _block(H, units), _block(H, MAX_CHUNK)
     return pl.pallas_call(functools.partial(kernel, bb=bb, bn=bn, bk=bk, first=first), out_shape=shapes,
-                          grid=(B // bb, H // bn), input_output_aliases={} if first else aliases,
+                          grid=(B // bb, H // bn), input_output_aliases=aliases,
                           compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES),
                           interpret=jax.default_backend() == "cpu")
 
